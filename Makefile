@@ -1,0 +1,36 @@
+# The README's commands. Each target creates .venv when it is missing (or older than pyproject.toml).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CLI := $(VENV)/bin/trtllm-pipeline
+CONFIG ?= build_configs/tiny-cpu.yaml
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test venv schema clean
+
+demo: $(STAMP)
+	$(CLI) validate $(CONFIG)
+	$(CLI) run $(CONFIG)
+	$(CLI) status $(CONFIG)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned, so that nothing later resolves a CUDA build
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+schema: $(STAMP)
+	$(CLI) schema --write
+	$(PY) scripts/update_readme_reference.py
+
+clean:
+	rm -rf artifacts

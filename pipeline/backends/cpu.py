@@ -1,0 +1,74 @@
+"""The cpu target's build: an engine directory laid out like a TensorRT-LLM 1.2 engine, for refengine.
+
+`config.json` carries the same top-level keys as `trtllm-build` writes (`version`, `pretrained_config`,
+`build_config` with `plugin_config`), so the package stage reads both targets alike. Instead of
+`rank0.engine` (a TensorRT plan) the directory holds the checkpoint's `rank0.safetensors`, which
+refengine executes with TensorRT-LLM's numerics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.spec import BuildSpec
+from pipeline.errors import StageError
+
+ENGINE_VERSION_PREFIX = "refengine-"
+
+
+def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
+    return build.max_seq_len if build.max_seq_len is not None else deduced
+
+
+def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str) -> dict[str, Any]:
+    """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json."""
+    plugins = build.plugins
+    max_num_tokens = min(build.max_num_tokens, build.max_batch_size * max_seq_len)
+    return {
+        "max_batch_size": build.max_batch_size,
+        "max_input_len": build.max_input_len,
+        "max_seq_len": max_seq_len,
+        "max_beam_width": build.max_beam_width,
+        "max_num_tokens": max_num_tokens,
+        "opt_num_tokens": build.opt_num_tokens,
+        "max_prompt_embedding_table_size": 0,
+        "kv_cache_type": build.kv_cache_type.value.upper(),
+        "gather_context_logits": False,
+        "gather_generation_logits": False,
+        "strongly_typed": True,
+        "max_draft_len": 0,
+        "speculative_decoding_mode": 1,
+        "use_refit": False,
+        "weight_sparsity": False,
+        "weight_streaming": False,
+        "use_strip_plan": False,
+        "max_encoder_input_len": 1024,
+        "monitor_memory": False,
+        "use_mrope": False,
+        "lora_config": {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []},
+        "plugin_config": {
+            "dtype": dtype,
+            "gpt_attention_plugin": plugins.gpt_attention_plugin.value if plugins.gpt_attention_plugin.value != "disable" else None,
+            "gemm_plugin": None if plugins.gemm_plugin.value == "disable" else plugins.gemm_plugin.value,
+            "context_fmha": plugins.context_fmha,
+            "use_paged_context_fmha": plugins.use_paged_context_fmha and plugins.context_fmha,
+            "use_fp8_context_fmha": False,  # no FP8 attention kernels on the CPU
+            "use_fused_mlp": plugins.use_fused_mlp,
+            "remove_input_padding": plugins.remove_input_padding,
+            "reduce_fusion": False,
+            "multiple_profiles": plugins.multiple_profiles,
+            "paged_kv_cache": build.kv_cache_type.value == "paged",
+            "tokens_per_block": build.tokens_per_block,
+        },
+    }
+
+
+def write_cpu_engine(checkpoint_dir: Path, engine_dir: Path, *, build_config: dict[str, Any], version: str) -> None:
+    """Write the engine directory; refengine loads the checkpoint on the way, so a bad one fails here."""
+    from refengine import ModelLoadError, write_engine_dir
+
+    try:
+        write_engine_dir(checkpoint_dir, engine_dir, build_config, f"{ENGINE_VERSION_PREFIX}{version}")
+    except ModelLoadError as exc:
+        raise StageError(f"the reference engine cannot load the checkpoint: {exc}") from exc

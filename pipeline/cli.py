@@ -1,0 +1,152 @@
+"""Command line. `run_cli(argv)` raises; `main()` is the one error boundary that turns errors into exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.artifacts import ArtifactStore
+from pipeline.config.loader import LoadedConfig, load_config
+from pipeline.config.reference import config_reference_markdown
+from pipeline.config.schema import spec_schema_text
+from pipeline.errors import PipelineError
+from pipeline.runner import artifact_state, check_runnable, make_plan, run_pipeline
+
+DEFAULT_ARTIFACTS = "artifacts"
+SCHEMA_PATH = Path("build_configs/schema.json")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trtllm-pipeline",
+        description="Build config (YAML) → quantized checkpoint → engine → Triton model repository → deployment.",
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
+    parser.add_argument(
+        "--artifacts",
+        type=Path,
+        default=Path(os.environ.get("TRTLLM_PIPELINE_ARTIFACTS", DEFAULT_ARTIFACTS)),
+        help="artifact store root (default: $TRTLLM_PIPELINE_ARTIFACTS or ./artifacts)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("config", type=Path, help="build config YAML, e.g. build_configs/tiny-cpu.yaml")
+        command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+        return command
+
+    with_config("validate", "check a build config (and the model it points at) without running anything")
+    plan = with_config("plan", "show the stages, their digests and which are cached")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    run = with_config("run", "run the pipeline, reusing cached stages")
+    run.add_argument("--until", metavar="STAGE", help="stop after this stage")
+    run.add_argument("--force", action="store_true", help="rebuild the selected stages even if cached")
+    with_config("status", "show which artifacts of a build config exist")
+    schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
+    schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
+    schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
+    return parser
+
+
+def run_cli(argv: list[str], console: Console) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "schema":
+        return _schema(args, console)
+    loaded = load_config(args.config, args.overrides)
+    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    if args.command == "validate":
+        console.print(f"[green]valid[/green]: {args.config} (build {loaded.spec.name!r}, target {loaded.spec.build.target.value}, model {loaded.model.architecture})")
+        return 0
+    if args.command == "plan":
+        return _plan(loaded, store, args, console)
+    if args.command == "status":
+        return _status(loaded, store, console)
+    if args.command == "run":
+        check_runnable(loaded, make_plan(loaded), args.until)
+        _plan(loaded, store, args, console)
+        results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console)
+        built = sum(r.outcome == "built" for r in results)
+        console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
+        return 0
+    raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+
+def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    the_plan = make_plan(loaded)
+    states = {stage.name: artifact_state(store, stage) for stage in the_plan.stages}
+    if getattr(args, "json", False):
+        data = the_plan.to_json()
+        for entry in data["stages"]:
+            entry["state"] = states[entry["name"]]
+            entry["cached"] = states[entry["name"]] == "built"
+            entry["path"] = str(store.path_for(the_plan.stage(entry["name"])))
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    table = Table(title=f"plan for {loaded.spec.name} ({loaded.path})", title_justify="left")
+    for column in ("stage", "digest", "state", "what it does"):
+        table.add_column(column)
+    for stage in the_plan.stages:
+        state = states[stage.name]
+        shown = "[cyan]cached[/cyan]" if state == "built" else ("[yellow]to build[/yellow]" if state == "missing" else f"[red]{state}[/red]")
+        table.add_row(stage.name, stage.digest, shown, stage.summary)
+    console.print(table)
+    return 0
+
+
+def _status(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int:
+    the_plan = make_plan(loaded)
+    table = Table(title=f"artifacts of {loaded.spec.name} in {store.build_dir}", title_justify="left")
+    for column in ("stage", "state", "path"):
+        table.add_column(column)
+    current = set()
+    for stage in the_plan.stages:
+        current.add(stage.dirname)
+        table.add_row(stage.name, artifact_state(store, stage), str(store.path_for(stage)))
+    if store.build_dir.is_dir():
+        for entry in sorted(store.build_dir.iterdir()):
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in current:
+                table.add_row(entry.name.rsplit("-", 1)[0], "[dim]older (not in the current plan)[/dim]", str(entry))
+    console.print(table)
+    return 0
+
+
+def _schema(args: argparse.Namespace, console: Console) -> int:
+    text = config_reference_markdown() if args.markdown else spec_schema_text()
+    if args.write:
+        SCHEMA_PATH.write_text(text)
+        console.print(f"wrote {SCHEMA_PATH}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    argv = sys.argv[1:] if argv is None else argv
+    verbose = "--verbose" in argv or "-v" in argv
+    try:
+        return run_cli(argv, console)
+    except PipelineError as exc:
+        if verbose:
+            errors.print(traceback.format_exc(), markup=False)
+        errors.print(f"error: {exc.message}", markup=False, soft_wrap=True)
+        errors.print(f"hint: {exc.hint}", markup=False, soft_wrap=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        errors.print("interrupted", markup=False)
+        return 130
+    except Exception as exc:  # the one boundary: anything unexpected is a bug, reported in one line
+        if verbose:
+            errors.print(traceback.format_exc(), markup=False)
+        errors.print(f"error: internal error: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
+        errors.print("hint: re-run with --verbose for the traceback, and please report it", markup=False)
+        return 1

@@ -1,0 +1,139 @@
+"""Load a build config: YAML (+ `--set` overrides) → validated, frozen Spec, or one SpecError naming file:line and field."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from pipeline.config.model_checks import Issue, inspect_model
+from pipeline.config.model_info import ModelInfo
+from pipeline.config.overrides import apply_overrides, parse_override
+from pipeline.config.spec import Spec
+from pipeline.config.yaml_source import Location, SourceMap, read_yaml
+from pipeline.errors import SpecError
+
+_DOTTED = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)+)\b")
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated spec plus where it came from."""
+
+    spec: Spec
+    path: Path
+    model: ModelInfo
+    source_map: SourceMap
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedConfig:
+    path = Path(path)
+    origin = str(path)
+    if not path.is_file():
+        raise SpecError(f"{origin}: config file not found", hint="pass the path of a YAML file, e.g. build_configs/tiny-cpu.yaml")
+    data, source_map = read_yaml(path.read_text(encoding="utf-8"), origin)
+    parsed = [parse_override(text) for text in overrides]
+    for text, (key_path, _) in zip(overrides, parsed):
+        source_map.locations[key_path] = Location(f"--set {text}")
+    if not isinstance(data, dict):
+        raise SpecError(f"{origin}:1: the top level must be a mapping of sections (name, model, build, ...)")
+    data = apply_overrides(data, parsed)
+    _resolve_model_source(data, path.parent.resolve())
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_validation_errors(exc, source_map)) from None
+    model, issues = inspect_model(spec)
+    if issues:
+        raise SpecError(format_issues(issues, source_map))
+    assert model is not None  # inspect_model returns issues whenever it has no model
+    return LoadedConfig(spec=spec, path=path, model=model, source_map=source_map)
+
+
+def _resolve_model_source(data: dict[str, Any], base_dir: Path) -> None:
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("source"), str) and model["source"]:
+        source = Path(model["source"]).expanduser()
+        model["source"] = str(source if source.is_absolute() else (base_dir / source).resolve())
+
+
+def format_issues(issues: list[Issue], source_map: SourceMap) -> str:
+    lines = [f"{source_map.locate(path)}: {'.'.join(path)}: {message}" for path, message in issues]
+    return _join(lines)
+
+
+def _join(lines: list[str]) -> str:
+    if len(lines) == 1:
+        return lines[0]
+    return f"{len(lines)} problems in the build config:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _format_validation_errors(exc: ValidationError, source_map: SourceMap) -> str:
+    lines: list[tuple[str, str]] = []
+    for error in exc.errors(include_url=False):
+        loc = tuple(error["loc"])
+        dotted = _dotted(loc)
+        kind = error["type"]
+        message = error["msg"]
+        if kind == "extra_forbidden":
+            where = source_map.locate(loc)
+            text = f"{where}: {dotted}: unknown key {loc[-1]!r}{_did_you_mean(loc)}"
+        elif kind == "missing":
+            where = source_map.locate(loc[:-1]) if loc[:-1] else Location(source_map.origin, 1)
+            text = f"{where}: {dotted}: required field is missing"
+        elif kind == "value_error":
+            message = message.removeprefix("Value error, ")
+            where = _locate_by_message(message, loc, source_map)
+            text = f"{where}: {_first_dotted(message) or dotted}: {message}"
+        else:
+            where = source_map.locate(loc)
+            text = f"{where}: {dotted}: {message}, got {error.get('input')!r}"
+        lines.append((str(where), text))
+    return _join([text for _, text in lines])
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def _first_dotted(message: str) -> str | None:
+    match = _DOTTED.search(message)
+    return match.group(1) if match else None
+
+
+def _locate_by_message(message: str, loc: tuple[Any, ...], source_map: SourceMap) -> Location:
+    """A cross-field error names fields in its message; point at the first one the file sets."""
+    for match in _DOTTED.finditer(message):
+        found = source_map.locations.get(tuple(match.group(1).split(".")))
+        if found is not None:
+            return found
+    return source_map.locate(loc)
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (valid keys: {', '.join(names)})"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Spec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model

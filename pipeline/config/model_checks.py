@@ -1,0 +1,79 @@
+"""Checks of a Spec against the model it points at (its config.json and file list)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.config.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, read_model_info
+from pipeline.config.spec import Spec
+
+Issue = tuple[tuple[str, ...], str]
+
+
+def inspect_model(spec: Spec) -> tuple[ModelInfo | None, list[Issue]]:
+    """Read the model directory; return its facts and every problem found (path in the spec, message)."""
+    source = spec.model.source
+    where = ("model", "source")
+    if not source.exists():
+        return None, [(where, f"model directory not found: {source}")]
+    if not source.is_dir():
+        return None, [(where, f"not a directory: {source} (point it at a Hugging Face checkpoint directory)")]
+    if not (source / "config.json").is_file():
+        return None, [(where, f"{source} has no config.json; it is not a Hugging Face checkpoint directory")]
+    try:
+        info = read_model_info(source)
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        return None, [(where, f"cannot read {source / 'config.json'}: {type(exc).__name__}: {exc}")]
+    return info, check_spec_against_model(spec, info)
+
+
+def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
+    issues: list[Issue] = []
+    config_file = info.path / "config.json"
+    if info.pickle_files and not info.weight_files:
+        issues.append(
+            (
+                ("model", "source"),
+                f"{info.path} holds only pickled weights ({', '.join(info.pickle_files)}); "
+                "pickles can run code when loaded, so only safetensors are accepted "
+                "(convert with `transformers`: model.save_pretrained(dir, safe_serialization=True))",
+            )
+        )
+    if info.model_type not in SUPPORTED_MODEL_TYPES:
+        issues.append(
+            (
+                ("model", "source"),
+                f"model_type {info.model_type!r} ({info.architecture}) is not supported; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+            )
+        )
+    build = spec.build
+    tp = build.tp_size
+    kv_heads_split = info.num_kv_heads % tp == 0 or tp % info.num_kv_heads == 0  # KV heads may be replicated
+    if not kv_heads_split or info.num_heads % tp:
+        issues.append(
+            (
+                ("build", "tp_size"),
+                f"build.tp_size ({tp}) must divide the model's number of KV heads ({info.num_kv_heads}) "
+                f"(or be a multiple of it) and its attention heads ({info.num_heads}), from {config_file}",
+            )
+        )
+    if info.num_layers % build.pp_size:
+        issues.append(
+            (
+                ("build", "pp_size"),
+                f"build.pp_size ({build.pp_size}) must divide the model's number of layers ({info.num_layers}), from {config_file}",
+            )
+        )
+    if build.max_seq_len is None:
+        deduced = info.default_max_seq_len()
+        if build.max_input_len >= deduced:
+            issues.append(
+                (
+                    ("build", "max_input_len"),
+                    f"build.max_input_len ({build.max_input_len}) must be less than build.max_seq_len "
+                    f"({deduced}, deduced from max_position_embeddings in {config_file})",
+                )
+            )
+    return issues

@@ -1,0 +1,250 @@
+"""The build spec: what one YAML file in `build_configs/` may say.
+
+Every model is frozen and forbids unknown keys; every field carries a description (the README's
+YAML reference and `build_configs/schema.json` are generated from them). Cross-field validators
+name both fields in their messages. Checks that need the model's own `config.json` live in
+`pipeline.config.model_checks`, not here, so this module stays pure.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=False)
+
+
+class ModelDType(str, Enum):
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class QuantAlgo(str, Enum):
+    none = "none"
+    fp8 = "fp8"
+    int8_sq = "int8_sq"
+    int8_wo = "int8_wo"
+    int4_awq = "int4_awq"
+    w4a8_awq = "w4a8_awq"
+    nvfp4 = "nvfp4"
+
+
+class KVCacheQuant(str, Enum):
+    none = "none"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class QuantDevice(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Target(str, Enum):
+    engine = "engine"
+    cpu = "cpu"
+    llmapi = "llmapi"
+
+
+class KVCacheType(str, Enum):
+    paged = "paged"
+    continuous = "continuous"
+    disabled = "disabled"
+
+
+class PluginDType(str, Enum):
+    auto = "auto"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+    disable = "disable"
+
+
+class GemmPlugin(str, Enum):
+    auto = "auto"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+    fp8 = "fp8"
+    nvfp4 = "nvfp4"
+    disable = "disable"
+
+
+class SchedulerPolicy(str, Enum):
+    guaranteed_no_evict = "guaranteed_no_evict"
+    max_utilization = "max_utilization"
+
+
+class ModelSpec(_Strict):
+    source: Path = Field(
+        description="Local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files). "
+        "Relative paths are resolved against the YAML file's directory. Safetensors only: pickled "
+        "checkpoints (.bin/.pt) are refused. Nothing is downloaded."
+    )
+    dtype: ModelDType = Field(
+        default=ModelDType.float16,
+        description="Data type of the non-quantized parts of the exported TensorRT-LLM checkpoint.",
+    )
+
+
+class CalibrationSpec(_Strict):
+    files: tuple[str, ...] = Field(
+        default=(),
+        description="Local text or JSONL files (glob patterns, relative to the YAML file) whose text calibrates "
+        "quantization. Required for every algo except none and int8_wo.",
+    )
+    num_samples: int = Field(default=64, ge=1, le=100_000, description="Number of token windows used for calibration.")
+    max_seq_len: int = Field(default=256, ge=8, le=32_768, description="Tokens per calibration window.")
+    batch_size: int = Field(default=8, ge=1, le=1024, description="Calibration windows per forward pass.")
+    seed: int = Field(default=0, ge=0, description="Seed for choosing calibration windows.")
+
+
+class QuantizeSpec(_Strict):
+    algo: QuantAlgo = Field(
+        default=QuantAlgo.none,
+        description="Weight/activation quantization: none, fp8, int8_sq (SmoothQuant W8A8), int8_wo (INT8 "
+        "weight-only), int4_awq (W4A16 AWQ), w4a8_awq, nvfp4 (engine target on a CUDA machine only).",
+    )
+    kv_cache: KVCacheQuant = Field(default=KVCacheQuant.none, description="KV-cache quantization: none, fp8 or int8.")
+    group_size: int = Field(default=128, description="Group size along the input dimension for AWQ formats (64 or 128).")
+    device: QuantDevice = Field(default=QuantDevice.cpu, description="Where calibration runs: cpu, or cuda (through the build runner on a GPU host).")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Calibration data and its sampling.")
+
+    @model_validator(mode="after")
+    def _group_size_choice(self) -> "QuantizeSpec":
+        if self.group_size not in (64, 128):
+            raise ValueError(f"quantize.group_size must be 64 or 128, got {self.group_size}")
+        return self
+
+
+class PluginSpec(_Strict):
+    """trtllm-build plugin and fusion switches, with TensorRT-LLM 1.2 defaults."""
+
+    gpt_attention_plugin: PluginDType = Field(default=PluginDType.auto, description="--gpt_attention_plugin; required for paged KV cache and inflight batching.")
+    gemm_plugin: GemmPlugin = Field(default=GemmPlugin.disable, description="--gemm_plugin for non-quantized (and FP8) GEMMs.")
+    context_fmha: bool = Field(default=True, description="--context_fmha; disabling it also disables paged and FP8 context FMHA.")
+    use_paged_context_fmha: bool = Field(default=True, description="--use_paged_context_fmha; needed for KV-cache reuse and chunked context.")
+    use_fp8_context_fmha: bool = Field(default=True, description="--use_fp8_context_fmha; effective only with FP8/W4A8_AWQ/NVFP4 quantization on SM >= 89.")
+    use_fused_mlp: bool = Field(default=True, description="--use_fused_mlp; fuses gate and up projections (FP8 or unquantized only).")
+    remove_input_padding: bool = Field(default=True, description="--remove_input_padding; packed token batches.")
+    reduce_fusion: bool = Field(default=False, description="--reduce_fusion; only takes effect with tp_size > 1 on Llama.")
+    multiple_profiles: bool = Field(default=False, description="--multiple_profiles; more TensorRT optimization profiles, longer build.")
+
+
+class BuildSpec(_Strict):
+    target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
+    max_batch_size: int = Field(default=2048, ge=1, le=65_536, description="Maximum requests scheduled per iteration.")
+    max_input_len: int = Field(default=1024, ge=1, description="Maximum prompt length of one request, in tokens.")
+    max_seq_len: int | None = Field(
+        default=None,
+        ge=2,
+        description="Maximum prompt + output length. Default: the model's max_position_embeddings "
+        "(times the RoPE scaling factor where TensorRT-LLM applies it).",
+    )
+    max_num_tokens: int = Field(default=8192, ge=1, description="Maximum packed tokens per iteration (the per-step token budget).")
+    opt_num_tokens: int | None = Field(default=None, ge=1, description="TensorRT optimization-profile point; not allowed with plugins.multiple_profiles.")
+    max_beam_width: int = Field(default=1, ge=1, le=64, description="Maximum beams (also bounds n > 1 sampling on the cpu target).")
+    tokens_per_block: int = Field(default=32, description="Tokens per paged KV-cache block: a power of two in 16..128.")
+    kv_cache_type: KVCacheType = Field(default=KVCacheType.paged, description="paged (needed for inflight batching), continuous or disabled.")
+    tp_size: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them).")
+    pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks; must divide the number of layers.")
+    plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "BuildSpec":
+        tpb = self.tokens_per_block
+        if tpb < 16 or tpb > 128 or tpb & (tpb - 1):
+            raise ValueError(f"build.tokens_per_block must be a power of two in 16..128, got {tpb}")
+        if self.max_seq_len is not None and self.max_input_len >= self.max_seq_len:
+            raise ValueError(
+                f"build.max_input_len ({self.max_input_len}) must be less than build.max_seq_len "
+                f"({self.max_seq_len}): every request needs room for at least one output token"
+            )
+        if self.max_num_tokens < tpb:
+            raise ValueError(
+                f"build.max_num_tokens ({self.max_num_tokens}) must be at least build.tokens_per_block ({tpb})"
+            )
+        if self.opt_num_tokens is not None and self.plugins.multiple_profiles:
+            raise ValueError(
+                "build.opt_num_tokens cannot be set together with build.plugins.multiple_profiles "
+                "(trtllm-build rejects the combination)"
+            )
+        return self
+
+
+class InstanceCounts(_Strict):
+    preprocessing: int = Field(default=1, ge=1, le=64, description="Tokenizer model instances.")
+    tensorrt_llm: int = Field(default=1, ge=1, le=16, description="LLM model instances.")
+    postprocessing: int = Field(default=1, ge=1, le=64, description="Detokenizer model instances.")
+    bls: int = Field(default=1, ge=1, le=64, description="tensorrt_llm_bls model instances.")
+
+
+class ServeSpec(_Strict):
+    model_name: str = Field(default="ensemble", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name clients call (the ensemble model).")
+    streaming: bool = Field(default=True, description="Allow streaming responses (gRPC streaming, HTTP generate_stream).")
+    decoupled: bool = Field(default=True, description="Triton decoupled transaction policy for the LLM model; required for streaming.")
+    instances: InstanceCounts = Field(default_factory=InstanceCounts, description="Model instance counts.")
+    kv_cache_free_gpu_mem_fraction: float = Field(default=0.9, gt=0.0, le=1.0, description="Fraction of free memory (after the engine loads) given to the KV cache.")
+    enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks of identical prompt prefixes; needs paged context FMHA in the engine.")
+    enable_chunked_context: bool = Field(default=True, description="Split long prompts across iterations; needs paged context FMHA in the engine.")
+    batch_scheduler_policy: SchedulerPolicy = Field(default=SchedulerPolicy.guaranteed_no_evict, description="guaranteed_no_evict or max_utilization.")
+    exclude_input_in_output: bool = Field(default=True, description="Return only generated tokens, not the prompt.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
+    max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
+
+    @model_validator(mode="after")
+    def _streaming_needs_decoupled(self) -> "ServeSpec":
+        if self.streaming and not self.decoupled:
+            raise ValueError("serve.streaming: true requires serve.decoupled: true (Triton streams only from decoupled models)")
+        return self
+
+
+class DeploySpec(_Strict):
+    image: str | None = Field(default=None, description="Container image. Default: the pinned Triton TRT-LLM image for engine, a Python slim image for cpu.")
+    bind_address: str = Field(default="127.0.0.1", description="Address the published ports bind to (loopback by default).")
+    http_port: int = Field(default=8000, ge=1, le=65535, description="Triton HTTP port.")
+    grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton gRPC port.")
+    metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton Prometheus metrics port.")
+    gpus: tuple[int, ...] = Field(default=(), description="GPU device ids given to the server (engine target).")
+    shm_size: str = Field(default="2g", pattern=r"^[0-9]+[kmgKMG]?$", description="/dev/shm size of the server container (docker notation, e.g. 2g).")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "DeploySpec":
+        ports = {"deploy.http_port": self.http_port, "deploy.grpc_port": self.grpc_port, "deploy.metrics_port": self.metrics_port}
+        seen: dict[int, str] = {}
+        for name, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{name} ({port}) is the same as {seen[port]}; each port must be distinct")
+            seen[port] = name
+        return self
+
+
+class Spec(_Strict):
+    """One build config: a model, how to quantize, build, serve and deploy it."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Name of this build; artifacts go under <artifacts>/<name>/.")
+    model: ModelSpec = Field(description="The model to build.")
+    quantize: QuantizeSpec = Field(default_factory=QuantizeSpec, description="Quantization with NVIDIA ModelOpt.")
+    build: BuildSpec = Field(description="Engine build settings.")
+    serve: ServeSpec = Field(default_factory=ServeSpec, description="Triton model-repository settings.")
+    deploy: DeploySpec = Field(default_factory=DeploySpec, description="docker compose deployment settings.")
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Spec":
+        paged_ctx = self.build.plugins.use_paged_context_fmha and self.build.plugins.context_fmha
+        for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
+            if getattr(self.serve, field) and not paged_ctx:
+                raise ValueError(
+                    f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true "
+                    "(and build.plugins.context_fmha: true) in the engine"
+                )
+        if self.quantize.kv_cache is KVCacheQuant.int8 and self.serve.enable_kv_cache_reuse:
+            raise ValueError(
+                "serve.enable_kv_cache_reuse: true is not possible with quantize.kv_cache: int8 "
+                "(TensorRT-LLM turns paged context FMHA off for an INT8 KV cache)"
+            )
+        return self

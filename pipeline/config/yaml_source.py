@@ -1,0 +1,82 @@
+"""Read a YAML file into plain data, remembering the line of every key and refusing duplicate keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from pipeline.errors import SpecError
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a value came from: a file and line, or a `--set` override."""
+
+    source: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}" if self.line is not None else self.source
+
+
+@dataclass
+class SourceMap:
+    """Dotted path → location of the key that set it."""
+
+    origin: str
+    locations: dict[Path_, Location] = field(default_factory=dict)
+
+    def locate(self, path: Path_) -> Location:
+        """The location of `path`, or of its nearest ancestor that has one."""
+        for end in range(len(path), 0, -1):
+            found = self.locations.get(tuple(path[:end]))
+            if found is not None:
+                return found
+        return Location(self.origin, 1)
+
+
+def read_yaml(text: str, origin: str) -> tuple[Any, SourceMap]:
+    """Parse `text`; return the data and a map of every key's line. `origin` names the file in errors."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{origin}:{mark.line + 1}" if mark is not None else origin
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{where}: not valid YAML: {problem}") from None
+    finally:
+        loader.dispose()
+    source_map = SourceMap(origin)
+    if root is None:
+        return {}, source_map
+    return _construct(loader, root, (), source_map, origin), source_map
+
+
+def _construct(loader: yaml.SafeLoader, node: yaml.Node, path: Path_, source_map: SourceMap, origin: str) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool)):
+                raise SpecError(f"{origin}:{line}: keys must be plain scalars")
+            if key in result:
+                first = source_map.locations[path + (key,)].line
+                dotted = ".".join(str(p) for p in path + (key,))
+                raise SpecError(f"{origin}:{line}: duplicate key {dotted!r} (first set on line {first})")
+            source_map.locations[path + (key,)] = Location(origin, line)
+            result[key] = _construct(loader, value_node, path + (key,), source_map, origin)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        items = []
+        for index, item in enumerate(node.value):
+            source_map.locations[path + (index,)] = Location(origin, item.start_mark.line + 1)
+            items.append(_construct(loader, item, path + (index,), source_map, origin))
+        return items
+    return loader.construct_object(node, deep=True)

@@ -1,0 +1,135 @@
+"""Plan: which stages run, and the content digest of each. A pure function of the Spec plus environment facts.
+
+A stage's digest hashes the slice of the Spec it reads, the digests of the stages it consumes, the
+versions of the tools that shape its output, and the version of the stage's own implementation.
+Changing a field that only a later stage reads therefore leaves earlier digests (and artifacts) alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pipeline.config.spec import Spec
+
+DIGEST_LENGTH = 16
+
+
+@dataclass(frozen=True)
+class EnvFacts:
+    """What the plan needs to know about the machine and the inputs on disk."""
+
+    tools: dict[str, str]
+    model_fingerprint: str
+
+
+@dataclass(frozen=True)
+class StageDef:
+    name: str
+    version: int  # bump when the stage's output changes for the same inputs
+    upstream: tuple[str, ...]
+    tools: tuple[str, ...]
+    inputs: Callable[[Spec, EnvFacts], dict[str, Any]]
+    summary: str
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    digest: str
+    inputs: dict[str, Any]
+    upstream: dict[str, str]
+    tools: dict[str, str]
+    summary: str
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}-{self.digest}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    build_name: str
+    stages: tuple[StagePlan, ...] = field(default_factory=tuple)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(stage.name for stage in self.stages)
+
+    def stage(self, name: str) -> StagePlan:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def until(self, name: str | None) -> tuple[StagePlan, ...]:
+        if name is None:
+            return self.stages
+        index = self.names().index(name)
+        return self.stages[: index + 1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "build": self.build_name,
+            "stages": [
+                {"name": s.name, "digest": s.digest, "dir": s.dirname, "upstream": s.upstream, "inputs": s.inputs, "tools": s.tools}
+                for s in self.stages
+            ],
+        }
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def digest_of(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:DIGEST_LENGTH]
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    # The source's content, not its path: moving the checkout does not invalidate the cache.
+    return {"model_fingerprint": facts.model_fingerprint}
+
+
+def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    return {
+        "quantize": _dump(spec.quantize),
+        "dtype": spec.model.dtype.value,
+        "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
+    }
+
+
+def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    return {"build": _dump(spec.build), "dtype": spec.model.dtype.value}
+
+
+STAGE_DEFS: tuple[StageDef, ...] = (
+    StageDef("prepare", 1, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and normalize the Hugging Face checkpoint"),
+    StageDef(
+        "quantize",
+        1,
+        ("prepare",),
+        ("trtllm_pipeline", "torch", "modelopt", "transformers", "safetensors"),
+        _quantize_inputs,
+        "quantize with ModelOpt and export the TensorRT-LLM checkpoint",
+    ),
+    StageDef("build", 1, ("quantize",), ("trtllm_pipeline",), _build_inputs, "build the engine directory for the target"),
+)
+
+
+def plan(spec: Spec, facts: EnvFacts, stage_defs: tuple[StageDef, ...] = STAGE_DEFS) -> Plan:
+    planned: list[StagePlan] = []
+    digests: dict[str, str] = {}
+    for stage in stage_defs:
+        inputs = stage.inputs(spec, facts)
+        upstream = {name: digests[name] for name in stage.upstream}
+        tools = {name: facts.tools.get(name, "absent") for name in stage.tools}
+        digest = digest_of({"stage": stage.name, "version": stage.version, "inputs": inputs, "upstream": upstream, "tools": tools})
+        digests[stage.name] = digest
+        planned.append(StagePlan(stage.name, digest, inputs, upstream, tools, stage.summary))
+    return Plan(spec.name, tuple(planned))

@@ -1,0 +1,134 @@
+"""Run a plan: reuse verified artifacts, build the rest in order, each stage atomically."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from pipeline.artifacts import ArtifactRef, ArtifactStore
+from pipeline.config.loader import LoadedConfig, format_issues
+from pipeline.errors import ArtifactError, PipelineError, SpecError, StageError
+from pipeline.hashing import directory_fingerprint
+from pipeline.plan import EnvFacts, Plan, StagePlan, plan
+from pipeline.preflight import preflight
+from pipeline.stages import build, prepare, quantize
+from pipeline.stages.base import StageContext, StageFn
+from pipeline.tools import tool_versions
+
+STAGE_FUNCTIONS: dict[str, StageFn] = {
+    "prepare": prepare.run,
+    "quantize": quantize.run,
+    "build": build.run,
+}
+
+
+@dataclass(frozen=True)
+class StageResult:
+    name: str
+    outcome: str  # "cached" | "built"
+    ref: ArtifactRef
+    seconds: float
+    note: str = ""
+
+
+def gather_facts(loaded: LoadedConfig) -> EnvFacts:
+    return EnvFacts(tools=tool_versions(), model_fingerprint=directory_fingerprint(loaded.model.path))
+
+
+def make_plan(loaded: LoadedConfig) -> Plan:
+    return plan(loaded.spec, gather_facts(loaded))
+
+
+def check_runnable(loaded: LoadedConfig, the_plan: Plan, until: str | None) -> tuple[StagePlan, ...]:
+    """The stages a run up to `until` selects; SpecError if any of them cannot run for this spec."""
+    if until is not None and until not in the_plan.names():
+        raise SpecError(f"--until {until!r}: no such stage; stages: {', '.join(the_plan.names())}")
+    selected = the_plan.until(until)
+    issues = preflight(loaded.spec, loaded.model, [stage.name for stage in selected])
+    if issues:
+        raise SpecError(format_issues(issues, loaded.source_map))
+    return selected
+
+
+def artifact_state(store: ArtifactStore, stage: StagePlan) -> str:
+    """'built', 'missing' or 'corrupt: <why>' for the artifact a stage plan points at."""
+    try:
+        return "built" if store.lookup(stage) is not None else "missing"
+    except ArtifactError as exc:
+        return f"corrupt: {exc.message}"
+
+
+def run_pipeline(
+    loaded: LoadedConfig,
+    store: ArtifactStore,
+    *,
+    until: str | None = None,
+    force: bool = False,
+    console: Console,
+) -> list[StageResult]:
+    the_plan = make_plan(loaded)
+    selected = check_runnable(loaded, the_plan, until)
+    results: list[StageResult] = []
+    refs: dict[str, ArtifactRef] = {}
+    with store.lock():
+        for stale in store.remove_stale_temporaries():
+            console.print(f"[yellow]removed an unfinished artifact left by an interrupted run:[/yellow] {stale.name}")
+        for stage in selected:
+            result = _run_stage(loaded, store, stage, refs, force=force, console=console)
+            refs[stage.name] = result.ref
+            results.append(result)
+            _print_result(console, result)
+    return results
+
+
+def _run_stage(
+    loaded: LoadedConfig,
+    store: ArtifactStore,
+    stage: StagePlan,
+    refs: dict[str, ArtifactRef],
+    *,
+    force: bool,
+    console: Console,
+) -> StageResult:
+    started = time.monotonic()
+    note = ""
+    if not force:
+        try:
+            cached = store.lookup(stage)
+        except ArtifactError as exc:
+            cached = None
+            note = "rebuilt: the old artifact failed verification"
+            console.print(f"[yellow]{stage.name}: {exc.message}; rebuilding[/yellow]")
+        if cached is not None:
+            return StageResult(stage.name, "cached", cached, time.monotonic() - started)
+    upstream = {name: refs[name] for name in stage.upstream}
+    with console.status(f"[bold]{stage.name}[/bold]: {stage.summary}"):
+        with store.create(stage, build_name=loaded.spec.name) as out_dir:
+            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console)
+            try:
+                STAGE_FUNCTIONS[stage.name](context)
+            except PipelineError:
+                raise
+            except Exception as exc:
+                raise StageError(f"stage {stage.name} failed: {type(exc).__name__}: {exc}") from exc
+    ref = store.lookup(stage)
+    if ref is None:  # pragma: no cover - create() either renames into place or raises
+        raise ArtifactError(f"stage {stage.name} finished but {store.path_for(stage)} is missing")
+    return StageResult(stage.name, "built", ref, time.monotonic() - started, note)
+
+
+def _print_result(console: Console, result: StageResult) -> None:
+    mark = "[green]✓[/green]" if result.outcome == "built" else "[cyan]=[/cyan]"
+    where = _short(result.ref.path)
+    extra = f"  [yellow]{result.note}[/yellow]" if result.note else ""
+    console.print(f"{mark} {result.name:<9} {result.outcome:<7} {result.seconds:7.2f} s  {where}{extra}")
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,30 @@
+"""What a stage receives: its slice of the world, and one directory to write into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+
+from pipeline.artifacts import ArtifactRef
+from pipeline.config.model_info import ModelInfo
+from pipeline.config.spec import Spec
+from pipeline.plan import StagePlan
+
+
+@dataclass(frozen=True)
+class StageContext:
+    spec: Spec
+    model: ModelInfo
+    plan: StagePlan
+    upstream: dict[str, ArtifactRef]
+    out_dir: Path
+    console: Console
+
+    def log(self, message: str) -> None:
+        self.console.print(f"  [dim]{self.plan.name}:[/dim] {message}")
+
+
+StageFn = Callable[[StageContext], None]

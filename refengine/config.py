@@ -1,0 +1,112 @@
+"""Engine settings: the build limits of the engine directory plus the runtime choices.
+
+Limits carry TensorRT-LLM's names and meanings (`build_config`: `max_batch_size`,
+`max_input_len`, `max_seq_len`, `max_num_tokens`, `max_beam_width`,
+`plugin_config.tokens_per_block`); runtime choices mirror the `tensorrt_llm` Triton model's
+parameters (`batch_scheduler_policy`, `enable_chunked_context`, `enable_kv_cache_reuse`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from refengine.errors import EngineConfigError
+
+COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class SchedulerPolicy(str, enum.Enum):
+    """How the scheduler admits requests when KV-cache blocks are scarce."""
+
+    GUARANTEED_NO_EVICT = "guaranteed_no_evict"  # admit only what can run to max_tokens
+    MAX_UTILIZATION = "max_utilization"  # admit more; preempt (recompute) when blocks run out
+
+    @classmethod
+    def parse(cls, value: "str | SchedulerPolicy") -> "SchedulerPolicy":
+        if isinstance(value, SchedulerPolicy):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            raise EngineConfigError("scheduler_policy", f"{value!r} is not one of {choices}") from None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits and runtime choices of one `LLMEngine`. Validated on construction."""
+
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: int = 2048
+    max_num_tokens: int = 512
+    tokens_per_block: int = 32
+    num_kv_blocks: int | None = None  # None: enough for max_batch_size full-length sequences
+    scheduler_policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
+    enable_chunked_context: bool = False
+    enable_prefix_caching: bool = False
+    max_num_samples: int = 4  # upper bound of SamplingParams.n
+    max_logprobs: int = 20  # upper bound of SamplingParams.logprobs
+    compute_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
+        for name in (
+            "max_batch_size",
+            "max_input_len",
+            "max_seq_len",
+            "max_num_tokens",
+            "tokens_per_block",
+            "max_num_samples",
+        ):
+            _require_positive_int(name, getattr(self, name))
+        if self.num_kv_blocks is not None:
+            _require_positive_int("num_kv_blocks", self.num_kv_blocks)
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise EngineConfigError("max_logprobs", f"must be a non-negative integer, got {self.max_logprobs!r}")
+        if self.max_input_len > self.max_seq_len:
+            raise EngineConfigError(
+                "max_input_len",
+                f"{self.max_input_len} exceeds max_seq_len {self.max_seq_len}",
+            )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise EngineConfigError(
+                "compute_dtype", f"{self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}"
+            )
+
+    @property
+    def total_kv_blocks(self) -> int:
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        blocks_per_sequence = -(-self.max_seq_len // self.tokens_per_block)
+        return self.max_batch_size * blocks_per_sequence
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_build_config(cls, build_config: Mapping[str, Any], **overrides: Any) -> "EngineConfig":
+        """Limits from an engine's `build_config`; `overrides` set runtime choices (or limits)."""
+        plugin_config = build_config.get("plugin_config") or {}
+        values: dict[str, Any] = {}
+        for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+            if build_config.get(name) is not None:
+                values[name] = build_config[name]
+        if plugin_config.get("tokens_per_block") is not None:
+            values["tokens_per_block"] = plugin_config["tokens_per_block"]
+        max_beam_width = build_config.get("max_beam_width")
+        if max_beam_width not in (None, 1):
+            raise EngineConfigError(
+                "build_config.max_beam_width",
+                f"{max_beam_width}: beam search is not implemented by the reference engine (use 1)",
+            )
+        values.update(overrides)
+        return cls(**values)
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise EngineConfigError(name, f"must be a positive integer, got {value!r}")

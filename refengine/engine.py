@@ -1,0 +1,258 @@
+"""`LLMEngine`: requests in, tokens out. A step is three verbs: schedule → execute → update.
+
+Thread-safe: `add_request`, `abort` and `step` take one lock. For serving, `EngineLoop`
+(engine_loop.py) runs `step` on a background thread and streams outputs per request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from refengine.checkpoint import load_checkpoint, load_engine_dir
+from refengine.config import EngineConfig
+from refengine.errors import InvalidRequestError
+from refengine.kv_cache import KVCacheUsage
+from refengine.model_runner import LlamaModel, ModelRunner, torch_dtype
+from refengine.outputs import CompletionOutput, RequestOutput
+from refengine.request_validation import validate_request
+from refengine.sampling import SamplingParams
+from refengine.scheduler import Scheduler, SequenceUpdate
+from refengine.step_messages import SampledToken
+
+
+@dataclass
+class _CompletionState:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[SampledToken] = field(default_factory=list)
+    num_reported: int = 0
+    finish_reason: str | None = None
+
+    def snapshot(self, with_logprobs: bool) -> CompletionOutput:
+        new = tuple(self.token_ids[self.num_reported :])
+        self.num_reported = len(self.token_ids)
+        return CompletionOutput(
+            index=self.index,
+            token_ids=tuple(self.token_ids),
+            new_token_ids=new,
+            finish_reason=self.finish_reason,
+            logprobs=tuple(self.logprobs) if with_logprobs else None,
+        )
+
+
+@dataclass
+class _RequestState:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    completions: list[_CompletionState]
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.completions)
+
+    def apply(self, update: SequenceUpdate) -> None:
+        completion = self.completions[update.sample_index]
+        completion.token_ids.extend(update.new_token_ids)
+        completion.logprobs.extend(s for s in update.new_samples if s.logprob is not None)
+        if update.finish_reason is not None:
+            completion.finish_reason = update.finish_reason.value
+
+    def snapshot(self) -> RequestOutput:
+        with_logprobs = self.params.logprobs is not None
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=tuple(c.snapshot(with_logprobs) for c in self.completions),
+        )
+
+
+class LLMEngine:
+    def __init__(self, model: LlamaModel, config: EngineConfig | None = None) -> None:
+        self._config = config or EngineConfig()
+        self._model = model
+        self._scheduler = Scheduler(self._config)
+        self._runner = ModelRunner(model, self._config.total_kv_blocks, self._config.tokens_per_block)
+        self._requests: dict[str, _RequestState] = {}
+        self._held_outputs: list[RequestOutput] = []
+        self._request_numbers = itertools.count()
+        self._seeds = random.Random()
+        self._lock = threading.RLock()
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+        """An engine over a TensorRT-LLM checkpoint directory, with `config` (or default) limits."""
+        config = config or EngineConfig()
+        model = LlamaModel.from_checkpoint(load_checkpoint(checkpoint_dir), torch_dtype(config.compute_dtype))
+        return cls(model, config)
+
+    @classmethod
+    def from_engine_dir(cls, engine_dir: str | Path, **overrides: Any) -> "LLMEngine":
+        """An engine over a CPU engine directory; limits from its build_config, `overrides` on top."""
+        engine = load_engine_dir(engine_dir)
+        config = EngineConfig.from_build_config(engine.build_config, **overrides)
+        model = LlamaModel.from_checkpoint(engine.checkpoint, torch_dtype(config.compute_dtype))
+        return cls(model, config)
+
+    # -- figures ---------------------------------------------------------------------------
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.config.vocab_size
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler (for inspection: queue lengths, KV cache, preemption count)."""
+        return self._scheduler
+
+    def kv_cache_usage(self) -> KVCacheUsage:
+        with self._lock:
+            return self._scheduler.kv_cache.usage()
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._requests) or bool(self._held_outputs)
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input."""
+        params = params if params is not None else SamplingParams()
+        prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size)
+        with self._lock:
+            if request_id is None:
+                request_id = f"req-{next(self._request_numbers)}"
+            elif not isinstance(request_id, str) or not request_id:
+                raise InvalidRequestError("request_id", f"must be a non-empty string, got {request_id!r}")
+            if request_id in self._requests:
+                raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            self._scheduler.add_request(request_id, prompt, params, seed)
+            self._requests[request_id] = _RequestState(
+                request_id, prompt, params, [_CompletionState(i) for i in range(params.n)]
+            )
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks; its final output comes with the next step.
+        An unknown (or finished) id is a no-op."""
+        with self._lock:
+            state = self._requests.pop(request_id, None)
+            if state is None:
+                return
+            self._scheduler.abort_request(request_id)
+            for completion in state.completions:
+                if completion.finish_reason is None:
+                    completion.finish_reason = "aborted"
+            self._held_outputs.append(state.snapshot())
+
+    # -- running ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One engine iteration; returns the outputs of every request that advanced."""
+        with self._lock:
+            held, self._held_outputs = self._held_outputs, []
+            return held + self._run_step()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run the prompts to completion; final outputs in prompt order.
+
+        Holds the engine lock throughout (other threads' submissions wait); outputs of requests
+        added elsewhere are kept for the next `step()`.
+        """
+        all_params = self._params_per_prompt(prompts, params)
+        with self._lock:
+            request_ids: list[str] = []
+            try:
+                for prompt, prompt_params in zip(prompts, all_params):
+                    request_ids.append(self.add_request(prompt, prompt_params))
+            except InvalidRequestError:
+                for request_id in request_ids:
+                    self._requests.pop(request_id, None)
+                    self._scheduler.abort_request(request_id)
+                raise
+            final: dict[str, RequestOutput] = {}
+            while len(final) < len(request_ids):
+                for output in self._run_step():
+                    if output.request_id in request_ids and output.finished:
+                        final[output.request_id] = output
+                    elif output.request_id not in request_ids:
+                        self._held_outputs.append(output)
+            return [final[request_id] for request_id in request_ids]
+
+    def stream(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield this request's outputs step by step, driving the engine from the caller's thread.
+
+        Outputs of other requests produced meanwhile are kept for the next `step()`. Closing the
+        iterator early aborts the request.
+        """
+        request_id = self.add_request(prompt_token_ids, params)
+        finished = False
+        try:
+            while not finished:
+                with self._lock:
+                    produced = self._run_step()
+                    mine = [o for o in produced if o.request_id == request_id]
+                    self._held_outputs.extend(o for o in produced if o.request_id != request_id)
+                for output in mine:
+                    finished = output.finished
+                    yield output
+        finally:
+            if not finished:
+                self.abort(request_id)
+                with self._lock:
+                    self._held_outputs = [o for o in self._held_outputs if o.request_id != request_id]
+
+    # -- internals -------------------------------------------------------------------------
+    def _run_step(self) -> list[RequestOutput]:
+        if not self._scheduler.has_unfinished():
+            return []
+        scheduler_output = self._scheduler.schedule()
+        if not scheduler_output.scheduled and not scheduler_output.preempted_seq_ids:
+            raise RuntimeError(
+                f"scheduler made no progress with {self._scheduler.num_waiting} waiting and "
+                f"{self._scheduler.num_running} running sequences"
+            )
+        runner_output = self._runner.execute(scheduler_output)
+        updates = self._scheduler.update_from_output(scheduler_output, runner_output)
+        advanced: dict[str, _RequestState] = {}
+        for update in updates:
+            state = self._requests.get(update.request_id)
+            if state is not None:
+                state.apply(update)
+                advanced[update.request_id] = state
+        outputs = []
+        for request_id, state in advanced.items():
+            outputs.append(state.snapshot())
+            if state.finished:
+                del self._requests[request_id]
+        return outputs
+
+    @staticmethod
+    def _params_per_prompt(
+        prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None
+    ) -> list[SamplingParams]:
+        if params is None or isinstance(params, SamplingParams):
+            return [params or SamplingParams()] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise InvalidRequestError(
+                "sampling_params", f"{len(params)} parameter sets for {len(prompts)} prompts"
+            )
+        return params

@@ -1,0 +1,207 @@
+"""The decoder's shape and options, parsed from a TensorRT-LLM `config.json` (PretrainedConfig).
+
+Only the Llama family runs here: Llama 2/3 (incl. llama3 RoPE scaling), Mistral and Qwen2-style
+models (qkv biases). Anything else is refused with a `ModelLoadError` that names the field.
+Keys and defaults follow TensorRT-LLM's checkpoint format (shared/reference/trtllm.md §2.2).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from refengine.errors import ModelLoadError
+
+LLAMA_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM"})
+QWEN_ARCHITECTURES = frozenset({"QWenForCausalLM", "Qwen2ForCausalLM"})
+# TensorRT-LLM's QWenForCausalLM also covers Qwen 1, Qwen2-MoE and Qwen3, whose layouts differ.
+SUPPORTED_QWEN_TYPES = frozenset({"qwen2"})
+SUPPORTED_DTYPES = frozenset({"float16", "bfloat16", "float32"})
+
+
+class RopeScalingType(str, enum.Enum):
+    NONE = "none"
+    LINEAR = "linear"
+    LLAMA3 = "llama3"
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """`rotary_scaling` of the checkpoint; `type` or `rope_type` selects the method."""
+
+    type: RopeScalingType = RopeScalingType.NONE
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, Any] | None) -> "RopeScaling":
+        if not raw:
+            return cls()
+        name = raw.get("type", raw.get("rope_type"))
+        if name in (None, "default", "none"):
+            return cls()
+        try:
+            scaling_type = RopeScalingType(name)
+        except ValueError:
+            supported = ", ".join(t.value for t in RopeScalingType)
+            raise ModelLoadError(
+                f"rotary_scaling type {name!r} is not supported (supported: {supported})"
+            ) from None
+        factor = _positive_float(raw, "factor", "rotary_scaling.factor")
+        if scaling_type is RopeScalingType.LINEAR:
+            return cls(type=scaling_type, factor=factor)
+        low = _positive_float(raw, "low_freq_factor", "rotary_scaling.low_freq_factor")
+        high = _positive_float(raw, "high_freq_factor", "rotary_scaling.high_freq_factor")
+        if high <= low:
+            raise ModelLoadError(
+                f"rotary_scaling.high_freq_factor ({high}) must exceed low_freq_factor ({low})"
+            )
+        original = raw.get("original_max_position_embeddings")
+        if not isinstance(original, int) or original <= 0:
+            raise ModelLoadError(
+                "rotary_scaling.original_max_position_embeddings must be a positive integer, "
+                f"got {original!r}"
+            )
+        return cls(scaling_type, factor, low, high, original)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the model runner needs to know about the decoder."""
+
+    architecture: str
+    dtype: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    intermediate_size: int
+    norm_epsilon: float
+    rotary_base: float
+    rope_scaling: RopeScaling
+    max_position_embeddings: int | None
+    qkv_bias_required: bool
+    dense_bias_required: bool
+    mlp_bias_required: bool
+    quant_algo: str | None
+    kv_cache_quant_algo: str | None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_size
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_size
+
+    @classmethod
+    def from_pretrained_config(cls, raw: Mapping[str, Any]) -> "ModelConfig":
+        """Parse and check a TensorRT-LLM `config.json` (the checkpoint's, or `pretrained_config`)."""
+        if not isinstance(raw, Mapping):
+            raise ModelLoadError(f"checkpoint config must be a JSON object, got {type(raw).__name__}")
+        architecture = _required(raw, "architecture")
+        if architecture not in LLAMA_ARCHITECTURES | QWEN_ARCHITECTURES:
+            supported = ", ".join(sorted(LLAMA_ARCHITECTURES | QWEN_ARCHITECTURES))
+            raise ModelLoadError(
+                f"architecture {architecture!r} is not supported by the reference engine "
+                f"(supported: {supported})"
+            )
+        is_qwen = architecture in QWEN_ARCHITECTURES
+        qwen_type = raw.get("qwen_type")
+        if is_qwen and qwen_type is not None and qwen_type not in SUPPORTED_QWEN_TYPES:
+            raise ModelLoadError(f"qwen_type {qwen_type!r} is not supported (supported: qwen2)")
+        dtype = _required(raw, "dtype")
+        if dtype not in SUPPORTED_DTYPES:
+            raise ModelLoadError(f"dtype {dtype!r} is not supported (supported: float16, bfloat16, float32)")
+        _check_unsupported_options(raw)
+        quantization = raw.get("quantization") or {}
+        hidden_size = _positive_int(raw, "hidden_size")
+        num_heads = _positive_int(raw, "num_attention_heads")
+        num_kv_heads = _positive_int(raw, "num_key_value_heads", default=num_heads)
+        if num_heads % num_kv_heads:
+            raise ModelLoadError(
+                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            )
+        if raw.get("head_size") is None and hidden_size % num_heads:
+            raise ModelLoadError(
+                f"hidden_size ({hidden_size}) is not divisible by num_attention_heads ({num_heads}); "
+                "set head_size"
+            )
+        head_size = _positive_int(raw, "head_size", default=hidden_size // num_heads)
+        if head_size % 2:
+            raise ModelLoadError(f"head_size ({head_size}) must be even for rotary embeddings")
+        attn_bias = bool(raw.get("attn_bias", False))
+        return cls(
+            architecture=architecture,
+            dtype=dtype,
+            vocab_size=_positive_int(raw, "vocab_size"),
+            hidden_size=hidden_size,
+            num_layers=_positive_int(raw, "num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            intermediate_size=_positive_int(raw, "intermediate_size"),
+            norm_epsilon=float(raw.get("norm_epsilon", 1e-5)),
+            rotary_base=float(raw.get("rotary_base", 10000.0)),
+            rope_scaling=RopeScaling.from_config(raw.get("rotary_scaling")),
+            max_position_embeddings=raw.get("max_position_embeddings"),
+            qkv_bias_required=is_qwen or attn_bias,
+            dense_bias_required=attn_bias,
+            mlp_bias_required=bool(raw.get("mlp_bias", False)),
+            quant_algo=quantization.get("quant_algo"),
+            kv_cache_quant_algo=quantization.get("kv_cache_quant_algo"),
+        )
+
+
+def _check_unsupported_options(raw: Mapping[str, Any]) -> None:
+    mapping = raw.get("mapping") or {}
+    world_size = mapping.get("world_size", 1)
+    if world_size != 1:
+        raise ModelLoadError(f"mapping.world_size is {world_size}; the reference engine runs world_size 1 only")
+    hidden_act = raw.get("hidden_act", "silu")
+    if hidden_act not in ("silu", "swiglu"):
+        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported (supported: silu)")
+    position_embedding = raw.get("position_embedding_type", "rope_gpt_neox")
+    if position_embedding != "rope_gpt_neox":
+        raise ModelLoadError(
+            f"position_embedding_type {position_embedding!r} is not supported (supported: rope_gpt_neox)"
+        )
+    rotary_pct = raw.get("rotary_pct", 1.0)
+    if rotary_pct != 1.0:
+        raise ModelLoadError(f"rotary_pct {rotary_pct} is not supported (partial rotary); expected 1.0")
+    if raw.get("rmsnorm", True) is not True:
+        raise ModelLoadError("rmsnorm is false; the Llama family needs RMSNorm")
+    for flag in ("residual_mlp", "qk_layernorm"):
+        if raw.get(flag):
+            raise ModelLoadError(f"{flag} is true; this Llama variant is not supported")
+    if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
+        raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
+
+
+def _required(raw: Mapping[str, Any], key: str) -> Any:
+    if key not in raw or raw[key] is None:
+        raise ModelLoadError(f"checkpoint config is missing required field {key!r}")
+    return raw[key]
+
+
+def _positive_int(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        value = default
+    if value is None:
+        raise ModelLoadError(f"checkpoint config is missing required field {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"checkpoint config field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_float(raw: Mapping[str, Any], key: str, label: str) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ModelLoadError(f"{label} must be a positive number, got {value!r}")
+    return float(value)

@@ -1,0 +1,121 @@
+"""Paged attention over block tables, driven by an explicit `AttentionMetadata`.
+
+The KV cache of one layer is a tensor [2, num_blocks, tokens_per_block, num_kv_heads, head_size]
+(keys, values). Token t of a sequence lives in slot `block_table[t // B] * B + t % B`. A step's
+queries are one flat batch of tokens (no padding): sequence i owns rows
+`query_start_loc[i]:query_start_loc[i + 1]`, which are its last `query_len` tokens out of
+`context_lens[i]` (tokens in the cache once this step's K/V are written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int64, cumulative query lengths
+    context_lens: torch.Tensor  # [num_seqs] int64, cached tokens after this step's writes
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0
+    slot_mapping: torch.Tensor  # [num_tokens] int64, cache slot of each query token
+    positions: torch.Tensor  # [num_tokens] int64, position of each query token in its sequence
+    tokens_per_block: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.context_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+def build_attention_metadata(
+    query_lens: Sequence[int],
+    num_computed_tokens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    tokens_per_block: int,
+) -> AttentionMetadata:
+    """Metadata for a flat batch: sequence i computes `query_lens[i]` tokens after
+    `num_computed_tokens[i]` cached ones, stored in the blocks `block_tables[i]`."""
+    positions: list[int] = []
+    slots: list[int] = []
+    for query_len, start, table in zip(query_lens, num_computed_tokens, block_tables):
+        for position in range(start, start + query_len):
+            positions.append(position)
+            slots.append(table[position // tokens_per_block] * tokens_per_block + position % tokens_per_block)
+    max_blocks = max((len(table) for table in block_tables), default=0)
+    padded_tables = [list(table) + [0] * (max_blocks - len(table)) for table in block_tables]
+    starts = [0]
+    for query_len in query_lens:
+        starts.append(starts[-1] + query_len)
+    return AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int64),
+        context_lens=torch.tensor(
+            [start + length for start, length in zip(num_computed_tokens, query_lens)], dtype=torch.int64
+        ),
+        block_tables=torch.tensor(padded_tables, dtype=torch.int64).reshape(len(block_tables), max_blocks),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        positions=torch.tensor(positions, dtype=torch.int64),
+        tokens_per_block=tokens_per_block,
+    )
+
+
+def write_kv_cache(kv_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store this step's keys/values [num_tokens, num_kv_heads, head_size] in their slots."""
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
+    flat[0].index_copy_(0, slot_mapping, keys.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, values.to(kv_cache.dtype))
+
+
+def gather_sequence_kv(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [context_len, num_kv_heads, head_size] of one sequence, in order."""
+    block_size = kv_cache.shape[2]
+    num_blocks = -(-context_len // block_size)
+    blocks = kv_cache[:, block_table[:num_blocks]]  # [2, n, B, H_kv, D]
+    keys = blocks[0].reshape(-1, *blocks.shape[3:])[:context_len]
+    values = blocks[1].reshape(-1, *blocks.shape[3:])[:context_len]
+    return keys, values
+
+
+def causal_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of the last L tokens of a sequence over all S of its tokens (GQA/MQA aware).
+
+    query [L, H, D], keys/values [S, H_kv, D] -> [L, H, D]; query j sits at position S - L + j.
+    """
+    query_len, num_heads, head_size = query.shape
+    context_len, num_kv_heads, _ = keys.shape
+    group = num_heads // num_kv_heads
+    # Query head h reads key/value head h // group (Hugging Face's repeat_kv order).
+    q = query.reshape(query_len, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
+    k = keys.permute(1, 0, 2).unsqueeze(1)
+    v = values.permute(1, 0, 2).unsqueeze(1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H_kv, G, L, S]
+    query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
+    future = torch.arange(context_len).unsqueeze(0) > query_positions
+    scores = scores.masked_fill(future, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    out = torch.matmul(probs, v)  # [H_kv, G, L, D]
+    return out.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_size)
+
+
+def paged_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Attention for a flat batch [num_tokens, H, D] whose K/V are already in `kv_cache`."""
+    output = torch.empty_like(query)
+    starts = metadata.query_start_loc.tolist()
+    context_lens = metadata.context_lens.tolist()
+    for index, context_len in enumerate(context_lens):
+        begin, end = starts[index], starts[index + 1]
+        if begin == end:
+            continue
+        keys, values = gather_sequence_kv(kv_cache, metadata.block_tables[index], context_len)
+        output[begin:end] = causal_attention(query[begin:end], keys, values, scale)
+    return output

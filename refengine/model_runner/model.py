@@ -1,0 +1,115 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+
+Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
+cast to the compute dtype (float32 by default, so results match transformers in float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from refengine.checkpoint import Checkpoint, TensorStore
+from refengine.errors import ModelLoadError
+from refengine.model_config import ModelConfig
+from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
+from refengine.model_runner.layers import RotaryEmbedding, rms_norm, swiglu
+from refengine.model_runner.linear import Linear, LinearSpec, load_linear
+
+
+@dataclass
+class DecoderLayer:
+    input_norm: torch.Tensor
+    qkv: Linear
+    dense: Linear
+    post_norm: torch.Tensor
+    fc: Linear  # gate projection (HF gate_proj)
+    gate: Linear  # up projection (HF up_proj)
+    proj: Linear  # down projection (HF down_proj)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embedding: torch.Tensor,
+        layers: list[DecoderLayer],
+        final_norm: torch.Tensor,
+        lm_head: torch.Tensor,
+    ) -> None:
+        self.config = config
+        self.embedding = embedding
+        self.layers = layers
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.rotary = RotaryEmbedding(config.head_size, config.rotary_base, config.rope_scaling)
+        self.scale = config.head_size**-0.5
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.dtype
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> "LlamaModel":
+        config = checkpoint.config
+        if config.kv_cache_quant_algo is not None:
+            raise ModelLoadError(
+                f"quantization.kv_cache_quant_algo {config.kv_cache_quant_algo!r} is not supported yet"
+            )
+        store = checkpoint.tensors
+        table_shape = (config.vocab_size, config.hidden_size)
+        embedding = store.get("transformer.vocab_embedding.weight", table_shape).to(dtype)
+        lm_head = store.get_optional("lm_head.weight", table_shape)
+        # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
+        lm_head = embedding if lm_head is None else lm_head.to(dtype)
+        layers = [_load_layer(store, config, index, dtype) for index in range(config.num_layers)]
+        final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
+        return cls(config, embedding, layers, final_norm.to(dtype), lm_head)
+
+    def forward(
+        self, input_ids: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden] of a flat token batch."""
+        config = self.config
+        hidden = F.embedding(input_ids, self.embedding)
+        cos, sin = self.rotary.cos_sin(metadata.positions)
+        num_tokens = input_ids.shape[0]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            residual = hidden
+            qkv = layer.qkv(rms_norm(hidden, layer.input_norm, config.norm_epsilon))
+            query, key, value = qkv.split([config.q_size, config.kv_size, config.kv_size], dim=-1)
+            query = RotaryEmbedding.apply(query.reshape(num_tokens, config.num_heads, config.head_size), cos, sin)
+            key = RotaryEmbedding.apply(key.reshape(num_tokens, config.num_kv_heads, config.head_size), cos, sin)
+            value = value.reshape(num_tokens, config.num_kv_heads, config.head_size)
+            write_kv_cache(kv_cache, key, value, metadata.slot_mapping)
+            attention = paged_attention(query, kv_cache, metadata, self.scale)
+            hidden = residual + layer.dense(attention.reshape(num_tokens, config.q_size))
+            residual = hidden
+            normed = rms_norm(hidden, layer.post_norm, config.norm_epsilon)
+            hidden = residual + layer.proj(swiglu(layer.fc(normed), layer.gate(normed)))
+        return rms_norm(hidden, self.final_norm, config.norm_epsilon)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).to(torch.float32)
+
+
+def _load_layer(store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype) -> DecoderLayer:
+    prefix = f"transformer.layers.{index}"
+    hidden, inner = config.hidden_size, config.intermediate_size
+    quant_algo = config.quant_algo
+
+    def linear(name: str, in_features: int, out_features: int, bias_required: bool) -> Linear:
+        spec = LinearSpec(f"{prefix}.{name}", in_features, out_features, bias_required)
+        return load_linear(store, spec, quant_algo, dtype)
+
+    return DecoderLayer(
+        input_norm=store.get(f"{prefix}.input_layernorm.weight", (hidden,)).to(dtype),
+        qkv=linear("attention.qkv", hidden, config.q_size + 2 * config.kv_size, config.qkv_bias_required),
+        dense=linear("attention.dense", config.q_size, hidden, config.dense_bias_required),
+        post_norm=store.get(f"{prefix}.post_layernorm.weight", (hidden,)).to(dtype),
+        fc=linear("mlp.fc", hidden, inner, config.mlp_bias_required),
+        gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required),
+        proj=linear("mlp.proj", inner, hidden, config.mlp_bias_required),
+    )

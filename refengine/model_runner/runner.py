@@ -1,0 +1,58 @@
+"""The model runner: owns the paged KV tensors and executes one `SchedulerOutput` per step."""
+
+from __future__ import annotations
+
+import torch
+
+from refengine.model_runner.attention import build_attention_metadata
+from refengine.model_runner.model import LlamaModel
+from refengine.model_runner.sampler import Sampler
+from refengine.step_messages import RunnerOutput, SchedulerOutput
+
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a compute-dtype name ("float32", "float16", "bfloat16")."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{name!r} is not a floating-point torch dtype")
+    return dtype
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, tokens_per_block: int) -> None:
+        config = model.config
+        self.model = model
+        self.tokens_per_block = tokens_per_block
+        shape = (2, num_blocks, tokens_per_block, config.num_kv_heads, config.head_size)
+        self.kv_caches = [torch.zeros(shape, dtype=model.dtype) for _ in range(config.num_layers)]
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        self._copy_blocks(scheduler_output.block_copies)
+        items = scheduler_output.scheduled
+        if not items:
+            return RunnerOutput(step_id=scheduler_output.step_id)
+        metadata = build_attention_metadata(
+            [item.num_new_tokens for item in items],
+            [item.num_computed_tokens for item in items],
+            [item.block_table for item in items],
+            self.tokens_per_block,
+        )
+        input_ids = torch.tensor([t for item in items for t in item.new_token_ids], dtype=torch.int64)
+        hidden = self.model.forward(input_ids, self.kv_caches, metadata)
+        sampling_items = [item for item in items if item.num_samples > 0]
+        if not sampling_items:
+            return RunnerOutput(step_id=scheduler_output.step_id)
+        ends = metadata.query_start_loc[1:].tolist()
+        last_rows = [ends[i] - 1 for i, item in enumerate(items) if item.num_samples > 0]
+        logits = self.model.compute_logits(hidden[last_rows])
+        return RunnerOutput(
+            step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items)
+        )
+
+    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        for source, destination in copies:
+            for kv_cache in self.kv_caches:
+                kv_cache[:, destination].copy_(kv_cache[:, source])

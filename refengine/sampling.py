@@ -1,0 +1,126 @@
+"""`SamplingParams`: how one request is decoded. Validated on construction.
+
+Every invalid value raises `InvalidRequestError` whose `field` names the parameter. Checks that
+need the engine (vocabulary size, `max_seq_len`, the `n` limit) live in `request_validation`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from refengine.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding options of one request.
+
+    - `temperature` 0 (or `top_k` 1) is greedy; `top_k` 0 and `top_p` 1 disable those filters.
+    - `end_id` ends a sequence and is not part of the output (TensorRT-LLM's convention);
+      a matched `stop_token_ids` sequence ends it and stays in the output.
+    - `repetition_penalty` (multiplicative, as in Hugging Face), `presence_penalty` and
+      `frequency_penalty` (additive) apply to every token of the sequence, prompt included.
+    - `min_tokens`: `end_id` is masked and stop sequences are ignored until this many tokens.
+    - `bad_words`: token sequences that must not be produced (the last token is banned when the
+      preceding ones match).
+    - `n`: independent samples from one prompt (the prompt's KV blocks are shared).
+    - `logprobs`: None for none; k ≥ 0 returns the sampled token's log-probability and the k most
+      likely alternatives (from the model's raw distribution).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    end_id: int | None = None
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    n: int = 1
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, minimum=1)
+        _check_float("temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        _check_int("top_k", self.top_k, minimum=0)
+        _check_float("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=0)
+        _check_float("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise InvalidRequestError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        _check_float("presence_penalty", self.presence_penalty)
+        _check_float("frequency_penalty", self.frequency_penalty)
+        _check_int("min_tokens", self.min_tokens, minimum=0)
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}"
+            )
+        if self.end_id is not None:
+            _check_int("end_id", self.end_id, minimum=0)
+        object.__setattr__(self, "stop_token_ids", _token_sequences("stop_token_ids", self.stop_token_ids))
+        object.__setattr__(self, "bad_words", _token_sequences("bad_words", self.bad_words))
+        _check_int("n", self.n, minimum=1)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Whether sampling looks at earlier tokens (penalties, bad words)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.bad_words)
+        )
+
+    def token_ids_to_check(self) -> Iterable[tuple[str, int]]:
+        """(field, token id) pairs that must lie inside the vocabulary."""
+        if self.end_id is not None:
+            yield "end_id", self.end_id
+        for field in ("stop_token_ids", "bad_words"):
+            for sequence in getattr(self, field):
+                for token_id in sequence:
+                    yield field, token_id
+
+
+def _check_int(field: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(field, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidRequestError(field, f"must be >= {minimum}, got {value}")
+
+
+def _check_float(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequestError(field, f"must be a finite number, got {value!r}")
+
+
+def _token_sequences(field: str, value: Any) -> tuple[tuple[int, ...], ...]:
+    if value is None:
+        return ()
+    try:
+        sequences = tuple(tuple(sequence) for sequence in value)
+    except TypeError:
+        raise InvalidRequestError(field, f"must be a list of token-id lists, got {value!r}") from None
+    for sequence in sequences:
+        if not sequence:
+            raise InvalidRequestError(field, "contains an empty token sequence")
+        for token_id in sequence:
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+                raise InvalidRequestError(field, f"token id {token_id!r} is not a non-negative integer")
+    return sequences

@@ -1,0 +1,133 @@
+"""A sequence: one sample of one request, as the scheduler tracks it.
+
+A request asking for n samples starts as one sequence that will draw n tokens at the end of its
+prompt; the scheduler then forks it into n sequences sharing the prompt's KV blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from refengine.sampling import SamplingParams
+from refengine.step_messages import SampledToken
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # max_tokens reached
+    STOP = "stop"  # end_id or a stop sequence
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    sample_index: int
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    sampling_seed: int
+    arrival_order: int
+    num_pending_samples: int = 1  # > 1 until the first token is drawn and the sequence forked
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    _token_ids: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self._token_ids:
+            self._token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt followed by the output so far (do not mutate)."""
+        return self._token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Tokens the sequence may hold when it finishes (prompt + max_tokens)."""
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (self.arrival_order, self.sample_index)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def fork(self, seq_id: int, sample_index: int) -> "Sequence":
+        return Sequence(
+            seq_id=seq_id,
+            request_id=self.request_id,
+            sample_index=sample_index,
+            prompt_token_ids=self.prompt_token_ids,
+            params=self.params,
+            sampling_seed=self.sampling_seed,
+            arrival_order=self.arrival_order,
+            output_token_ids=list(self.output_token_ids),
+            num_computed_tokens=self.num_computed_tokens,
+            num_preemptions=self.num_preemptions,
+            status=self.status,
+        )
+
+    def append_sample(self, sample: SampledToken) -> tuple[tuple[int, ...], FinishReason | None]:
+        """Add a sampled token; returns (tokens added to the output, finish reason or None).
+
+        `end_id` ends the sequence without joining the output; a stop sequence joins it.
+        """
+        params = self.params
+        if params.end_id is not None and sample.token_id == params.end_id and (
+            self.num_output_tokens >= params.min_tokens
+        ):
+            return (), FinishReason.STOP
+        self.output_token_ids.append(sample.token_id)
+        self._token_ids.append(sample.token_id)
+        if self.num_output_tokens >= params.min_tokens and self._ends_with_stop_sequence():
+            return (sample.token_id,), FinishReason.STOP
+        if self.num_output_tokens >= params.max_tokens:
+            return (sample.token_id,), FinishReason.LENGTH
+        return (sample.token_id,), None
+
+    def _ends_with_stop_sequence(self) -> bool:
+        outputs = self.output_token_ids
+        for stop in self.params.stop_token_ids:
+            if len(stop) <= len(outputs) and tuple(outputs[-len(stop) :]) == stop:
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """What one step did to one sequence, for the engine to turn into request outputs."""
+
+    seq_id: int
+    request_id: str
+    sample_index: int
+    new_token_ids: tuple[int, ...] = ()
+    new_samples: tuple[SampledToken, ...] = ()
+    finish_reason: FinishReason | None = None

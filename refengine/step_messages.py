@@ -1,0 +1,67 @@
+"""Per-step messages between the scheduler and the model runner.
+
+The scheduler and the model runner never import each other: the scheduler emits a
+`SchedulerOutput` (what to compute this step, where its K/V live), the runner answers with a
+`RunnerOutput` (the sampled tokens). Both are plain, immutable data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from refengine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: a prefill chunk or a single decode token."""
+
+    seq_id: int
+    new_token_ids: tuple[int, ...]  # tokens whose K/V are computed this step
+    num_computed_tokens: int  # tokens already in the cache = position of new_token_ids[0]
+    block_table: tuple[int, ...]  # covers num_computed_tokens + len(new_token_ids) tokens
+    num_samples: int  # 0: a prefill chunk short of the end; k >= 1: sample k tokens from the last position
+    sampling_params: SamplingParams
+    sampling_seed: int
+    first_sample_index: int  # sample i of this step draws as sample (first_sample_index + i) of the request
+    num_output_tokens: int  # tokens generated so far (for min_tokens)
+    token_history: tuple[int, ...] = ()  # prompt + output so far, only when sampling needs it
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.new_token_ids)
+
+    @property
+    def num_total_tokens(self) -> int:
+        return self.num_computed_tokens + len(self.new_token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    step_id: int
+    scheduled: tuple[ScheduledSequence, ...]
+    block_copies: tuple[tuple[int, int], ...] = ()  # (source, destination) blocks, before the forward
+    preempted_seq_ids: tuple[int, ...] = ()
+    finished_seq_ids: tuple[int, ...] = ()  # finished or aborted since the previous step
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(item.num_new_tokens for item in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.block_copies
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None  # log-probability under the model's raw distribution
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (token id, log-probability), most likely first
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    step_id: int
+    sampled: Mapping[int, tuple[SampledToken, ...]] = field(default_factory=dict)  # seq_id -> samples

@@ -1,0 +1,226 @@
+"""Build-config loading: valid files, every bad input with file:line + field, overrides, schema drift."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from pipeline.cli import main
+from pipeline.config.loader import load_config
+from pipeline.config.overrides import apply_overrides, parse_override
+from pipeline.config.schema import spec_schema_text
+from pipeline.config.spec import Spec
+from pipeline.errors import SpecError
+from tests.conftest import BUILD_CONFIGS, MINIMAL_CONFIG, REPO, write_model_config
+
+VALID = MINIMAL_CONFIG
+
+
+def write_config(tmp_path: Path, text: str, *, model: bool = True) -> Path:
+    if model:
+        write_model_config(tmp_path / "model")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def spec_error(path: Path, overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(SpecError) as info:
+        load_config(path, overrides)
+    return info.value.message
+
+
+@pytest.mark.parametrize("config", sorted(BUILD_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_build_config_validates(config: Path) -> None:
+    loaded = load_config(config)
+    assert loaded.spec.name == config.stem
+    assert loaded.model.path.is_dir()
+
+
+def test_gpu_examples_cover_the_documented_models() -> None:
+    names = {p.stem for p in BUILD_CONFIGS.glob("*.yaml")}
+    assert {"tiny-cpu", "llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq"} <= names
+    assert load_config(BUILD_CONFIGS / "llama-3.3-70b-fp8-tp2.yaml").spec.build.tp_size == 2
+
+
+def test_valid_config_loads_frozen_with_absolute_model_path(tmp_path: Path) -> None:
+    loaded = load_config(write_config(tmp_path, VALID))
+    assert loaded.spec.model.source == (tmp_path / "model").resolve()
+    with pytest.raises(Exception):
+        loaded.spec.build.max_batch_size = 4  # type: ignore[misc]
+
+
+def test_unknown_key_names_line_and_suggests(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID + "  max_seq_lne: 12\n")
+    message = spec_error(path)
+    assert f"{path}:9: build.max_seq_lne: unknown key 'max_seq_lne'; did you mean 'max_seq_len'?" in message
+
+
+def test_unknown_top_level_section(tmp_path: Path) -> None:
+    message = spec_error(write_config(tmp_path, VALID + "serv:\n  streaming: true\n"))
+    assert ":9: serv: unknown key 'serv'; did you mean 'serve'?" in message
+
+
+def test_wrong_type_names_field_and_value(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID.replace("max_input_len: 256", "max_input_len: lots"))
+    message = spec_error(path)
+    assert f"{path}:6: build.max_input_len: Input should be a valid integer" in message
+    assert "'lots'" in message
+
+
+def test_unknown_enum_lists_the_choices(tmp_path: Path) -> None:
+    message = spec_error(write_config(tmp_path, VALID + "quantize:\n  algo: int3\n"))
+    assert ":10: quantize.algo:" in message
+    for choice in ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "nvfp4"):
+        assert repr(choice) in message
+
+
+def test_duplicate_key_is_refused_with_both_lines(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID + "  max_input_len: 128\n")
+    message = spec_error(path)
+    assert f"{path}:9: duplicate key 'build.max_input_len' (first set on line 6)" in message
+
+
+def test_missing_required_field(tmp_path: Path) -> None:
+    message = spec_error(write_config(tmp_path, "name: demo\nmodel:\n  source: model\n"))
+    assert "build: required field is missing" in message
+    message = spec_error(write_config(tmp_path, "name: demo\nmodel:\n  dtype: float16\nbuild:\n  target: cpu\n"))
+    assert ":2: model.source: required field is missing" in message
+
+
+def test_max_input_len_must_be_below_max_seq_len_naming_both(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID.replace("max_input_len: 256", "max_input_len: 512"))
+    message = spec_error(path)
+    assert f"{path}:6: build.max_input_len: build.max_input_len (512) must be less than build.max_seq_len (512)" in message
+
+
+def test_max_input_len_checked_against_deduced_max_seq_len(tmp_path: Path) -> None:
+    text = VALID.replace("  max_seq_len: 512\n", "").replace("max_input_len: 256", "max_input_len: 1024")
+    message = spec_error(write_config(tmp_path, text))
+    assert "build.max_input_len (1024) must be less than build.max_seq_len (1024, deduced from max_position_embeddings" in message
+
+
+@pytest.mark.parametrize("value", [8, 24, 256, 0])
+def test_tokens_per_block_power_of_two_in_range(tmp_path: Path, value: int) -> None:
+    message = spec_error(write_config(tmp_path, VALID + f"  tokens_per_block: {value}\n"))
+    assert ":9: build.tokens_per_block: build.tokens_per_block must be a power of two in 16..128" in message
+
+
+def test_tp_size_must_divide_kv_heads(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID + "  tp_size: 3\n")  # the model has 2 KV heads, 4 attention heads
+    message = spec_error(path)
+    assert f"{path}:9: build.tp_size: build.tp_size (3) must divide the model's number of KV heads (2)" in message
+    load_config(path, ("build.tp_size=4",))  # 2 KV heads replicated over 4 ranks is allowed
+
+
+def test_model_path_that_does_not_exist(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID.replace("source: model", "source: nowhere"), model=False)
+    message = spec_error(path)
+    assert f"{path}:3: model.source: model directory not found: {tmp_path / 'nowhere'}" in message
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".pt"])
+def test_pickled_only_checkpoint_is_refused(tmp_path: Path, suffix: str) -> None:
+    path = write_config(tmp_path, VALID)
+    (tmp_path / "model" / f"pytorch_model{suffix}").write_bytes(b"\x80\x04not really a pickle")
+    message = spec_error(path)
+    assert f"{path}:3: model.source:" in message
+    assert "only pickled weights" in message and "safetensors" in message
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID, model=False)
+    write_model_config(tmp_path / "model", model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    assert "model_type 'gpt2' (GPT2LMHeadModel) is not supported" in spec_error(path)
+
+
+def test_cross_section_rule_names_both_fields(tmp_path: Path) -> None:
+    text = VALID + "  plugins:\n    use_paged_context_fmha: false\n"
+    message = spec_error(write_config(tmp_path, text))
+    assert "serve.enable_kv_cache_reuse: true needs build.plugins.use_paged_context_fmha: true" in message
+
+
+def test_streaming_needs_decoupled(tmp_path: Path) -> None:
+    message = spec_error(write_config(tmp_path, VALID + "serve:\n  decoupled: false\n"))
+    assert "serve.streaming: true requires serve.decoupled: true" in message
+
+
+def test_invalid_yaml_reports_line(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID + "  bad: [unclosed\n")
+    assert spec_error(path).startswith(f"{path}:")
+
+
+def test_set_overrides_apply_and_are_located(tmp_path: Path) -> None:
+    path = write_config(tmp_path, VALID)
+    loaded = load_config(path, ("build.max_seq_len=1000", "serve.streaming=false", "quantize.calibration.seed=3"))
+    assert loaded.spec.build.max_seq_len == 1000
+    assert loaded.spec.serve.streaming is False
+    assert loaded.spec.quantize.calibration.seed == 3
+    message = spec_error(path, ("build.max_input_len=600",))
+    assert message.startswith("--set build.max_input_len=600: build.max_input_len: build.max_input_len (600) must be less than")
+
+
+@pytest.mark.parametrize("text", ["build.max_seq_len", "=3", "build..x=1", "build.max seq=1", "a.b=[1,", "a.b={x: 1}"])
+def test_unparsable_set_is_a_spec_error(text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_override(text)
+    assert info.value.message.startswith(f"--set {text!r}")
+
+
+def test_apply_overrides_is_pure() -> None:
+    data = {"build": {"max_seq_len": 1}}
+    result = apply_overrides(data, [parse_override("build.max_seq_len=2"), parse_override("serve.streaming=no")])
+    assert data == {"build": {"max_seq_len": 1}}
+    assert result == {"build": {"max_seq_len": 2}, "serve": {"streaming": False}}
+    with pytest.raises(SpecError, match="build.max_seq_len is a value, not a section"):
+        apply_overrides(data, [parse_override("build.max_seq_len.x=1")])
+
+
+def test_every_field_is_described() -> None:
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{prefix}{name} has no description"
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name}.")
+
+    walk(Spec, "")
+
+
+def test_schema_json_is_up_to_date() -> None:
+    committed = (REPO / "build_configs" / "schema.json").read_text()
+    assert committed == spec_schema_text(), "build_configs/schema.json is stale: run `make schema`"
+
+
+def test_cli_exit_code_2_and_no_artifacts_on_spec_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, VALID + "  tp_size: 3\n")
+    store = tmp_path / "artifacts"
+    for command in ("validate", "plan", "run", "status"):
+        assert main(["--artifacts", str(store), command, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {path}:9: build.tp_size" in err
+        assert "hint:" in err
+    assert main(["--artifacts", str(store), "run", str(path), "--set", "build.oops"]) == 2
+    assert "--set 'build.oops'" in capsys.readouterr().err
+    assert not store.exists()
+
+
+def test_cli_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(write_config(tmp_path, VALID))]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_schema_lists_enums() -> None:
+    schema = json.loads(spec_schema_text())
+    assert schema["$defs"]["QuantAlgo"]["enum"] == ["none", "fp8", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "nvfp4"]
+    assert schema["additionalProperties"] is False
+
+
+def test_readme_reference_is_up_to_date() -> None:
+    from pipeline.config.reference import config_reference_markdown
+
+    assert config_reference_markdown() in (REPO / "README.md").read_text(), "README reference is stale: run `make schema`"

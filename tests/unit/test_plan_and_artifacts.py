@@ -1,0 +1,155 @@
+"""Plan digests (pure) and the artifact store (atomic writes, manifests, verification)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifacts import MANIFEST, ArtifactStore, read_manifest
+from pipeline.config.loader import load_config
+from pipeline.errors import ArtifactError
+from pipeline.plan import EnvFacts, plan
+from tests.conftest import MINIMAL_CONFIG, write_model_config
+
+FACTS = EnvFacts(tools={"torch": "2.13.0", "modelopt": "0.47.0", "trtllm_pipeline": "0.1.0"}, model_fingerprint="abc")
+
+CONFIG = MINIMAL_CONFIG
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> Path:
+    write_model_config(tmp_path / "model")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+def digests(config_path: Path, *overrides: str, facts: EnvFacts = FACTS) -> dict[str, str]:
+    spec = load_config(config_path, overrides).spec
+    return {stage.name: stage.digest for stage in plan(spec, facts).stages}
+
+
+def test_plan_is_deterministic_and_ordered(config_path: Path) -> None:
+    first = digests(config_path)
+    assert list(first) == ["prepare", "quantize", "build"]
+    assert first == digests(config_path)
+    assert len(set(first.values())) == 3
+
+
+def test_a_build_field_changes_only_build(config_path: Path) -> None:
+    base = digests(config_path)
+    changed = digests(config_path, "build.max_seq_len=1000")
+    assert changed["prepare"] == base["prepare"] and changed["quantize"] == base["quantize"]
+    assert changed["build"] != base["build"]
+
+
+def test_a_quantize_field_changes_quantize_and_downstream(config_path: Path) -> None:
+    base = digests(config_path)
+    changed = digests(config_path, "quantize.calibration.seed=7")
+    assert changed["prepare"] == base["prepare"]
+    assert changed["quantize"] != base["quantize"] and changed["build"] != base["build"]
+
+
+def test_tp_size_is_part_of_the_checkpoint(config_path: Path) -> None:
+    base = digests(config_path)
+    changed = digests(config_path, "build.tp_size=2")
+    assert changed["quantize"] != base["quantize"]
+
+
+def test_serve_and_deploy_fields_do_not_touch_build_stages(config_path: Path) -> None:
+    assert digests(config_path) == digests(config_path, "serve.max_queue_size=5", "deploy.http_port=9000")
+
+
+def test_model_content_and_tool_versions_change_digests(config_path: Path) -> None:
+    base = digests(config_path)
+    other_model = digests(config_path, facts=EnvFacts(FACTS.tools, "def"))
+    assert all(other_model[name] != base[name] for name in base)
+    newer_modelopt = digests(config_path, facts=EnvFacts({**FACTS.tools, "modelopt": "0.48.0"}, "abc"))
+    assert newer_modelopt["prepare"] == base["prepare"] and newer_modelopt["quantize"] != base["quantize"]
+
+
+def test_moving_the_model_directory_keeps_digests(tmp_path: Path, config_path: Path) -> None:
+    base = digests(config_path)
+    (tmp_path / "model").rename(tmp_path / "elsewhere")
+    assert digests(config_path, "model.source=elsewhere") == base
+
+
+def _stage(config_path: Path, name: str = "prepare"):
+    return plan(load_config(config_path).spec, FACTS).stage(name)
+
+
+def test_store_writes_atomically_with_manifest(tmp_path: Path, config_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stage = _stage(config_path)
+    assert store.lookup(stage) is None
+    with store.create(stage, build_name="demo") as out:
+        assert out.name.startswith(".tmp-")
+        (out / "sub").mkdir()
+        (out / "sub" / "a.txt").write_text("hello")
+        assert store.lookup(stage) is None  # not visible until sealed
+    ref = store.lookup(stage)
+    assert ref is not None and ref.path == store.path_for(stage)
+    manifest = read_manifest(ref.path)
+    assert manifest["stage"] == "prepare" and manifest["digest"] == stage.digest
+    assert manifest["files"]["sub/a.txt"]["sha256"] == "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+    assert set(manifest) >= {"inputs", "upstream", "tools", "created", "duration_s"}
+    assert [p.name for p in store.build_dir.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_failed_stage_leaves_nothing(tmp_path: Path, config_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stage = _stage(config_path)
+    with pytest.raises(RuntimeError):
+        with store.create(stage, build_name="demo") as out:
+            (out / "half.bin").write_bytes(b"x" * 10)
+            raise RuntimeError("boom")
+    assert store.lookup(stage) is None
+    assert [p.name for p in store.build_dir.iterdir() if p.name != ".lock"] == []
+
+
+def test_verification_detects_tampering(tmp_path: Path, config_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stage = _stage(config_path)
+    with store.create(stage, build_name="demo") as out:
+        (out / "w.bin").write_bytes(b"abcd")
+    path = store.path_for(stage)
+    (path / "w.bin").write_bytes(b"abce")  # same size, new mtime → re-hashed
+    with pytest.raises(ArtifactError, match="SHA-256 differs"):
+        store.lookup(stage)
+    (path / "w.bin").write_bytes(b"abc")
+    with pytest.raises(ArtifactError, match="size 3 differs"):
+        store.lookup(stage)
+    (path / "w.bin").unlink()
+    with pytest.raises(ArtifactError, match="missing"):
+        store.lookup(stage)
+
+
+def test_rebuild_replaces_existing_artifact(tmp_path: Path, config_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stage = _stage(config_path)
+    for content in (b"one", b"two!"):
+        with store.create(stage, build_name="demo") as out:
+            (out / "w.bin").write_bytes(content)
+    ref = store.lookup(stage)
+    assert ref is not None and (ref.path / "w.bin").read_bytes() == b"two!"
+    assert sorted(p.name for p in store.build_dir.iterdir()) == [stage.dirname]
+
+
+def test_stage_may_not_write_its_own_manifest(tmp_path: Path, config_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    with pytest.raises(ArtifactError, match="reserved"):
+        with store.create(_stage(config_path), build_name="demo") as out:
+            (out / MANIFEST).write_text(json.dumps({}))
+
+
+def test_stale_temporaries_are_removed(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stale = store.build_dir / ".tmp-quantize-0123-999999"
+    stale.mkdir(parents=True)
+    (stale / "rank0.safetensors").write_bytes(os.urandom(16))
+    with store.lock():
+        assert store.remove_stale_temporaries() == [stale]
+    assert not stale.exists()
