@@ -16,7 +16,7 @@ from pipeline.artifacts import ArtifactStore
 from pipeline.config.loader import LoadedConfig, load_config
 from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, SpecError
 from pipeline.runner import artifact_state, check_runnable, make_plan, run_pipeline
 
 DEFAULT_ARTIFACTS = "artifacts"
@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--until", metavar="STAGE", help="stop after this stage")
     run.add_argument("--force", action="store_true", help="rebuild the selected stages even if cached")
     with_config("status", "show which artifacts of a build config exist")
+    generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)")
+    generate.add_argument("--prompt", required=True, help="text to continue")
+    generate.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    generate.add_argument("--seed", type=int, default=None, help="sampling seed")
+    generate.add_argument("--json", action="store_true", help="print prompt and output token ids and text as JSON")
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
@@ -69,6 +75,8 @@ def run_cli(argv: list[str], console: Console) -> int:
         return _plan(loaded, store, args, console)
     if args.command == "status":
         return _status(loaded, store, console)
+    if args.command == "generate":
+        return _generate(loaded, store, args, console)
     if args.command == "run":
         check_runnable(loaded, make_plan(loaded), args.until)
         _plan(loaded, store, args, console)
@@ -77,6 +85,29 @@ def run_cli(argv: list[str], console: Console) -> int:
         console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
         return 0
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+
+def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.backends.cpu_generate import generate_offline
+    from pipeline.stages.build import ENGINE_DIR
+
+    if loaded.spec.build.target.value != "cpu":
+        raise SpecError(f"generate runs the cpu target in-process; {args.config} has build.target {loaded.spec.build.target.value!r}")
+    quiet = Console(stderr=True, highlight=False, soft_wrap=True)
+    results = {r.name: r for r in run_pipeline(loaded, store, until="build", console=quiet)}
+    generation = generate_offline(
+        results["build"].ref.path / ENGINE_DIR,
+        results["prepare"].ref.path,
+        args.prompt,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(generation.to_json(), ensure_ascii=False))
+    else:
+        print(generation.prompt + generation.text)
+    return 0
 
 
 def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:

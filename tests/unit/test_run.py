@@ -216,3 +216,26 @@ def test_sigkill_mid_stage_leaves_no_artifact_and_next_run_redoes_it(tmp_path: P
     assert "removed an unfinished artifact" in rerun.stdout
     names = sorted(p.name for p in build_dir.iterdir())
     assert any(n.startswith("quantize-") for n in names) and not any(n.startswith(".tmp-") for n in names)
+
+
+def test_generate_command_matches_transformers_greedy(built, capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    config, artifacts, _ = built
+    prompt = "import os\ndef "
+    assert main(["--artifacts", str(artifacts), "generate", str(config), "--prompt", prompt, "--max-tokens", "24", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float16).float()
+    with torch.no_grad():
+        expected = model.generate(
+            torch.tensor([result["prompt_token_ids"]]), max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=0
+        )[0, len(result["prompt_token_ids"]) :].tolist()
+    assert result["output_token_ids"] == expected[: len(result["output_token_ids"])]
+    assert len(result["output_token_ids"]) == 24 or result["finish_reason"] == "stop"
+    assert result["text"] and result["prompt"] == prompt
+
+
+def test_generate_refuses_bad_request(built, capsys: pytest.CaptureFixture[str]) -> None:
+    config, artifacts, _ = built
+    assert main(["--artifacts", str(artifacts), "generate", str(config), "--prompt", "x", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
