@@ -14,6 +14,7 @@ demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
 	$(CLI) run $(CONFIG)
 	$(CLI) status $(CONFIG)
+	$(CLI) generate $(CONFIG) --prompt 'def __init__(self' --max-tokens 48
 
 test: $(STAMP)
 	$(PY) -m pytest -q
