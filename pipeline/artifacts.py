@@ -76,8 +76,11 @@ class ArtifactStore:
         return removed
 
     @contextlib.contextmanager
-    def create(self, stage: StagePlan, *, build_name: str) -> Iterator[Path]:
-        """Yield an empty private directory; on normal exit, seal it with a manifest and move it into place."""
+    def create(self, stage: StagePlan, *, build_name: str, notes: dict[str, Any] | None = None) -> Iterator[Path]:
+        """Yield an empty private directory; on normal exit, seal it with a manifest and move it into place.
+
+        `notes` may be filled by the stage while it runs; it is stored in the manifest (e.g. the
+        calibration set's fingerprint, or a gate's verdict)."""
         self.build_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.build_dir / f"{_TMP_PREFIX}{stage.dirname}-{os.getpid()}"
         if tmp.exists():
@@ -99,6 +102,7 @@ class ArtifactStore:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "duration_s": round(time.monotonic() - started, 3),
                 "files": _describe_files(tmp),
+                "notes": notes if notes is not None else {},
             }
             _write_json_durably(tmp / MANIFEST, manifest)
             _fsync_dir(tmp)

@@ -23,6 +23,8 @@ class EnvFacts:
 
     tools: dict[str, str]
     model_fingerprint: str
+    calibration_fingerprint: str = ""  # content digest of the calibration files ("" when none)
+    heldout_fingerprint: str = ""  # content digest of the accuracy gate's held-out files
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,11 @@ def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    quantize = _dump(spec.quantize)
+    # File contents, not their (absolute) paths: moving the checkout keeps the cache.
+    quantize["calibration"]["files"] = facts.calibration_fingerprint
     return {
-        "quantize": _dump(spec.quantize),
+        "quantize": quantize,
         "dtype": spec.model.dtype.value,
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
     }

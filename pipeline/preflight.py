@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable
 
+from pipeline.config.format_rules import needs_calibration
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import QuantAlgo, Spec, Target
+from pipeline.config.spec import Spec, Target
+from pipeline.errors import SpecError
 
 
 def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue]:
     selected = set(stages)
     issues: list[Issue] = []
-    if "quantize" in selected and spec.quantize.algo is not QuantAlgo.none:
-        issues.append(
-            (("quantize", "algo"), f"quantize.algo {spec.quantize.algo.value!r} is not available in this version yet; use algo: none")
-        )
+    if "quantize" in selected:
+        issues += _quantize_issues(spec, model)
     if "build" in selected:
         if spec.build.target is not Target.cpu:
             issues.append(
@@ -35,3 +36,25 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
                 )
             )
     return issues
+
+
+def _quantize_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
+    quantize = spec.quantize
+    if (quantize.device.value == "cuda" or quantize.algo.value == "nvfp4") and not cuda_available():
+        why = "quantize.device is cuda" if quantize.device.value == "cuda" else "NVFP4 calibration needs CUDA kernels"
+        return [(("quantize", "device" if quantize.device.value == "cuda" else "algo"), f"{why}, but this machine has no CUDA device")]
+    if needs_calibration(quantize):
+        from pipeline.calibration import build_calibration_set, load_encoder
+
+        try:
+            build_calibration_set(quantize.calibration, *load_encoder(model.path))
+        except SpecError as exc:
+            return [(("quantize", "calibration", "files"), exc.message)]
+    return []
+
+
+@lru_cache(maxsize=1)
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

@@ -11,6 +11,7 @@ from rich.console import Console
 from pipeline.artifacts import ArtifactRef, ArtifactStore
 from pipeline.config.loader import LoadedConfig, format_issues
 from pipeline.errors import ArtifactError, PipelineError, SpecError, StageError
+from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
 from pipeline.plan import EnvFacts, Plan, StagePlan, plan
 from pipeline.preflight import preflight
@@ -35,7 +36,15 @@ class StageResult:
 
 
 def gather_facts(loaded: LoadedConfig) -> EnvFacts:
-    return EnvFacts(tools=tool_versions(), model_fingerprint=directory_fingerprint(loaded.model.path))
+    spec = loaded.spec
+    calibration = file_digests(calibration_files(spec.quantize.calibration)) if spec.quantize.calibration.files else ""
+    heldout = file_digests(heldout_files(spec.gate.accuracy)) if spec.gate.accuracy is not None else ""
+    return EnvFacts(
+        tools=tool_versions(),
+        model_fingerprint=directory_fingerprint(loaded.model.path),
+        calibration_fingerprint=calibration,
+        heldout_fingerprint=heldout,
+    )
 
 
 def make_plan(loaded: LoadedConfig) -> Plan:
@@ -106,8 +115,9 @@ def _run_stage(
             return StageResult(stage.name, "cached", cached, time.monotonic() - started)
     upstream = {name: refs[name] for name in stage.upstream}
     with console.status(f"[bold]{stage.name}[/bold]: {stage.summary}"):
-        with store.create(stage, build_name=loaded.spec.name) as out_dir:
-            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console)
+        notes: dict = {}
+        with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:
+            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console, notes)
             try:
                 STAGE_FUNCTIONS[stage.name](context)
             except PipelineError:

@@ -46,7 +46,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not isinstance(data, dict):
         raise SpecError(f"{origin}:1: the top level must be a mapping of sections (name, model, build, ...)")
     data = apply_overrides(data, parsed)
-    _resolve_model_source(data, path.parent.resolve())
+    _resolve_paths(data, path.parent.resolve())
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
@@ -58,15 +58,32 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return LoadedConfig(spec=spec, path=path, model=model, source_map=source_map)
 
 
-def _resolve_model_source(data: dict[str, Any], base_dir: Path) -> None:
-    model = data.get("model")
-    if isinstance(model, dict) and isinstance(model.get("source"), str) and model["source"]:
-        source = Path(model["source"]).expanduser()
-        model["source"] = str(source if source.is_absolute() else (base_dir / source).resolve())
+def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
+    """Make the spec's paths and globs absolute, relative to the YAML file's directory."""
+
+    def absolute(value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            return value
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base_dir / path).resolve())
+
+    model = _section(data, "model")
+    if "source" in model:
+        model["source"] = absolute(model["source"])
+    calibration = _section(_section(data, "quantize"), "calibration")
+    accuracy = _section(_section(data, "gate"), "accuracy")
+    for section, key in ((calibration, "files"), (accuracy, "heldout_files")):
+        if isinstance(section.get(key), list):
+            section[key] = [absolute(item) for item in section[key]]
+
+
+def _section(data: Any, key: str) -> dict[str, Any]:
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def format_issues(issues: list[Issue], source_map: SourceMap) -> str:
-    lines = [f"{source_map.locate(path)}: {'.'.join(path)}: {message}" for path, message in issues]
+    lines = [f"{source_map.locate(path)}: {_dotted(path)}: {message}" for path, message in issues]
     return _join(lines)
 
 

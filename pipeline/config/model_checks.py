@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, read_model_info
 from pipeline.config.spec import Spec
 
-Issue = tuple[tuple[str, ...], str]
+Issue = tuple[tuple[str | int, ...], str]
 
 
 def inspect_model(spec: Spec) -> tuple[ModelInfo | None, list[Issue]]:
@@ -66,6 +67,8 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
                 f"build.pp_size ({build.pp_size}) must divide the model's number of layers ({info.num_layers}), from {config_file}",
             )
         )
+    issues += _check_awq_group_size(spec, info)
+    issues += check_globs(spec)
     if build.max_seq_len is None:
         deduced = info.default_max_seq_len()
         if build.max_input_len >= deduced:
@@ -77,3 +80,36 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
                 )
             )
     return issues
+
+
+def _check_awq_group_size(spec: Spec, info: ModelInfo) -> list[Issue]:
+    group = spec.quantize.group_size
+    if spec.quantize.algo.value not in AWQ_ALGOS:
+        return []
+    for name, size in (("hidden_size", info.hidden_size), ("intermediate_size", info.intermediate_size)):
+        if size % group:
+            return [
+                (
+                    ("quantize", "group_size"),
+                    f"quantize.group_size ({group}) must divide the model's {name} ({size}) for quantize.algo "
+                    f"{spec.quantize.algo.value}, from {info.path / 'config.json'}",
+                )
+            ]
+    return []
+
+
+def check_globs(spec: Spec) -> list[Issue]:
+    """Every calibration and held-out glob must match at least one file."""
+    issues: list[Issue] = []
+    lists = [(("quantize", "calibration", "files"), spec.quantize.calibration.files)]
+    if spec.gate.accuracy is not None:
+        lists.append((("gate", "accuracy", "heldout_files"), spec.gate.accuracy.heldout_files))
+    for path, patterns in lists:
+        for index, pattern in enumerate(patterns):
+            if not expand_glob(pattern):
+                issues.append((path + (index,), f"no file matches {pattern}"))
+    return issues
+
+
+def expand_glob(pattern: str) -> list[Path]:
+    return sorted(p for p in Path("/").glob(pattern.lstrip("/")) if p.is_file())

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipeline.config.format_rules import check_format_rules
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=False)
@@ -223,6 +225,30 @@ class DeploySpec(_Strict):
         return self
 
 
+class AccuracyGateSpec(_Strict):
+    heldout_files: tuple[str, ...] = Field(
+        min_length=1,
+        description="Held-out text files (glob patterns, relative to the YAML file) the quantized model is scored on.",
+    )
+    num_windows: int = Field(default=16, ge=1, le=10_000, description="Token windows scored (spread evenly over the held-out text).")
+    window_len: int = Field(default=256, ge=16, le=32_768, description="Tokens per scored window.")
+    max_perplexity_increase_pct: float = Field(
+        default=5.0, ge=0.0, description="Largest allowed perplexity increase of the quantized model over the unquantized baseline, in percent."
+    )
+    min_token_agreement: float = Field(
+        default=0.9,
+        ge=0.0,
+        le=1.0,
+        description="Smallest allowed fraction of positions where the quantized and baseline models predict the same next token (teacher-forced).",
+    )
+
+
+class GateSpec(_Strict):
+    accuracy: AccuracyGateSpec | None = Field(
+        default=None, description="Accuracy gate: stop the pipeline when quantization costs more than these thresholds (evaluated on CPU with refengine)."
+    )
+
+
 class Spec(_Strict):
     """One build config: a model, how to quantize, build, serve and deploy it."""
 
@@ -232,6 +258,7 @@ class Spec(_Strict):
     build: BuildSpec = Field(description="Engine build settings.")
     serve: ServeSpec = Field(default_factory=ServeSpec, description="Triton model-repository settings.")
     deploy: DeploySpec = Field(default_factory=DeploySpec, description="docker compose deployment settings.")
+    gate: GateSpec = Field(default_factory=GateSpec, description="Pass/fail gates between build and package.")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Spec":
@@ -242,9 +269,12 @@ class Spec(_Strict):
                     f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true "
                     "(and build.plugins.context_fmha: true) in the engine"
                 )
-        if self.quantize.kv_cache is KVCacheQuant.int8 and self.serve.enable_kv_cache_reuse:
-            raise ValueError(
-                "serve.enable_kv_cache_reuse: true is not possible with quantize.kv_cache: int8 "
-                "(TensorRT-LLM turns paged context FMHA off for an INT8 KV cache)"
-            )
+        if self.quantize.kv_cache is KVCacheQuant.int8:
+            for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
+                if getattr(self.serve, field):
+                    raise ValueError(
+                        f"serve.{field}: true is not possible with quantize.kv_cache: int8 "
+                        "(TensorRT-LLM turns paged context FMHA off for an INT8 KV cache)"
+                    )
+        check_format_rules(self.quantize, self.build, self.serve)
         return self

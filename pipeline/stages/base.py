@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 
@@ -22,6 +22,7 @@ class StageContext:
     upstream: dict[str, ArtifactRef]
     out_dir: Path
     console: Console
+    notes: dict[str, Any] = field(default_factory=dict)  # stored in the artifact's manifest
 
     def log(self, message: str) -> None:
         self.console.print(f"  [dim]{self.plan.name}:[/dim] {message}")

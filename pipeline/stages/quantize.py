@@ -4,36 +4,65 @@ from __future__ import annotations
 
 import json
 
-from pipeline.config.spec import QuantAlgo
-from pipeline.errors import StageError
+from pipeline.calibration import CalibrationSet, build_calibration_set, load_encoder
+from pipeline.config.format_rules import needs_calibration
 from pipeline.stages.base import StageContext
 
 CHECKPOINT_DIR = "trtllm_checkpoint"
 
 
 def run(ctx: StageContext) -> None:
-    from pipeline.backends.modelopt_export import export_trtllm_checkpoint
+    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
 
     spec = ctx.spec
-    if spec.quantize.algo is not QuantAlgo.none:
-        raise StageError(f"quantize.algo {spec.quantize.algo.value!r} is not available in this version; use algo: none")
+    quantize = spec.quantize
     prepared = ctx.upstream["prepare"].path
+    recipe = QuantRecipe(quantize.algo.value, quantize.kv_cache.value, quantize.group_size)
+    forward_loop = None
+    if needs_calibration(quantize):
+        calibration = load_calibration(ctx)
+        forward_loop = _forward_loop(calibration, quantize.calibration.batch_size)
+        ctx.notes["calibration"] = calibration.summary()
+        ctx.log(
+            f"calibration: {len(calibration.windows)} × {quantize.calibration.max_seq_len} tokens from "
+            f"{len(calibration.files)} file(s), token-id fingerprint {calibration.fingerprint[:16]}"
+        )
     out = ctx.out_dir / CHECKPOINT_DIR
     out.mkdir()
-    ctx.log(f"exporting {spec.model.dtype.value} TensorRT-LLM checkpoint (tp={spec.build.tp_size}, pp={spec.build.pp_size}) with ModelOpt")
+    ctx.log(
+        f"{quantize.algo.value} weights, {quantize.kv_cache.value} KV cache → {spec.model.dtype.value} TensorRT-LLM checkpoint "
+        f"(tp={spec.build.tp_size}, pp={spec.build.pp_size}) with ModelOpt"
+    )
     config = export_trtllm_checkpoint(
         prepared,
         out,
         dtype=spec.model.dtype.value,
         tp_size=spec.build.tp_size,
         pp_size=spec.build.pp_size,
-        quant=None,
+        quant=recipe,
+        forward_loop=forward_loop,
     )
     ranks = sorted(p.name for p in out.glob("rank*.safetensors"))
-    world = config.get("mapping", {}).get("world_size", 1)
-    if len(ranks) != world:
-        raise StageError(f"ModelOpt wrote {len(ranks)} rank file(s) for world_size {world}: {ranks}")
-    (ctx.out_dir / "quantize.json").write_text(
-        json.dumps({"quant_algo": config.get("quantization", {}).get("quant_algo"), "ranks": ranks}, indent=2) + "\n"
-    )
-    ctx.log(f"wrote {', '.join(ranks)}")
+    quantization = config.get("quantization", {})
+    summary = {"quant_algo": quantization.get("quant_algo"), "kv_cache_quant_algo": quantization.get("kv_cache_quant_algo"), "ranks": ranks}
+    ctx.notes["quantization"] = summary
+    (ctx.out_dir / "quantize.json").write_text(json.dumps(ctx.notes, indent=2, sort_keys=True) + "\n")
+    ctx.log(f"wrote {', '.join(ranks)} (quant_algo {summary['quant_algo']}, kv {summary['kv_cache_quant_algo']})")
+
+
+def load_calibration(ctx: StageContext) -> CalibrationSet:
+    encode, eos_id = load_encoder(ctx.upstream["prepare"].path)
+    return build_calibration_set(ctx.spec.quantize.calibration, encode, eos_id)
+
+
+def _forward_loop(calibration: CalibrationSet, batch_size: int):
+    import torch
+
+    batches = [torch.tensor(batch, dtype=torch.long) for batch in calibration.batches(batch_size)]
+
+    def forward_loop(model) -> None:
+        with torch.no_grad():
+            for batch in batches:
+                model(batch)
+
+    return forward_loop
