@@ -8,7 +8,7 @@ CONFIG ?= build_configs/tiny-cpu.yaml
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv schema clean
+.PHONY: demo test bench venv schema clean
 
 demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
@@ -18,6 +18,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(CLI) bench engine $(CONFIG)
 
 venv: $(STAMP)
 

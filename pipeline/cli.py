@@ -56,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     generate.add_argument("--seed", type=int, default=None, help="sampling seed")
     generate.add_argument("--json", action="store_true", help="print prompt and output token ids and text as JSON")
+    bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
+    engine_bench.add_argument("config", type=Path, help="build config YAML (target cpu)")
+    engine_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    engine_bench.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
+    engine_bench.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
+    engine_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    engine_bench.add_argument("--out", type=Path, help="also write the JSON result here (default: <artifacts>/<name>/bench-engine.json)")
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
@@ -66,6 +75,8 @@ def run_cli(argv: list[str], console: Console) -> int:
     args = _parser().parse_args(argv)
     if args.command == "schema":
         return _schema(args, console)
+    if args.command == "bench":
+        return _bench_engine(args, console)
     loaded = load_config(args.config, args.overrides)
     store = ArtifactStore(args.artifacts, loaded.spec.name)
     if args.command == "validate":
@@ -107,6 +118,34 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
         print(json.dumps(generation.to_json(), ensure_ascii=False))
     else:
         print(generation.prompt + generation.text)
+    return 0
+
+
+def _bench_engine(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.bench import render_markdown, run_engine_bench
+    from pipeline.stages.build import ENGINE_DIR
+
+    loaded = load_config(args.config, args.overrides)
+    if loaded.spec.build.target.value != "cpu":
+        raise SpecError(f"bench engine measures the cpu reference engine; {args.config} has build.target {loaded.spec.build.target.value!r}")
+    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    results = {r.name: r for r in run_pipeline(loaded, store, until="build", console=status)}
+    result = run_engine_bench(
+        results["build"].ref.path / ENGINE_DIR,
+        results["prepare"].ref.path,
+        num_requests=args.requests,
+        quick=args.quick,
+        progress=lambda line: status.print(f"[dim]{line}[/dim]"),
+    )
+    out = args.out or store.build_dir / "bench-engine.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(result, indent=1, sort_keys=True))
+    else:
+        print(render_markdown(result))
+        status.print(f"wrote {out}")
     return 0
 
 

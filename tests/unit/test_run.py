@@ -239,3 +239,12 @@ def test_generate_refuses_bad_request(built, capsys: pytest.CaptureFixture[str])
     config, artifacts, _ = built
     assert main(["--artifacts", str(artifacts), "generate", str(config), "--prompt", "x", "--max-tokens", "0"]) == 2
     assert "max_tokens" in capsys.readouterr().err
+
+
+def test_bench_engine_command_quick(built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, artifacts, _ = built
+    out = tmp_path / "bench.json"
+    assert main(["--artifacts", str(artifacts), "bench", "engine", str(config), "--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"systems", "ratios", "kv_utilisation", "prefix_reuse"} <= set(result)
+    assert "(a) refengine, inflight batching" in capsys.readouterr().out

@@ -1,0 +1,130 @@
+"""The engine benchmark: its seeded workload, and a quick run's report (shape and sanity, no timings)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pipeline.bench.workload import FIRST_TOKEN_ID, geometric_length, make_prefix_workload, make_workload
+from tests.conftest import BUILD_CONFIGS, DEFAULT_MODEL
+
+VOCAB = 4096
+
+
+def test_workload_is_deterministic_for_a_seed() -> None:
+    first = make_workload(64, vocab_size=VOCAB, seed=7)
+    assert make_workload(64, vocab_size=VOCAB, seed=7) == first
+    other = make_workload(64, vocab_size=VOCAB, seed=8)
+    assert other.prompts != first.prompts and other.output_lens != first.output_lens
+
+
+def test_workload_lengths_follow_the_stated_distribution() -> None:
+    workload = make_workload(4000, vocab_size=VOCAB, prompt_len=(16, 256), output_mean=64, output_cap=512, seed=0)
+    prompt_lens = [len(p) for p in workload.prompts]
+    assert min(prompt_lens) >= 16 and max(prompt_lens) <= 256
+    assert min(prompt_lens) < 24 and max(prompt_lens) > 248  # uniform over the whole range
+    assert all(FIRST_TOKEN_ID <= t < VOCAB for p in workload.prompts for t in p)
+    assert min(workload.output_lens) >= 1 and max(workload.output_lens) <= 512
+    assert 60 <= statistics.fmean(workload.output_lens) <= 68  # geometric, mean 64 (4000 draws)
+    assert statistics.median(workload.output_lens) < 64  # long tail: median below the mean
+    summary = workload.summary()
+    assert summary["output_tokens"]["total"] == workload.num_output_tokens
+    json.dumps(summary)
+
+
+def test_output_cap_and_degenerate_mean() -> None:
+    import random
+
+    rng = random.Random(0)
+    assert max(geometric_length(rng, 64, 10) for _ in range(500)) == 10
+    assert {geometric_length(rng, 1, 10) for _ in range(50)} == {1}
+    with pytest.raises(ValueError):
+        geometric_length(rng, 0.5, 10)
+
+
+def test_prefix_workload_shares_the_prefix_and_waves_cover_every_request() -> None:
+    workload = make_prefix_workload(32, vocab_size=VOCAB, shared_prefix_len=200, wave_size=8, seed=0)
+    assert len(workload.shared_prefix) == 200
+    assert all(p[:200] == workload.shared_prefix and len(p) > 200 for p in workload.prompts)
+    assert [len(w) for w in workload.waves] == [1, 8, 8, 8, 7]
+    assert sorted(i for w in workload.waves for i in w) == list(range(32))
+    assert make_prefix_workload(32, vocab_size=VOCAB, seed=0) == workload
+
+
+# -- a quick run on the default model -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built_default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(engine dir, HF model dir) of the default tiny-cpu config, built into a temporary store."""
+    if not (DEFAULT_MODEL / "model.safetensors").exists():
+        pytest.skip("default model not present")
+    from rich.console import Console
+
+    from pipeline.artifacts import ArtifactStore
+    from pipeline.config.loader import load_config
+    from pipeline.runner import run_pipeline
+
+    root = tmp_path_factory.mktemp("bench")
+    text = (BUILD_CONFIGS / "tiny-cpu.yaml").read_text().replace("../models/tiny-stdlib-llama", str(DEFAULT_MODEL))
+    config = root / "tiny-cpu.yaml"
+    config.write_text(text)
+    loaded = load_config(config, ())
+    results = {r.name: r for r in run_pipeline(loaded, ArtifactStore(root / "artifacts", loaded.spec.name),
+                                                 console=Console(quiet=True))}
+    return results["build"].ref.path / "engine", results["prepare"].ref.path
+
+
+@pytest.mark.slow
+def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[Path, Path]) -> None:
+    from pipeline.bench import render_markdown, run_engine_bench
+
+    engine_dir, hf_dir = built_default
+    lines: list[str] = []
+    result = run_engine_bench(engine_dir, hf_dir, quick=True, progress=lines.append)
+    json.loads(json.dumps(result))  # JSON-serialisable as is
+    assert lines
+
+    systems = result["systems"]
+    assert set(systems) == {"refengine_inflight", "refengine_static", "hf_static_generate", "hf_continuous_batching"}
+    useful = result["workload"]["output_tokens"]["total"]
+    for name, figures in systems.items():
+        assert figures["useful_output_tokens"] == useful, name
+        assert figures["all_requests_ran_their_length"], name
+        assert figures["tokens_per_s"] > 0 and figures["wall_s"] > 0, name
+        assert figures["tokens_per_s"] == pytest.approx(useful / figures["wall_s"], rel=0.01), name
+    inflight, static = systems["refengine_inflight"], systems["refengine_static"]
+    assert inflight["engine_steps"] > 0 and static["engine_steps"] >= inflight["engine_steps"]
+    assert systems["hf_static_generate"]["generated_tokens_incl_padding_rows"] >= useful
+
+    ratios = result["ratios"]
+    for key, other in (("inflight_vs_static", "refengine_static"), ("inflight_vs_hf_static", "hf_static_generate"),
+                       ("inflight_vs_hf_continuous", "hf_continuous_batching")):
+        assert ratios[key] == pytest.approx(inflight["tokens_per_s"] / systems[other]["tokens_per_s"], rel=0.01)
+    assert result["targets"]["inflight_vs_static"]["value"] == ratios["inflight_vs_static"]
+    assert result["targets"]["inflight_vs_hf_continuous"]["value"] == ratios["inflight_vs_hf_continuous"]
+
+    kv = result["kv_utilisation"]
+    assert 0 < kv["paged_mean"] <= 1 and 0 < kv["contiguous_mean"] <= 1
+    assert kv["contiguous_mean"] < kv["paged_mean"]  # a max_seq_len reservation wastes more
+
+    prefix = result["prefix_reuse"]
+    assert prefix["off"]["prefill_tokens_from_cache"] == 0
+    assert prefix["off"]["shared_prefill_skipped_fraction"] == 0
+    assert prefix["on"]["prefill_tokens_from_cache"] > 0
+    assert 0 < prefix["on"]["shared_prefill_skipped_fraction"] <= prefix["max_skippable_fraction"]
+    assert prefix["on"]["prefill_tokens_computed"] < prefix["off"]["prefill_tokens_computed"]
+    assert prefix["on"]["cache_hit_tokens_per_wave"][0] == 0  # the first wave computes the prefix
+
+    assert set(result["targets"]) == {"inflight_vs_static", "inflight_vs_hf_continuous", "kv_paged_utilisation",
+                                      "shared_prefill_skipped"}
+    assert all(isinstance(t["met"], bool) for t in result["targets"].values())
+    model = ratios["step_cost_model"]
+    assert model is None or model["inflight_vs_static_ceiling_if_no_batch_proportional_cost"] == pytest.approx(
+        static["engine_steps"] / inflight["engine_steps"], rel=0.01)
+
+    table = render_markdown(result)
+    assert "(a) refengine, inflight batching" in table and "(d) transformers continuous batching" in table
