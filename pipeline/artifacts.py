@@ -146,6 +146,16 @@ def verify(path: Path, manifest: dict[str, Any]) -> None:
             raise ArtifactError(f"{path / rel}: SHA-256 differs from the manifest")
 
 
+def annotate_manifest(path: Path, key: str, value: dict[str, Any]) -> None:
+    """Merge `value` into `manifest[key]` of a sealed artifact (atomically). The manifest is not part of
+    the verified payload, so a later verdict (e.g. a failed gate) can be recorded next to the files."""
+    manifest = read_manifest(path)
+    manifest.setdefault(key, {}).update(value)
+    tmp = path / f".{MANIFEST}.tmp"
+    _write_json_durably(tmp, manifest)
+    os.replace(tmp, path / MANIFEST)
+
+
 def _describe_files(root: Path) -> dict[str, dict[str, Any]]:
     files = {}
     for rel in list_files(root):

@@ -35,6 +35,7 @@ class StageDef:
     tools: tuple[str, ...]
     inputs: Callable[[Spec, EnvFacts], dict[str, Any]]
     summary: str
+    applies: Callable[[Spec], bool] = lambda spec: True
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,12 @@ def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {"build": _dump(spec.build), "dtype": spec.model.dtype.value}
 
 
+def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    accuracy = _dump(spec.gate.accuracy)
+    accuracy["heldout_files"] = facts.heldout_fingerprint
+    return {"accuracy": accuracy, "dtype": spec.model.dtype.value}
+
+
 STAGE_DEFS: tuple[StageDef, ...] = (
     StageDef("prepare", 1, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and normalize the Hugging Face checkpoint"),
     StageDef(
@@ -124,6 +131,15 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         "quantize with ModelOpt and export the TensorRT-LLM checkpoint",
     ),
     StageDef("build", 1, ("quantize",), ("trtllm_pipeline",), _build_inputs, "build the engine directory for the target"),
+    StageDef(
+        "gate",
+        1,
+        ("prepare", "quantize"),
+        ("trtllm_pipeline", "torch", "modelopt", "transformers"),
+        _gate_inputs,
+        "accuracy gate: quantized vs unquantized perplexity on held-out text",
+        applies=lambda spec: spec.gate.accuracy is not None,
+    ),
 )
 
 
@@ -131,6 +147,8 @@ def plan(spec: Spec, facts: EnvFacts, stage_defs: tuple[StageDef, ...] = STAGE_D
     planned: list[StagePlan] = []
     digests: dict[str, str] = {}
     for stage in stage_defs:
+        if not stage.applies(spec):
+            continue
         inputs = stage.inputs(spec, facts)
         upstream = {name: digests[name] for name in stage.upstream}
         tools = {name: facts.tools.get(name, "absent") for name in stage.tools}

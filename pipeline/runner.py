@@ -15,7 +15,7 @@ from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
 from pipeline.plan import EnvFacts, Plan, StagePlan, plan
 from pipeline.preflight import preflight
-from pipeline.stages import build, prepare, quantize
+from pipeline.stages import build, gate, prepare, quantize
 from pipeline.stages.base import StageContext, StageFn
 from pipeline.tools import tool_versions
 
@@ -23,6 +23,7 @@ STAGE_FUNCTIONS: dict[str, StageFn] = {
     "prepare": prepare.run,
     "quantize": quantize.run,
     "build": build.run,
+    "gate": gate.run,
 }
 
 
@@ -90,7 +91,20 @@ def run_pipeline(
             refs[stage.name] = result.ref
             results.append(result)
             _print_result(console, result)
+            _stop_on_failed_verdict(result)
     return results
+
+
+class GateFailed(StageError):
+    default_hint = "the artifacts stay for inspection; relax the thresholds in gate.* or change the quantization"
+
+
+def _stop_on_failed_verdict(result: StageResult) -> None:
+    notes = result.ref.manifest.get("notes", {})
+    if notes.get("verdict") == "failed":
+        reasons = "; ".join(notes.get("failures", [])) or "no reason recorded"
+        cached = " (cached verdict)" if result.outcome == "cached" else ""
+        raise GateFailed(f"{result.name} failed{cached}: {reasons}; report in {result.ref.path}")
 
 
 def _run_stage(

@@ -73,6 +73,32 @@ class TensorStore:
             return None
         return self._checked(name, expected_shape, floating)
 
+    def get_scalar(self, name: str) -> torch.Tensor:
+        """A per-tensor scale (shape [] or [1], floating) as a 0-dim float32 tensor."""
+        if name not in self._tensors:
+            raise ModelLoadError(f"tensor {name!r} (a scalar scale) is missing from {self._source}")
+        tensor = self._tensors[name]
+        if tensor.dim() > 1 or tensor.numel() != 1:
+            raise ModelLoadError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected a scalar ([] or [1]) "
+                f"(in {self._source})"
+            )
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise ModelLoadError(f"tensor {name!r} has dtype {tensor.dtype}, expected a float scale (in {self._source})")
+        return tensor.reshape(()).to(torch.float32)
+
+    def get_quantized(
+        self, name: str, expected_shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]
+    ) -> torch.Tensor:
+        """Like `get` for quantized codes: the dtype must be one of `dtypes`."""
+        tensor = self.get(name, expected_shape, floating=False)
+        if tensor.dtype not in dtypes:
+            expected = "/".join(str(dtype).removeprefix("torch.") for dtype in dtypes)
+            raise ModelLoadError(
+                f"tensor {name!r} has dtype {tensor.dtype}, expected {expected} (in {self._source})"
+            )
+        return tensor
+
     def _checked(self, name: str, expected_shape: tuple[int, ...], floating: bool) -> torch.Tensor:
         tensor = self._tensors[name]
         if tuple(tensor.shape) != tuple(expected_shape):

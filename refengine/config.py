@@ -4,6 +4,8 @@ Limits carry TensorRT-LLM's names and meanings (`build_config`: `max_batch_size`
 `max_input_len`, `max_seq_len`, `max_num_tokens`, `max_beam_width`,
 `plugin_config.tokens_per_block`); runtime choices mirror the `tensorrt_llm` Triton model's
 parameters (`batch_scheduler_policy`, `enable_chunked_context`, `enable_kv_cache_reuse`).
+`batching` is the Triton model's `gpt_model_type`: "inflight" (`inflight_fused_batching`) or
+"static" (`V1`: a batch is held until its longest request ends).
 """
 
 from __future__ import annotations
@@ -35,6 +37,25 @@ class SchedulerPolicy(str, enum.Enum):
             raise EngineConfigError("scheduler_policy", f"{value!r} is not one of {choices}") from None
 
 
+class BatchingMode(str, enum.Enum):
+    """How requests share the batch over time."""
+
+    INFLIGHT = "inflight"  # requests join and leave the running batch at any step
+    # A batch is admitted together and held until its longest request ends; finished rows keep
+    # computing padding (TensorRT-LLM's V1 / static batching, Hugging Face `generate`).
+    STATIC = "static"
+
+    @classmethod
+    def parse(cls, value: "str | BatchingMode") -> "BatchingMode":
+        if isinstance(value, BatchingMode):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise EngineConfigError("batching", f"{value!r} is not one of {choices}") from None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Limits and runtime choices of one `LLMEngine`. Validated on construction."""
@@ -51,9 +72,17 @@ class EngineConfig:
     max_num_samples: int = 4  # upper bound of SamplingParams.n
     max_logprobs: int = 20  # upper bound of SamplingParams.logprobs
     compute_dtype: str = "float32"
+    batching: BatchingMode = BatchingMode.INFLIGHT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
+        object.__setattr__(self, "batching", BatchingMode.parse(self.batching))
+        if self.batching is BatchingMode.STATIC and self.scheduler_policy is not SchedulerPolicy.GUARANTEED_NO_EVICT:
+            raise EngineConfigError(
+                "batching",
+                "static batching holds every row until its batch ends, so it cannot preempt: "
+                f"it needs scheduler_policy guaranteed_no_evict, not {self.scheduler_policy.value}",
+            )
         for name in (
             "max_batch_size",
             "max_input_len",

@@ -69,6 +69,47 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class QuantizationConfig:
+    """The checkpoint's `quantization` block (TensorRT-LLM QuantConfig, trtllm.md §2.2).
+
+    Whether an algo can run is decided by the model runner (`quantized_linear`, `kv_quant`), which
+    refuses unknown ones naming the supported set; here only the field types are checked.
+    """
+
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+    group_size: int = 128  # TensorRT-LLM's code default (its checkpoint.md says 64: stale)
+    has_zero_point: bool = False
+    pre_quant_scale: bool = False
+    exclude_modules: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, raw: Any) -> "QuantizationConfig":
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ModelLoadError(f"quantization must be a JSON object, got {type(raw).__name__}")
+        algos = {}
+        for key in ("quant_algo", "kv_cache_quant_algo"):
+            value = raw.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ModelLoadError(f"quantization.{key} must be a string or null, got {value!r}")
+            algos[key] = value
+        group_size = _positive_int(raw, "group_size", default=128)
+        exclude = raw.get("exclude_modules") or []
+        if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+            raise ModelLoadError(f"quantization.exclude_modules must be a list of strings, got {exclude!r}")
+        return cls(
+            quant_algo=algos["quant_algo"],
+            kv_cache_quant_algo=algos["kv_cache_quant_algo"],
+            group_size=group_size,
+            has_zero_point=bool(raw.get("has_zero_point", False)),
+            pre_quant_scale=bool(raw.get("pre_quant_scale", False)),
+            exclude_modules=tuple(exclude),
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """What the model runner needs to know about the decoder."""
 
@@ -88,8 +129,15 @@ class ModelConfig:
     qkv_bias_required: bool
     dense_bias_required: bool
     mlp_bias_required: bool
-    quant_algo: str | None
-    kv_cache_quant_algo: str | None
+    quantization: QuantizationConfig
+
+    @property
+    def quant_algo(self) -> str | None:
+        return self.quantization.quant_algo
+
+    @property
+    def kv_cache_quant_algo(self) -> str | None:
+        return self.quantization.kv_cache_quant_algo
 
     @property
     def q_size(self) -> int:
@@ -119,7 +167,7 @@ class ModelConfig:
         if dtype not in SUPPORTED_DTYPES:
             raise ModelLoadError(f"dtype {dtype!r} is not supported (supported: float16, bfloat16, float32)")
         _check_unsupported_options(raw)
-        quantization = raw.get("quantization") or {}
+        quantization = QuantizationConfig.from_config(raw.get("quantization"))
         hidden_size = _positive_int(raw, "hidden_size")
         num_heads = _positive_int(raw, "num_attention_heads")
         num_kv_heads = _positive_int(raw, "num_key_value_heads", default=num_heads)
@@ -153,8 +201,7 @@ class ModelConfig:
             qkv_bias_required=is_qwen or attn_bias,
             dense_bias_required=attn_bias,
             mlp_bias_required=bool(raw.get("mlp_bias", False)),
-            quant_algo=quantization.get("quant_algo"),
-            kv_cache_quant_algo=quantization.get("kv_cache_quant_algo"),
+            quantization=quantization,
         )
 
 

@@ -5,14 +5,21 @@ The KV cache of one layer is a tensor [2, num_blocks, tokens_per_block, num_kv_h
 queries are one flat batch of tokens (no padding): sequence i owns rows
 `query_start_loc[i]:query_start_loc[i + 1]`, which are its last `query_len` tokens out of
 `context_lens[i]` (tokens in the cache once this step's K/V are written).
+
+A quantized KV cache (`kv_quant.KVCacheQuantizer`) holds codes: this step's keys/values are
+quantized on the way in, and every read dequantizes to the query's dtype before attention, so a
+prefill attends over the same rounded K/V that later decode steps read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from refengine.model_runner.kv_quant import KVCacheQuantizer
 
 
 @dataclass(frozen=True)
@@ -64,12 +71,23 @@ def build_attention_metadata(
     )
 
 
-def write_kv_cache(kv_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv_cache(
+    kv_cache: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_quant: KVCacheQuantizer | None = None,
+) -> None:
     """Store this step's keys/values [num_tokens, num_kv_heads, head_size] in their slots."""
     _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    if kv_quant is not None:
+        keys, values = kv_quant.quantize(keys), kv_quant.quantize(values)
+    keys, values = keys.to(kv_cache.dtype), values.to(kv_cache.dtype)
+    if kv_cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no float8 CPU kernel: copy the bytes
+        kv_cache, keys, values = (t.view(torch.uint8) for t in (kv_cache, keys, values))
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
-    flat[0].index_copy_(0, slot_mapping, keys.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, values.to(kv_cache.dtype))
+    flat[0].index_copy_(0, slot_mapping, keys)
+    flat[1].index_copy_(0, slot_mapping, values)
 
 
 def gather_sequence_kv(
@@ -106,7 +124,11 @@ def causal_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
 
 def paged_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    kv_quant: KVCacheQuantizer | None = None,
 ) -> torch.Tensor:
     """Attention for a flat batch [num_tokens, H, D] whose K/V are already in `kv_cache`."""
     output = torch.empty_like(query)
@@ -117,5 +139,7 @@ def paged_attention(
         if begin == end:
             continue
         keys, values = gather_sequence_kv(kv_cache, metadata.block_tables[index], context_len)
+        if kv_quant is not None:
+            keys, values = kv_quant.dequantize(keys, query.dtype), kv_quant.dequantize(values, query.dtype)
         output[begin:end] = causal_attention(query[begin:end], keys, values, scale)
     return output

@@ -2,6 +2,9 @@
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
 cast to the compute dtype (float32 by default, so results match transformers in float32).
+Quantized checkpoints keep their codes and scales: each Linear executes its `quant_algo`
+(`quantized_linear.py`) and a quantized KV cache stores codes (`kv_quant.py`); embeddings, norms
+and lm_head stay unquantized.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from refengine.checkpoint import Checkpoint, TensorStore
-from refengine.errors import ModelLoadError
 from refengine.model_config import ModelConfig
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
+from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
 from refengine.model_runner.layers import RotaryEmbedding, rms_norm, swiglu
 from refengine.model_runner.linear import Linear, LinearSpec, load_linear
+from refengine.model_runner.quantized_linear import check_quantization
 
 
 @dataclass
@@ -28,6 +32,7 @@ class DecoderLayer:
     fc: Linear  # gate projection (HF gate_proj)
     gate: Linear  # up projection (HF up_proj)
     proj: Linear  # down projection (HF down_proj)
+    kv_quant: KVCacheQuantizer | None = None  # set when the KV cache is quantized
 
 
 class LlamaModel:
@@ -51,13 +56,15 @@ class LlamaModel:
     def dtype(self) -> torch.dtype:
         return self.embedding.dtype
 
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The dtype of the paged KV tensors (float8_e4m3fn / int8 codes when the cache is quantized)."""
+        return kv_cache_dtype(self.config.kv_cache_quant_algo, self.dtype)
+
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> "LlamaModel":
         config = checkpoint.config
-        if config.kv_cache_quant_algo is not None:
-            raise ModelLoadError(
-                f"quantization.kv_cache_quant_algo {config.kv_cache_quant_algo!r} is not supported yet"
-            )
+        check_quantization(config.quantization)
         store = checkpoint.tensors
         table_shape = (config.vocab_size, config.hidden_size)
         embedding = store.get("transformer.vocab_embedding.weight", table_shape).to(dtype)
@@ -83,8 +90,8 @@ class LlamaModel:
             query = RotaryEmbedding.apply(query.reshape(num_tokens, config.num_heads, config.head_size), cos, sin)
             key = RotaryEmbedding.apply(key.reshape(num_tokens, config.num_kv_heads, config.head_size), cos, sin)
             value = value.reshape(num_tokens, config.num_kv_heads, config.head_size)
-            write_kv_cache(kv_cache, key, value, metadata.slot_mapping)
-            attention = paged_attention(query, kv_cache, metadata, self.scale)
+            write_kv_cache(kv_cache, key, value, metadata.slot_mapping, layer.kv_quant)
+            attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant)
             hidden = residual + layer.dense(attention.reshape(num_tokens, config.q_size))
             residual = hidden
             normed = rms_norm(hidden, layer.post_norm, config.norm_epsilon)
@@ -98,11 +105,11 @@ class LlamaModel:
 def _load_layer(store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
-    quant_algo = config.quant_algo
+    checkpoint_dtype = getattr(torch, config.dtype)
 
     def linear(name: str, in_features: int, out_features: int, bias_required: bool) -> Linear:
         spec = LinearSpec(f"{prefix}.{name}", in_features, out_features, bias_required)
-        return load_linear(store, spec, quant_algo, dtype)
+        return load_linear(store, spec, config.quantization, dtype, checkpoint_dtype)
 
     return DecoderLayer(
         input_norm=store.get(f"{prefix}.input_layernorm.weight", (hidden,)).to(dtype),
@@ -112,4 +119,5 @@ def _load_layer(store: TensorStore, config: ModelConfig, index: int, dtype: torc
         fc=linear("mlp.fc", hidden, inner, config.mlp_bias_required),
         gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required),
         proj=linear("mlp.proj", inner, hidden, config.mlp_bias_required),
+        kv_quant=load_kv_cache_quantizer(store, f"{prefix}.attention", config.kv_cache_quant_algo),
     )

@@ -25,7 +25,8 @@ class ModelRunner:
         self.model = model
         self.tokens_per_block = tokens_per_block
         shape = (2, num_blocks, tokens_per_block, config.num_kv_heads, config.head_size)
-        self.kv_caches = [torch.zeros(shape, dtype=model.dtype) for _ in range(config.num_layers)]
+        # float8_e4m3fn / int8 codes when the checkpoint's kv_cache_quant_algo is FP8 / INT8.
+        self.kv_caches = [torch.zeros(shape, dtype=model.kv_cache_dtype) for _ in range(config.num_layers)]
         self.sampler = Sampler()
 
     @torch.inference_mode()

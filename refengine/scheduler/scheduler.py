@@ -10,6 +10,10 @@ When blocks run out for a running sequence, the newest running sequence is preem
 recompute (its blocks are freed, it goes back to the waiting queue and later recomputes its
 prompt and output). `guaranteed_no_evict` admits only what can finish, so it never preempts;
 `max_utilization` admits whatever fits now.
+
+`batching="static"` (TensorRT-LLM's V1 batching, Hugging Face `generate`): see
+`static_batch.py`. A batch is formed only when none is running and is held until its longest
+request ends; finished sequences stay in it as padding rows that are computed every step.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence as SequenceType
 
-from refengine.config import EngineConfig, SchedulerPolicy
-from refengine.kv_cache import KVCacheManager
+from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
+from refengine.kv_cache import CachedPrefix, KVCacheManager
 from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
+from refengine.scheduler.static_batch import batch_slots, form_batch, padding_row
 from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 
@@ -32,6 +37,7 @@ class _Choice:
     sequence: Sequence
     num_new_tokens: int
     block_table: tuple[int, ...]
+    padding: bool = False  # a finished row of a static batch, computed and discarded
 
 
 class Scheduler:
@@ -44,6 +50,8 @@ class Scheduler:
         )
         self._waiting = SequenceQueue()
         self._running = SequenceQueue()
+        self._static = config.batching is BatchingMode.STATIC
+        self._padding_rows = SequenceQueue()  # static batching: finished rows held until the batch ends
         self._sequences: dict[int, Sequence] = {}
         self._seq_ids_by_request: dict[str, list[int]] = {}
         self._seq_ids = itertools.count()
@@ -74,6 +82,11 @@ class Scheduler:
     def num_prefix_cache_hit_tokens(self) -> int:
         """Prompt tokens whose K/V were reused from the cache instead of computed."""
         return self._num_prefix_cache_hit_tokens
+
+    @property
+    def num_padding_rows(self) -> int:
+        """Static batching: finished sequences still held (and computed) in the running batch."""
+        return len(self._padding_rows)
 
     def get_sequence(self, seq_id: int) -> Sequence | None:
         """An unfinished sequence by id (None once finished)."""
@@ -124,6 +137,8 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self._static:
+            return self._schedule_static()
         budget = self._config.max_num_tokens
         choices: list[_Choice] = []
         preempted: list[Sequence] = []
@@ -230,8 +245,58 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _schedule_static(self) -> SchedulerOutput:
+        """One step of a held batch: every decoding member and every padding row computes one
+        token, then prompts (whole, or chunked only as the budget requires) take what is left."""
+        if not self._running:
+            self._release_padding_rows()  # normally none left: the last finish released them
+            form_batch(self._kv, self._waiting, self._running, self._config.max_batch_size)
+        budget = self._config.max_num_tokens
+        choices: list[_Choice] = []
+        prefills = []
+        for sequence in self._running:
+            if sequence.num_uncomputed_tokens != 1 or not self._kv.has_sequence(sequence.seq_id):
+                prefills.append(sequence)
+            elif budget > 0:
+                choices.append(_Choice(sequence, 1, self._allocate_reserved(sequence, sequence.num_tokens)))
+                budget -= 1
+        for sequence in self._padding_rows:
+            if budget > 0:  # rewrites its slot after the frozen tokens: within its reservation
+                table = self._allocate_reserved(sequence, sequence.num_computed_tokens + 1)
+                choices.append(_Choice(sequence, 1, table, padding=True))
+                budget -= 1
+        for sequence in prefills:
+            fresh = not self._kv.has_sequence(sequence.seq_id)
+            prefix = self._kv.find_cached_prefix(sequence.token_ids) if fresh else CachedPrefix()
+            num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens - prefix.num_tokens, budget)
+            if num_new == 0:
+                continue
+            total = sequence.num_computed_tokens + prefix.num_tokens + num_new
+            table = self._allocate_reserved(sequence, total, prefix)
+            sequence.num_computed_tokens += prefix.num_tokens
+            self._num_prefix_cache_hit_tokens += prefix.num_tokens
+            choices.append(_Choice(sequence, num_new, table))
+            budget -= num_new
+        choices.sort(key=lambda choice: choice.sequence.sort_key)
+        return self._make_output(choices, [])
+
+    def _allocate_reserved(
+        self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None
+    ) -> tuple[int, ...]:
+        table = self._kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix)
+        if table is None:
+            raise RuntimeError(
+                f"static batch: no KV blocks for sequence {sequence.seq_id} despite its reservation"
+            )
+        return table
+
+    def _release_padding_rows(self) -> None:
+        for sequence in self._padding_rows:
+            self._kv.free(sequence.seq_id)
+            self._padding_rows.remove(sequence)
+
     def _num_batch_slots(self) -> int:
-        return sum(sequence.num_pending_samples for sequence in self._running)
+        return batch_slots(self._running)
 
     def _preempt(self, sequence: Sequence) -> None:
         self._running.remove(sequence)
@@ -257,9 +322,15 @@ class Scheduler:
     def _finish(self, sequence: Sequence, reason: FinishReason) -> None:
         if sequence.is_finished:
             return
-        if not self._running.remove(sequence):
+        was_running = self._running.remove(sequence)
+        if not was_running:
             self._waiting.remove(sequence)
-        self._kv.free(sequence.seq_id)
+        if self._static and was_running and reason is not FinishReason.ABORTED:
+            self._padding_rows.insert(sequence)  # keeps its slot and blocks until the batch ends
+        else:
+            self._kv.free(sequence.seq_id)
+        if self._static and not self._running:
+            self._release_padding_rows()  # the batch's longest request has ended
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
         del self._sequences[sequence.seq_id]
@@ -274,6 +345,9 @@ class Scheduler:
         scheduled = []
         for choice in choices:
             sequence = choice.sequence
+            if choice.padding:
+                scheduled.append(padding_row(sequence, choice.block_table))
+                continue
             start = sequence.num_computed_tokens
             end = start + choice.num_new_tokens
             reaches_end = end == sequence.num_tokens

@@ -109,9 +109,9 @@ def test_integer_weights_without_quantization_are_refused(tmp_path, checkpoint_w
 
 
 @pytest.mark.parametrize("field", ["quant_algo", "kv_cache_quant_algo"])
-def test_quantized_checkpoints_are_refused_for_now(tmp_path, field, checkpoint_writer):
-    directory = checkpoint_writer(tmp_path / "ckpt", quantization={field: "FP8"})
-    with pytest.raises(ModelLoadError, match=f"quantization.{field} 'FP8' is not supported yet"):
+def test_unsupported_quantization_is_refused(tmp_path, field, checkpoint_writer):
+    directory = checkpoint_writer(tmp_path / "ckpt", quantization={field: "NVFP4"})
+    with pytest.raises(ModelLoadError, match=f"quantization.{field} 'NVFP4' is not supported"):
         LlamaModel.from_checkpoint(load_checkpoint(directory))
 
 

@@ -1,0 +1,68 @@
+"""Static batching (`EngineConfig.batching="static"`): TensorRT-LLM's V1 batching, as Hugging
+Face `generate` batches.
+
+A batch is formed only when none is running: the oldest waiting requests, up to
+`max_batch_size` samples, as many as have KV blocks for prompt + max_tokens each (the
+`guaranteed_no_evict` reservation; a static batch never preempts). All of them run until the
+batch's LONGEST request ends: a request that finishes earlier has its output and finish reason
+frozen at once (users see exactly the tokens inflight batching gives), but its sequence stays in
+the batch as a padding row. Every step a padding row computes one padding token (its `end_id`,
+else token 0) at the position after its frozen tokens, the same slot each step, so it needs no
+block beyond its reservation; what it samples is discarded. Only when the last member finishes
+are the padding rows' blocks freed and the next batch formed.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from refengine.kv_cache import KVCacheManager
+from refengine.scheduler.admission import no_evict_allows
+from refengine.scheduler.queue import SequenceQueue
+from refengine.scheduler.sequence import Sequence, SequenceStatus
+from refengine.step_messages import ScheduledSequence
+
+PADDING_TOKEN_ID = 0  # fed to padding rows of requests without an end_id (a pad id, as in `generate`)
+
+
+def batch_slots(sequences: Iterable[Sequence]) -> int:
+    """Batch rows the sequences take (a request still to fork into n samples takes n)."""
+    return sum(sequence.num_pending_samples for sequence in sequences)
+
+
+def form_batch(kv: KVCacheManager, waiting: SequenceQueue, running: SequenceQueue, max_batch_size: int) -> None:
+    """Move the next batch from `waiting` to `running` (which must be empty), first come first
+    served, stopping at the first request that does not fit. Members get their blocks when their
+    prompt is scheduled; the reservation guarantees the blocks are there."""
+    while waiting:
+        sequence = waiting.peek_oldest()
+        if batch_slots(running) + sequence.num_pending_samples > max_batch_size:
+            break
+        if not no_evict_allows(kv, running, sequence, kv.find_cached_prefix(sequence.token_ids)):
+            break
+        waiting.remove(sequence)
+        sequence.status = SequenceStatus.RUNNING
+        running.insert(sequence)
+
+
+def padding_token(sequence: Sequence) -> int:
+    end_id = sequence.params.end_id
+    return PADDING_TOKEN_ID if end_id is None else end_id
+
+
+def padding_row(sequence: Sequence, block_table: tuple[int, ...]) -> ScheduledSequence:
+    """One step of a finished sequence held in its batch: a padding token at the position after
+    its frozen tokens (the cache holds K/V up to there), sampled like any row and discarded."""
+    params = sequence.params
+    return ScheduledSequence(
+        seq_id=sequence.seq_id,
+        new_token_ids=(padding_token(sequence),),
+        num_computed_tokens=sequence.num_computed_tokens,
+        block_table=block_table,
+        num_samples=1,
+        sampling_params=params,
+        sampling_seed=sequence.sampling_seed,
+        first_sample_index=sequence.sample_index,
+        num_output_tokens=sequence.num_output_tokens,
+        token_history=tuple(sequence.token_ids) if params.needs_token_history else (),
+    )
