@@ -46,9 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     with_config("validate", "check a build config (and the model it points at) without running anything")
     plan = with_config("plan", "show the stages, their digests and which are cached")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--gpu", choices=["H100-80GB", "H200", "L40S", "A100-80GB", "B200"], help="also plan GPU memory: weights, KV cache capacity, batch size")
+    plan.add_argument("--tp", type=int, help="tensor-parallel size for --gpu (default: build.tp_size)")
     run = with_config("run", "run the pipeline, reusing cached stages")
     run.add_argument("--until", metavar="STAGE", help="stop after this stage")
     run.add_argument("--force", action="store_true", help="rebuild the selected stages even if cached")
+    run.add_argument("--runner", choices=["local", "docker", "dry-run"], help="where trtllm-build runs (engine target); same as --set build.runner=...")
     with_config("status", "show which artifacts of a build config exist")
     generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)")
     generate.add_argument("--prompt", required=True, help="text to continue")
@@ -77,7 +80,10 @@ def run_cli(argv: list[str], console: Console) -> int:
         return _schema(args, console)
     if args.command == "bench":
         return _bench_engine(args, console)
-    loaded = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "runner", None):
+        overrides.append(f"build.runner={args.runner}")
+    loaded = load_config(args.config, overrides)
     store = ArtifactStore(args.artifacts, loaded.spec.name)
     if args.command == "validate":
         console.print(f"[green]valid[/green]: {args.config} (build {loaded.spec.name!r}, target {loaded.spec.build.target.value}, model {loaded.model.architecture})")
@@ -149,7 +155,29 @@ def _bench_engine(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) -> None:
+    from pipeline.backends.capacity import capacity_table, plan_capacity
+
+    spec = loaded.spec
+    max_seq_len = spec.build.max_seq_len or loaded.model.default_max_seq_len()
+    capacity = plan_capacity(
+        loaded.model,
+        quant_algo=spec.quantize.algo.value,
+        kv_cache_dtype=spec.quantize.kv_cache.value,
+        gpu=args.gpu,
+        max_seq_len=max_seq_len,
+        max_batch_size=spec.build.max_batch_size,
+        tp=args.tp or spec.build.tp_size,
+        kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
+        tokens_per_block=spec.build.tokens_per_block,
+        group_size=spec.quantize.group_size,
+    )
+    console.print(capacity_table(capacity))
+
+
 def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    if getattr(args, "gpu", None):
+        _capacity(loaded, args, console)
     the_plan = make_plan(loaded)
     states = {stage.name: artifact_state(store, stage) for stage in the_plan.stages}
     if getattr(args, "json", False):

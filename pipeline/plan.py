@@ -96,7 +96,7 @@ def _dump(model: Any) -> dict[str, Any]:
 
 def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     # The source's content, not its path: moving the checkout does not invalidate the cache.
-    return {"model_fingerprint": facts.model_fingerprint}
+    return {"model_fingerprint": facts.model_fingerprint, **_dry_run_flag(spec)}
 
 
 def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
@@ -107,11 +107,19 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
         "quantize": quantize,
         "dtype": spec.model.dtype.value,
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
+        **_dry_run_flag(spec),
     }
 
 
+def _dry_run_flag(spec: Spec) -> dict[str, Any]:
+    return {"dry_run": True} if spec.dry_run else {}
+
+
 def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
-    return {"build": _dump(spec.build), "dtype": spec.model.dtype.value}
+    inputs = {"build": _dump(spec.build), "dtype": spec.model.dtype.value}
+    if spec.build.target.value == "engine":  # the GPU decides SM-dependent build choices
+        inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
+    return inputs
 
 
 def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:

@@ -18,12 +18,16 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
     if "quantize" in selected:
         issues += _quantize_issues(spec, model)
     if "build" in selected:
-        if spec.build.target is not Target.cpu:
+        if spec.build.target is Target.engine:
+            from pipeline.backends.engine_target import engine_preflight
+
+            issues += engine_preflight(spec, model)
+        elif spec.build.target is not Target.cpu:
             issues.append(
                 (
                     ("build", "target"),
                     f"build.target {spec.build.target.value!r} is not available in this version yet; "
-                    "use target: cpu, or run with --until quantize to stop at the TensorRT-LLM checkpoint",
+                    "use target cpu or engine, or run with --until quantize to stop at the TensorRT-LLM checkpoint",
                 )
             )
         elif spec.build.tp_size * spec.build.pp_size != 1:
@@ -40,12 +44,16 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
 
 def _quantize_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     quantize = spec.quantize
+    if spec.dry_run:  # nothing is calibrated or exported in a dry run
+        return []
     if (quantize.device.value == "cuda" or quantize.algo.value == "nvfp4") and not cuda_available():
         why = "quantize.device is cuda" if quantize.device.value == "cuda" else "NVFP4 calibration needs CUDA kernels"
         return [(("quantize", "device" if quantize.device.value == "cuda" else "algo"), f"{why}, but this machine has no CUDA device")]
     if needs_calibration(quantize):
         from pipeline.calibration import build_calibration_set, load_encoder
 
+        if not any((model.path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+            return [(("model", "source"), f"{model.path} has no tokenizer (tokenizer.json or tokenizer.model); calibration needs one")]
         try:
             build_calibration_set(quantize.calibration, *load_encoder(model.path))
         except SpecError as exc:

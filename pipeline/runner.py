@@ -131,7 +131,7 @@ def _run_stage(
     with console.status(f"[bold]{stage.name}[/bold]: {stage.summary}"):
         notes: dict = {}
         with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:
-            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console, notes)
+            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console, notes, store.path_for(stage))
             try:
                 STAGE_FUNCTIONS[stage.name](context)
             except PipelineError:

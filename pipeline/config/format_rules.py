@@ -38,6 +38,13 @@ def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "Ser
         raise ValueError(
             f"quantize.calibration.files is empty, but quantize.algo {algo} with quantize.kv_cache {kv} needs calibration text"
         )
+    plugins = build.plugins
+    if target == "engine" and "use_fp8_context_fmha" in plugins.model_fields_set and plugins.use_fp8_context_fmha and algo not in _FP8_CONTEXT_FMHA_ALGOS:
+        # Left at its default, the build turns it off with a recorded decision; asked for explicitly, it is an error.
+        raise ValueError(
+            f"build.plugins.use_fp8_context_fmha: true needs quantize.algo fp8, w4a8_awq or nvfp4, got {algo} "
+            "(FP8 context attention runs on FP8-quantized models only)"
+        )
     if target == "engine" and kv == "fp8" and algo not in _FP8_CONTEXT_FMHA_ALGOS:
         for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if getattr(serve, field):

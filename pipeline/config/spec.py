@@ -76,6 +76,20 @@ class GemmPlugin(str, Enum):
     disable = "disable"
 
 
+class BuildRunnerKind(str, Enum):
+    local = "local"
+    docker = "docker"
+    dry_run = "dry-run"
+
+
+class GPUModel(str, Enum):
+    h100_80gb = "H100-80GB"
+    h200 = "H200"
+    l40s = "L40S"
+    a100_80gb = "A100-80GB"
+    b200 = "B200"
+
+
 class SchedulerPolicy(str, Enum):
     guaranteed_no_evict = "guaranteed_no_evict"
     max_utilization = "max_utilization"
@@ -139,6 +153,13 @@ class PluginSpec(_Strict):
 
 class BuildSpec(_Strict):
     target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
+    trtllm_version: str = Field(default="1.2.1", description="TensorRT-LLM version profile of the engine target (flags, defaults, pinned Triton image): 1.2.1, 1.1.0 or 1.0.0.")
+    runner: BuildRunnerKind = Field(
+        default=BuildRunnerKind.local,
+        description="Where trtllm-build runs (engine target): local (on PATH), docker (the pinned Triton TRT-LLM image) or dry-run "
+        "(write the commands and configs only, no GPU or weights needed). `run --runner` overrides it.",
+    )
+    workers: int = Field(default=1, ge=1, le=64, description="trtllm-build --workers: ranks built in parallel (at most the world size).")
     max_batch_size: int = Field(default=2048, ge=1, le=65_536, description="Maximum requests scheduled per iteration.")
     max_input_len: int = Field(default=1024, ge=1, description="Maximum prompt length of one request, in tokens.")
     max_seq_len: int | None = Field(
@@ -211,7 +232,8 @@ class DeploySpec(_Strict):
     http_port: int = Field(default=8000, ge=1, le=65535, description="Triton HTTP port.")
     grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton gRPC port.")
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton Prometheus metrics port.")
-    gpus: tuple[int, ...] = Field(default=(), description="GPU device ids given to the server (engine target).")
+    gpus: tuple[int, ...] = Field(default=(), description="GPU device ids given to the server (engine target); their number must be tp_size × pp_size × LLM instances.")
+    gpu: GPUModel | None = Field(default=None, description="GPU model the engine is built for and served on; enables the compute-capability checks (e.g. FP8 needs SM >= 8.9).")
     shm_size: str = Field(default="2g", pattern=r"^[0-9]+[kmgKMG]?$", description="/dev/shm size of the server container (docker notation, e.g. 2g).")
 
     @model_validator(mode="after")
@@ -260,6 +282,11 @@ class Spec(_Strict):
     deploy: DeploySpec = Field(default_factory=DeploySpec, description="docker compose deployment settings.")
     gate: GateSpec = Field(default_factory=GateSpec, description="Pass/fail gates between build and package.")
 
+    @property
+    def dry_run(self) -> bool:
+        """An engine-target run that renders commands and configs without weights, GPU or TensorRT-LLM."""
+        return self.build.target is Target.engine and self.build.runner is BuildRunnerKind.dry_run
+
     @model_validator(mode="after")
     def _cross_section(self) -> "Spec":
         paged_ctx = self.build.plugins.use_paged_context_fmha and self.build.plugins.context_fmha
@@ -277,4 +304,10 @@ class Spec(_Strict):
                         "(TensorRT-LLM turns paged context FMHA off for an INT8 KV cache)"
                     )
         check_format_rules(self.quantize, self.build, self.serve)
+        ranks = self.build.tp_size * self.build.pp_size * self.serve.instances.tensorrt_llm
+        if self.build.target is Target.engine and self.deploy.gpus and len(self.deploy.gpus) != ranks:
+            raise ValueError(
+                f"deploy.gpus lists {len(self.deploy.gpus)} GPU(s) but build.tp_size ({self.build.tp_size}) × build.pp_size "
+                f"({self.build.pp_size}) × serve.instances.tensorrt_llm ({self.serve.instances.tensorrt_llm}) = {ranks}"
+            )
         return self

@@ -23,6 +23,7 @@ class StageContext:
     out_dir: Path
     console: Console
     notes: dict[str, Any] = field(default_factory=dict)  # stored in the artifact's manifest
+    final_dir: Path | None = None  # where out_dir will be renamed to once the stage succeeds
 
     def log(self, message: str) -> None:
         self.console.print(f"  [dim]{self.plan.name}:[/dim] {message}")

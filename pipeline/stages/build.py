@@ -14,6 +14,9 @@ ENGINE_DIR = "engine"
 
 def run(ctx: StageContext) -> None:
     spec = ctx.spec
+    if spec.build.target is Target.engine:
+        _build_engine(ctx)
+        return
     if spec.build.target is not Target.cpu:  # preflight refuses this before any stage runs
         raise StageError(f"build.target {spec.build.target.value!r} is not available in this version")
     checkpoint = ctx.upstream["quantize"].path / CHECKPOINT_DIR
@@ -24,3 +27,24 @@ def run(ctx: StageContext) -> None:
         f"cpu engine: max_batch_size {build_config['max_batch_size']}, max_seq_len {max_seq_len}, "
         f"max_num_tokens {build_config['max_num_tokens']}, tokens_per_block {spec.build.tokens_per_block}"
     )
+
+
+def _build_engine(ctx: StageContext) -> None:
+    from pipeline.backends.engine_target import run_engine_build
+
+    checkpoint = ctx.upstream["quantize"].path / CHECKPOINT_DIR
+    final = (ctx.final_dir or ctx.out_dir) / ENGINE_DIR
+    build, outcome = run_engine_build(ctx.spec, ctx.model, checkpoint, ctx.out_dir / ENGINE_DIR, final)
+    for decision in build.decisions:
+        ctx.log(f"[yellow]{decision.kind}[/yellow] {decision.field}: {decision.requested!r} → {decision.applied!r} ({decision.reason})")
+    ctx.notes.update(
+        trtllm_version=build.version.version,
+        image=build.version.image,
+        gpu=ctx.spec.deploy.gpu.value if ctx.spec.deploy.gpu is not None else None,
+        runner=ctx.spec.build.runner.value,
+        dry_run=outcome.dry_run,
+        command=list(outcome.command),
+        decisions=[decision.to_json() for decision in build.decisions],
+    )
+    what = "wrote the trtllm-build command and engine config (dry run)" if outcome.dry_run else "built the engine"
+    ctx.log(f"TensorRT-LLM {build.version.version}: {what}")

@@ -28,6 +28,9 @@ _TOKENIZER_FILES = (
 def run(ctx: StageContext) -> None:
     info = ctx.model
     source = info.path
+    if ctx.spec.dry_run and not info.weight_files:
+        _prepare_config_only(ctx)
+        return
     if not info.weight_files:
         raise StageError(
             f"{source} has no *.safetensors weights (config-only model directories can be planned, not prepared)",
@@ -51,6 +54,18 @@ def run(ctx: StageContext) -> None:
     }
     (ctx.out_dir / "prepare.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     ctx.log(f"{summary['num_parameters'] / 1e6:.2f} M parameters in {len(info.weight_files)} safetensors file(s)")
+
+
+def _prepare_config_only(ctx: StageContext) -> None:
+    """Dry run of the engine target: the model's config.json (and tokenizer, if any) is all that is needed."""
+    source = ctx.model.path
+    copied = [name for name in (*_CONFIG_FILES, *_TOKENIZER_FILES) if (source / name).is_file()]
+    for name in copied:
+        _link_or_copy(source / name, ctx.out_dir / name)
+    summary = {"dry_run": True, "model_type": ctx.model.model_type, "architecture": ctx.model.architecture, "files": copied, "source": str(source)}
+    (ctx.out_dir / "prepare.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    ctx.notes["dry_run"] = True
+    ctx.log(f"dry run: {source} has no weights; kept {', '.join(copied)}")
 
 
 def _read_tensor_index(source: Path, files: tuple[str, ...]) -> dict[str, tuple[int, str]]:

@@ -18,6 +18,9 @@ def run(ctx: StageContext) -> None:
     quantize = spec.quantize
     prepared = ctx.upstream["prepare"].path
     recipe = QuantRecipe(quantize.algo.value, quantize.kv_cache.value, quantize.group_size)
+    if spec.dry_run:
+        _record_dry_run(ctx, recipe)
+        return
     forward_loop = None
     if needs_calibration(quantize):
         calibration = load_calibration(ctx)
@@ -48,6 +51,23 @@ def run(ctx: StageContext) -> None:
     ctx.notes["quantization"] = summary
     (ctx.out_dir / "quantize.json").write_text(json.dumps(ctx.notes, indent=2, sort_keys=True) + "\n")
     ctx.log(f"wrote {', '.join(ranks)} (quant_algo {summary['quant_algo']}, kv {summary['kv_cache_quant_algo']})")
+
+
+def _record_dry_run(ctx: StageContext, recipe) -> None:
+    """What the GPU host will run: the recipe and mapping, without loading any weights."""
+    spec = ctx.spec
+    record = {
+        "dry_run": True,
+        "recipe": {"algo": recipe.algo, "kv_cache": recipe.kv_cache, "group_size": recipe.group_size},
+        "device": spec.quantize.device.value,
+        "dtype": spec.model.dtype.value,
+        "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
+        "calibration": spec.quantize.calibration.model_dump(mode="json"),
+        "call": "pipeline.backends.modelopt_export.export_trtllm_checkpoint (ModelOpt mtq.quantize + export_tensorrt_llm_checkpoint)",
+    }
+    (ctx.out_dir / "quantize.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    ctx.notes.update(dry_run=True, quantization={"quant_algo": recipe.algo, "kv_cache": recipe.kv_cache})
+    ctx.log(f"dry run: recorded the {recipe.algo} / KV {recipe.kv_cache} recipe; no checkpoint is exported")
 
 
 def load_calibration(ctx: StageContext) -> CalibrationSet:

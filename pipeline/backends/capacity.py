@@ -1,0 +1,268 @@
+"""Capacity planning for the engine target: do the weights fit, how many tokens does the KV cache hold.
+
+Formulas and assumptions from shared/reference/serving-and-operations.md §A2:
+- parameters per Llama layer = h·heads·hd + 2·h·kvh·hd + heads·hd·h + 3·h·ffn + 2·h; embedding and
+  lm_head = vocab × h each and stay 16-bit (ModelOpt's default excludes lm_head), so only the
+  decoder layers take the quantized format's bytes per parameter;
+- KV bytes per token = 2 (K, V) × layers × kv_heads × head_dim × bytes of the KV dtype;
+- KV space = kv_cache_free_gpu_mem_fraction × (GPU memory − weights − runtime/activation reserve),
+  with a 5 GB reserve; tokens = KV space / KV bytes per token; block rounding wastes at most one
+  partial block per sequence;
+- B = 1 decode bound = memory bandwidth / bytes read per step (all weights except the embedding).
+With tensor parallelism each GPU holds 1/tp of the weights and of the KV heads (KV heads are
+replicated when tp exceeds them). GB are decimal (10^9 bytes), as in the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config.format_rules import AWQ_ALGOS
+from pipeline.config.model_info import ModelInfo
+from pipeline.errors import SpecError
+
+GB = 1e9
+KIB = 1024
+RUNTIME_RESERVE_GB = 5.0  # activations, CUDA context, TensorRT workspace (§A2 assumption)
+DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build default (trtllm.md §1.2)
+MAX_BATCH_SIZE_CAP = 2048  # trtllm-build default max_batch_size
+_SIXTEEN_BIT = 2.0
+# Bytes per decoder-layer parameter of each weight format (scales included where they matter).
+WEIGHT_BYTES = {
+    "none": _SIXTEEN_BIT,
+    "fp8": 1.0,
+    "int8_sq": 1.0,
+    "int8_wo": 1.0,
+    "nvfp4": 0.5 + 1 / 16,  # FP8 scale per 16 weights
+}
+# AWQ formats: 0.5 B + one 16-bit scale per group = 0.516 B at group 128 (§A2)
+KV_BYTES = {"none": _SIXTEEN_BIT, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "int8": 1.0}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_gb: float  # memory the planner budgets (torch `total_memory`, decimal GB)
+    compute_capability: int  # SM as an integer: 90 for 9.0
+    bandwidth_tbps: float | None  # datasheet HBM/GDDR bandwidth
+    bf16_dense_tflops: float | None
+    fp8_dense_tflops: float | None
+    source: str
+
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("H200", 150.11, 90, 4.8, 989.0, 1979.0,
+                "serving-and-operations.md §A2: datasheet 141 GB / 4.8 TB/s, dense = half the 2:4-sparse figures; "
+                "memory = measured torch total_memory 150,109,880,320 B"),
+        GpuSpec("H100-80GB", 85.0, 90, 3.35, 989.0, 1979.0,
+                "§A2: 80 GB, 3.35 TB/s; same compute die as H200 (§A1), so the same dense TFLOPS; "
+                "memory ≈ torch total_memory of an 80 GiB card [inf]"),
+        GpuSpec("A100-80GB", 85.0, 80, 2.04, None, None,
+                "[inf] not in the reference: 80 GiB HBM2e, 2.04 TB/s (SXM datasheet); no FP8"),
+        GpuSpec("L40S", 48.0, 89, 0.864, None, None,
+                "[inf] not in the reference: 48 GB GDDR6, 864 GB/s (datasheet)"),
+        GpuSpec("B200", 191.5, 100, 8.0, None, None,
+                "[inf] not in the reference: ≈180 GiB HBM3e, 8 TB/s (datasheet)"),
+    )
+}
+
+
+class CapacityError(SpecError):
+    """The model in this format cannot run on the chosen GPUs at all."""
+
+    default_hint = "use more GPUs (build.tp_size), a smaller weight format (fp8, int4_awq) or a shorter build.max_seq_len"
+
+
+def get_gpu(name: str | GpuSpec) -> GpuSpec:
+    if isinstance(name, GpuSpec):
+        return name
+    for key, gpu in GPUS.items():
+        if key.lower() == str(name).strip().lower():
+            return gpu
+    raise SpecError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}")
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    decoder: int  # every decoder-layer parameter (linear layers and their norms)
+    embedding: int  # vocab_embedding
+    lm_head: int  # 0 when tied to the embedding
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        return self.decoder + self.embedding + self.lm_head + self.final_norm
+
+
+def count_params(model: ModelInfo, *, tied_embeddings: bool = False) -> ParamCount:
+    h, hd = model.hidden_size, model.head_dim
+    per_layer = (h * model.num_heads * hd + 2 * h * model.num_kv_heads * hd + model.num_heads * hd * h
+                 + 3 * h * model.intermediate_size + 2 * h)
+    embedding = model.vocab_size * h
+    return ParamCount(model.num_layers * per_layer, embedding, 0 if tied_embeddings else embedding, h)
+
+
+def weight_bytes_per_param(quant_algo: str, group_size: int = 128) -> float:
+    if quant_algo in AWQ_ALGOS:
+        return 0.5 + _SIXTEEN_BIT / group_size
+    if quant_algo not in WEIGHT_BYTES:
+        raise SpecError(f"quantize.algo {quant_algo!r} is not one of {', '.join([*WEIGHT_BYTES, *sorted(AWQ_ALGOS)])}")
+    return WEIGHT_BYTES[quant_algo]
+
+
+def kv_bytes_per_token(model: ModelInfo, kv_cache_dtype: str, tp: int = 1) -> int:
+    """KV-cache bytes of one token on one GPU: 2 × layers × kv_heads/tp × head_dim × bytes (§A2)."""
+    if kv_cache_dtype not in KV_BYTES:
+        raise SpecError(f"KV-cache dtype {kv_cache_dtype!r} is not one of {', '.join(KV_BYTES)}")
+    kv_heads = max(1, model.num_kv_heads // tp)
+    return int(2 * model.num_layers * kv_heads * model.head_dim * KV_BYTES[kv_cache_dtype])
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    model: str
+    gpu: GpuSpec
+    tp: int
+    quant_algo: str
+    kv_cache_dtype: str
+    max_seq_len: int
+    max_batch_size: int
+    kv_cache_free_gpu_mem_fraction: float
+    tokens_per_block: int
+    reserve_gb: float
+    params: ParamCount
+    weight_bytes: float  # whole model
+    weight_bytes_per_gpu: float
+    kv_bytes_per_token: int  # per GPU
+    kv_space_bytes: float  # per GPU
+    kv_tokens: int  # tokens the cache holds (each GPU holds its share of every token)
+    full_sequences: int  # max_seq_len-long sequences that fit, block-rounded
+    recommended_max_batch_size: int
+    recommended_max_num_tokens: int
+    fits: bool  # max_batch_size sequences of max_seq_len tokens fit in the KV cache
+    decode_tokens_per_s_b1: float | None  # bandwidth bound at batch 1 (datasheet bandwidth)
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k not in ("gpu", "params")}
+        return {**data, "gpu": self.gpu.name, "params_total": self.params.total}
+
+
+def plan_capacity(
+    model: ModelInfo,
+    *,
+    quant_algo: str,
+    kv_cache_dtype: str,
+    gpu: str | GpuSpec,
+    max_seq_len: int,
+    max_batch_size: int = MAX_BATCH_SIZE_CAP,
+    tp: int = 1,
+    kv_cache_free_gpu_mem_fraction: float = 0.9,
+    tokens_per_block: int = 32,
+    group_size: int = 128,
+    reserve_gb: float = RUNTIME_RESERVE_GB,
+    tied_embeddings: bool = False,
+) -> CapacityPlan:
+    """How `model` in `quant_algo` with a `kv_cache_dtype` KV cache fits `tp` × `gpu`; CapacityError if it cannot run."""
+    gpu = get_gpu(gpu)
+    quant_algo, kv_cache_dtype = str(getattr(quant_algo, "value", quant_algo)), str(getattr(kv_cache_dtype, "value", kv_cache_dtype))
+    _check_inputs(model, tp, max_seq_len, max_batch_size, kv_cache_free_gpu_mem_fraction, tokens_per_block)
+    params = count_params(model, tied_embeddings=tied_embeddings)
+    sixteen_bit = (params.embedding + params.lm_head + params.final_norm) * _SIXTEEN_BIT
+    weights = params.decoder * weight_bytes_per_param(quant_algo, group_size) + sixteen_bit
+    per_gpu = weights / tp
+    label = f"{model.path.name} ({'16-bit' if quant_algo == 'none' else quant_algo} weights)"
+    budget = gpu.memory_gb * GB - reserve_gb * GB
+    if per_gpu > budget:
+        raise CapacityError(
+            f"{label} needs {per_gpu / GB:.1f} GB of weights per GPU (tp {tp}) plus a {reserve_gb:g} GB runtime reserve, "
+            f"but {gpu.name} has {gpu.memory_gb:g} GB: {(per_gpu - budget) / GB:.1f} GB missing{_tp_hint(weights, gpu, reserve_gb, model, tp)}"
+        )
+    kv_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
+    kv_space = kv_cache_free_gpu_mem_fraction * (budget - per_gpu)
+    blocks_per_seq = -(-max_seq_len // tokens_per_block)
+    one_sequence = blocks_per_seq * tokens_per_block * kv_token
+    if kv_space < one_sequence:
+        missing = one_sequence / kv_cache_free_gpu_mem_fraction - (budget - per_gpu)
+        raise CapacityError(
+            f"{label} on {tp} × {gpu.name}: the KV cache gets {kv_space / GB:.2f} GB but one {max_seq_len}-token sequence "
+            f"needs {one_sequence / GB:.2f} GB ({'16-bit' if kv_cache_dtype == 'none' else kv_cache_dtype} KV): {missing / GB:.2f} GB missing"
+        )
+    kv_tokens = int(kv_space // kv_token)
+    full_sequences = (kv_tokens // tokens_per_block) // blocks_per_seq
+    batch = min(max_batch_size, full_sequences)
+    num_tokens = min(DEFAULT_MAX_NUM_TOKENS, batch * max_seq_len)
+    num_tokens = max(tokens_per_block, num_tokens // tokens_per_block * tokens_per_block)
+    read_per_step = (weights - params.embedding * _SIXTEEN_BIT) / tp
+    decode = gpu.bandwidth_tbps * 1e12 / read_per_step if gpu.bandwidth_tbps else None
+    notes = _notes(gpu, full_sequences, max_batch_size, quant_algo, kv_cache_dtype)
+    return CapacityPlan(
+        model=model.path.name, gpu=gpu, tp=tp, quant_algo=quant_algo, kv_cache_dtype=kv_cache_dtype, max_seq_len=max_seq_len,
+        max_batch_size=max_batch_size, kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+        tokens_per_block=tokens_per_block, reserve_gb=reserve_gb, params=params, weight_bytes=weights, weight_bytes_per_gpu=per_gpu,
+        kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, kv_tokens=kv_tokens, full_sequences=full_sequences,
+        recommended_max_batch_size=batch, recommended_max_num_tokens=num_tokens, fits=full_sequences >= max_batch_size,
+        decode_tokens_per_s_b1=decode, notes=notes,
+    )
+
+
+def _check_inputs(model: ModelInfo, tp: int, max_seq_len: int, max_batch_size: int, fraction: float, tokens_per_block: int) -> None:
+    if tp < 1 or model.num_heads % tp:
+        raise SpecError(f"tp {tp} must be >= 1 and divide the model's {model.num_heads} attention heads")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise SpecError(f"tp {tp} must divide the model's {model.num_kv_heads} KV heads or be a multiple of them")
+    if max_seq_len < 1 or max_batch_size < 1 or tokens_per_block < 1:
+        raise SpecError(f"max_seq_len ({max_seq_len}), max_batch_size ({max_batch_size}) and tokens_per_block ({tokens_per_block}) must be >= 1")
+    if not 0.0 < fraction <= 1.0:
+        raise SpecError(f"kv_cache_free_gpu_mem_fraction must be in (0, 1], got {fraction}")
+
+
+def _tp_hint(weights: float, gpu: GpuSpec, reserve_gb: float, model: ModelInfo, tp: int) -> str:
+    for candidate in (2, 4, 8, 16):
+        if candidate > tp and model.num_heads % candidate == 0 and weights / candidate < (gpu.memory_gb - reserve_gb) * GB:
+            return f" (the weights fit with tp {candidate})"
+    return ""
+
+
+def _notes(gpu: GpuSpec, full_sequences: int, max_batch_size: int, quant_algo: str, kv: str) -> tuple[str, ...]:
+    notes = []
+    if full_sequences < max_batch_size:
+        notes.append(f"only {full_sequences} full-length sequences fit; max_batch_size {max_batch_size} relies on shorter sequences")
+    if full_sequences < 8:
+        notes.append("not practical: fewer than 8 full-length sequences fit")
+    if gpu.compute_capability < 89 and ("fp8" in (quant_algo, kv) or quant_algo == "w4a8_awq"):
+        notes.append(f"{gpu.name} (SM {gpu.compute_capability / 10:.1f}) has no FP8: the build will refuse this format")
+    if gpu.source.startswith("[inf]"):
+        notes.append(f"{gpu.name} figures are datasheet values not in the reference: {gpu.source}")
+    return tuple(notes)
+
+
+def capacity_table(plan: CapacityPlan) -> Any:
+    """A rich Table of the plan for the CLI (`plan CONFIG --gpu ...`)."""
+    from rich.table import Table
+
+    table = Table(title=f"{plan.model} · {plan.quant_algo} weights · {plan.kv_cache_dtype} KV · {plan.tp} × {plan.gpu.name}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [
+        ("parameters", f"{plan.params.total / 1e9:.2f} B"),
+        ("weights (all GPUs)", f"{plan.weight_bytes / GB:.1f} GB"),
+        ("weights per GPU", f"{plan.weight_bytes_per_gpu / GB:.1f} GB"),
+        ("GPU memory / runtime reserve", f"{plan.gpu.memory_gb:g} GB / {plan.reserve_gb:g} GB"),
+        (f"KV space per GPU (× {plan.kv_cache_free_gpu_mem_fraction:g})", f"{plan.kv_space_bytes / GB:.1f} GB"),
+        ("KV bytes per token per GPU", f"{plan.kv_bytes_per_token / KIB:g} KiB"),
+        ("tokens in the KV cache", f"{plan.kv_tokens:,}"),
+        (f"full {plan.max_seq_len}-token sequences", f"{plan.full_sequences:,}"),
+        ("recommended max_batch_size", f"{plan.recommended_max_batch_size:,}"),
+        ("recommended max_num_tokens", f"{plan.recommended_max_num_tokens:,}"),
+        ("batch-1 decode bound", f"{plan.decode_tokens_per_s_b1:,.0f} tok/s" if plan.decode_tokens_per_s_b1 else "n/a"),
+        (f"max_batch_size {plan.max_batch_size} at full length", "fits" if plan.fits else "does not fit"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    if plan.notes:
+        table.caption = "\n".join(plan.notes)
+    return table

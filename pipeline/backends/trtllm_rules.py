@@ -1,0 +1,278 @@
+"""trtllm-build's build-time constraints and silent auto-overrides, made explicit.
+
+Each rule is one small function over a `_Resolution` (the request being resolved). A rule either
+records an error (all errors are raised together as one SpecError naming fields and values) or a
+`Decision`: a value changed (with the reason), a warning, or a note. Sources: shared/reference/
+trtllm.md §1.10 (builder.build / check_max_num_tokens), §1.6–§1.8, §1.11. The rules run in the
+builder's order, because later ones read what earlier ones decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from pipeline.config.format_rules import AWQ_ALGOS
+from pipeline.errors import SpecError
+
+if TYPE_CHECKING:
+    from pipeline.backends.trtllm_build import BuildRequest
+
+FP8_ACTIVATION_ALGOS = frozenset({"fp8", "w4a8_awq"})  # FP8 tensor-core math: SM >= 89
+FP8_CONTEXT_FMHA_ALGOS = frozenset({"fp8", "w4a8_awq", "nvfp4"})  # §1.8 use_fp8_context_fmha
+FUSED_MLP_ALGOS = frozenset({"none", "fp8"})  # §1.10: use_fused_mlp forced off for any other quant
+BLACKWELL_REJECTS = frozenset({"int8_wo", "int4_awq", "int8_sq"})  # §1.10: SM100–119 hard errors (+ INT8 KV)
+REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
+MAX_NUM_TOKENS_WARN = 16384
+_PLUGIN_ATTRS = frozenset({
+    "gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
+    "use_fused_mlp", "remove_input_padding", "reduce_fusion", "multiple_profiles",
+})
+_FIELD_NAMES = {
+    "quant_algo": "quantize.algo", "kv_cache_quant": "quantize.kv_cache",
+    "enable_kv_cache_reuse": "serve.enable_kv_cache_reuse", "enable_chunked_context": "serve.enable_chunked_context",
+}
+
+
+def field_name(attr: str) -> str:
+    """The dotted YAML field behind a BuildRequest attribute."""
+    if attr in _PLUGIN_ATTRS:
+        return f"build.plugins.{attr}"
+    return _FIELD_NAMES.get(attr, f"build.{attr}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the pipeline did with one value that trtllm-build would otherwise change silently."""
+
+    field: str  # dotted YAML field (or build setting) concerned
+    requested: Any
+    applied: Any
+    reason: str
+    kind: Literal["changed", "warning", "note"] = "changed"
+
+    def __str__(self) -> str:
+        if self.kind == "changed":
+            return f"changed {self.field} {_show(self.requested)} -> {_show(self.applied)}: {self.reason}"
+        return f"{self.kind} {self.field} = {_show(self.applied)}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Resolution:
+    def __init__(self, request: "BuildRequest", sm: int | None) -> None:
+        self.cur = request
+        self.sm = sm
+        self.decisions: list[Decision] = []
+        self.errors: list[str] = []
+
+    def change(self, attr: str, value: Any, reason: str, kind: Literal["changed", "note"] = "changed") -> None:
+        old = getattr(self.cur, attr)
+        if old != value:
+            self.decisions.append(Decision(field_name(attr), old, value, reason, kind))
+            self.cur = dataclasses.replace(self.cur, **{attr: value})
+
+    def warn(self, attr_or_field: str, reason: str, kind: Literal["warning", "note"] = "warning", value: Any = None) -> None:
+        """A warning or note about an attribute of the request (its value is shown) or another named setting."""
+        if hasattr(self.cur, attr_or_field):
+            name, value = field_name(attr_or_field), getattr(self.cur, attr_or_field)
+        else:
+            name = attr_or_field
+        self.decisions.append(Decision(name, value, value, reason, kind))
+
+    def error(self, message: str) -> None:
+        self.errors.append(message)
+
+    @property
+    def sm_text(self) -> str:
+        return f"SM {self.sm // 10}.{self.sm % 10}" if self.sm is not None else "no GPU declared"
+
+
+def _seq_len(r: _Resolution) -> None:
+    s = r.cur
+    if s.max_seq_len is None:
+        r.change("max_seq_len", s.model_max_seq_len, "deduced like trtllm-build: max_position_embeddings × RoPE factor (§1.2)", kind="note")
+    elif s.max_seq_len > s.model_max_seq_len:
+        r.warn("max_seq_len", f"larger than the model's deduced maximum {s.model_max_seq_len}; trtllm-build warns (§1.2)")
+    s = r.cur
+    if s.max_input_len >= s.max_seq_len:
+        r.error(f"build.max_input_len ({s.max_input_len}) must be less than build.max_seq_len ({s.max_seq_len}); "
+                "every request needs room for one output token, and trtllm-build would clip it silently (§1.2)")
+
+
+def _profiles(r: _Resolution) -> None:
+    s = r.cur
+    if s.opt_num_tokens is not None and s.multiple_profiles:
+        r.error(f"build.opt_num_tokens ({s.opt_num_tokens}) cannot be set with build.plugins.multiple_profiles: true "
+                "(trtllm-build rejects the combination, §1.2)")
+    if s.max_num_tokens < s.tokens_per_block:
+        r.error(f"build.max_num_tokens ({s.max_num_tokens}) is less than build.tokens_per_block ({s.tokens_per_block}); "
+                "trtllm-build would raise it silently (§1.10)")
+
+
+def _gpu(r: _Resolution) -> None:
+    s, sm = r.cur, r.sm
+    fp8 = s.quant_algo in FP8_ACTIVATION_ALGOS or s.kv_cache_quant == "fp8"
+    blackwell_bad = s.quant_algo in BLACKWELL_REJECTS or s.kv_cache_quant == "int8"
+    if sm is None:
+        if fp8 or s.quant_algo == "nvfp4":
+            r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} need "
+                   f"SM >= {100 if s.quant_algo == 'nvfp4' else 89}; declare the GPU to check before building")
+        if blackwell_bad:
+            r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} "
+                   "cannot be built for Blackwell (SM 10.x–11.x) (§1.10)")
+        return
+    if s.quant_algo in FP8_ACTIVATION_ALGOS and sm < 89:
+        r.error(f"quantize.algo {s.quant_algo} needs FP8 tensor cores (SM >= 8.9, Ada/Hopper or newer); the GPU is {r.sm_text}")
+    if s.kv_cache_quant == "fp8" and sm < 89:
+        r.error(f"quantize.kv_cache fp8 needs SM >= 8.9 (Ada/Hopper or newer); the GPU is {r.sm_text} (use kv_cache int8 or none)")
+    if s.quant_algo == "nvfp4" and sm < 100:
+        r.error(f"quantize.algo nvfp4 needs a Blackwell GPU (SM >= 10.0); the GPU is {r.sm_text}")
+    if 100 <= sm < 120 and blackwell_bad:
+        what = f"quantize.algo {s.quant_algo}" if s.quant_algo in BLACKWELL_REJECTS else "quantize.kv_cache int8"
+        r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant and "
+                "INT8 KV cache are not supported on SM 10.x–11.x (§1.10); use fp8, w4a8_awq or nvfp4")
+
+
+def _kv_cache_type(r: _Resolution) -> None:
+    s = r.cur
+    if s.kv_cache_type == "paged" and s.gpt_attention_plugin == "disable":
+        r.error("build.kv_cache_type paged needs build.plugins.gpt_attention_plugin (got disable): the paged KV cache "
+                "and inflight batching run in the GPT attention plugin (§1.8)")
+    if s.kv_cache_type != "paged":
+        r.change("use_paged_context_fmha", False, f"paged context FMHA reads a paged KV cache; build.kv_cache_type is {s.kv_cache_type}")
+
+
+def _gemm_plugin(r: _Resolution) -> None:
+    s = r.cur
+    if s.gemm_plugin == "fp8" and s.quant_algo != "fp8":
+        r.error(f"build.plugins.gemm_plugin fp8 needs quantize.algo fp8 (got {s.quant_algo})")
+    if s.gemm_plugin == "nvfp4" and s.quant_algo != "nvfp4":
+        r.error(f"build.plugins.gemm_plugin nvfp4 needs quantize.algo nvfp4 (got {s.quant_algo})")
+    if s.quant_algo == "nvfp4" and s.gemm_plugin == "disable":
+        r.change("gemm_plugin", "nvfp4", "NVFP4 checkpoints run their GEMMs in the nvfp4 GEMM plugin (trtllm-build auto-enables it, §1.8)")
+
+
+def _context_fmha(r: _Resolution) -> None:
+    if not r.cur.context_fmha:
+        why = "build.plugins.context_fmha is false, which disables paged and FP8 context FMHA (§1.10)"
+        r.change("use_paged_context_fmha", False, why)
+        r.change("use_fp8_context_fmha", False, why)
+
+
+def _fp8_context_fmha(r: _Resolution) -> None:
+    s = r.cur
+    if s.quant_algo not in FP8_CONTEXT_FMHA_ALGOS:
+        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got {s.quant_algo}) (§1.10)")
+        if s.kv_cache_quant == "fp8":
+            r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs FP8-family weights; quantize.kv_cache fp8 "
+                     f"with quantize.algo {s.quant_algo} turns it off (§1.10)")
+    elif r.sm is not None and r.sm < 89:  # _gpu has already recorded an error for this; mirrors §1.10 for completeness
+        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs SM >= 8.9; the GPU is {r.sm_text} (§1.10)")
+        if s.kv_cache_quant == "fp8":
+            r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs SM >= 8.9; the GPU is {r.sm_text} (§1.10)")
+
+
+def _paged_context_fmha(r: _Resolution) -> None:
+    s = r.cur
+    if not s.use_paged_context_fmha:
+        return
+    if s.kv_cache_quant == "int8":
+        r.change("use_paged_context_fmha", False, "quantize.kv_cache int8: trtllm-build turns paged context FMHA off "
+                 "(so no KV-cache reuse and no chunked context) (§1.10)")
+    elif s.kv_cache_quant == "fp8" and not s.use_fp8_context_fmha:
+        r.change("use_fp8_context_fmha", True, "paged context FMHA with an FP8 KV cache forces FP8 context FMHA on (§1.10)")
+    elif s.quant_algo == "fp8" and s.kv_cache_quant != "fp8" and s.use_fp8_context_fmha:
+        r.change("use_fp8_context_fmha", False, "FP8 weights without an FP8 KV cache: paged context FMHA runs in 16 bit, "
+                 "trtllm-build turns FP8 context FMHA off (§1.10)")
+
+
+def _fused_mlp(r: _Resolution) -> None:
+    if r.cur.use_fused_mlp and r.cur.quant_algo not in FUSED_MLP_ALGOS:
+        r.change("use_fused_mlp", False, f"the fused gate/up GEMM supports only unquantized or FP8 weights, not "
+                 f"quantize.algo {r.cur.quant_algo} (§1.10)")
+
+
+def _reduce_fusion(r: _Resolution) -> None:
+    s = r.cur
+    if s.reduce_fusion and (s.tp_size == 1 or s.architecture not in REDUCE_FUSION_ARCHS):
+        why = f"build.tp_size is {s.tp_size}" if s.tp_size == 1 else f"architecture {s.architecture} is not one of {', '.join(sorted(REDUCE_FUSION_ARCHS))}"
+        r.change("reduce_fusion", False, f"reduce_fusion needs tp_size > 1 and a Llama/Gemma2/Medusa architecture; {why} (§1.8)")
+
+
+def _num_tokens(r: _Resolution) -> None:
+    s = r.cur
+    cap = s.max_batch_size * s.max_seq_len
+    if not s.remove_input_padding:
+        why = "without remove_input_padding trtllm-build ignores it and uses max_batch_size × max_seq_len (§1.10)"
+        r.change("max_num_tokens", cap, why)
+        r.change("opt_num_tokens", None, why)
+        return
+    if s.max_num_tokens > cap:
+        r.change("max_num_tokens", cap, f"clamped to max_batch_size × max_seq_len = {s.max_batch_size} × {s.max_seq_len} (§1.10)")
+    if not r.cur.context_fmha and r.cur.max_num_tokens < s.max_input_len:
+        r.change("max_num_tokens", s.max_input_len, "without context FMHA a whole prompt must fit one step: raised to max_input_len (§1.10)")
+    s = r.cur
+    if s.opt_num_tokens is not None and s.opt_num_tokens > s.max_num_tokens:
+        r.change("opt_num_tokens", s.max_num_tokens, "clamped to max_num_tokens (§1.10)")
+    if s.max_num_tokens > MAX_NUM_TOKENS_WARN:
+        r.warn("max_num_tokens", f"above {MAX_NUM_TOKENS_WARN}: activations may exceed TensorRT's tensor-volume limit (§1.10)")
+    if s.max_num_tokens % s.tokens_per_block:
+        r.warn("max_num_tokens", f"not a multiple of tokens_per_block ({s.tokens_per_block}); chunked context wants one (§1.3)")
+    chunked = s.enable_chunked_context and s.use_paged_context_fmha and s.context_fmha
+    if not chunked and s.max_num_tokens < s.max_input_len:
+        r.warn("max_num_tokens", f"without chunked context the runtime caps prompts at min(max_seq_len - 1, max_num_tokens) = "
+               f"{min(s.max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len}) (§1.11)")
+
+
+def _notes(r: _Resolution) -> None:
+    s = r.cur
+    if s.quant_algo == "fp8" or s.kv_cache_quant == "fp8":
+        r.warn("build_config.strongly_typed", "FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)", kind="note", value=True)
+    if s.quant_algo == "int8_wo":
+        r.warn("plugin_config.weight_only_quant_matmul_plugin", "set by trtllm-build for weight-only INT8 (§1.10)", kind="note", value=s.dtype)
+    if s.quant_algo in AWQ_ALGOS:
+        r.warn("plugin_config.weight_only_groupwise_quant_matmul_plugin", "set by trtllm-build for group-wise INT4 (§1.10)", kind="note", value=s.dtype)
+    if s.world_size > 1:
+        r.warn("plugin_config.nccl_plugin", f"forced on by trtllm-build for world size {s.world_size}; tp/pp come from the "
+               "checkpoint's mapping, not from a trtllm-build flag (§1.1, §1.10)", kind="note", value="enabled")
+
+
+def _serve_needs(r: _Resolution) -> None:
+    s = r.cur
+    if s.use_paged_context_fmha and s.context_fmha:
+        return
+    why = [str(d) for d in r.decisions if d.field == "build.plugins.use_paged_context_fmha" and d.kind == "changed"]
+    for attr in ("enable_kv_cache_reuse", "enable_chunked_context"):
+        if getattr(s, attr):
+            r.error(f"serve.{attr}: true needs paged context FMHA in the engine, but build.plugins.use_paged_context_fmha "
+                    f"ends up false ({'; '.join(why) or 'as configured'})")
+
+
+RULES: tuple[Callable[[_Resolution], None], ...] = (
+    _seq_len, _profiles, _gpu, _kv_cache_type, _gemm_plugin, _context_fmha, _fp8_context_fmha,
+    _paged_context_fmha, _fused_mlp, _reduce_fusion, _num_tokens, _notes, _serve_needs,
+)
+
+
+def resolve(request: "BuildRequest", sm: int | None) -> tuple["BuildRequest", tuple[Decision, ...]]:
+    """Apply trtllm-build's rules to `request`: (applied settings, decisions), or one SpecError listing every violation."""
+    if sm is not None and not 50 <= sm <= 150:
+        raise SpecError(f"GPU compute capability must be an integer like 80, 89, 90 or 100 (SM 8.0 -> 80), got {sm}")
+    resolution = _Resolution(request, sm)
+    for rule in RULES:
+        rule(resolution)
+    if resolution.errors:
+        raise SpecError(
+            f"{request.name}: trtllm-build cannot build this config ({resolution.sm_text}):\n  - " + "\n  - ".join(resolution.errors),
+            hint="change the named fields; `trtllm-pipeline validate CONFIG` checks without building",
+        )
+    return resolution.cur, tuple(resolution.decisions)

@@ -1,0 +1,55 @@
+"""Accuracy per quantization format: run the pipeline (quantize → build → accuracy gate) once per
+format on the same model and held-out text, and collect each gate's report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+
+from pipeline.artifacts import ArtifactStore
+from pipeline.config.loader import load_config
+from pipeline.errors import StageError
+from pipeline.runner import run_pipeline
+
+# (label, overrides): the formats refengine executes on CPU.
+FORMATS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("int8_wo", ("quantize.algo=int8_wo", "quantize.kv_cache=none")),
+    ("int8_sq", ("quantize.algo=int8_sq", "quantize.kv_cache=none")),
+    ("int8_sq + int8 KV", ("quantize.algo=int8_sq", "quantize.kv_cache=int8", "serve.enable_kv_cache_reuse=false", "serve.enable_chunked_context=false")),
+    ("fp8", ("quantize.algo=fp8", "quantize.kv_cache=none")),
+    ("fp8 + fp8 KV", ("quantize.algo=fp8", "quantize.kv_cache=fp8")),
+    ("int4_awq", ("quantize.algo=int4_awq", "quantize.kv_cache=none")),
+    ("w4a8_awq", ("quantize.algo=w4a8_awq", "quantize.kv_cache=none")),
+)
+# Loose thresholds: this benchmark measures, it does not gate.
+_MEASURE_ONLY = ("gate.accuracy.max_perplexity_increase_pct=1000", "gate.accuracy.min_token_agreement=0")
+
+
+def run_accuracy_bench(config: Path, artifacts: Path, *, progress: Callable[[str], None] | None = None) -> dict:
+    rows = []
+    for label, overrides in FORMATS:
+        if progress:
+            progress(f"{label}: quantize → build → gate")
+        loaded = load_config(config, (*overrides, *_MEASURE_ONLY))
+        if loaded.spec.gate.accuracy is None:
+            raise StageError(f"{config} has no gate.accuracy section (held-out text and window sizes)")
+        results = {r.name: r for r in run_pipeline(loaded, ArtifactStore(artifacts, loaded.spec.name), console=Console(quiet=True))}
+        report = json.loads((results["gate"].ref.path / "accuracy.json").read_text())
+        rows.append({"format": label, **{k: report[k] for k in ("baseline_perplexity", "perplexity", "perplexity_increase_pct", "token_agreement", "tokens_scored")}})
+    return {"config": str(config), "rows": rows}
+
+
+def render_accuracy_markdown(result: dict) -> str:
+    lines = [
+        "| format | baseline perplexity | perplexity | increase | next-token agreement | tokens scored |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['format']} | {row['baseline_perplexity']:.3f} | {row['perplexity']:.3f} | "
+            f"{row['perplexity_increase_pct']:+.2f} % | {row['token_agreement']:.4f} | {row['tokens_scored']} |"
+        )
+    return "\n".join(lines)
