@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     engine_bench.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
     engine_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     engine_bench.add_argument("--out", type=Path, help="also write the JSON result here (default: <artifacts>/<name>/bench-engine.json)")
+    accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
+    accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
+    accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
@@ -78,6 +81,8 @@ def run_cli(argv: list[str], console: Console) -> int:
     args = _parser().parse_args(argv)
     if args.command == "schema":
         return _schema(args, console)
+    if args.command == "bench" and args.bench_command == "accuracy":
+        return _bench_accuracy(args)
     if args.command == "bench":
         return _bench_engine(args, console)
     overrides = list(args.overrides)
@@ -124,6 +129,15 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
         print(json.dumps(generation.to_json(), ensure_ascii=False))
     else:
         print(generation.prompt + generation.text)
+    return 0
+
+
+def _bench_accuracy(args: argparse.Namespace) -> int:
+    from pipeline.bench.accuracy_bench import render_accuracy_markdown, run_accuracy_bench
+
+    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    result = run_accuracy_bench(args.config, args.artifacts, progress=lambda line: status.print(f"[dim]{line}[/dim]"))
+    print(json.dumps(result, indent=1) if args.json else render_accuracy_markdown(result))
     return 0
 
 

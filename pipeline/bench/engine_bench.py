@@ -4,7 +4,9 @@
 long-tailed workload (see `workload.py`):
 
   (a) refengine, inflight batching (the engine's own max_batch_size / max_num_tokens);
-  (b) refengine, static batches of B (add B, step until all finished, then the next B);
+  (b) refengine, static batching (`batching="static"`, TensorRT-LLM's V1 batching): batches of
+      B admitted together and held until their longest request ends, finished rows computing a
+      discarded padding token every step, as `generate` does;
   (c) transformers `generate`, left-padded static batches of B (fp32, EOS off);
   (d) transformers continuous batching (manager API, explicit paged-cache sizes, no warmup pass);
 
@@ -90,6 +92,10 @@ def run_engine_bench(
         engine = LLMEngine.from_engine_dir(engine_dir, **overrides)
         config, vocab_size = engine.config, engine.vocab_size
         batch_size = static_batch_size or config.max_batch_size
+        static_overrides = {**overrides, "batching": "static"}
+        if batch_size != config.max_batch_size:
+            static_overrides["max_batch_size"] = batch_size
+        static_engine = LLMEngine.from_engine_dir(engine_dir, **static_overrides)
         workload = make_workload(num_requests, vocab_size=vocab_size, prompt_len=prompt_len,
                                  output_mean=output_mean, output_cap=output_cap, seed=seed)
         warmup = make_workload(min(4, batch_size), vocab_size=vocab_size, prompt_len=(16, 64),
@@ -104,19 +110,20 @@ def run_engine_bench(
 
         runs: dict[str, list[SystemRun]] = {name: [] for name in SYSTEMS}
         run_refengine(engine, warmup)
+        run_refengine(static_engine, warmup)
         for index in range(rounds):
             tag = f"round {index + 1}/{rounds}"
             say(f"{tag} (a) refengine inflight batching ...")
             runs["refengine_inflight"].append(run_refengine(engine, workload, probe_kv=index == 0))
             say(_line("(a)", runs["refengine_inflight"][-1]))
-            say(f"{tag} (b) refengine static batches of {batch_size} ...")
-            runs["refengine_static"].append(run_refengine(engine, workload, static_batch_size=batch_size))
+            say(f"{tag} (b) refengine static batching, held batches of {batch_size} ...")
+            runs["refengine_static"].append(run_refengine(static_engine, workload))
             say(_line("(b)", runs["refengine_static"][-1]))
             say(f"{tag} (d) transformers continuous batching ...")
             runs["hf_continuous_batching"].append(
                 run_hf_continuous(model, workload, settings=cb_settings, pad_token_id=pad_token_id, warmup=warmup))
             say(_line("(d)", runs["hf_continuous_batching"][-1]))
-        del engine
+        del engine, static_engine
         run_hf_static(model, warmup, batch_size=batch_size, pad_token_id=pad_token_id)
         say(f"(c) transformers generate, left-padded batches of {batch_size} ...")
         runs["hf_static_generate"].append(run_hf_static(model, workload, batch_size=batch_size,
@@ -148,6 +155,7 @@ def run_engine_bench(
             "engine_dir": str(engine_dir),
             "hf_model_dir": str(hf_model_dir),
             "engine_overrides": overrides,
+            "static_engine_overrides": static_overrides,
             "timing": "best of the rounds (wall and CPU time separately); warm-up run before each clock",
         },
         "engine_config": {
@@ -178,8 +186,10 @@ def run_engine_bench(
 def _line(label: str, run: SystemRun) -> str:
     f = run.figures
     steps = f" in {f['engine_steps']} steps" if "engine_steps" in f else ""
+    useful = f.get("useful_fraction_of_generated", 1)
+    padding = f" ({100 * useful:.1f} % of generated tokens useful)" if useful < 1 else ""
     return (f"{label} {f['useful_output_tokens']} tokens in {f['wall_s']:.2f} s (cpu {f['cpu_s']:.2f} s){steps}: "
-            f"{f['tokens_per_s']:.0f} tok/s")
+            f"{f['tokens_per_s']:.0f} tok/s{padding}")
 
 
 def _load_hf_model(hf_model_dir: Path) -> tuple[Any, int]:
@@ -218,27 +228,11 @@ def _ratios(systems: dict[str, dict[str, Any]], runs: dict[str, list[SystemRun]]
          for key, other in pairs if len(runs[other]) > i}
         for i in range(len(runs["refengine_inflight"]))
     ]
-    out["steps_static_over_inflight"] = _ratio(systems["refengine_static"]["engine_steps"], a["engine_steps"])
-    out["step_cost_model"] = _step_cost_model(a, systems["refengine_static"])
+    b = systems["refengine_static"]
+    out["steps_static_over_inflight"] = _ratio(b["engine_steps"], a["engine_steps"])
+    out["generated_rows_static_over_inflight"] = _ratio(b["generated_tokens_incl_padding_rows"],
+                                                        a["generated_tokens_incl_padding_rows"])
     return out
-
-
-def _step_cost_model(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
-    """Fit T = fixed × steps + W to (a) and (b), which do the same work W (same tokens, same
-    sequences) in different numbers of steps (CPU times). The fixed per-step cost is what inflight
-    batching saves; W (batch-proportional work) is the same in both. Hence (a)/(b) =
-    (fixed × steps_b + W) / (fixed × steps_a + W), at most steps_b / steps_a when W → 0."""
-    steps_a, steps_b = a["engine_steps"], b["engine_steps"]
-    if steps_b <= steps_a:
-        return None
-    fixed = (b["cpu_s"] - a["cpu_s"]) / (steps_b - steps_a)
-    work = a["cpu_s"] - fixed * steps_a
-    return {
-        "fixed_ms_per_step": round(1e3 * fixed, 2),
-        "batch_proportional_s": round(work, 2),
-        "batch_proportional_share_of_inflight": round(work / a["cpu_s"], 3),
-        "inflight_vs_static_ceiling_if_no_batch_proportional_cost": round(steps_b / steps_a, 3),
-    }
 
 
 def _targets(result: dict[str, Any]) -> dict[str, Any]:

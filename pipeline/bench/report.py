@@ -6,7 +6,7 @@ from typing import Any
 
 LABELS = {
     "refengine_inflight": "(a) refengine, inflight batching",
-    "refengine_static": "(b) refengine, static batches of B",
+    "refengine_static": "(b) refengine, static batching (held batches of B)",
     "hf_static_generate": "(c) transformers `generate`, left-padded batches of B",
     "hf_continuous_batching": "(d) transformers continuous batching",
 }
@@ -58,15 +58,17 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"{_num(ratios[key]) + '×' if key else '1×'} | {_num(ratios[key + '_cpu_time']) + '×' if key else '1×'} | "
             f"{identical} |"
         )
-    model = ratios.get("step_cost_model")
     lines += ["", "Rounds (wall s): " + "; ".join(
         f"{LABELS[n].split(' ')[0]} {result['systems'][n]['rounds_wall_s']}" for n in LABELS) + "."]
-    if model:
+    static, hf_static = result["systems"]["refengine_static"], result["systems"]["hf_static_generate"]
+    if "generated_tokens_incl_padding_rows" in static:
         lines.append(
-            f"Step-cost fit (CPU time, (a) vs (b)): {model['fixed_ms_per_step']} ms fixed per step + "
-            f"{model['batch_proportional_s']} s of batch-proportional work "
-            f"({100 * model['batch_proportional_share_of_inflight']:.0f} % of (a)); steps (b)/(a) = "
-            f"{ratios['steps_static_over_inflight']}×, the ceiling of (a)/(b) on this workload.")
+            f"Useful share of the generated tokens (padding rows included): (b) "
+            f"{100 * static['useful_fraction_of_generated']:.1f} % ({static['useful_output_tokens']} of "
+            f"{static['generated_tokens_incl_padding_rows']}), (c) {100 * hf_static['useful_fraction_of_generated']:.1f} % "
+            f"({hf_static['useful_output_tokens']} of {hf_static['generated_tokens_incl_padding_rows']}); "
+            f"(b) against (a): {ratios['steps_static_over_inflight']}× the steps, "
+            f"{ratios.get('generated_rows_static_over_inflight')}× the generated rows.")
     kv = result["kv_utilisation"]
     lines += [
         "",

@@ -1,8 +1,10 @@
 """The systems the engine benchmark drives, each over the same `Workload`.
 
-- `run_refengine`: refengine through its public API, inflight (everything submitted at once; the
-  scheduler keeps the batch full) or static (`batch_size` requests at a time, the next group only
-  after the whole group finished).
+- `run_refengine`: refengine through its public API, everything submitted at once, `step()` until
+  done. The engine's `batching` decides: "inflight" (the scheduler refills freed rows at once)
+  or "static" (TensorRT-LLM's V1 batching: a batch of up to max_batch_size requests is held until
+  its longest request ends; finished rows keep their slot and compute a discarded padding token
+  every step, as `generate` does; only the tokens a request asked for count as useful).
 - `run_hf_static`: transformers `generate` on left-padded batches (every row runs the batch's
   longest output; only the tokens a request asked for count as useful).
 - `run_hf_continuous`: transformers continuous batching through the manager API
@@ -107,31 +109,35 @@ def _groups(num: int, batch_size: int | None) -> list[range]:
     return [range(i, min(i + batch_size, num)) for i in range(0, num, batch_size)]
 
 
-def run_refengine(
-    engine: LLMEngine, workload: Workload, *, static_batch_size: int | None = None, probe_kv: bool = False
-) -> SystemRun:
-    """Inflight batching (`static_batch_size` None) or static batches of `static_batch_size`."""
+def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = False) -> SystemRun:
+    """All requests added at once, `step()` until done, in the engine's batching mode."""
     probe = KVProbe(engine) if probe_kv else None
     outputs: dict[int, tuple[int, ...]] = {}
     steps = 0
-    preemptions0 = engine.scheduler.num_preemptions
+    scheduler = engine.scheduler
+    preemptions0, padding0 = scheduler.num_preemptions, scheduler.num_padding_tokens
     clock = _Clock()
-    for group in _groups(workload.num_requests, static_batch_size):
-        index_of = {
-            engine.add_request(workload.prompts[i], greedy(workload.output_lens[i])): i for i in group
-        }
-        while engine.has_unfinished():
-            for output in engine.step():
-                if output.finished and output.request_id in index_of:
-                    outputs[index_of[output.request_id]] = output.outputs[0].token_ids
-            steps += 1
-            if probe is not None:
-                wall, cpu = time.perf_counter(), time.process_time()
-                probe.sample()
-                clock.exclude(time.perf_counter() - wall, time.process_time() - cpu)
+    index_of = {
+        engine.add_request(workload.prompts[i], greedy(workload.output_lens[i])): i
+        for i in range(workload.num_requests)
+    }
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished and output.request_id in index_of:
+                outputs[index_of[output.request_id]] = output.outputs[0].token_ids
+        steps += 1
+        if probe is not None:
+            wall, cpu = time.perf_counter(), time.process_time()
+            probe.sample()
+            clock.exclude(time.perf_counter() - wall, time.process_time() - cpu)
     figures = clock.figures(sum(len(outputs[i]) for i in outputs))
+    figures["batching"] = engine.config.batching.value
     figures["engine_steps"] = steps
-    figures["preemptions"] = engine.scheduler.num_preemptions - preemptions0
+    figures["preemptions"] = scheduler.num_preemptions - preemptions0
+    padding = scheduler.num_padding_tokens - padding0
+    figures["generated_tokens_incl_padding_rows"] = figures["useful_output_tokens"] + padding
+    figures["useful_fraction_of_generated"] = round(
+        figures["useful_output_tokens"] / figures["generated_tokens_incl_padding_rows"], 4)
     figures["all_requests_ran_their_length"] = _ran_their_length(outputs, workload.output_lens)
     run = SystemRun(figures, outputs)
     if probe is not None:

@@ -59,6 +59,7 @@ class Scheduler:
         self._step_ids = itertools.count()
         self._finished_since_last_step: list[int] = []
         self._num_preemptions = 0
+        self._num_padding_tokens = 0
         self._num_prefix_cache_hit_tokens = 0
 
     # -- state -----------------------------------------------------------------------------
@@ -87,6 +88,11 @@ class Scheduler:
     def num_padding_rows(self) -> int:
         """Static batching: finished sequences still held (and computed) in the running batch."""
         return len(self._padding_rows)
+
+    @property
+    def num_padding_tokens(self) -> int:
+        """Static batching: padding tokens computed (and discarded) by held rows so far."""
+        return self._num_padding_tokens
 
     def get_sequence(self, seq_id: int) -> Sequence | None:
         """An unfinished sequence by id (None once finished)."""
@@ -246,27 +252,20 @@ class Scheduler:
         return budget
 
     def _schedule_static(self) -> SchedulerOutput:
-        """One step of a held batch: every decoding member and every padding row computes one
-        token, then prompts (whole, or chunked only as the budget requires) take what is left."""
+        """One step of a held batch. Prompts first (whole, or chunked only as the budget
+        requires), so that rows held in the batch cannot starve a prompt still to run; then one
+        token for every decoding member and every padding row."""
         if not self._running:
             self._release_padding_rows()  # normally none left: the last finish released them
             form_batch(self._kv, self._waiting, self._running, self._config.max_batch_size)
         budget = self._config.max_num_tokens
         choices: list[_Choice] = []
-        prefills = []
+        decoding = []
         for sequence in self._running:
-            if sequence.num_uncomputed_tokens != 1 or not self._kv.has_sequence(sequence.seq_id):
-                prefills.append(sequence)
-            elif budget > 0:
-                choices.append(_Choice(sequence, 1, self._allocate_reserved(sequence, sequence.num_tokens)))
-                budget -= 1
-        for sequence in self._padding_rows:
-            if budget > 0:  # rewrites its slot after the frozen tokens: within its reservation
-                table = self._allocate_reserved(sequence, sequence.num_computed_tokens + 1)
-                choices.append(_Choice(sequence, 1, table, padding=True))
-                budget -= 1
-        for sequence in prefills:
             fresh = not self._kv.has_sequence(sequence.seq_id)
+            if sequence.num_uncomputed_tokens == 1 and not fresh:
+                decoding.append(sequence)
+                continue
             prefix = self._kv.find_cached_prefix(sequence.token_ids) if fresh else CachedPrefix()
             num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens - prefix.num_tokens, budget)
             if num_new == 0:
@@ -277,6 +276,16 @@ class Scheduler:
             self._num_prefix_cache_hit_tokens += prefix.num_tokens
             choices.append(_Choice(sequence, num_new, table))
             budget -= num_new
+        for sequence in decoding:
+            if budget > 0:
+                choices.append(_Choice(sequence, 1, self._allocate_reserved(sequence, sequence.num_tokens)))
+                budget -= 1
+        for sequence in self._padding_rows:
+            if budget > 0:  # rewrites its slot after the frozen tokens: within its reservation
+                table = self._allocate_reserved(sequence, sequence.num_computed_tokens + 1)
+                choices.append(_Choice(sequence, 1, table, padding=True))
+                budget -= 1
+                self._num_padding_tokens += 1
         choices.sort(key=lambda choice: choice.sequence.sort_key)
         return self._make_output(choices, [])
 

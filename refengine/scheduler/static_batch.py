@@ -10,6 +10,11 @@ the batch as a padding row. Every step a padding row computes one padding token 
 else token 0) at the position after its frozen tokens, the same slot each step, so it needs no
 block beyond its reservation; what it samples is discarded. Only when the last member finishes
 are the padding rows' blocks freed and the next batch formed.
+
+Within a step the batch's prompts go first (whole; chunked only if chunked context is on or a
+prompt exceeds max_num_tokens), so held rows can never starve a prompt of the token budget;
+then every decoding row and every padding row gets one token. Rows skip a step only when
+prompts took the whole budget (or when max_batch_size exceeds max_num_tokens).
 """
 
 from __future__ import annotations

@@ -99,6 +99,13 @@ def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[
     inflight, static = systems["refengine_inflight"], systems["refengine_static"]
     assert inflight["engine_steps"] > 0 and static["engine_steps"] >= inflight["engine_steps"]
     assert systems["hf_static_generate"]["generated_tokens_incl_padding_rows"] >= useful
+    # (b) is true static batching: as many generated rows (padding included) as generate's (c).
+    assert static["batching"] == "static" and inflight["batching"] == "inflight"
+    assert static["generated_tokens_incl_padding_rows"] == systems["hf_static_generate"][
+        "generated_tokens_incl_padding_rows"]
+    assert inflight["generated_tokens_incl_padding_rows"] == useful
+    same = result["agreement_with_refengine_inflight"]["refengine_static"]
+    assert same["identical_outputs"] == same["requests"] == result["workload"]["num_requests"]
 
     ratios = result["ratios"]
     for key, other in (("inflight_vs_static", "refengine_static"), ("inflight_vs_hf_static", "hf_static_generate"),
@@ -122,9 +129,40 @@ def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[
     assert set(result["targets"]) == {"inflight_vs_static", "inflight_vs_hf_continuous", "kv_paged_utilisation",
                                       "shared_prefill_skipped"}
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
-    model = ratios["step_cost_model"]
-    assert model is None or model["inflight_vs_static_ceiling_if_no_batch_proportional_cost"] == pytest.approx(
+    assert ratios["steps_static_over_inflight"] == pytest.approx(
         static["engine_steps"] / inflight["engine_steps"], rel=0.01)
+    assert ratios["generated_rows_static_over_inflight"] == pytest.approx(
+        static["generated_tokens_incl_padding_rows"] / useful, rel=0.01)
 
     table = render_markdown(result)
     assert "(a) refengine, inflight batching" in table and "(d) transformers continuous batching" in table
+
+
+@pytest.mark.slow
+def test_static_system_holds_each_batch_until_its_longest_request(built_default: tuple[Path, Path]) -> None:
+    """(b): batches of B in arrival order, each running its longest request's length with every
+    row computed; the same outputs as (a)."""
+    import torch
+
+    from pipeline.bench.systems import run_refengine
+    from refengine import LLMEngine
+
+    engine_dir, _ = built_default
+    workload = make_workload(10, vocab_size=VOCAB, prompt_len=(16, 64), output_mean=8, output_cap=30, seed=3)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        inflight = run_refengine(LLMEngine.from_engine_dir(engine_dir, max_batch_size=4), workload)
+        static = run_refengine(LLMEngine.from_engine_dir(engine_dir, max_batch_size=4, batching="static"), workload)
+    finally:
+        torch.set_num_threads(previous)
+    assert static.outputs == inflight.outputs
+    groups = [range(i, min(i + 4, 10)) for i in range(0, 10, 4)]
+    longest = [max(workload.output_lens[i] for i in group) for group in groups]
+    assert static.figures["engine_steps"] == sum(longest)  # every batch's prompts fit one step
+    assert static.figures["generated_tokens_incl_padding_rows"] == sum(
+        len(group) * n for group, n in zip(groups, longest))
+    assert static.figures["useful_fraction_of_generated"] == pytest.approx(
+        workload.num_output_tokens / static.figures["generated_tokens_incl_padding_rows"], abs=1e-4)
+    assert inflight.figures["generated_tokens_incl_padding_rows"] == workload.num_output_tokens
+    assert inflight.figures["engine_steps"] < static.figures["engine_steps"]
