@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     generate.add_argument("--seed", type=int, default=None, help="sampling seed")
     generate.add_argument("--json", action="store_true", help="print prompt and output token ids and text as JSON")
+    serve = with_config("serve", "build what is missing, then serve the cpu target with the bundled tritonserver until Ctrl-C")
+    serve.add_argument("--detach", action="store_true", help="start in the background and return once every model is ready; end it with `stop`")
+    serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
+    with_config("stop", "stop a server started with `serve --detach`")
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
@@ -97,6 +101,14 @@ def run_cli(argv: list[str], console: Console) -> int:
         return _plan(loaded, store, args, console)
     if args.command == "status":
         return _status(loaded, store, console)
+    if args.command == "serve":
+        return _serve(loaded, store, args, console)
+    if args.command == "stop":
+        from pipeline.serve import stop_detached
+
+        state = stop_detached(_serve_state_dir(store))
+        console.print(f"stopped the server (pid {state.pid}) that served {state.http_url}")
+        return 0
     if args.command == "generate":
         return _generate(loaded, store, args, console)
     if args.command == "run":
@@ -130,6 +142,31 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
     else:
         print(generation.prompt + generation.text)
     return 0
+
+
+def _serve_state_dir(store: ArtifactStore) -> Path:
+    # Next to the stage artifacts, not inside one: a running server must not touch verified files.
+    return store.build_dir / ".serve"
+
+
+def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.serve import ServerOptions, serve_foreground, start_detached
+    from pipeline.stages.package import REPOSITORY_DIR
+
+    if loaded.spec.build.target.value != "cpu":
+        raise SpecError(
+            f"serve runs the cpu target here (the bundled tritonserver has no tensorrtllm backend); {args.config} has "
+            f"build.target {loaded.spec.build.target.value!r}: deploy it with docker compose on a GPU host"
+        )
+    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    results = {r.name: r for r in run_pipeline(loaded, store, until="package", console=status)}
+    options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
+    if args.detach:
+        state = start_detached(options, _serve_state_dir(store), timeout=args.timeout)
+        console.print(f"serving {loaded.spec.serve.model_name!r} (pid {state.pid}): HTTP {state.http_url} · gRPC {state.grpc_url}")
+        console.print(f"stop it with: trtllm-pipeline stop {args.config}")
+        return 0
+    return serve_foreground(options, out=console.print, timeout=args.timeout)
 
 
 def _bench_accuracy(args: argparse.Namespace) -> int:

@@ -128,6 +128,10 @@ def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {"accuracy": accuracy, "dtype": spec.model.dtype.value}
 
 
+def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    return {"serve": _dump(spec.serve), "target": spec.build.target.value, "gpus": list(spec.deploy.gpus)}
+
+
 STAGE_DEFS: tuple[StageDef, ...] = (
     StageDef("prepare", 1, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and normalize the Hugging Face checkpoint"),
     StageDef(
@@ -147,6 +151,14 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         _gate_inputs,
         "accuracy gate: quantized vs unquantized perplexity on held-out text",
         applies=lambda spec: spec.gate.accuracy is not None,
+    ),
+    StageDef(
+        "package",
+        1,
+        ("prepare", "build"),
+        ("trtllm_pipeline", "transformers", "tokenizers"),
+        _package_inputs,
+        "render the Triton model repository and check it against the engine",
     ),
 )
 

@@ -15,7 +15,7 @@ from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
 from pipeline.plan import EnvFacts, Plan, StagePlan, plan
 from pipeline.preflight import preflight
-from pipeline.stages import build, gate, prepare, quantize
+from pipeline.stages import build, gate, package, prepare, quantize
 from pipeline.stages.base import StageContext, StageFn
 from pipeline.tools import tool_versions
 
@@ -24,6 +24,7 @@ STAGE_FUNCTIONS: dict[str, StageFn] = {
     "quantize": quantize.run,
     "build": build.run,
     "gate": gate.run,
+    "package": package.run,
 }
 
 

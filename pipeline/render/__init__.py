@@ -1,0 +1,14 @@
+"""Rendering at the edge: the Triton model repository for an engine directory and a serve spec."""
+
+from pipeline.render.consistency import check_consistency
+from pipeline.render.engine_facts import EngineFacts, engine_facts, read_engine_config
+from pipeline.render.repository import ConfigPaths, render_model_repository
+
+__all__ = [
+    "ConfigPaths",
+    "EngineFacts",
+    "check_consistency",
+    "engine_facts",
+    "read_engine_config",
+    "render_model_repository",
+]

@@ -34,16 +34,16 @@ def digests(config_path: Path, *overrides: str, facts: EnvFacts = FACTS) -> dict
 
 def test_plan_is_deterministic_and_ordered(config_path: Path) -> None:
     first = digests(config_path)
-    assert list(first) == ["prepare", "quantize", "build"]
+    assert list(first) == ["prepare", "quantize", "build", "package"]
     assert first == digests(config_path)
-    assert len(set(first.values())) == 3
+    assert len(set(first.values())) == 4
 
 
-def test_a_build_field_changes_only_build(config_path: Path) -> None:
+def test_a_build_field_changes_build_and_downstream_only(config_path: Path) -> None:
     base = digests(config_path)
     changed = digests(config_path, "build.max_seq_len=1000")
     assert changed["prepare"] == base["prepare"] and changed["quantize"] == base["quantize"]
-    assert changed["build"] != base["build"]
+    assert changed["build"] != base["build"] and changed["package"] != base["package"]
 
 
 def test_a_quantize_field_changes_quantize_and_downstream(config_path: Path) -> None:
@@ -59,8 +59,11 @@ def test_tp_size_is_part_of_the_checkpoint(config_path: Path) -> None:
     assert changed["quantize"] != base["quantize"]
 
 
-def test_serve_and_deploy_fields_do_not_touch_build_stages(config_path: Path) -> None:
-    assert digests(config_path) == digests(config_path, "serve.max_queue_size=5", "deploy.http_port=9000")
+def test_serve_fields_change_only_package_and_deploy_ports_nothing(config_path: Path) -> None:
+    base = digests(config_path)
+    changed = digests(config_path, "serve.max_queue_size=5")
+    assert {name for name in base if base[name] != changed[name]} == {"package"}
+    assert digests(config_path, "deploy.http_port=9000") == base
 
 
 def test_model_content_and_tool_versions_change_digests(config_path: Path) -> None:

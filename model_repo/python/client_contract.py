@@ -1,0 +1,52 @@
+"""How the BLS model wires client inputs through preprocessing → tensorrt_llm → postprocessing.
+
+The same wiring as the ensemble's (rendered from `pipeline/render/contract.py`); a unit test
+keeps the two equal. Pure, importable outside Triton.
+"""
+
+from __future__ import annotations
+
+CLIENT_TO_PREPROCESSING = {
+    "text_input": "QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
+    "bad_words": "BAD_WORDS_DICT",
+    "stop_words": "STOP_WORDS_DICT",
+    "end_id": "END_ID",
+    "pad_id": "PAD_ID",
+}
+
+PREPROCESSING_TO_LLM = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "BAD_WORDS_IDS": "bad_words_list",
+    "STOP_WORDS_IDS": "stop_words_list",
+    "OUT_END_ID": "end_id",
+    "OUT_PAD_ID": "pad_id",
+}
+
+CLIENT_TO_LLM = {
+    "num_return_sequences": "num_return_sequences",
+    "beam_width": "beam_width",
+    "temperature": "temperature",
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "min_tokens": "min_tokens",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "stream": "streaming",
+}
+
+LLM_TO_CLIENT = {
+    "cum_log_probs": "cum_log_probs",
+    "output_log_probs": "output_log_probs",
+    "context_logits": "context_logits",
+    "generation_logits": "generation_logits",
+    "sequence_index": "sequence_index",
+}

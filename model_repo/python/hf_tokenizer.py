@@ -1,0 +1,77 @@
+"""A Hugging Face tokenizer directory, loaded offline, with the ids the LLM contract needs.
+
+`tokenizer.json` is loaded with the `tokenizers` library directly (fast, no torch import); a
+directory without it (e.g. SentencePiece `tokenizer.model` only) goes through transformers'
+`AutoTokenizer` with `local_files_only=True`. Special tokens come from `tokenizer_config.json`
+(`eos_token`, `pad_token`, `bos_token`), as transformers reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+
+class TokenizerLoadError(RuntimeError):
+    """The tokenizer directory cannot be used."""
+
+
+class HFTokenizer:
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise TokenizerLoadError(f"tokenizer directory {self.directory} does not exist")
+        self._config = _read_json(self.directory / "tokenizer_config.json")
+        tokenizer_json = self.directory / "tokenizer.json"
+        if tokenizer_json.is_file():
+            from tokenizers import Tokenizer
+
+            self._fast = Tokenizer.from_file(str(tokenizer_json))
+            self._slow = None
+        else:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import AutoTokenizer
+
+            self._fast = None
+            self._slow = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
+        self.eos_id = self._special_id("eos_token")
+        self.bos_id = self._special_id("bos_token")
+        pad_id = self._special_id("pad_token")
+        self.pad_id = pad_id if pad_id is not None else self.eos_id
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        if self._fast is not None:
+            return list(self._fast.encode(text, add_special_tokens=add_special_tokens).ids)
+        return list(self._slow.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        ids = [int(token_id) for token_id in token_ids]
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._slow.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+    def _special_id(self, key: str) -> int | None:
+        token = _token_content(self._config.get(key))
+        if token is None:
+            return None
+        if self._fast is not None:
+            return self._fast.token_to_id(token)
+        return self._slow.convert_tokens_to_ids(token)
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise TokenizerLoadError(f"{path}: {error}") from error
+    return loaded if isinstance(loaded, dict) else {}

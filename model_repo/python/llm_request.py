@@ -1,0 +1,181 @@
+"""The `tensorrt_llm` tensor contract → a refengine request, with TensorRT-LLM's semantics.
+
+Pure (numpy + refengine), so it is testable outside Triton. Arrays carry Triton's batch axis;
+the cpu model serves one sequence per request (batch size 1), like each executor request of
+TensorRT-LLM's backend.
+
+Semantics kept from TensorRT-LLM:
+- `runtime_top_k` 0 and `runtime_top_p` 0 (the defaults) mean greedy decoding; `runtime_top_p`
+  0 with `runtime_top_k` > 0 is top-k only.
+- `input_lengths` says how many leading entries of `input_ids` are the prompt (the rest is padding).
+- `stop` true cancels the in-flight requests that carry the same Triton request id.
+- `exclude_input_in_output` (request input, else the model parameter) drops the prompt from
+  non-streamed `output_ids`; streamed responses never contain the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+from refengine import InvalidRequestError, SamplingParams
+from word_lists import WordListError, from_word_list
+
+# refengine's field names → the contract's input names, for error messages clients can act on.
+CONTRACT_NAMES = {
+    "max_tokens": "request_output_len",
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "stop_token_ids": "stop_words_list",
+    "bad_words": "bad_words_list",
+    "n": "num_return_sequences",
+    "prompt_token_ids": "input_ids",
+    "logprobs": "return_log_probs",
+}
+
+# Every input of the contract the cpu model reads.
+INPUT_NAMES = (
+    "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "end_id", "pad_id",
+    "stop_words_list", "bad_words_list", "beam_width", "temperature", "runtime_top_k", "runtime_top_p",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "seed",
+    "return_log_probs", "return_context_logits", "return_generation_logits",
+    "exclude_input_in_output", "stop", "streaming",
+)
+
+# Inputs of the contract this engine cannot honour when they ask for more than the default.
+_UNSUPPORTED_TRUE = {
+    "return_context_logits": "context logits are not produced by the cpu reference engine",
+    "return_generation_logits": "generation logits are not produced by the cpu reference engine",
+}
+
+
+class ContractError(ValueError):
+    """A request that does not fit the contract or the engine; the message names the input."""
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    streaming: bool
+    exclude_input_in_output: bool
+    return_log_probs: bool
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """TensorRT-LLM's cancellation request: `stop` true, matched by Triton request id."""
+
+
+def contract_error(error: InvalidRequestError) -> ContractError:
+    name = CONTRACT_NAMES.get(error.field, error.field)
+    message = str(error)
+    if message.startswith(f"{error.field}:"):
+        message = message[len(error.field) + 1 :].strip()
+    return ContractError(f"{name}: {message}")
+
+
+def parse_request(
+    arrays: Mapping[str, np.ndarray],
+    *,
+    exclude_input_default: bool,
+    decoupled: bool,
+) -> GenerateRequest | StopRequest:
+    """Read one request's input arrays (name → array with a leading batch axis of 1)."""
+    scalars = _Scalars(arrays)
+    if scalars.get("stop", bool, False):
+        return StopRequest()
+    prompt = _prompt(arrays, scalars)
+    streaming = scalars.get("streaming", bool, False)
+    if streaming and not decoupled:
+        raise ContractError("streaming: streaming is only supported if the model is deployed in decoupled mode")
+    beam_width = scalars.get("beam_width", int, 1)
+    if beam_width != 1:
+        raise ContractError(f"beam_width: {beam_width} is not supported; the cpu reference engine does not do beam search (use 1)")
+    for name, reason in _UNSUPPORTED_TRUE.items():
+        if scalars.get(name, bool, False):
+            raise ContractError(f"{name}: {reason}")
+    num_sequences = scalars.get("num_return_sequences", int, 1)
+    if num_sequences > 1 and not decoupled:
+        raise ContractError("num_return_sequences: more than one sequence needs the model in decoupled mode")
+    return_log_probs = scalars.get("return_log_probs", bool, False)
+    top_k = scalars.get("runtime_top_k", int, 0)
+    top_p = scalars.get("runtime_top_p", float, 0.0)
+    greedy = top_k == 0 and top_p == 0.0
+    try:
+        params = SamplingParams(
+            max_tokens=scalars.get("request_output_len", int),
+            temperature=0.0 if greedy else scalars.get("temperature", float, 1.0),
+            top_k=top_k,
+            top_p=1.0 if top_p == 0.0 else top_p,
+            seed=scalars.get("seed", int, None),
+            repetition_penalty=scalars.get("repetition_penalty", float, 1.0),
+            presence_penalty=scalars.get("presence_penalty", float, 0.0),
+            frequency_penalty=scalars.get("frequency_penalty", float, 0.0),
+            min_tokens=scalars.get("min_tokens", int, 0),
+            end_id=scalars.get("end_id", int, None),
+            stop_token_ids=_words(arrays, "stop_words_list"),
+            bad_words=_words(arrays, "bad_words_list"),
+            n=num_sequences,
+            logprobs=0 if return_log_probs else None,
+        )
+    except InvalidRequestError as error:
+        raise contract_error(error) from None
+    return GenerateRequest(
+        prompt_ids=prompt,
+        params=params,
+        streaming=streaming,
+        exclude_input_in_output=scalars.get("exclude_input_in_output", bool, exclude_input_default),
+        return_log_probs=return_log_probs,
+    )
+
+
+class _Scalars:
+    """Per-request scalar inputs (`[1]` after Triton's reshape, with the batch axis)."""
+
+    _MISSING = object()
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._arrays = arrays
+
+    def get(self, name: str, kind: type, default: Any = _MISSING) -> Any:
+        array = self._arrays.get(name)
+        if array is None:
+            if default is self._MISSING:
+                raise ContractError(f"{name}: input is required")
+            return default
+        if array.size != 1:
+            raise ContractError(f"{name}: expected one value per request (batch size 1), got shape {list(array.shape)}")
+        value = array.reshape(-1)[0].item()
+        if kind is bool:
+            return bool(value)
+        if kind is int:
+            return int(value)
+        return float(value)
+
+
+def _prompt(arrays: Mapping[str, np.ndarray], scalars: _Scalars) -> tuple[int, ...]:
+    input_ids = arrays.get("input_ids")
+    if input_ids is None:
+        raise ContractError("input_ids: input is required (only a stop request may omit it)")
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ContractError(f"input_ids: expected shape [1, tokens] (batch size 1), got {list(input_ids.shape)}")
+    length = scalars.get("input_lengths", int)
+    if not 1 <= length <= input_ids.shape[1]:
+        raise ContractError(f"input_lengths: {length} must be between 1 and the {input_ids.shape[1]} tokens of input_ids")
+    return tuple(int(token_id) for token_id in input_ids[0, :length])
+
+
+def _words(arrays: Mapping[str, np.ndarray], name: str) -> tuple[tuple[int, ...], ...]:
+    array = arrays.get(name)
+    if array is None:
+        return ()
+    if array.ndim == 3:
+        if array.shape[0] != 1:
+            raise ContractError(f"{name}: expected batch size 1, got shape {list(array.shape)}")
+        array = array[0]
+    try:
+        return from_word_list(array, name)
+    except WordListError as error:
+        raise ContractError(str(error)) from None

@@ -1,0 +1,110 @@
+"""Triton Python model `postprocessing`: token ids → text, incremental and UTF-8 safe.
+
+Inputs: TOKENS_BATCH [B, beams, T] and SEQUENCE_LENGTH [B, beams] from `tensorrt_llm`, and
+optional PRECEDING_IDS [B, beams, K]: the tokens that precede TOKENS_BATCH in the sequence.
+Output: OUTPUT [B, beams].
+
+With PRECEDING_IDS (the cpu `tensorrt_llm` model sends them with every response) the text is
+the delta those tokens add after their context: no leading space is lost and a multi-byte
+character split across responses is emitted whole, by the response that completes it. Triton
+2.51 gives a composing model of an ensemble no per-stream key (the ensemble propagates only the
+client's request id, and each instance is its own process), so the state a stream needs travels
+with the data instead of living here. Without PRECEDING_IDS (TensorRT-LLM's C++ backend) each
+response is decoded on its own, as upstream does.
+
+Cancellation: Triton 2.51 does not tell an in-flight decoupled model of an ensemble that the
+client cancelled; it does mark the following postprocessing requests cancelled. This model then
+sends TensorRT-LLM's `stop` request (same request id) to the LLM model so it ends the generation
+and frees its KV cache. That needs the client to give each request a unique id (gRPC streams do,
+to tell their responses apart).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from hf_tokenizer import HFTokenizer
+from incremental_detokenizer import text_delta
+from model_parameters import ModelParameters
+from triton_io import BadRequest, error_response, log_error, optional_input, required_input, string_tensor
+
+_REMEMBERED_STOPS = 1024
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = ModelParameters(json.loads(args["model_config"]), args["model_repository"])
+        self.tokenizer = HFTokenizer(parameters.path("tokenizer_dir"))
+        self.skip_special_tokens = parameters.boolean("skip_special_tokens", True)
+        self.llm_model_name = parameters.string("llm_model_name", "tensorrt_llm")
+        self._stopped_request_ids = collections.deque(maxlen=_REMEMBERED_STOPS)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                if request.is_cancelled():
+                    self._stop_generation(request.request_id())
+                # A cancelled request still gets an ordinary response: the client is gone, and an
+                # error from a composing model leaves Triton 2.51's ensemble with an in-flight
+                # request that never ends (shutdown then waits for --exit-timeout-secs).
+                responses.append(self._postprocess(request))
+            except BadRequest as error:
+                responses.append(error_response(str(error)))
+            except Exception as error:  # never let one request take the model down
+                log_error(f"postprocessing failed: {type(error).__name__}: {error}")
+                responses.append(error_response(f"postprocessing failed: {error}", pb_utils.TritonError.INTERNAL))
+        return responses
+
+    def _decode(self, token_ids):
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _postprocess(self, request):
+        tokens = _three_dimensional(required_input(request, "TOKENS_BATCH"), "TOKENS_BATCH")
+        lengths = required_input(request, "SEQUENCE_LENGTH").reshape(tokens.shape[0], -1)
+        preceding = optional_input(request, "PRECEDING_IDS")
+        if preceding is not None:
+            preceding = _three_dimensional(preceding, "PRECEDING_IDS")
+        texts = []
+        for row in range(tokens.shape[0]):
+            row_texts = []
+            for beam in range(tokens.shape[1]):
+                length = int(lengths[row, beam]) if beam < lengths.shape[1] else tokens.shape[2]
+                new_ids = tokens[row, beam, : max(0, min(length, tokens.shape[2]))].tolist()
+                if preceding is None:
+                    row_texts.append(self._decode(new_ids))
+                else:
+                    context = [int(t) for t in preceding[row, beam] if t >= 0]
+                    row_texts.append(text_delta(self._decode, context, new_ids))
+            texts.append(row_texts)
+        return pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", texts)])
+
+    def _stop_generation(self, request_id):
+        if not request_id or request_id in self._stopped_request_ids:
+            return
+        self._stopped_request_ids.append(request_id)
+        stop = pb_utils.InferenceRequest(
+            model_name=self.llm_model_name,
+            requested_output_names=[],
+            inputs=[
+                pb_utils.Tensor("stop", np.array([[True]], dtype=np.bool_)),
+                pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
+                pb_utils.Tensor("request_output_len", np.array([[1]], dtype=np.int32)),
+            ],
+            request_id=request_id,
+        )
+        for response in stop.exec(decoupled=True):
+            if response.has_error():
+                log_error(f"stop request for {request_id!r} failed: {response.error().message()}")
+
+
+def _three_dimensional(array, name):
+    """[B, beams, T] from the batched contract shape; a missing beam axis is added."""
+    if array.ndim == 2:
+        return array[:, np.newaxis, :]
+    if array.ndim != 3:
+        raise BadRequest(f"{name} must have shape [batch, beams, tokens], got {list(array.shape)}")
+    return array

@@ -1,0 +1,123 @@
+"""Triton Python model `preprocessing`: text → token ids for the `tensorrt_llm` contract.
+
+Inputs (batch of B rows): QUERY (text), REQUEST_OUTPUT_LEN, optional BAD_WORDS_DICT /
+STOP_WORDS_DICT (one word or phrase per element), END_ID, PAD_ID.
+Outputs: INPUT_ID [B, max_len] (padded with the pad id), REQUEST_INPUT_LEN, BAD_WORDS_IDS and
+STOP_WORDS_IDS in TensorRT-LLM's [2, L] layout, REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID.
+
+Requests the engine would refuse (prompt longer than max_input_len, max_tokens outside
+1..max_seq_len - prompt length) are refused here with a message in the client's terms, and so are
+request parameters nobody reads: HTTP `generate` turns every JSON key that is not an input into
+a parameter, so a misspelt input ("temprature") would otherwise be ignored without a word.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from hf_tokenizer import HFTokenizer
+from model_parameters import ModelParameters
+from triton_io import BadRequest, as_text, batch_size_of, error_response, log_error, optional_input, required_input, scalar_per_row
+from word_lists import to_word_list_batch
+
+TRITON_RESERVED_PREFIX = "triton_"
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = ModelParameters(json.loads(args["model_config"]), args["model_repository"])
+        self.tokenizer = HFTokenizer(parameters.path("tokenizer_dir"))
+        self.add_special_tokens = parameters.boolean("add_special_tokens", True)
+        self.max_input_len = parameters.integer("max_input_len")
+        self.max_seq_len = parameters.integer("max_seq_len")
+        if self.tokenizer.eos_id is None:
+            raise ValueError(f"tokenizer in {self.tokenizer.directory} defines no eos_token; end_id cannot be derived")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._preprocess(request))
+            except BadRequest as error:
+                responses.append(error_response(str(error)))
+            except Exception as error:  # never let one request take the model down
+                log_error(f"preprocessing failed: {type(error).__name__}: {error}")
+                responses.append(error_response(f"preprocessing failed: {error}", pb_utils.TritonError.INTERNAL))
+        return responses
+
+    def _preprocess(self, request):
+        _refuse_unknown_parameters(request)
+        queries = required_input(request, "QUERY", "text_input")
+        batch = batch_size_of(queries, "text_input")
+        texts = [as_text(value, "text_input") for value in scalar_per_row(queries, batch, "text_input")]
+        output_lens = scalar_per_row(required_input(request, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens")
+        end_ids = scalar_per_row(optional_input(request, "END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch
+        pad_ids = scalar_per_row(optional_input(request, "PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch
+
+        prompts = [self._encode_prompt(text) for text in texts]
+        for prompt, output_len in zip(prompts, output_lens):
+            self._check_output_len(len(prompt), int(output_len))
+        input_ids = np.full((batch, max(len(p) for p in prompts)), pad_ids[0], dtype=np.int32)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, : len(prompt)] = prompt
+
+        def column(values):
+            return np.array(values, dtype=np.int32).reshape(batch, 1)
+
+        tensors = [
+            pb_utils.Tensor("INPUT_ID", input_ids),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", column([len(p) for p in prompts])),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(output_lens)),
+            pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", "bad_words", batch)),
+            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", "stop_words", batch)),
+            pb_utils.Tensor("OUT_END_ID", column(end_ids)),
+            pb_utils.Tensor("OUT_PAD_ID", column(pad_ids)),
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _encode_prompt(self, text):
+        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        if not ids:
+            raise BadRequest("text_input is empty: it encodes to no tokens")
+        if len(ids) > self.max_input_len:
+            raise BadRequest(
+                f"text_input encodes to {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}"
+            )
+        return ids
+
+    def _check_output_len(self, prompt_len, output_len):
+        room = self.max_seq_len - prompt_len
+        if output_len < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {output_len}")
+        if output_len > room:
+            raise BadRequest(
+                f"max_tokens {output_len} is more than the engine can generate after a {prompt_len}-token prompt: "
+                f"max_seq_len {self.max_seq_len} - {prompt_len} = {room}"
+            )
+
+    def _word_lists(self, request, name, client_name, batch):
+        words = optional_input(request, name)
+        if words is None:
+            return to_word_list_batch([[] for _ in range(batch)])
+        if words.ndim != 2 or words.shape[0] != batch:
+            raise BadRequest(f"{client_name} must have shape [batch, n], got {list(words.shape)}")
+        per_row = []
+        for row in words:
+            encoded = [self.tokenizer.encode(as_text(word, client_name), add_special_tokens=False) for word in row]
+            per_row.append([ids for ids in encoded if ids])
+        return to_word_list_batch(per_row)
+
+
+def _refuse_unknown_parameters(request):
+    try:
+        parameters = json.loads(request.parameters() or "{}")
+    except json.JSONDecodeError:
+        return
+    unknown = sorted(key for key in parameters if not key.startswith(TRITON_RESERVED_PREFIX))
+    if unknown:
+        raise BadRequest(
+            f"unknown input or parameter {', '.join(repr(k) for k in unknown)}; "
+            "see the model's inputs with GET /v2/models/<model>/config"
+        )

@@ -1,0 +1,178 @@
+"""Triton Python model `tensorrt_llm_bls`: the ensemble's pipeline as business-logic scripting.
+
+preprocessing → tensorrt_llm (decoupled, streamed when `stream` is true) → postprocessing, with
+the ensemble's client inputs and outputs. The BLS accumulates each sequence's tokens and hands
+postprocessing the tokens that precede every new batch, so streamed deltas keep their spaces and
+whole UTF-8 characters on either LLM variant (the `tensorrtllm` C++ backend included).
+
+Each request runs on its own thread, so one instance serves many requests at once (Triton 2.51's
+Python backend accepts BLS calls from threads the model starts). A client cancellation is forwarded to tensorrt_llm as TensorRT-LLM's `stop` request
+with this BLS's unique request id, which ends the generation and frees its KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, PREPROCESSING_TO_LLM
+from incremental_detokenizer import CONTEXT_TOKENS
+from model_parameters import ModelParameters
+from triton_io import BadRequest, error_response, log_error, optional_input, string_tensor
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
+_LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
+
+
+class _UpstreamError(Exception):
+    """A composing model answered with an error; forwarded to the client with its code."""
+
+    def __init__(self, error) -> None:
+        super().__init__(error.message())
+        self.triton_error = error
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        parameters = ModelParameters(model_config, args["model_repository"])
+        self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        self._preprocessing = parameters.string("preprocessing_model_name", "preprocessing")
+        self._llm = parameters.string("tensorrt_llm_model_name", "tensorrt_llm")
+        self._postprocessing = parameters.string("postprocessing_model_name", "postprocessing")
+        self._exclude_input_default = parameters.boolean("exclude_input_in_output", True)
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self._serve, args=(request, request.get_response_sender()), daemon=True).start()
+        return None
+
+    def _serve(self, request, sender):
+        try:
+            self._generate(request, sender)
+        except BadRequest as error:
+            sender.send(error_response(str(error)), flags=FINAL)
+        except _UpstreamError as error:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error.triton_error), flags=FINAL)
+        except Exception as error:  # never let one request take the model down
+            log_error(f"tensorrt_llm_bls: request failed: {type(error).__name__}: {error}")
+            sender.send(error_response(f"request failed: {error}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+
+    def _generate(self, request, sender):
+        client, streaming = self._client_inputs(request)
+        exclude_input = bool(client["exclude_input_in_output"].reshape(-1)[0])
+        return_log_probs = bool(client["return_log_probs"].reshape(-1)[0]) if "return_log_probs" in client else False
+        preprocessed = self._call(
+            self._preprocessing,
+            {CLIENT_TO_PREPROCESSING[name]: array for name, array in client.items() if name in CLIENT_TO_PREPROCESSING},
+            list(PREPROCESSING_TO_LLM),
+        )
+        llm_inputs = {PREPROCESSING_TO_LLM[name]: array for name, array in preprocessed.items()}
+        llm_inputs.update({CLIENT_TO_LLM[name]: array for name, array in client.items() if name in CLIENT_TO_LLM})
+        prompt = preprocessed["INPUT_ID"][0, : int(preprocessed["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
+        # Streamed output never holds the prompt; a non-streamed one does unless excluded.
+        context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
+        outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
+        self._relay(llm_inputs, outputs, context, streaming, sender)
+
+    def _client_inputs(self, request):
+        client = {name: array for name in (*CLIENT_TO_PREPROCESSING, *CLIENT_TO_LLM) if (array := optional_input(request, name)) is not None}
+        for required in ("text_input", "max_tokens"):
+            if required not in client:
+                raise BadRequest(f"input {required!r} is required")
+        streaming = bool(client["stream"].reshape(-1)[0]) if "stream" in client else False
+        if streaming and not self._decoupled:
+            raise BadRequest("stream: streaming needs the tensorrt_llm_bls model in decoupled mode")
+        if "exclude_input_in_output" not in client:  # sent explicitly: the BLS must know what comes back
+            client["exclude_input_in_output"] = np.array([[self._exclude_input_default]], dtype=np.bool_)
+        return client, streaming
+
+    def _relay(self, llm_inputs, outputs, context, streaming, sender):
+        """Run tensorrt_llm, detokenize each response against its sequence's tokens so far, answer."""
+        llm_request_id = f"bls-{uuid.uuid4().hex}"
+        llm_request = pb_utils.InferenceRequest(
+            model_name=self._llm,
+            requested_output_names=outputs,
+            inputs=[pb_utils.Tensor(name, array) for name, array in llm_inputs.items()],
+            request_id=llm_request_id,
+        )
+        history: dict[int, list[int]] = {}  # sequence_index → context + tokens so far
+        pending = []
+        cancelled = False
+        for llm_response in llm_request.exec(decoupled=True):
+            if not cancelled and sender.is_cancelled():
+                cancelled = True
+                self._stop(llm_request_id)
+            if llm_response.has_error():
+                raise _UpstreamError(llm_response.error())
+            tensors = {t.name(): t.as_numpy() for t in llm_response.output_tensors()}
+            if "output_ids" not in tensors or cancelled:
+                continue
+            index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
+            tokens = history.setdefault(index, list(context))
+            length = int(tensors["sequence_length"].reshape(-1)[0])
+            new_ids = tensors["output_ids"].reshape(-1)[:length].tolist()
+            response = self._client_response(self._detokenize(tokens[-CONTEXT_TOKENS:], new_ids), tensors)
+            tokens.extend(new_ids)
+            if streaming:
+                sender.send(response)
+            else:
+                pending.append(response)
+        if cancelled:
+            sender.send(error_response("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
+            return
+        for response in pending[:-1]:
+            sender.send(response)
+        if pending:
+            sender.send(pending[-1], flags=FINAL)
+        else:
+            sender.send(flags=FINAL)
+
+    def _detokenize(self, preceding, new_ids):
+        result = self._call(
+            self._postprocessing,
+            {
+                "TOKENS_BATCH": np.array(new_ids, dtype=np.int32).reshape(1, 1, -1),
+                "SEQUENCE_LENGTH": np.array([[len(new_ids)]], dtype=np.int32),
+                "PRECEDING_IDS": np.array(preceding, dtype=np.int32).reshape(1, 1, -1),
+            },
+            ["OUTPUT"],
+        )
+        value = result["OUTPUT"].reshape(-1)[0]
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    def _client_response(self, text, llm_tensors):
+        tensors = [string_tensor("text_output", [[text]])]
+        for llm_name, client_name in LLM_TO_CLIENT.items():
+            if llm_name in llm_tensors:
+                tensors.append(pb_utils.Tensor(client_name, llm_tensors[llm_name]))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _call(self, model_name, arrays, outputs):
+        response = pb_utils.InferenceRequest(
+            model_name=model_name,
+            requested_output_names=outputs,
+            inputs=[pb_utils.Tensor(name, array) for name, array in arrays.items()],
+        ).exec()
+        if response.has_error():
+            raise _UpstreamError(response.error())
+        return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+
+    def _stop(self, llm_request_id):
+        stop = pb_utils.InferenceRequest(
+            model_name=self._llm,
+            requested_output_names=[],
+            inputs=[
+                pb_utils.Tensor("stop", np.array([[True]], dtype=np.bool_)),
+                pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
+                pb_utils.Tensor("request_output_len", np.array([[1]], dtype=np.int32)),
+            ],
+            request_id=llm_request_id,
+        )
+        for response in stop.exec(decoupled=True):
+            if response.has_error():
+                log_error(f"tensorrt_llm_bls: stop of {llm_request_id} failed: {response.error().message()}")

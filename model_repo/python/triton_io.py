@@ -1,0 +1,68 @@
+"""Small helpers over `triton_python_backend_utils` shared by the Python models.
+
+Inside Triton's stub only: the module imports `triton_python_backend_utils`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class BadRequest(ValueError):
+    """A request the model refuses; answered with an INVALID_ARG error, the server stays up."""
+
+
+def optional_input(request: Any, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def required_input(request: Any, name: str, client_name: str | None = None) -> np.ndarray:
+    array = optional_input(request, name)
+    if array is None:
+        raise BadRequest(f"input {client_name or name!r} is required")
+    return array
+
+
+def batch_size_of(array: np.ndarray, name: str) -> int:
+    if array.ndim == 0 or array.shape[0] < 1:
+        raise BadRequest(f"input {name!r} has shape {list(array.shape)}; expected a batch dimension of at least 1")
+    return int(array.shape[0])
+
+
+def scalar_per_row(array: np.ndarray | None, batch_size: int, name: str) -> list[Any] | None:
+    """One value per batch row from a `[B]` or `[B, 1]` tensor (None if the input is absent)."""
+    if array is None:
+        return None
+    flat = array.reshape(array.shape[0], -1) if array.ndim > 1 else array.reshape(-1, 1)
+    if flat.shape[0] != batch_size or flat.shape[1] != 1:
+        raise BadRequest(f"input {name!r} must hold one value per request row, got shape {list(array.shape)}")
+    return [value.item() if hasattr(value, "item") else value for value in flat[:, 0]]
+
+
+def as_text(value: Any, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise BadRequest(f"input {name!r} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+    if isinstance(value, str):
+        return value
+    raise BadRequest(f"input {name!r} must be a string, got {type(value).__name__}")
+
+
+def error_response(message: str, code: Any = None) -> Any:
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+
+
+def string_tensor(name: str, texts: Iterable[Iterable[str]]) -> Any:
+    rows = [[text.encode("utf-8") for text in row] for row in texts]
+    return pb_utils.Tensor(name, np.array(rows, dtype=np.object_))
+
+
+def log_error(message: str) -> None:
+    pb_utils.Logger.log_error(message)

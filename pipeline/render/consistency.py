@@ -1,0 +1,190 @@
+"""Engine ↔ Triton consistency (trtllm.md §4.9), checked before a repository is written.
+
+Every failed check becomes one line naming both sides and their values; all lines are raised
+together in one StageError, so one run shows everything to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from pipeline.config.spec import ServeSpec
+from pipeline.errors import StageError
+from pipeline.render.contract import TRITON_DTYPES
+from pipeline.render.engine_facts import EngineFacts, engine_facts
+
+TARGETS = ("cpu", "engine")
+FIXED_MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+
+
+def check_consistency(
+    engine_config: Mapping[str, Any],
+    serve: ServeSpec,
+    target: str,
+    tokenizer_vocab_size: int,
+    *,
+    tokenizer_eos_id: int | None = None,
+    triton_max_batch_size: int | None = None,
+    max_beam_width: int | None = None,
+    gpu_device_ids: Sequence[int] = (),
+    rank_files: Sequence[str] | None = None,
+    logits_datatype: str | None = None,
+) -> None:
+    """Raise StageError listing every way the repository would not match the engine.
+
+    `triton_max_batch_size` and `max_beam_width` default to the engine's own limits (what the
+    renderer writes); `rank_files` are the weight files found in the engine directory (None: not
+    checked); `logits_datatype` is a Triton type a caller wants instead of the engine's.
+    """
+    if target not in TARGETS:
+        raise StageError(f"build.target {target!r} has no Triton model repository in this version (expected one of {', '.join(TARGETS)})")
+    facts = engine_facts(engine_config)
+    problems: list[str] = []
+    problems += _engine_kind(facts, target)
+    problems += _batching(facts, serve, triton_max_batch_size)
+    problems += _streaming(serve)
+    problems += _paged_context_features(facts, serve)
+    problems += _lengths(facts, serve)
+    problems += _logits(facts, logits_datatype)
+    problems += _tokenizer(facts, tokenizer_vocab_size, tokenizer_eos_id)
+    problems += _beams(facts, target, max_beam_width)
+    problems += _parallelism(facts, serve, target, gpu_device_ids, rank_files)
+    problems += _names(serve)
+    if problems:
+        listing = "\n".join(f"  - {problem}" for problem in problems)
+        raise StageError(
+            f"the Triton model repository would not match the engine ({len(problems)} problem(s)):\n{listing}",
+            hint="change the serve section of the build config, or rebuild the engine with matching build settings",
+        )
+
+
+def _engine_kind(facts: EngineFacts, target: str) -> list[str]:
+    if target == "cpu" and not facts.built_by_refengine:
+        return [f"build.target is cpu but the engine config version is {facts.version!r}: the cpu tensorrt_llm model runs only engines written by the cpu build (version 'refengine-…')"]
+    if target == "engine" and facts.built_by_refengine:
+        return [f"build.target is engine but the engine config version is {facts.version!r}: a cpu-build engine directory has no rank*.engine plans for the tensorrtllm backend"]
+    return []
+
+
+def _batching(facts: EngineFacts, serve: ServeSpec, triton_max_batch_size: int | None) -> list[str]:
+    problems = []
+    if triton_max_batch_size is not None and triton_max_batch_size > facts.max_batch_size:
+        problems.append(
+            f"Triton max_batch_size {triton_max_batch_size} exceeds the engine's build_config.max_batch_size {facts.max_batch_size}"
+        )
+    if facts.kv_cache_type != "PAGED" or not facts.paged_kv_cache:
+        problems.append(
+            f"inflight batching needs a paged KV cache, but the engine has build_config.kv_cache_type {facts.kv_cache_type!r} "
+            f"(plugin_config.paged_kv_cache {facts.paged_kv_cache})"
+        )
+    if not facts.remove_input_padding:
+        problems.append("inflight batching needs plugin_config.remove_input_padding true, but the engine has false")
+    if facts.gpt_attention_plugin in (None, "disable"):
+        problems.append(f"inflight batching needs the GPT attention plugin, but the engine has plugin_config.gpt_attention_plugin {facts.gpt_attention_plugin!r}")
+    return problems
+
+
+def _streaming(serve: ServeSpec) -> list[str]:
+    if serve.streaming and not serve.decoupled:
+        return ["serve.streaming is true but serve.decoupled is false: Triton streams responses only from decoupled models"]
+    return []
+
+
+def _paged_context_features(facts: EngineFacts, serve: ServeSpec) -> list[str]:
+    problems = []
+    for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
+        if not getattr(serve, field):
+            continue
+        if not (facts.use_paged_context_fmha and facts.context_fmha):
+            problems.append(
+                f"serve.{field} is true but the engine has plugin_config.use_paged_context_fmha "
+                f"{facts.use_paged_context_fmha} (context_fmha {facts.context_fmha}); it needs paged context FMHA"
+            )
+        if (facts.kv_cache_quant_algo or "").upper() == "INT8":
+            problems.append(
+                f"serve.{field} is true but the engine has quantization.kv_cache_quant_algo INT8, "
+                "which turns paged context FMHA off"
+            )
+    return problems
+
+
+def _lengths(facts: EngineFacts, serve: ServeSpec) -> list[str]:
+    problems = []
+    if facts.max_input_len >= facts.max_seq_len:
+        problems.append(
+            f"engine build_config.max_input_len {facts.max_input_len} is not below build_config.max_seq_len "
+            f"{facts.max_seq_len}: a full-length prompt leaves no room for output"
+        )
+    if not serve.enable_chunked_context and facts.max_num_tokens < facts.max_input_len:
+        problems.append(
+            f"serve.enable_chunked_context is false and the engine's build_config.max_num_tokens {facts.max_num_tokens} "
+            f"is below build_config.max_input_len {facts.max_input_len}: prompts longer than max_num_tokens would be refused"
+        )
+    return problems
+
+
+def _logits(facts: EngineFacts, logits_datatype: str | None) -> list[str]:
+    expected = TRITON_DTYPES.get(facts.logits_dtype)
+    if expected is None:
+        return [f"engine pretrained_config.logits_dtype {facts.logits_dtype!r} has no Triton data type (known: {', '.join(TRITON_DTYPES)})"]
+    if logits_datatype is not None and logits_datatype != expected:
+        return [f"Triton logits data type {logits_datatype} does not match the engine's pretrained_config.logits_dtype {facts.logits_dtype!r} ({expected})"]
+    return []
+
+
+def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None) -> list[str]:
+    problems = []
+    if tokenizer_vocab_size > facts.vocab_size:
+        problems.append(
+            f"the tokenizer has {tokenizer_vocab_size} token ids but the engine's pretrained_config.vocab_size is "
+            f"{facts.vocab_size}: the tokenizer belongs to a different model"
+        )
+    if eos_id is not None and eos_id >= facts.vocab_size:
+        problems.append(f"the tokenizer's eos token id {eos_id} (the default end_id) is outside the engine's vocab_size {facts.vocab_size}")
+    return problems
+
+
+def _beams(facts: EngineFacts, target: str, max_beam_width: int | None) -> list[str]:
+    problems = []
+    if max_beam_width is not None and max_beam_width > facts.max_beam_width:
+        problems.append(f"Triton max_beam_width {max_beam_width} exceeds the engine's build_config.max_beam_width {facts.max_beam_width}")
+    if target == "cpu" and facts.max_beam_width != 1:
+        problems.append(f"build.target is cpu but the engine's build_config.max_beam_width is {facts.max_beam_width}: the reference engine does not do beam search (1)")
+    return problems
+
+
+def _parallelism(
+    facts: EngineFacts, serve: ServeSpec, target: str, gpu_device_ids: Sequence[int], rank_files: Sequence[str] | None
+) -> list[str]:
+    problems = []
+    ranks = facts.tp_size * facts.pp_size
+    if facts.world_size != ranks:
+        problems.append(f"engine mapping.world_size {facts.world_size} differs from tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks}")
+    if target == "cpu" and ranks != 1:
+        problems.append(f"build.target is cpu but the engine has tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks} ranks: the reference engine runs one rank")
+    if rank_files is not None:
+        suffix = ".safetensors" if target == "cpu" else ".engine"
+        expected = [f"rank{i}{suffix}" for i in range(facts.world_size)]
+        missing = [name for name in expected if name not in rank_files]
+        if missing:
+            problems.append(f"engine mapping.world_size {facts.world_size} needs {', '.join(expected)} but the engine directory lacks {', '.join(missing)}")
+    if target == "engine":
+        instances = serve.instances.tensorrt_llm
+        needed = ranks * instances
+        if gpu_device_ids and len(gpu_device_ids) != needed:
+            problems.append(
+                f"deploy.gpus lists {len(gpu_device_ids)} GPU(s) but tp_size {facts.tp_size} × pp_size {facts.pp_size} × "
+                f"serve.instances.tensorrt_llm {instances} = {needed} are needed"
+            )
+        if not gpu_device_ids and instances > 1:
+            problems.append(
+                f"serve.instances.tensorrt_llm is {instances} but deploy.gpus is empty: each instance needs its own "
+                f"{ranks} GPU(s) (gpu_device_ids), {needed} in all"
+            )
+    return problems
+
+
+def _names(serve: ServeSpec) -> list[str]:
+    if serve.model_name in FIXED_MODEL_NAMES:
+        return [f"serve.model_name {serve.model_name!r} is the name of another model in the repository ({', '.join(FIXED_MODEL_NAMES)})"]
+    return []

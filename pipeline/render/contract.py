@@ -1,0 +1,190 @@
+"""The tensor contracts of the model repository, as data the templates iterate over.
+
+TensorRT-LLM names live here (and in the templates), at the edge. Names follow the 1.2.x
+templates: `seed` (was `random_seed`) and `min_tokens` (was `min_length`). Both `tensorrt_llm`
+variants (the `tensorrtllm` C++ backend for the engine target, the Python model for the cpu
+target) are rendered from `LLM_INPUTS` / `LLM_OUTPUTS`, so their names, dtypes and shapes are
+the same by construction; the cpu model adds one output, `preceding_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOGITS = "LOGITS"  # placeholder data type, resolved to the engine's logits dtype at render time
+
+# Engine dtype names (config.json) → Triton data types.
+TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: str  # Triton TYPE_* name, or LOGITS
+    dims: tuple[int, ...]
+    optional: bool = False
+    scalar: bool = False  # dims [1] reshaped to [] (the backend sees one value per request)
+    ragged: bool = False  # allow_ragged_batch
+
+    def resolved(self, logits_datatype: str) -> "TensorSpec":
+        if self.data_type != LOGITS:
+            return self
+        return TensorSpec(self.name, logits_datatype, self.dims, self.optional, self.scalar, self.ragged)
+
+
+def _scalar(name: str, data_type: str, *, optional: bool = True) -> TensorSpec:
+    return TensorSpec(name, data_type, (1,), optional=optional, scalar=True)
+
+
+LLM_INPUTS: tuple[TensorSpec, ...] = (
+    # optional only so that a `stop` request can omit it; every generation request sends it
+    TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+    _scalar("input_lengths", "TYPE_INT32", optional=False),
+    _scalar("request_output_len", "TYPE_INT32", optional=False),
+    _scalar("num_return_sequences", "TYPE_INT32"),
+    _scalar("end_id", "TYPE_INT32"),
+    _scalar("pad_id", "TYPE_INT32"),
+    TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+    TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+    _scalar("beam_width", "TYPE_INT32"),
+    _scalar("temperature", "TYPE_FP32"),
+    _scalar("runtime_top_k", "TYPE_INT32"),
+    _scalar("runtime_top_p", "TYPE_FP32"),
+    _scalar("repetition_penalty", "TYPE_FP32"),
+    _scalar("presence_penalty", "TYPE_FP32"),
+    _scalar("frequency_penalty", "TYPE_FP32"),
+    _scalar("min_tokens", "TYPE_INT32"),
+    _scalar("seed", "TYPE_UINT64"),
+    _scalar("return_log_probs", "TYPE_BOOL"),
+    _scalar("return_context_logits", "TYPE_BOOL"),
+    _scalar("return_generation_logits", "TYPE_BOOL"),
+    _scalar("exclude_input_in_output", "TYPE_BOOL"),
+    _scalar("stop", "TYPE_BOOL"),
+    _scalar("streaming", "TYPE_BOOL"),
+)
+
+LLM_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("output_ids", "TYPE_INT32", (-1, -1)),
+    TensorSpec("sequence_length", "TYPE_INT32", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
+    TensorSpec("context_logits", LOGITS, (-1, -1)),
+    TensorSpec("generation_logits", LOGITS, (-1, -1, -1)),
+    TensorSpec("sequence_index", "TYPE_INT32", (1,)),
+)
+
+# The cpu model's addition: context tokens for incremental, UTF-8-safe detokenization.
+CPU_LLM_EXTRA_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("preceding_ids", "TYPE_INT32", (-1, -1)),)
+
+# QUERY / REQUEST_OUTPUT_LEN and the client's text_input / max_tokens are required, but declared
+# optional: Triton 2.51 checks an ensemble's required inputs only by count, so a request missing
+# text_input but carrying `stream` would get an empty answer. Declared optional, the step runs
+# and preprocessing refuses the request by name.
+PREPROCESSING_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("QUERY", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("END_ID", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("PAD_ID", "TYPE_INT32", (1,), optional=True),
+)
+
+PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("INPUT_ID", "TYPE_INT32", (-1,)),
+    TensorSpec("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+    TensorSpec("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    TensorSpec("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
+    TensorSpec("OUT_END_ID", "TYPE_INT32", (1,)),
+    TensorSpec("OUT_PAD_ID", "TYPE_INT32", (1,)),
+)
+
+POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
+    TensorSpec("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+    TensorSpec("PRECEDING_IDS", "TYPE_INT32", (-1, -1), optional=True),
+)
+
+POSTPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("OUTPUT", "TYPE_STRING", (-1,)),)
+
+CLIENT_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_input", "TYPE_STRING", (1,), optional=True),  # required: see PREPROCESSING_INPUTS
+    TensorSpec("max_tokens", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("bad_words", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("stop_words", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("end_id", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("pad_id", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("num_return_sequences", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("beam_width", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("temperature", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("top_k", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("top_p", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("repetition_penalty", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("presence_penalty", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("frequency_penalty", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("min_tokens", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("seed", "TYPE_UINT64", (1,), optional=True),
+    TensorSpec("return_log_probs", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("return_context_logits", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+)
+
+CLIENT_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_output", "TYPE_STRING", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
+    TensorSpec("context_logits", LOGITS, (-1, -1)),
+    TensorSpec("generation_logits", LOGITS, (-1, -1, -1)),
+    TensorSpec("sequence_index", "TYPE_INT32", (1,)),
+)
+
+# Ensemble wiring. Client input → preprocessing input.
+CLIENT_TO_PREPROCESSING = {
+    "text_input": "QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
+    "bad_words": "BAD_WORDS_DICT",
+    "stop_words": "STOP_WORDS_DICT",
+    "end_id": "END_ID",
+    "pad_id": "PAD_ID",
+}
+# Preprocessing output → tensorrt_llm input.
+PREPROCESSING_TO_LLM = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "BAD_WORDS_IDS": "bad_words_list",
+    "STOP_WORDS_IDS": "stop_words_list",
+    "OUT_END_ID": "end_id",
+    "OUT_PAD_ID": "pad_id",
+}
+# Client input passed straight to tensorrt_llm.
+CLIENT_TO_LLM = {
+    "num_return_sequences": "num_return_sequences",
+    "beam_width": "beam_width",
+    "temperature": "temperature",
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "min_tokens": "min_tokens",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "stream": "streaming",
+}
+# tensorrt_llm output → client output (text_output comes from postprocessing).
+LLM_TO_CLIENT = {
+    "cum_log_probs": "cum_log_probs",
+    "output_log_probs": "output_log_probs",
+    "context_logits": "context_logits",
+    "generation_logits": "generation_logits",
+    "sequence_index": "sequence_index",
+}
+# tensorrt_llm output → postprocessing input; `preceding_ids` only where the LLM model has it.
+LLM_TO_POSTPROCESSING = {"output_ids": "TOKENS_BATCH", "sequence_length": "SEQUENCE_LENGTH"}
+CPU_LLM_TO_POSTPROCESSING = {"preceding_ids": "PRECEDING_IDS"}

@@ -1,0 +1,234 @@
+"""Write a Triton model repository for an engine directory: configs rendered, code copied, checked.
+
+    <out_dir>/
+      preprocessing/      config.pbtxt, 1/model.py (+ helper modules)
+      tensorrt_llm/       config.pbtxt, 1/model.py (cpu target) or 1/ (engine target)
+      postprocessing/     config.pbtxt, 1/model.py (+ helper modules)
+      <serve.model_name>/ config.pbtxt, 1/ (the ensemble; the empty version directory is required)
+      tensorrt_llm_bls/   config.pbtxt, 1/model.py (+ helper modules)
+
+The configs name the engine and tokenizer directories by absolute path (the serve launcher runs
+Triton on a private copy of the repository, so relative paths would not survive).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from pipeline.config.spec import ServeSpec
+from pipeline.errors import StageError
+from pipeline.render import contract
+from pipeline.render.consistency import check_consistency
+from pipeline.render.engine_facts import EngineFacts, engine_facts, read_engine_config
+from pipeline.render.llm_parameters import cpu_parameters, engine_parameters
+from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
+from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
+
+CONFIG_FILE = "config.pbtxt"
+VERSION_DIR = "1"
+
+# model directory → (model code in model_repo/python, helper modules copied next to it)
+_MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "preprocessing": ("preprocessing.py", ("hf_tokenizer.py", "model_parameters.py", "triton_io.py", "word_lists.py")),
+    "postprocessing": (
+        "postprocessing.py",
+        ("hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
+    ),
+    "tensorrt_llm": (
+        "tensorrt_llm_cpu.py",
+        (
+            "engine_metrics.py",
+            "incremental_detokenizer.py",
+            "llm_request.py",
+            "llm_response.py",
+            "model_parameters.py",
+            "triton_io.py",
+            "word_lists.py",
+        ),
+    ),
+    "tensorrt_llm_bls": (
+        "tensorrt_llm_bls.py",
+        ("client_contract.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ConfigPaths:
+    """The engine and tokenizer directories as the configs name them (e.g. paths inside a container)."""
+
+    engine_dir: str
+    tokenizer_dir: str
+
+
+def model_repo_sources() -> Path:
+    """The `model_repo/` directory of this checkout (templates and Python model code)."""
+    root = Path(__file__).resolve().parents[2] / "model_repo"
+    if not (root / "templates").is_dir() or not (root / "python").is_dir():
+        raise StageError(
+            f"{root} with templates/ and python/ is missing; the package stage needs the project's model_repo/ sources",
+            hint="run from a source checkout (pip install -e .)",
+        )
+    return root
+
+
+def render_model_repository(
+    *,
+    engine_dir: Path,
+    tokenizer_dir: Path,
+    serve: ServeSpec,
+    target: str,
+    out_dir: Path,
+    gpu_device_ids: Sequence[int] = (),
+    config_paths: ConfigPaths | None = None,
+    dry_run: bool = False,
+) -> list[Path]:
+    """Check the engine against the serve spec, then write the repository; returns the files written.
+
+    `dry_run` (of the engine target: no weights, so no rank*.engine, and possibly no tokenizer): the
+    rank-file check is skipped, and without tokenizer.json so are the tokenizer checks; the configs
+    still name `engine_dir` and `tokenizer_dir`, which must be complete before the server starts."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
+    engine_config = read_engine_config(engine_dir)
+    facts = engine_facts(engine_config, str(engine_dir / "config.json"))
+    if dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
+        tokenizer = TokenizerFacts(vocab_size=facts.vocab_size, eos_id=None, pad_id=None)
+    else:
+        tokenizer = tokenizer_facts(tokenizer_dir)
+    rank_files = None if dry_run else sorted(p.name for p in engine_dir.glob("rank*.*"))
+    check_consistency(
+        engine_config,
+        serve,
+        target,
+        tokenizer.vocab_size,
+        tokenizer_eos_id=tokenizer.eos_id,
+        gpu_device_ids=gpu_device_ids,
+        rank_files=rank_files,
+    )
+    paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
+    sources = model_repo_sources()
+    configs = _configs(facts, serve, target, paths, gpu_device_ids)
+    environment = template_environment(sources / "templates")
+    written: list[Path] = []
+    for model_name, (template, context) in configs.items():
+        text = render_config(environment, template, context)
+        where = f"{model_name}/{CONFIG_FILE}"
+        lint_config(text, where)
+        parsed = parse_config(text, where)
+        if parsed.name != model_name:
+            raise StageError(f"{where}: the config names the model {parsed.name!r}, not its directory {model_name!r}")
+        model_dir = out_dir / model_name
+        (model_dir / VERSION_DIR).mkdir(parents=True, exist_ok=True)
+        (model_dir / CONFIG_FILE).write_text(text)
+        written.append(model_dir / CONFIG_FILE)
+        written += _copy_code(sources / "python", model_name, target, model_dir / VERSION_DIR)
+    return written
+
+
+def _copy_code(code_dir: Path, model_name: str, target: str, version_dir: Path) -> list[Path]:
+    if model_name not in _MODEL_CODE or (model_name == "tensorrt_llm" and target != "cpu"):
+        return []
+    main, helpers = _MODEL_CODE[model_name]
+    written = []
+    for source, name in [(main, "model.py"), *((helper, helper) for helper in helpers)]:
+        destination = version_dir / name
+        shutil.copyfile(code_dir / source, destination)
+        written.append(destination)
+    return written
+
+
+def _configs(
+    facts: EngineFacts, serve: ServeSpec, target: str, paths: ConfigPaths, gpu_device_ids: Sequence[int]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    logits = contract.TRITON_DTYPES[facts.logits_dtype]
+    max_batch_size = facts.max_batch_size
+
+    def resolved(specs):
+        return [spec.resolved(logits) for spec in specs]
+
+    def context(**values):
+        return {"max_batch_size": max_batch_size, "serve": serve, **values}
+
+    cpu = target == "cpu"
+    llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if cpu else ()))
+    if cpu:
+        llm = ("tensorrt_llm.cpu.pbtxt.j2", cpu_parameters(serve, engine_dir=paths.engine_dir))
+    else:
+        llm = (
+            "tensorrt_llm.engine.pbtxt.j2",
+            engine_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids),
+        )
+    return {
+        "preprocessing": (
+            "preprocessing.pbtxt.j2",
+            context(
+                inputs=contract.PREPROCESSING_INPUTS,
+                outputs=contract.PREPROCESSING_OUTPUTS,
+                parameters={
+                    "tokenizer_dir": paths.tokenizer_dir,
+                    "add_special_tokens": "true",
+                    "max_input_len": str(facts.max_input_len),
+                    "max_seq_len": str(facts.max_seq_len),
+                },
+            ),
+        ),
+        "tensorrt_llm": (llm[0], context(inputs=contract.LLM_INPUTS, outputs=llm_outputs, parameters=llm[1])),
+        "postprocessing": (
+            "postprocessing.pbtxt.j2",
+            context(
+                inputs=contract.POSTPROCESSING_INPUTS,
+                outputs=contract.POSTPROCESSING_OUTPUTS,
+                parameters={"tokenizer_dir": paths.tokenizer_dir, "skip_special_tokens": "true", "llm_model_name": "tensorrt_llm"},
+            ),
+        ),
+        serve.model_name: (
+            "ensemble.pbtxt.j2",
+            context(
+                name=serve.model_name,
+                inputs=contract.CLIENT_INPUTS,
+                outputs=resolved(contract.CLIENT_OUTPUTS),
+                steps=_ensemble_steps(cpu),
+            ),
+        ),
+        "tensorrt_llm_bls": (
+            "tensorrt_llm_bls.pbtxt.j2",
+            context(
+                inputs=contract.CLIENT_INPUTS,
+                outputs=resolved(contract.CLIENT_OUTPUTS),
+                parameters={
+                    "preprocessing_model_name": "preprocessing",
+                    "tensorrt_llm_model_name": "tensorrt_llm",
+                    "postprocessing_model_name": "postprocessing",
+                    "exclude_input_in_output": "true" if serve.exclude_input_in_output else "false",
+                },
+            ),
+        ),
+    }
+
+
+def _internal(name: str) -> str:
+    return f"_{name}"
+
+
+def _ensemble_steps(cpu: bool) -> dict[str, dict[str, dict[str, str]]]:
+    """input_map / output_map of each step: model tensor name → ensemble tensor name."""
+    llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if cpu else {})}
+    llm_inputs = {llm: _internal(pre) for pre, llm in contract.PREPROCESSING_TO_LLM.items()}
+    llm_inputs.update({llm: client for client, llm in contract.CLIENT_TO_LLM.items()})
+    llm_outputs = {llm: _internal(post) for llm, post in llm_to_post.items()}
+    llm_outputs.update(contract.LLM_TO_CLIENT)
+    return {
+        "preprocessing": {
+            "inputs": {pre: client for client, pre in contract.CLIENT_TO_PREPROCESSING.items()},
+            "outputs": {pre: _internal(pre) for pre in contract.PREPROCESSING_TO_LLM},
+        },
+        "tensorrt_llm": {"inputs": llm_inputs, "outputs": llm_outputs},
+        "postprocessing": {
+            "inputs": {post: _internal(post) for post in llm_to_post.values()},
+            "outputs": {"OUTPUT": "text_output"},
+        },
+    }

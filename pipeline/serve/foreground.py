@@ -1,0 +1,57 @@
+"""`serve_foreground`: run the server until Ctrl-C or SIGTERM, then stop it cleanly."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable
+
+from pipeline.errors import ToolError
+from pipeline.serve.command import ServerOptions
+from pipeline.serve.server import TritonServer
+
+_POLL_SECONDS = 0.5
+
+
+def serve_foreground(options: ServerOptions, *, out: Callable[[str], None] = print, timeout: float = 120.0) -> int:
+    """Start, print the URLs, block until interrupted; 0 after a requested stop.
+
+    Raises ToolError (with the log tail) if the server fails to start or dies on its own.
+    """
+    stop_requested = threading.Event()
+    previous = _install_handlers(stop_requested)
+    try:
+        with TritonServer(options) as server:
+            states = server.wait_until_ready(timeout)
+            out(f"tritonserver is ready (pid {server.pid}); models: {', '.join(sorted(states))}")
+            out(f"  HTTP     {options.http_url}   e.g. POST {options.http_url}/v2/models/<model>/generate")
+            out(f"  gRPC     {options.grpc_url}")
+            out(f"  metrics  {options.metrics_url}")
+            out(f"  log      {server.log_path}")
+            out("Press Ctrl-C to stop.")
+            while not stop_requested.wait(_POLL_SECONDS):
+                if not server.is_running():
+                    tail = server.log_tail()
+                    raise ToolError(server.command, server.stop() or -1, f"tritonserver exited on its own\n{tail}")
+            out("stopping tritonserver ...")
+        return 0
+    finally:
+        _restore_handlers(previous)
+
+
+def _install_handlers(stop_requested: threading.Event) -> dict[int, object]:
+    previous: dict[int, object] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous  # signal handlers can only be set from the main thread
+
+    def request_stop(signum, frame):
+        stop_requested.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, request_stop)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, object]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)

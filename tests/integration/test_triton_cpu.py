@@ -1,0 +1,694 @@
+"""The rendered cpu-target repository in the real tritonserver (nvidia-pytriton's 2.51 binary).
+
+One server for the module (random free ports on 127.0.0.1), talked to with tritonclient directly:
+answers equal refengine's own greedy output, streamed deltas concatenate to the non-streamed
+text, concurrent streams get their own texts, bad inputs are refused while the server stays
+ready, a cancelled stream frees its KV blocks, /metrics counts. The engine-target repository is
+loaded too: only tensorrt_llm (no `tensorrtllm` backend here) and what depends on it fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from pipeline.config.spec import ServeSpec
+from pipeline.render import ConfigPaths, render_model_repository
+from pipeline.serve import ServerOptions, TritonServer, read_state, start_detached, stop_detached
+from pipeline.serve import leaks
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CODE = REPO / "model_repo" / "python"
+CLI = Path(sys.executable).parent / "trtllm-pipeline"
+PROMPTS = [
+    "def foo(x):\n    return",
+    "import os\n",
+    'class Foo:\n    """',
+    "for i in range(",
+    "# Copyright",
+    "with open(path) as f:\n",
+    "x = [",
+    "if __name__ == ",
+    "try:\n    import",
+    "def __init__(self",
+    "return self.",
+    "raise ValueError(",
+]
+MAX_TOKENS = 24
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    for _ in range(count):
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        sockets.append(probe)
+    ports = [probe.getsockname()[1] for probe in sockets]
+    for probe in sockets:
+        probe.close()
+    return ports
+
+
+def client_inputs(prompt: str, max_tokens: int, *, stream: bool, **extra) -> list[grpcclient.InferInput]:
+    arrays = {
+        "text_input": (np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES"),
+        "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
+        "stream": (np.array([[stream]], dtype=np.bool_), "BOOL"),
+        **extra,
+    }
+    inputs = []
+    for name, (array, datatype) in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def stream_infer(url: str, model: str, inputs, *, request_id: str | None = None, output: str = "text_output", timeout: float = 60.0):
+    """All text deltas of one request over a gRPC stream; raises the request's error."""
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, request_id=request_id or uuid.uuid4().hex, enable_empty_final_response=True)
+        deltas = []
+        while True:
+            result, error = responses.get(timeout=timeout)
+            if error is not None:
+                raise error
+            array = result.as_numpy(output)
+            if array is not None:
+                deltas.append(array.reshape(-1)[0].decode("utf-8"))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return deltas
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def http_generate(url: str, model: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def metric(values: dict[str, float], family: str, **labels: str) -> float:
+    for name, value in values.items():
+        if name.startswith(family + "{") and all(f'{key}="{val}"' in name for key, val in labels.items()):
+            return value
+    raise KeyError(f"{family}{labels} not in /metrics")
+
+
+def is_ready(http_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=5) as response:
+            return response.status == 200
+    except urllib.error.URLError:
+        return False
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, Path]:
+    """The default config built by the pipeline itself, up to the engine."""
+    root = tmp_path_factory.mktemp("artifacts")
+    subprocess.run(
+        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "build"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [build] = root.glob("tiny-cpu/build-*")
+    [prepare] = root.glob("tiny-cpu/prepare-*")
+    return {"engine": build / "engine", "tokenizer": prepare}
+
+
+@pytest.fixture(scope="module")
+def model_code():
+    sys.path.insert(0, str(MODEL_CODE))
+    yield
+    sys.path.remove(str(MODEL_CODE))
+
+
+@pytest.fixture(scope="module")
+def reference(artifacts, model_code):
+    """refengine's own greedy text for a prompt, run in this process on the same engine directory."""
+    import torch
+    from hf_tokenizer import HFTokenizer
+    from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+    from refengine import LLMEngine, SamplingParams
+
+    torch.set_num_threads(1)  # leave the cores to the server
+    tokenizer = HFTokenizer(artifacts["tokenizer"])
+    engine = LLMEngine.from_engine_dir(artifacts["engine"])
+
+    @functools.lru_cache(maxsize=None)
+    def greedy_text(prompt: str, max_tokens: int = MAX_TOKENS, stop_words: tuple = (), bad_words: tuple = ()) -> str:
+        prompt_ids = tokenizer.encode(prompt)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            end_id=tokenizer.eos_id,
+            stop_token_ids=[tokenizer.encode(word, add_special_tokens=False) for word in stop_words],
+            bad_words=[tokenizer.encode(word, add_special_tokens=False) for word in bad_words],
+        )
+        [output] = engine.generate([prompt_ids], params)
+        return text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(output.outputs[0].token_ids))
+
+    greedy_text.tokenizer = tokenizer
+    return greedy_text
+
+
+@pytest.fixture(scope="module")
+def server(artifacts, tmp_path_factory):
+    repository = tmp_path_factory.mktemp("repo") / "model_repository"
+    render_model_repository(
+        engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="cpu", out_dir=repository
+    )
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5
+    )
+    workspace = tmp_path_factory.mktemp("serve")
+    triton = TritonServer(options, workspace=workspace).start()
+    try:
+        triton.wait_until_ready(timeout=120)
+        yield triton
+    finally:
+        returncode = triton.stop()
+    # A clean exit means no request was left in flight (cancelled streams included).
+    assert returncode == 0, f"tritonserver exited with {returncode}; see {workspace / 'tritonserver.log'}"
+    assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
+    assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"
+
+
+# -- answers ----------------------------------------------------------------------------------
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp and tcp6
+
+
+def test_server_listens_on_loopback_only(server):
+    listening: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                address, port = fields[1].split(":")
+                listening.setdefault(int(port, 16), set()).add(address)
+    for port in (server.options.http_port, server.options.grpc_port, server.options.metrics_port):
+        assert listening.get(port), f"nothing listens on port {port}"
+        assert listening[port] <= LOOPBACK, f"port {port} is bound to {listening[port]}, not only to 127.0.0.1"
+
+
+def test_http_generate_matches_refengine_greedy_output(server, reference):
+    for prompt in PROMPTS[:3]:
+        status, body = http_generate(server.options.http_url, "ensemble", {"text_input": prompt, "max_tokens": MAX_TOKENS})
+        assert status == 200, body
+        assert body["text_output"] == reference(prompt)
+
+
+def test_grpc_non_streamed_answer_matches_and_unary_infer_names_the_decoupled_policy(server, reference):
+    prompt = PROMPTS[0]
+    deltas = stream_infer(server.options.grpc_url, "ensemble", client_inputs(prompt, MAX_TOKENS, stream=False))
+    assert deltas == [reference(prompt)]
+    # Unary ModelInfer cannot reach a decoupled model (the ensemble is decoupled because tensorrt_llm is).
+    with grpcclient.InferenceServerClient(server.options.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match="doesn't support models with decoupled transaction policy"):
+            client.infer("ensemble", client_inputs(prompt, MAX_TOKENS, stream=False))
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_streamed_deltas_concatenate_to_the_non_streamed_text(server, reference, model):
+    for prompt in PROMPTS[:3]:
+        streamed = stream_infer(server.options.grpc_url, model, client_inputs(prompt, MAX_TOKENS, stream=True))
+        whole = stream_infer(server.options.grpc_url, model, client_inputs(prompt, MAX_TOKENS, stream=False))
+        assert len(streamed) > 1
+        assert "".join(streamed) == "".join(whole) == reference(prompt)
+        assert all("\ufffd" not in delta for delta in streamed)
+
+
+def test_postprocessing_streams_multibyte_characters_whole(server, reference):
+    """The tiny model writes ASCII Python; so drive postprocessing with tokens that split characters."""
+    tokenizer = reference.tokenizer
+    text = " héllo 你好 🎉 wörld"
+    prompt_ids = tokenizer.encode("# note:")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    client = grpcclient.InferenceServerClient(server.options.grpc_url)
+    history, deltas = list(prompt_ids), []  # the client is closed below
+    for token_id in ids:
+        arrays = {
+            "TOKENS_BATCH": np.array([[[token_id]]], dtype=np.int32),
+            "SEQUENCE_LENGTH": np.array([[1]], dtype=np.int32),
+            "PRECEDING_IDS": np.array([[history[-8:]]], dtype=np.int32),
+        }
+        inputs = []
+        for name, array in arrays.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = client.infer("postprocessing", inputs)
+        deltas.append(result.as_numpy("OUTPUT").reshape(-1)[0].decode("utf-8"))
+        history.append(token_id)
+    client.close()
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in delta for delta in deltas)
+    assert deltas[0].startswith(" ")
+
+
+def test_concurrent_streaming_clients_each_get_their_own_text(server, reference):
+    expected = {prompt: reference(prompt) for prompt in PROMPTS}
+    results: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def run(prompt: str) -> None:
+        try:
+            results[prompt] = "".join(stream_infer(server.options.grpc_url, "ensemble", client_inputs(prompt, MAX_TOKENS, stream=True)))
+        except BaseException as error:  # collected and re-raised in the test thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(prompt,)) for prompt in PROMPTS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert results == expected
+
+
+def _settled_metrics(url: str) -> dict[str, float]:
+    """/metrics once two reads agree (an ensemble counts its request just after the last response)."""
+    previous = metrics(url)
+    for _ in range(50):
+        time.sleep(0.1)
+        current = metrics(url)
+        if all(current.get(k) == v for k, v in previous.items() if k.startswith("nv_inference_request_success")):
+            return current
+        previous = current
+    return previous
+
+
+def test_metrics_count_the_requests(server):
+    models = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing")
+    before = _settled_metrics(server.options.metrics_url)
+    for _ in range(3):
+        stream_infer(server.options.grpc_url, "ensemble", client_inputs(PROMPTS[1], 4, stream=False))
+
+    def counted(model):
+        after = metrics(server.options.metrics_url)
+        return metric(after, "nv_inference_request_success", model=model) - metric(before, "nv_inference_request_success", model=model)
+
+    assert _wait_for(lambda: all(counted(model) == 3 for model in models), 5.0), {model: counted(model) for model in models}
+    after = metrics(server.options.metrics_url)
+    assert metric(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max") == 1024
+    assert metric(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per") == 32
+
+
+def _words(*words: str) -> tuple[np.ndarray, str]:
+    return np.array([[word.encode("utf-8") for word in words]], dtype=np.object_), "BYTES"
+
+
+def test_stop_and_bad_words_reach_the_engine(server, reference):
+    prompt = "import os\n"
+    plain = reference(prompt)
+    stopped = reference(prompt, stop_words=("\n",))
+    banned = reference(prompt, bad_words=(" sys",))
+    assert len({plain, stopped, banned}) == 3, "the words must change this prompt's output"
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        url = server.options.grpc_url
+        assert "".join(stream_infer(url, model, client_inputs(prompt, MAX_TOKENS, stream=False, stop_words=_words("\n")))) == stopped
+        assert "".join(stream_infer(url, model, client_inputs(prompt, MAX_TOKENS, stream=True, bad_words=_words(" sys")))) == banned
+
+
+def test_exclude_input_in_output_and_seeded_sampling(server, reference):
+    prompt = PROMPTS[2]
+    keep_input = {"exclude_input_in_output": (np.array([[False]], dtype=np.bool_), "BOOL")}
+    [with_prompt] = stream_infer(server.options.grpc_url, "ensemble", client_inputs(prompt, MAX_TOKENS, stream=False, **keep_input))
+    assert with_prompt == prompt + reference(prompt)
+    sampling = {
+        "temperature": (np.array([[1.0]], dtype=np.float32), "FP32"),
+        "top_k": (np.array([[40]], dtype=np.int32), "INT32"),
+        "seed": (np.array([[1234]], dtype=np.uint64), "UINT64"),
+    }
+    first = stream_infer(server.options.grpc_url, "ensemble", client_inputs(prompt, MAX_TOKENS, stream=False, **sampling))
+    second = stream_infer(server.options.grpc_url, "ensemble", client_inputs(prompt, MAX_TOKENS, stream=False, **sampling))
+    assert first == second
+
+
+# -- bad inputs -------------------------------------------------------------------------------
+def _grpc_error(server, inputs, model="ensemble") -> str:
+    with pytest.raises(InferenceServerException) as raised:
+        stream_infer(server.options.grpc_url, model, inputs)
+    return str(raised.value)
+
+
+BAD_REQUESTS = {
+    "max_tokens zero": ({"text_input": "x", "max_tokens": 0}, 400, "max_tokens must be at least 1, got 0"),
+    "max_tokens negative": ({"text_input": "x", "max_tokens": -5}, 400, "max_tokens must be at least 1, got -5"),
+    "max_tokens huge": ({"text_input": "x", "max_tokens": 1_000_000}, 400, "max_tokens 1000000 is more than the engine can generate"),
+    # Triton 2.51's generate endpoint itself answers a JSON type mismatch with 500 (gRPC: INVALID_ARG).
+    "max_tokens wrong type": ({"text_input": "x", "max_tokens": "ten"}, 500, "Unable to parse 'data'"),
+    "prompt too long": ({"text_input": "x " * 2000, "max_tokens": 4}, 400, "more than the engine's max_input_len 768"),
+    "missing text_input": ({"max_tokens": 4}, 400, "input 'text_input' is required"),
+    "missing max_tokens": ({"text_input": "x"}, 400, "input 'max_tokens' is required"),
+    "unknown input": ({"text_input": "x", "max_tokens": 4, "no_such_input": 1}, 400, "unknown input or parameter 'no_such_input'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_bad_http_requests_get_a_4xx_and_the_server_stays_ready(server, case):
+    body, status, message = BAD_REQUESTS[case]
+    code, answer = http_generate(server.options.http_url, "ensemble", body)
+    assert code == status, answer
+    assert message in answer.get("error", ""), answer
+    assert is_ready(server.options.http_url)
+
+
+def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
+    url = server.options.grpc_url
+    assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True))
+    assert "more than the engine's max_input_len 768" in _grpc_error(server, client_inputs("x " * 2000, 4, stream=False))
+    wrong_type = client_inputs("x", 4, stream=False)[:1] + [grpcclient.InferInput("max_tokens", [1, 1], "FP32")]
+    wrong_type[1].set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
+    assert "max_tokens" in _grpc_error(server, wrong_type) and "INT32" in _grpc_error(server, wrong_type)
+    missing = client_inputs("x", 4, stream=False)[1:]  # max_tokens and stream, no text_input
+    assert "input 'text_input' is required" in _grpc_error(server, missing)
+    assert "input 'text_input' is required" in _grpc_error(server, missing, model="tensorrt_llm_bls")
+    unknown = client_inputs("x", 4, stream=False) + [grpcclient.InferInput("no_such_input", [1, 1], "INT32")]
+    unknown[-1].set_data_from_numpy(np.array([[1]], dtype=np.int32))
+    assert "no_such_input" in _grpc_error(server, unknown)
+    assert "beam_width: 4 is not supported" in _grpc_error(
+        server, client_inputs("x", 4, stream=False, beam_width=(np.array([[4]], dtype=np.int32), "INT32"))
+    )
+    assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
+    assert is_ready(server.options.http_url)
+    assert stream_infer(url, "ensemble", client_inputs(PROMPTS[0], 4, stream=False))
+
+
+def test_streaming_over_plain_http_infer_is_refused_clearly(server):
+    client = httpclient.InferenceServerClient(server.options.http_url.removeprefix("http://"))
+    inputs = []
+    for name, array, datatype in (
+        ("text_input", np.array([[b"x"]], dtype=np.object_), "BYTES"),
+        ("max_tokens", np.array([[4]], dtype=np.int32), "INT32"),
+        ("stream", np.array([[True]], dtype=np.bool_), "BOOL"),
+    ):
+        tensor = httpclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("ensemble", inputs)
+    finally:
+        client.close()  # an open keep-alive connection would hold up the server's shutdown
+    # Triton answers 501 for any /infer on a decoupled model; streams go over gRPC or /generate_stream.
+    assert "HTTP end point doesn't support models with decoupled transaction policy" in str(raised.value)
+    assert is_ready(server.options.http_url)
+
+
+# -- cancellation -----------------------------------------------------------------------------
+def _kv_blocks_used(server) -> float:
+    return metric(metrics(server.options.metrics_url), "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used")
+
+
+def _active_requests(server) -> float:
+    return metric(metrics(server.options.metrics_url), "nv_trt_llm_request_metrics", request_type="active")
+
+
+def _wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"])
+def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model):
+    assert _wait_for(lambda: _kv_blocks_used(server) == 0, 10), "KV cache not idle before the test"
+    if model == "tensorrt_llm":
+        prompt_ids = reference.tokenizer.encode(PROMPTS[0])
+        arrays = {
+            "input_ids": (np.array([prompt_ids], dtype=np.int32), "INT32"),
+            "input_lengths": (np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
+            "request_output_len": (np.array([[600]], dtype=np.int32), "INT32"),
+            "streaming": (np.array([[True]], dtype=np.bool_), "BOOL"),
+        }
+        inputs = []
+        for name, (array, datatype) in arrays.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+    else:
+        inputs = client_inputs(PROMPTS[0], 600, stream=True)
+    client = grpcclient.InferenceServerClient(server.options.grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer(model, inputs, request_id=f"cancel-{uuid.uuid4().hex}")
+    for _ in range(3):  # generation is under way
+        result, error = responses.get(timeout=30)
+        assert error is None, error
+    assert _wait_for(lambda: _kv_blocks_used(server) > 0 and _active_requests(server) > 0, 5.0), "the generation never showed"
+    cancelled_at = time.monotonic()
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    # 600 tokens take far longer than this; only the cancellation can free the blocks so soon.
+    assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 5.0), (
+        f"KV blocks still used {time.monotonic() - cancelled_at:.1f} s after the cancellation"
+    )
+    assert stream_infer(server.options.grpc_url, "ensemble", client_inputs(PROMPTS[1], 4, stream=False))
+
+
+# -- the engine target's repository -----------------------------------------------------------
+def llama_31_8b_engine(directory: Path) -> Path:
+    """A fabricated engine directory shaped like trtllm-build 1.2's output for Llama-3.1-8B FP8."""
+    directory.mkdir(parents=True)
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM", "dtype": "bfloat16", "logits_dtype": "float32", "vocab_size": 128256,
+            "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 131072, "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+        },
+        "build_config": {
+            "max_batch_size": 256, "max_input_len": 8192, "max_seq_len": 16384, "max_num_tokens": 8192,
+            "max_beam_width": 1, "kv_cache_type": "PAGED", "gather_context_logits": False, "gather_generation_logits": False,
+            "plugin_config": {"gpt_attention_plugin": "auto", "context_fmha": True, "use_paged_context_fmha": True,
+                              "paged_kv_cache": True, "remove_input_padding": True, "tokens_per_block": 32},
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "rank0.engine").write_bytes(b"")
+    return directory
+
+
+def test_engine_target_repository_fails_only_for_the_missing_tensorrtllm_backend(artifacts, tmp_path):
+    repository = tmp_path / "model_repository"
+    render_model_repository(
+        engine_dir=llama_31_8b_engine(tmp_path / "engine"),
+        tokenizer_dir=artifacts["tokenizer"],
+        serve=ServeSpec(),
+        target="engine",
+        out_dir=repository,
+        config_paths=ConfigPaths(str(tmp_path / "engine"), str(artifacts["tokenizer"])),
+    )
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
+    )
+    state_dir = tmp_path / "serve-state"
+    with pytest.raises(Exception, match="models not ready: .*tensorrt_llm: UNAVAILABLE"):
+        start_detached(options, state_dir, timeout=60)  # the strict form refuses, naming the model
+    assert read_state(state_dir) is None
+
+    server = TritonServer(options).start()
+    try:
+        states = server.wait_until_ready(timeout=60, require_all_ready=False)
+    finally:
+        server.stop()
+    assert states["tensorrt_llm"].state == "UNAVAILABLE"
+    assert "unable to find backend library for backend 'tensorrtllm'" in states["tensorrt_llm"].reason
+    assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
+    # The ensemble is not loaded without its tensorrt_llm step; nothing else fails.
+    assert not states["ensemble"].ready
+    assert set(states) == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
+
+
+def tokenizer_only_repository(artifacts, tmp_path: Path) -> Path:
+    """The engine target's preprocessing and postprocessing: quick to load, no torch."""
+    repository = tmp_path / "model_repository"
+    render_model_repository(
+        engine_dir=llama_31_8b_engine(tmp_path / "engine"), tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(),
+        target="engine", out_dir=repository,
+    )
+    for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
+        shutil.rmtree(repository / name)
+    return repository
+
+
+def test_detached_server_is_stopped_by_its_state_file(artifacts, tmp_path):
+    repository = tokenizer_only_repository(artifacts, tmp_path)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5)
+    state_dir = tmp_path / "serve-state"
+    state = start_detached(options, state_dir, timeout=60)
+    assert state.is_running() and is_ready(state.http_url)
+    assert read_state(state_dir) == state
+    stopped = stop_detached(state_dir)
+    assert stopped.pid == state.pid and not state.is_running()
+    assert read_state(state_dir) is None
+    assert not list(leaks.SHM_DIR.glob(f"{state.shm_prefix}*"))
+    assert not [d for d in state.python_env_dirs if Path(d).exists()]
+    assert (state_dir / "tritonserver.last.log").is_file()
+    with pytest.raises(Exception, match="no server is recorded"):
+        stop_detached(state_dir)
+
+
+def test_serve_foreground_prints_the_urls_and_stops_on_ctrl_c(artifacts, tmp_path):
+    repository = tokenizer_only_repository(artifacts, tmp_path)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    script = (
+        "import sys; from pathlib import Path; from pipeline.serve import ServerOptions, serve_foreground; "
+        f"sys.exit(serve_foreground(ServerOptions(model_repository=Path({str(repository)!r}), http_port={http_port}, "
+        f"grpc_port={grpc_port}, metrics_port={metrics_port}, exit_timeout_secs=5)))"
+    )
+    process = subprocess.Popen([sys.executable, "-u", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    output = []
+    try:
+        while not any("Press Ctrl-C" in line for line in output):
+            output.append(lines.get(timeout=60))
+        assert is_ready(f"http://127.0.0.1:{http_port}")
+        text = "".join(output)
+        assert f"http://127.0.0.1:{http_port}" in text and f"127.0.0.1:{grpc_port}" in text and f":{metrics_port}/metrics" in text
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not is_ready(f"http://127.0.0.1:{http_port}")
+
+
+def test_a_repository_without_streaming_answers_unary_requests(artifacts, reference, tmp_path):
+    """serve.decoupled false: unary gRPC ModelInfer and HTTP /infer work; a stream request is refused."""
+    repository = tmp_path / "model_repository"
+    render_model_repository(
+        engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(streaming=False, decoupled=False),
+        target="cpu", out_dir=repository,
+    )
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5)
+    prompt = PROMPTS[0]
+    with TritonServer(options) as triton:
+        triton.wait_until_ready(timeout=120)
+        with grpcclient.InferenceServerClient(options.grpc_url) as client:
+            for model in ("ensemble", "tensorrt_llm_bls"):
+                result = client.infer(model, client_inputs(prompt, MAX_TOKENS, stream=False))
+                assert result.as_numpy("text_output").reshape(-1)[0].decode() == reference(prompt)
+        http = httpclient.InferenceServerClient(options.http_url.removeprefix("http://"))
+        try:
+            def http_inputs(stream: bool):
+                inputs = []
+                for name, array, datatype in (
+                    ("text_input", np.array([[prompt.encode()]], dtype=np.object_), "BYTES"),
+                    ("max_tokens", np.array([[MAX_TOKENS]], dtype=np.int32), "INT32"),
+                    ("stream", np.array([[stream]], dtype=np.bool_), "BOOL"),
+                ):
+                    tensor = httpclient.InferInput(name, list(array.shape), datatype)
+                    tensor.set_data_from_numpy(array)
+                    inputs.append(tensor)
+                return inputs
+
+            assert http.infer("ensemble", http_inputs(False)).as_numpy("text_output").reshape(-1)[0].decode() == reference(prompt)
+            with pytest.raises(InferenceServerException) as raised:
+                http.infer("ensemble", http_inputs(True))
+            assert raised.value.status() == "400"
+            assert "streaming: streaming is only supported if the model is deployed in decoupled mode" in str(raised.value)
+        finally:
+            http.close()
+        assert is_ready(options.http_url)
+        assert triton.stop() == 0
+
+
+# -- the launcher's own behaviour -------------------------------------------------------------
+def test_command_binds_every_endpoint_to_the_configured_address(tmp_path):
+    from pipeline.serve import find_tritonserver, server_command
+    from pipeline.serve.installation import make_backend_directory, server_environment
+
+    installation = find_tritonserver()
+    options = ServerOptions(model_repository=tmp_path, http_port=1, grpc_port=2, metrics_port=3)
+    command = server_command(installation, options, model_repository=tmp_path, backend_dir=tmp_path / "b")
+    assert command[0] == str(installation.binary)
+    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+                 "--model-control-mode=explicit", "--load-model=*", "--disable-auto-complete-config",
+                 "--allow-gpu-metrics=false", f"--backend-config=python,shm-region-prefix-name={options.shm_prefix}"):
+        assert flag in command
+    assert options.shm_prefix.startswith("triton_python_backend_shm_region_trtllmpipe_")
+    backends = make_backend_directory(installation, tmp_path / "backends")
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub"):
+        assert (backends / "python" / name).resolve().is_file()
+    env = server_environment({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/x"})
+    assert env["PATH"].split(":")[0] == str(Path(sys.prefix) / "bin")
+    assert env["LD_LIBRARY_PATH"].endswith(":/x")
+
+
+def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatch):
+    """A server (and its stub children) that ignore SIGTERM are SIGKILLed after the exit timeout."""
+    from pipeline.serve import TritonInstallation, process, server as server_module
+
+    root = tmp_path / "fake-tritonserver"
+    (root / "bin").mkdir(parents=True)
+    fake = root / "bin" / "tritonserver"
+    fake.write_text("#!/bin/sh\ntrap '' TERM\nsh -c \"trap '' TERM; sleep 300\" &\nsleep 300\n")
+    fake.chmod(0o755)
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    monkeypatch.setattr(server_module, "_STOP_GRACE_SECONDS", 0.5)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=0)
+    triton = TritonServer(options, installation=TritonInstallation(root)).start()
+    pid = triton.pid
+    time.sleep(0.3)
+    started = time.monotonic()
+    returncode = triton.stop()
+    assert returncode == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    assert not process.group_alive(pid), "a process of the server's group survived"
