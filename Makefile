@@ -30,6 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first and pinned, so that nothing later resolves a CUDA build
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
+	scripts/fetch_compose_schema.sh $(VENV)
 	touch $(STAMP)
 
 schema: $(STAMP)

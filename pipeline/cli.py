@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--detach", action="store_true", help="start in the background and return once every model is ready; end it with `stop`")
     serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
     with_config("stop", "stop a server started with `serve --detach`")
+    deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it")
+    deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
+    deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
@@ -109,6 +112,8 @@ def run_cli(argv: list[str], console: Console) -> int:
         state = stop_detached(_serve_state_dir(store))
         console.print(f"stopped the server (pid {state.pid}) that served {state.http_url}")
         return 0
+    if args.command == "deploy":
+        return _deploy(loaded, store, args, console)
     if args.command == "generate":
         return _generate(loaded, store, args, console)
     if args.command == "run":
@@ -141,6 +146,19 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
         print(json.dumps(generation.to_json(), ensure_ascii=False))
     else:
         print(generation.prompt + generation.text)
+    return 0
+
+
+def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.deploy import compose_up, export_deployment, profile_for
+    from pipeline.stages.deploy import DEPLOY_DIR
+
+    results = {r.name: r for r in run_pipeline(loaded, store, until="deploy", console=console)}
+    export_deployment(results["deploy"].ref.path / DEPLOY_DIR, args.out)
+    profile = profile_for(loaded.spec.build.target.value)
+    console.print(f"deployment in {args.out}: docker compose --env-file {args.out}/.env --profile {profile} -f {args.out}/docker-compose.yml up -d")
+    if args.up:
+        compose_up(args.out, profile)
     return 0
 
 

@@ -132,6 +132,17 @@ def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {"serve": _dump(spec.serve), "target": spec.build.target.value, "gpus": list(spec.deploy.gpus)}
 
 
+def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "deploy": _dump(spec.deploy),
+        "serve": _dump(spec.serve),
+        "target": spec.build.target.value,
+        "trtllm_version": spec.build.trtllm_version,
+        "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
+    }
+
+
 STAGE_DEFS: tuple[StageDef, ...] = (
     StageDef("prepare", 1, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and normalize the Hugging Face checkpoint"),
     StageDef(
@@ -160,6 +171,7 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         _package_inputs,
         "render the Triton model repository and check it against the engine",
     ),
+    StageDef("deploy", 1, ("prepare", "build", "package"), ("trtllm_pipeline",), _deploy_inputs, "render the docker compose deployment"),
 )
 
 

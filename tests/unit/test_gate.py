@@ -54,7 +54,7 @@ def _run(path: Path, artifacts: Path, *overrides: str):
 
 def test_gate_is_planned_only_when_configured(gated) -> None:
     path, _ = gated
-    assert make_plan(load_config(path)).names() == ("prepare", "quantize", "build", "gate", "package")
+    assert make_plan(load_config(path)).names() == ("prepare", "quantize", "build", "gate", "package", "deploy")
     plain = load_config(REPO / "build_configs" / "tiny-cpu.yaml")
     assert "gate" not in make_plan(plain).names()
 

@@ -34,9 +34,9 @@ def digests(config_path: Path, *overrides: str, facts: EnvFacts = FACTS) -> dict
 
 def test_plan_is_deterministic_and_ordered(config_path: Path) -> None:
     first = digests(config_path)
-    assert list(first) == ["prepare", "quantize", "build", "package"]
+    assert list(first) == ["prepare", "quantize", "build", "package", "deploy"]
     assert first == digests(config_path)
-    assert len(set(first.values())) == 4
+    assert len(set(first.values())) == 5
 
 
 def test_a_build_field_changes_build_and_downstream_only(config_path: Path) -> None:
@@ -59,11 +59,12 @@ def test_tp_size_is_part_of_the_checkpoint(config_path: Path) -> None:
     assert changed["quantize"] != base["quantize"]
 
 
-def test_serve_fields_change_only_package_and_deploy_ports_nothing(config_path: Path) -> None:
+def test_serve_fields_change_package_and_deploy_fields_only_deploy(config_path: Path) -> None:
     base = digests(config_path)
     changed = digests(config_path, "serve.max_queue_size=5")
-    assert {name for name in base if base[name] != changed[name]} == {"package"}
-    assert digests(config_path, "deploy.http_port=9000") == base
+    assert {name for name in base if base[name] != changed[name]} == {"package", "deploy"}
+    changed = digests(config_path, "deploy.http_port=9000")
+    assert {name for name in base if base[name] != changed[name]} == {"deploy"}
 
 
 def test_model_content_and_tool_versions_change_digests(config_path: Path) -> None:

@@ -52,7 +52,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
 def test_first_run_builds_every_stage_then_everything_is_cached(built) -> None:
     config, artifacts, first = built
     assert [(name, r.outcome) for name, r in first.items()] == [
-        ("prepare", "built"), ("quantize", "built"), ("build", "built"), ("package", "built")
+        ("prepare", "built"), ("quantize", "built"), ("build", "built"), ("package", "built"), ("deploy", "built")
     ]
     second = _run(config, artifacts)
     assert all(r.outcome == "cached" for r in second.values())
@@ -63,7 +63,7 @@ def test_changing_a_build_field_reruns_build_only(built) -> None:
     config, artifacts, first = built
     changed = _run(config, artifacts, "build.max_seq_len=900")
     assert [(n, r.outcome) for n, r in changed.items()] == [
-        ("prepare", "cached"), ("quantize", "cached"), ("build", "built"), ("package", "built")
+        ("prepare", "cached"), ("quantize", "cached"), ("build", "built"), ("package", "built"), ("deploy", "built")
     ]
     engine = json.loads((changed["build"].ref.path / "engine" / "config.json").read_text())
     assert engine["build_config"]["max_seq_len"] == 900
@@ -173,7 +173,7 @@ def test_cli_plan_json_reports_cache_hits(built, capsys: pytest.CaptureFixture[s
     config, artifacts, first = built
     assert main(["--artifacts", str(artifacts), "plan", str(config), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert [(s["name"], s["cached"]) for s in plan["stages"]] == [("prepare", True), ("quantize", True), ("build", True), ("package", True)]
+    assert [(s["name"], s["cached"]) for s in plan["stages"]] == [("prepare", True), ("quantize", True), ("build", True), ("package", True), ("deploy", True)]
     assert plan["stages"][1]["digest"] == first["quantize"].ref.digest
 
 

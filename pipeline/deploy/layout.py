@@ -1,0 +1,75 @@
+"""Names shared by the deployment's files: the directory layout, container paths, ports and profiles.
+
+A deployment directory (the deploy artifact's `deploy/`, or `./deploy/` in a checkout):
+
+    docker-compose.yml        services triton (profile cpu or gpu), prometheus, grafana
+    .env                      COMPOSE_PROJECT_NAME, COMPOSE_PROFILES and the two secrets (mode 0600)
+    model_repository/         the Triton repository rendered for the container (/engine, /tokenizer)
+    engine -> …/build-<digest>/engine          symlinks to the upstream artifacts (nothing copied)
+    tokenizer -> …/prepare-<digest>
+    prometheus/prometheus.yml
+    grafana/provisioning/datasources/prometheus.yml
+    grafana/provisioning/dashboards/trtllm-pipeline.yml
+    grafana/dashboards/trtllm-pipeline.json
+    Dockerfile, .dockerignore, src/            cpu target only: the image with the project installed
+"""
+
+from __future__ import annotations
+
+from pipeline.errors import SpecError
+
+COMPOSE_FILE = "docker-compose.yml"
+ENV_FILE = ".env"
+DOCKERFILE = "Dockerfile"
+DOCKERIGNORE = ".dockerignore"
+SOURCE_DIR = "src"
+MODEL_REPOSITORY_DIR = "model_repository"
+ENGINE_LINK = "engine"
+TOKENIZER_LINK = "tokenizer"
+PROMETHEUS_CONFIG = "prometheus/prometheus.yml"
+GRAFANA_DATASOURCES = "grafana/provisioning/datasources/prometheus.yml"
+GRAFANA_DASHBOARD_PROVIDERS = "grafana/provisioning/dashboards/trtllm-pipeline.yml"
+GRAFANA_DASHBOARDS_DIR = "grafana/dashboards"
+GRAFANA_DASHBOARD = f"{GRAFANA_DASHBOARDS_DIR}/trtllm-pipeline.json"
+GRAFANA_PROVISIONING_DIR = "grafana/provisioning"
+
+# Inside the containers.
+MODELS_MOUNT = "/models"
+ENGINE_MOUNT = "/engine"
+TOKENIZER_MOUNT = "/tokenizer"
+GRAFANA_DASHBOARDS_MOUNT = "/etc/grafana/dashboards"
+CONTAINER_HTTP_PORT = 8000
+CONTAINER_GRPC_PORT = 8001
+CONTAINER_METRICS_PORT = 8002
+PROMETHEUS_PORT = 9090
+GRAFANA_PORT = 3000
+MONITORING_BIND_ADDRESS = "127.0.0.1"  # Prometheus and Grafana are never published beyond loopback
+
+# Service names (the Triton service is `triton` in either profile, so Prometheus scrapes one name).
+TRITON_SERVICE = "triton"
+PROMETHEUS_SERVICE = "prometheus"
+GRAFANA_SERVICE = "grafana"
+
+# Variables the compose file interpolates; the deploy stage writes them into .env.
+ADMIN_KEY_VARIABLE = "TRITON_ADMIN_KEY"
+GRAFANA_PASSWORD_VARIABLE = "GRAFANA_ADMIN_PASSWORD"
+ADMIN_KEY_HEADER = "admin-key"
+
+_PROFILES = {"engine": "gpu", "cpu": "cpu"}
+
+
+def profile_for(target: str) -> str:
+    """The compose profile of a build target: `gpu` for engine, `cpu` for cpu."""
+    profile = _PROFILES.get(str(target))
+    if profile is None:
+        raise SpecError(
+            f"build.target {target!r} has no docker compose deployment yet; deployable targets: {', '.join(_PROFILES)}",
+            hint="deploy the engine target (profile gpu) or the cpu target (profile cpu)",
+        )
+    return profile
+
+
+def project_name(build_name: str) -> str:
+    """A compose project name for a build: lowercase letters, digits, '-' and '_' only."""
+    cleaned = "".join(char if char.isalnum() or char in "-_" else "-" for char in build_name.lower())
+    return f"trtllm-{cleaned}".strip("-")

@@ -1,0 +1,212 @@
+"""Prometheus and Grafana: their compose services, Prometheus' scrape config, Grafana's provisioning and dashboard.
+
+Prometheus scrapes the Triton service's metrics port on the compose network (`triton:8002`).
+Grafana gets a provisioned Prometheus datasource and one dashboard built from the metric
+families both targets serve (triton-on-cpu.md §11; the cpu model's custom families carry
+TensorRT-LLM's backend names, model_repo/python/engine_metrics.py):
+
+    nv_inference_request_success / _failure      counters, per model
+    nv_inference_request_duration_us             cumulative µs, per model
+    nv_inference_queue_duration_us               cumulative µs, per model
+    nv_inference_pending_request_count           gauge, per model
+    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max|free|used|tokens_per"}
+    nv_trt_llm_request_metrics{request_type="active|waiting|scheduled|max"}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.spec import Spec
+from pipeline.deploy import images, layout
+from pipeline.deploy.parts import bind_mount, hardening, published
+
+PROMETHEUS_VOLUME = "prometheus-data"
+GRAFANA_VOLUME = "grafana-data"
+DATASOURCE_UID = "prometheus"
+DASHBOARD_UID = "trtllm-pipeline"
+SCRAPE_INTERVAL = "5s"
+RETENTION = "15d"
+RATE_WINDOW = "1m"
+
+
+# -- compose services ------------------------------------------------------------------------------
+def prometheus_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
+    return {
+        "profiles": [profile],
+        "image": images.PROMETHEUS_IMAGE,
+        "command": [
+            "--config.file=/etc/prometheus/prometheus.yml",
+            "--storage.tsdb.path=/prometheus",
+            f"--storage.tsdb.retention.time={RETENTION}",
+            f"--web.listen-address=:{layout.PROMETHEUS_PORT}",
+        ],
+        "ports": [published(layout.MONITORING_BIND_ADDRESS, layout.PROMETHEUS_PORT, layout.PROMETHEUS_PORT)],
+        "volumes": [
+            bind_mount(deploy_dir / layout.PROMETHEUS_CONFIG, "/etc/prometheus/prometheus.yml"),
+            {"type": "volume", "source": PROMETHEUS_VOLUME, "target": "/prometheus"},
+        ],
+        **hardening(),
+        "healthcheck": {
+            "test": ["CMD", "wget", "-q", "-O", "-", f"http://127.0.0.1:{layout.PROMETHEUS_PORT}/-/ready"],
+            "interval": "10s",
+            "timeout": "3s",
+            "retries": 3,
+            "start_period": "30s",
+        },
+    }
+
+
+def grafana_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
+    password = "${" + layout.GRAFANA_PASSWORD_VARIABLE + ":?set " + layout.GRAFANA_PASSWORD_VARIABLE + " in .env}"
+    return {
+        "profiles": [profile],
+        "image": images.GRAFANA_IMAGE,
+        "depends_on": {layout.PROMETHEUS_SERVICE: {"condition": "service_started"}},
+        "environment": {
+            "GF_SECURITY_ADMIN_USER": "admin",
+            "GF_SECURITY_ADMIN_PASSWORD": password,
+            "GF_USERS_ALLOW_SIGN_UP": "false",
+            "GF_AUTH_ANONYMOUS_ENABLED": "false",
+            "GF_ANALYTICS_REPORTING_ENABLED": "false",
+            "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+            "GF_LOG_MODE": "console",  # the root file system is read-only: no log files
+        },
+        "ports": [published(layout.MONITORING_BIND_ADDRESS, layout.GRAFANA_PORT, layout.GRAFANA_PORT)],
+        "volumes": [
+            bind_mount(deploy_dir / layout.GRAFANA_PROVISIONING_DIR, "/etc/grafana/provisioning"),
+            bind_mount(deploy_dir / layout.GRAFANA_DASHBOARDS_DIR, layout.GRAFANA_DASHBOARDS_MOUNT),
+            {"type": "volume", "source": GRAFANA_VOLUME, "target": "/var/lib/grafana"},
+        ],
+        **hardening(),
+        "healthcheck": {
+            "test": ["CMD", "wget", "-q", "-O", "-", f"http://127.0.0.1:{layout.GRAFANA_PORT}/api/health"],
+            "interval": "10s",
+            "timeout": "3s",
+            "retries": 3,
+            "start_period": "60s",
+        },
+    }
+
+
+# -- files ---------------------------------------------------------------------------------------
+def prometheus_config(spec: Spec, target: str) -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "15s"},
+        "scrape_configs": [
+            {
+                "job_name": "triton",
+                "metrics_path": "/metrics",
+                "static_configs": [
+                    {
+                        "targets": [f"{layout.TRITON_SERVICE}:{layout.CONTAINER_METRICS_PORT}"],
+                        "labels": {"build": spec.name, "target": target},
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def grafana_datasources() -> dict[str, Any]:
+    return {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": "Prometheus",
+                "uid": DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": f"http://{layout.PROMETHEUS_SERVICE}:{layout.PROMETHEUS_PORT}",
+                "isDefault": True,
+                "editable": False,
+            }
+        ],
+    }
+
+
+def grafana_dashboard_providers() -> dict[str, Any]:
+    return {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "trtllm-pipeline",
+                "folder": "trtllm-pipeline",
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                "options": {"path": layout.GRAFANA_DASHBOARDS_MOUNT},
+            }
+        ],
+    }
+
+
+def _rate(family: str) -> str:
+    return f"sum by (model) (rate({family}[{RATE_WINDOW}]))"
+
+
+def _per_request_ms(family: str) -> str:
+    return f"{_rate(family)} / {_rate('nv_inference_request_success')} / 1000"
+
+
+def _kv(kind: str) -> str:
+    return f'sum(nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="{kind}"}})'
+
+
+# (title, unit, [(expression, legend)]) — the dashboard's panels, in reading order.
+PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("Throughput", "reqps", ((_rate("nv_inference_request_success"), "{{model}}"),)),
+    ("Request latency", "ms", ((_per_request_ms("nv_inference_request_duration_us"), "{{model}}"),)),
+    ("Queue time", "ms", ((_per_request_ms("nv_inference_queue_duration_us"), "{{model}}"),)),
+    (
+        "KV-cache usage",
+        "percent",
+        ((f"100 * {_kv('used')} / clamp_min({_kv('max')}, 1)", "used %"),),
+    ),
+    ("KV-cache blocks", "short", ((_kv("used"), "used"), (_kv("free"), "free"), (_kv("max"), "max"))),
+    (
+        "LLM requests",
+        "short",
+        tuple(
+            (f'sum(nv_trt_llm_request_metrics{{request_type="{kind}"}})', kind) for kind in ("active", "waiting", "scheduled")
+        ),
+    ),
+    ("Pending requests", "short", (("sum by (model) (nv_inference_pending_request_count)", "{{model}}"),)),
+    ("Failures", "reqps", ((_rate("nv_inference_request_failure"), "{{model}}"),)),
+)
+
+
+def dashboard(spec: Spec, target: str) -> dict[str, Any]:
+    datasource = {"type": "prometheus", "uid": DATASOURCE_UID}
+    panels = []
+    for index, (title, unit, queries) in enumerate(PANELS):
+        panels.append(
+            {
+                "id": index + 1,
+                "type": "timeseries",
+                "title": title,
+                "datasource": dict(datasource),
+                "gridPos": {"x": 12 * (index % 2), "y": 8 * (index // 2), "w": 12, "h": 8},
+                "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+                "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+                "targets": [
+                    {"refId": chr(ord("A") + i), "datasource": dict(datasource), "expr": expr, "legendFormat": legend}
+                    for i, (expr, legend) in enumerate(queries)
+                ],
+            }
+        )
+    return {
+        "uid": DASHBOARD_UID,
+        "title": f"trtllm-pipeline: {spec.name} ({target})",
+        "tags": ["trtllm-pipeline", "triton", target],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "refresh": "10s",
+        "time": {"from": "now-30m", "to": "now"},
+        "templating": {"list": []},
+        "annotations": {"list": []},
+        "panels": panels,
+    }

@@ -1,0 +1,115 @@
+"""The `tritonserver` command of the deployed Triton service (a typed boundary, like pipeline.serve.command).
+
+Hardening (serving-and-operations.md B1, B4): the whole repository is loaded at start-up and never
+changed at run time (`--model-control-mode=none`); the admin APIs need the header `admin-key`
+whose value comes from .env (`--http-restricted-api` / `--grpc-restricted-protocol`, syntax
+`<api>,<api>,…:<header>=<value>`, checked against the bundled tritonserver 2.51); SageMaker,
+Vertex AI and tracing are off; readiness is strict; shutdown waits `EXIT_TIMEOUT_SECS` for
+in-flight requests.
+
+Engine target with tp×pp > 1: TensorRT-LLM's leader mode, in the form scripts/launch_triton_server.py
+generates (trtllm.md §4.8) — one `mpirun` with one `-n 1 tritonserver …` block per rank, joined by
+`:`. Rank 0 loads and serves the repository; the other ranks load only `tensorrt_llm`
+(explicit mode) and never bind a port. Every rank gets its own Python-backend shm prefix.
+"""
+
+from __future__ import annotations
+
+from pipeline.deploy.layout import (
+    ADMIN_KEY_HEADER,
+    ADMIN_KEY_VARIABLE,
+    CONTAINER_GRPC_PORT,
+    CONTAINER_HTTP_PORT,
+    CONTAINER_METRICS_PORT,
+    MODELS_MOUNT,
+)
+
+EXIT_TIMEOUT_SECS = 60
+STOP_GRACE_SECS = EXIT_TIMEOUT_SECS + 30  # compose's stop_grace_period: longer than the server's drain
+# Every admin API category Triton can restrict; health, metadata and inference stay open.
+RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
+# Bounded gRPC response pool (the default is INT_MAX; B1.6). Triton ≥ 25.x only: the bundled
+# tritonserver 2.51 of the cpu image does not know the flag.
+GRPC_MAX_RESPONSE_POOL_SIZE = 1024
+LLM_MODEL = "tensorrt_llm"
+NGC_TRITONSERVER = "tritonserver"  # on PATH in the Triton TRT-LLM image (/opt/tritonserver/bin)
+
+# The cpu image (pipeline.deploy.dockerfile): the wheel's server linked at a fixed path, and the
+# private backend directory of symlinks that `trtllm-pipeline serve` also uses (triton-on-cpu.md §5).
+CPU_TRITONSERVER_ROOT = "/opt/tritonserver"
+CPU_BACKEND_DIR = "/opt/triton-backends"
+
+
+def admin_key_reference() -> str:
+    """The compose interpolation of the admin key (a missing .env entry stops `docker compose` with this text)."""
+    return "${" + ADMIN_KEY_VARIABLE + ":?set " + ADMIN_KEY_VARIABLE + " in .env}"
+
+
+def restricted_api_value() -> str:
+    return ",".join(RESTRICTED_APIS) + f":{ADMIN_KEY_HEADER}={admin_key_reference()}"
+
+
+def _hardening_flags() -> list[str]:
+    restricted = restricted_api_value()
+    return [
+        f"--http-port={CONTAINER_HTTP_PORT}",
+        f"--grpc-port={CONTAINER_GRPC_PORT}",
+        f"--metrics-port={CONTAINER_METRICS_PORT}",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--disable-auto-complete-config",
+        "--allow-sagemaker=false",
+        "--allow-vertex-ai=false",
+        "--trace-config=level=off",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_SECS}",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+    ]
+
+
+def cpu_server_command() -> list[str]:
+    """The cpu image's server: the nvidia-pytriton tritonserver, Python backend only, no GPU metrics."""
+    return [
+        f"{CPU_TRITONSERVER_ROOT}/bin/tritonserver",
+        f"--model-repository={MODELS_MOUNT}",
+        "--model-control-mode=none",
+        f"--backend-directory={CPU_BACKEND_DIR}",
+        f"--cache-directory={CPU_TRITONSERVER_ROOT}/caches",
+        "--allow-gpu-metrics=false",
+        *_hardening_flags(),
+    ]
+
+
+def engine_server_command(world_size: int) -> list[str]:
+    """The Triton TRT-LLM image's server; under `mpirun` in leader mode when the engine has several ranks."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    rank0 = [NGC_TRITONSERVER, f"--model-repository={MODELS_MOUNT}", "--model-control-mode=none", *_engine_flags()]
+    if world_size == 1:
+        return rank0
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        if rank:
+            command.append(":")
+            block = [
+                NGC_TRITONSERVER,
+                f"--model-repository={MODELS_MOUNT}",
+                "--model-control-mode=explicit",
+                f"--load-model={LLM_MODEL}",
+                *_engine_flags(),
+            ]
+        else:
+            block = list(rank0)
+        command += ["-n", "1", *block, f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+    return command
+
+
+def _engine_flags() -> list[str]:
+    return [*_hardening_flags(), f"--grpc-max-response-pool-size={GRPC_MAX_RESPONSE_POOL_SIZE}"]
+
+
+def world_size_of(command: list[str]) -> int:
+    """MPI ranks a rendered command starts: the sum of its `-n` counts, or 1 without mpirun."""
+    if not command or command[0] != "mpirun":
+        return 1
+    return sum(int(command[i + 1]) for i, token in enumerate(command[:-1]) if token == "-n")
