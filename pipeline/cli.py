@@ -75,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     engine_bench.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
     engine_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     engine_bench.add_argument("--out", type=Path, help="also write the JSON result here (default: <artifacts>/<name>/bench-engine.json)")
+    serve_bench = bench_sub.add_parser("serve", help="Triton overhead: 1-token generate via HTTP/gRPC/in-process, per-token cost of streaming")
+    serve_bench.add_argument("config", type=Path, help="build config YAML (target cpu)")
+    serve_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    serve_bench.add_argument("--requests", type=int, default=200, help="1-token requests per path (default 200)")
+    serve_bench.add_argument("--warmup", type=int, default=20, help="warm-up requests per path (default 20)")
+    serve_bench.add_argument("--concurrency", type=int, default=1, help="concurrent callers per path (default 1)")
+    serve_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
     accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
     accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -88,6 +95,8 @@ def run_cli(argv: list[str], console: Console) -> int:
     args = _parser().parse_args(argv)
     if args.command == "schema":
         return _schema(args, console)
+    if args.command == "bench" and args.bench_command == "serve":
+        return _bench_serve(args)
     if args.command == "bench" and args.bench_command == "accuracy":
         return _bench_accuracy(args)
     if args.command == "bench":
@@ -185,6 +194,34 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
         console.print(f"stop it with: trtllm-pipeline stop {args.config}")
         return 0
     return serve_foreground(options, out=console.print, timeout=args.timeout)
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    from pipeline.bench.serve_bench import render_serve_markdown, run_serve_bench
+    from pipeline.stages.build import ENGINE_DIR
+    from pipeline.stages.package import REPOSITORY_DIR
+
+    loaded = load_config(args.config, args.overrides)
+    if loaded.spec.build.target.value != "cpu":
+        raise SpecError(f"bench serve measures the cpu target; {args.config} has build.target {loaded.spec.build.target.value!r}")
+    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    results = {r.name: r for r in run_pipeline(loaded, store, until="package", console=status)}
+    result = run_serve_bench(
+        results["package"].ref.path / REPOSITORY_DIR,
+        results["build"].ref.path / ENGINE_DIR,
+        results["prepare"].ref.path,
+        loaded.spec.deploy,
+        requests=args.requests,
+        warmup=args.warmup,
+        concurrency=args.concurrency,
+        progress=lambda line: status.print(f"[dim]{line}[/dim]"),
+    )
+    out = store.build_dir / "bench-serve.json"
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(result, indent=1, sort_keys=True) if args.json else render_serve_markdown(result))
+    status.print(f"wrote {out}")
+    return 0
 
 
 def _bench_accuracy(args: argparse.Namespace) -> int:

@@ -1,0 +1,116 @@
+"""`run_serve_bench` against the real tritonserver, with a handful of requests (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.bench.serve_bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, render_serve_markdown, run_serve_bench
+from pipeline.config.spec import DeploySpec
+from pipeline.serve import leaks, process
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "trtllm-pipeline"
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> dict[str, Path]:
+    """The default config built by the pipeline itself, up to the model repository."""
+    root = tmp_path_factory.mktemp("artifacts")
+    subprocess.run(
+        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "package"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [build] = root.glob("tiny-cpu/build-*")
+    [prepare] = root.glob("tiny-cpu/prepare-*")
+    [package] = root.glob("tiny-cpu/package-*")
+    return {"repo": package / "model_repository", "engine": build / "engine", "tokenizer": prepare}
+
+
+def _quick(package, **overrides) -> dict:
+    lines: list[str] = []
+    settings = dict(requests=4, warmup=1, stream_tokens=8, stream_requests=2, stream_warmup=1, rounds=2, stream_rounds=2)
+    settings.update(overrides)
+    # The deploy spec's ports are the defaults (8000-8002); the bench must not use them.
+    result = run_serve_bench(package["repo"], package["engine"], package["tokenizer"], DeploySpec(), progress=lines.append, **settings)
+    assert lines and any("ready" in line for line in lines)
+    return result
+
+
+def _assert_stopped_cleanly(result: dict) -> None:
+    checks = result["checks"]
+    assert checks["server_exit_code"] == 0
+    assert checks["server_process_group_left"] is False
+    server = result["recipe"]["server"]
+    assert not list(leaks.SHM_DIR.glob(f"{server['shm_prefix']}*")), "shared-memory regions left behind"
+    assert set(server["ports"].values()).isdisjoint({8000, 8001, 8002})
+    assert server["bind_address"] == "127.0.0.1"
+
+
+def test_quick_run_returns_sane_fields(package):
+    result = _quick(package)
+    assert json.loads(json.dumps(result)) == result  # JSON-serialisable as it is
+    _assert_stopped_cleanly(result)
+    assert result["checks"]["texts_match_in_process"], result["checks"]["mismatches"]
+
+    recipe = result["recipe"]
+    assert recipe["counts"]["requests"] == 4 and recipe["counts"]["stream_tokens"] == 8
+    assert recipe["versions"]["tritonserver"] and recipe["versions"]["tritonclient"] and recipe["versions"]["torch"]
+    assert recipe["machine"]["cpu_count"] >= 1 and recipe["prompt_tokens"] > 0
+    assert recipe["torch_threads"]["this_process"] == 1
+    assert "run_serve_bench(" in recipe["call"]
+
+    single = result["single_token"]
+    assert single["baseline"] == "inprocess"
+    assert [row["path"] for row in single["rows"]] == [path.name for path in SINGLE_TOKEN_PATHS]
+    for row in single["rows"]:
+        assert row["requests"] == 4 and row["callers"] == 1
+        assert len(row["rounds_wall_s"]) == 2
+        latency = row["latency_ms"]
+        assert 0 < latency["min"] <= latency["p50"] <= latency["p99"] <= latency["max"]
+        assert row["requests_per_s"] > 0 and row["p50_vs_baseline"] > 0
+        assert row["texts_match_in_process"] and row["responses_per_request"] == 1
+        if row["protocol"] == "in_process":
+            assert row["server_cpu_ms_per_request"] is None
+        else:
+            assert row["server_cpu_ms_per_request"] >= 0
+    assert single["rows"][0]["p50_vs_baseline"] == 1.0
+
+    streaming = result["streaming"]
+    assert streaming["tokens"] == 8
+    rows = {row["path"]: row for row in streaming["rows"]}
+    assert list(rows) == [path.name for path in STREAM_PATHS]
+    for name, row in rows.items():
+        assert row["requests"] == 2 and row["per_token_ms"] > 0
+        assert row["texts_match_in_process"]
+        if row["stream"]:
+            assert row["responses_per_request"] == 8  # one response per token
+            assert 0 < row["ttft_ms"]["p50"] <= row["latency_ms"]["max"]
+            assert row["inter_response_ms"]["min"] >= 0
+        else:
+            assert row["responses_per_request"] == 1 and "ttft_ms" not in row
+    assert rows["grpc_ensemble_streamed"]["streamed_vs_non_streamed"] > 0
+    assert rows["grpc_ensemble_streamed"]["marginal_per_token_ms"] is not None
+
+    table = render_serve_markdown(result)
+    assert "| ensemble, HTTP `/generate` |" in table and "| ensemble, gRPC, `stream=true` |" in table
+    assert "Every answer equal to the in-process text: yes" in table
+
+
+def test_concurrent_callers_without_bls(package):
+    result = _quick(package, concurrency=2, include_bls=False, requests=6, rounds=1, stream_rounds=1, stream_requests=1)
+    _assert_stopped_cleanly(result)
+    assert result["checks"]["texts_match_in_process"], result["checks"]["mismatches"]
+    rows = {row["path"]: row for row in result["single_token"]["rows"]}
+    assert result["single_token"]["baseline"] == "inprocess_loop"
+    assert not any(row["model"] == "tensorrt_llm_bls" for row in result["single_token"]["rows"] + result["streaming"]["rows"])
+    assert rows["inprocess"]["callers"] == 1 and rows["grpc_ensemble"]["callers"] == 2 and rows["inprocess_loop"]["callers"] == 2
+    assert all(row["requests"] == 6 for row in rows.values())
