@@ -15,6 +15,16 @@ demo: $(STAMP)
 	$(CLI) run $(CONFIG)
 	$(CLI) status $(CONFIG)
 	$(CLI) generate $(CONFIG) --prompt 'def __init__(self' --max-tokens 48
+	$(CLI) serve $(CONFIG) --detach
+	status=0; \
+	for prompt in 'import' 'class Parser' 'def __init__(self'; do \
+	  printf '\n[gRPC, streamed] %s' "$$prompt"; \
+	  $(CLI) infer "$$prompt" --protocol grpc --stream --max-tokens 40 || status=$$?; \
+	done; \
+	printf '\n[HTTP] def main('; \
+	$(CLI) infer 'def main(' --protocol http --max-tokens 40 || status=$$?; \
+	$(CLI) stop $(CONFIG) || status=$$?; \
+	exit $$status
 
 test: $(STAMP)
 	$(PY) -m pytest -q

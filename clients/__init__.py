@@ -1,1 +1,35 @@
-"""Clients of a served trtllm-pipeline deployment (HTTP, gRPC, streaming); they depend only on the served contract."""
+"""Clients of a served trtllm-pipeline deployment (HTTP, gRPC, streaming); they depend only on the served contract.
+
+    from clients import TritonLLMClient
+    with TritonLLMClient("localhost:8001", protocol="grpc") as client:
+        print(client.generate("def fib(n):", max_tokens=32).text)
+        for delta in client.stream("import os\\n", max_tokens=32):
+            print(delta, end="", flush=True)
+
+`AsyncTritonLLMClient` is the asyncio form. Errors: `RequestError` (Triton refused the request;
+never retried), `ServerUnavailableError` (retried with backoff, then raised),
+`ClientTimeoutError` (also a `TimeoutError`), all `ClientError`s.
+"""
+
+from clients.aio import AsyncTritonLLMClient
+from clients.client import DEFAULT_URLS, TritonLLMClient
+from clients.errors import ClientError, ClientTimeoutError, ProtocolError, RequestError, ServerUnavailableError
+from clients.retry import RetryPolicy
+from clients.stream import AsyncTextStream, TextStream
+from clients.types import Completion, GenerationRequest
+
+__all__ = [
+    "DEFAULT_URLS",
+    "AsyncTextStream",
+    "AsyncTritonLLMClient",
+    "ClientError",
+    "ClientTimeoutError",
+    "Completion",
+    "GenerationRequest",
+    "ProtocolError",
+    "RequestError",
+    "RetryPolicy",
+    "ServerUnavailableError",
+    "TextStream",
+    "TritonLLMClient",
+]

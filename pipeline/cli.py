@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it")
     deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
     deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
+    # The CLI is the composition root: `infer` is the clients package's own command, mounted here.
+    from clients.cli import add_infer_arguments
+
+    add_infer_arguments(sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)"))
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
@@ -95,6 +99,10 @@ def run_cli(argv: list[str], console: Console) -> int:
     args = _parser().parse_args(argv)
     if args.command == "schema":
         return _schema(args, console)
+    if args.command == "infer":
+        from clients.cli import run_infer
+
+        return run_infer(args)
     if args.command == "bench" and args.bench_command == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench_command == "accuracy":

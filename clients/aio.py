@@ -1,0 +1,144 @@
+"""`AsyncTritonLLMClient`: the asyncio form of `TritonLLMClient` (same arguments, same errors).
+
+gRPC uses `tritonclient.grpc.aio` (one channel, one call per request); HTTP uses aiohttp. Both
+are created on first use inside the running event loop, so a client belongs to one loop: close
+it with `await client.close()` (or `async with`) before that loop ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import aiohttp
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from clients.aio_transport import AioGrpcCall, AioHttpCall
+from clients.client import DEFAULT_TIMEOUT_S, DEFAULT_URLS, ProtocolName, check_protocol
+from clients.errors import ClientError
+from clients.grpc import grpc_target
+from clients.http import http_base_url
+from clients.retry import RetryPolicy
+from clients.stream import AsyncTextStream
+from clients.types import Completion, GenerationRequest
+
+
+class AsyncTritonLLMClient:
+    """See `TritonLLMClient`; `generate` is awaited, `stream` is iterated with `async for`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: ProtocolName = "grpc",
+        model: str = "ensemble",
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        retries: int = 2,
+        retry_backoff_s: float = 0.25,
+    ) -> None:
+        self.protocol = check_protocol(protocol)
+        self.model = model
+        self.timeout = timeout
+        self.retry = RetryPolicy(retries=retries, backoff_s=retry_backoff_s)
+        raw_url = url or DEFAULT_URLS[protocol]
+        self.url = grpc_target(raw_url) if protocol == "grpc" else http_base_url(raw_url)
+        self._grpc: grpcaio.InferenceServerClient | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float | None = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        bad_words: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> Completion:
+        request = GenerationRequest(
+            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
+        )
+        return await self.generate_request(request)
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float | None = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        bad_words: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> AsyncTextStream:
+        """Text deltas; stop early with `async with` / `aclose()` / `cancel()` (gRPC: cancels on the server)."""
+        request = GenerationRequest(
+            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
+        )
+        return self.stream_request(request)
+
+    async def generate_request(self, request: GenerationRequest) -> Completion:
+        stream = self._text_stream(request, stream=False)
+        async with stream:
+            async for _ in stream:
+                pass
+        if stream.completion is None:  # pragma: no cover - only a cancel() from elsewhere gets here
+            raise ClientError("the request was cancelled")
+        return stream.completion
+
+    def stream_request(self, request: GenerationRequest) -> AsyncTextStream:
+        return self._text_stream(request, stream=True)
+
+    async def is_ready(self) -> bool:
+        try:
+            if self.protocol == "http":
+                async with self._session().get(f"{self.url}/v2/models/{self.model}/ready", timeout=aiohttp.ClientTimeout(total=self.timeout)) as answer:
+                    return answer.status == 200
+            return bool(await self._grpc_client().is_model_ready(self.model, client_timeout=self.timeout))
+        except (aiohttp.ClientError, InferenceServerException, TimeoutError):
+            return False
+
+    async def close(self) -> None:
+        self._closed = True
+        grpc_client, self._grpc = self._grpc, None
+        http, self._http = self._http, None
+        if grpc_client is not None:
+            await grpc_client.close()
+        if http is not None:
+            await http.close()
+
+    async def __aenter__(self) -> "AsyncTritonLLMClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _grpc_client(self) -> grpcaio.InferenceServerClient:
+        if self._closed:
+            raise ClientError("the client is closed")
+        if self._grpc is None:
+            self._grpc = grpcaio.InferenceServerClient(self.url)
+        return self._grpc
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ClientError("the client is closed")
+        if self._http is None:
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        return self._http
+
+    def _text_stream(self, request: GenerationRequest, *, stream: bool) -> AsyncTextStream:
+        values = request.inputs(stream=stream)
+
+        async def open_call() -> AioGrpcCall | AioHttpCall:
+            if self.protocol == "grpc":
+                return AioGrpcCall(self._grpc_client(), self.url, self.model, values, timeout=self.timeout)
+            return await AioHttpCall.open(self._session(), self.url, self.model, values, timeout=self.timeout)
+
+        return AsyncTextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)

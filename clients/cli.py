@@ -1,0 +1,79 @@
+"""`trtllm-pipeline infer "prompt"`: one request to a running server, the answer on stdout.
+
+`add_infer_arguments(parser)` + `run_infer(args)` plug into the pipeline's CLI; `infer_main(argv)`
+runs on its own. Client errors are reported in one line on stderr with exit code 1; Ctrl-C
+during a stream cancels the request (gRPC: on the server too) and is re-raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from clients.client import DEFAULT_TIMEOUT_S, DEFAULT_URLS, TritonLLMClient
+from clients.errors import ClientError, ServerUnavailableError
+
+
+def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("prompt", help="text to continue")
+    parser.add_argument("--url", help=f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http)")
+    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="default grpc")
+    parser.add_argument("--model", default="ensemble", help="model to call (default ensemble; tensorrt_llm_bls has the same contract)")
+    parser.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; sampling needs --top-k or --top-p too (default 0: greedy)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of tokens with this probability mass")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--stop", action="append", default=None, metavar="WORD", help="stop at this word or phrase (repeatable)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds for the whole request (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--retries", type=int, default=2, help="retries while the server cannot be reached (default 2)")
+    parser.add_argument("--json", action="store_true", help='print {"prompt", "text", "latency_s", "protocol"} as JSON')
+    return parser
+
+
+def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "stop": args.stop}
+    try:
+        with TritonLLMClient(args.url, args.protocol, args.model, timeout=args.timeout, retries=args.retries) as client:
+            if args.stream:
+                with client.stream(args.prompt, max_tokens=args.max_tokens, **sampling) as stream:
+                    for delta in stream:
+                        if not args.json:
+                            out.write(delta)
+                            out.flush()
+                    completion = stream.completion
+                if not args.json:
+                    out.write("\n")
+            else:
+                completion = client.generate(args.prompt, max_tokens=args.max_tokens, **sampling)
+                if not args.json:
+                    out.write(completion.text + "\n")
+            if args.json and completion is not None:
+                record = {"prompt": args.prompt, "text": completion.text, "latency_s": round(completion.latency_s, 6), "protocol": args.protocol}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+    except ServerUnavailableError as error:
+        err.write(f"error: {error}\nhint: is the server running? `trtllm-pipeline serve CONFIG` starts one (check --url / --protocol)\n")
+        return 1
+    except ClientError as error:
+        err.write(f"error: {error}\n")
+        return 1
+    return 0
+
+
+def infer_main(argv: list[str] | None = None) -> int:
+    parser = add_infer_arguments(argparse.ArgumentParser(prog="trtllm-pipeline infer", description="send one prompt to a running server"))
+    args = parser.parse_args(argv)
+    try:
+        return run_infer(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(infer_main())

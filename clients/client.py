@@ -1,0 +1,166 @@
+"""`TritonLLMClient`: text in, text out, over HTTP or gRPC, against the served ensemble."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Sequence
+
+import requests
+import requests.adapters
+from tritonclient.utils import InferenceServerException
+
+from clients.errors import ClientError
+from clients.grpc import ClientPool, GrpcCall, grpc_target
+from clients.http import HttpCall, http_base_url
+from clients.retry import RetryPolicy
+from clients.stream import TextStream
+from clients.types import Completion, GenerationRequest
+
+ProtocolName = Literal["grpc", "http"]
+DEFAULT_URLS: dict[str, str] = {"grpc": "localhost:8001", "http": "localhost:8000"}
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in DEFAULT_URLS:
+        raise ValueError(f"protocol must be 'grpc' or 'http', got {protocol!r}")
+    return protocol
+
+
+def _session() -> requests.Session:
+    """A session whose pool keeps a connection per concurrent stream (the default keeps 10)."""
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=64)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+class TritonLLMClient:
+    """A client of one model (the ensemble by default) of a Triton server.
+
+    `timeout` (seconds, None for none) bounds each request; past it `ClientTimeoutError` is raised
+    (over gRPC the deadline also cancels a streamed request on the server). `retries` more attempts,
+    `retry_backoff_s` apart (doubling), are made only while the server cannot be reached. The
+    client is thread-safe: concurrent requests each get their own stream / connection.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: ProtocolName = "grpc",
+        model: str = "ensemble",
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        retries: int = 2,
+        retry_backoff_s: float = 0.25,
+    ) -> None:
+        self.protocol = check_protocol(protocol)
+        self.model = model
+        self.timeout = timeout
+        self.retry = RetryPolicy(retries=retries, backoff_s=retry_backoff_s)
+        raw_url = url or DEFAULT_URLS[protocol]
+        self.url = grpc_target(raw_url) if protocol == "grpc" else http_base_url(raw_url)
+        self._pool = ClientPool(self.url) if protocol == "grpc" else None
+        self._session = _session() if protocol == "http" else None
+
+    # -- requests ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float | None = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        bad_words: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> Completion:
+        """The whole answer at once. `options`: any other `GenerationRequest` field
+        (repetition_penalty, presence_penalty, frequency_penalty, min_tokens, end_id, pad_id,
+        exclude_input_in_output, return_log_probs)."""
+        request = GenerationRequest(
+            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
+        )
+        return self.generate_request(request)
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float | None = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        bad_words: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> TextStream:
+        """Text deltas as the server produces them; the request is sent when iteration starts.
+        Stop early with `break` (the dropped stream cancels), `close()`, `cancel()` (from any
+        thread) or a `with` block: over gRPC that cancels the request on the server too.
+        `completion` holds the whole answer after the last delta."""
+        request = GenerationRequest(
+            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
+        )
+        return self.stream_request(request)
+
+    def generate_request(self, request: GenerationRequest) -> Completion:
+        stream = self._text_stream(request, stream=False)
+        with stream:
+            for _ in stream:
+                pass
+        if stream.completion is None:  # pragma: no cover - only a cancel() from another thread gets here
+            raise ClientError("the request was cancelled")
+        return stream.completion
+
+    def stream_request(self, request: GenerationRequest) -> TextStream:
+        return self._text_stream(request, stream=True)
+
+    # -- server -----------------------------------------------------------------------------
+    def is_ready(self) -> bool:
+        """Whether the model is ready (False when the server cannot be reached)."""
+        try:
+            if self._session is not None:
+                response = self._session.get(f"{self.url}/v2/models/{self.model}/ready", timeout=self.timeout)
+                return response.status_code == 200
+            if self._pool is not None:
+                client = self._pool.acquire()
+                healthy = False
+                try:
+                    ready = bool(client.is_model_ready(self.model, client_timeout=self.timeout))
+                    healthy = True
+                    return ready
+                finally:
+                    self._pool.release(client, healthy=healthy)
+        except (requests.RequestException, InferenceServerException, ClientError):
+            return False
+        return False
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._session is not None:
+            self._session.close()
+
+    def __enter__(self) -> "TritonLLMClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+    def _text_stream(self, request: GenerationRequest, *, stream: bool) -> TextStream:
+        values = request.inputs(stream=stream)
+        pool, session = self._pool, self._session
+
+        def open_call() -> GrpcCall | HttpCall:
+            if pool is not None:
+                return GrpcCall(pool, self.model, values, timeout=self.timeout)
+            if session is not None:
+                return HttpCall(session, self.url, self.model, values, timeout=self.timeout)
+            raise ClientError("the client is closed")
+
+        return TextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)

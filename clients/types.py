@@ -1,0 +1,165 @@
+"""What a client sends (`GenerationRequest` → the ensemble's inputs) and gets back (`Completion`).
+
+Only the served contract is used: the ensemble's input names and datatypes (its config.pbtxt)
+and its `text_output` / `output_log_probs` / `cum_log_probs` outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from clients.errors import ProtocolError, RequestError
+
+# The ensemble's inputs this client sends, with their Triton datatypes (shapes are [1, 1] or [1, n]).
+INPUT_DATATYPES: dict[str, str] = {
+    "text_input": "BYTES",
+    "max_tokens": "INT32",
+    "bad_words": "BYTES",
+    "stop_words": "BYTES",
+    "end_id": "INT32",
+    "pad_id": "INT32",
+    "temperature": "FP32",
+    "top_k": "INT32",
+    "top_p": "FP32",
+    "repetition_penalty": "FP32",
+    "presence_penalty": "FP32",
+    "frequency_penalty": "FP32",
+    "min_tokens": "INT32",
+    "seed": "UINT64",
+    "return_log_probs": "BOOL",
+    "exclude_input_in_output": "BOOL",
+    "stream": "BOOL",
+}
+TEXT_OUTPUT = "text_output"
+
+
+def _words(value: str | Sequence[str] | None, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    words = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(word, str) for word in words):
+        raise TypeError(f"{name} must be a string or a sequence of strings")
+    return words or None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt and how to continue it. Values are checked by the server, which names the input.
+
+    Decoding follows TensorRT-LLM: greedy unless `top_k` or `top_p` is set (and `temperature` > 0).
+    `stop` and `bad_words` are words or phrases (text, not token ids). `return_log_probs` makes
+    the server return per-token log-probs, from which `Completion.num_tokens` and
+    `Completion.finish_reason` are known.
+    """
+
+    prompt: str
+    max_tokens: int
+    temperature: float | None = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | Sequence[str] | None = None
+    bad_words: str | Sequence[str] | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
+    end_id: int | None = None
+    pad_id: int | None = None
+    exclude_input_in_output: bool | None = None
+    return_log_probs: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(self.prompt).__name__}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise TypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
+
+    def inputs(self, *, stream: bool) -> dict[str, Any]:
+        """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate."""
+        values: dict[str, Any] = {
+            "text_input": self.prompt,
+            "max_tokens": self.max_tokens,
+            "stop_words": _words(self.stop, "stop"),
+            "bad_words": _words(self.bad_words, "bad_words"),
+            "end_id": self.end_id,
+            "pad_id": self.pad_id,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "min_tokens": self.min_tokens,
+            "seed": self.seed,
+            "return_log_probs": self.return_log_probs or None,
+            "exclude_input_in_output": self.exclude_input_in_output,
+            "stream": stream,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One response of the server: a text delta (the whole text when not streaming)."""
+
+    text: str
+    num_tokens: int | None = None  # tokens this response covers; known only with log-probs
+    cum_log_prob: float | None = None
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The answer to one request.
+
+    `num_tokens`, `cum_log_prob` and `finish_reason` ("length" or "stop": end token or stop word)
+    are known only when the request asked for log-probs; the ensemble reports nothing else about
+    how generation ended.
+    """
+
+    text: str
+    latency_s: float
+    time_to_first_response_s: float | None = None
+    num_responses: int = 1
+    num_tokens: int | None = None
+    cum_log_prob: float | None = None
+    finish_reason: str | None = None
+    protocol: str = ""
+
+
+def chunk_from_json(payload: Mapping[str, Any], *, status: int | None = None, final: bool = False) -> Chunk:
+    """A generate / generate_stream JSON object → a Chunk; `{"error": ...}` → RequestError."""
+    if "error" in payload:
+        raise RequestError(status, str(payload["error"]))
+    text = payload.get(TEXT_OUTPUT)
+    if isinstance(text, list):  # an output of shape [n] comes back as a list
+        text = "".join(str(part) for part in text)
+    if not isinstance(text, str):
+        raise ProtocolError(f"response has no {TEXT_OUTPUT!r} text: {dict(payload)!r:.300}")
+    log_probs = payload.get("output_log_probs")
+    num_tokens = None
+    if log_probs is not None:
+        num_tokens = len(_flatten(log_probs))
+    cum = payload.get("cum_log_probs")
+    cum_log_prob = float(_flatten(cum)[-1]) if cum is not None and _flatten(cum) else None
+    return Chunk(text=text, num_tokens=num_tokens, cum_log_prob=cum_log_prob, final=final)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A `generate` answer body as a JSON object."""
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError as error:
+        raise ProtocolError(f"generate answered non-JSON ({error}): {body[:200]!r}") from None
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"generate answered a JSON {type(payload).__name__}, not an object")
+    return payload
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [item for part in value for item in _flatten(part)]
+    return [value]

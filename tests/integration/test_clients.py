@@ -1,0 +1,423 @@
+"""The clients package against the real tritonserver serving the packaged default config.
+
+One server for the module (free loopback ports). Answers over HTTP and gRPC equal refengine's own
+greedy output; streamed deltas concatenate to the generated text; the asyncio client; 16
+concurrent streaming clients; bad requests raise RequestError with Triton's message and are not
+retried; an unreachable server raises ServerUnavailableError after the configured retries;
+breaking out of a gRPC stream frees the server's KV blocks; timeouts raise ClientTimeoutError;
+the `infer` command. The clients are used only through their public API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import io
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, RequestError, ServerUnavailableError, TritonLLMClient
+from clients.cli import add_infer_arguments, run_infer
+from pipeline.config.spec import DeploySpec
+from pipeline.serve import ServerOptions, TritonServer
+from pipeline.serve import leaks
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CODE = REPO / "model_repo" / "python"
+CLI = Path(sys.executable).parent / "trtllm-pipeline"
+PROTOCOLS = ["grpc", "http"]
+PROMPTS = [
+    "def foo(x):\n    return",
+    "import os\n",
+    'class Foo:\n    """',
+    "for i in range(",
+    "# Copyright",
+    "with open(path) as f:\n",
+    "x = [",
+    "if __name__ == ",
+]
+MAX_TOKENS = 24
+LONG = 900  # tokens: several seconds of generation on this machine
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+def free_ports(count: int) -> list[int]:
+    probes = []
+    for _ in range(count):
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        probes.append(probe)
+    ports = [probe.getsockname()[1] for probe in probes]
+    for probe in probes:
+        probe.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, Path]:
+    """The default config built and packaged by the pipeline itself."""
+    root = tmp_path_factory.mktemp("artifacts")
+    subprocess.run(
+        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "package"],
+        check=True, capture_output=True, timeout=300,
+    )
+    [build] = root.glob("tiny-cpu/build-*")
+    [prepare] = root.glob("tiny-cpu/prepare-*")
+    [package] = root.glob("tiny-cpu/package-*")
+    return {"engine": build / "engine", "tokenizer": prepare, "repository": package / "model_repository"}
+
+
+@pytest.fixture(scope="module")
+def reference(artifacts):
+    """refengine's greedy text for a prompt, computed in this process on the same engine."""
+    import torch
+
+    sys.path.insert(0, str(MODEL_CODE))
+    try:
+        from hf_tokenizer import HFTokenizer
+        from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+    finally:
+        sys.path.remove(str(MODEL_CODE))
+    from refengine import LLMEngine, SamplingParams
+
+    torch.set_num_threads(1)  # leave the cores to the server
+    tokenizer = HFTokenizer(artifacts["tokenizer"])
+    engine = LLMEngine.from_engine_dir(artifacts["engine"])
+
+    @functools.lru_cache(maxsize=None)
+    def greedy_text(prompt: str, max_tokens: int = MAX_TOKENS, stop_words: tuple = ()) -> str:
+        prompt_ids = tokenizer.encode(prompt)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, end_id=tokenizer.eos_id,
+            stop_token_ids=[tokenizer.encode(word, add_special_tokens=False) for word in stop_words],
+        )
+        [output] = engine.generate([prompt_ids], params)
+        return text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(output.outputs[0].token_ids))
+
+    return greedy_text
+
+
+@pytest.fixture(scope="module")
+def server(artifacts, tmp_path_factory):
+    http_port, grpc_port, metrics_port = free_ports(3)
+    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=5)
+    workspace = tmp_path_factory.mktemp("serve")
+    triton = TritonServer(options, workspace=workspace).start()
+    try:
+        triton.wait_until_ready(timeout=120)
+        yield triton
+    finally:
+        returncode = triton.stop()
+    # A clean exit means no request was left in flight (cancelled streams included).
+    assert returncode == 0, f"tritonserver exited with {returncode}; see {workspace / 'tritonserver.log'}"
+    assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
+
+
+def url_of(server, protocol: str) -> str:
+    return server.options.grpc_url if protocol == "grpc" else server.options.http_url
+
+
+@pytest.fixture(params=PROTOCOLS)
+def client(request, server):
+    with TritonLLMClient(url_of(server, request.param), request.param, timeout=60) as client:
+        yield client
+
+
+def kv_blocks_used(server) -> float:
+    with urllib.request.urlopen(server.options.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("nv_trt_llm_kv_cache_block_metrics{") and 'kv_cache_block_type="used"' in line:
+            return float(line.rpartition(" ")[2])
+    raise KeyError("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=used} not in /metrics")
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def wait_until_idle(server, timeout: float = 20.0) -> None:
+    assert wait_for(lambda: kv_blocks_used(server) == 0, timeout), "the server's KV cache is not idle"
+
+
+def ensemble_requests_done(server) -> int:
+    """Requests the ensemble has finished (succeeded, failed or cancelled), from Triton's statistics."""
+    with urllib.request.urlopen(f"{server.options.http_url}/v2/models/ensemble/stats", timeout=10) as response:
+        [stats] = json.loads(response.read())["model_stats"]
+    return stats["inference_stats"]["success"]["count"] + stats["inference_stats"]["fail"]["count"]
+
+
+def wait_until_done(server, count: int, timeout: float = 30.0) -> None:
+    """Until the ensemble has finished `count` requests: a request the client gave up on may
+    still run on the server (HTTP, or a non-streamed one), and stopping the server under it
+    would not be clean."""
+    assert wait_for(lambda: ensemble_requests_done(server) >= count, timeout), "requests still running on the server"
+
+
+# -- answers ----------------------------------------------------------------------------------
+def test_generate_equals_refengine_greedy_output(client, reference):
+    for prompt in PROMPTS[:3]:
+        completion = client.generate(prompt, max_tokens=MAX_TOKENS)
+        assert completion.text == reference(prompt)
+        assert completion.protocol == client.protocol and completion.num_responses == 1
+        assert 0 < completion.latency_s < 30
+
+
+def test_stream_deltas_concatenate_to_the_generated_text(client, reference):
+    for prompt in PROMPTS[:3]:
+        stream = client.stream(prompt, max_tokens=MAX_TOKENS)
+        deltas = list(stream)
+        assert len(deltas) > 1 and all("\ufffd" not in delta for delta in deltas)
+        assert "".join(deltas) == client.generate(prompt, max_tokens=MAX_TOKENS).text == reference(prompt)
+        assert stream.completion.text == "".join(deltas)
+        assert stream.completion.time_to_first_response_s <= stream.completion.latency_s
+
+
+def test_log_probs_give_token_count_and_finish_reason(client, reference):
+    prompt = "import os\n"
+    whole = client.generate(prompt, max_tokens=MAX_TOKENS, return_log_probs=True)
+    assert (whole.num_tokens, whole.finish_reason) == (MAX_TOKENS, "length")
+    stopped = client.generate(prompt, max_tokens=MAX_TOKENS, stop="\n", return_log_probs=True)
+    assert stopped.text == reference(prompt, stop_words=("\n",)) != whole.text
+    assert stopped.finish_reason == "stop" and stopped.num_tokens < MAX_TOKENS
+    streamed = client.stream(prompt, max_tokens=MAX_TOKENS, return_log_probs=True)
+    assert "".join(streamed) == whole.text
+    assert streamed.completion.num_tokens == MAX_TOKENS
+    assert streamed.completion.cum_log_prob == pytest.approx(whole.cum_log_prob, rel=1e-4)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_async_client(server, reference, protocol):
+    async def main():
+        async with AsyncTritonLLMClient(url_of(server, protocol), protocol) as client:
+            assert await client.is_ready()
+            single = await client.generate(PROMPTS[0], max_tokens=MAX_TOKENS)
+            deltas = [delta async for delta in client.stream(PROMPTS[1], max_tokens=MAX_TOKENS)]
+            many = await asyncio.gather(*(client.generate(prompt, max_tokens=MAX_TOKENS) for prompt in PROMPTS[:4]))
+            with pytest.raises(RequestError, match="max_tokens must be at least 1, got 0"):
+                await client.generate("x", max_tokens=0)
+            return single.text, deltas, [completion.text for completion in many]
+
+    single, deltas, many = asyncio.run(main())
+    assert single == reference(PROMPTS[0])
+    assert len(deltas) > 1 and "".join(deltas) == reference(PROMPTS[1])
+    assert many == [reference(prompt) for prompt in PROMPTS[:4]]
+
+
+def test_sixteen_concurrent_streaming_clients_get_their_own_texts(server, reference):
+    """Threads 0-7 each open their own client, 8-15 share one client per protocol; HTTP and gRPC alternate."""
+    expected = {prompt: reference(prompt) for prompt in PROMPTS}
+    shared = {protocol: TritonLLMClient(url_of(server, protocol), protocol) for protocol in PROTOCOLS}
+    start = threading.Barrier(16)
+    results: dict[int, tuple[str, str]] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        protocol, prompt = PROTOCOLS[index % 2], PROMPTS[index % len(PROMPTS)]
+        own = TritonLLMClient(url_of(server, protocol), protocol) if index < 8 else None
+        try:
+            client = own or shared[protocol]
+            start.wait(30)
+            results[index] = (prompt, "".join(client.stream(prompt, max_tokens=MAX_TOKENS)))
+        except BaseException as error:  # collected and re-raised in the test thread
+            errors.append(error)
+        finally:
+            if own is not None:
+                own.close()
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(16)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        for client in shared.values():
+            client.close()
+    assert not errors, errors
+    assert len(results) == 16
+    assert all(text == expected[prompt] for prompt, text in results.values()), results
+
+
+# -- errors -----------------------------------------------------------------------------------
+BAD_REQUESTS = {
+    "max_tokens zero": ("x", 0, "max_tokens must be at least 1, got 0"),
+    "prompt too long": ("x " * 2000, 4, "text_input encodes to 2002 tokens, more than the engine's max_input_len 768"),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_bad_requests_raise_request_error_with_the_servers_message_and_no_retry(server, protocol, case):
+    prompt, max_tokens, message = BAD_REQUESTS[case]
+    # A retry would wait 5 s first: these must come back at once.
+    with TritonLLMClient(url_of(server, protocol), protocol, retries=3, retry_backoff_s=5.0) as client:
+        for call in (client.generate, lambda *a, **k: "".join(client.stream(*a, **k))):
+            started = time.monotonic()
+            with pytest.raises(RequestError) as raised:
+                call(prompt, max_tokens=max_tokens)
+            assert time.monotonic() - started < 3.0
+            assert message in raised.value.message
+            # HTTP carries the status; Triton reports a gRPC stream's error with a message only.
+            assert raised.value.status == (400 if protocol == "http" else None)
+        assert client.is_ready()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_closed_port_raises_a_connection_error_after_the_retries(protocol):
+    [port] = free_ports(1)
+    retries, backoff = 2, 0.05
+    with TritonLLMClient(f"127.0.0.1:{port}", protocol, retries=retries, retry_backoff_s=backoff) as client:
+        assert not client.is_ready()
+        for call in (client.generate, lambda *a, **k: list(client.stream(*a, **k))):
+            started = time.monotonic()
+            with pytest.raises(ServerUnavailableError) as raised:
+                call("x", max_tokens=4)
+            elapsed = time.monotonic() - started
+            assert raised.value.attempts == retries + 1
+            assert f"127.0.0.1:{port}" in str(raised.value) and isinstance(raised.value, ConnectionError)
+            assert backoff * 3 <= elapsed < 5.0  # waited 0.05 + 0.1 between the attempts
+
+    async def main():
+        async with AsyncTritonLLMClient(f"127.0.0.1:{port}", protocol, retries=1, retry_backoff_s=0.01) as client:
+            await client.generate("x", max_tokens=4)
+
+    with pytest.raises(ServerUnavailableError, match=r"\(2 attempts\)"):
+        asyncio.run(main())
+
+
+# -- cancellation and timeouts ----------------------------------------------------------------
+def test_breaking_out_of_a_grpc_stream_frees_the_servers_kv_blocks(server):
+    wait_until_idle(server)
+    with TritonLLMClient(server.options.grpc_url, "grpc") as client:
+        for index, _ in enumerate(client.stream(PROMPTS[0], max_tokens=LONG)):
+            if index == 5:
+                assert wait_for(lambda: kv_blocks_used(server) > 0, 5.0), "the generation never showed in /metrics"
+                break  # the dropped stream cancels its request
+        cancelled_at = time.monotonic()
+        # 900 tokens take several seconds; only the cancellation frees the blocks this soon.
+        assert wait_for(lambda: kv_blocks_used(server) == 0, 2.0), f"KV still used {time.monotonic() - cancelled_at:.1f} s after the break"
+
+        stream = client.stream(PROMPTS[1], max_tokens=LONG)  # cancel() from another thread
+        received = []
+        consumer = threading.Thread(target=lambda: received.extend(stream))
+        consumer.start()
+        assert wait_for(lambda: len(received) >= 3, 10.0)
+        stream.cancel()
+        consumer.join(5)
+        assert not consumer.is_alive() and stream.cancelled and stream.completion is None
+        assert wait_for(lambda: kv_blocks_used(server) == 0, 2.0)
+        assert client.generate(PROMPTS[0], max_tokens=4).text  # the client still works
+
+
+def test_a_grpc_stream_left_open_does_not_hold_up_the_interpreters_exit(server):
+    """tritonclient reads a stream in a non-daemon thread; an unclosed stream is cancelled at exit."""
+    done_before = ensemble_requests_done(server)
+    script = (
+        "from clients import TritonLLMClient\n"
+        f"stream = TritonLLMClient({server.options.grpc_url!r}).stream('x = [', max_tokens={LONG})\n"
+        "print(next(stream) != '', flush=True)\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr
+    assert time.monotonic() - started < 15
+    wait_until_done(server, done_before + 1, timeout=5.0)  # cancelled, not run to its end
+
+
+def test_closing_an_async_grpc_stream_frees_the_servers_kv_blocks(server):
+    wait_until_idle(server)
+
+    async def main():
+        async with AsyncTritonLLMClient(server.options.grpc_url, "grpc") as client:
+            async with client.stream(PROMPTS[0], max_tokens=LONG) as stream:
+                async for _ in stream:
+                    if kv_blocks_used(server) > 0:
+                        break
+            cancelled_at = time.monotonic()
+            while kv_blocks_used(server) > 0 and time.monotonic() - cancelled_at < 2.0:
+                await asyncio.sleep(0.05)
+            return kv_blocks_used(server), stream.cancelled
+
+    assert asyncio.run(main()) == (0, True)
+
+
+def test_breaking_out_of_an_http_stream_stops_at_once(server, reference):
+    """The client stops reading and closes its connection. Triton 2.51 has no HTTP cancellation,
+    so the server finishes the request on its own (use gRPC to free the server at once)."""
+    wait_until_idle(server)
+    done_before = ensemble_requests_done(server)
+    with TritonLLMClient(server.options.http_url, "http") as client:
+        started = time.monotonic()
+        with client.stream(PROMPTS[0], max_tokens=300) as stream:
+            for index, _ in enumerate(stream):
+                if index == 3:
+                    break
+        assert time.monotonic() - started < 2.0 and stream.cancelled
+
+        stream = client.stream(PROMPTS[1], max_tokens=300)  # cancel() from another thread
+        received = []
+        consumer = threading.Thread(target=lambda: received.extend(stream))
+        consumer.start()
+        assert wait_for(lambda: len(received) >= 3, 10.0)
+        stream.cancel()
+        consumer.join(2.0)
+        assert not consumer.is_alive() and stream.cancelled and stream.completion is None
+        assert client.generate(PROMPTS[1], max_tokens=MAX_TOKENS).text == reference(PROMPTS[1])
+    wait_until_done(server, done_before + 3)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_request_past_its_timeout_raises_the_timeout_error(server, protocol):
+    wait_until_idle(server)
+    done_before = ensemble_requests_done(server)
+    with TritonLLMClient(url_of(server, protocol), protocol, timeout=0.3, retries=3) as client:
+        for call in (client.generate, lambda *a, **k: list(client.stream(*a, **k))):
+            started = time.monotonic()
+            with pytest.raises(ClientTimeoutError) as raised:
+                call(PROMPTS[0], max_tokens=300)
+            assert time.monotonic() - started < 3.0  # not retried
+            assert isinstance(raised.value, TimeoutError) and isinstance(raised.value, ClientError)
+            assert "0.3 s" in str(raised.value)
+    # The gRPC deadline cancels a stream on the server; a non-streamed or HTTP request runs to its end.
+    wait_until_done(server, done_before + 2)
+
+
+# -- the infer command ------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_infer_command_prints_the_answer(server, reference, protocol):
+    parser = add_infer_arguments(argparse.ArgumentParser())
+    prompt = PROMPTS[0]
+    base = [prompt, "--url", url_of(server, protocol), "--protocol", protocol, "--max-tokens", str(MAX_TOKENS)]
+    out = io.StringIO()
+    assert run_infer(parser.parse_args(base + ["--stream"]), out=out) == 0
+    assert out.getvalue() == reference(prompt) + "\n"
+    out = io.StringIO()
+    assert run_infer(parser.parse_args(base + ["--json"]), out=out) == 0
+    record = json.loads(out.getvalue())
+    assert set(record) == {"prompt", "text", "latency_s", "protocol"}
+    assert (record["prompt"], record["text"], record["protocol"]) == (prompt, reference(prompt), protocol)
+    out, err = io.StringIO(), io.StringIO()
+    assert run_infer(parser.parse_args(base + ["--max-tokens", "0"]), out=out, err=err) == 1
+    assert out.getvalue() == ""
+    assert err.getvalue() in (
+        "error: in ensemble 'ensemble', max_tokens must be at least 1, got 0\n",  # gRPC: Triton's message only
+        "error: [400] in ensemble 'ensemble', max_tokens must be at least 1, got 0\n",
+    )
