@@ -15,7 +15,6 @@ import asyncio
 import functools
 import io
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -30,12 +29,11 @@ from clients.cli import add_infer_arguments, run_infer
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions, TritonServer
 from pipeline.serve import leaks
+from tests.integration.serving import REPO, assert_stopped_cleanly, build_and_package, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL_CODE = REPO / "model_repo" / "python"
-CLI = Path(sys.executable).parent / "trtllm-pipeline"
 PROTOCOLS = ["grpc", "http"]
 PROMPTS = [
     "def foo(x):\n    return",
@@ -52,30 +50,10 @@ LONG = 900  # tokens: several seconds of generation on this machine
 
 
 # -- fixtures ---------------------------------------------------------------------------------
-def free_ports(count: int) -> list[int]:
-    probes = []
-    for _ in range(count):
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        probes.append(probe)
-    ports = [probe.getsockname()[1] for probe in probes]
-    for probe in probes:
-        probe.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> dict[str, Path]:
     """The default config built and packaged by the pipeline itself."""
-    root = tmp_path_factory.mktemp("artifacts")
-    subprocess.run(
-        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "package"],
-        check=True, capture_output=True, timeout=300,
-    )
-    [build] = root.glob("tiny-cpu/build-*")
-    [prepare] = root.glob("tiny-cpu/prepare-*")
-    [package] = root.glob("tiny-cpu/package-*")
-    return {"engine": build / "engine", "tokenizer": prepare, "repository": package / "model_repository"}
+    return build_and_package("tiny-cpu", tmp_path_factory.mktemp("artifacts"))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +99,7 @@ def server(artifacts, tmp_path_factory):
     finally:
         returncode = triton.stop()
     # A clean exit means no request was left in flight (cancelled streams included).
-    assert returncode == 0, f"tritonserver exited with {returncode}; see {workspace / 'tritonserver.log'}"
+    assert_stopped_cleanly(returncode, workspace / "tritonserver.log")
     assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
 
 

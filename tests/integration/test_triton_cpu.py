@@ -14,7 +14,6 @@ import json
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from pipeline.config.spec import ServeSpec
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.serve import ServerOptions, TritonServer, read_state, start_detached, stop_detached
 from pipeline.serve import leaks
+from tests.integration.serving import assert_stopped_cleanly, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,18 +58,6 @@ MAX_TOKENS = 24
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    for _ in range(count):
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        sockets.append(probe)
-    ports = [probe.getsockname()[1] for probe in sockets]
-    for probe in sockets:
-        probe.close()
-    return ports
-
-
 def client_inputs(prompt: str, max_tokens: int, *, stream: bool, **extra) -> list[grpcclient.InferInput]:
     arrays = {
         "text_input": (np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES"),
@@ -212,7 +200,7 @@ def server(artifacts, tmp_path_factory):
     finally:
         returncode = triton.stop()
     # A clean exit means no request was left in flight (cancelled streams included).
-    assert returncode == 0, f"tritonserver exited with {returncode}; see {workspace / 'tritonserver.log'}"
+    assert_stopped_cleanly(returncode, workspace / "tritonserver.log")
     assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
     assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"
 
