@@ -107,6 +107,7 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
         "quantize": quantize,
         "dtype": spec.model.dtype.value,
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
+        "unified_hf": spec.build.target.value == "llmapi",
         **_dry_run_flag(spec),
     }
 

@@ -16,6 +16,7 @@ import copy
 import io
 import json
 import logging
+import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ QUANT_ALGOS = {
 # ModelOpt 0.47 quantizes the KV cache through the attention's k/v bmm quantizers (list-shaped quant_cfg).
 _KV_BITS = {"fp8": (4, 3), "int8": 8}
 _KV_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "chat_template.jinja")
 _BENIGN_WARNINGS = (
     "Cannot export tensorrt_llm checkpoint config",  # no tensorrt_llm here: ModelOpt writes config.json itself
     "Enable lm_head quantization",  # printed although lm_head stays unquantized (exclude_modules lists it)
@@ -82,8 +84,13 @@ def export_trtllm_checkpoint(
     pp_size: int,
     quant: QuantRecipe | None = None,
     forward_loop: Callable[[torch.nn.Module], Any] | None = None,
+    unified_hf_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Export `hf_dir` as a TensorRT-LLM checkpoint into `out_dir`; return the written config.json.
+
+    With `unified_hf_dir`, the same calibrated model is also exported as ModelOpt's unified Hugging
+    Face checkpoint (what TensorRT-LLM's PyTorch backend loads), after the TRT-LLM export because
+    `export_hf_checkpoint` changes the model in place (quantization.md §7).
 
     `dtype` (float16 | bfloat16) is the dtype of the model while loading/calibrating and of the
     unquantized tensors in the checkpoint. `forward_loop(model)` runs the calibration batches; it is
@@ -120,7 +127,16 @@ def export_trtllm_checkpoint(
             inference_tensor_parallel=tp_size,  # the default 0 -> ZeroDivisionError (quantization.md §7)
             inference_pipeline_parallel=pp_size,
         )
-    return _finish_config(out_dir, model.config, hf_config, decoder_type, quant)
+    config = _finish_config(out_dir, model.config, hf_config, decoder_type, quant)
+    if unified_hf_dir is not None:
+        from modelopt.torch.export import export_hf_checkpoint
+
+        with _step("export", "export_hf_checkpoint"), torch.no_grad():
+            export_hf_checkpoint(model, dtype=TORCH_DTYPES[dtype], export_dir=unified_hf_dir)
+        for name in _TOKENIZER_FILES:  # the unified export does not copy the tokenizer
+            if (hf_dir / name).is_file():
+                shutil.copy2(hf_dir / name, Path(unified_hf_dir) / name)
+    return config
 
 
 def rope_config_fields(hf_config: Any) -> dict[str, Any]:

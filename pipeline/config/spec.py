@@ -123,7 +123,9 @@ class QuantizeSpec(_Strict):
     algo: QuantAlgo = Field(
         default=QuantAlgo.none,
         description="Weight/activation quantization: none, fp8, int8_sq (SmoothQuant W8A8), int8_wo (INT8 "
-        "weight-only), int4_awq (W4A16 AWQ), w4a8_awq, nvfp4 (engine target on a CUDA machine only).",
+        "weight-only), int4_awq (W4A16 AWQ), w4a8_awq, nvfp4 (engine target on a CUDA machine only). "
+        "INT4 weight-only is not offered: ModelOpt 0.47 exports it as W4A16_AWQ without the prequant_scaling_factor "
+        "tensors that format declares, so TensorRT-LLM may not load it; use int4_awq.",
     )
     kv_cache: KVCacheQuant = Field(default=KVCacheQuant.none, description="KV-cache quantization: none, fp8 or int8.")
     group_size: int = Field(default=128, description="Group size along the input dimension for AWQ formats (64 or 128).")

@@ -9,6 +9,7 @@ from pipeline.config.format_rules import needs_calibration
 from pipeline.stages.base import StageContext
 
 CHECKPOINT_DIR = "trtllm_checkpoint"
+UNIFIED_HF_DIR = "hf_checkpoint"  # for the llmapi target (TensorRT-LLM's PyTorch backend)
 
 
 def run(ctx: StageContext) -> None:
@@ -44,6 +45,7 @@ def run(ctx: StageContext) -> None:
         pp_size=spec.build.pp_size,
         quant=recipe,
         forward_loop=forward_loop,
+        unified_hf_dir=ctx.out_dir / UNIFIED_HF_DIR if spec.build.target.value == "llmapi" else None,
     )
     ranks = sorted(p.name for p in out.glob("rank*.safetensors"))
     quantization = config.get("quantization", {})

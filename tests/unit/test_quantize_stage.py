@@ -160,3 +160,16 @@ def test_fp8_quantize_records_the_calibration_fingerprint_and_hits_the_cache(tmp
     reseeded = {r.name: r for r in run_pipeline(load_config(path, ["quantize.calibration.seed=1"]), store, until="quantize", console=quiet)}
     assert reseeded["quantize"].outcome == "built"
     assert reseeded["quantize"].ref.manifest["notes"]["calibration"]["token_ids_sha256"] != notes["calibration"]["token_ids_sha256"]
+
+
+@pytest.mark.slow
+def test_llmapi_target_also_gets_the_unified_hf_checkpoint(tmp_path: Path) -> None:
+    path = _config(tmp_path, FP8, target="llmapi")
+    results = {r.name: r for r in run_pipeline(load_config(path), ArtifactStore(tmp_path / "artifacts", "q"), until="quantize", console=Console(quiet=True))}
+    out = results["quantize"].ref.path
+    assert (out / "trtllm_checkpoint" / "rank0.safetensors").is_file()
+    hf = out / "hf_checkpoint"
+    config = json.loads((hf / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "modelopt" and config["quantization_config"]["quant_algo"] == "FP8"
+    assert json.loads((hf / "hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+    assert (hf / "tokenizer.json").is_file() and list(hf.glob("*.safetensors"))
