@@ -14,11 +14,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from clients.aio_transport import AioGrpcCall, AioHttpCall
-from clients.client import DEFAULT_TIMEOUT_S, DEFAULT_URLS, ProtocolName, check_protocol
+from clients.client import DEFAULT_TIMEOUT_S, ProtocolName, configure
 from clients.errors import ClientError
-from clients.grpc import grpc_target
-from clients.http import http_base_url
-from clients.retry import RetryPolicy
 from clients.stream import AsyncTextStream
 from clients.types import Completion, GenerationRequest
 
@@ -36,12 +33,7 @@ class AsyncTritonLLMClient:
         retries: int = 2,
         retry_backoff_s: float = 0.25,
     ) -> None:
-        self.protocol = check_protocol(protocol)
-        self.model = model
-        self.timeout = timeout
-        self.retry = RetryPolicy(retries=retries, backoff_s=retry_backoff_s)
-        raw_url = url or DEFAULT_URLS[protocol]
-        self.url = grpc_target(raw_url) if protocol == "grpc" else http_base_url(raw_url)
+        configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False

@@ -35,6 +35,18 @@ def _session() -> requests.Session:
     return session
 
 
+def configure(
+    client: Any, url: str | None, protocol: str, model: str, timeout: float | None, retries: int, retry_backoff_s: float
+) -> None:
+    """The settings the sync and async clients share: protocol, model, timeout, retry policy, normalised URL."""
+    client.protocol = check_protocol(protocol)
+    client.model = model
+    client.timeout = timeout
+    client.retry = RetryPolicy(retries=retries, backoff_s=retry_backoff_s)
+    raw_url = url or DEFAULT_URLS[protocol]
+    client.url = grpc_target(raw_url) if protocol == "grpc" else http_base_url(raw_url)
+
+
 class TritonLLMClient:
     """A client of one model (the ensemble by default) of a Triton server.
 
@@ -54,12 +66,7 @@ class TritonLLMClient:
         retries: int = 2,
         retry_backoff_s: float = 0.25,
     ) -> None:
-        self.protocol = check_protocol(protocol)
-        self.model = model
-        self.timeout = timeout
-        self.retry = RetryPolicy(retries=retries, backoff_s=retry_backoff_s)
-        raw_url = url or DEFAULT_URLS[protocol]
-        self.url = grpc_target(raw_url) if protocol == "grpc" else http_base_url(raw_url)
+        configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
         self._pool = ClientPool(self.url) if protocol == "grpc" else None
         self._session = _session() if protocol == "http" else None
 
