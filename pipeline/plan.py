@@ -167,7 +167,7 @@ STAGE_DEFS: tuple[StageDef, ...] = (
     StageDef(
         "package",
         1,
-        ("prepare", "build"),
+        ("prepare", "build", "gate"),  # after a gate, a repository is tied to the verdict it passed
         ("trtllm_pipeline", "transformers", "tokenizers"),
         _package_inputs,
         "render the Triton model repository and check it against the engine",
@@ -183,7 +183,8 @@ def plan(spec: Spec, facts: EnvFacts, stage_defs: tuple[StageDef, ...] = STAGE_D
         if not stage.applies(spec):
             continue
         inputs = stage.inputs(spec, facts)
-        upstream = {name: digests[name] for name in stage.upstream}
+        # An upstream stage that does not apply to this spec (e.g. no gate configured) is left out.
+        upstream = {name: digests[name] for name in stage.upstream if name in digests}
         tools = {name: facts.tools.get(name, "absent") for name in stage.tools}
         digest = digest_of({"stage": stage.name, "version": stage.version, "inputs": inputs, "upstream": upstream, "tools": tools})
         digests[stage.name] = digest

@@ -129,7 +129,7 @@ def _run_stage(
             console.print(f"[yellow]{stage.name}: {exc.message}; rebuilding[/yellow]")
         if cached is not None:
             return StageResult(stage.name, "cached", cached, time.monotonic() - started)
-    upstream = {name: refs[name] for name in stage.upstream}
+    upstream = {name: refs[name] for name in stage.upstream if name in refs}
     with console.status(f"[bold]{stage.name}[/bold]: {stage.summary}"):
         notes: dict = {}
         with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.config.format_rules import check_format_rules
 
@@ -131,6 +131,16 @@ class QuantizeSpec(_Strict):
     group_size: int = Field(default=128, description="Group size along the input dimension for AWQ formats (64 or 128).")
     device: QuantDevice = Field(default=QuantDevice.cpu, description="Where calibration runs: cpu, or cuda (through the build runner on a GPU host).")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Calibration data and its sampling.")
+
+    @field_validator("algo", mode="before")
+    @classmethod
+    def _int4_weight_only_is_not_offered(cls, value: object) -> object:
+        if value == "int4_wo":
+            raise ValueError(
+                "quantize.algo int4_wo is not offered: ModelOpt 0.47 exports INT4 weight-only as W4A16_AWQ without the "
+                "prequant_scaling_factor tensors that format declares, so TensorRT-LLM may not load it; use int4_awq"
+            )
+        return value
 
     @model_validator(mode="after")
     def _group_size_choice(self) -> "QuantizeSpec":

@@ -82,3 +82,6 @@ def test_gate_fails_on_purpose_naming_metric_value_and_threshold(gated, capsys: 
     quantize_dirs = [p for p in (artifacts / "gated").iterdir() if p.name.startswith("quantize-")]
     assert len(quantize_dirs) == 1  # the quantized artifact stays, marked failed
     assert read_manifest(quantize_dirs[0])["gates"]["accuracy"]["verdict"] == "failed"
+    # Nothing is packaged from the failed gate: the only repository is the one the passing gate allowed.
+    packages = list((artifacts / "gated").glob("package-*"))
+    assert len(packages) == 1 and read_manifest(packages[0])["upstream"]["gate"] != read_manifest(quantize_dirs[0])["gates"]["accuracy"]["gate_digest"]

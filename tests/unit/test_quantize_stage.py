@@ -68,6 +68,11 @@ def test_llmapi_refuses_engine_path_only_formats(tmp_path: Path) -> None:
     assert "quantize.kv_cache int8 does not run on build.target llmapi" in _error(path)
 
 
+def test_int4_weight_only_is_refused_with_the_reason(tmp_path: Path) -> None:
+    message = _error(_config(tmp_path, "algo: int4_wo\n"))
+    assert "quantize.algo int4_wo is not offered" in message and "use int4_awq" in message
+
+
 def test_nvfp4_is_refused_on_the_cpu_target(tmp_path: Path) -> None:
     path = _config(tmp_path, FP8.replace("algo: fp8", "algo: nvfp4"))
     assert "quantize.algo nvfp4 needs build.target engine" in _error(path)
