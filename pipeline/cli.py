@@ -205,7 +205,8 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
-    from pipeline.bench.serve_bench import render_serve_markdown, run_serve_bench
+    from pipeline.bench.serve_bench import run_serve_bench
+    from pipeline.bench.serve_report import render_serve_markdown
     from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.package import REPOSITORY_DIR
 

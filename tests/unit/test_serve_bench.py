@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.serve_bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, render_serve_markdown, run_serve_bench
+from pipeline.bench.serve_bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, run_serve_bench
+from pipeline.bench.serve_report import render_serve_markdown
 from pipeline.config.spec import DeploySpec
-from pipeline.serve import leaks, process
+from pipeline.serve import leaks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
