@@ -17,7 +17,7 @@ from pipeline.config.loader import LoadedConfig, load_config
 from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
 from pipeline.errors import PipelineError, SpecError
-from pipeline.runner import artifact_state, check_runnable, make_plan, run_pipeline
+from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
 
 DEFAULT_ARTIFACTS = "artifacts"
 SCHEMA_PATH = Path("build_configs/schema.json")
@@ -143,14 +143,27 @@ def run_cli(argv: list[str], console: Console) -> int:
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
 
 
+def _build_cpu_target(loaded: LoadedConfig, store: ArtifactStore, command: str, until: str) -> dict[str, StageResult]:
+    """What the cpu-only commands share: refuse another target, then build (or reuse) up to `until`,
+    reporting the stages on stderr so stdout carries only the command's own output."""
+    target = loaded.spec.build.target.value
+    if target != "cpu":
+        raise SpecError(
+            f"{command} runs the cpu target here (no TensorRT-LLM on this machine); {loaded.path} has build.target {target!r}"
+            + ("; deploy it with docker compose on a GPU host" if command == "serve" else "")
+        )
+    return {r.name: r for r in run_pipeline(loaded, store, until=until, console=_stderr_console())}
+
+
+def _stderr_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
 def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     from pipeline.backends.cpu_generate import generate_offline
     from pipeline.stages.build import ENGINE_DIR
 
-    if loaded.spec.build.target.value != "cpu":
-        raise SpecError(f"generate runs the cpu target in-process; {args.config} has build.target {loaded.spec.build.target.value!r}")
-    quiet = Console(stderr=True, highlight=False, soft_wrap=True)
-    results = {r.name: r for r in run_pipeline(loaded, store, until="build", console=quiet)}
+    results = _build_cpu_target(loaded, store, "generate", "build")
     generation = generate_offline(
         results["build"].ref.path / ENGINE_DIR,
         results["prepare"].ref.path,
@@ -188,13 +201,7 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
     from pipeline.stages.package import REPOSITORY_DIR
 
-    if loaded.spec.build.target.value != "cpu":
-        raise SpecError(
-            f"serve runs the cpu target here (the bundled tritonserver has no tensorrtllm backend); {args.config} has "
-            f"build.target {loaded.spec.build.target.value!r}: deploy it with docker compose on a GPU host"
-        )
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
-    results = {r.name: r for r in run_pipeline(loaded, store, until="package", console=status)}
+    results = _build_cpu_target(loaded, store, "serve", "package")
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
     if args.detach:
         state = start_detached(options, _serve_state_dir(store), timeout=args.timeout)
@@ -211,11 +218,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
     from pipeline.stages.package import REPOSITORY_DIR
 
     loaded = load_config(args.config, args.overrides)
-    if loaded.spec.build.target.value != "cpu":
-        raise SpecError(f"bench serve measures the cpu target; {args.config} has build.target {loaded.spec.build.target.value!r}")
     store = ArtifactStore(args.artifacts, loaded.spec.name)
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
-    results = {r.name: r for r in run_pipeline(loaded, store, until="package", console=status)}
+    results = _build_cpu_target(loaded, store, "bench serve", "package")
+    status = _stderr_console()
     result = run_serve_bench(
         results["package"].ref.path / REPOSITORY_DIR,
         results["build"].ref.path / ENGINE_DIR,
@@ -236,7 +241,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 def _bench_accuracy(args: argparse.Namespace) -> int:
     from pipeline.bench.accuracy_bench import render_accuracy_markdown, run_accuracy_bench
 
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    status = _stderr_console()
     result = run_accuracy_bench(args.config, args.artifacts, progress=lambda line: status.print(f"[dim]{line}[/dim]"))
     print(json.dumps(result, indent=1) if args.json else render_accuracy_markdown(result))
     return 0
@@ -247,11 +252,9 @@ def _bench_engine(args: argparse.Namespace, console: Console) -> int:
     from pipeline.stages.build import ENGINE_DIR
 
     loaded = load_config(args.config, args.overrides)
-    if loaded.spec.build.target.value != "cpu":
-        raise SpecError(f"bench engine measures the cpu reference engine; {args.config} has build.target {loaded.spec.build.target.value!r}")
     store = ArtifactStore(args.artifacts, loaded.spec.name)
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
-    results = {r.name: r for r in run_pipeline(loaded, store, until="build", console=status)}
+    results = _build_cpu_target(loaded, store, "bench engine", "build")
+    status = _stderr_console()
     result = run_engine_bench(
         results["build"].ref.path / ENGINE_DIR,
         results["prepare"].ref.path,
