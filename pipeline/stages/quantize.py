@@ -33,10 +33,8 @@ def run(ctx: StageContext) -> None:
         )
     out = ctx.out_dir / CHECKPOINT_DIR
     out.mkdir()
-    ctx.log(
-        f"{quantize.algo.value} weights, {quantize.kv_cache.value} KV cache → {spec.model.dtype.value} TensorRT-LLM checkpoint "
-        f"(tp={spec.build.tp_size}, pp={spec.build.pp_size}) with ModelOpt"
-    )
+    what = "unquantized" if recipe.algo == "none" and recipe.kv_cache == "none" else f"{recipe.algo} weights, {recipe.kv_cache} KV cache"
+    ctx.log(f"{what} → {spec.model.dtype.value} TensorRT-LLM checkpoint (tp={spec.build.tp_size}, pp={spec.build.pp_size}) with ModelOpt")
     config = export_trtllm_checkpoint(
         prepared,
         out,
