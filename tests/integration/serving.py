@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -49,3 +50,21 @@ def assert_stopped_cleanly(returncode: int, log: Path) -> None:
         and "successfully unloaded 'tensorrt_llm' version 1" in text
     )
     assert stuck_ensemble_only, f"tritonserver exited with {returncode}; see {log}"
+
+
+@contextlib.contextmanager
+def running_server(options, workspace: Path):
+    """Start the real tritonserver, wait until every model is ready, yield it; then stop it and check that
+    it exited cleanly and left no shared-memory regions or python_env directories behind."""
+    from pipeline.serve import TritonServer, leaks
+
+    triton = TritonServer(options, workspace=workspace).start()
+    try:
+        triton.wait_until_ready(timeout=120)
+        yield triton
+    finally:
+        returncode = triton.stop()
+    # A clean exit means no request was left in flight (cancelled streams included).
+    assert_stopped_cleanly(returncode, workspace / "tritonserver.log")
+    assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
+    assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"

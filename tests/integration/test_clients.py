@@ -27,9 +27,8 @@ import pytest
 from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, RequestError, ServerUnavailableError, TritonLLMClient
 from clients.cli import add_infer_arguments, run_infer
 from pipeline.config.spec import DeploySpec
-from pipeline.serve import ServerOptions, TritonServer
-from pipeline.serve import leaks
-from tests.integration.serving import REPO, assert_stopped_cleanly, build_and_package, free_ports
+from pipeline.serve import ServerOptions
+from tests.integration.serving import REPO, build_and_package, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,16 +90,8 @@ def server(artifacts, tmp_path_factory):
     http_port, grpc_port, metrics_port = free_ports(3)
     deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=5)
-    workspace = tmp_path_factory.mktemp("serve")
-    triton = TritonServer(options, workspace=workspace).start()
-    try:
-        triton.wait_until_ready(timeout=120)
+    with running_server(options, tmp_path_factory.mktemp("serve")) as triton:
         yield triton
-    finally:
-        returncode = triton.stop()
-    # A clean exit means no request was left in flight (cancelled streams included).
-    assert_stopped_cleanly(returncode, workspace / "tritonserver.log")
-    assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
 
 
 def url_of(server, protocol: str) -> str:

@@ -33,7 +33,7 @@ from pipeline.config.spec import ServeSpec
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.serve import ServerOptions, TritonServer, read_state, start_detached, stop_detached
 from pipeline.serve import leaks
-from tests.integration.serving import assert_stopped_cleanly, free_ports
+from tests.integration.serving import free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -192,17 +192,8 @@ def server(artifacts, tmp_path_factory):
     options = ServerOptions(
         model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5
     )
-    workspace = tmp_path_factory.mktemp("serve")
-    triton = TritonServer(options, workspace=workspace).start()
-    try:
-        triton.wait_until_ready(timeout=120)
+    with running_server(options, tmp_path_factory.mktemp("serve")) as triton:
         yield triton
-    finally:
-        returncode = triton.stop()
-    # A clean exit means no request was left in flight (cancelled streams included).
-    assert_stopped_cleanly(returncode, workspace / "tritonserver.log")
-    assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
-    assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"
 
 
 # -- answers ----------------------------------------------------------------------------------
