@@ -20,6 +20,7 @@ from refengine.kv_cache import KVCacheUsage
 from refengine.model_config import ModelConfig
 from refengine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from refengine.sampling import SamplingParams
+from refengine.stats import EngineStats
 
 __all__ = [
     "Checkpoint",
@@ -28,6 +29,7 @@ __all__ = [
     "EngineConfigError",
     "EngineDirectory",
     "EngineLoop",
+    "EngineStats",
     "InvalidRequestError",
     "KVCacheUsage",
     "LLMEngine",

@@ -22,6 +22,7 @@ from refengine.outputs import CompletionOutput, RequestOutput
 from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
 from refengine.scheduler import Scheduler, SequenceUpdate
+from refengine.stats import EngineStats
 from refengine.step_messages import SampledToken
 
 
@@ -83,6 +84,8 @@ class LLMEngine:
         self._request_numbers = itertools.count()
         self._seeds = random.Random()
         self._lock = threading.RLock()
+        self._num_steps = 0
+        self._num_generated_tokens = 0
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -117,6 +120,19 @@ class LLMEngine:
     def kv_cache_usage(self) -> KVCacheUsage:
         with self._lock:
             return self._scheduler.kv_cache.usage()
+
+    def stats(self) -> EngineStats:
+        """Cumulative counters since the engine started (tokens, prefix reuse, preemptions)."""
+        with self._lock:
+            scheduler = self._scheduler
+            return EngineStats(
+                num_steps=self._num_steps,
+                num_generated_tokens=self._num_generated_tokens,
+                num_prompt_tokens_computed=scheduler.num_prompt_tokens_computed,
+                num_prompt_tokens_reused=scheduler.num_prefix_cache_hit_tokens,
+                num_prefix_cache_hits=scheduler.num_prefix_cache_hits,
+                num_preemptions=scheduler.num_preemptions,
+            )
 
     def has_unfinished(self) -> bool:
         with self._lock:
@@ -231,8 +247,10 @@ class LLMEngine:
             )
         runner_output = self._runner.execute(scheduler_output)
         updates = self._scheduler.update_from_output(scheduler_output, runner_output)
+        self._num_steps += 1
         advanced: dict[str, _RequestState] = {}
         for update in updates:
+            self._num_generated_tokens += len(update.new_token_ids)
             state = self._requests.get(update.request_id)
             if state is not None:
                 state.apply(update)

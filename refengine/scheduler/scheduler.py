@@ -61,6 +61,8 @@ class Scheduler:
         self._num_preemptions = 0
         self._num_padding_tokens = 0
         self._num_prefix_cache_hit_tokens = 0
+        self._num_prefix_cache_hits = 0  # admissions that reused at least one cached block
+        self._num_prompt_tokens_computed = 0  # prompt tokens scheduled; recompute after preemption included
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -83,6 +85,14 @@ class Scheduler:
     def num_prefix_cache_hit_tokens(self) -> int:
         """Prompt tokens whose K/V were reused from the cache instead of computed."""
         return self._num_prefix_cache_hit_tokens
+
+    @property
+    def num_prefix_cache_hits(self) -> int:
+        return self._num_prefix_cache_hits
+
+    @property
+    def num_prompt_tokens_computed(self) -> int:
+        return self._num_prompt_tokens_computed
 
     @property
     def num_padding_rows(self) -> int:
@@ -245,6 +255,7 @@ class Scheduler:
             self._waiting.remove(sequence)
             sequence.num_computed_tokens = prefix.num_tokens
             self._num_prefix_cache_hit_tokens += prefix.num_tokens
+            self._num_prefix_cache_hits += prefix.num_tokens > 0
             sequence.status = SequenceStatus.RUNNING
             self._running.insert(sequence)
             choices.append(_Choice(sequence, num_new, table))
@@ -274,6 +285,7 @@ class Scheduler:
             table = self._allocate_reserved(sequence, total, prefix)
             sequence.num_computed_tokens += prefix.num_tokens
             self._num_prefix_cache_hit_tokens += prefix.num_tokens
+            self._num_prefix_cache_hits += prefix.num_tokens > 0
             choices.append(_Choice(sequence, num_new, table))
             budget -= num_new
         for sequence in decoding:
@@ -359,6 +371,7 @@ class Scheduler:
                 continue
             start = sequence.num_computed_tokens
             end = start + choice.num_new_tokens
+            self._num_prompt_tokens_computed += max(0, min(end, sequence.num_prompt_tokens) - start)
             reaches_end = end == sequence.num_tokens
             params = sequence.params
             scheduled.append(
