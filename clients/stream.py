@@ -162,6 +162,11 @@ class AsyncTextStream(AsyncIterator[str]):
     def cancelled(self) -> bool:
         return self._state.cancelled
 
+    @property
+    def tokens_received(self) -> int | None:
+        """Tokens in the responses so far; None unless the request asked for log-probs."""
+        return self._record.tokens if self._record.responses else 0
+
     async def __anext__(self) -> str:
         return await self._deltas.__anext__()
 

@@ -79,13 +79,19 @@ def _parser() -> argparse.ArgumentParser:
     engine_bench.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
     engine_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     engine_bench.add_argument("--out", type=Path, help="also write the JSON result here (default: <artifacts>/<name>/bench-engine.json)")
-    serve_bench = bench_sub.add_parser("serve", help="Triton overhead: 1-token generate via HTTP/gRPC/in-process, per-token cost of streaming")
-    serve_bench.add_argument("config", type=Path, help="build config YAML (target cpu)")
+    serve_bench = bench_sub.add_parser(
+        "serve", help="load benchmark (TTFT, ITL, throughput, goodput over a concurrency sweep); --overhead: what Triton adds per request"
+    )
+    serve_bench.add_argument("config", type=Path, help="build config YAML (target cpu, or any target with --url)")
     serve_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    serve_bench.add_argument("--requests", type=int, default=200, help="1-token requests per path (default 200)")
-    serve_bench.add_argument("--warmup", type=int, default=20, help="warm-up requests per path (default 20)")
-    serve_bench.add_argument("--concurrency", type=int, default=1, help="concurrent callers per path (default 1)")
+    serve_bench.add_argument("--overhead", action="store_true", help="instead: 1-token generate via HTTP/gRPC/in-process and the per-token cost of streaming")
+    serve_bench.add_argument("--requests", type=int, help="requests per point (default 32; --overhead: 1-token requests per path, default 200)")
+    serve_bench.add_argument("--warmup", type=int, help="warm-up requests per point (default 4; --overhead: per path, default 20)")
+    serve_bench.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8; --overhead: one value, default 1)")
     serve_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    from pipeline.bench.load_cli import add_load_arguments
+
+    add_load_arguments(serve_bench)
     accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
     accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
     accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -212,6 +218,10 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
+    if not args.overhead:
+        from pipeline.bench.load_cli import run_load_command
+
+        return run_load_command(args)
     from pipeline.bench.serve_bench import run_serve_bench
     from pipeline.bench.serve_report import render_serve_markdown
     from pipeline.stages.build import ENGINE_DIR
@@ -226,9 +236,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
         results["build"].ref.path / ENGINE_DIR,
         results["prepare"].ref.path,
         loaded.spec.deploy,
-        requests=args.requests,
-        warmup=args.warmup,
-        concurrency=args.concurrency,
+        requests=args.requests or 200,
+        warmup=20 if args.warmup is None else args.warmup,
+        concurrency=_single_concurrency(args.concurrency),
         progress=lambda line: status.print(f"[dim]{line}[/dim]"),
     )
     out = store.build_dir / "bench-serve.json"
@@ -236,6 +246,14 @@ def _bench_serve(args: argparse.Namespace) -> int:
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else render_serve_markdown(result))
     status.print(f"wrote {out}")
     return 0
+
+
+def _single_concurrency(text: str | None) -> int:
+    if text is None:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise SpecError(f"--concurrency with --overhead takes one integer >= 1, got {text!r}")
+    return int(text)
 
 
 def _bench_accuracy(args: argparse.Namespace) -> int:

@@ -133,6 +133,10 @@ def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {"serve": _dump(spec.serve), "target": spec.build.target.value, "gpus": list(spec.deploy.gpus)}
 
 
+def _slo_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump(spec.deploy)}
+
+
 def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
@@ -172,7 +176,17 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         _package_inputs,
         "render the Triton model repository and check it against the engine",
     ),
-    StageDef("deploy", 1, ("prepare", "build", "package"), ("trtllm_pipeline",), _deploy_inputs, "render the docker compose deployment"),
+    StageDef(
+        "slo",
+        1,
+        ("prepare", "package"),
+        ("trtllm_pipeline", "tritonclient"),
+        _slo_inputs,
+        "performance gate: load-test the served repository against gate.performance",
+        applies=lambda spec: spec.gate.performance is not None,
+    ),
+    # after a performance gate, a deployment is tied to the verdict it passed
+    StageDef("deploy", 1, ("prepare", "build", "package", "slo"), ("trtllm_pipeline",), _deploy_inputs, "render the docker compose deployment"),
 )
 
 

@@ -39,7 +39,22 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
                     "use --until quantize to export a sharded checkpoint only",
                 )
             )
+    if "slo" in selected and spec.gate.performance is not None:
+        issues += _slo_issues(spec, model)
     return issues
+
+
+def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
+    performance = spec.gate.performance
+    if performance.url is None and spec.build.target is not Target.cpu and not spec.dry_run:
+        return [(
+            ("gate", "performance", "url"),
+            f"gate.performance serves the packaged repository itself only for the cpu target; for build.target "
+            f"{spec.build.target.value!r} set gate.performance.url to the running deployment of this build",
+        )]
+    if performance.url is None and not spec.dry_run and not any((model.path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        return [(("model", "source"), f"{model.path} has no tokenizer; gate.performance builds its prompts with it")]
+    return []
 
 
 def _quantize_issues(spec: Spec, model: ModelInfo) -> list[Issue]:

@@ -15,7 +15,7 @@ from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
 from pipeline.plan import EnvFacts, Plan, StagePlan, plan
 from pipeline.preflight import preflight
-from pipeline.stages import build, deploy, gate, package, prepare, quantize
+from pipeline.stages import build, deploy, gate, package, prepare, quantize, slo
 from pipeline.stages.base import StageContext, StageFn
 from pipeline.tools import tool_versions
 
@@ -25,6 +25,7 @@ STAGE_FUNCTIONS: dict[str, StageFn] = {
     "build": build.run,
     "gate": gate.run,
     "package": package.run,
+    "slo": slo.run,
     "deploy": deploy.run,
 }
 
@@ -98,7 +99,7 @@ def run_pipeline(
 
 
 class GateFailed(StageError):
-    default_hint = "the artifacts stay for inspection; relax the thresholds in gate.* or change the quantization"
+    default_hint = "the artifacts stay for inspection; relax the thresholds in gate.* or change the quantization or build"
 
 
 def _stop_on_failed_verdict(result: StageResult) -> None:

@@ -1,0 +1,134 @@
+"""slo: the performance gate. Serves the packaged repository with the bundled tritonserver (cpu
+target) — or measures the running deployment at gate.performance.url — under a closed-loop load
+of gate.performance.concurrency streaming callers, checks the thresholds, and compares with the
+last stored result of this build name. A failed gate seals its report (verdict "failed") and
+stops the pipeline before deploy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from pipeline.config.spec import PerformanceGateSpec
+from pipeline.stages.base import StageContext
+
+REPORT = "performance.json"
+
+
+def run(ctx: StageContext) -> None:
+    from pipeline.bench.slo import regression, regression_failures, threshold_failures
+
+    gate = ctx.spec.gate.performance
+    assert gate is not None  # the plan schedules this stage only with gate.performance
+    workload = workload_recipe(gate)
+    if ctx.spec.dry_run and gate.url is None:
+        report = {
+            "verdict": "not measured",
+            "reason": "dry-run: no engine was built here; set gate.performance.url to a running deployment of this build",
+            "workload": workload,
+        }
+        _seal(ctx, report, [])
+        ctx.log("[yellow]not measured (dry-run); the gate holds nothing until it runs against a deployment[/yellow]")
+        return
+    previous = previous_report(ctx)
+    result = _measure(ctx, gate)
+    point = result["points"][0]
+    change = regression(point, workload, previous)
+    failures = threshold_failures(point, gate) + regression_failures(change, gate)
+    report = {
+        "verdict": "failed" if failures else "passed",
+        "failures": failures,
+        "digest": ctx.plan.digest,
+        "workload": workload,
+        "point": point,
+        "regression": change,
+        "thresholds": gate.model_dump(mode="json", exclude_none=True),
+        "server_version": result.get("server_version"),
+        "machine": result.get("machine"),
+    }
+    _seal(ctx, report, failures)
+    ctx.console.print(_table(report))
+
+
+def workload_recipe(gate: PerformanceGateSpec) -> dict[str, Any]:
+    return {
+        "endpoint": gate.endpoint.value,
+        "concurrency": gate.concurrency,
+        "num_requests": gate.num_requests,
+        "warmup_requests": gate.warmup_requests,
+        "input_tokens": gate.input_tokens,
+        "output_tokens": gate.output_tokens,
+        "seed": gate.seed,
+    }
+
+
+def previous_report(ctx: StageContext) -> dict[str, Any] | None:
+    """The newest stored report of this stage for this build: this digest's own (when --force
+    measures again) or another digest's (an earlier build)."""
+    candidates = []
+    if ctx.final_dir is not None:
+        candidates = [path / REPORT for path in ctx.final_dir.parent.glob(f"{ctx.plan.name}-*") if path.is_dir()]
+    reports = []
+    for path in candidates:
+        try:
+            report = json.loads(path.read_text())
+            created = json.loads((path.parent / "manifest.json").read_text()).get("created", "")
+        except (OSError, ValueError):
+            continue
+        if report.get("point") is not None:
+            reports.append((created, {**report, "created": created}))
+    return max(reports, key=lambda item: item[0])[1] if reports else None
+
+
+def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
+    from clients.loadgen import SloLimits
+    from pipeline.bench.load_bench import Endpoints, SweepOptions, run_load_sweep, serving
+    from pipeline.bench.load_workload import LengthDist, TextTokenizer, synthetic_requests
+    from pipeline.stages.package import REPOSITORY_DIR
+
+    spec = ctx.spec
+    goodput = gate.goodput
+    options = SweepOptions(
+        endpoints=(gate.endpoint.value,),
+        concurrencies=(gate.concurrency,),
+        requests_per_point=gate.num_requests,
+        warmup=gate.warmup_requests,
+        slo=SloLimits(goodput.ttft_ms, goodput.itl_ms, goodput.e2e_ms) if goodput else SloLimits(),
+        seed=gate.seed,
+    )
+    requests = synthetic_requests(
+        TextTokenizer(ctx.upstream["prepare"].path), gate.num_requests,
+        input_tokens=LengthDist(gate.input_tokens), output_tokens=LengthDist(gate.output_tokens),
+        max_input_len=spec.build.max_input_len, max_output_len=gate.output_tokens, seed=gate.seed,
+    )
+    ctx.log(f"{gate.num_requests} requests of {gate.input_tokens}→{gate.output_tokens} tokens, {gate.concurrency} concurrent, over {gate.endpoint.value}")
+    if gate.url is not None:
+        endpoints = Endpoints(**{gate.endpoint.value: gate.url}, model_name=spec.name)
+        return run_load_sweep(endpoints, requests, options)
+    repo = ctx.upstream["package"].path / REPOSITORY_DIR
+    with serving(repo, spec.deploy, model_name=spec.name, openai=gate.endpoint.value == "openai", say=ctx.log) as endpoints:
+        return run_load_sweep(endpoints, requests, options)
+
+
+def _seal(ctx: StageContext, report: dict[str, Any], failures: list[str]) -> None:
+    (ctx.out_dir / REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    ctx.notes.update(verdict=report["verdict"], failures=failures)
+
+
+def _table(report: dict[str, Any]) -> Table:
+    point = report["point"]
+    table = Table(title=f"performance gate: {report['verdict']}", title_justify="left")
+    for column in ("metric", "p50", "p90", "p99"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+        values = point.get(metric) or {}
+        table.add_row(metric, *(f"{values.get(q, float('nan')):.2f}" for q in ("p50", "p90", "p99")))
+    table.caption = (
+        f"{point['output_tokens_per_s']:.1f} output tokens/s · {point['requests_per_s']:.2f} requests/s · "
+        f"{point['good_requests']}/{point['requests']} good"
+        + (f" · regression {report['regression']['worse_pct']}" if (report.get("regression") or {}).get("comparable") else "")
+    )
+    return table

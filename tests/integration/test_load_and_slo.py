@@ -1,0 +1,69 @@
+"""The load benchmark and the performance gate against the real tritonserver (cpu target)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.integration.serving import CLI, REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SLO_CONFIG = str(REPO / "build_configs" / "tiny-cpu-slo.yaml")
+
+
+def cli(root, *argv, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(CLI), "--artifacts", str(root), *argv], capture_output=True, text=True, timeout=900)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def test_a_concurrency_sweep_over_grpc_and_http_writes_json_and_a_plot(tmp_path):
+    out = tmp_path / "results"
+    result = cli(
+        tmp_path / "artifacts", "bench", "serve", str(REPO / "build_configs" / "tiny-cpu.yaml"),
+        "--endpoint", "grpc,http", "--concurrency", "1,3", "--requests", "6", "--warmup", "1",
+        "--input-tokens", "24", "--output-tokens", "8", "--slo-ttft-ms", "60000", "--json", "--out", str(out),
+    )
+    printed = json.loads(result.stdout)
+    assert printed == json.loads((out / "bench-serve-load.json").read_text())
+    assert (out / "bench-serve-load.png").read_bytes()[:4] == b"\x89PNG"
+    assert [(p["endpoint"], p["mode"]["concurrency"]) for p in printed["points"]] == [("grpc", 1), ("http", 1), ("grpc", 3), ("http", 3)]
+    for point in printed["points"]:
+        assert point["failed"] == 0 and point["completed"] == 6, point["errors"]
+        assert point["output_tokens"] == 6 * 8  # min_tokens = max_tokens: every request runs its full length
+        assert 0 < point["ttft_ms"]["p50"] < point["e2e_ms"]["p50"]
+        assert point["itl_ms"]["p50"] > 0
+        assert point["good_requests"] == 6
+        assert 16 <= point["mean_input_tokens"] <= 32
+
+
+def test_the_performance_gate_passes_and_fails_on_purpose(tmp_path):
+    root = tmp_path / "artifacts"
+    cli(root, "run", SLO_CONFIG, "--until", "slo")
+    [first] = root.glob("tiny-cpu-slo/slo-*/performance.json")
+    measured = json.loads(first.read_text())
+    assert measured["verdict"] == "passed" and measured["regression"] is None
+    throughput = measured["point"]["output_tokens_per_s"]
+    ttft_p99 = measured["point"]["ttft_ms"]["p99"]
+
+    # Thresholds well above the measured latency and below its throughput: passes, and is compared with the first run.
+    passing = cli(root, "run", SLO_CONFIG, "--until", "slo",
+                  "--set", f"gate.performance.max_ttft_ms.p99={ttft_p99 * 5:.1f}",
+                  "--set", f"gate.performance.min_output_tokens_per_s={throughput / 5:.1f}")
+    assert "performance gate: passed" in passing.stdout
+    second = max(root.glob("tiny-cpu-slo/slo-*/performance.json"), key=lambda p: p.stat().st_mtime)
+    report = json.loads(second.read_text())
+    assert report["regression"]["comparable"] and set(report["regression"]["worse_pct"]) == {"ttft_ms.p99", "itl_ms.p99", "output_tokens_per_s"}
+
+    # A throughput floor above what this machine does: fails, names metric, value and threshold; deploy does not run.
+    failing = cli(root, "run", SLO_CONFIG, "--set", f"gate.performance.min_output_tokens_per_s={throughput * 3:.1f}", check=False)
+    assert failing.returncode == 1
+    assert "slo failed: output_tokens_per_s" in failing.stderr
+    assert f"is below gate.performance.min_output_tokens_per_s {throughput * 3:.1f}" in failing.stderr
+    assert not list(root.glob("tiny-cpu-slo/deploy-*"))
+    failed_reports = [json.loads(p.read_text()) for p in root.glob("tiny-cpu-slo/slo-*/performance.json")]
+    assert sorted(r["verdict"] for r in failed_reports) == ["failed", "passed", "passed"]
