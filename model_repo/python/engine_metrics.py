@@ -1,70 +1,132 @@
-"""Triton custom metrics of the cpu `tensorrt_llm` model, named like TensorRT-LLM's backend.
+"""Triton custom metrics of the cpu `tensorrt_llm` model, served on Triton's /metrics endpoint
+next to its own families.
 
-    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max|free|used|tokens_per"}
+Gauges named like TensorRT-LLM's Triton backend (inflight_batcher_llm's custom metrics), so
+dashboards written for the engine target read the cpu target too:
+
+    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max|free|used|tokens_per|reused|fraction"}
     nv_trt_llm_request_metrics{request_type="active|waiting|scheduled|max"}
+    nv_trt_llm_general_metrics{general_type="iteration_counter"}
 
-served on Triton's /metrics endpoint next to its own families, so dashboards written for the
-engine target read the cpu target too. Inside Triton's stub only.
+(`reused` counts KV blocks taken from the prefix cache since start, as the backend's; `fraction`
+is used / max.) Counters the backend has no equivalent for, the project's own (monotonic, so
+Prometheus `rate()` applies):
+
+    trtllm_pipeline_tokens_total{token_type="generated|prompt_computed|prompt_reused"}
+    trtllm_pipeline_prefix_cache_hits_total      requests admitted with a reused prefix
+    trtllm_pipeline_preemptions_total            sequences preempted by recompute
+
+Every value comes from the engine (`LLMEngine.kv_cache_usage()`, `.stats()`, the scheduler's
+queues). `FAMILIES` and `engine_values` are plain data and functions; only `EngineMetrics` needs
+Triton's stub (`triton_python_backend_utils`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-import triton_python_backend_utils as pb_utils
+GAUGE = "gauge"
+COUNTER = "counter"
 
-KV_BLOCK_TYPES = ("max", "free", "used", "tokens_per")
+
+class Family(NamedTuple):
+    name: str
+    kind: str
+    description: str
+    label: str | None  # the label that tells the family's series apart (None: one series)
+    label_values: tuple[str, ...] = ()
+
+
+KV_BLOCK_TYPES = ("max", "free", "used", "tokens_per", "reused", "fraction")
 REQUEST_TYPES = ("active", "waiting", "scheduled", "max")
+TOKEN_TYPES = ("generated", "prompt_computed", "prompt_reused")
+
+FAMILIES: tuple[Family, ...] = (
+    Family("nv_trt_llm_kv_cache_block_metrics", GAUGE, "KV-cache blocks of the reference engine", "kv_cache_block_type", KV_BLOCK_TYPES),
+    Family("nv_trt_llm_request_metrics", GAUGE, "Requests in the reference engine", "request_type", REQUEST_TYPES),
+    Family("nv_trt_llm_general_metrics", GAUGE, "Engine iterations of the reference engine", "general_type", ("iteration_counter",)),
+    Family(
+        "trtllm_pipeline_tokens_total",
+        COUNTER,
+        "Tokens of the reference engine: generated, and prompt tokens computed or reused from the prefix cache",
+        "token_type",
+        TOKEN_TYPES,
+    ),
+    Family("trtllm_pipeline_prefix_cache_hits_total", COUNTER, "Requests admitted with a prefix reused from the KV cache", None),
+    Family("trtllm_pipeline_preemptions_total", COUNTER, "Sequences preempted (recomputed later) by the reference engine", None),
+)
+
+
+def series_key(family: str, label_value: str | None = None) -> tuple[str, str | None]:
+    return (family, label_value)
+
+
+def engine_values(engine: Any, active_requests: int) -> dict[tuple[str, str | None], float]:
+    """The current value of every series, read from the engine (keys: `series_key`)."""
+    usage = engine.kv_cache_usage()
+    stats = engine.stats()
+    scheduler = engine.scheduler
+    kv = {
+        "max": usage.num_blocks,
+        "free": usage.num_free_blocks,
+        "used": usage.num_used_blocks,
+        "tokens_per": usage.tokens_per_block,
+        "reused": stats.num_prompt_tokens_reused // usage.tokens_per_block,  # prefixes are whole blocks
+        "fraction": usage.num_used_blocks / usage.num_blocks if usage.num_blocks else 0.0,
+    }
+    requests = {
+        "active": active_requests,
+        "waiting": scheduler.num_waiting,
+        "scheduled": scheduler.num_running,
+        "max": engine.config.max_batch_size,
+    }
+    tokens = {
+        "generated": stats.num_generated_tokens,
+        "prompt_computed": stats.num_prompt_tokens_computed,
+        "prompt_reused": stats.num_prompt_tokens_reused,
+    }
+    values: dict[tuple[str, str | None], float] = {}
+    values.update({series_key("nv_trt_llm_kv_cache_block_metrics", k): v for k, v in kv.items()})
+    values.update({series_key("nv_trt_llm_request_metrics", k): v for k, v in requests.items()})
+    values[series_key("nv_trt_llm_general_metrics", "iteration_counter")] = stats.num_steps
+    values.update({series_key("trtllm_pipeline_tokens_total", k): v for k, v in tokens.items()})
+    values[series_key("trtllm_pipeline_prefix_cache_hits_total")] = stats.num_prefix_cache_hits
+    values[series_key("trtllm_pipeline_preemptions_total")] = stats.num_preemptions
+    return {key: float(value) for key, value in values.items()}
 
 
 class EngineMetrics:
+    """The families of `FAMILIES` in Triton, refreshed by `update()` (the model's watcher thread)."""
+
     def __init__(self, engine: Any, labels: dict[str, str], active_requests: Callable[[], int]) -> None:
+        import triton_python_backend_utils as pb_utils
+
         self._engine = engine
         self._active_requests = active_requests
-        self._kv_family = pb_utils.MetricFamily(
-            name="nv_trt_llm_kv_cache_block_metrics",
-            description="KV-cache blocks of the reference engine",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self._request_family = pb_utils.MetricFamily(
-            name="nv_trt_llm_request_metrics",
-            description="Requests in the reference engine",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self._kv = {kind: self._kv_family.Metric(labels={**labels, "kv_cache_block_type": kind}) for kind in KV_BLOCK_TYPES}
-        self._requests = {
-            kind: self._request_family.Metric(labels={**labels, "request_type": kind}) for kind in REQUEST_TYPES
-        }
-        self._last: dict[str, float] = {}
+        kinds = {GAUGE: pb_utils.MetricFamily.GAUGE, COUNTER: pb_utils.MetricFamily.COUNTER}
+        self._families: list[Any] = []
+        self._metrics: dict[tuple[str, str | None], tuple[str, Any]] = {}
+        for family in FAMILIES:
+            triton_family = pb_utils.MetricFamily(name=family.name, description=family.description, kind=kinds[family.kind])
+            self._families.append(triton_family)
+            for value in family.label_values or (None,):
+                series_labels = dict(labels) if value is None else {**labels, family.label: value}
+                self._metrics[series_key(family.name, value)] = (family.kind, triton_family.Metric(labels=series_labels))
+        self._last: dict[tuple[str, str | None], float] = {}
 
     def update(self) -> None:
-        usage = self._engine.kv_cache_usage()
-        scheduler = self._engine.scheduler
-        kv_values = {
-            "max": usage.num_blocks,
-            "free": usage.num_free_blocks,
-            "used": usage.num_used_blocks,
-            "tokens_per": usage.tokens_per_block,
-        }
-        request_values = {
-            "active": self._active_requests(),
-            "waiting": scheduler.num_waiting,
-            "scheduled": scheduler.num_running,
-            "max": self._engine.config.max_batch_size,
-        }
-        for kind, value in kv_values.items():
-            self._set(f"kv/{kind}", self._kv[kind], value)
-        for kind, value in request_values.items():
-            self._set(f"request/{kind}", self._requests[kind], value)
+        for key, value in engine_values(self._engine, self._active_requests()).items():
+            kind, metric = self._metrics[key]
+            last = self._last.get(key)
+            if last == value:
+                continue
+            if kind == GAUGE:
+                metric.set(value)
+            elif value > (last or 0.0):  # a counter only goes up: publish the increase
+                metric.increment(value - (last or 0.0))
+            self._last[key] = value
 
     def close(self) -> None:
         # The Metric objects must go before their MetricFamily (the stub enforces the order).
-        self._kv.clear()
-        self._requests.clear()
-        self._kv_family = None
-        self._request_family = None
-
-    def _set(self, key: str, metric: Any, value: float) -> None:
-        if self._last.get(key) != value:
-            metric.set(float(value))
-            self._last[key] = value
+        self._metrics.clear()
+        self._families.clear()

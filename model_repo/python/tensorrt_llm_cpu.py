@@ -10,7 +10,8 @@ by the project's reference engine (refengine) with inflight batching.
   `cancellation_check_period_ms` and aborts it in the engine, which frees its KV blocks. A
   `stop` request (TensorRT-LLM's contract) aborts every in-flight request with its request id.
 - Bad requests get an INVALID_ARG error response; the model and the server stay up.
-- Custom metrics (engine_metrics.py) report KV blocks and requests.
+- Custom metrics (engine_metrics.py) report KV blocks, requests, engine iterations, tokens
+  (generated; prompt tokens computed or reused), prefix-cache hits and preemptions.
 """
 
 from __future__ import annotations

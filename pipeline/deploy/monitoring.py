@@ -1,16 +1,19 @@
 """Prometheus and Grafana: their compose services, Prometheus' scrape config, Grafana's provisioning and dashboard.
 
 Prometheus scrapes the Triton service's metrics port on the compose network (`triton:8002`).
-Grafana gets a provisioned Prometheus datasource and one dashboard built from the metric
-families both targets serve (triton-on-cpu.md §11; the cpu model's custom families carry
-TensorRT-LLM's backend names, model_repo/python/engine_metrics.py):
+Grafana gets a provisioned Prometheus datasource and one dashboard: Triton's own families
+(triton-on-cpu.md §11), then the LLM model's (model_repo/python/engine_metrics.py; the gauges
+carry TensorRT-LLM's backend names, so those panels read the engine target too):
 
     nv_inference_request_success / _failure      counters, per model
     nv_inference_request_duration_us             cumulative µs, per model
     nv_inference_queue_duration_us               cumulative µs, per model
     nv_inference_pending_request_count           gauge, per model
-    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max|free|used|tokens_per"}
+    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max|free|used|tokens_per|reused|fraction"}
     nv_trt_llm_request_metrics{request_type="active|waiting|scheduled|max"}
+    nv_trt_llm_general_metrics{general_type="iteration_counter"}
+    trtllm_pipeline_tokens_total{token_type="generated|prompt_computed|prompt_reused"}   cpu target only
+    trtllm_pipeline_prefix_cache_hits_total, trtllm_pipeline_preemptions_total          cpu target only
 """
 
 from __future__ import annotations
@@ -154,6 +157,14 @@ def _kv(kind: str) -> str:
     return f'sum(nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="{kind}"}})'
 
 
+def _total_rate(family: str, selector: str = "") -> str:
+    return f"sum(rate({family}{selector}[{RATE_WINDOW}]))"
+
+
+def _tokens(kind: str) -> str:
+    return _total_rate("trtllm_pipeline_tokens_total", f'{{token_type="{kind}"}}')
+
+
 # (title, unit, [(expression, legend)]) — the dashboard's panels, in reading order.
 PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("Throughput", "reqps", ((_rate("nv_inference_request_success"), "{{model}}"),)),
@@ -174,6 +185,34 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ),
     ("Pending requests", "short", (("sum by (model) (nv_inference_pending_request_count)", "{{model}}"),)),
     ("Failures", "reqps", ((_rate("nv_inference_request_failure"), "{{model}}"),)),
+    (
+        "Tokens / s",
+        "short",
+        ((_tokens("generated"), "generated"), (_tokens("prompt_computed"), "prompt computed"), (_tokens("prompt_reused"), "prompt reused")),
+    ),
+    (
+        "Prefix-cache hit rate (prompt tokens)",
+        "percent",
+        (
+            (
+                f"100 * {_tokens('prompt_reused')} / clamp_min({_tokens('prompt_reused')} + {_tokens('prompt_computed')}, 1e-9)",
+                "reused %",
+            ),
+        ),
+    ),
+    (
+        "Prefix hits and preemptions",
+        "ops",
+        (
+            (_total_rate("trtllm_pipeline_prefix_cache_hits_total"), "prefix-cache hits"),
+            (_total_rate("trtllm_pipeline_preemptions_total"), "preemptions"),
+        ),
+    ),
+    (
+        "Engine iterations / s",
+        "short",
+        ((_total_rate("nv_trt_llm_general_metrics", '{general_type="iteration_counter"}'), "iterations"),),
+    ),
 )
 
 

@@ -3,7 +3,8 @@
 One server for the module (random free ports on 127.0.0.1), talked to with tritonclient directly:
 answers equal refengine's own greedy output, streamed deltas concatenate to the non-streamed
 text, concurrent streams get their own texts, bad inputs are refused while the server stays
-ready, a cancelled stream frees its KV blocks, /metrics counts. The engine-target repository is
+ready, a cancelled stream frees its KV blocks, /metrics counts (Triton's families and the
+engine's: generated tokens, prefix reuse, KV blocks back to idle). The engine-target repository is
 loaded too: only tensorrt_llm (no `tensorrtllm` backend here) and what depends on it fail.
 """
 
@@ -470,6 +471,116 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model):
         f"KV blocks still used {time.monotonic() - cancelled_at:.1f} s after the cancellation"
     )
     assert stream_infer(server.options.grpc_url, "ensemble", client_inputs(PROMPTS[1], 4, stream=False))
+
+
+# -- engine metrics ---------------------------------------------------------------------------
+def _llm_output_ids(server, prompt_ids: list[int], output_len: int) -> list[int]:
+    """The tokens of one streamed request to the `tensorrt_llm` model itself. Without `end_id`
+    nothing ends it early: exactly `output_len` tokens."""
+    arrays = {
+        "input_ids": (np.array([prompt_ids], dtype=np.int32), "INT32"),
+        "input_lengths": (np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
+        "request_output_len": (np.array([[output_len]], dtype=np.int32), "INT32"),
+        "streaming": (np.array([[True]], dtype=np.bool_), "BOOL"),
+    }
+    inputs = []
+    for name, (array, datatype) in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    client = grpcclient.InferenceServerClient(server.options.grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        tokens: list[int] = []
+        while True:
+            result, error = responses.get(timeout=60)
+            if error is not None:
+                raise error
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                tokens += ids.reshape(-1).tolist()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return tokens
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+ENGINE_SERIES = {
+    "generated": ("trtllm_pipeline_tokens_total", {"token_type": "generated"}),
+    "prompt_computed": ("trtllm_pipeline_tokens_total", {"token_type": "prompt_computed"}),
+    "prompt_reused": ("trtllm_pipeline_tokens_total", {"token_type": "prompt_reused"}),
+    "prefix_hits": ("trtllm_pipeline_prefix_cache_hits_total", {}),
+    "preemptions": ("trtllm_pipeline_preemptions_total", {}),
+    "iterations": ("nv_trt_llm_general_metrics", {"general_type": "iteration_counter"}),
+    "reused_blocks": ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "reused"}),
+    "kv_used": ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "used"}),
+    "kv_fraction": ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}),
+    "active": ("nv_trt_llm_request_metrics", {"request_type": "active"}),
+}
+
+
+def _engine_figures(server) -> dict[str, float]:
+    values = metrics(server.options.metrics_url)
+    return {key: metric(values, family, model="tensorrt_llm", **labels) for key, (family, labels) in ENGINE_SERIES.items()}
+
+
+def _idle_engine_figures(server) -> dict[str, float]:
+    """The figures once nothing runs and two reads 0.3 s apart agree (the model publishes every 0.1 s)."""
+    assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 10), "engine not idle"
+    previous = _engine_figures(server)
+    for _ in range(50):
+        time.sleep(0.3)
+        current = _engine_figures(server)
+        if current == previous:
+            return current
+        previous = current
+    raise AssertionError(f"engine figures keep moving while idle: {previous}")
+
+
+def _moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before[key] for key in ("generated", "prompt_computed", "prompt_reused", "prefix_hits", "preemptions", "reused_blocks")}
+
+
+def test_engine_metrics_are_published_with_their_kinds(server):
+    with urllib.request.urlopen(server.options.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    for family in ("trtllm_pipeline_tokens_total", "trtllm_pipeline_prefix_cache_hits_total", "trtllm_pipeline_preemptions_total"):
+        assert f"# TYPE {family} counter" in text
+    for family in ("nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics", "nv_trt_llm_general_metrics"):
+        assert f"# TYPE {family} gauge" in text
+
+
+def test_engine_metrics_count_generated_tokens_and_prefix_reuse(server, reference):
+    """A greedy request with a known output length adds exactly that many generated tokens; the same
+    long prompt sent again reuses its full KV blocks (one prefix-cache hit); the KV cache returns to idle."""
+    tokens_per_block = 32  # build_configs/tiny-cpu.yaml
+    text = f"# {uuid.uuid4().hex}\n" + "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(12))
+    prompt_ids = reference.tokenizer.encode(text)  # unique from its first block on: nothing cached yet
+    assert len(prompt_ids) > 2 * tokens_per_block
+    reusable = (len(prompt_ids) - 1) // tokens_per_block * tokens_per_block  # the last token is always computed
+    start = _idle_engine_figures(server)
+
+    assert len(_llm_output_ids(server, prompt_ids, 8)) == 8
+    first = _idle_engine_figures(server)
+    assert _moved(start, first) == {
+        "generated": 8, "prompt_computed": len(prompt_ids), "prompt_reused": 0, "prefix_hits": 0, "preemptions": 0, "reused_blocks": 0,
+    }  # fmt: skip
+    assert first["iterations"] - start["iterations"] >= 8  # a prefill, then one decode per further token
+
+    assert len(_llm_output_ids(server, prompt_ids, 5)) == 5
+    second = _idle_engine_figures(server)
+    assert _moved(first, second) == {
+        "generated": 5,
+        "prompt_computed": len(prompt_ids) - reusable,
+        "prompt_reused": reusable,
+        "prefix_hits": 1,
+        "preemptions": 0,  # guaranteed_no_evict never preempts
+        "reused_blocks": reusable // tokens_per_block,
+    }
+    assert second["kv_used"] == 0 and second["kv_fraction"] == 0 and second["active"] == 0
 
 
 # -- the engine target's repository -----------------------------------------------------------
