@@ -207,6 +207,8 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
     from pipeline.stages.package import REPOSITORY_DIR
 
+    if loaded.spec.build.target.value == "engine":
+        _check_engine_runtime(loaded, store)
     results = _build_cpu_target(loaded, store, "serve", "package")
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
     if args.detach:
@@ -215,6 +217,19 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
         console.print(f"stop it with: trtllm-pipeline stop {args.config}")
         return 0
     return serve_foreground(options, out=console.print, timeout=args.timeout)
+
+
+def _check_engine_runtime(loaded: LoadedConfig, store: ArtifactStore) -> None:
+    """Engine target: refuse an engine (built, or as the spec would build it) whose recorded TensorRT-LLM
+    version or GPU compute capability is not this machine's, naming both (pipeline/backends/engine_runtime.py)."""
+    from pipeline.backends.engine_target import check_before_serving
+    from pipeline.stages.build import ENGINE_DIR
+
+    build = store.lookup(make_plan(loaded).stage("build"))
+    if build is None:
+        check_before_serving(loaded.spec, None, {})
+    else:
+        check_before_serving(loaded.spec, build.path / ENGINE_DIR, build.manifest.get("notes", {}))
 
 
 def _bench_serve(args: argparse.Namespace) -> int:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
+from typing import Any, Mapping
 
 from pipeline.backends.capacity import get_gpu
+from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
 from pipeline.backends.runners import BuildOutcome, DockerRunner, RunnerUnavailable, make_runner
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
-from pipeline.backends.trtllm_versions import get_version
+from pipeline.backends.trtllm_versions import get_version, version_for_image
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
-from pipeline.errors import SpecError
+from pipeline.errors import PipelineError, SpecError
 
 
 def target_sm(spec: Spec) -> int | None:
@@ -51,3 +54,69 @@ def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
         except RunnerUnavailable as exc:
             return [(("build", "runner"), f"build.runner docker: {exc.message}")]
     return []
+
+
+# -- the engine against the runtime that would serve it ----------------------------------------------
+ENGINE_CONFIG_FILE = "config.json"
+
+
+class EngineMismatchError(PipelineError):
+    """The engine was built for another TensorRT-LLM version or GPU than the runtime that would serve it."""
+
+    default_hint = (
+        "build the engine with the runtime's TensorRT-LLM version (build.trtllm_version) and for its GPU (deploy.gpu), "
+        "or serve it with the image and GPU it was built for"
+    )
+
+
+def declared_engine(spec: Spec) -> EngineRecord:
+    """What the spec builds: its version profile and its declared GPU (None when deploy.gpu is unset)."""
+    gpu = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
+    return EngineRecord(get_version(spec.build.trtllm_version).version, target_sm(spec), gpu)
+
+
+def recorded_engine(engine_dir: Path, notes: Mapping[str, Any], spec: Spec) -> EngineRecord:
+    """What a build artifact recorded: the engine config's `version` (trtllm-build writes the version that
+    built it) or the manifest's, and the GPU of the manifest (the spec's declaration for older artifacts)."""
+    declared = declared_engine(spec)
+    try:
+        version = json.loads((engine_dir / ENGINE_CONFIG_FILE).read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):
+        version = None
+    version = str(version or notes.get("trtllm_version") or declared.trtllm_version)
+    gpu = notes.get("gpu", declared.gpu)
+    sm = notes.get("compute_capability")
+    if sm is None and gpu is not None:
+        sm = get_gpu(gpu).compute_capability
+    return EngineRecord(version, int(sm) if sm is not None else None, gpu)
+
+
+def image_runtime(image: str) -> RuntimeFacts:
+    """The TensorRT-LLM version a Triton TRT-LLM image ships, from its tag's profile (unknown for other images)."""
+    row = version_for_image(image)
+    if row is None:
+        return RuntimeFacts()
+    return RuntimeFacts(row.version, f"image {image}, Triton {row.triton_tag}")
+
+
+def host_runtime(spec: Spec) -> RuntimeFacts:
+    """This machine: the installed TensorRT-LLM, and the compute capability of the GPUs in deploy.gpus (all if none)."""
+    return probe_runtime(spec.deploy.gpus)
+
+
+def check_before_serving(
+    spec: Spec, engine_dir: Path | None, notes: Mapping[str, Any], runtime: RuntimeFacts | None = None
+) -> EngineRecord:
+    """`serve` on the engine target: the built engine (or, before a build, the one the spec would build)
+    against this machine (`runtime`, probed when None); EngineMismatchError names both values."""
+    engine = declared_engine(spec) if engine_dir is None else recorded_engine(engine_dir, notes, spec)
+    require_compatible(engine, host_runtime(spec) if runtime is None else runtime, where="serve refuses this engine")
+    return engine
+
+
+def require_compatible(engine: EngineRecord, runtime: RuntimeFacts, *, where: str) -> None:
+    """Raise EngineMismatchError naming the engine's and the runtime's values (`where`: what was about to start)."""
+    try:
+        check_engine_runtime(engine, runtime)
+    except EngineRuntimeMismatch as mismatch:
+        raise EngineMismatchError(f"{where}: {mismatch}") from None

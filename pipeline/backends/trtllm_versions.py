@@ -124,6 +124,18 @@ def get_version(version: str) -> TrtllmVersion:
     )
 
 
+def version_for_image(reference: str) -> TrtllmVersion | None:
+    """The profile whose Triton TRT-LLM image `reference` is (`…/tritonserver:<tag>-trtllm-python-py3`,
+    with or without a digest), or None for any other image or an unrecorded tag."""
+    name = reference.split("@", 1)[0]
+    repository, _, tag = name.rpartition(":")
+    suffix = "-trtllm-python-py3"
+    if not repository.endswith("tritonserver") or not tag.endswith(suffix):
+        return None
+    triton_tag = tag[: -len(suffix)]
+    return next((row for row in SUPPORTED_VERSIONS.values() if row.triton_tag == triton_tag), None)
+
+
 def _newer_than_engine_line(version: str) -> bool:
     parts = version.split(".")[:2]
     if len(parts) < 2 or not all(p.isdigit() for p in parts):

@@ -12,7 +12,8 @@ and Grafana always on loopback), read-only mounts of the model repository, engin
 `restart: unless-stopped`, a healthcheck, bounded logs. Triton also gets `shm_size`, the
 memlock/stack ulimits of NVIDIA's launch recipe, `init` (signals and zombie stubs), a
 `stop_grace_period` longer than its `--exit-timeout-secs`, and on the gpu profile a device
-reservation for exactly the GPUs of the engine's ranks.
+reservation for exactly the GPUs of the engine's ranks and an entrypoint that refuses to start
+when the container's TensorRT-LLM version or GPU compute capability is not the engine's.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from typing import Any
 
 import yaml
 
+from pipeline.backends.engine_runtime import EngineRecord, mismatches
+from pipeline.backends.engine_target import declared_engine, image_runtime
 from pipeline.config.spec import Spec
 from pipeline.deploy import images, layout, monitoring
 from pipeline.deploy.parts import bind_mount, compose_path, hardening, published
-from pipeline.deploy.server_command import STOP_GRACE_SECS, cpu_server_command, engine_server_command
+from pipeline.deploy.server_command import STOP_GRACE_SECS, cpu_server_command, engine_entrypoint, engine_server_command
 from pipeline.errors import SpecError
 
 USER = "1000:1000"  # the NGC image's `triton-server`; the cpu image creates the same uid
@@ -150,6 +153,9 @@ def _triton_service(
     if target == "engine":
         world_size = spec.build.tp_size * spec.build.pp_size
         service["image"] = images.server_image(spec, target).reference
+        engine = _engine_for_image(spec, service["image"])
+        service["entrypoint"] = engine_entrypoint(engine)
+        volumes.append(bind_mount(deploy_dir / layout.ENGINE_CHECK_FILE, layout.ENGINE_CHECK_MOUNT))
         command = engine_server_command(world_size)
         health = ["CMD", "curl", "-fsS", "--max-time", "2", HEALTH_URL]
         if world_size > 1:
@@ -191,6 +197,18 @@ def _triton_service(
     if target == "engine":
         service["deploy"] = {"resources": {"reservations": {"devices": [_gpu_reservation(spec)]}}}
     return service
+
+
+def _engine_for_image(spec: Spec, image: str) -> EngineRecord:
+    """The engine the spec builds, refused when deploy.image is a Triton TRT-LLM image of another version."""
+    engine = declared_engine(spec)
+    problems = mismatches(engine, image_runtime(image))
+    if problems:
+        raise SpecError(
+            f"deploy.image cannot serve this engine: {'; '.join(problems)}",
+            hint="use the image of build.trtllm_version's profile (leave deploy.image unset), or set build.trtllm_version to the image's version",
+        )
+    return engine
 
 
 def _gpu_reservation(spec: Spec) -> dict[str, Any]:

@@ -12,6 +12,7 @@ A deployment directory (the deploy artifact's `deploy/`, or `./deploy/` in a che
     grafana/provisioning/dashboards/trtllm-pipeline.yml
     grafana/dashboards/trtllm-pipeline.json
     Dockerfile, .dockerignore, src/            cpu target only: the image with the project installed
+    engine_runtime.py         engine target only: the container's entrypoint check (engine vs runtime)
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ GRAFANA_DASHBOARD_PROVIDERS = "grafana/provisioning/dashboards/trtllm-pipeline.y
 GRAFANA_DASHBOARDS_DIR = "grafana/dashboards"
 GRAFANA_DASHBOARD = f"{GRAFANA_DASHBOARDS_DIR}/trtllm-pipeline.json"
 GRAFANA_PROVISIONING_DIR = "grafana/provisioning"
+ENGINE_CHECK_FILE = "engine_runtime.py"  # a copy of pipeline/backends/engine_runtime.py
 
 # Inside the containers.
 MODELS_MOUNT = "/models"
 ENGINE_MOUNT = "/engine"
 TOKENIZER_MOUNT = "/tokenizer"
 GRAFANA_DASHBOARDS_MOUNT = "/etc/grafana/dashboards"
+ENGINE_CHECK_MOUNT = "/opt/trtllm-pipeline/engine_runtime.py"
 CONTAINER_HTTP_PORT = 8000
 CONTAINER_GRPC_PORT = 8001
 CONTAINER_METRICS_PORT = 8002

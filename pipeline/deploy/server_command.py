@@ -7,6 +7,9 @@ whose value comes from .env (`--http-restricted-api` / `--grpc-restricted-protoc
 Vertex AI and tracing are off; readiness is strict; shutdown waits `EXIT_TIMEOUT_SECS` for
 in-flight requests.
 
+Engine target: the entrypoint first checks that the container runs the engine's TensorRT-LLM version on
+a GPU of the engine's compute capability (`engine_entrypoint`), then hands over to NGC's entrypoint.
+
 Engine target with tp×pp > 1: TensorRT-LLM's leader mode, in the form scripts/launch_triton_server.py
 generates (trtllm.md §4.8) — one `mpirun` with one `-n 1 tritonserver …` block per rank, joined by
 `:`. Rank 0 loads and serves the repository; the other ranks load only `tensorrt_llm`
@@ -15,12 +18,14 @@ generates (trtllm.md §4.8) — one `mpirun` with one `-n 1 tritonserver …` bl
 
 from __future__ import annotations
 
+from pipeline.backends.engine_runtime import EngineRecord, format_compute_capability
 from pipeline.deploy.layout import (
     ADMIN_KEY_HEADER,
     ADMIN_KEY_VARIABLE,
     CONTAINER_GRPC_PORT,
     CONTAINER_HTTP_PORT,
     CONTAINER_METRICS_PORT,
+    ENGINE_CHECK_MOUNT,
     MODELS_MOUNT,
 )
 
@@ -33,6 +38,7 @@ RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "statist
 GRPC_MAX_RESPONSE_POOL_SIZE = 1024
 LLM_MODEL = "tensorrt_llm"
 NGC_TRITONSERVER = "tritonserver"  # on PATH in the Triton TRT-LLM image (/opt/tritonserver/bin)
+NGC_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"  # the NGC images' own ENTRYPOINT
 
 # The cpu image (pipeline.deploy.dockerfile): the wheel's server linked at a fixed path, and the
 # private backend directory of symlinks that `trtllm-pipeline serve` also uses (triton-on-cpu.md §5).
@@ -106,6 +112,18 @@ def engine_server_command(world_size: int) -> list[str]:
 
 def _engine_flags() -> list[str]:
     return [*_hardening_flags(), f"--grpc-max-response-pool-size={GRPC_MAX_RESPONSE_POOL_SIZE}"]
+
+
+def engine_entrypoint(engine: EngineRecord) -> list[str]:
+    """The engine target's entrypoint: check the container's TensorRT-LLM version and GPU compute capability
+    against the engine's (pipeline/backends/engine_runtime.py, mounted read-only), then exec NGC's entrypoint
+    with the service's command. A mismatch stops the container with both values in its log."""
+    check = ["python3", ENGINE_CHECK_MOUNT, f"--trtllm-version={engine.trtllm_version}"]
+    if engine.compute_capability is not None:
+        check.append(f"--compute-capability={format_compute_capability(engine.compute_capability)}")
+    if engine.gpu is not None:
+        check.append(f"--gpu={engine.gpu}")
+    return [*check, "--", NGC_ENTRYPOINT]
 
 
 def world_size_of(command: list[str]) -> int:

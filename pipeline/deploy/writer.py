@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from pipeline.backends import engine_runtime
 from pipeline.config.spec import Spec
 from pipeline.deploy import dockerfile, images, layout, monitoring
 from pipeline.deploy.checks import check_compose
@@ -90,6 +91,8 @@ def write_deployment(
     written.append(_write(out_dir / layout.COMPOSE_FILE, dump_compose(document, deployment_header(spec, target))))
     written.append(_write(out_dir / layout.ENV_FILE, render_env(env, spec, target), mode=0o600))
     written += _write_monitoring(out_dir, spec, target)
+    if target == "engine":
+        written.append(_write(out_dir / layout.ENGINE_CHECK_FILE, Path(engine_runtime.__file__).read_text(encoding="utf-8")))
     if target == "cpu":
         base_image = images.server_image(spec, target)
         text = dockerfile.render_dockerfile(build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note)

@@ -30,7 +30,7 @@ def run(ctx: StageContext) -> None:
 
 
 def _build_engine(ctx: StageContext) -> None:
-    from pipeline.backends.engine_target import run_engine_build
+    from pipeline.backends.engine_target import run_engine_build, target_sm
 
     checkpoint = ctx.upstream["quantize"].path / CHECKPOINT_DIR
     final = (ctx.final_dir or ctx.out_dir) / ENGINE_DIR
@@ -41,6 +41,7 @@ def _build_engine(ctx: StageContext) -> None:
         trtllm_version=build.version.version,
         image=build.version.image,
         gpu=ctx.spec.deploy.gpu.value if ctx.spec.deploy.gpu is not None else None,
+        compute_capability=target_sm(ctx.spec),  # SM of that GPU (90 = 9.0): `serve` and the container check it
         runner=ctx.spec.build.runner.value,
         dry_run=outcome.dry_run,
         command=list(outcome.command),

@@ -214,7 +214,8 @@ def test_memlock_unlimited_and_64_mib_stack(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_model_repository_engine_and_tokenizer_are_mounted_read_only(name):
     mounts = {volume["target"]: volume for volume in triton(name)["volumes"]}
-    assert set(mounts) == {"/models", "/engine", "/tokenizer"}
+    check = {"/opt/trtllm-pipeline/engine_runtime.py"} if name in GPU_CONFIGS else set()  # the entrypoint's engine check
+    assert set(mounts) == {"/models", "/engine", "/tokenizer"} | check
     assert all(volume["type"] == "bind" and volume["read_only"] is True for volume in mounts.values())
     assert mounts["/models"]["source"] == "./model_repository"
 
@@ -485,6 +486,8 @@ def test_container_repository_numbers_the_reserved_gpus_from_zero(tmp_path):
     [device] = deployment.compose["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["device_ids"] == ["2", "3"]
     assert not (out / layout.DOCKERFILE).exists() and not (out / "src").exists()
+    # the entrypoint's engine check, mounted at ENGINE_CHECK_MOUNT: a verbatim copy of the standalone module
+    assert (out / layout.ENGINE_CHECK_FILE).read_text() == (REPO / "pipeline" / "backends" / "engine_runtime.py").read_text()
 
 
 def test_a_repository_unlike_the_package_is_refused(cpu_artifacts, tmp_path):
