@@ -102,7 +102,8 @@ class TritonServer:
                 raise self._failure(f"tritonserver was not live after {timeout:.0f} s", -1)
             time.sleep(_READY_POLL_SECONDS)
         # HTTP comes up after the start-up loads finish, so the index is final here.
-        self.python_env_dirs = sorted(leaks.python_env_dirs() - self._env_dirs_before)
+        others = leaks.server_start_times(exclude=(process_.pid,))
+        self.python_env_dirs = leaks.not_owned_by_others(leaks.python_env_dirs() - self._env_dirs_before, others)
         states = probe.model_states(self.options.http_url)
         not_ready = {name: state for name, state in states.items() if not state.ready}
         if require_all_ready and not_ready:
@@ -208,7 +209,9 @@ class TritonServer:
     def _clean_up(self) -> None:
         leaks.remove_shm_regions(self.options.shm_prefix)
         # Without a ready server the new directories are not known for sure; only empty ones go.
-        leaks.remove_empty_dirs(self.python_env_dirs or (leaks.python_env_dirs() - self._env_dirs_before))
+        leaks.remove_empty_dirs(
+            self.python_env_dirs or (leaks.python_env_dirs() - self._env_dirs_before), server_pid=self._process.pid if self._process else None
+        )
         if self._temporary is not None:
             self._temporary.cleanup()
             self._temporary = None
