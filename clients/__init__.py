@@ -8,12 +8,13 @@
 
 `AsyncTritonLLMClient` is the asyncio form. Errors: `RequestError` (Triton refused the request;
 never retried), `ServerUnavailableError` (retried with backoff, then raised),
-`ClientTimeoutError` (also a `TimeoutError`), all `ClientError`s.
+`ClientTimeoutError` (also a `TimeoutError`), `InvalidRequestError` (a value refused before
+sending, naming the field; also a `TypeError` and a `ValueError`), all `ClientError`s.
 """
 
 from clients.aio import AsyncTritonLLMClient
 from clients.client import DEFAULT_URLS, TritonLLMClient
-from clients.errors import ClientError, ClientTimeoutError, ProtocolError, RequestError, ServerUnavailableError
+from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
 from clients.retry import RetryPolicy
 from clients.stream import AsyncTextStream, TextStream
 from clients.types import Completion, GenerationRequest
@@ -26,6 +27,7 @@ __all__ = [
     "ClientTimeoutError",
     "Completion",
     "GenerationRequest",
+    "InvalidRequestError",
     "ProtocolError",
     "RequestError",
     "RetryPolicy",

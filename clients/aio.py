@@ -7,6 +7,7 @@ it with `await client.close()` (or `async with`) before that loop ends.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import aiohttp
@@ -37,6 +38,7 @@ class AsyncTritonLLMClient:
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
+        self._streams: "weakref.WeakSet[AsyncTextStream]" = weakref.WeakSet()  # close() cancels those still open
 
     async def generate(
         self,
@@ -97,7 +99,10 @@ class AsyncTritonLLMClient:
             return False
 
     async def close(self) -> None:
+        """Release every connection now; requests still open are cancelled (their iteration ends)."""
         self._closed = True
+        for stream in list(self._streams):
+            stream.cancel()  # a no-op for a finished one
         grpc_client, self._grpc = self._grpc, None
         http, self._http = self._http, None
         if grpc_client is not None:
@@ -133,4 +138,8 @@ class AsyncTritonLLMClient:
                 return AioGrpcCall(self._grpc_client(), self.url, self.model, values, timeout=self.timeout)
             return await AioHttpCall.open(self._session(), self.url, self.model, values, timeout=self.timeout)
 
-        return AsyncTextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
+        if self._closed:
+            raise ClientError("the client is closed")
+        text_stream = AsyncTextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
+        self._streams.add(text_stream)
+        return text_stream

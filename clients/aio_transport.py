@@ -22,7 +22,7 @@ from clients.errors import ClientError, ClientTimeoutError, RequestError, Server
 from clients.grpc import chunk_from_result, grpc_error, infer_inputs
 from clients.http import CONNECT_TIMEOUT_S, generate_url
 from clients.sse import SSEParser, chunk_from_event, error_message
-from clients.types import Chunk, chunk_from_json, json_object
+from clients.types import Chunk, check_inputs, chunk_from_json, json_object
 
 
 def rpc_error(error: grpc.RpcError, *, url: str, timeout: float | None) -> ClientError:
@@ -88,6 +88,7 @@ class AioHttpCall:
 
     @classmethod
     async def open(cls, session: aiohttp.ClientSession, base_url: str, model: str, values: Mapping[str, Any], *, timeout: float | None) -> "AioHttpCall":
+        values = check_inputs(values)  # as HttpCall: Triton's JSON conversion answers a wrong type with 500
         stream = bool(values.get("stream"))
         try:
             response = await session.post(

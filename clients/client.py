@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, Literal, Sequence
 
 import requests
@@ -26,10 +28,28 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
+class _ClosingAdapter(requests.adapters.HTTPAdapter):
+    """An adapter whose close() closes its idle keep-alive connections now.
+
+    urllib3 2's `PoolManager.clear()` (what `Session.close()` calls) only forgets its pools; their
+    connections are closed when a pool is garbage collected, which a finished response (it keeps a
+    reference to its pool) can postpone indefinitely. An open keep-alive connection makes
+    tritonserver wait its whole exit timeout at shutdown (and then exit 1).
+    """
+
+    def close(self) -> None:
+        pools = self.poolmanager.pools
+        for key in list(pools.keys()):
+            pool = pools.get(key)
+            if pool is not None:
+                pool.close()  # a connection released to it later is closed instead of pooled
+        super().close()
+
+
 def _session() -> requests.Session:
     """A session whose pool keeps a connection per concurrent stream (the default keeps 10)."""
     session = requests.Session()
-    adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=64)
+    adapter = _ClosingAdapter(pool_connections=1, pool_maxsize=64)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
@@ -69,6 +89,10 @@ class TritonLLMClient:
         configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
         self._pool = ClientPool(self.url) if protocol == "grpc" else None
         self._session = _session() if protocol == "http" else None
+        # Requests not yet garbage collected: close() cancels those still open (a stream not read to its end).
+        self._streams: "weakref.WeakSet[TextStream]" = weakref.WeakSet()
+        self._streams_lock = threading.Lock()
+        self._closed = False
 
     # -- requests ---------------------------------------------------------------------------
     def generate(
@@ -129,6 +153,8 @@ class TritonLLMClient:
     # -- server -----------------------------------------------------------------------------
     def is_ready(self) -> bool:
         """Whether the model is ready (False when the server cannot be reached)."""
+        if self._closed:
+            return False
         try:
             if self._session is not None:
                 response = self._session.get(f"{self.url}/v2/models/{self.model}/ready", timeout=self.timeout)
@@ -147,6 +173,12 @@ class TritonLLMClient:
         return False
 
     def close(self) -> None:
+        """Release every connection now; requests still open are cancelled (their iteration ends)."""
+        with self._streams_lock:
+            self._closed = True
+            streams = list(self._streams)
+        for stream in streams:
+            stream.cancel()  # a no-op for a finished one
         if self._pool is not None:
             self._pool.close()
         if self._session is not None:
@@ -164,10 +196,17 @@ class TritonLLMClient:
         pool, session = self._pool, self._session
 
         def open_call() -> GrpcCall | HttpCall:
+            if self._closed:  # a close() after this check cancels the stream, which cancels the call
+                raise ClientError("the client is closed")
             if pool is not None:
                 return GrpcCall(pool, self.model, values, timeout=self.timeout)
             if session is not None:
                 return HttpCall(session, self.url, self.model, values, timeout=self.timeout)
-            raise ClientError("the client is closed")
+            raise ClientError("the client has no transport")  # pragma: no cover - one of the two exists
 
-        return TextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
+        text_stream = TextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
+        with self._streams_lock:
+            if self._closed:
+                raise ClientError("the client is closed")
+            self._streams.add(text_stream)
+        return text_stream

@@ -23,6 +23,20 @@ class RequestError(ClientError):
         super().__init__(f"[{status}] {message}" if status is not None else message)
 
 
+class InvalidRequestError(ClientError, builtins.TypeError, builtins.ValueError):
+    """A request value the client refuses before sending it; `field` names the input.
+
+    Also a TypeError and a ValueError (a wrong type or an impossible value). Checked here because
+    Triton cannot answer every such value well: over HTTP, a JSON value of the wrong type for an
+    input (e.g. `"max_tokens": "abc"`) gets HTTP 500 from Triton's own JSON-to-tensor conversion,
+    and an integer beyond the input's datatype (INT32) is silently wrapped (2**32 + 5 becomes 5).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
 class ServerUnavailableError(ClientError, builtins.ConnectionError):
     """The server could not be reached (connection refused, gRPC UNAVAILABLE), after every retry."""
 

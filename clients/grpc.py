@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from clients.errors import ClientError, ClientTimeoutError, RequestError, ServerUnavailableError
-from clients.types import INPUT_DATATYPES, TEXT_OUTPUT, Chunk
+from clients.types import INPUT_DATATYPES, TEXT_OUTPUT, Chunk, check_inputs
 
 _NUMPY_TYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
 _GRACE_S = 5.0  # wait this long past the deadline for gRPC's own DEADLINE_EXCEEDED
@@ -53,9 +53,9 @@ def grpc_target(url: str) -> str:
 
 
 def infer_inputs(values: Mapping[str, Any], input_class: Any = grpcclient.InferInput) -> list[Any]:
-    """The ensemble's inputs as [1, 1] (scalars) or [1, n] (word lists) tensors."""
+    """The ensemble's inputs as [1, 1] (scalars) or [1, n] (word lists) tensors (values checked first)."""
     tensors = []
-    for name, value in values.items():
+    for name, value in check_inputs(values).items():
         datatype = INPUT_DATATYPES[name]
         row = [item.encode("utf-8") for item in value] if isinstance(value, list) else [value.encode("utf-8") if isinstance(value, str) else value]
         array = np.array([row], dtype=_NUMPY_TYPES[datatype])

@@ -22,7 +22,7 @@ import urllib3
 
 from clients.errors import ClientError, ClientTimeoutError, RequestError, ServerUnavailableError
 from clients.sse import SSEParser, chunk_from_event, error_message
-from clients.types import Chunk, chunk_from_json, json_object
+from clients.types import Chunk, check_inputs, chunk_from_json, json_object
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -38,9 +38,11 @@ def generate_url(base_url: str, model: str, *, stream: bool) -> str:
 
 
 class HttpCall:
-    """One POST to generate or generate_stream."""
+    """One POST to generate or generate_stream. The values are checked first (InvalidRequestError):
+    Triton answers a JSON value of the wrong type with HTTP 500 and wraps out-of-range integers."""
 
     def __init__(self, session: requests.Session, base_url: str, model: str, values: Mapping[str, Any], *, timeout: float | None) -> None:
+        values = check_inputs(values)
         self._stream = bool(values.get("stream"))
         self._timeout = timeout
         self._deadline = None if timeout is None else time.monotonic() + timeout

@@ -7,10 +7,12 @@ and its `text_output` / `output_log_probs` / `cum_log_probs` outputs.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from clients.errors import ProtocolError, RequestError
+from clients.errors import InvalidRequestError, ProtocolError, RequestError
 
 # The ensemble's inputs this client sends, with their Triton datatypes (shapes are [1, 1] or [1, n]).
 INPUT_DATATYPES: dict[str, str] = {
@@ -33,20 +35,67 @@ INPUT_DATATYPES: dict[str, str] = {
     "stream": "BOOL",
 }
 TEXT_OUTPUT = "text_output"
+_INTEGER_RANGES: dict[str, tuple[int, int]] = {"INT32": (-(2**31), 2**31 - 1), "UINT64": (0, 2**64 - 1)}
+_FP32_MAX = 3.4028234663852886e38
+
+
+def check_input(name: str, value: Any) -> Any:
+    """`value` as the JSON value of the ensemble input `name` (a Python int, float, bool, str or list
+    of str), or InvalidRequestError naming the input. Ranges are the datatype's, nothing more: the
+    server checks the rest (e.g. max_tokens >= 1) and names the problem itself."""
+    datatype = INPUT_DATATYPES.get(name)
+    if datatype is None:
+        raise InvalidRequestError(name, f"unknown input {name!r}; the ensemble's inputs are {', '.join(INPUT_DATATYPES)}")
+    if datatype == "BYTES":
+        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(item, str) for item in value)):
+            return value
+        raise InvalidRequestError(name, f"{name} must be a string or a non-empty list of strings, got {_shown(value)}")
+    if datatype == "BOOL":
+        if isinstance(value, bool):
+            return value
+        raise InvalidRequestError(name, f"{name} must be true or false, got {_shown(value)}")
+    if datatype in _INTEGER_RANGES:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise InvalidRequestError(name, f"{name} must be an integer, got {_shown(value)}")
+        low, high = _INTEGER_RANGES[datatype]
+        if not low <= value <= high:
+            raise InvalidRequestError(name, f"{name} {value} is out of range: the input is {datatype} ({low}..{high})")
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # FP32
+        raise InvalidRequestError(name, f"{name} must be a number, got {_shown(value)}")
+    if not math.isfinite(value):
+        raise InvalidRequestError(name, f"{name} must be a finite number, got {value}")
+    if abs(value) > _FP32_MAX:
+        raise InvalidRequestError(name, f"{name} {value} is out of range: the input is FP32")
+    return float(value)
+
+
+def check_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every input checked by `check_input` (what the transports send)."""
+    return {name: check_input(name, value) for name, value in values.items()}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def _words(value: str | Sequence[str] | None, name: str) -> list[str] | None:
     if value is None:
         return None
-    words = [value] if isinstance(value, str) else list(value)
-    if not all(isinstance(word, str) for word in words):
-        raise TypeError(f"{name} must be a string or a sequence of strings")
-    return words or None
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, Sequence) or not all(isinstance(word, str) for word in value):
+        raise InvalidRequestError(name, f"{name} must be a string or a sequence of strings, got {_shown(value)}")
+    return list(value) or None
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt and how to continue it. Values are checked by the server, which names the input.
+    """One prompt and how to continue it.
+
+    Types and datatype ranges are checked here (InvalidRequestError, also a TypeError and a
+    ValueError, naming the field); everything else by the server, which names the input.
 
     Decoding follows TensorRT-LLM: greedy unless `top_k` or `top_p` is set (and `temperature` > 0).
     `stop` and `bad_words` are words or phrases (text, not token ids). `return_log_probs` makes
@@ -73,9 +122,12 @@ class GenerationRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
-            raise TypeError(f"prompt must be a string, got {type(self.prompt).__name__}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise TypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
+            raise InvalidRequestError("prompt", f"prompt must be a string, got {_shown(self.prompt)}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, numbers.Integral):
+            raise InvalidRequestError("max_tokens", f"max_tokens must be an integer, got {_shown(self.max_tokens)}")
+        if not isinstance(self.return_log_probs, bool):
+            raise InvalidRequestError("return_log_probs", f"return_log_probs must be true or false, got {_shown(self.return_log_probs)}")
+        self.inputs(stream=False)  # every other field
 
     def inputs(self, *, stream: bool) -> dict[str, Any]:
         """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate."""
@@ -98,7 +150,7 @@ class GenerationRequest:
             "exclude_input_in_output": self.exclude_input_in_output,
             "stream": stream,
         }
-        return {name: value for name, value in values.items() if value is not None}
+        return check_inputs({name: value for name, value in values.items() if value is not None})
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from transformers import AutoTokenizer
 
 from clients import TritonLLMClient
 from pipeline.config.spec import DeploySpec
-from pipeline.serve import ServerOptions, TritonServer
+from pipeline.serve import ServerOptions
 from refengine import LLMEngine, SamplingParams
-from tests.integration.serving import build_and_package, free_ports
+from tests.integration.serving import build_and_package, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,8 +37,9 @@ def test_quantized_config_serves_the_engines_greedy_output(config: str, tmp_path
     options = ServerOptions.from_deploy(
         DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port), artifacts["repository"], exit_timeout_secs=5
     )
-    with TritonServer(options, workspace=tmp_path / "serve") as server:
-        server.wait_until_ready(timeout=120)
+    # running_server checks the clean exit: the clients' connections are all closed (tritonserver
+    # otherwise waits its exit timeout for them and exits 1), nothing is left in flight or leaked.
+    with running_server(options, tmp_path / "serve"):
         for protocol, url in (("grpc", options.grpc_url), ("http", options.http_url)):
             with TritonLLMClient(url, protocol, timeout=60) as client:
                 assert client.generate(PROMPT, max_tokens=MAX_TOKENS).text == expected_text, protocol
