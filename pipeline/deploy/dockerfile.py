@@ -29,7 +29,7 @@ GID = 1000
 
 # What the image needs to `pip install` the project (pyproject's packages plus its metadata files).
 PROJECT_FILES = ("pyproject.toml", "README.md", "constraints.txt")
-PROJECT_PACKAGES = ("pipeline", "refengine", "clients")
+PROJECT_PACKAGES = ("pipeline", "refengine", "clients", "model_repo")  # model_repo: package data (pyproject)
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".*")
 
 _TEMPLATE = """\

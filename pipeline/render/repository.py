@@ -65,12 +65,13 @@ class ConfigPaths:
 
 
 def model_repo_sources() -> Path:
-    """The `model_repo/` directory of this checkout (templates and Python model code)."""
+    """The `model_repo/` directory next to the `pipeline` package (templates and Python model code):
+    the checkout's in an editable install, the installed copy (package data) otherwise."""
     root = Path(__file__).resolve().parents[2] / "model_repo"
     if not (root / "templates").is_dir() or not (root / "python").is_dir():
         raise StageError(
             f"{root} with templates/ and python/ is missing; the package stage needs the project's model_repo/ sources",
-            hint="run from a source checkout (pip install -e .)",
+            hint="reinstall trtllm-pipeline (its wheel carries model_repo/) or run from a source checkout (pip install -e .)",
         )
     return root
 
