@@ -359,8 +359,11 @@ BAD_REQUESTS = {
     "max_tokens zero": ({"text_input": "x", "max_tokens": 0}, 400, "max_tokens must be at least 1, got 0"),
     "max_tokens negative": ({"text_input": "x", "max_tokens": -5}, 400, "max_tokens must be at least 1, got -5"),
     "max_tokens huge": ({"text_input": "x", "max_tokens": 1_000_000}, 400, "max_tokens 1000000 is more than the engine can generate"),
-    # Triton 2.51's generate endpoint itself answers a JSON type mismatch with 500 (gRPC: INVALID_ARG).
-    "max_tokens wrong type": ({"text_input": "x", "max_tokens": "ten"}, 500, "Unable to parse 'data'"),
+    # 2**31 reaches the model wrapped to INT32 by Triton's JSON conversion, and is refused as such.
+    "max_tokens 2**31": ({"text_input": "x", "max_tokens": 2**31}, 400, "max_tokens must be at least 1, got -2147483648"),
+    "max_tokens two values": ({"text_input": "x", "max_tokens": [4, 5]}, 400, "batch size does not match other inputs"),
+    "prompt not UTF-8": ({"text_input": "ab\udcff", "max_tokens": 4}, 400, "input 'text_input' is not valid UTF-8"),
+    "unknown input, a list": ({"text_input": "x", "max_tokens": 4, "foo": [1]}, 400, "parameter 'foo' has invalid type"),
     "prompt too long": ({"text_input": "x " * 2000, "max_tokens": 4}, 400, "more than the engine's max_input_len 768"),
     "missing text_input": ({"max_tokens": 4}, 400, "input 'text_input' is required"),
     "missing max_tokens": ({"text_input": "x"}, 400, "input 'max_tokens' is required"),
@@ -375,6 +378,36 @@ def test_bad_http_requests_get_a_4xx_and_the_server_stays_ready(server, case):
     assert code == status, answer
     assert message in answer.get("error", ""), answer
     assert is_ready(server.options.http_url)
+
+
+# What Triton's own JSON-to-tensor conversion of /generate does before any model runs (http_server.cc,
+# ExactMappingInput → ReadDataFromJson): a JSON value of the wrong type for a declared input is a
+# TritonJson accessor error, which http_server.cc creates as TRITONSERVER_ERROR_INTERNAL, and
+# HttpCodeFromError maps INTERNAL to 500. No datatype or model-config option changes that (BYTES
+# inputs refuse JSON numbers the same way). INT32 values are cast without a range check.
+HTTP_500_FROM_TRITON = {
+    "max_tokens not a number": (b'{"text_input": "x", "max_tokens": "ten"}', "attempt to access JSON non-signed-integer as signed-integer"),
+    "max_tokens a float": (b'{"text_input": "x", "max_tokens": 4.5}', "attempt to access JSON non-signed-integer as signed-integer"),
+    "temperature not a number": (b'{"text_input": "x", "max_tokens": 4, "temperature": "hot"}', "attempt to access JSON non-number as double"),
+    "text_input a number": (b'{"text_input": 5, "max_tokens": 4}', "attempt to access JSON non-string as string"),
+    "stream not a boolean": (b'{"text_input": "x", "max_tokens": 4, "stream": "yes"}', "attempt to access JSON non-boolean as boolean"),
+    "seed negative": (b'{"text_input": "x", "max_tokens": 4, "seed": -1}', "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    "body not JSON": (b'{"text_input": ', "failed to parse the request JSON buffer"),
+}
+
+
+def test_http_values_of_the_wrong_json_type_get_triton_s_own_500_and_the_server_stays_ready(server, reference):
+    """Documented in the README; the clients library refuses these values before sending them."""
+    url = f"{server.options.http_url}/v2/models/ensemble/generate"
+    for case, (body, message) in HTTP_500_FROM_TRITON.items():
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=60)
+        answer = json.loads(raised.value.read())
+        assert raised.value.code == 500 and message in answer["error"], (case, answer)
+        assert is_ready(server.options.http_url)
+    # 2**32 + 5 arrives as 5 (INT32 cast): the same answer as max_tokens 5.
+    status, wrapped = http_generate(server.options.http_url, "ensemble", {"text_input": PROMPTS[1], "max_tokens": 2**32 + 5})
+    assert status == 200 and wrapped["text_output"] == reference(PROMPTS[1], max_tokens=5)
 
 
 def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
@@ -394,6 +427,12 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
         server, client_inputs("x", 4, stream=False, beam_width=(np.array([[4]], dtype=np.int32), "INT32"))
     )
     assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
+    not_utf8 = client_inputs("x", 4, stream=False)
+    not_utf8[0].set_data_from_numpy(np.array([[b"ab\xff\xfe"]], dtype=np.object_))
+    assert "input 'text_input' is not valid UTF-8 (invalid start byte at byte 2)" in _grpc_error(server, not_utf8)
+    wrong_shape = client_inputs("x", 4, stream=False)[:1] + [grpcclient.InferInput("max_tokens", [1, 2], "INT32")]
+    wrong_shape[1].set_data_from_numpy(np.array([[4, 5]], dtype=np.int32))
+    assert "unexpected shape for input 'max_tokens' for model 'ensemble'. Expected [-1,1], got [1,2]" in _grpc_error(server, wrong_shape)
     assert is_ready(server.options.http_url)
     assert stream_infer(url, "ensemble", client_inputs(PROMPTS[0], 4, stream=False))
 
@@ -414,7 +453,9 @@ def test_streaming_over_plain_http_infer_is_refused_clearly(server):
             client.infer("ensemble", inputs)
     finally:
         client.close()  # an open keep-alive connection would hold up the server's shutdown
-    # Triton answers 501 for any /infer on a decoupled model; streams go over gRPC or /generate_stream.
+    # Triton answers 501 (its UNSUPPORTED error code) for any /infer on a decoupled model, before any
+    # model runs; streams go over gRPC or /generate_stream. Documented in the README.
+    assert raised.value.status() == "501"
     assert "HTTP end point doesn't support models with decoupled transaction policy" in str(raised.value)
     assert is_ready(server.options.http_url)
 
