@@ -1,4 +1,9 @@
-"""Calibration data: local text / JSONL files → fixed-length token windows, and their fingerprint."""
+"""Calibration data: local text / JSONL files → fixed-length token windows, and their fingerprint.
+
+Importable with the standard library alone (plus `transformers` for `load_encoder`): the quantize job
+(`pipeline.backends.quantize_job`) runs it inside NVIDIA's image, where the spec's pydantic models
+are not imported.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,12 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from pipeline.config.model_checks import expand_glob
-from pipeline.config.spec import AccuracyGateSpec, CalibrationSpec
 from pipeline.errors import SpecError
+
+if TYPE_CHECKING:
+    from pipeline.config.spec import AccuracyGateSpec, CalibrationSpec
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ def heldout_files(spec: AccuracyGateSpec) -> tuple[Path, ...]:
 
 
 def _expand_all(patterns: Sequence[str]) -> tuple[Path, ...]:
+    from pipeline.config.model_checks import expand_glob
+
     files: list[Path] = []
     for pattern in patterns:
         for path in expand_glob(pattern):
@@ -73,21 +81,36 @@ def read_documents(path: Path) -> list[str]:
 
 def build_calibration_set(spec: CalibrationSpec, encode: Callable[[str], Sequence[int]], separator_id: int | None) -> CalibrationSet:
     """Tokenize every document, join them with `separator_id`, cut `max_seq_len` windows, pick `num_samples` by seed."""
-    files = calibration_files(spec)
+    return calibration_windows(
+        calibration_files(spec), encode, separator_id, max_seq_len=spec.max_seq_len, num_samples=spec.num_samples, seed=spec.seed
+    )
+
+
+def calibration_windows(
+    files: Sequence[Path],
+    encode: Callable[[str], Sequence[int]],
+    separator_id: int | None,
+    *,
+    max_seq_len: int,
+    num_samples: int,
+    seed: int,
+) -> CalibrationSet:
+    """`build_calibration_set` for an already expanded file list (what a quantize job request carries)."""
+    files = tuple(Path(f) for f in files)
     stream: list[int] = []
     for path in files:
         for document in read_documents(path):
             stream.extend(encode(document))
             if separator_id is not None:
                 stream.append(separator_id)
-    length = spec.max_seq_len
+    length = max_seq_len
     available = len(stream) // length
     if available == 0:
         raise SpecError(
             f"quantize.calibration: the calibration text has {len(stream)} tokens, fewer than one sample "
             f"(quantize.calibration.max_seq_len {length}); add text or lower max_seq_len"
         )
-    chosen = sorted(random.Random(spec.seed).sample(range(available), min(spec.num_samples, available)))
+    chosen = sorted(random.Random(seed).sample(range(available), min(num_samples, available)))
     windows = [stream[i * length : (i + 1) * length] for i in chosen]
     digest = hashlib.sha256()
     for window in windows:

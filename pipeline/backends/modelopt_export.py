@@ -6,6 +6,11 @@ single calibration process it splits the model itself (`postprocess_model_config
 `_split_model_config_for_tp/_pp`) and the export loop saves `rank{N}.safetensors` for
 N = tp_rank + pp_rank * tp_size; `config.json` is written once (by the last rank).
 
+`device` is where the model is loaded and calibrated: `cpu`, or `cuda` (this host's GPU, or the GPU
+of NVIDIA's TensorRT-LLM image when `pipeline.backends.quantize_job` runs there). Those images ship an
+older ModelOpt (TensorRT-LLM 1.1/1.2 pin `nvidia-modelopt~=0.37`), whose `quant_cfg` is a dict of
+pattern -> quantizer config instead of 0.47's list of entries; `_mtq_config` writes either shape.
+
 ModelOpt is imported inside the functions (`import modelopt` takes ~6 s).
 """
 
@@ -28,7 +33,7 @@ import torch
 from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
 from pipeline.errors import StageError
 
-__all__ = ["QuantRecipe", "QUANT_ALGOS", "export_trtllm_checkpoint", "rope_config_fields", "trtllm_to_hf_state_dict"]
+__all__ = ["QUANT_ALGOS", "QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields", "trtllm_to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,7 @@ def export_trtllm_checkpoint(
     quant: QuantRecipe | None = None,
     forward_loop: Callable[[torch.nn.Module], Any] | None = None,
     unified_hf_dir: Path | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Export `hf_dir` as a TensorRT-LLM checkpoint into `out_dir`; return the written config.json.
 
@@ -94,7 +100,8 @@ def export_trtllm_checkpoint(
 
     `dtype` (float16 | bfloat16) is the dtype of the model while loading/calibrating and of the
     unquantized tensors in the checkpoint. `forward_loop(model)` runs the calibration batches; it is
-    needed whenever `quant` asks for ModelOpt PTQ (every algo except none / int8_wo without KV quant).
+    needed whenever `quant` asks for ModelOpt PTQ (every algo except none / int8_wo without KV quant);
+    it receives the model on `device` and must put its batches there.
     """
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     quant = quant or QuantRecipe("none")
@@ -108,7 +115,11 @@ def export_trtllm_checkpoint(
             hint="pass forward_loop (quantize.calibration in the build config)",
         )
 
+    torch_device = resolve_device(device)
     model = _load_model(hf_dir, TORCH_DTYPES[dtype])
+    if torch_device.type != "cpu":
+        with _step("load", f"moving the model to {torch_device}"):
+            model = model.to(torch_device)
     if mtq_config is not None:
         import modelopt.torch.quantization as mtq
 
@@ -137,6 +148,19 @@ def export_trtllm_checkpoint(
             if (hf_dir / name).is_file():
                 shutil.copy2(hf_dir / name, Path(unified_hf_dir) / name)
     return config
+
+
+def resolve_device(device: str) -> torch.device:
+    """`cpu` or `cuda[:N]` as a torch device; `cuda` when torch sees no CUDA device is refused, naming quantize.device."""
+    if device != "cpu" and not device.startswith("cuda"):
+        raise StageError(f"quantize.device {device!r} is not cpu or cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+        raise StageError(
+            f"quantize.device is {device}, but torch {torch.__version__} ({build}) sees no CUDA device here",
+            hint="run on a GPU host, use build.runner docker (the GPU is in the container), or set quantize.device: cpu",
+        )
+    return torch.device(device)
 
 
 def rope_config_fields(hf_config: Any) -> dict[str, Any]:
@@ -221,15 +245,26 @@ def _mtq_config(quant: QuantRecipe) -> dict[str, Any]:
 
     algo = QUANT_ALGOS[quant.algo]
     config = copy.deepcopy(getattr(mtq, algo.mtq_config)) if algo.mtq_config else {"quant_cfg": None}
+    legacy = isinstance(config["quant_cfg"], dict)  # ModelOpt before the list-shaped quant_cfg (e.g. 0.37)
     if algo.block_quantized:
-        for entry in config["quant_cfg"]:
+        if legacy:
+            entries = [{"quantizer_name": "*weight_quantizer", "cfg": config["quant_cfg"]["*weight_quantizer"]}]
+        else:
+            entries = config["quant_cfg"]
+        for entry in entries:
             if entry.get("quantizer_name") == "*weight_quantizer":
                 cfgs = entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]
                 cfgs[0]["block_sizes"][-1] = quant.group_size  # W4A8's list: [int4 blocks, fp8]
     if quant.kv_cache != "none":
-        kv = [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": _KV_BITS[quant.kv_cache], "axis": None}}]
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints the whole config
-            config = mtq.update_quant_cfg_with_kv_cache_quant(config, kv)
+        kv_cfg = {"num_bits": _KV_BITS[quant.kv_cache], "axis": None}
+        if legacy or not hasattr(mtq, "update_quant_cfg_with_kv_cache_quant"):
+            # What TensorRT-LLM's quantize_by_modelopt did before ModelOpt had the helper: add the pattern.
+            config["quant_cfg"] = {**(config["quant_cfg"] or {"default": {"enable": False}}), "*[kv]_bmm_quantizer": {**kv_cfg, "enable": True}}
+            config["algorithm"] = config.get("algorithm") or "max"
+        else:
+            kv = [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv_cfg}]
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints the whole config
+                config = mtq.update_quant_cfg_with_kv_cache_quant(config, kv)
     return config
 
 
