@@ -1,8 +1,9 @@
 """asyncio transports: gRPC with `tritonclient.grpc.aio`, HTTP with aiohttp (a tritonclient[http] dependency).
 
 gRPC: one ModelStreamInfer call per request; the request iterator yields the one request and
-half-closes, so the call ends after the request's final response. Cancelling is the call's
-`cancel()`, which Triton turns into cancelling the request (the model frees its KV blocks).
+half-closes, so the call ends after the request's final response (and is read to that end).
+Cancelling is the call's `cancel()`, which Triton turns into cancelling the request (the model
+frees its KV blocks).
 HTTP: as the sync transport (generate / generate_stream); closing the response ends the client's
 side only (Triton 2.51 has no HTTP cancellation).
 """
@@ -41,6 +42,7 @@ class AioGrpcCall:
         self._url = url
         self._timeout = timeout
         self._cancelled = False
+        self._final = False  # the final response arrived: the call ends by itself, never cancel it then
         request = {"model_name": model, "inputs": infer_inputs(values), "request_id": self.request_id}
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
@@ -54,9 +56,15 @@ class AioGrpcCall:
                 if error is not None:
                     raise grpc_error(error, url=self._url, timeout=self._timeout)
                 chunk = chunk_from_result(result)
+                self._final = chunk.final
                 yield chunk
                 if chunk.final:
-                    return
+                    break
+            # Read the call to its end. A call cancelled between its final response and its end leaves
+            # Triton 2.51's ensemble unable to unload (the server then waits its whole exit timeout at
+            # shutdown and exits 1), so once the final response is here, cancel() and close() leave it be.
+            async for _ in self._call:
+                pass
         except grpc.RpcError as error:
             if self._cancelled:
                 return
@@ -68,10 +76,12 @@ class AioGrpcCall:
 
     def cancel(self) -> None:
         self._cancelled = True
-        self._call.cancel()
+        if not self._final:
+            self._call.cancel()
 
     def close(self) -> None:
-        self._call.cancel()  # a no-op once the call has ended
+        if not self._final:
+            self._call.cancel()  # a no-op once the call has ended
 
 
 def _task_cancelling() -> bool:

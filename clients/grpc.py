@@ -89,6 +89,7 @@ def chunk_from_result(result: Any) -> Chunk:
         num_tokens=int(log_probs.size) if log_probs is not None else (0 if text_array is None and final else None),
         cum_log_prob=float(cum.reshape(-1)[-1]) if cum is not None and cum.size else None,
         final=final,
+        log_probs=tuple(float(value) for value in log_probs.reshape(-1)) if log_probs is not None else None,
     )
 
 

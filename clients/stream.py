@@ -47,6 +47,7 @@ class _Recorder:
         self.responses = 0
         self.tokens: int | None = 0
         self.cum_log_prob: float | None = None
+        self.log_probs: list[float] = []
         self.completion: Completion | None = None
 
     def add(self, chunk: Chunk) -> None:
@@ -57,6 +58,8 @@ class _Recorder:
         self.tokens = None if self.tokens is None or chunk.num_tokens is None else self.tokens + chunk.num_tokens
         if chunk.cum_log_prob is not None:
             self.cum_log_prob = chunk.cum_log_prob
+        if chunk.log_probs:
+            self.log_probs.extend(chunk.log_probs)
 
     def finish(self) -> Completion:
         tokens = self.tokens if self.responses else None
@@ -119,6 +122,11 @@ class TextStream(Iterator[str]):
     def cancelled(self) -> bool:
         return self._state.cancelled
 
+    @property
+    def log_probs_received(self) -> tuple[float, ...]:
+        """Per-token log-probs of the responses so far (empty unless the request asked for log-probs)."""
+        return tuple(self._record.log_probs)
+
     def __next__(self) -> str:
         return next(self._deltas)
 
@@ -166,6 +174,11 @@ class AsyncTextStream(AsyncIterator[str]):
     def tokens_received(self) -> int | None:
         """Tokens in the responses so far; None unless the request asked for log-probs."""
         return self._record.tokens if self._record.responses else 0
+
+    @property
+    def log_probs_received(self) -> tuple[float, ...]:
+        """Per-token log-probs of the responses so far (empty unless the request asked for log-probs)."""
+        return tuple(self._record.log_probs)
 
     async def __anext__(self) -> str:
         return await self._deltas.__anext__()

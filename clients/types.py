@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from clients.errors import InvalidRequestError, ProtocolError, RequestError
@@ -161,6 +161,7 @@ class Chunk:
     num_tokens: int | None = None  # tokens this response covers; known only with log-probs
     cum_log_prob: float | None = None
     final: bool = False
+    log_probs: tuple[float, ...] | None = field(default=None, compare=False)  # per token, when asked for
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,8 @@ def chunk_from_json(payload: Mapping[str, Any], *, status: int | None = None, fi
         num_tokens = len(_flatten(log_probs))
     cum = payload.get("cum_log_probs")
     cum_log_prob = float(_flatten(cum)[-1]) if cum is not None and _flatten(cum) else None
-    return Chunk(text=text, num_tokens=num_tokens, cum_log_prob=cum_log_prob, final=final)
+    values = None if log_probs is None else tuple(float(value) for value in _flatten(log_probs))
+    return Chunk(text=text, num_tokens=num_tokens, cum_log_prob=cum_log_prob, final=final, log_probs=values)
 
 
 def json_object(body: bytes) -> dict[str, Any]:

@@ -1,0 +1,111 @@
+"""The model the server offers (`ServedModel`): its public name, the Triton model it calls, and the
+facts it needs to answer exactly like the served preprocessing does (tokenizer, context limits).
+
+The facts are the preprocessing model's parameters in the served repository (`tokenizer_dir`,
+`add_special_tokens`, `max_input_len`, `max_seq_len`), read from the repository's config.pbtxt
+(`from_repository`) or asked from the running Triton (`from_triton`, model-config API). The
+preprocessing model is the first step of the ensemble (`preprocessing` for any other Triton
+model, e.g. tensorrt_llm_bls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+DEFAULT_PREPROCESSING = "preprocessing"
+
+
+class ModelSetupError(RuntimeError):
+    """The served model's facts cannot be found or read."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """`name` is what clients pass as `model`; `triton_model` is called over gRPC."""
+
+    name: str
+    tokenizer_dir: Path
+    max_seq_len: int
+    max_input_len: int
+    add_special_tokens: bool = True
+    triton_model: str = "ensemble"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ModelSetupError("the served model needs a name")
+        if not 0 < self.max_input_len < self.max_seq_len:
+            raise ModelSetupError(f"need 0 < max_input_len ({self.max_input_len}) < max_seq_len ({self.max_seq_len})")
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str) -> "ServedModel":
+        """From the preprocessing model's string parameters; `source` names where they came from."""
+        missing = [key for key in ("tokenizer_dir", "max_input_len", "max_seq_len") if not parameters.get(key)]
+        if missing:
+            raise ModelSetupError(f"{source}: the preprocessing model has no parameter(s) {', '.join(missing)}")
+        try:
+            max_seq_len, max_input_len = int(parameters["max_seq_len"]), int(parameters["max_input_len"])
+        except ValueError as error:
+            raise ModelSetupError(f"{source}: {error}") from None
+        return cls(
+            name=name,
+            tokenizer_dir=Path(parameters["tokenizer_dir"]),
+            max_seq_len=max_seq_len,
+            max_input_len=max_input_len,
+            add_special_tokens=parameters.get("add_special_tokens", "true").strip().lower() in ("true", "1", "yes"),
+            triton_model=triton_model,
+        )
+
+    @classmethod
+    def from_repository(cls, repository: str | Path, *, name: str, triton_model: str = "ensemble") -> "ServedModel":
+        """From a rendered Triton model repository on disk."""
+        repository = Path(repository)
+        model_config = _read_config(repository / triton_model / "config.pbtxt")
+        preprocessing = _preprocessing_name(model_config)
+        config = _read_config(repository / preprocessing / "config.pbtxt")
+        return cls.from_parameters(_parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing))
+
+    @classmethod
+    def from_triton(cls, triton_url: str, *, name: str, triton_model: str = "ensemble", timeout_s: float = 10.0) -> "ServedModel":
+        """From a running Triton (gRPC `host:port`), through its model-configuration API."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(triton_url)
+        try:
+            model_config = client.get_model_config(triton_model, client_timeout=timeout_s).config
+            preprocessing = _preprocessing_name(model_config)
+            config = client.get_model_config(preprocessing, client_timeout=timeout_s).config
+        except InferenceServerException as error:
+            raise ModelSetupError(
+                f"cannot read the model configuration of {triton_model!r} from Triton at {triton_url}: {error.message() or error}"
+            ) from None
+        finally:
+            client.close()
+        return cls.from_parameters(_parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}")
+
+
+def _read_config(path: Path) -> model_config_pb2.ModelConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ModelSetupError(f"cannot read {path}: {error.strerror or error}") from None
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        raise ModelSetupError(f"{path}: {error}") from None
+    return config
+
+
+def _preprocessing_name(config: model_config_pb2.ModelConfig) -> str:
+    steps = config.ensemble_scheduling.step
+    return steps[0].model_name if steps else DEFAULT_PREPROCESSING
+
+
+def _parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {key: value.string_value for key, value in config.parameters.items()}

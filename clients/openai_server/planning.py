@@ -1,0 +1,178 @@
+"""A validated OpenAI request → the Triton requests that answer it (`Plan`), or the 4xx that refuses it.
+
+What is checked here, before anything is sent: the model name (404), the features the engine
+cannot honour (400 with code `unsupported_parameter`), `n` × prompts against `max_n`, and the
+context: prompt tokens (counted like the preprocessing model) against `max_input_len`, and
+`max_tokens` against `max_seq_len` − prompt tokens (code `context_length_exceeded`).
+
+Sampling follows OpenAI's defaults and TensorRT-LLM's semantics: `temperature` 0 is greedy (the
+ensemble's default decoding); otherwise the engine samples with `temperature`, `top_p` (default 1)
+and the `top_k` extension. With `seed`, the `i`-th of the `n` choices of a prompt gets seed
+`seed + i` (mod 2**64), so choice 0 is what the same request with n = 1 gives. `max_tokens` defaults to 16 for
+completions and to the rest of the context for chat completions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from clients.openai_server.defaults import DEFAULT_MAX_N
+from clients.openai_server.errors import bad_request, model_not_found, unsupported
+from clients.openai_server.generation import ChoicePlan
+from clients.openai_server.model import ServedModel
+from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from clients.openai_server.templating import chat_prompt
+from clients.openai_server.tokenizer import PromptTokenizer
+
+SEED_MODULUS = 2**64
+TOP_ALTERNATIVES = "the engine returns the log-probability of the sampled token only, not of the most likely alternatives"
+
+
+@dataclass(frozen=True)
+class Plan:
+    choices: tuple[ChoicePlan, ...]
+    prompt_tokens: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
+
+
+@dataclass(frozen=True)
+class Context:
+    """What planning needs about the server."""
+
+    model: ServedModel
+    tokenizer: PromptTokenizer
+    max_n: int = DEFAULT_MAX_N
+
+
+def plan_completion(request: CompletionRequest, context: Context) -> Plan:
+    _check_common(request, context)
+    if request.suffix:
+        raise unsupported("suffix", "suffix (insertion) is not supported")
+    if request.best_of not in (None, 1, request.n or 1):
+        raise unsupported("best_of", "best_of other than n is not supported")
+    if request.logprobs:
+        raise unsupported("logprobs", f"logprobs {request.logprobs} is not supported: {TOP_ALTERNATIVES}; use logprobs 0")
+    wants_logprobs = request.logprobs == 0
+    if wants_logprobs and request.echo:
+        raise unsupported("echo", "echo with logprobs is not supported: the engine returns no log-probabilities for the prompt")
+    prompts = request.prompts()
+    explicit = "max_tokens" in request.model_fields_set
+    choices: list[ChoicePlan] = []
+    total_prompt_tokens = 0
+    n = request.n or 1
+    _check_choice_count(n, len(prompts), context.max_n)
+    for prompt_index, prompt in enumerate(prompts):
+        prompt_tokens = _prompt_tokens(prompt, context, "prompt")
+        total_prompt_tokens += prompt_tokens
+        max_tokens = _max_tokens(request.max_tokens if explicit else None, prompt_tokens, context, default=16 if not explicit else None)
+        for sample in range(n):
+            choices.append(_choice(request, len(choices), prompt, max_tokens, wants_logprobs, sample))
+    echo = tuple(choice.prompt for choice in choices) if request.echo else ()
+    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echo)
+
+
+def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
+    _check_common(request, context)
+    if request.tools or request.functions or request.tool_choice not in (None, "none") or request.function_call not in (None, "none"):
+        raise unsupported("tools", "tools and function calling are not supported")
+    if request.response_format is not None and request.response_format.type != "text":
+        raise unsupported("response_format", f"response_format {request.response_format.type!r} is not supported; only 'text'")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
+    if request.top_logprobs:
+        raise unsupported("top_logprobs", f"top_logprobs {request.top_logprobs} is not supported: {TOP_ALTERNATIVES}; use 0")
+    if request.max_tokens is not None and request.max_completion_tokens is not None and request.max_tokens != request.max_completion_tokens:
+        raise bad_request("max_tokens and max_completion_tokens differ; give one of them", param="max_completion_tokens")
+    messages = []
+    for position, message in enumerate(request.messages):
+        if message.role in ("tool", "function") or message.tool_calls or message.function_call:
+            raise unsupported(f"messages.{position}.role", "tool and function messages are not supported")
+        role = "system" if message.role == "developer" else message.role
+        messages.append({"role": role, "content": message.text()})
+    try:
+        prompt = chat_prompt(messages, context.tokenizer)
+    except ValueError as error:
+        raise bad_request(str(error), param="messages") from None
+    prompt_tokens = _prompt_tokens(prompt, context, "messages")
+    limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    max_tokens = _max_tokens(limit, prompt_tokens, context, default=None)
+    n = request.n or 1
+    _check_choice_count(n, 1, context.max_n)
+    choices = tuple(_choice(request, index, prompt, max_tokens, bool(request.logprobs), index) for index in range(n))
+    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs))
+
+
+# -- shared checks ----------------------------------------------------------------------------
+def _check_common(request: _Sampling, context: Context) -> None:
+    if request.model != context.model.name:
+        raise model_not_found(request.model)
+    if request.stream_options is not None and not request.stream:
+        raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
+    if request.logit_bias:
+        raise unsupported("logit_bias", "logit_bias is not supported")
+    if any(not stop for stop in request.stop_sequences()):
+        raise bad_request("stop sequences must not be empty strings", param="stop")
+
+
+def _check_choice_count(n: int, prompts: int, max_n: int) -> None:
+    if n * prompts > max_n:
+        what = f"n = {n}" if prompts == 1 else f"n = {n} for each of {prompts} prompts"
+        raise bad_request(f"{what} asks for {n * prompts} choices; this server allows at most {max_n} per request", param="n", code="unsupported_value")
+
+
+def _include_usage(request: _Sampling) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
+
+
+def _prompt_tokens(prompt: str, context: Context, param: str) -> int:
+    tokens = context.tokenizer.count(prompt)
+    if tokens == 0:
+        raise bad_request("the prompt is empty: it encodes to no tokens", param=param)
+    if tokens > context.model.max_input_len:
+        raise bad_request(
+            f"The prompt is {tokens} tokens, more than this model's maximum input length of {context.model.max_input_len} tokens.",
+            param=param, code="context_length_exceeded",
+        )
+    return tokens
+
+
+def _max_tokens(requested: int | None, prompt_tokens: int, context: Context, *, default: int | None) -> int:
+    room = context.model.max_seq_len - prompt_tokens
+    if requested is None:
+        return min(default, room) if default is not None else room
+    if requested < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {requested}", param="max_tokens", code="invalid_value")
+    if requested > room:
+        raise bad_request(
+            f"max_tokens {requested} is more than this model can generate after a {prompt_tokens}-token prompt: "
+            f"its context length is {context.model.max_seq_len} tokens, which leaves {room}.",
+            param="max_tokens", code="context_length_exceeded",
+        )
+    return requested
+
+
+def _choice(request: _Sampling, index: int, prompt: str, max_tokens: int, logprobs: bool, sample: int) -> ChoicePlan:
+    if request.min_tokens is not None and request.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens {request.min_tokens} is more than max_tokens {max_tokens}", param="min_tokens")
+    temperature = 1.0 if request.temperature is None else request.temperature
+    sampling: dict[str, Any] = {"temperature": temperature}
+    if temperature > 0:
+        sampling["top_p"] = 1.0 if request.top_p is None else request.top_p
+        if request.top_k:
+            sampling["top_k"] = request.top_k
+    if request.seed is not None:
+        sampling["seed"] = (request.seed + sample) % SEED_MODULUS
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens"):
+        value = getattr(request, name)
+        if value is not None:
+            sampling[name] = value
+    choice = ChoicePlan(index, prompt, max_tokens, request.stop_sequences(), logprobs, sampling)
+    try:
+        choice.request()  # the client library's own checks (types, datatype ranges), before anything is sent
+    except (TypeError, ValueError) as error:
+        raise bad_request(str(error), param=getattr(error, "field", None)) from None
+    return choice

@@ -1,0 +1,129 @@
+"""Choice events and results → OpenAI response bodies, stream chunks and server-sent events.
+
+A stream is `data: <chunk JSON>` events ending with `data: [DONE]`. Chat streams open each choice
+with a chunk whose delta is `{"role": "assistant", "content": ""}`; the last chunk of a choice has
+its `finish_reason` (and an empty delta). With `stream_options.include_usage`, every chunk has
+`"usage": null` and one more chunk, with no choices, carries the usage before `[DONE]`. An error
+after the stream has started is sent as one `data: {"error": …}` event, then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Iterable, Sequence
+
+from clients.openai_server.generation import ChoiceEvent, ChoiceResult, TokenLogprob
+from clients.openai_server.planning import Plan
+from clients.openai_server.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Usage,
+)
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+def usage(plan: Plan, completion_tokens: int) -> Usage:
+    return Usage(prompt_tokens=plan.prompt_tokens, completion_tokens=completion_tokens, total_tokens=plan.prompt_tokens + completion_tokens)
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], *, offset: int = 0) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=[item.token for item in items],
+        token_logprobs=[item.logprob for item in items],
+        top_logprobs=[{item.token: item.logprob} for item in items],  # the sampled token only
+        text_offset=[offset + item.offset for item in items],
+    )
+
+
+def chat_logprobs(items: Iterable[TokenLogprob]) -> ChatLogprobs:
+    return ChatLogprobs(content=[ChatTokenLogprob(token=i.token, logprob=i.logprob, bytes=list(i.token.encode("utf-8"))) for i in items])
+
+
+class Answer:
+    """One request's identity (id, creation time, model name) and its bodies."""
+
+    def __init__(self, plan: Plan, model: str, *, chat: bool) -> None:
+        self.plan = plan
+        self.model = model
+        self.chat = chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self._opened: set[int] = set()
+        self._tokens: dict[int, int] = {}
+
+    # -- whole answers -------------------------------------------------------------------------
+    def body(self, results: Sequence[ChoiceResult]) -> dict[str, Any]:
+        total = usage(self.plan, sum(result.completion_tokens for result in results))
+        if self.chat:
+            choices = [
+                ChatChoice(
+                    index=result.index,
+                    message=AssistantMessage(content=result.text),
+                    logprobs=chat_logprobs(result.logprobs) if self.plan.logprobs else None,
+                    finish_reason=result.finish_reason,
+                )
+                for result in results
+            ]
+            return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices, usage=total).model_dump(mode="json")
+        choices = []
+        for result in results:
+            echo = self.plan.echo[result.index] if self.plan.echo else ""
+            logprobs = completion_logprobs(result.logprobs, offset=len(echo)) if self.plan.logprobs else None
+            choices.append(CompletionChoice(index=result.index, text=echo + result.text, logprobs=logprobs, finish_reason=result.finish_reason))
+        return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=total).model_dump(mode="json")
+
+    # -- streams --------------------------------------------------------------------------------
+    def chunks(self, event: ChoiceEvent) -> list[bytes]:
+        """The events one choice event becomes (a chat choice's first also opens it)."""
+        self._tokens[event.index] = event.completion_tokens
+        out = []
+        first = event.index not in self._opened
+        self._opened.add(event.index)
+        if self.chat:
+            if first:
+                out.append(self._chunk({"index": event.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}))
+            if event.text or event.logprobs:
+                logprobs = chat_logprobs(event.logprobs).model_dump(mode="json") if self.plan.logprobs else None
+                out.append(self._chunk({"index": event.index, "delta": {"content": event.text}, "logprobs": logprobs, "finish_reason": None}))
+            if event.finish_reason is not None:
+                out.append(self._chunk({"index": event.index, "delta": {}, "logprobs": None, "finish_reason": event.finish_reason}))
+            return out
+        echo = self.plan.echo[event.index] if first and self.plan.echo else ""
+        if echo or event.text or event.logprobs or event.finish_reason is not None:
+            logprobs = completion_logprobs(event.logprobs).model_dump(mode="json") if self.plan.logprobs else None
+            out.append(self._chunk({"index": event.index, "text": echo + event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}))
+        return out
+
+    def closing(self) -> list[bytes]:
+        """The usage chunk (if asked for) and [DONE]."""
+        out = []
+        if self.plan.include_usage:
+            total = usage(self.plan, sum(self._tokens.values()))
+            out.append(sse({**self._envelope(), "choices": [], "usage": total.model_dump(mode="json")}))
+        out.append(DONE)
+        return out
+
+    def _envelope(self) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _chunk(self, choice: dict[str, Any]) -> bytes:
+        payload = {**self._envelope(), "choices": [choice]}
+        if self.chat:
+            payload["system_fingerprint"] = None
+        if self.plan.include_usage:
+            payload["usage"] = None
+        return sse(payload)

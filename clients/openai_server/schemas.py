@@ -1,0 +1,222 @@
+"""The OpenAI API's request and response bodies (the subset this server implements), as pydantic models.
+
+Requests are validated strictly, from the JSON text: a value of the wrong JSON type (`"n": "2"`,
+`"max_tokens": true`) and an unknown field are errors, as OpenAI's own API answers them (400).
+Fields OpenAI defines that this server cannot honour are still declared, so that `planning`
+refuses them with a message saying why rather than "unknown field". Three extensions that vLLM
+and trtllm-serve accept too map to the ensemble's inputs: `top_k`, `min_tokens`,
+`repetition_penalty`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_SEQUENCES = 4  # as OpenAI's API
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class _Sampling(_Strict):
+    """What completions and chat completions share."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # extensions (vLLM / trtllm-serve)
+    top_k: int | None = Field(default=None, ge=0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ValueError("stop must be a string or a list of strings")
+        if len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(value)}")
+        return value
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions. `prompt`: a string or a list of strings (token-id prompts are refused)."""
+
+    prompt: Any
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+            return value
+        if isinstance(value, list) and value and all(isinstance(item, (int, list)) and not isinstance(item, bool) for item in value):
+            raise ValueError("prompt: token-id prompts are not supported (the ensemble takes text); send a string")
+        raise ValueError("prompt must be a string or a non-empty list of strings")
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Any = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    refusal: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(part, dict) for part in value):
+            parts = []
+            for part in value:
+                if part.get("type") != "text":
+                    raise ValueError(f"content parts of type {part.get('type')!r} are not supported; only 'text'")
+                parts.append(TextPart.model_validate(part))
+            return parts
+        raise ValueError("content must be a string or a list of text parts")
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ResponseFormat(_Strict):
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+# -- responses ----------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "trtllm-pipeline"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ChatTokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[dict[str, Any]] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None

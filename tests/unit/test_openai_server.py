@@ -1,0 +1,512 @@
+"""The OpenAI-compatible front end without Triton: schemas, error shapes, templating, stop handling,
+planning (model, n, context, sampling), the choice runner, and the app over a scripted Triton client.
+
+The real server against the real tritonserver is tests/integration/test_openai_server.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from clients.errors import ClientTimeoutError, RequestError, ServerUnavailableError
+from clients.openai_server import ServedModel, ServerSettings, create_app
+from clients.openai_server.errors import OpenAIError, from_client_error, from_validation_error
+from clients.openai_server.generation import ChoicePlan, collect, merged, run_choice
+from clients.openai_server.planning import Context, plan_chat, plan_completion
+from clients.openai_server.runner import base_url
+from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest
+from clients.openai_server.stops import StopMatcher
+from clients.openai_server.templating import chat_prompt, plain_chat_prompt
+from clients.openai_server.tokenizer import PromptTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER_DIR = REPO / "models" / "tiny-stdlib-llama"
+PACKAGE = REPO / "clients" / "openai_server"
+MODEL = ServedModel(name="tiny", tokenizer_dir=TOKENIZER_DIR, max_seq_len=64, max_input_len=48)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PromptTokenizer:
+    return PromptTokenizer(TOKENIZER_DIR)
+
+
+@pytest.fixture(scope="module")
+def context(tokenizer) -> Context:
+    return Context(MODEL, tokenizer, max_n=4)
+
+
+def completion(**fields) -> CompletionRequest:
+    return CompletionRequest.model_validate_json(json.dumps({"model": "tiny", "prompt": "def f(x):", **fields}))
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return ChatCompletionRequest.model_validate_json(json.dumps(body))
+
+
+def refusal(call) -> OpenAIError:
+    with pytest.raises(OpenAIError) as raised:
+        call()
+    return raised.value
+
+
+# -- schemas and error shapes -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "fields, param, code",
+    [
+        ({"n": "2"}, "n", "invalid_type"),
+        ({"max_tokens": True}, "max_tokens", "invalid_type"),
+        ({"temperature": 3}, "temperature", "invalid_value"),
+        ({"stream": "yes"}, "stream", "invalid_type"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+        ({"stop": [1]}, "stop", "invalid_value"),
+        ({"prompt": [1, 2, 3]}, "prompt", "invalid_value"),
+        ({"prompt": None}, "prompt", "invalid_value"),
+        ({"seed": -1}, "seed", "invalid_value"),
+        ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
+        ({"temprature": 0.5}, "temprature", "unknown_parameter"),
+    ],
+)
+def test_wrong_types_and_values_are_named_400s(fields, param, code):
+    with pytest.raises(ValidationError) as raised:
+        completion(**fields)
+    error = from_validation_error(raised.value)
+    assert (error.status, error.param, error.code, error.type) == (400, param, code, "invalid_request_error")
+    assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_missing_model_or_messages_is_missing_required_parameter():
+    for schema, body, param in ((CompletionRequest, {"prompt": "x"}, "model"), (ChatCompletionRequest, {"model": "tiny"}, "messages")):
+        with pytest.raises(ValidationError) as raised:
+            schema.model_validate_json(json.dumps(body))
+        error = from_validation_error(raised.value)
+        assert error.body() == {"error": {"message": f"Missing required parameter: '{param}'.", "type": "invalid_request_error",
+                                          "param": param, "code": "missing_required_parameter"}}
+
+
+def test_chat_content_may_be_text_parts_only():
+    request = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert request.messages[0].text() == "ab"
+    with pytest.raises(ValidationError, match="'image_url' are not supported"):
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+@pytest.mark.parametrize(
+    "error, status, code",
+    [
+        (ServerUnavailableError("127.0.0.1:1", "connection refused"), 503, "triton_unavailable"),
+        (ClientTimeoutError(5.0), 504, "timeout"),
+        (RequestError(None, "in ensemble 'ensemble', max_tokens 5000 is more than the engine can generate"), 400, None),
+        (RequestError("INVALID_ARGUMENT", "bad input"), 400, None),
+        (RequestError("NOT_FOUND", "Request for unknown model"), 503, "triton_unavailable"),
+        (RequestError("INTERNAL", "boom"), 500, None),
+    ],
+)
+def test_triton_errors_map_to_statuses(error, status, code):
+    mapped = from_client_error(error)
+    assert (mapped.status, mapped.code) == (status, code)
+    if status == 400 and error.status is None:
+        assert mapped.message == "max_tokens 5000 is more than the engine can generate"  # Triton's ensemble prefix dropped
+
+
+# -- templating ----------------------------------------------------------------------------------
+def test_plain_chat_template_is_the_documented_one(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
+    expected = "Be brief.\n\nUser: hi\nAssistant: hello\nUser: bye\nAssistant:"
+    assert plain_chat_prompt(messages) == expected
+    assert not tokenizer.has_chat_template and chat_prompt(messages, tokenizer) == expected
+
+
+def test_the_tokenizers_chat_template_is_used_without_a_second_bos(tmp_path):
+    directory = shutil.copytree(TOKENIZER_DIR, tmp_path / "tok", ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    with_template = PromptTokenizer(directory)
+    assert with_template.has_chat_template and with_template.adds_bos
+    assert chat_prompt([{"role": "user", "content": "hi"}], with_template) == "<user>hi\n<assistant>"
+    assert with_template.count("<user>hi") == PromptTokenizer(TOKENIZER_DIR).count("<user>hi")
+
+
+def test_prompt_tokens_are_counted_like_the_preprocessing_model(tokenizer):
+    sys.path.insert(0, str(REPO / "model_repo" / "python"))
+    try:
+        from hf_tokenizer import HFTokenizer
+    finally:
+        sys.path.remove(str(REPO / "model_repo" / "python"))
+    served = HFTokenizer(TOKENIZER_DIR)
+    for text in ("def f(x):", "User: hi\nAssistant:", "é日本 \n\t  x"):
+        assert tokenizer.encode(text) == served.encode(text, add_special_tokens=True)
+
+
+# -- stop sequences -----------------------------------------------------------------------------------
+def feed(stops, deltas):
+    matcher = StopMatcher(stops)
+    out = []
+    for delta in deltas:
+        text, stopped = matcher.push(delta)
+        out.append(text)
+        if stopped:
+            return out, True
+    out.append(matcher.flush())
+    return out, False
+
+
+def test_stop_sequence_split_across_deltas_is_held_back_and_removed():
+    assert feed(["\n\n"], ["a\n", "\nb"]) == (["a", ""], True)
+    assert feed(["END"], ["xE", "N", "D tail"]) == (["x", "", ""], True)
+
+
+def test_a_partial_match_that_does_not_complete_is_released():
+    assert feed(["END"], ["xE", "Ny", "z"]) == (["x", "ENy", "z", ""], False)
+    assert feed(["abc"], ["ab"]) == ([""] + ["ab"], False)  # released at the end
+
+
+def test_the_earliest_of_several_stops_wins_and_no_stops_passes_through():
+    assert feed(["b", "cd"], ["xcdab"]) == (["x"], True)
+    assert feed([], ["a", "b"]) == (["a", "b", ""], False)
+    with pytest.raises(ValueError):
+        StopMatcher([""])
+
+
+# -- planning ---------------------------------------------------------------------------------------
+def test_unknown_model_is_404_model_not_found(context):
+    error = refusal(lambda: plan_completion(completion(model="gpt-4"), context))
+    assert (error.status, error.code, error.param) == (404, "model_not_found", "model")
+
+
+def test_max_tokens_defaults_and_context_limits(context, tokenizer):
+    prompt_tokens = tokenizer.count("def f(x):")
+    assert plan_completion(completion(), context).choices[0].max_tokens == 16
+    assert plan_completion(completion(max_tokens=None), context).choices[0].max_tokens == 64 - prompt_tokens
+    assert plan_chat(chat(), context).choices[0].max_tokens == 64 - tokenizer.count("User: hi\nAssistant:")
+    assert plan_chat(chat(max_completion_tokens=3), context).choices[0].max_tokens == 3
+    for value in (0, -1):
+        assert refusal(lambda: plan_completion(completion(max_tokens=value), context)).param == "max_tokens"
+    too_many = refusal(lambda: plan_completion(completion(max_tokens=64), context))
+    assert (too_many.code, too_many.param) == ("context_length_exceeded", "max_tokens")
+    assert f"{prompt_tokens}-token prompt" in too_many.message
+    long_prompt = refusal(lambda: plan_completion(completion(prompt="x = 1\n" * 40), context))
+    assert (long_prompt.code, long_prompt.param) == ("context_length_exceeded", "prompt")
+
+
+def test_n_prompts_and_seeds(context):
+    plan = plan_completion(completion(prompt=["a", "b"], n=2, seed=2**64 - 1, temperature=0.7), context)
+    assert [(c.index, c.prompt, c.sampling["seed"]) for c in plan.choices] == [(0, "a", 2**64 - 1), (1, "a", 0), (2, "b", 2**64 - 1), (3, "b", 0)]
+    assert plan.prompt_tokens == 4  # each prompt once: BOS + one token each
+    assert plan.choices[0].sampling == {"temperature": 0.7, "top_p": 1.0, "seed": 2**64 - 1}
+    error = refusal(lambda: plan_completion(completion(n=5), context))
+    assert (error.status, error.param) == (400, "n") and "at most 4" in error.message
+
+
+def test_greedy_sends_only_temperature_zero_and_extensions_pass_through(context):
+    plan = plan_completion(completion(temperature=0, top_p=0.5, top_k=3, min_tokens=2, repetition_penalty=1.1, stop="\n"), context)
+    [choice] = plan.choices
+    assert choice.sampling == {"temperature": 0, "min_tokens": 2, "repetition_penalty": 1.1}
+    assert choice.stop == ("\n",) and choice.request().inputs(stream=True)["stop_words"] == ["\n"]
+    assert plan_chat(chat(), context).choices[0].sampling == {"temperature": 1.0, "top_p": 1.0}  # OpenAI's default: sampling
+
+
+@pytest.mark.parametrize(
+    "make, param",
+    [
+        (lambda: completion(logprobs=1), "logprobs"),
+        (lambda: completion(logprobs=0, echo=True), "echo"),
+        (lambda: completion(suffix="x"), "suffix"),
+        (lambda: completion(best_of=3), "best_of"),
+        (lambda: completion(logit_bias={"1": 5}), "logit_bias"),
+        (lambda: chat(logprobs=True, top_logprobs=2), "top_logprobs"),
+        (lambda: chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (lambda: chat(response_format={"type": "json_object"}), "response_format"),
+        (lambda: chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages.0.role"),
+    ],
+)
+def test_what_the_engine_cannot_do_is_refused_with_the_reason(context, make, param):
+    request = make()
+    plan = plan_chat if isinstance(request, ChatCompletionRequest) else plan_completion
+    error = refusal(lambda: plan(request, context))
+    assert (error.status, error.param, error.code) == (400, param, "unsupported_parameter")
+
+
+def test_stream_options_need_stream_and_logprobs_zero_is_served(context):
+    assert refusal(lambda: plan_completion(completion(stream_options={"include_usage": True}), context)).param == "stream_options"
+    assert plan_completion(completion(logprobs=0), context).logprobs
+    assert plan_completion(completion(stream=True, stream_options={"include_usage": True}), context).include_usage
+
+
+# -- running choices against a scripted Triton client ------------------------------------------------------
+class FakeStream:
+    """What the app uses of AsyncTextStream: text deltas, tokens_received, log_probs_received, cancel()."""
+
+    def __init__(self, responses, error=None):
+        self._responses = responses  # (text, [log-prob per token]) per Triton response
+        self._error = error
+        self._tokens: list[float] = []
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self._deltas()
+
+    async def _deltas(self):
+        for text, log_probs in self._responses:
+            await asyncio.sleep(0)
+            if self.cancelled:
+                return
+            self._tokens += log_probs
+            if text:
+                yield text
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def tokens_received(self):
+        return len(self._tokens)
+
+    @property
+    def log_probs_received(self):
+        return tuple(self._tokens)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakeTriton:
+    def __init__(self, script):
+        self.script = script  # GenerationRequest -> FakeStream
+        self.requests, self.streams = [], []
+
+    def stream_request(self, request):
+        self.requests.append(request)
+        self.streams.append(self.script(request))
+        return self.streams[-1]
+
+    async def is_ready(self):
+        return True
+
+    async def close(self):
+        pass
+
+
+def run(events):
+    async def gather():
+        return [event async for event in events]
+
+    return asyncio.run(gather())
+
+
+def test_a_choice_ends_before_its_stop_sequence_and_cancels_its_request():
+    triton = FakeTriton(lambda request: FakeStream([("a", [-1.0]), ("\n", [-2.0]), ("\nb", [-3.0]), ("c", [-4.0])]))
+    events = run(run_choice(triton, ChoicePlan(0, "p", 10, stop=("\n\n",), logprobs=True)))
+    assert "".join(e.text for e in events) == "a" and events[-1].finish_reason == "stop"
+    assert events[-1].completion_tokens == 3 and triton.streams[0].cancelled
+    assert [(lp.token, lp.logprob, lp.offset) for e in events for lp in e.logprobs] == [("a", -1.0, 0)]
+
+
+def test_finish_reason_tokens_and_logprobs_of_a_whole_choice():
+    responses = [("", [-0.5]), ("é", [-0.25]), ("x", [-1.0]), ("", [])]  # a token completing no character, then é
+    triton = FakeTriton(lambda request: FakeStream(responses))
+    [result] = asyncio.run(collect(run_choice(triton, ChoicePlan(0, "p", 3, logprobs=True)), 1))
+    assert (result.text, result.finish_reason, result.completion_tokens) == ("éx", "length", 3)
+    assert [(lp.token, lp.offset) for lp in result.logprobs] == [("", 0), ("é", 0), ("x", 1)]
+    [short] = asyncio.run(collect(run_choice(triton, ChoicePlan(0, "p", 8)), 1))
+    assert short.finish_reason == "stop" and short.logprobs == []  # ended (end token) before max_tokens
+    assert triton.requests[0].return_log_probs  # always: the token counts come from them
+
+
+def test_merged_choices_interleave_and_an_error_cancels_the_others():
+    scripts = iter([FakeStream([("a", [-1.0])] * 3), FakeStream([("b", [-1.0])], error=RequestError(None, "boom")), FakeStream([("c", [-1.0])] * 50)])
+    triton = FakeTriton(lambda request: next(scripts))
+    plans = [ChoicePlan(index, "p", 60) for index in range(3)]
+    with pytest.raises(RequestError, match="boom"):
+        run(merged(triton, plans))
+    assert triton.streams[2].cancelled
+    triton = FakeTriton(lambda request: FakeStream([(request.prompt, [-1.0])]))
+    results = asyncio.run(collect(merged(triton, [ChoicePlan(i, str(i), 5) for i in range(3)]), 3))
+    assert [r.text for r in results] == ["0", "1", "2"]
+
+
+# -- the app ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def app_client(tokenizer):
+    def make(script, **settings):
+        app = create_app(ServerSettings("127.0.0.1:1", MODEL, **settings), tokenizer=tokenizer)
+        client = TestClient(app)
+        client.__enter__()
+        app.state.triton = FakeTriton(script)
+        made.append(client)
+        return client, app.state.triton
+
+    made = []
+    yield make
+    for client in made:
+        client.__exit__(None, None, None)
+
+
+def echo_words(request):
+    return FakeStream([(" w", [-0.5])] * request.max_tokens)
+
+
+def sse_events(text: str) -> list:
+    lines = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_completion_and_chat_bodies(app_client):
+    client, triton = app_client(echo_words)
+    body = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2, "temperature": 0}).json()
+    assert body["object"] == "text_completion" and body["choices"] == [{"index": 0, "text": " w w", "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    body = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "n": 2}).json()
+    assert [c["message"] for c in body["choices"]] == [{"role": "assistant", "content": " w", "refusal": None}] * 2
+    assert body["usage"]["completion_tokens"] == 2 and triton.requests[-1].prompt == "User: x\nAssistant:"
+    assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert client.get("/v1/models/other").status_code == 404
+
+
+def test_chat_stream_has_role_content_finish_usage_and_done(app_client, tokenizer):
+    client, _ = app_client(echo_words)
+    prompt_tokens = tokenizer.count("User: x\nAssistant:")
+    response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                                         "stream": True, "stream_options": {"include_usage": True}})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    assert [e["choices"][0]["delta"] if e["choices"] else None for e in events] == [
+        {"role": "assistant", "content": ""}, {"content": " w"}, {"content": " w"}, {}, None]
+    assert events[3]["choices"][0]["finish_reason"] == "length" and all(e["usage"] is None for e in events[:-1])
+    assert events[-1]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2}
+
+
+def test_completion_stream_without_usage_has_no_usage_field(app_client):
+    client, _ = app_client(echo_words)
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": True, "echo": True})
+    events = sse_events(response.text)
+    assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in events] == [("x w", None), (" w", None), ("", "length")]
+    assert not any("usage" in event for event in events)
+
+
+def test_errors_before_the_stream_keep_their_status_and_after_it_go_into_it(app_client):
+    client, _ = app_client(lambda request: FakeStream([], error=ServerUnavailableError("127.0.0.1:1", "refused")))
+    for stream in (False, True):
+        response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "stream": stream})
+        assert response.status_code == 503 and response.json()["error"]["code"] == "triton_unavailable"
+    client, _ = app_client(lambda request: FakeStream([(" a", [-1.0])], error=RequestError(None, "in ensemble 'e', late")))
+    events = sse_events(client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True}).text)
+    assert events[-1] == {"error": {"message": "late", "type": "invalid_request_error", "param": None, "code": None}}
+
+
+def test_malformed_bodies_and_the_size_limit(app_client):
+    client, _ = app_client(echo_words, max_body_bytes=100)
+    cases = [(b"{", 400, "invalid_json"), (b"[1]", 400, "invalid_json"), (b'{"model": "tiny"}', 400, "missing_required_parameter"),
+             (json.dumps({"model": "tiny", "prompt": "x" * 200}).encode(), 413, "request_too_large")]
+    for body, status, code in cases:
+        response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert (response.status_code, response.json()["error"]["code"]) == (status, code), body
+    assert client.get("/v2/whatever").json()["error"]["code"] == "unknown_url"
+    assert client.get("/v1/completions").status_code == 405
+    assert client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1}).status_code == 200  # still serving
+
+
+# -- what the server needs of the clients library ---------------------------------------------------------------
+class FakeResult:
+    def __init__(self, text, log_probs, final):
+        import numpy as np
+        from tritonclient.grpc import service_pb2
+
+        self._arrays = {"text_output": np.array([[text.encode()]], dtype=object), "output_log_probs": np.array([[log_probs]], dtype=np.float32)}
+        self._response = service_pb2.ModelInferResponse()
+        self._response.parameters["triton_final_response"].bool_param = final
+
+    def get_response(self):
+        return self._response
+
+    def as_numpy(self, name):
+        return self._arrays.get(name)
+
+
+class FakeCall:
+    """tritonclient.grpc.aio's response iterator: (result, error) pairs, then the end of the RPC."""
+
+    def __init__(self, results):
+        self._results = list(results)
+        self.read_to_end = self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self._results:
+            self.read_to_end = True
+            raise StopAsyncIteration
+        return self._results.pop(0), None
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_responses_carry_their_tokens_log_probs():
+    from clients.grpc import chunk_from_result
+    from clients.types import chunk_from_json
+
+    assert chunk_from_json({"text_output": "ab", "output_log_probs": [[-1.0, -2.0]]}).log_probs == (-1.0, -2.0)
+    chunk = chunk_from_result(FakeResult("a", [-0.5], final=True))
+    assert (chunk.text, chunk.num_tokens, chunk.log_probs, chunk.final) == ("a", 1, (-0.5,), True)
+
+
+def test_an_aio_grpc_call_is_read_to_its_end_and_not_cancelled_after_its_final_response():
+    """Cancelling a call between its final response and its end leaves Triton 2.51's ensemble unable to unload."""
+    from clients.aio_transport import AioGrpcCall
+
+    class Client:
+        def __init__(self, call):
+            self.call = call
+
+        def stream_infer(self, requests, stream_timeout=None):
+            return self.call
+
+    async def scenario(stop_early):
+        call = FakeCall([FakeResult("a", [-1.0], final=False), FakeResult("b", [-2.0], final=True)])
+        grpc_call = AioGrpcCall(Client(call), "url", "ensemble", {"text_input": "x", "max_tokens": 2}, timeout=None)
+        chunks = grpc_call.chunks()
+        texts = []
+        async for chunk in chunks:
+            texts.append(chunk.text)
+            if stop_early and chunk.final:
+                grpc_call.cancel()  # e.g. a stop sequence found in the last response
+                break
+        await chunks.aclose()
+        grpc_call.close()
+        return texts, call
+
+    texts, call = asyncio.run(scenario(stop_early=False))
+    assert texts == ["a", "b"] and call.read_to_end and not call.cancelled
+    texts, call = asyncio.run(scenario(stop_early=True))
+    assert texts == ["a", "b"] and not call.cancelled
+
+
+# -- package rules ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+def test_the_package_imports_only_clients_and_stays_small(path):
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    assert not {name for name in imported if name.split(".")[0] in ("pipeline", "refengine")}
+    assert len(path.read_text().splitlines()) < 300
+
+
+def test_base_url_is_what_a_local_client_uses():
+    assert base_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/v1"
+    assert base_url("::", 9) == "http://[::1]:9/v1" and base_url("10.0.0.2", 1) == "http://10.0.0.2:1/v1"
