@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     from clients.cli import add_infer_arguments
 
     add_infer_arguments(sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)"))
+    from pipeline.cli_openai import add_openai_arguments
+
+    add_openai_arguments(sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton"))
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
@@ -109,6 +112,10 @@ def run_cli(argv: list[str], console: Console) -> int:
         from clients.cli import run_infer
 
         return run_infer(args)
+    if args.command == "openai":
+        from pipeline.cli_openai import run_openai
+
+        return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
     if args.command == "bench" and args.bench_command == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench_command == "accuracy":
@@ -196,6 +203,12 @@ def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace
     if args.up:
         compose_up(args.out, profile)
     return 0
+
+
+def _packaged_repository(loaded: LoadedConfig, store: ArtifactStore) -> Path:
+    from pipeline.stages.package import REPOSITORY_DIR
+
+    return _build_cpu_target(loaded, store, "openai", "package")["package"].ref.path / REPOSITORY_DIR
 
 
 def _serve_state_dir(store: ArtifactStore) -> Path:

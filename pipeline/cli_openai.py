@@ -1,0 +1,103 @@
+"""`trtllm-pipeline openai CONFIG`: the OpenAI-compatible front end (clients.openai_server) in front of Triton.
+
+Part of the CLI (the composition root, which may import `clients`). Which Triton it talks to:
+`--triton-url` if given; else the server `serve CONFIG --detach` started, if it runs; else it
+builds what is missing and starts tritonserver itself the way `serve` does, and stops it on exit.
+CONFIG may also be a rendered model repository (e.g. /models in the compose deployment), which
+then needs `--triton-url`. The model name clients pass is the spec's `name` (`--model-name`
+overrides it; for a repository it defaults to the Triton model's name).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.errors import PipelineError, SpecError
+
+
+def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from clients.openai_server.defaults import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_PORT
+
+    parser.add_argument("config", type=Path, help="build config YAML (or a rendered model repository, with --triton-url)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one)")
+    parser.add_argument("--triton-url", help="Triton's gRPC host:port (default: the `serve --detach` server, else one started here)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+    parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices (n x prompts) per request (default {DEFAULT_MAX_N})")
+    parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a tritonserver started here (default 180)")
+    return parser
+
+
+def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_package: Callable[[Any, Any], Path], state_dir: Callable[[Any], Path]) -> int:
+    """`build_package(loaded, store)` → the packaged repository (cpu target); `state_dir(store)` → where `serve --detach` records its server."""
+    from clients.openai_server import ModelSetupError, ServedModel
+
+    options = {"host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_n": args.max_n}
+    try:
+        if args.config.is_dir():
+            if not args.triton_url:
+                raise SpecError(f"{args.config} is a model repository: give the Triton it is served by with --triton-url HOST:PORT")
+            model = ServedModel.from_repository(args.config, name=args.model_name or "ensemble")
+            return _serve(args.triton_url, model, options, say)
+        return _serve_config(args, options, say, build_package, state_dir)
+    except ModelSetupError as error:
+        raise PipelineError(str(error), hint="check the model repository / tokenizer the server reads") from None
+    except OSError as error:
+        raise PipelineError(str(error), hint="choose another --port (or --host)") from None
+
+
+def _serve_config(args, options, say, build_package, state_dir) -> int:
+    from clients.openai_server import ServedModel
+    from pipeline.artifacts import ArtifactStore
+    from pipeline.config.loader import load_config
+    from pipeline.serve import ServerOptions, TritonServer, read_state
+
+    loaded = load_config(args.config, args.overrides)
+    spec = loaded.spec
+    name = args.model_name or spec.name
+    store = ArtifactStore(args.artifacts, spec.name)
+    if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from the spec, nothing is built
+        model = ServedModel(
+            name=name,
+            tokenizer_dir=spec.model.source,
+            max_seq_len=spec.build.max_seq_len or loaded.model.default_max_seq_len(),
+            max_input_len=spec.build.max_input_len,
+            triton_model=spec.serve.model_name,
+        )
+        return _serve(args.triton_url, model, options, say)
+    state = read_state(state_dir(store))
+    if state is not None and state.is_running():
+        say(f"using the tritonserver started with `serve --detach` (pid {state.pid}, gRPC {state.grpc_url})")
+        model = ServedModel.from_repository(state.model_repository, name=name, triton_model=spec.serve.model_name)
+        return _serve(state.grpc_url, model, options, say)
+    if spec.build.target.value != "cpu":
+        raise SpecError(
+            f"{loaded.path} has build.target {spec.build.target.value!r}: its Triton runs elsewhere (a GPU host or the compose deployment)",
+            hint="give it with --triton-url HOST:PORT (its gRPC port)",
+        )
+    repository = build_package(loaded, store)
+    server_options = ServerOptions.from_deploy(spec.deploy, repository)
+    with TritonServer(server_options) as triton:
+        say(f"starting tritonserver on {server_options.grpc_url} ...")
+        triton.wait_until_ready(args.timeout)
+        model = ServedModel.from_repository(repository, name=name, triton_model=spec.serve.model_name)
+        code = _serve(server_options.grpc_url, model, options, say, keep_running=triton.is_running)
+        if not triton.is_running():
+            raise PipelineError(f"tritonserver exited on its own; see {triton.log_path}\n{triton.log_tail()}")
+        say("stopping tritonserver ...")
+        return code
+
+
+def _serve(triton_url: str, model, options: dict, say: Callable[[str], None], keep_running: Callable[[], bool] = lambda: True) -> int:
+    from clients.openai_server import serve_openai
+
+    def ready(base_url: str) -> None:
+        say(f"OpenAI-compatible API for model {model.name!r} (Triton {triton_url}, model {model.triton_model!r}):")
+        say(base_url)  # alone on its line, for scripts
+        say("Press Ctrl-C to stop.")
+
+    return serve_openai(triton_url, model=model, on_ready=ready, keep_running=keep_running, **options)

@@ -1,0 +1,254 @@
+"""The OpenAI-compatible front end in front of the real tritonserver serving the packaged default config.
+
+One Triton and one front end for the module (free loopback ports). The official `openai` client,
+streaming and not, gets the greedy answers the Triton client gets for the same prompt, with exact
+usage; stop, n, seed and logprobs; every bad input of issue #7 gets its OpenAI-shaped 4xx and the
+server keeps serving; an unreachable Triton is 503; a client that drops its SSE stream (or its
+non-streamed request) frees the request's KV blocks; the `openai` command finds the server of
+`serve --detach`, prints its URL and stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from clients import TritonLLMClient
+from clients.openai_server import ServedModel, running_openai_server
+from clients.openai_server.templating import plain_chat_prompt
+from pipeline.config.spec import DeploySpec
+from pipeline.serve import ServerOptions, ServerState
+from pipeline.serve.process import start_time_ticks
+from tests.integration.serving import CLI, REPO, build_and_package, free_ports, running_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "tiny-cpu"
+PROMPTS = ["def foo(x):\n    return", "import os\n"]
+MAX_TOKENS = 16
+LONG = 900  # tokens: several seconds of generation
+BODY_LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("artifacts")
+    return {**build_and_package(MODEL, root), "root": root}
+
+
+@pytest.fixture(scope="module")
+def triton(artifacts, tmp_path_factory):
+    http_port, grpc_port, metrics_port = free_ports(3)
+    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=5)
+    with running_server(options, tmp_path_factory.mktemp("serve")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def base_url(triton, artifacts):
+    with running_openai_server(
+        triton.options.grpc_url, model_name=MODEL, model_repository=artifacts["repository"], max_body_bytes=BODY_LIMIT
+    ) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def oai(base_url):
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def reference(triton):
+    """The Triton client's greedy answer (with its token count) for a prompt."""
+    with TritonLLMClient(triton.options.grpc_url, "grpc", timeout=60) as client:
+        yield lambda prompt, max_tokens=MAX_TOKENS: client.generate(prompt, max_tokens=max_tokens, return_log_probs=True)
+
+
+@pytest.fixture(scope="module")
+def prompt_tokens(artifacts):
+    sys.path.insert(0, str(REPO / "model_repo" / "python"))
+    try:
+        from hf_tokenizer import HFTokenizer
+    finally:
+        sys.path.remove(str(REPO / "model_repo" / "python"))
+    tokenizer = HFTokenizer(artifacts["tokenizer"])
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=True))
+
+
+def kv_blocks_used(triton) -> float:
+    with urllib.request.urlopen(triton.options.metrics_url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("nv_trt_llm_kv_cache_block_metrics{") and 'kv_cache_block_type="used"' in line:
+                return float(line.rpartition(" ")[2])
+    raise KeyError("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=used} not in /metrics")
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+# -- answers --------------------------------------------------------------------------------------
+def test_completions_equal_the_triton_clients_greedy_answers(oai, reference, prompt_tokens):
+    for prompt in PROMPTS:
+        expected = reference(prompt)
+        answer = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert answer.choices[0].text == expected.text and answer.choices[0].finish_reason == expected.finish_reason
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt_tokens(prompt), expected.num_tokens)
+        chunks = list(oai.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+        assert chunks[-1].usage.model_dump() == answer.usage.model_dump() and not chunks[-1].choices
+
+
+def test_chat_completions_equal_the_triton_clients_greedy_answers(oai, reference, prompt_tokens):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "class Parser:"}]
+    prompt = plain_chat_prompt(messages)  # the tokenizer of the default model has no chat template
+    expected = reference(prompt)
+    answer = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    assert answer.choices[0].message.content == expected.text and answer.choices[0].message.role == "assistant"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt_tokens(prompt), expected.num_tokens)
+    stream = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == expected.finish_reason
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+
+
+def test_stop_n_seed_and_logprobs(oai, reference):
+    prompt = PROMPTS[1]
+    full = reference(prompt).text
+    stop = full[6:9]
+    answer = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stop=[stop, "never"])
+    assert answer.choices[0].text == full[: full.index(stop)] and answer.choices[0].finish_reason == "stop"
+
+    sampled = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=1.0, seed=7)
+    three = oai.completions.create(n=3, **sampled)
+    assert [c.index for c in three.choices] == [0, 1, 2] and three.usage.completion_tokens == sum(
+        len(c.logprobs.tokens) for c in oai.completions.create(n=3, logprobs=0, **sampled).choices)
+    assert [c.text for c in three.choices] == [c.text for c in oai.completions.create(n=3, **sampled).choices]  # seeded
+    assert oai.completions.create(**sampled).choices[0].text == three.choices[0].text  # choice 0 has the seed itself
+
+    expected = reference(prompt, 8)
+    logprobs = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=0).choices[0].logprobs
+    assert "".join(logprobs.tokens) == expected.text and len(logprobs.token_logprobs) == expected.num_tokens
+    assert sum(logprobs.token_logprobs) == pytest.approx(expected.cum_log_prob, abs=1e-3)
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, temperature=0, logprobs=True)
+    assert "".join(item.token for item in chat.choices[0].logprobs.content) == chat.choices[0].message.content
+
+
+# -- bad inputs --------------------------------------------------------------------------------------
+BAD_REQUESTS = [
+    ("completions", b'{"model": "tiny-cpu", "prompt": ', 400, "invalid_json"),
+    ("completions", b'{"prompt": "x"}', 400, "missing_required_parameter"),
+    ("chat/completions", b'{"model": "tiny-cpu"}', 400, "missing_required_parameter"),
+    ("completions", b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found"),
+    ("chat/completions", b'{"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}', 404, "model_not_found"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "max_tokens": 0}', 400, "invalid_value"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "max_tokens": -3}', 400, "invalid_value"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "max_tokens": 1023}', 400, "context_length_exceeded"),
+    ("chat/completions", b'{"model": "tiny-cpu", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}', 400, "context_length_exceeded"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "n": 9}', 400, "unsupported_value"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "n": "2"}', 400, "invalid_type"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "temperature": "hot"}', 400, "invalid_type"),
+    ("chat/completions", b'{"model": "tiny-cpu", "messages": "hello"}', 400, "invalid_type"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "logprobs": 3}', 400, "unsupported_parameter"),
+    ("completions", json.dumps({"model": "tiny-cpu", "prompt": "x" * BODY_LIMIT}).encode(), 413, "request_too_large"),
+]
+
+
+def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(base_url, oai):
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        for path, body, status, code in BAD_REQUESTS:
+            response = http.post(f"/{path}", content=body, headers={"content-type": "application/json"})
+            error = response.json()["error"]
+            assert (response.status_code, error["code"]) == (status, code), (body[:80], error)
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+            assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        oai.completions.create(model="gpt-4", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=0)
+
+
+def test_an_unreachable_triton_is_503(artifacts):
+    [closed_port] = free_ports(1)
+    model = ServedModel.from_repository(artifacts["repository"], name=MODEL)
+    with running_openai_server(f"127.0.0.1:{closed_port}", model_name=MODEL, model=model) as url:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            for stream in (False, True):
+                response = http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2, "stream": stream})
+                assert response.status_code == 503 and response.json()["error"]["code"] == "triton_unavailable"
+            assert http.get(url.removesuffix("/v1") + "/health").status_code == 503 and http.get("/models").status_code == 200
+
+
+# -- cancellation -------------------------------------------------------------------------------------
+def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
+    assert wait_for(lambda: kv_blocks_used(triton) == 0, 20.0), "the KV cache is not idle to begin with"
+    stream = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x = ["}], max_tokens=LONG, temperature=0, stream=True)
+    for index, _ in enumerate(stream):
+        if index == 5:
+            assert wait_for(lambda: kv_blocks_used(triton) > 0, 5.0), "the generation never showed in /metrics"
+            break
+    stream.close()  # the client goes away mid-stream
+    dropped = time.monotonic()
+    assert wait_for(lambda: kv_blocks_used(triton) == 0, 3.0), f"KV still used {time.monotonic() - dropped:.1f} s after the drop"
+
+    # A non-streamed request whose client disconnects is cancelled too.
+    host, port = base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    body = json.dumps({"model": MODEL, "prompt": "import", "max_tokens": LONG, "temperature": 0}).encode()
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert wait_for(lambda: kv_blocks_used(triton) > 0, 10.0), "the generation never showed in /metrics"
+    assert wait_for(lambda: kv_blocks_used(triton) == 0, 3.0), "a disconnected non-streamed request kept running"
+    assert oai.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text is not None
+
+
+# -- the command ---------------------------------------------------------------------------------------
+def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton, artifacts):
+    state_dir = artifacts["root"] / MODEL / ".serve"
+    state = ServerState(
+        pid=triton.pid, start_ticks=start_time_ticks(triton.pid), command=triton.command, http_url=triton.options.http_url,
+        grpc_url=triton.options.grpc_url, metrics_url=triton.options.metrics_url, log_path=str(triton.log_path),
+        shm_prefix=triton.options.shm_prefix, python_env_dirs=[], exit_timeout_secs=5, workspace=str(triton.workspace),
+        model_repository=str(artifacts["repository"]), started_at="now",
+    )  # as `serve --detach` records it
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "server.json").write_text(json.dumps(asdict(state)))
+    command = [str(CLI), "--artifacts", str(artifacts["root"]), "openai", str(REPO / "build_configs" / f"{MODEL}.yaml"), "--port", "0"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not (lines and lines[-1].startswith("http://")):
+            line = process.stdout.readline()
+            assert line, f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}"
+            lines.append(line.strip())
+        assert "started with `serve --detach`" in lines[0]
+        with httpx.Client(base_url=lines[-1], timeout=30) as http:
+            assert http.get("/models").json()["data"][0]["id"] == MODEL
+            assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        (state_dir / "server.json").unlink()
+    assert triton.is_running()  # the command never stops a server it did not start
