@@ -5,7 +5,7 @@ Part of the CLI (the composition root, which may import `clients`). Which Triton
 builds what is missing and starts tritonserver itself the way `serve` does, and stops it on exit.
 CONFIG may also be a rendered model repository (e.g. /models in the compose deployment), which
 then needs `--triton-url`. The model name clients pass is the spec's `name` (`--model-name`
-overrides it; for a repository it defaults to the Triton model's name).
+overrides it; for a repository it defaults to the Triton model's name, `--triton-model`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
     parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices (n x prompts) per request (default {DEFAULT_MAX_N})")
     parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
+    parser.add_argument("--triton-model", help="the Triton model to call (default: the build config's serve.model_name; ensemble for a repository)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a tritonserver started here (default 180)")
     return parser
 
@@ -41,7 +42,8 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
         if args.config.is_dir():
             if not args.triton_url:
                 raise SpecError(f"{args.config} is a model repository: give the Triton it is served by with --triton-url HOST:PORT")
-            model = ServedModel.from_repository(args.config, name=args.model_name or "ensemble")
+            triton_model = args.triton_model or "ensemble"
+            model = ServedModel.from_repository(args.config, name=args.model_name or triton_model, triton_model=triton_model)
             return _serve(args.triton_url, model, options, say)
         return _serve_config(args, options, say, build_package, state_dir)
     except ModelSetupError as error:
@@ -59,6 +61,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     loaded = load_config(args.config, args.overrides)
     spec = loaded.spec
     name = args.model_name or spec.name
+    triton_model = args.triton_model or spec.serve.model_name
     store = ArtifactStore(args.artifacts, spec.name)
     if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from the spec, nothing is built
         model = ServedModel(
@@ -66,13 +69,13 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
             tokenizer_dir=spec.model.source,
             max_seq_len=spec.build.max_seq_len or loaded.model.default_max_seq_len(),
             max_input_len=spec.build.max_input_len,
-            triton_model=spec.serve.model_name,
+            triton_model=triton_model,
         )
         return _serve(args.triton_url, model, options, say)
     state = read_state(state_dir(store))
     if state is not None and state.is_running():
         say(f"using the tritonserver started with `serve --detach` (pid {state.pid}, gRPC {state.grpc_url})")
-        model = ServedModel.from_repository(state.model_repository, name=name, triton_model=spec.serve.model_name)
+        model = ServedModel.from_repository(state.model_repository, name=name, triton_model=triton_model)
         return _serve(state.grpc_url, model, options, say)
     if spec.build.target.value != "cpu":
         raise SpecError(
@@ -84,7 +87,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     with TritonServer(server_options) as triton:
         say(f"starting tritonserver on {server_options.grpc_url} ...")
         triton.wait_until_ready(args.timeout)
-        model = ServedModel.from_repository(repository, name=name, triton_model=spec.serve.model_name)
+        model = ServedModel.from_repository(repository, name=name, triton_model=triton_model)
         code = _serve(server_options.grpc_url, model, options, say, keep_running=triton.is_running)
         if not triton.is_running():
             raise PipelineError(f"tritonserver exited on its own; see {triton.log_path}\n{triton.log_tail()}")

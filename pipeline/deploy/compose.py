@@ -1,4 +1,5 @@
-"""Render the docker compose file of a deployment: Triton (profile cpu or gpu), Prometheus, Grafana.
+"""Render the docker compose file of a deployment: Triton (profile cpu or gpu), Prometheus, Grafana,
+and on the cpu profile the OpenAI-compatible front end (service `openai`, pipeline.deploy.openai_service).
 
 The document is built as a dict and written by a yaml SafeDumper in insertion order, so the
 same spec always gives the same bytes (golden-tested). Every host path in it is relative to the
@@ -29,6 +30,7 @@ from pipeline.backends.engine_runtime import EngineRecord, mismatches
 from pipeline.backends.engine_target import declared_engine, image_runtime
 from pipeline.config.spec import Spec
 from pipeline.deploy import images, layout, monitoring
+from pipeline.deploy.openai_service import openai_service
 from pipeline.deploy.parts import bind_mount, compose_path, hardening, published
 from pipeline.deploy.server_command import STOP_GRACE_SECS, cpu_server_command, engine_entrypoint, engine_server_command
 from pipeline.errors import SpecError
@@ -64,9 +66,14 @@ def render_compose(
     profile = layout.profile_for(target)
     _check_bind_address(spec.deploy.bind_address)
     triton = _triton_service(spec, target, profile, model_repository, engine_dir, tokenizer_dir, deploy_dir)
+    services = {layout.TRITON_SERVICE: triton}
+    if target == "cpu":  # the image has the project installed (NGC's engine image does not)
+        services[layout.OPENAI_SERVICE] = openai_service(
+            spec, triton, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
+        )
     return {
         "services": {
-            layout.TRITON_SERVICE: triton,
+            **services,
             layout.PROMETHEUS_SERVICE: monitoring.prometheus_service(profile, deploy_dir),
             layout.GRAFANA_SERVICE: monitoring.grafana_service(profile, deploy_dir),
         },

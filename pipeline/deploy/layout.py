@@ -2,7 +2,7 @@
 
 A deployment directory (the deploy artifact's `deploy/`, or `./deploy/` in a checkout):
 
-    docker-compose.yml        services triton (profile cpu or gpu), prometheus, grafana
+    docker-compose.yml        services triton (profile cpu or gpu), openai (cpu), prometheus, grafana
     .env                      COMPOSE_PROJECT_NAME, COMPOSE_PROFILES and the two secrets (mode 0600)
     model_repository/         the Triton repository rendered for the container (/engine, /tokenizer)
     engine -> …/build-<digest>/engine          symlinks to the upstream artifacts (nothing copied)
@@ -44,12 +44,14 @@ ENGINE_CHECK_MOUNT = "/opt/trtllm-pipeline/engine_runtime.py"
 CONTAINER_HTTP_PORT = 8000
 CONTAINER_GRPC_PORT = 8001
 CONTAINER_METRICS_PORT = 8002
+OPENAI_PORT = 9000  # the OpenAI-compatible front end (cpu profile), in the container and published
 PROMETHEUS_PORT = 9090
 GRAFANA_PORT = 3000
 MONITORING_BIND_ADDRESS = "127.0.0.1"  # Prometheus and Grafana are never published beyond loopback
 
 # Service names (the Triton service is `triton` in either profile, so Prometheus scrapes one name).
 TRITON_SERVICE = "triton"
+OPENAI_SERVICE = "openai"
 PROMETHEUS_SERVICE = "prometheus"
 GRAFANA_SERVICE = "grafana"
 
