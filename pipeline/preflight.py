@@ -16,7 +16,7 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
     selected = set(stages)
     issues: list[Issue] = []
     if "quantize" in selected:
-        issues += _quantize_issues(spec, model)
+        issues += _quantize_issues(spec, model, build_selected="build" in selected)
     if "build" in selected:
         if spec.build.target is Target.engine:
             from pipeline.backends.engine_target import engine_preflight
@@ -57,13 +57,31 @@ def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     return []
 
 
-def _quantize_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
+def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = False) -> list[Issue]:
+    from pipeline.backends.quantize_runners import IN_PROCESS, quantize_route
+
     quantize = spec.quantize
     if spec.dry_run:  # nothing is calibrated or exported in a dry run
         return []
-    if (quantize.device.value == "cuda" or quantize.algo.value == "nvfp4") and not cuda_available():
-        why = "quantize.device is cuda" if quantize.device.value == "cuda" else "NVFP4 calibration needs CUDA kernels"
-        return [(("quantize", "device" if quantize.device.value == "cuda" else "algo"), f"{why}, but this machine has no CUDA device")]
+    route = quantize_route(spec)
+    if route == "docker":  # the GPU is in the container: this machine needs only a Docker engine
+        if not (build_selected and spec.build.target is Target.engine):  # else the build's check reports it
+            from pipeline.backends.runners import DockerRunner, RunnerUnavailable
+
+            try:
+                DockerRunner(image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size).check_engine()
+            except RunnerUnavailable as exc:
+                return [(("quantize", "device"), f"quantize.device cuda runs the quantize job with build.runner docker: {exc.message}")]
+    elif quantize.device.value == "cuda" and not cuda_available():
+        where = (
+            "with build.runner local ModelOpt calibrates in this process; use --runner docker (the GPU is in the container) "
+            "or --runner dry-run, or set quantize.device: cpu"
+            if route == "local" else
+            f"build.target {spec.build.target.value} quantizes in this process; set quantize.device: cpu"
+        )
+        return [(("quantize", "device"), f"quantize.device is cuda, but this machine has no CUDA device: {where}")]
+    elif quantize.algo.value == "nvfp4" and route in (IN_PROCESS, "local") and not cuda_available():
+        return [(("quantize", "algo"), "NVFP4 calibration needs CUDA kernels, but this machine has no CUDA device")]
     if needs_calibration(quantize):
         from pipeline.calibration import build_calibration_set, load_encoder
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from clients.aio import AsyncTritonLLMClient
+from clients.errors import ServerUnavailableError
 from clients.openai_server.stops import StopMatcher
 from clients.stream import AsyncTextStream
 from clients.types import GenerationRequest
@@ -127,6 +128,8 @@ async def run_choice(client: AsyncTritonLLMClient, plan: ChoicePlan, streams: Op
             released = logprobs.release(matcher.released)
             if text or released:
                 yield ChoiceEvent(plan.index, text, released, None, tokens)
+        if stream.cancelled:  # not by us: the server is stopping (or the client went away, and nobody reads this)
+            raise ServerUnavailableError(client.url, "the request was cancelled: the server is stopping")
         tokens = account("")  # a last response that completed no text
         text = matcher.flush()
         finish = "length" if tokens >= plan.max_tokens else "stop"

@@ -5,6 +5,7 @@ deploy stages can render on a CPU-only machine).
 Every runner writes `build_config.json` and `trtllm-build.sh` into the engine directory first; the
 real runners call the tool through `pipeline.tools.run_command` (the one seam for external
 commands) and then check the engine directory it wrote (shared/reference/trtllm.md §2.5).
+With `quantize.device: cuda` the quantize job goes through the same runner kinds (quantize_runners.py).
 """
 
 from __future__ import annotations
@@ -163,32 +164,15 @@ class DockerRunner:
     timeout: float | None = None
 
     def command(self, build: TrtllmBuild) -> list[str]:
-        gpus = f'"device={",".join(str(g) for g in self.gpus)}"' if self.gpus else "all"
         ckpt, out = str(build.checkpoint_dir), str(build.output_dir)
         return [
-            "docker", "run", "--rm", "--gpus", gpus, "--shm-size", self.shm_size,
-            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-            "-u", f"{self.uid}:{self.gid}", "-e", "HOME=/tmp",
+            *docker_run_prefix(self.gpus, self.shm_size, self.uid, self.gid),
             "-v", f"{ckpt}:{ckpt}:ro", "-v", f"{out}:{out}", "-w", out,
             self.image or build.version.image, *build.argv,
         ]
 
     def check_engine(self) -> str:
-        """The Docker engine's version, or RunnerUnavailable when the client or the engine is missing."""
-        if self.which("docker") is None:
-            raise RunnerUnavailable("docker is not installed (no `docker` on PATH); the docker runner needs Docker with the NVIDIA container toolkit")
-        probe = ["docker", "info", "--format", "{{.ServerVersion}}"]
-        try:
-            version = self.run_command(probe, timeout=DOCKER_ENGINE_TIMEOUT_S).strip()
-        except ToolError as exc:
-            reason = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else f"exit code {exc.returncode}"
-            raise RunnerUnavailable(
-                f"the Docker engine is not reachable ({reason})",
-                hint="start the Docker daemon (or set DOCKER_HOST), or use --runner local on a GPU host, or --runner dry-run",
-            ) from None
-        if not version:
-            raise RunnerUnavailable("the Docker engine did not report a server version (`docker info`); is the daemon running?")
-        return version
+        return check_docker_engine(self.which, self.run_command)
 
     def run(self, build: TrtllmBuild) -> BuildOutcome:
         self.check_engine()
@@ -198,6 +182,34 @@ class DockerRunner:
         log = self.run_command(command, timeout=self.timeout)
         check_engine_dir(build)
         return BuildOutcome(build.output_dir, False, tuple(command), log)
+
+
+def docker_run_prefix(gpus: Sequence[int], shm_size: str, uid: int, gid: int) -> list[str]:
+    """`docker run` for NVIDIA's TensorRT-LLM image: the GPUs, shm and ulimits it needs, as the calling user."""
+    devices = f'"device={",".join(str(g) for g in gpus)}"' if gpus else "all"
+    return [
+        "docker", "run", "--rm", "--gpus", devices, "--shm-size", shm_size,
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-u", f"{uid}:{gid}", "-e", "HOME=/tmp",
+    ]
+
+
+def check_docker_engine(which: Which, run_command: RunCommand) -> str:
+    """The Docker engine's version, or RunnerUnavailable when the client or the engine is missing."""
+    if which("docker") is None:
+        raise RunnerUnavailable("docker is not installed (no `docker` on PATH); the docker runner needs Docker with the NVIDIA container toolkit")
+    probe = ["docker", "info", "--format", "{{.ServerVersion}}"]
+    try:
+        version = run_command(probe, timeout=DOCKER_ENGINE_TIMEOUT_S).strip()
+    except ToolError as exc:
+        reason = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else f"exit code {exc.returncode}"
+        raise RunnerUnavailable(
+            f"the Docker engine is not reachable ({reason})",
+            hint="start the Docker daemon (or set DOCKER_HOST), or use --runner local on a GPU host, or --runner dry-run",
+        ) from None
+    if not version:
+        raise RunnerUnavailable("the Docker engine did not report a server version (`docker info`); is the daemon running?")
+    return version
 
 
 @dataclass

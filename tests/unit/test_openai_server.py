@@ -281,6 +281,7 @@ class FakeStream:
 
 
 class FakeTriton:
+    url = "127.0.0.1:1"
     def __init__(self, script):
         self.script = script  # GenerationRequest -> FakeStream
         self.requests, self.streams = [], []
@@ -321,6 +322,21 @@ def test_finish_reason_tokens_and_logprobs_of_a_whole_choice():
     [short] = asyncio.run(collect(run_choice(triton, ChoicePlan(0, "p", 8)), 1))
     assert short.finish_reason == "stop" and short.logprobs == []  # ended (end token) before max_tokens
     assert triton.requests[0].return_log_probs  # always: the token counts come from them
+
+
+def test_a_choice_cancelled_from_outside_is_an_error_not_a_short_answer():
+    stream = FakeStream([("a", [-1.0])] * 5)
+    triton = FakeTriton(lambda request: stream)
+
+    async def scenario():
+        events = run_choice(triton, ChoicePlan(0, "p", 10))
+        first = await anext(events)
+        stream.cancel()  # e.g. the server shutting down
+        with pytest.raises(ServerUnavailableError, match="cancelled"):
+            await anext(events)
+        return first
+
+    assert asyncio.run(scenario()).text == "a"
 
 
 def test_merged_choices_interleave_and_an_error_cancels_the_others():
