@@ -109,7 +109,29 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
         "unified_hf": spec.build.target.value == "llmapi",
         **_dry_run_flag(spec),
+        **_quantize_route(spec),
     }
+
+
+def _quantize_route(spec: Spec) -> dict[str, Any]:
+    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_runners).
+
+    In this process on quantize.device (the default): nothing to add. The engine target on cuda goes through
+    build.runner: `local` uses this host's torch/ModelOpt (already in the stage's tools), `docker` those of the
+    version profile's image (named by trtllm_version). A dry run writes quantize.sh and the request, whose
+    header names the image and, on cuda, the `docker run` with deploy.gpus and deploy.shm_size.
+    """
+    if spec.build.target.value != "engine":
+        return {}
+    runner, cuda = spec.build.runner.value, spec.quantize.device.value == "cuda"
+    if runner == "dry-run":
+        route: dict[str, Any] = {"runner": runner, "trtllm_version": spec.build.trtllm_version}
+        if cuda:
+            route["docker"] = {"gpus": list(spec.deploy.gpus), "shm_size": spec.deploy.shm_size}
+        return route
+    if not cuda:
+        return {}
+    return {"runner": runner, "trtllm_version": spec.build.trtllm_version} if runner == "docker" else {"runner": runner}
 
 
 def _dry_run_flag(spec: Spec) -> dict[str, Any]:
