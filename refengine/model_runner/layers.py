@@ -14,15 +14,24 @@ from refengine.model_config import RopeScaling, RopeScalingType
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """weight * (x * rsqrt(mean(x²) + eps)), computed in float32 (in place on the temporaries:
+    the same operations and values, fewer allocations)."""
     input_dtype = hidden.dtype
-    hidden32 = hidden.to(torch.float32)
+    hidden32 = hidden if input_dtype == torch.float32 else hidden.to(torch.float32)
     variance = hidden32.pow(2).mean(-1, keepdim=True)
-    return weight * (hidden32 * torch.rsqrt(variance + epsilon)).to(input_dtype)
+    normed = hidden32 * variance.add_(epsilon).rsqrt_()
+    if input_dtype != torch.float32:
+        normed = normed.to(input_dtype)
+    if weight.dtype != normed.dtype:
+        return weight * normed
+    return normed.mul_(weight)  # = weight * normed (multiplication commutes exactly)
 
 
 def swiglu(gate_out: torch.Tensor, up_out: torch.Tensor) -> torch.Tensor:
-    """silu(x W_fc) * (x W_gate): TensorRT-LLM's `mlp.fc` is HF's gate_proj, `mlp.gate` its up_proj."""
-    return F.silu(gate_out) * up_out
+    """silu(x W_fc) * (x W_gate): TensorRT-LLM's `mlp.fc` is HF's gate_proj, `mlp.gate` its up_proj.
+
+    Overwrites `gate_out` (a temporary of the caller's)."""
+    return F.silu(gate_out, inplace=True).mul_(up_out)
 
 
 def rope_inverse_frequencies(head_size: int, base: float, scaling: RopeScaling) -> torch.Tensor:
@@ -62,8 +71,12 @@ class RotaryEmbedding:
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, heads, head_size]; cos/sin [num_tokens, head_size]."""
-        cos = cos.unsqueeze(1).to(x.dtype)
-        sin = sin.unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return rotate(x, cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin; x [num_tokens, heads, head_size], cos/sin already
+    [num_tokens, 1, head_size] in x's dtype (the model prepares them once per step)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos).add_(rotated.mul_(sin))

@@ -18,7 +18,7 @@ from refengine.checkpoint import Checkpoint, TensorStore
 from refengine.model_config import ModelConfig
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
-from refengine.model_runner.layers import RotaryEmbedding, rms_norm, swiglu
+from refengine.model_runner.layers import RotaryEmbedding, rms_norm, rotate, swiglu
 from refengine.model_runner.linear import Linear, LinearSpec, load_linear
 from refengine.model_runner.quantized_linear import check_quantization
 
@@ -80,23 +80,26 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Final hidden states [num_tokens, hidden] of a flat token batch."""
         config = self.config
+        eps, num_heads, head_size = config.norm_epsilon, config.num_heads, config.head_size
+        qk_size = config.q_size + config.kv_size
         hidden = F.embedding(input_ids, self.embedding)
         cos, sin = self.rotary.cos_sin(metadata.positions)
+        # Broadcast over heads and cast once per step, not per layer and per q / k.
+        cos, sin = cos.unsqueeze(1).to(hidden.dtype), sin.unsqueeze(1).to(hidden.dtype)
         num_tokens = input_ids.shape[0]
         for layer, kv_cache in zip(self.layers, kv_caches):
-            residual = hidden
-            qkv = layer.qkv(rms_norm(hidden, layer.input_norm, config.norm_epsilon))
-            query, key, value = qkv.split([config.q_size, config.kv_size, config.kv_size], dim=-1)
-            query = RotaryEmbedding.apply(query.reshape(num_tokens, config.num_heads, config.head_size), cos, sin)
-            key = RotaryEmbedding.apply(key.reshape(num_tokens, config.num_kv_heads, config.head_size), cos, sin)
-            value = value.reshape(num_tokens, config.num_kv_heads, config.head_size)
+            qkv = layer.qkv(rms_norm(hidden, layer.input_norm, eps))
+            # RoPE on query and key heads together: one elementwise pass instead of two.
+            query_key = rotate(qkv[:, :qk_size].reshape(num_tokens, -1, head_size), cos, sin)
+            query, key = query_key[:, :num_heads], query_key[:, num_heads:]
+            value = qkv[:, qk_size:].reshape(num_tokens, config.num_kv_heads, head_size)
             write_kv_cache(kv_cache, key, value, metadata.slot_mapping, layer.kv_quant)
             attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant)
-            hidden = residual + layer.dense(attention.reshape(num_tokens, config.q_size))
-            residual = hidden
-            normed = rms_norm(hidden, layer.post_norm, config.norm_epsilon)
-            hidden = residual + layer.proj(swiglu(layer.fc(normed), layer.gate(normed)))
-        return rms_norm(hidden, self.final_norm, config.norm_epsilon)
+            # residual + f(x), added in place into f's fresh output (addition commutes exactly)
+            hidden = layer.dense(attention.reshape(num_tokens, config.q_size)).add_(hidden)
+            normed = rms_norm(hidden, layer.post_norm, eps)
+            hidden = layer.proj(swiglu(layer.fc(normed), layer.gate(normed))).add_(hidden)
+        return rms_norm(hidden, self.final_norm, eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head).to(torch.float32)
