@@ -25,6 +25,10 @@ class EnvFacts:
     model_fingerprint: str
     calibration_fingerprint: str = ""  # content digest of the calibration files ("" when none)
     heldout_fingerprint: str = ""  # content digest of the accuracy gate's held-out files
+    # Code that artifacts carry as files: the model repository's templates and Python models
+    # (package), and the project source the cpu image installs (deploy).
+    model_repo_fingerprint: str = ""
+    project_fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,12 @@ def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
-    return {"serve": _dump(spec.serve), "target": spec.build.target.value, "gpus": list(spec.deploy.gpus)}
+    return {
+        "serve": _dump(spec.serve),
+        "target": spec.build.target.value,
+        "gpus": list(spec.deploy.gpus),
+        "model_repo_code": facts.model_repo_fingerprint,
+    }
 
 
 def _slo_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
@@ -167,6 +176,7 @@ def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
         "target": spec.build.target.value,
         "trtllm_version": spec.build.trtllm_version,
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
+        "project_code": facts.project_fingerprint,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,36 @@ def gather_facts(loaded: LoadedConfig) -> EnvFacts:
         model_fingerprint=directory_fingerprint(loaded.model.path),
         calibration_fingerprint=calibration,
         heldout_fingerprint=heldout,
+        model_repo_fingerprint=_model_repo_fingerprint(),
+        project_fingerprint=_project_fingerprint(),
     )
+
+
+def _model_repo_fingerprint() -> str:
+    from pipeline.render.repository import model_repo_sources
+
+    return directory_fingerprint(model_repo_sources(), skip_suffixes=_COMPILED)
+
+
+def _project_fingerprint() -> str:
+    """The project's packages and build files, as the deploy stage copies them into the cpu image."""
+    import clients
+    import refengine
+
+    import pipeline
+
+    roots = [Path(module.__file__).parent for module in (pipeline, refengine, clients)]
+    parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in roots] + [_model_repo_fingerprint()]
+    source_root = roots[0].parent
+    parts += [_file_fingerprint(source_root / name) for name in ("pyproject.toml", "constraints.txt")]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
+
+
+def _file_fingerprint(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "absent"
+
+
+_COMPILED = (".pyc", ".pyo")
 
 
 def make_plan(loaded: LoadedConfig) -> Plan:
