@@ -30,6 +30,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64, cache slot of each query token
     positions: torch.Tensor  # [num_tokens] int64, position of each query token in its sequence
     tokens_per_block: int
+    # The same figures as Python lists, read by every layer's attention (None: from the tensors).
+    query_start_list: tuple[int, ...] | None = None
+    context_len_list: tuple[int, ...] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -38,6 +41,12 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
+
+    def query_starts(self) -> tuple[int, ...]:
+        return self.query_start_list if self.query_start_list is not None else tuple(self.query_start_loc.tolist())
+
+    def context_lengths(self) -> tuple[int, ...]:
+        return self.context_len_list if self.context_len_list is not None else tuple(self.context_lens.tolist())
 
 
 def build_attention_metadata(
@@ -51,23 +60,30 @@ def build_attention_metadata(
     positions: list[int] = []
     slots: list[int] = []
     for query_len, start, table in zip(query_lens, num_computed_tokens, block_tables):
-        for position in range(start, start + query_len):
-            positions.append(position)
-            slots.append(table[position // tokens_per_block] * tokens_per_block + position % tokens_per_block)
+        end = start + query_len
+        positions.extend(range(start, end))
+        position = start
+        while position < end:  # one run of consecutive slots per block
+            index, offset = divmod(position, tokens_per_block)
+            run = min(tokens_per_block - offset, end - position)
+            first_slot = table[index] * tokens_per_block + offset
+            slots.extend(range(first_slot, first_slot + run))
+            position += run
     max_blocks = max((len(table) for table in block_tables), default=0)
     padded_tables = [list(table) + [0] * (max_blocks - len(table)) for table in block_tables]
     starts = [0]
     for query_len in query_lens:
         starts.append(starts[-1] + query_len)
+    context_lens = [start + length for start, length in zip(num_computed_tokens, query_lens)]
     return AttentionMetadata(
         query_start_loc=torch.tensor(starts, dtype=torch.int64),
-        context_lens=torch.tensor(
-            [start + length for start, length in zip(num_computed_tokens, query_lens)], dtype=torch.int64
-        ),
+        context_lens=torch.tensor(context_lens, dtype=torch.int64),
         block_tables=torch.tensor(padded_tables, dtype=torch.int64).reshape(len(block_tables), max_blocks),
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         tokens_per_block=tokens_per_block,
+        query_start_list=tuple(starts),
+        context_len_list=tuple(context_lens),
     )
 
 
@@ -129,17 +145,29 @@ def paged_attention(
     metadata: AttentionMetadata,
     scale: float,
     kv_quant: KVCacheQuantizer | None = None,
+    keys: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention for a flat batch [num_tokens, H, D] whose K/V are already in `kv_cache`."""
+    """Attention for a flat batch [num_tokens, H, D] whose K/V are already in `kv_cache`.
+
+    `keys` / `values` [num_tokens, H_kv, D] (optional) are this step's K/V as written: a sequence
+    whose tokens are all new this step (a whole prompt) then attends over them directly instead
+    of gathering the same values back from its blocks. Only for an unquantized cache of the
+    query's dtype, where the cache holds exactly these values.
+    """
     output = torch.empty_like(query)
-    starts = metadata.query_start_loc.tolist()
-    context_lens = metadata.context_lens.tolist()
-    for index, context_len in enumerate(context_lens):
+    starts = metadata.query_starts()
+    fresh_kv = keys is not None and values is not None and kv_quant is None and kv_cache.dtype == query.dtype
+    for index, context_len in enumerate(metadata.context_lengths()):
         begin, end = starts[index], starts[index + 1]
         if begin == end:
             continue
-        keys, values = gather_sequence_kv(kv_cache, metadata.block_tables[index], context_len)
-        if kv_quant is not None:
-            keys, values = kv_quant.dequantize(keys, query.dtype), kv_quant.dequantize(values, query.dtype)
-        output[begin:end] = causal_attention(query[begin:end], keys, values, scale)
+        if fresh_kv and end - begin == context_len:
+            seq_keys, seq_values = keys[begin:end], values[begin:end]
+        else:
+            seq_keys, seq_values = gather_sequence_kv(kv_cache, metadata.block_tables[index], context_len)
+            if kv_quant is not None:
+                seq_keys = kv_quant.dequantize(seq_keys, query.dtype)
+                seq_values = kv_quant.dequantize(seq_values, query.dtype)
+        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale)
     return output

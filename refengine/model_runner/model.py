@@ -94,7 +94,7 @@ class LlamaModel:
             query, key = query_key[:, :num_heads], query_key[:, num_heads:]
             value = qkv[:, qk_size:].reshape(num_tokens, config.num_kv_heads, head_size)
             write_kv_cache(kv_cache, key, value, metadata.slot_mapping, layer.kv_quant)
-            attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant)
+            attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant, key, value)
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
             hidden = layer.dense(attention.reshape(num_tokens, config.q_size)).add_(hidden)
             normed = rms_norm(hidden, layer.post_norm, eps)
