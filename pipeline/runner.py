@@ -51,7 +51,16 @@ def gather_facts(loaded: LoadedConfig) -> EnvFacts:
         heldout_fingerprint=heldout,
         model_repo_fingerprint=_model_repo_fingerprint(),
         project_fingerprint=_project_fingerprint(),
+        lora_fingerprint=_lora_fingerprint(spec),
     )
+
+
+def _lora_fingerprint(spec) -> str:
+    """The adapters of build.lora, by content and in order (the first one defines the configuration)."""
+    if spec.build.lora is None or not spec.build.lora.adapter_dirs:
+        return ""
+    parts = [directory_fingerprint(Path(directory)) for directory in spec.build.lora.adapter_dirs]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
 def _model_repo_fingerprint() -> str:
@@ -62,12 +71,10 @@ def _model_repo_fingerprint() -> str:
 
 def _project_fingerprint() -> str:
     """The project's packages and build files, as the deploy stage copies them into the cpu image."""
-    import clients
-    import refengine
+    import importlib.util
 
-    import pipeline
-
-    roots = [Path(module.__file__).parent for module in (pipeline, refengine, clients)]
+    # Located, not imported: the fingerprint reads their files.
+    roots = [Path(importlib.util.find_spec(name).origin).parent for name in ("pipeline", "refengine", "clients")]
     parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in roots] + [_model_repo_fingerprint()]
     source_root = roots[0].parent
     parts += [_file_fingerprint(source_root / name) for name in ("pyproject.toml", "constraints.txt")]

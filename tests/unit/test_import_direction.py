@@ -1,0 +1,39 @@
+"""The packages' import rules (ARCHITECTURE.md §4): refengine and clients never import pipeline;
+pipeline reaches refengine only through the cpu backend (and the benchmarks that measure it) and
+clients only where it calls a served model (the CLI, the benchmarks, the performance gate)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+ALLOWED = {
+    ("pipeline", "refengine"): ("pipeline/backends/", "pipeline/bench/"),
+    ("pipeline", "clients"): ("pipeline/cli.py", "pipeline/cli_openai.py", "pipeline/bench/", "pipeline/stages/slo.py"),
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", ["pipeline", "refengine", "clients"])
+def test_imports_between_the_packages_follow_the_rules(package):
+    wrong = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        for other in imported_packages(path) & {"pipeline", "refengine", "clients"} - {package}:
+            allowed = ALLOWED.get((package, other), ())
+            if not relative.startswith(allowed) or not allowed:
+                wrong.append(f"{relative} imports {other}")
+    assert wrong == []
