@@ -29,6 +29,7 @@ class EnvFacts:
     # (package), and the project source the cpu image installs (deploy).
     model_repo_fingerprint: str = ""
     project_fingerprint: str = ""
+    lora_fingerprint: str = ""  # content digest of build.lora's adapter directories, in order ("" when none)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,24 @@ def _dump(model: Any) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
 
+# Optional sections added after digests were first published: left out of a dump while absent, so the digests of
+# configs that do not use them stay what they were.
+_OPTIONAL_SECTIONS = ("lora", "speculative")
+
+
+def _dump_present(model: Any) -> dict[str, Any]:
+    dumped = _dump(model)
+    for key in _OPTIONAL_SECTIONS:
+        if key in dumped and dumped[key] is None:
+            del dumped[key]
+    return dumped
+
+
+def _speculative(spec: Spec) -> dict[str, Any]:
+    """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
+    return {"speculative": _dump(spec.build.speculative)} if spec.build.speculative is not None else {}
+
+
 def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     # The source's content, not its path: moving the checkout does not invalidate the cache.
     return {"model_fingerprint": facts.model_fingerprint, **_dry_run_flag(spec)}
@@ -143,7 +162,10 @@ def _dry_run_flag(spec: Spec) -> dict[str, Any]:
 
 
 def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
-    inputs = {"build": _dump(spec.build), "dtype": spec.model.dtype.value}
+    build = _dump_present(spec.build)
+    if "lora" in build:  # the adapters' contents, not their (absolute) paths
+        build["lora"]["adapter_dirs"] = facts.lora_fingerprint
+    inputs = {"build": build, "dtype": spec.model.dtype.value}
     if spec.build.target.value == "engine":  # the GPU decides SM-dependent build choices
         inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
     return inputs
@@ -157,10 +179,11 @@ def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
-        "serve": _dump(spec.serve),
+        "serve": _dump_present(spec.serve),
         "target": spec.build.target.value,
         "gpus": list(spec.deploy.gpus),
         "model_repo_code": facts.model_repo_fingerprint,
+        **_speculative(spec),
     }
 
 
@@ -172,9 +195,10 @@ def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
         "deploy": _dump(spec.deploy),
-        "serve": _dump(spec.serve),
+        "serve": _dump_present(spec.serve),
         "target": spec.build.target.value,
         "trtllm_version": spec.build.trtllm_version,
+        **_speculative(spec),
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
         "project_code": facts.project_fingerprint,
     }

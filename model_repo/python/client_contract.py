@@ -43,6 +43,9 @@ CLIENT_TO_LLM = {
     "stream": "streaming",
 }
 
+# Only declared by repositories of an engine built with LoRA; absent inputs are simply not forwarded.
+LORA_CLIENT_TO_LLM = {"lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config"}
+
 LLM_TO_CLIENT = {
     "cum_log_probs": "cum_log_probs",
     "output_log_probs": "output_log_probs",

@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, PREPROCESSING_TO_LLM
+from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, LORA_CLIENT_TO_LLM, PREPROCESSING_TO_LLM
 from incremental_detokenizer import CONTEXT_TOKENS
 from model_parameters import ModelParameters
 from triton_io import BadRequest, error_response, log_error, optional_input, string_tensor
@@ -26,6 +26,8 @@ from triton_io import BadRequest, error_response, log_error, optional_input, str
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
 _LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
+# Client inputs passed straight to tensorrt_llm; the LoRA ones exist only in a LoRA engine's repository.
+_CLIENT_TO_LLM = {**CLIENT_TO_LLM, **LORA_CLIENT_TO_LLM}
 
 
 class _UpstreamError(Exception):
@@ -72,7 +74,7 @@ class TritonPythonModel:
             list(PREPROCESSING_TO_LLM),
         )
         llm_inputs = {PREPROCESSING_TO_LLM[name]: array for name, array in preprocessed.items()}
-        llm_inputs.update({CLIENT_TO_LLM[name]: array for name, array in client.items() if name in CLIENT_TO_LLM})
+        llm_inputs.update({_CLIENT_TO_LLM[name]: array for name, array in client.items() if name in _CLIENT_TO_LLM})
         prompt = preprocessed["INPUT_ID"][0, : int(preprocessed["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         # Streamed output never holds the prompt; a non-streamed one does unless excluded.
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
@@ -80,7 +82,7 @@ class TritonPythonModel:
         self._relay(llm_inputs, outputs, context, streaming, sender)
 
     def _client_inputs(self, request):
-        client = {name: array for name in (*CLIENT_TO_PREPROCESSING, *CLIENT_TO_LLM) if (array := optional_input(request, name)) is not None}
+        client = {name: array for name in (*CLIENT_TO_PREPROCESSING, *_CLIENT_TO_LLM) if (array := optional_input(request, name)) is not None}
         for required in ("text_input", "max_tokens"):
             if required not in client:
                 raise BadRequest(f"input {required!r} is required")

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from pipeline import tools
-from pipeline.backends.trtllm_build import SCRIPT_FILE, TrtllmBuild, render_script
+from pipeline.backends.trtllm_build import ENGINE_LORA_DIR, SCRIPT_FILE, TrtllmBuild, render_script
+from pipeline.config.lora_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from pipeline.errors import SpecError, StageError, ToolError
 
 RUNNER_KINDS = ("local", "docker", "dry-run")
@@ -111,6 +112,11 @@ def _require_weights(build: TrtllmBuild) -> None:
     missing = [f"rank{r}.safetensors" for r in range(world) if not (build.checkpoint_dir / f"rank{r}.safetensors").is_file()]
     if missing:
         raise RunnerUnavailable(f"{build.checkpoint_dir} lacks {', '.join(missing)} (world size {world}): trtllm-build needs the weights")
+    for directory in build.settings.lora_dirs:
+        absent = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (Path(directory) / name).is_file()]
+        if absent:
+            raise RunnerUnavailable(f"LoRA adapter {directory} lacks {', '.join(absent)}: trtllm-build --lora_dir needs the "
+                                    "adapter's config and weights (a dry run needs only adapter_config.json)")
 
 
 def check_engine_dir(build: TrtllmBuild) -> None:
@@ -165,9 +171,10 @@ class DockerRunner:
 
     def command(self, build: TrtllmBuild) -> list[str]:
         ckpt, out = str(build.checkpoint_dir), str(build.output_dir)
+        adapters = [arg for d in dict.fromkeys(build.settings.lora_dirs) for arg in ("-v", f"{d}:{d}:ro")]
         return [
             *docker_run_prefix(self.gpus, self.shm_size, self.uid, self.gid),
-            "-v", f"{ckpt}:{ckpt}:ro", "-v", f"{out}:{out}", "-w", out,
+            "-v", f"{ckpt}:{ckpt}:ro", *adapters, "-v", f"{out}:{out}", "-w", out,
             self.image or build.version.image, *build.argv,
         ]
 
@@ -217,7 +224,8 @@ class DryRunRunner:
     """Writes what a build would read and write, without TensorRT-LLM, a GPU or weights.
 
     The engine directory gets `config.json` with exactly TensorRT-LLM's top-level keys (`version`,
-    `pretrained_config`, `build_config`) and no `rank*.engine`; `dry_run.json` marks it as a dry run.
+    `pretrained_config`, `build_config` as the build would record it) and no `rank*.engine` (nor the `lora/<i>/`
+    adapter copies); `dry_run.json` marks it as a dry run and lists what is missing.
     """
 
     def run(self, build: TrtllmBuild) -> BuildOutcome:
@@ -227,7 +235,7 @@ class DryRunRunner:
         else:
             pretrained, source = derive_pretrained_config(_read_hf_config(build.hf_dir), build), "Hugging Face config.json (no checkpoint)"
         write_build_inputs(build)
-        engine_config = {"version": build.version.version, "pretrained_config": pretrained, "build_config": build.build_config}
+        engine_config = {"version": build.version.version, "pretrained_config": pretrained, "build_config": build.engine_build_config}
         _write_json(build.output_dir / ENGINE_CONFIG_FILE, engine_config)
         _write_json(build.output_dir / DRY_RUN_FILE, {
             "dry_run": True,
@@ -235,7 +243,8 @@ class DryRunRunner:
             "image": build.version.image,
             "image_tag_inferred": build.version.triton_tag_inferred,
             "pretrained_config_from": source,
-            "missing": [f"rank{r}.engine" for r in range(build.settings.world_size)],
+            "missing": [f"rank{r}.engine" for r in range(build.settings.world_size)]
+            + [f"{ENGINE_LORA_DIR}/{i}/" for i in range(len(build.settings.lora_dirs))],
             "argv": list(build.argv),
             "decisions": [d.to_json() for d in build.decisions],
         })

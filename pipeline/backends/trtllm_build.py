@@ -14,6 +14,7 @@ the command reads the same either way.
 
 from __future__ import annotations
 
+import copy
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +23,14 @@ from typing import Any
 from pipeline.backends.trtllm_rules import Decision, resolve
 from pipeline.backends.trtllm_versions import TrtllmVersion
 from pipeline.config.format_rules import AWQ_ALGOS
+from pipeline.config.lora_adapters import AdapterError, read_adapter
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
 
 __all__ = [
     "BUILD_CONFIG_FILE", "TIMING_CACHE_FILE", "SCRIPT_FILE", "LOG_LEVELS", "TRTLLM_QUANT_ALGO", "TRTLLM_KV_QUANT_ALGO",
+    "SPECULATIVE_DECODING_MODE",
     "BuildRequest", "Decision", "TrtllmBuild", "request_from_spec", "plan_trtllm_build", "plan_from_request", "render_build_config",
     "render_argv", "render_script",
 ]
@@ -44,6 +47,13 @@ TRTLLM_QUANT_ALGO: dict[str, str | None] = {
     "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ", "nvfp4": "NVFP4",
 }
 TRTLLM_KV_QUANT_ALGO: dict[str, str | None] = {"none": None, "fp8": "FP8", "int8": "INT8"}
+# --speculative_decoding_mode choice -> the SpeculativeDecodingMode IntFlag value a BuildConfig (and the engine's
+# config.json) records: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2, MEDUSA = 4, LOOKAHEAD_DECODING = 8,
+# EXPLICIT_DRAFT_TOKENS = 16, EAGLE = 32 (tensorrt_llm/models/modeling_utils.py, auto() in declaration order).
+SPECULATIVE_DECODING_MODE: dict[str | None, int] = {
+    None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8, "explicit_draft_tokens": 16, "eagle": 32,
+}
+ENGINE_LORA_DIR = "lora"  # trtllm-build copies adapter i into <engine>/lora/<i>/ and records that relative path
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,15 @@ class BuildRequest:
     multiple_profiles: bool
     enable_kv_cache_reuse: bool  # serve.* switches that need paged context FMHA in the engine
     enable_chunked_context: bool
+    # LoRA (--lora_plugin and the --lora_* flags): lora_plugin is a dtype or "disable"
+    lora_plugin: str = "disable"
+    lora_dirs: tuple[str, ...] = ()
+    lora_ckpt_source: str = "hf"
+    lora_target_modules: tuple[str, ...] = ()
+    max_lora_rank: int = 64
+    # speculative decoding: a --speculative_decoding_mode choice (None: off) and --max_draft_len
+    speculative_decoding_mode: str | None = None
+    max_draft_len: int = 0
 
     @property
     def world_size(self) -> int:
@@ -85,6 +104,8 @@ class BuildRequest:
 
 
 def request_from_spec(spec: Spec, model: ModelInfo) -> BuildRequest:
+    """The spec as trtllm-build settings. Reads the first LoRA adapter's adapter_config.json when build.lora lists no
+    target modules (trtllm-build would take them from there; the command names them explicitly)."""
     build, plugins = spec.build, spec.build.plugins
     return BuildRequest(
         name=spec.name,
@@ -115,7 +136,35 @@ def request_from_spec(spec: Spec, model: ModelInfo) -> BuildRequest:
         multiple_profiles=plugins.multiple_profiles,
         enable_kv_cache_reuse=spec.serve.enable_kv_cache_reuse,
         enable_chunked_context=spec.serve.enable_chunked_context,
+        **_lora_settings(spec),
+        **_speculative_settings(spec),
     )
+
+
+def _lora_settings(spec: Spec) -> dict[str, Any]:
+    lora = spec.build.lora
+    if lora is None:
+        return {}
+    modules = tuple(module.value for module in lora.target_modules)
+    if not modules and lora.adapter_dirs:
+        try:
+            modules = read_adapter(Path(lora.adapter_dirs[0])).target_modules
+        except AdapterError as exc:
+            raise SpecError(f"build.lora.adapter_dirs: {exc}") from None
+    return {
+        "lora_plugin": spec.model.dtype.value,  # the LoRA plugin runs in the model's dtype (what `auto` resolves to)
+        "lora_dirs": tuple(str(d) for d in lora.adapter_dirs),
+        "lora_ckpt_source": lora.adapter_source.value,
+        "lora_target_modules": modules,
+        "max_lora_rank": lora.max_rank,
+    }
+
+
+def _speculative_settings(spec: Spec) -> dict[str, Any]:
+    speculative = spec.build.speculative
+    if speculative is None:
+        return {}
+    return {"speculative_decoding_mode": speculative.mode.value, "max_draft_len": speculative.draft_len}
 
 
 @dataclass(frozen=True)
@@ -140,6 +189,17 @@ class TrtllmBuild:
     @property
     def timing_cache_path(self) -> Path:
         return self.output_dir / TIMING_CACHE_FILE
+
+    @property
+    def engine_build_config(self) -> dict[str, Any]:
+        """`build_config` as trtllm-build records it in the engine's config.json: speculative decoding adds max_draft_len
+        to max_seq_len (builder.build, §1.6), and each LoRA adapter is copied to lora/<i> (Engine.save, §2.5)."""
+        recorded = copy.deepcopy(self.build_config)
+        s = self.settings
+        if s.speculative_decoding_mode is not None:
+            recorded["max_seq_len"] += s.max_draft_len
+        recorded["lora_config"]["lora_dir"] = [f"{ENGINE_LORA_DIR}/{i}" for i in range(len(s.lora_dirs))]
+        return recorded
 
     @property
     def quantization(self) -> dict[str, Any]:
@@ -172,7 +232,8 @@ def plan_trtllm_build(
     workers: int = 1,
     log_level: str = "info",
 ) -> TrtllmBuild:
-    """Resolve the spec against trtllm-build's rules and render its inputs. Pure: reads and writes nothing.
+    """Resolve the spec against trtllm-build's rules and render its inputs. Writes nothing; reads nothing but a LoRA
+    adapter's adapter_config.json when build.lora leaves target_modules to it.
 
     `sm` is the target GPU's compute capability as an integer (89 for 8.9, 90 for 9.0, 100 for 10.0), or
     None when no GPU is declared (then GPU-specific checks are reported as warnings, not applied).
@@ -232,7 +293,7 @@ def render_build_config(s: BuildRequest, *, timing_cache: Path) -> dict[str, Any
     """
     if s.max_seq_len is None:
         raise PipelineError("render_build_config needs resolved settings (max_seq_len is None)")
-    return {
+    config = {
         "max_input_len": s.max_input_len,
         "max_seq_len": s.max_seq_len,
         "max_batch_size": s.max_batch_size,
@@ -246,12 +307,17 @@ def render_build_config(s: BuildRequest, *, timing_cache: Path) -> dict[str, Any
         "strongly_typed": True,
         "force_num_profiles": None,
         "profiling_verbosity": "layer_names_only",
-        "max_draft_len": 0,
-        "speculative_decoding_mode": 1,  # SpeculativeDecodingMode.NONE
+        "max_draft_len": s.max_draft_len,
+        "speculative_decoding_mode": SPECULATIVE_DECODING_MODE[s.speculative_decoding_mode],  # 1 = NONE
         "use_refit": False,
         "input_timing_cache": None,
         "output_timing_cache": str(timing_cache),
-        "lora_config": {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []},
+        "lora_config": {
+            "lora_dir": list(s.lora_dirs),
+            "lora_ckpt_source": s.lora_ckpt_source,
+            "max_lora_rank": s.max_lora_rank,
+            "lora_target_modules": list(s.lora_target_modules),
+        },
         "weight_sparsity": False,
         "weight_streaming": False,
         "use_strip_plan": False,
@@ -273,6 +339,9 @@ def render_build_config(s: BuildRequest, *, timing_cache: Path) -> dict[str, Any
             "tokens_per_block": s.tokens_per_block,
         },
     }
+    if s.lora_plugin != "disable":  # absent: PluginConfig's default (disabled), as in every config without LoRA
+        config["plugin_config"]["lora_plugin"] = s.lora_plugin
+    return config
 
 
 def _switch(value: bool) -> str:
@@ -290,7 +359,7 @@ def render_argv(
     workers: int,
     log_level: str,
 ) -> list[str]:
-    pairs: list[tuple[str, str]] = [
+    pairs: list[tuple[str, str | tuple[str, ...]]] = [
         ("--checkpoint_dir", str(checkpoint_dir)),
         ("--output_dir", str(output_dir)),
         ("--build_config", str(build_config_path)),
@@ -302,6 +371,8 @@ def render_argv(
     ]
     if s.opt_num_tokens is not None:
         pairs.append(("--opt_num_tokens", str(s.opt_num_tokens)))
+    if s.speculative_decoding_mode is not None:
+        pairs += [("--speculative_decoding_mode", s.speculative_decoding_mode), ("--max_draft_len", str(s.max_draft_len))]
     pairs += [
         ("--kv_cache_type", s.kv_cache_type),
         ("--tokens_per_block", str(s.tokens_per_block)),
@@ -314,6 +385,19 @@ def render_argv(
         ("--reduce_fusion", _switch(s.reduce_fusion)),
         ("--multiple_profiles", _switch(s.multiple_profiles)),
         ("--remove_input_padding", _switch(s.remove_input_padding)),
+    ]
+    if s.lora_plugin != "disable":
+        # With --build_config these still count: trtllm-build builds lora_config from the --lora_* flags whenever the
+        # LoRA plugin is on (commands/build.py build_model), replacing the file's lora_config.
+        pairs.append(("--lora_plugin", s.lora_plugin))
+        if s.lora_dirs:
+            pairs.append(("--lora_dir", tuple(s.lora_dirs)))
+        pairs += [
+            ("--lora_ckpt_source", s.lora_ckpt_source),
+            ("--lora_target_modules", tuple(s.lora_target_modules)),
+            ("--max_lora_rank", str(s.max_lora_rank)),
+        ]
+    pairs += [
         ("--output_timing_cache", str(timing_cache)),
         ("--workers", str(workers)),
         ("--log_level", log_level),
@@ -323,7 +407,7 @@ def render_argv(
         raise PipelineError(f"trtllm-build {version.version} has no flag(s) {', '.join(unknown)}")
     argv = ["trtllm-build"]
     for flag, value in pairs:
-        argv += [flag, value]
+        argv += [flag, *value] if isinstance(value, tuple) else [flag, value]
     return argv
 
 
@@ -345,13 +429,12 @@ def render_script(build: TrtllmBuild) -> str:
     argv = list(build.argv)
     body = [shlex.quote(argv[0])]
     i = 1
-    while i < len(argv):
-        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            body.append(f"{argv[i]} {shlex.quote(argv[i + 1])}")
-            i += 2
-        else:
-            body.append(argv[i])
-            i += 1
+    while i < len(argv):  # one flag per line, with all its values (--lora_dir and --lora_target_modules take several)
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        body.append(" ".join([argv[i], *(shlex.quote(value) for value in argv[i + 1 : j])]))
+        i = j
     lines.append(" \\\n  ".join(body))
     return "\n".join(lines) + "\n"
 

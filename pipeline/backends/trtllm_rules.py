@@ -25,6 +25,12 @@ FUSED_MLP_ALGOS = frozenset({"none", "fp8"})  # §1.10: use_fused_mlp forced off
 BLACKWELL_REJECTS = frozenset({"int8_wo", "int4_awq", "int8_sq"})  # §1.10: SM100–119 hard errors (+ INT8 KV)
 REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
 MAX_NUM_TOKENS_WARN = 16384
+# LoRA on quantized layers: SmoothQuantLinear / FP4Linear forward() assert "lora is not supported on ... now"
+# (tensorrt_llm/quantization/layers.py); weight-only, group-wise (AWQ) and FP8 layers add the LoRA branch.
+LORA_REJECTS = {"int8_sq": "SmoothQuantLinear", "nvfp4": "FP4Linear"}
+SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding"})  # what this pipeline can produce a checkpoint and repository for
+LOOKAHEAD_QUANT_ALGOS = frozenset({"none", "fp8"})  # examples/lookahead/README.md support matrix: FP16 / BF16 / FP8
+LOOKAHEAD_MIN_SM = 80  # same matrix: compute capability >= 8.0
 _PLUGIN_ATTRS = frozenset({
     "gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
     "use_fused_mlp", "remove_input_padding", "reduce_fusion", "multiple_profiles",
@@ -32,6 +38,9 @@ _PLUGIN_ATTRS = frozenset({
 _FIELD_NAMES = {
     "quant_algo": "quantize.algo", "kv_cache_quant": "quantize.kv_cache",
     "enable_kv_cache_reuse": "serve.enable_kv_cache_reuse", "enable_chunked_context": "serve.enable_chunked_context",
+    "lora_plugin": "build.lora", "lora_dirs": "build.lora.adapter_dirs", "lora_target_modules": "build.lora.target_modules",
+    "max_lora_rank": "build.lora.max_rank", "lora_ckpt_source": "build.lora.adapter_source",
+    "speculative_decoding_mode": "build.speculative.mode", "max_draft_len": "build.speculative.max_draft_len",
 }
 
 
@@ -246,6 +255,73 @@ def _notes(r: _Resolution) -> None:
                "checkpoint's mapping, not from a trtllm-build flag (§1.1, §1.10)", kind="note", value="enabled")
 
 
+def _lora(r: _Resolution) -> None:
+    s = r.cur
+    if s.lora_plugin == "disable":
+        if s.lora_dirs or s.lora_target_modules:
+            r.error("build.lora.adapter_dirs / build.lora.target_modules are set but the LoRA plugin is disabled "
+                    "(--lora_plugin disable): trtllm-build applies the --lora_* flags only with the plugin, so the engine "
+                    "would have no LoRA (§1.5)")
+        return
+    if not s.lora_target_modules:
+        r.error("build.lora has no target modules (neither build.lora.target_modules nor an adapter's target_modules): "
+                "the engine would get the LoRA plugin but no LoRA inputs (§1.5)")
+    if s.quant_algo in LORA_REJECTS:
+        r.error(f"build.lora cannot be combined with quantize.algo {s.quant_algo}: TensorRT-LLM's {LORA_REJECTS[s.quant_algo]} "
+                "asserts that LoRA is not supported on it, so trtllm-build fails; use fp8, int8_wo, int4_awq, w4a8_awq or none")
+    if s.lora_ckpt_source != "hf":
+        r.error(f"build.lora.adapter_source {s.lora_ckpt_source}: only Hugging Face PEFT adapters (hf) are built")
+    r.warn("plugin_config.lora_plugin", f"the LoRA plugin runs in the model dtype {s.dtype}: a request's lora_weights must be "
+           f"{s.dtype} (adapters converted with hf_lora_convert.py --storage-type of another dtype are silently ignored, "
+           "tensorrtllm_backend#791); the first request of an adapter carries its weights, later ones only lora_task_id",
+           kind="note", value=s.dtype)
+
+
+def _speculative(r: _Resolution) -> None:
+    s = r.cur
+    mode = s.speculative_decoding_mode
+    if mode is None:
+        if s.max_draft_len > 0:
+            r.error(f"build.speculative.max_draft_len ({s.max_draft_len}) > 0 needs a speculative decoding mode "
+                    "(build.speculative.mode): trtllm-build only reserves draft tokens for a speculative engine (§1.6)")
+        return
+    if mode not in SPECULATIVE_MODES_BUILT:
+        r.error(f"build.speculative.mode {mode} is not built by this pipeline (it needs a draft engine or trained draft "
+                "heads); use lookahead_decoding")
+    if s.max_draft_len < 1:
+        r.error(f"build.speculative.mode {mode} needs build.speculative.max_draft_len > 0 (got {s.max_draft_len}) (§1.6)")
+    if s.max_beam_width > 1:
+        r.error(f"build.speculative.mode {mode} cannot be built with build.max_beam_width {s.max_beam_width}: the runtime "
+                "decodes a speculative engine with its own decoding_mode (lookahead for lookahead_decoding), never "
+                "beam_search: Triton's decoding_mode is one mode per model (§4.5); set max_beam_width 1")
+    if s.kv_cache_type != "paged":
+        r.error(f"build.speculative.mode {mode} needs build.kv_cache_type paged (got {s.kv_cache_type}): speculative "
+                "decoding runs under inflight batching on the paged KV cache (examples/lookahead support matrix)")
+    if mode == "lookahead_decoding":
+        if r.sm is not None and r.sm < LOOKAHEAD_MIN_SM:
+            r.error(f"build.speculative.mode lookahead_decoding needs SM >= 8.0 (Ampere or newer); the GPU is {r.sm_text}")
+        if s.quant_algo not in LOOKAHEAD_QUANT_ALGOS:
+            r.warn("speculative_decoding_mode", f"lookahead decoding is documented for FP16/BF16/FP8 models only; "
+                   f"quantize.algo {s.quant_algo} is not in that support matrix, verify it on the GPU")
+    if s.lora_plugin != "disable":
+        r.warn("speculative_decoding_mode", "LoRA together with speculative decoding is not a combination TensorRT-LLM "
+               "documents; verify it on the GPU")
+
+
+def _speculative_sizes(r: _Resolution) -> None:
+    """builder.build after max_seq_len / max_num_tokens are settled: room for the draft tokens (§1.6)."""
+    s = r.cur
+    if s.speculative_decoding_mode is None or s.max_draft_len < 1:
+        return
+    needed = s.max_batch_size * (s.max_draft_len + 1)
+    if s.max_num_tokens < needed:
+        r.change("max_num_tokens", needed, f"speculative decoding: trtllm-build raises it to max_batch_size × (max_draft_len + 1) "
+                 f"= {s.max_batch_size} × {s.max_draft_len + 1} (§1.6)")
+    r.warn("build_config.max_seq_len", f"trtllm-build adds max_draft_len ({s.max_draft_len}) to max_seq_len ({s.max_seq_len}) "
+           "for speculative decoding, so the engine records this value; prompt + output stay bounded by build.max_seq_len (§1.6)",
+           kind="note", value=s.max_seq_len + s.max_draft_len)
+
+
 def _serve_needs(r: _Resolution) -> None:
     s = r.cur
     if s.use_paged_context_fmha and s.context_fmha:
@@ -258,8 +334,8 @@ def _serve_needs(r: _Resolution) -> None:
 
 
 RULES: tuple[Callable[[_Resolution], None], ...] = (
-    _seq_len, _profiles, _gpu, _kv_cache_type, _gemm_plugin, _context_fmha, _fp8_context_fmha,
-    _paged_context_fmha, _fused_mlp, _reduce_fusion, _num_tokens, _notes, _serve_needs,
+    _seq_len, _profiles, _gpu, _kv_cache_type, _gemm_plugin, _lora, _speculative, _context_fmha, _fp8_context_fmha,
+    _paged_context_fmha, _fused_mlp, _reduce_fusion, _num_tokens, _speculative_sizes, _notes, _serve_needs,
 )
 
 

@@ -72,7 +72,8 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
         model["source"] = absolute(model["source"])
     calibration = _section(_section(data, "quantize"), "calibration")
     accuracy = _section(_section(data, "gate"), "accuracy")
-    for section, key in ((calibration, "files"), (accuracy, "heldout_files")):
+    lora = _section(_section(data, "build"), "lora")
+    for section, key in ((calibration, "files"), (accuracy, "heldout_files"), (lora, "adapter_dirs")):
         if isinstance(section.get(key), list):
             section[key] = [absolute(item) for item in section[key]]
 

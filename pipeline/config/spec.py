@@ -90,6 +90,57 @@ class GPUModel(str, Enum):
     b200 = "B200"
 
 
+class LoraTargetModule(str, Enum):
+    """TensorRT-LLM LoRA module ids (LoraManager.LORA_MODULE_IDS) of a dense decoder; Hugging Face PEFT name in the comment."""
+
+    attn_qkv = "attn_qkv"  # fused q/k/v (no PEFT equivalent in Llama checkpoints)
+    attn_q = "attn_q"  # q_proj
+    attn_k = "attn_k"  # k_proj
+    attn_v = "attn_v"  # v_proj
+    attn_dense = "attn_dense"  # o_proj
+    mlp_h_to_4h = "mlp_h_to_4h"  # gate_proj
+    mlp_4h_to_h = "mlp_4h_to_h"  # down_proj
+    mlp_gate = "mlp_gate"  # up_proj
+
+
+class LoraAdapterSource(str, Enum):
+    hf = "hf"
+    nemo = "nemo"
+
+
+class SpeculativeMode(str, Enum):
+    """trtllm-build --speculative_decoding_mode choices (TensorRT-LLM 1.2)."""
+
+    lookahead_decoding = "lookahead_decoding"
+    draft_tokens_external = "draft_tokens_external"
+    medusa = "medusa"
+    eagle = "eagle"
+    explicit_draft_tokens = "explicit_draft_tokens"
+
+
+# What this pipeline cannot produce for each refused mode (it exports plain Llama-family checkpoints with ModelOpt
+# and serves one tensorrt_llm model behind the ensemble / its own BLS).
+_UNSUPPORTED_SPECULATIVE_MODES = {
+    "draft_tokens_external": "needs a second (draft) engine and a BLS model that sends its draft tokens to the target "
+    "(tensorrt_llm_draft_model_name); this pipeline builds and serves one model, so the target engine would never receive "
+    "draft tokens",
+    "medusa": "needs a Medusa checkpoint (the base model plus trained Medusa heads, converted by TensorRT-LLM's "
+    "examples/medusa/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
+    "eagle": "needs an EAGLE checkpoint (the base model plus a trained EAGLE draft layer, converted by TensorRT-LLM's "
+    "examples/eagle/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
+    "explicit_draft_tokens": "(ReDrafter) needs a ReDrafter checkpoint with its trained recurrent drafter; this pipeline "
+    "exports plain checkpoints with ModelOpt and cannot produce one",
+}
+
+
+def lookahead_max_draft_len(window_size: int, ngram_size: int, verification_set_size: int) -> int:
+    """Draft tokens a lookahead (W, N, G) configuration needs: TensorRT-LLM's
+    LookaheadDecodingConfig::calculateSpeculativeResourceTuple (maxDraftTokens), which examples/lookahead/README.md
+    says the engine's --max_draft_len must equal."""
+    first = 0 if ngram_size == 1 else ngram_size - 2
+    return first + (window_size - 1 + verification_set_size) * (ngram_size - 1)
+
+
 class SchedulerPolicy(str, Enum):
     guaranteed_no_evict = "guaranteed_no_evict"
     max_utilization = "max_utilization"
@@ -163,6 +214,125 @@ class PluginSpec(_Strict):
     multiple_profiles: bool = Field(default=False, description="--multiple_profiles; more TensorRT optimization profiles, longer build.")
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters served by the engine (trtllm-build --lora_plugin and the --lora_* flags)."""
+
+    adapter_dirs: tuple[str, ...] = Field(
+        default=(),
+        description="Adapter directories (Hugging Face PEFT: adapter_config.json + adapter_model.safetensors), relative to "
+        "the YAML file; trtllm-build --lora_dir copies them into <engine>/lora/<i>/, and the first one defines the "
+        "configuration. A dry run needs only adapter_config.json; a build needs the weights too. Clients select an "
+        "adapter per request with lora_task_id / lora_weights / lora_config.",
+    )
+    adapter_source: LoraAdapterSource = Field(
+        default=LoraAdapterSource.hf,
+        description="--lora_ckpt_source: hf (PEFT directories). nemo is refused: a .nemo LoRA archive holds pickled "
+        "torch weights, which this project does not load (see model.source).",
+    )
+    target_modules: tuple[LoraTargetModule, ...] = Field(
+        default=(),
+        description="--lora_target_modules, TensorRT-LLM module ids: attn_qkv, attn_q (q_proj), attn_k (k_proj), attn_v "
+        "(v_proj), attn_dense (o_proj), mlp_h_to_4h (gate_proj), mlp_4h_to_h (down_proj), mlp_gate (up_proj). "
+        "Default: the modules of the first adapter's adapter_config.json. Every adapter's modules must be listed.",
+    )
+    max_rank: int = Field(
+        default=64, ge=1, le=1024, description="--max_lora_rank: the largest adapter rank the engine accepts (sizes the LoRA plugin workspace)."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _distinct_modules(cls, value: tuple[LoraTargetModule, ...]) -> tuple[LoraTargetModule, ...]:
+        names = [module.value for module in value]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"build.lora.target_modules lists {', '.join(duplicated)} more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _usable(self) -> "LoraSpec":
+        if self.adapter_source is LoraAdapterSource.nemo:
+            raise ValueError(
+                "build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled torch weights "
+                "(model_weights.ckpt), which can run code when loaded; convert the adapter to a Hugging Face PEFT "
+                "directory with adapter_model.safetensors and use adapter_source hf"
+            )
+        if not self.adapter_dirs and not self.target_modules:
+            raise ValueError(
+                "build.lora.target_modules is empty and build.lora.adapter_dirs lists no adapter to read them from: the "
+                "engine would have the LoRA plugin but no LoRA inputs; list the modules (e.g. [attn_q, attn_k, attn_v, attn_dense])"
+            )
+        names = [str(Path(d)) for d in self.adapter_dirs]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"build.lora.adapter_dirs lists {', '.join(duplicated)} more than once")
+        return self
+
+
+class LookaheadSpec(_Strict):
+    """Lookahead decoding's (W, N, G); the defaults are TensorRT-LLM's (LookaheadDecodingConfig)."""
+
+    window_size: int = Field(default=4, ge=1, le=64, description="W: n-grams in the lookahead branch per step (Triton lookahead_window_size).")
+    ngram_size: int = Field(default=3, ge=1, le=64, description="N: tokens per n-gram, the most draft tokens accepted per step (Triton lookahead_ngram_size).")
+    verification_set_size: int = Field(
+        default=4, ge=0, le=64, description="G: n-grams verified per step (Triton lookahead_verification_set_size)."
+    )
+
+    @model_validator(mode="after")
+    def _legal(self) -> "LookaheadSpec":
+        w, n, g = self.window_size, self.ngram_size, self.verification_set_size
+        if n == 1 and (w != 1 or g != 0):
+            raise ValueError(
+                f"build.speculative.lookahead.ngram_size 1 needs window_size 1 and verification_set_size 0 "
+                f"(TensorRT-LLM's legality rule), got window_size {w}, verification_set_size {g}"
+            )
+        if lookahead_max_draft_len(w, n, g) == 0:
+            raise ValueError(
+                "build.speculative.lookahead (1, 1, 0) decodes one token per step (no speculation); the smallest "
+                "speculative configuration is window_size 2, ngram_size 2, verification_set_size 1"
+            )
+        return self
+
+
+class SpeculativeSpec(_Strict):
+    """Speculative decoding (trtllm-build --speculative_decoding_mode / --max_draft_len)."""
+
+    mode: SpeculativeMode = Field(
+        description="lookahead_decoding (no extra model: the engine drafts n-grams itself). draft_tokens_external, medusa, "
+        "eagle and explicit_draft_tokens (ReDrafter) are refused: they need a draft engine or trained draft heads this "
+        "pipeline does not produce."
+    )
+    max_draft_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="--max_draft_len. Lookahead: derived from (W, N, G) as (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), "
+        "which the engine and Triton's lookahead parameters must agree on; set it only to state that value.",
+    )
+    lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> "SpeculativeSpec":
+        mode = self.mode.value
+        if mode in _UNSUPPORTED_SPECULATIVE_MODES:
+            raise ValueError(f"build.speculative.mode {mode} is refused: it {_UNSUPPORTED_SPECULATIVE_MODES[mode]}")
+        if "lookahead" in self.model_fields_set and self.mode is not SpeculativeMode.lookahead_decoding:
+            raise ValueError(f"build.speculative.lookahead applies to mode lookahead_decoding only, not {mode}")
+        la = self.lookahead
+        derived = lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
+        if self.max_draft_len is not None and self.max_draft_len != derived:
+            raise ValueError(
+                f"build.speculative.max_draft_len ({self.max_draft_len}) must equal the draft length of "
+                f"build.speculative.lookahead (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size}) = {derived}: "
+                "TensorRT-LLM requires the engine's --max_draft_len to equal the runtime's lookahead configuration"
+            )
+        return self
+
+    @property
+    def draft_len(self) -> int:
+        """The --max_draft_len the engine is built with."""
+        la = self.lookahead
+        return lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
+
+
 class BuildSpec(_Strict):
     target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
     trtllm_version: str = Field(default="1.2.1", description="TensorRT-LLM version profile of the engine target (flags, defaults, pinned Triton image): 1.2.1, 1.1.0 or 1.0.0.")
@@ -188,6 +358,13 @@ class BuildSpec(_Strict):
     tp_size: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them).")
     pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks; must divide the number of layers.")
     plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="LoRA adapters (engine target): enables the LoRA plugin in the model's dtype. Absent: no LoRA.",
+    )
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="Speculative decoding (engine target). Absent: one token per step."
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> "BuildSpec":
@@ -218,6 +395,33 @@ class InstanceCounts(_Strict):
     bls: int = Field(default=1, ge=1, le=64, description="tensorrt_llm_bls model instances.")
 
 
+class ServeLoraSpec(_Strict):
+    """The tensorrt_llm model's LoRA cache (Triton lora_cache_* parameters); only with build.lora."""
+
+    cache_optimal_adapter_size: int = Field(
+        default=8, ge=1, le=1024, description="lora_cache_optimal_adapter_size: the rank cache pages are sized for (the most common adapter rank)."
+    )
+    cache_max_adapter_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="lora_cache_max_adapter_size: the largest rank the cache holds. Default: build.lora.max_rank; it may not be smaller.",
+    )
+    cache_gpu_memory_fraction: float = Field(
+        default=0.05, gt=0.0, lt=1.0, description="lora_cache_gpu_memory_fraction: share of the GPU memory left after the engine and KV cache."
+    )
+    cache_host_memory_bytes: int = Field(default=1 << 30, ge=0, description="lora_cache_host_memory_bytes: host cache for adapters (default 1 GiB).")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "ServeLoraSpec":
+        if self.cache_max_adapter_size is not None and self.cache_optimal_adapter_size > self.cache_max_adapter_size:
+            raise ValueError(
+                f"serve.lora.cache_optimal_adapter_size ({self.cache_optimal_adapter_size}) exceeds "
+                f"serve.lora.cache_max_adapter_size ({self.cache_max_adapter_size})"
+            )
+        return self
+
+
 class ServeSpec(_Strict):
     model_name: str = Field(default="ensemble", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name clients call (the ensemble model).")
     streaming: bool = Field(default=True, description="Allow streaming responses (gRPC streaming, HTTP generate_stream).")
@@ -230,6 +434,9 @@ class ServeSpec(_Strict):
     exclude_input_in_output: bool = Field(default=True, description="Return only generated tokens, not the prompt.")
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
     max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
+    lora: ServeLoraSpec | None = Field(
+        default=None, description="LoRA cache sizes of the tensorrt_llm model (needs build.lora). Absent with build.lora: the defaults."
+    )
 
     @model_validator(mode="after")
     def _streaming_needs_decoupled(self) -> "ServeSpec":
@@ -390,6 +597,7 @@ class Spec(_Strict):
                         "(TensorRT-LLM turns paged context FMHA off for an INT8 KV cache)"
                     )
         check_format_rules(self.quantize, self.build, self.serve)
+        _check_lora_and_speculative(self.build, self.serve)
         performance = self.gate.performance
         if performance is not None and performance.input_tokens > self.build.max_input_len:
             raise ValueError(
@@ -409,3 +617,30 @@ class Spec(_Strict):
                 f"({self.build.pp_size}) × serve.instances.tensorrt_llm ({self.serve.instances.tensorrt_llm}) = {ranks}"
             )
         return self
+
+
+def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:
+    """LoRA and speculative decoding: engine target only; serve.lora only with build.lora, and large enough for it."""
+    target = build.target
+    for section, what in (("lora", "LoRA"), ("speculative", "speculative decoding")):
+        if getattr(build, section) is None or target is Target.engine:
+            continue
+        why = f"the cpu reference engine (refengine) does not implement {what}" if target is Target.cpu else (
+            f"the {target.value} target does not build {what} in this version")
+        raise ValueError(f"build.{section} is set, but build.target is {target.value}: {why}; use target engine or remove build.{section}")
+    lora, serve_lora = build.lora, serve.lora
+    if serve_lora is None:
+        return
+    if lora is None:
+        raise ValueError("serve.lora is set, but build.lora is not: the LoRA cache needs an engine built with LoRA")
+    largest = serve_lora.cache_max_adapter_size
+    if largest is not None and largest < lora.max_rank:
+        raise ValueError(
+            f"serve.lora.cache_max_adapter_size ({largest}) is below build.lora.max_rank ({lora.max_rank}): adapters of the "
+            "ranks the engine accepts would not fit the LoRA cache"
+        )
+    if largest is None and serve_lora.cache_optimal_adapter_size > lora.max_rank:
+        raise ValueError(
+            f"serve.lora.cache_optimal_adapter_size ({serve_lora.cache_optimal_adapter_size}) exceeds the LoRA cache's largest "
+            f"adapter size, build.lora.max_rank ({lora.max_rank})"
+        )

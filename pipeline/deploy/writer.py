@@ -82,6 +82,7 @@ def write_deployment(
         gpu_device_ids=tuple(range(len(spec.deploy.gpus))),  # the reserved GPUs, as the container numbers them
         config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT),
         dry_run=spec.dry_run,
+        speculative=spec.build.speculative,
     )
     if package_repository is not None:
         _check_same_files(repository, package_repository)

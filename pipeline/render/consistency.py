@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from pipeline.config.spec import ServeSpec
+from pipeline.config.spec import ServeSpec, SpeculativeSpec
 from pipeline.errors import StageError
 from pipeline.render.contract import TRITON_DTYPES
 from pipeline.render.engine_facts import EngineFacts, engine_facts
+from pipeline.render.llm_parameters import decoding_mode, lora_cache
 
 TARGETS = ("cpu", "engine")
 FIXED_MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
@@ -29,12 +30,15 @@ def check_consistency(
     gpu_device_ids: Sequence[int] = (),
     rank_files: Sequence[str] | None = None,
     logits_datatype: str | None = None,
+    speculative: SpeculativeSpec | None = None,
+    lora_weights_datatype: str | None = None,
 ) -> None:
     """Raise StageError listing every way the repository would not match the engine.
 
     `triton_max_batch_size` and `max_beam_width` default to the engine's own limits (what the
     renderer writes); `rank_files` are the weight files found in the engine directory (None: not
-    checked); `logits_datatype` is a Triton type a caller wants instead of the engine's.
+    checked); `logits_datatype` / `lora_weights_datatype` are Triton types a caller wants instead of
+    the engine's; `speculative` is the spec's build.speculative (the Triton lookahead parameters).
     """
     if target not in TARGETS:
         raise StageError(f"build.target {target!r} has no Triton model repository in this version (expected one of {', '.join(TARGETS)})")
@@ -46,6 +50,8 @@ def check_consistency(
     problems += _paged_context_features(facts, serve)
     problems += _lengths(facts, serve)
     problems += _logits(facts, logits_datatype)
+    problems += _lora(facts, serve, target, lora_weights_datatype)
+    problems += _speculative(facts, speculative, target)
     problems += _tokenizer(facts, tokenizer_vocab_size, tokenizer_eos_id)
     problems += _beams(facts, target, max_beam_width)
     problems += _parallelism(facts, serve, target, gpu_device_ids, rank_files)
@@ -130,6 +136,68 @@ def _logits(facts: EngineFacts, logits_datatype: str | None) -> list[str]:
     if logits_datatype is not None and logits_datatype != expected:
         return [f"Triton logits data type {logits_datatype} does not match the engine's pretrained_config.logits_dtype {facts.logits_dtype!r} ({expected})"]
     return []
+
+
+def _lora(facts: EngineFacts, serve: ServeSpec, target: str, lora_weights_datatype: str | None) -> list[str]:
+    """§4.9 rule 8: LoRA requests need an engine built with the LoRA plugin, weights in its dtype, a cache for its ranks."""
+    if facts.lora_plugin is None:
+        if serve.lora is not None:
+            return ["serve.lora sets the LoRA cache, but the engine has plugin_config.lora_plugin null (built without LoRA): "
+                    "rebuild with build.lora, or remove serve.lora"]
+        return []
+    if target == "cpu":
+        return [f"build.target is cpu but the engine has plugin_config.lora_plugin {facts.lora_plugin!r}: the reference engine does not run LoRA"]
+    problems = []
+    expected = TRITON_DTYPES.get(facts.lora_plugin)
+    if expected is None:
+        problems.append(f"engine plugin_config.lora_plugin {facts.lora_plugin!r} has no Triton data type for lora_weights (known: {', '.join(TRITON_DTYPES)})")
+    elif lora_weights_datatype is not None and lora_weights_datatype != expected:
+        problems.append(
+            f"Triton lora_weights data type {lora_weights_datatype} does not match the engine's plugin_config.lora_plugin "
+            f"{facts.lora_plugin!r} ({expected}): adapter weights in another dtype are silently ignored"
+        )
+    _, largest, _, _ = lora_cache(serve, facts)
+    if largest < facts.max_lora_rank:
+        problems.append(
+            f"serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size {largest}) is below the engine's "
+            f"build_config.lora_config.max_lora_rank {facts.max_lora_rank}: adapters of the ranks the engine accepts would not fit"
+        )
+    if not facts.lora_target_modules:
+        problems.append("engine plugin_config.lora_plugin is set but build_config.lora_config.lora_target_modules is empty: "
+                        "the engine has no LoRA inputs")
+    return problems
+
+
+def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target: str) -> list[str]:
+    """§4.9 rule 10: Triton's decoding_mode and lookahead parameters must agree with the engine's speculative mode."""
+    engine_mode = facts.speculative_decoding_mode
+    spec_mode = speculative.mode.value if speculative is not None else None
+    if target == "cpu":
+        return [f"build.target is cpu but the engine has build_config.speculative_decoding_mode {engine_mode}"] if engine_mode else []
+    if engine_mode != spec_mode:
+        return [
+            f"the engine has build_config.speculative_decoding_mode {engine_mode or 'none'} (max_draft_len {facts.max_draft_len}) "
+            f"but build.speculative.mode is {spec_mode or 'absent'}: Triton's decoding_mode ({decoding_mode(facts)}) and "
+            "its lookahead parameters come from build.speculative and must agree with the engine"
+        ]
+    if engine_mode is None:
+        return []
+    if engine_mode != "lookahead_decoding":
+        return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no draft model, "
+                "BLS draft loop or Medusa/EAGLE choices for it"]
+    assert speculative is not None
+    problems = []
+    la = speculative.lookahead
+    if speculative.draft_len != facts.max_draft_len:
+        problems.append(
+            f"build.speculative.lookahead (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size}) needs "
+            f"max_draft_len {speculative.draft_len}, but the engine has build_config.max_draft_len {facts.max_draft_len}: "
+            "the runtime's lookahead configuration must equal the engine's"
+        )
+    if facts.max_beam_width > 1:
+        problems.append(f"the engine has build_config.speculative_decoding_mode lookahead_decoding and build_config.max_beam_width "
+                        f"{facts.max_beam_width}: decoding_mode lookahead excludes beam_search")
+    return problems
 
 
 def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LOGITS = "LOGITS"  # placeholder data type, resolved to the engine's logits dtype at render time
+LORA_WEIGHTS = "LORA_WEIGHTS"  # placeholder data type, resolved to the engine's LoRA plugin dtype at render time
 
 # Engine dtype names (config.json) → Triton data types.
 TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
@@ -26,10 +27,14 @@ class TensorSpec:
     scalar: bool = False  # dims [1] reshaped to [] (the backend sees one value per request)
     ragged: bool = False  # allow_ragged_batch
 
-    def resolved(self, logits_datatype: str) -> "TensorSpec":
-        if self.data_type != LOGITS:
+    def resolved(self, logits_datatype: str, lora_datatype: str | None = None) -> "TensorSpec":
+        placeholders = {LOGITS: logits_datatype, LORA_WEIGHTS: lora_datatype}
+        if self.data_type not in placeholders:
             return self
-        return TensorSpec(self.name, logits_datatype, self.dims, self.optional, self.scalar, self.ragged)
+        data_type = placeholders[self.data_type]
+        if data_type is None:
+            raise ValueError(f"tensor {self.name}: no data type for placeholder {self.data_type}")
+        return TensorSpec(self.name, data_type, self.dims, self.optional, self.scalar, self.ragged)
 
 
 def _scalar(name: str, data_type: str, *, optional: bool = True) -> TensorSpec:
@@ -71,6 +76,14 @@ LLM_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("context_logits", LOGITS, (-1, -1)),
     TensorSpec("generation_logits", LOGITS, (-1, -1, -1)),
     TensorSpec("sequence_index", "TYPE_INT32", (1,)),
+)
+
+# LoRA (engine target, engine built with the LoRA plugin): trtllm.md §4.5. lora_weights holds each module/layer's
+# flattened in/out matrices in the plugin's dtype, lora_config its (module_id, layer, rank) rows.
+LLM_LORA_INPUTS: tuple[TensorSpec, ...] = (
+    _scalar("lora_task_id", "TYPE_UINT64"),
+    TensorSpec("lora_weights", LORA_WEIGHTS, (-1, -1), optional=True, ragged=True),
+    TensorSpec("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
 )
 
 # The cpu model's addition: context tokens for incremental, UTF-8-safe detokenization.
@@ -131,6 +144,13 @@ CLIENT_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
 )
 
+# The same LoRA inputs on the ensemble and BLS, passed straight to tensorrt_llm (LORA_CLIENT_TO_LLM).
+CLIENT_LORA_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("lora_task_id", "TYPE_UINT64", (1,), optional=True),
+    TensorSpec("lora_weights", LORA_WEIGHTS, (-1, -1), optional=True),
+    TensorSpec("lora_config", "TYPE_INT32", (-1, 3), optional=True),
+)
+
 CLIENT_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_output", "TYPE_STRING", (-1,)),
     TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
@@ -177,6 +197,8 @@ CLIENT_TO_LLM = {
     "exclude_input_in_output": "exclude_input_in_output",
     "stream": "streaming",
 }
+# LoRA client input → tensorrt_llm input (only in repositories of a LoRA engine).
+LORA_CLIENT_TO_LLM = {"lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config"}
 # tensorrt_llm output → client output (text_output comes from postprocessing).
 LLM_TO_CLIENT = {
     "cum_log_probs": "cum_log_probs",

@@ -15,6 +15,11 @@ from typing import Any, Mapping
 from pipeline.errors import StageError
 
 CPU_ENGINE_VERSION_PREFIX = "refengine-"
+# SpeculativeDecodingMode values an engine's build_config records (tensorrt_llm/models/modeling_utils.py) -> the
+# trtllm-build --speculative_decoding_mode name (None: no speculative decoding).
+SPECULATIVE_MODE_NAMES = {
+    1: None, 2: "draft_tokens_external", 4: "medusa", 8: "lookahead_decoding", 16: "explicit_draft_tokens", 32: "eagle",
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,16 @@ class EngineFacts:
     use_paged_context_fmha: bool
     remove_input_padding: bool
     gpt_attention_plugin: str | None
+    lora_plugin: str | None = None  # plugin_config.lora_plugin: the LoRA dtype, None without LoRA
+    max_lora_rank: int = 64
+    lora_target_modules: tuple[str, ...] = ()
+    speculative_decoding_mode: str | None = None  # a --speculative_decoding_mode name, None without
+    max_draft_len: int = 0
+
+    @property
+    def usable_seq_len(self) -> int:
+        """Prompt + output tokens a request may use: trtllm-build adds max_draft_len to a speculative engine's max_seq_len."""
+        return self.max_seq_len - self.max_draft_len if self.speculative_decoding_mode else self.max_seq_len
 
     @property
     def built_by_refengine(self) -> bool:
@@ -68,6 +83,7 @@ def engine_facts(config: Mapping[str, Any], source: str = "engine config.json") 
     pretrained = _section(config, "pretrained_config", source)
     build = _section(config, "build_config", source)
     plugins = build.get("plugin_config") or {}
+    lora = build.get("lora_config") or {}
     mapping = pretrained.get("mapping") or {}
     quantization = pretrained.get("quantization") or {}
     tp_size = int(mapping.get("tp_size", 1))
@@ -98,7 +114,24 @@ def engine_facts(config: Mapping[str, Any], source: str = "engine config.json") 
         use_paged_context_fmha=bool(plugins.get("use_paged_context_fmha", False)),
         remove_input_padding=bool(plugins.get("remove_input_padding", True)),
         gpt_attention_plugin=plugins.get("gpt_attention_plugin", "auto"),
+        lora_plugin=None if plugins.get("lora_plugin") in (None, "disable") else str(plugins["lora_plugin"]),
+        max_lora_rank=int(lora.get("max_lora_rank", 64)),
+        lora_target_modules=tuple(str(m) for m in lora.get("lora_target_modules") or ()),
+        speculative_decoding_mode=_speculative_mode(build.get("speculative_decoding_mode", 1), source),
+        max_draft_len=int(build.get("max_draft_len") or 0),
     )
+
+
+def _speculative_mode(value: Any, source: str) -> str | None:
+    if isinstance(value, str):  # a name, as a BuildConfig dict may hold it
+        name = value.lower().removeprefix("speculativedecodingmode.")
+        if name == "none":
+            return None
+        if name in SPECULATIVE_MODE_NAMES.values():
+            return name
+    elif isinstance(value, int) and value in SPECULATIVE_MODE_NAMES:
+        return SPECULATIVE_MODE_NAMES[value]
+    raise StageError(f"{source}: build_config.speculative_decoding_mode {value!r} is not a speculative decoding mode this version knows")
 
 
 def _section(config: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.config.spec import ServeSpec
+from pipeline.config.spec import ServeSpec, SpeculativeSpec
 from pipeline.errors import StageError
 from pipeline.render import contract
 from pipeline.render.consistency import check_consistency
@@ -86,12 +86,15 @@ def render_model_repository(
     gpu_device_ids: Sequence[int] = (),
     config_paths: ConfigPaths | None = None,
     dry_run: bool = False,
+    speculative: SpeculativeSpec | None = None,
 ) -> list[Path]:
     """Check the engine against the serve spec, then write the repository; returns the files written.
 
     `dry_run` (of the engine target: no weights, so no rank*.engine, and possibly no tokenizer): the
     rank-file check is skipped, and without tokenizer.json so are the tokenizer checks; the configs
-    still name `engine_dir` and `tokenizer_dir`, which must be complete before the server starts."""
+    still name `engine_dir` and `tokenizer_dir`, which must be complete before the server starts.
+    `speculative` is the spec's build.speculative: the engine's speculative mode is read from its config, the
+    runtime's lookahead (W, N, G) from here."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
     engine_config = read_engine_config(engine_dir)
@@ -109,10 +112,11 @@ def render_model_repository(
         tokenizer_eos_id=tokenizer.eos_id,
         gpu_device_ids=gpu_device_ids,
         rank_files=rank_files,
+        speculative=speculative,
     )
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
-    configs = _configs(facts, serve, target, paths, gpu_device_ids)
+    configs = _configs(facts, serve, target, paths, gpu_device_ids, speculative)
     environment = template_environment(sources / "templates")
     written: list[Path] = []
     for model_name, (template, context) in configs.items():
@@ -143,25 +147,34 @@ def _copy_code(code_dir: Path, model_name: str, target: str, version_dir: Path) 
 
 
 def _configs(
-    facts: EngineFacts, serve: ServeSpec, target: str, paths: ConfigPaths, gpu_device_ids: Sequence[int]
+    facts: EngineFacts,
+    serve: ServeSpec,
+    target: str,
+    paths: ConfigPaths,
+    gpu_device_ids: Sequence[int],
+    speculative: SpeculativeSpec | None,
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     logits = contract.TRITON_DTYPES[facts.logits_dtype]
     max_batch_size = facts.max_batch_size
+    cpu = target == "cpu"
+    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8)
+    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None and not cpu else None
 
     def resolved(specs):
-        return [spec.resolved(logits) for spec in specs]
+        return [spec.resolved(logits, lora) for spec in specs]
 
     def context(**values):
         return {"max_batch_size": max_batch_size, "serve": serve, **values}
 
-    cpu = target == "cpu"
+    llm_inputs = resolved(contract.LLM_INPUTS + (contract.LLM_LORA_INPUTS if lora else ()))
+    client_inputs = resolved(contract.CLIENT_INPUTS + (contract.CLIENT_LORA_INPUTS if lora else ()))
     llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if cpu else ()))
     if cpu:
         llm = ("tensorrt_llm.cpu.pbtxt.j2", cpu_parameters(serve, engine_dir=paths.engine_dir))
     else:
         llm = (
             "tensorrt_llm.engine.pbtxt.j2",
-            engine_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids),
+            engine_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative),
         )
     return {
         "preprocessing": (
@@ -173,11 +186,11 @@ def _configs(
                     "tokenizer_dir": paths.tokenizer_dir,
                     "add_special_tokens": "true",
                     "max_input_len": str(facts.max_input_len),
-                    "max_seq_len": str(facts.max_seq_len),
+                    "max_seq_len": str(facts.usable_seq_len),
                 },
             ),
         ),
-        "tensorrt_llm": (llm[0], context(inputs=contract.LLM_INPUTS, outputs=llm_outputs, parameters=llm[1])),
+        "tensorrt_llm": (llm[0], context(inputs=llm_inputs, outputs=llm_outputs, parameters=llm[1])),
         "postprocessing": (
             "postprocessing.pbtxt.j2",
             context(
@@ -190,15 +203,15 @@ def _configs(
             "ensemble.pbtxt.j2",
             context(
                 name=serve.model_name,
-                inputs=contract.CLIENT_INPUTS,
+                inputs=client_inputs,
                 outputs=resolved(contract.CLIENT_OUTPUTS),
-                steps=_ensemble_steps(cpu),
+                steps=_ensemble_steps(cpu, lora=lora is not None),
             ),
         ),
         "tensorrt_llm_bls": (
             "tensorrt_llm_bls.pbtxt.j2",
             context(
-                inputs=contract.CLIENT_INPUTS,
+                inputs=client_inputs,
                 outputs=resolved(contract.CLIENT_OUTPUTS),
                 parameters={
                     "preprocessing_model_name": "preprocessing",
@@ -215,11 +228,13 @@ def _internal(name: str) -> str:
     return f"_{name}"
 
 
-def _ensemble_steps(cpu: bool) -> dict[str, dict[str, dict[str, str]]]:
+def _ensemble_steps(cpu: bool, *, lora: bool = False) -> dict[str, dict[str, dict[str, str]]]:
     """input_map / output_map of each step: model tensor name → ensemble tensor name."""
     llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if cpu else {})}
     llm_inputs = {llm: _internal(pre) for pre, llm in contract.PREPROCESSING_TO_LLM.items()}
     llm_inputs.update({llm: client for client, llm in contract.CLIENT_TO_LLM.items()})
+    if lora:
+        llm_inputs.update({llm: client for client, llm in contract.LORA_CLIENT_TO_LLM.items()})
     llm_outputs = {llm: _internal(post) for llm, post in llm_to_post.items()}
     llm_outputs.update(contract.LLM_TO_CLIENT)
     return {

@@ -1,7 +1,7 @@
 """package: render the Triton model repository for the built engine and check it against it.
 
-Reads: spec.serve, spec.build.target, spec.deploy.gpus (gpu_device_ids of the engine target);
-upstream build (engine/) and prepare (the tokenizer). Writes `model_repository/`.
+Reads: spec.serve, spec.build.target, spec.deploy.gpus (gpu_device_ids of the engine target),
+spec.build.speculative (Triton's lookahead parameters); upstream build (engine/) and prepare (the tokenizer). Writes `model_repository/`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def run(ctx: StageContext) -> None:
         out_dir=ctx.out_dir / REPOSITORY_DIR,
         gpu_device_ids=spec.deploy.gpus,
         dry_run=spec.dry_run,
+        speculative=spec.build.speculative,
     )
     if spec.dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
         ctx.notes["tokenizer_missing"] = True

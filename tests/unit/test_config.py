@@ -181,14 +181,20 @@ def test_apply_overrides_is_pure() -> None:
 
 
 def test_every_field_is_described() -> None:
+    from pipeline.config.reference import _section_model
+
+    seen: list[str] = []
+
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
             assert field.description, f"{prefix}{name} has no description"
-            annotation = field.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                walk(annotation, f"{prefix}{name}.")
+            seen.append(f"{prefix}{name}")
+            section = _section_model(field.annotation)  # `Model` or an optional `Model | None` section
+            if section is not None:
+                walk(section, f"{prefix}{name}.")
 
     walk(Spec, "")
+    assert {"build.lora.max_rank", "build.speculative.lookahead.window_size", "serve.lora.cache_max_adapter_size"} <= set(seen)
 
 
 def test_schema_json_is_up_to_date() -> None:
@@ -224,3 +230,108 @@ def test_readme_reference_is_up_to_date() -> None:
     from pipeline.config.reference import config_reference_markdown
 
     assert config_reference_markdown() in (REPO / "README.md").read_text(), "README reference is stale: run `make schema`"
+
+
+# -- build.lora / build.speculative / serve.lora -------------------------------------------------------------
+ENGINE = VALID.replace("target: cpu", "target: engine")
+LORA_SECTION = "  lora:\n    adapter_dirs: [adapter]\n    max_rank: 16\n"  # starts on line 9
+LOOKAHEAD_SECTION = "  speculative:\n    mode: lookahead_decoding\n"
+
+
+def write_adapter(directory: Path, **config) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    values = {"peft_type": "LORA", "r": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], **config}
+    (directory / "adapter_config.json").write_text(json.dumps(values))
+    return directory
+
+
+def test_lora_and_lookahead_configs_load(tmp_path: Path) -> None:
+    write_adapter(tmp_path / "adapter")
+    loaded = load_config(write_config(tmp_path, ENGINE + LORA_SECTION + LOOKAHEAD_SECTION))
+    assert loaded.spec.build.lora.adapter_dirs == (str((tmp_path / "adapter").resolve()),)  # relative to the YAML file
+    assert loaded.spec.build.speculative.draft_len == 15  # (W 4, N 3, G 4), TensorRT-LLM's defaults
+
+
+@pytest.mark.parametrize("section, what", [(LORA_SECTION, "LoRA"), (LOOKAHEAD_SECTION, "speculative decoding")])
+def test_lora_and_speculative_are_refused_on_the_cpu_target(tmp_path: Path, section: str, what: str) -> None:
+    write_adapter(tmp_path / "adapter")
+    path = write_config(tmp_path, VALID + section)
+    name = "lora" if "lora" in section else "speculative"
+    message = spec_error(path)
+    assert f"{path}:9: build.{name}: build.{name} is set, but build.target is cpu: the cpu reference engine (refengine) does not implement {what}" in message
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "draft_tokens_external", "explicit_draft_tokens"])
+def test_speculative_modes_this_pipeline_cannot_produce(tmp_path: Path, mode: str) -> None:
+    path = write_config(tmp_path, ENGINE + f"  speculative:\n    mode: {mode}\n")
+    message = spec_error(path)
+    assert f"{path}:10: build.speculative.mode: build.speculative.mode {mode} is refused: it " in message
+    assert "cannot produce" in message or "never receive draft tokens" in message
+
+
+def test_lookahead_max_draft_len_must_match_its_window(tmp_path: Path) -> None:
+    path = write_config(tmp_path, ENGINE + LOOKAHEAD_SECTION + "    max_draft_len: 16\n")
+    message = spec_error(path)
+    assert f"{path}:11: build.speculative.max_draft_len: build.speculative.max_draft_len (16) must equal" in message
+    assert "(W 4, N 3, G 4) = 15" in message
+    load_config(path, ("build.speculative.max_draft_len=15",))
+
+
+@pytest.mark.parametrize("w, n, g, where, fragment", [
+    (2, 1, 0, "13: build.speculative.lookahead.ngram_size", "ngram_size 1 needs window_size 1 and verification_set_size 0"),
+    (1, 1, 0, "11: build.speculative.lookahead", "(1, 1, 0) decodes one token per step"),
+])
+def test_illegal_lookahead_configurations(tmp_path: Path, w: int, n: int, g: int, where: str, fragment: str) -> None:
+    section = LOOKAHEAD_SECTION + f"    lookahead:\n      window_size: {w}\n      ngram_size: {n}\n      verification_set_size: {g}\n"
+    path = write_config(tmp_path, ENGINE + section)
+    message = spec_error(path)
+    assert f"{path}:{where}:" in message and fragment in message
+
+
+def test_nemo_adapters_are_refused(tmp_path: Path) -> None:
+    write_adapter(tmp_path / "adapter")
+    path = write_config(tmp_path, ENGINE + LORA_SECTION + "    adapter_source: nemo\n")
+    assert f"{path}:12: build.lora.adapter_source: build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled" in spec_error(path)
+
+
+def test_lora_needs_modules_or_an_adapter(tmp_path: Path) -> None:
+    path = write_config(tmp_path, ENGINE + "  lora:\n    max_rank: 8\n")
+    message = spec_error(path)
+    assert f"{path}:9: build.lora.target_modules: build.lora.target_modules is empty and build.lora.adapter_dirs lists no adapter" in message
+
+
+def test_unknown_lora_module_lists_the_module_ids(tmp_path: Path) -> None:
+    path = write_config(tmp_path, ENGINE + "  lora:\n    target_modules: [attn_q, q_proj]\n")
+    message = spec_error(path)
+    assert f"{path}:10: build.lora.target_modules.1:" in message and "'mlp_4h_to_h'" in message and "'q_proj'" in message
+
+
+@pytest.mark.parametrize("adapter, fragment", [
+    ({"r": 32}, "the adapter's rank r = 32"),
+    ({"target_modules": ["q_proj", "gate_proj"]}, "the adapter trains mlp_h_to_4h"),
+    ({"target_modules": ".*proj"}, "target_modules is the pattern '.*proj'"),
+    ({"target_modules": ["lm_head"]}, "target_modules lm_head have no TensorRT-LLM LoRA module"),
+    ({"peft_type": "PREFIX_TUNING"}, "peft_type PREFIX_TUNING is not LORA"),
+    ({"use_dora": True}, "DoRA adapters need trtllm-build's dora_plugin"),
+])
+def test_adapter_problems_name_the_adapter_entry(tmp_path: Path, adapter: dict, fragment: str) -> None:
+    write_adapter(tmp_path / "adapter", **adapter)
+    path = write_config(tmp_path, ENGINE + LORA_SECTION + "    target_modules: [attn_q, attn_k, attn_v, attn_dense]\n")
+    message = spec_error(path)
+    assert f"{path}:10: build.lora.adapter_dirs.0:" in message and fragment in message
+
+
+def test_missing_and_pickled_adapters(tmp_path: Path) -> None:
+    path = write_config(tmp_path, ENGINE + LORA_SECTION)
+    assert f"{path}:10: build.lora.adapter_dirs.0: LoRA adapter directory not found: {(tmp_path / 'adapter').resolve()}" in spec_error(path)
+    (write_adapter(tmp_path / "adapter") / "adapter_model.bin").write_bytes(b"")
+    assert "holds only adapter_model.bin (pickled" in spec_error(path)
+
+
+def test_serve_lora_needs_build_lora_and_room_for_its_ranks(tmp_path: Path) -> None:
+    path = write_config(tmp_path, ENGINE + "serve:\n  lora:\n    cache_optimal_adapter_size: 8\n")
+    assert f"{path}:10: serve.lora: serve.lora is set, but build.lora is not" in spec_error(path)
+    write_adapter(tmp_path / "adapter")
+    path = write_config(tmp_path, ENGINE + LORA_SECTION + "serve:\n  lora:\n    cache_max_adapter_size: 8\n")
+    message = spec_error(path)
+    assert f"{path}:14: serve.lora.cache_max_adapter_size: serve.lora.cache_max_adapter_size (8) is below build.lora.max_rank (16)" in message

@@ -12,7 +12,10 @@ from pipeline.config.loader import load_config
 from pipeline.errors import SpecError
 from tests.conftest import BUILD_CONFIGS
 
-GPU_CONFIGS = ["llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq"]
+GPU_CONFIGS = [
+    "llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq",
+    "llama-3.1-8b-fp8-lora", "llama-3.1-8b-fp8-lookahead",
+]
 
 
 def _run(tmp_path: Path, config: str, *args: str) -> int:
@@ -32,6 +35,19 @@ def test_dry_run_renders_the_engine_directory_without_weights(tmp_path: Path, co
     manifest = json.loads((build / "manifest.json").read_text())
     assert manifest["notes"]["dry_run"] is True and manifest["notes"]["trtllm_version"] == "1.2.1"
     assert manifest["notes"]["command"][0] == "trtllm-build"
+
+
+def test_dry_run_packages_lora_and_lookahead_repositories(tmp_path: Path) -> None:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    for config, key, value in (("llama-3.1-8b-fp8-lora", "lora_cache_max_adapter_size", "32"),
+                               ("llama-3.1-8b-fp8-lookahead", "decoding_mode", "lookahead")):
+        assert _run(tmp_path, config, "--runner", "dry-run", "--until", "package") == 0
+        [package] = (tmp_path / "artifacts" / config).glob("package-*")
+        llm = model_config_pb2.ModelConfig()
+        text_format.Parse((package / "model_repository" / "tensorrt_llm" / "config.pbtxt").read_text(), llm)
+        assert llm.parameters[key].string_value == value
 
 
 def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, *args: str) -> str:

@@ -157,3 +157,30 @@ def test_stale_temporaries_are_removed(tmp_path: Path) -> None:
     with store.lock():
         assert store.remove_stale_temporaries() == [stale]
     assert not stale.exists()
+
+
+def test_absent_lora_and_speculative_sections_leave_the_digest_inputs_alone(config_path: Path) -> None:
+    spec = load_config(config_path).spec
+    stages = {stage.name: stage for stage in plan(spec, FACTS).stages}
+    assert "lora" not in stages["build"].inputs["build"] and "speculative" not in stages["build"].inputs["build"]
+    assert "lora" not in stages["package"].inputs["serve"] and "speculative" not in stages["package"].inputs
+
+
+def test_lora_adapters_enter_the_build_digest_by_content(tmp_path: Path) -> None:
+    from pipeline.runner import gather_facts
+
+    write_model_config(tmp_path / "model")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}')
+    path = tmp_path / "cfg.yaml"
+    path.write_text(CONFIG.replace("target: cpu", "target: engine") + "  lora:\n    adapter_dirs: [adapter]\n"
+                    "  speculative:\n    mode: lookahead_decoding\n")
+    loaded = load_config(path)
+    facts = gather_facts(loaded)
+    first = {stage.name: stage for stage in plan(loaded.spec, facts).stages}
+    assert first["build"].inputs["build"]["lora"]["adapter_dirs"] == facts.lora_fingerprint != ""
+    assert first["package"].inputs["speculative"]["mode"] == "lookahead_decoding"  # Triton's lookahead parameters come from it
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    second = {stage.name: stage for stage in plan(loaded.spec, gather_facts(loaded)).stages}
+    assert second["build"].digest != first["build"].digest and second["quantize"].digest == first["quantize"].digest

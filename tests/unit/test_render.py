@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.backends.cpu import cpu_build_config
-from pipeline.config.spec import SchedulerPolicy, ServeSpec, Spec
+from pipeline.config.spec import LookaheadSpec, SchedulerPolicy, ServeLoraSpec, ServeSpec, Spec, SpeculativeSpec
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, check_consistency, render_model_repository
 from pipeline.render import contract
@@ -100,6 +100,29 @@ def llama_8b_engine_config(tp_size: int = 1) -> dict:
             },
         },
     }
+
+
+def lora_engine_config(max_lora_rank: int = 32) -> dict:
+    """A Llama-3.1-8B engine built with --lora_plugin bfloat16 (as trtllm-build 1.2 records it)."""
+    config = llama_8b_engine_config()
+    config["build_config"]["plugin_config"]["lora_plugin"] = "bfloat16"
+    config["build_config"]["lora_config"] = {
+        "lora_dir": ["lora/0"], "lora_ckpt_source": "hf", "max_lora_rank": max_lora_rank,
+        "lora_target_modules": ["attn_q", "attn_k", "attn_v", "attn_dense"],
+    }
+    return config
+
+
+def lookahead_engine_config(max_draft_len: int = 15, max_beam_width: int = 1) -> dict:
+    """A Llama-3.1-8B engine built with --speculative_decoding_mode lookahead_decoding (max_seq_len 16384 + draft)."""
+    config = llama_8b_engine_config()
+    config["build_config"].update(
+        speculative_decoding_mode=8, max_draft_len=max_draft_len, max_seq_len=16384 + max_draft_len, max_beam_width=max_beam_width
+    )
+    return config
+
+
+LOOKAHEAD = SpeculativeSpec(mode="lookahead_decoding")  # (W 4, N 3, G 4): 15 draft tokens
 
 
 def write_engine_dir(directory: Path, config: dict, rank_suffix: str = ".safetensors") -> Path:
@@ -368,6 +391,41 @@ CONSISTENCY_CASES = {
     "cpu target needs a cpu-built engine": (dict(config={**tiny_engine_config(), "version": "1.2.1"}), ["build.target is cpu", "'1.2.1'"]),
     "engine target needs a TensorRT-LLM engine": (dict(target="engine"), ["build.target is engine", "'refengine-0.1.0'"]),
     "ensemble name collides": (dict(serve=_serve(model_name="preprocessing")), ["serve.model_name 'preprocessing'"]),
+    # §4.9 rule 8: LoRA
+    "lora cache without a lora engine": (
+        dict(config=llama_8b_engine_config(), target="engine", vocab=128256, serve=_serve(lora=ServeLoraSpec())),
+        ["serve.lora sets the LoRA cache", "plugin_config.lora_plugin null"],
+    ),
+    "lora cache below the engine's rank": (
+        dict(config=lora_engine_config(32), target="engine", vocab=128256, serve=_serve(lora=ServeLoraSpec(cache_max_adapter_size=16))),
+        ["serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size 16)", "build_config.lora_config.max_lora_rank 32"],
+    ),
+    "lora weights in another dtype": (
+        dict(config=lora_engine_config(), target="engine", vocab=128256, lora_weights_datatype="TYPE_FP16"),
+        ["Triton lora_weights data type TYPE_FP16", "plugin_config.lora_plugin 'bfloat16' (TYPE_BF16)"],
+    ),
+    # §4.9 rule 10: speculative decoding
+    "lookahead engine without build.speculative": (
+        dict(config=lookahead_engine_config(), target="engine", vocab=128256),
+        ["build_config.speculative_decoding_mode lookahead_decoding (max_draft_len 15)", "build.speculative.mode is absent"],
+    ),
+    "build.speculative without a lookahead engine": (
+        dict(config=llama_8b_engine_config(), target="engine", vocab=128256, speculative=LOOKAHEAD),
+        ["build_config.speculative_decoding_mode none", "build.speculative.mode is lookahead_decoding"],
+    ),
+    "lookahead window needs another draft length": (
+        dict(config=lookahead_engine_config(15), target="engine", vocab=128256,
+             speculative=SpeculativeSpec(mode="lookahead_decoding", lookahead=LookaheadSpec(window_size=5))),
+        ["(W 5, N 3, G 4) needs max_draft_len 17", "build_config.max_draft_len 15"],
+    ),
+    "medusa engine": (
+        dict(config=_with(llama_8b_engine_config(), "build_config", speculative_decoding_mode=4, max_draft_len=63), target="engine", vocab=128256),
+        ["build_config.speculative_decoding_mode medusa", "build.speculative.mode is absent"],
+    ),
+    "lookahead engine with beams": (
+        dict(config=lookahead_engine_config(max_beam_width=2), target="engine", vocab=128256, speculative=LOOKAHEAD),
+        ["speculative_decoding_mode lookahead_decoding and build_config.max_beam_width 2", "excludes beam_search"],
+    ),
 }
 
 
@@ -420,6 +478,52 @@ def test_engine_parameters_follow_the_engine_and_spec():
     assert values["enable_kv_cache_reuse"] == "false"
     assert values["batch_scheduler_policy"] == "max_utilization"
     assert values["gpu_device_ids"] == "0,1"
+
+
+# -- LoRA and speculative decoding (engine target) ------------------------------------------------------------
+def test_lora_engine_gets_lora_inputs_in_its_plugin_dtype(tmp_path):
+    serve = _serve(lora=ServeLoraSpec(cache_optimal_adapter_size=16, cache_gpu_memory_fraction=0.1))
+    repository = render(tmp_path, target="engine", config=lora_engine_config(32), serve=serve)
+    llm = parse(repository / "tensorrt_llm" / "config.pbtxt")
+    inputs = tensors(llm.input)
+    assert inputs["lora_weights"][:2] == (model_config_pb2.TYPE_BF16, (-1, -1)) and inputs["lora_weights"][4]
+    assert inputs["lora_config"][:2] == (model_config_pb2.TYPE_INT32, (-1, 3))
+    assert inputs["lora_task_id"][:4] == (model_config_pb2.TYPE_UINT64, (1,), (), True)
+    values = parameters(llm)
+    assert (values["lora_cache_optimal_adapter_size"], values["lora_cache_max_adapter_size"]) == ("16", "32")  # max: the engine's rank
+    assert values["lora_cache_gpu_memory_fraction"] == "0.1" and values["lora_cache_host_memory_bytes"] == str(1 << 30)
+    ensemble = parse(repository / "ensemble" / "config.pbtxt")
+    assert tensors(ensemble.input)["lora_weights"][0] == model_config_pb2.TYPE_BF16
+    step = {s.model_name: s for s in ensemble.ensemble_scheduling.step}["tensorrt_llm"]
+    assert {k: step.input_map[k] for k in ("lora_task_id", "lora_weights", "lora_config")} == contract.LORA_CLIENT_TO_LLM
+    bls = parse(repository / "tensorrt_llm_bls" / "config.pbtxt")
+    assert {"lora_task_id", "lora_weights", "lora_config"} <= set(tensors(bls.input))
+
+
+def test_lora_cache_defaults_follow_the_engine(tmp_path):
+    values = parameters(parse(render(tmp_path, target="engine", config=lora_engine_config(4)) / "tensorrt_llm" / "config.pbtxt"))
+    assert (values["lora_cache_optimal_adapter_size"], values["lora_cache_max_adapter_size"]) == ("4", "4")
+
+
+def test_engines_without_lora_declare_no_lora_inputs(tmp_path):
+    repository = render(tmp_path, target="engine")
+    for model in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
+        assert not {name for name in tensors(parse(repository / model / "config.pbtxt").input) if name.startswith("lora")}
+
+
+def test_lookahead_engine_gets_its_decoding_mode_and_window(tmp_path):
+    repository = render(tmp_path, target="engine", config=lookahead_engine_config(15), speculative=LOOKAHEAD)
+    values = parameters(parse(repository / "tensorrt_llm" / "config.pbtxt"))
+    assert values["decoding_mode"] == "lookahead"
+    assert (values["lookahead_window_size"], values["lookahead_ngram_size"], values["lookahead_verification_set_size"]) == ("4", "3", "4")
+    assert values["max_attention_window_size"] == str(16384 + 15)  # the engine's max_seq_len, draft tokens included
+    # requests may use the max_seq_len of the build config: trtllm-build added the draft tokens on top (§1.6)
+    assert parameters(parse(repository / "preprocessing" / "config.pbtxt"))["max_seq_len"] == "16384"
+
+
+def test_default_engine_decodes_top_k_top_p_without_lookahead_parameters(tmp_path):
+    values = parameters(parse(render(tmp_path, target="engine") / "tensorrt_llm" / "config.pbtxt"))
+    assert values["decoding_mode"] == "top_k_top_p" and not [k for k in values if k.startswith("lookahead")]
 
 
 # -- the package stage ----------------------------------------------------------------------------
@@ -570,3 +674,4 @@ def test_bls_wiring_equals_the_ensemble_wiring(model_code):
     assert client_contract.PREPROCESSING_TO_LLM == contract.PREPROCESSING_TO_LLM
     assert client_contract.CLIENT_TO_LLM == contract.CLIENT_TO_LLM
     assert client_contract.LLM_TO_CLIENT == contract.LLM_TO_CLIENT
+    assert client_contract.LORA_CLIENT_TO_LLM == contract.LORA_CLIENT_TO_LLM

@@ -223,3 +223,32 @@ def test_make_runner_choices(tmp_path):
     assert isinstance(runner, DockerRunner) and runner.gpus == (1,) and runner.uid == os.getuid()
     with pytest.raises(SpecError, match="build runner 'ssh' is not one of local, docker, dry-run"):
         make_runner("ssh")
+
+
+# -- LoRA adapters and speculative decoding ---------------------------------------------------------------
+def test_docker_command_mounts_the_lora_adapters_read_only(tmp_path):
+    build = _build(tmp_path, "llama-3.1-8b-fp8-lora")
+    [adapter] = build.settings.lora_dirs
+    text = shlex.join(DockerRunner(uid=1000, gid=1000).command(build))
+    assert f"-v {adapter}:{adapter}:ro" in text and f"--lora_dir {adapter}" in text
+
+
+def test_real_runners_need_the_adapter_weights(tmp_path):
+    build = _build(tmp_path, "llama-3.1-8b-fp8-lora")  # the example adapter has only adapter_config.json
+    _write_checkpoint(build)
+    with pytest.raises(RunnerUnavailable, match=r"LoRA adapter .*llama-3.1-8b-lora-example lacks adapter_model\.safetensors"):
+        LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail).run(build)
+
+
+def test_dry_run_records_the_engine_as_trtllm_build_would(tmp_path):
+    lora = _build(tmp_path / "lora", "llama-3.1-8b-fp8-lora")
+    DryRunRunner().run(lora)
+    facts = engine_facts(json.loads((lora.output_dir / "config.json").read_text()))
+    assert facts.lora_plugin == "bfloat16" and facts.max_lora_rank == 32 and facts.lora_target_modules == ("attn_q", "attn_k", "attn_v", "attn_dense")
+    assert json.loads((lora.output_dir / "config.json").read_text())["build_config"]["lora_config"]["lora_dir"] == ["lora/0"]
+    assert json.loads((lora.output_dir / DRY_RUN_FILE).read_text())["missing"] == ["rank0.engine", "lora/0/"]
+    lookahead = _build(tmp_path / "lookahead", "llama-3.1-8b-fp8-lookahead")
+    DryRunRunner().run(lookahead)
+    facts = engine_facts(json.loads((lookahead.output_dir / "config.json").read_text()))
+    assert (facts.speculative_decoding_mode, facts.max_draft_len, facts.max_seq_len, facts.usable_seq_len) == ("lookahead_decoding", 15, 8207, 8192)
+    assert json.loads((lookahead.output_dir / "build_config.json").read_text())["max_seq_len"] == 8192  # trtllm-build adds the 15

@@ -65,6 +65,18 @@ def _decision(decisions, field: str, kind: str = "changed"):
     return found[0]
 
 
+def _flags(argv) -> dict[str, list[str]]:
+    """flag -> its values (--lora_dir and --lora_target_modules take several)."""
+    flags: dict[str, list[str]] = {}
+    current = None
+    for token in argv[1:]:
+        if token.startswith("--"):
+            current = flags.setdefault(token, [])
+        else:
+            current.append(token)
+    return flags
+
+
 def _no_decision(decisions, field: str) -> None:
     assert not [d for d in decisions if d.field == field and d.kind == "changed"], [str(d) for d in decisions]
 
@@ -115,7 +127,8 @@ def test_gpu_config_command_validates_against_schema(path):
 
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.stem)
 def test_gpu_config_command_matches_golden(path):
-    script = render_script(_plan(path))
+    # paths inside the checkout (LoRA adapter directories) are shown relative to it, so the files do not depend on where it lives
+    script = render_script(_plan(path)).replace(str(REPO), "<checkout>")
     golden = GOLDEN / f"{path.stem}.sh"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.parent.mkdir(parents=True, exist_ok=True)
@@ -128,13 +141,16 @@ def test_gpu_config_command_matches_golden(path):
 
 
 def test_gpu_configs_are_found():
-    assert {p.stem for p in GPU_CONFIGS} >= {"llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq"}
+    assert {p.stem for p in GPU_CONFIGS} >= {
+        "llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq",
+        "llama-3.1-8b-fp8-lora", "llama-3.1-8b-fp8-lookahead",
+    }
 
 
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.stem)
 def test_build_config_json_and_argv_say_the_same(path):
     build = _plan(path)
-    flags = dict(zip(build.argv[1::2], build.argv[2::2]))
+    flags = {flag: values[0] if len(values) == 1 else values for flag, values in _flags(build.argv).items()}
     cfg, plugins = build.build_config, build.build_config["plugin_config"]
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width"):
         assert flags[f"--{key}"] == str(cfg[key]), key
@@ -144,6 +160,19 @@ def test_build_config_json_and_argv_say_the_same(path):
         assert flags[f"--{key}"] == ("enable" if plugins[key] else "disable"), key
     assert flags["--build_config"] == str(build.build_config_path)
     assert flags["--output_timing_cache"] == cfg["output_timing_cache"] == str(build.output_dir / "model.cache")
+    lora = cfg["lora_config"]
+    if "--lora_plugin" in flags:
+        assert flags["--lora_plugin"] == plugins["lora_plugin"]
+        assert _flags(build.argv)["--lora_dir"] == lora["lora_dir"] and flags["--lora_ckpt_source"] == lora["lora_ckpt_source"]
+        assert _flags(build.argv)["--lora_target_modules"] == lora["lora_target_modules"]
+        assert flags["--max_lora_rank"] == str(lora["max_lora_rank"])
+    else:
+        assert "lora_plugin" not in plugins and lora == {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []}
+    if "--speculative_decoding_mode" in flags:
+        assert flags["--max_draft_len"] == str(cfg["max_draft_len"])
+        assert cfg["speculative_decoding_mode"] == {"lookahead_decoding": 8}[flags["--speculative_decoding_mode"]]
+    else:
+        assert cfg["max_draft_len"] == 0 and cfg["speculative_decoding_mode"] == 1
 
 
 def test_build_config_carries_every_key_the_cpu_engine_records(base):
@@ -480,3 +509,161 @@ def test_every_yaml_quant_choice_has_a_trtllm_name():
 
     assert set(TRTLLM_QUANT_ALGO) == {a.value for a in QuantAlgo}
     assert set(TRTLLM_KV_QUANT_ALGO) == {k.value for k in KVCacheQuant}
+
+
+# -- LoRA and speculative decoding (§1.5, §1.6) -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lora_base() -> BuildRequest:
+    loaded = load_config(BUILD_CONFIGS / "llama-3.1-8b-fp8-lora.yaml")
+    return request_from_spec(loaded.spec, loaded.model)
+
+
+@pytest.fixture(scope="module")
+def lookahead_base() -> BuildRequest:
+    loaded = load_config(BUILD_CONFIGS / "llama-3.1-8b-fp8-lookahead.yaml")
+    return request_from_spec(loaded.spec, loaded.model)
+
+
+def _render(request: BuildRequest, sm: int | None = None):
+    return plan_from_request(request, Path("/hf"), Path("/ckpt"), Path("/out"), V121, sm)
+
+
+def test_default_command_carries_no_lora_or_speculative_flag():
+    flags = _flags(_plan(BUILD_CONFIGS / "llama-3.1-8b-fp8.yaml").argv)
+    assert not {f for f in flags if f.startswith(("--lora", "--max_lora", "--speculative", "--max_draft"))}
+
+
+def test_lora_flags_build_config_and_engine_record(lora_base):
+    build = _render(lora_base)
+    flags = _flags(build.argv)
+    adapter = str(REPO / "models" / "llama-3.1-8b-lora-example")
+    assert flags["--lora_plugin"] == ["bfloat16"] and flags["--lora_dir"] == [adapter]
+    assert flags["--lora_target_modules"] == ["attn_q", "attn_k", "attn_v", "attn_dense"] and flags["--max_lora_rank"] == ["32"]
+    assert build.build_config["plugin_config"]["lora_plugin"] == "bfloat16"
+    assert build.build_config["lora_config"]["lora_dir"] == [adapter]
+    assert build.engine_build_config["lora_config"]["lora_dir"] == ["lora/0"]  # Engine.save copies the adapter there
+    validate_argv(build.argv, SCHEMA)
+
+
+def test_several_adapters_and_modules_validate_against_the_schema(lora_base):
+    request = dataclasses.replace(lora_base, lora_dirs=("/adapters/a", "/adapters/b"), lora_target_modules=("attn_qkv", "mlp_gate", "mlp_4h_to_h"))
+    build = _render(request)
+    assert _flags(build.argv)["--lora_dir"] == ["/adapters/a", "/adapters/b"]
+    validate_argv(build.argv, SCHEMA)
+    assert "--lora_dir /adapters/a /adapters/b \\\n" in render_script(build)
+
+
+def test_target_modules_default_to_the_first_adapter(tmp_path):
+    from tests.conftest import write_model_config
+
+    write_model_config(tmp_path / "model")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "target_modules": ["v_proj", "q_proj", "down_proj"]}')
+    (tmp_path / "cfg.yaml").write_text(
+        "name: demo\nmodel:\n  source: model\nbuild:\n  target: engine\n  max_input_len: 256\n  max_seq_len: 512\n"
+        "  lora:\n    adapter_dirs: [adapter]\n    max_rank: 8\n"
+    )
+    loaded = load_config(tmp_path / "cfg.yaml")
+    request = request_from_spec(loaded.spec, loaded.model)
+    assert request.lora_target_modules == ("attn_v", "attn_q", "mlp_4h_to_h") and request.lora_plugin == "float16"
+
+
+def test_lora_flags_without_the_plugin_are_an_error(lora_base):
+    with pytest.raises(SpecError, match=r"LoRA plugin is disabled \(--lora_plugin disable\).*only with the plugin"):
+        _resolve(lora_base, lora_plugin="disable")
+
+
+def test_lora_plugin_without_target_modules_is_an_error(lora_base):
+    with pytest.raises(SpecError, match="build.lora has no target modules"):
+        _resolve(lora_base, lora_target_modules=(), lora_dirs=())
+
+
+@pytest.mark.parametrize("algo, layer", [("int8_sq", "SmoothQuantLinear"), ("nvfp4", "FP4Linear")])
+def test_lora_on_layers_without_lora_support_is_an_error(lora_base, algo, layer):
+    with pytest.raises(SpecError, match=rf"build.lora cannot be combined with quantize.algo {algo}: TensorRT-LLM's {layer}"):
+        _resolve(lora_base, quant_algo=algo, kv_cache_quant="none", **_NO_SERVE)
+
+
+@pytest.mark.parametrize("algo", ["fp8", "int8_wo", "int4_awq", "w4a8_awq", "none"])
+def test_lora_builds_on_layers_with_a_lora_branch(lora_base, algo):
+    _resolve(lora_base, quant_algo=algo, kv_cache_quant="none")
+
+
+def test_lora_dtype_is_recorded_for_the_clients(lora_base):
+    _, decisions = _resolve(lora_base)
+    note = _decision(decisions, "plugin_config.lora_plugin", "note")
+    assert note.applied == "bfloat16" and "lora_weights must be bfloat16" in note.reason and "#791" in note.reason
+
+
+def test_lookahead_flags_and_engine_record(lookahead_base):
+    build = _render(lookahead_base)
+    flags = _flags(build.argv)
+    assert flags["--speculative_decoding_mode"] == ["lookahead_decoding"] and flags["--max_draft_len"] == ["15"]
+    assert build.build_config["speculative_decoding_mode"] == 8 and build.build_config["max_draft_len"] == 15
+    assert build.build_config["max_seq_len"] == 8192 and build.engine_build_config["max_seq_len"] == 8192 + 15
+    validate_argv(build.argv, SCHEMA)
+
+
+def test_max_draft_len_needs_a_speculative_mode(lookahead_base):
+    with pytest.raises(SpecError, match=r"build.speculative.max_draft_len \(15\) > 0 needs a speculative decoding mode"):
+        _resolve(lookahead_base, speculative_decoding_mode=None)
+
+
+def test_a_speculative_mode_needs_draft_tokens(lookahead_base):
+    with pytest.raises(SpecError, match=r"build.speculative.mode lookahead_decoding needs build.speculative.max_draft_len > 0 \(got 0\)"):
+        _resolve(lookahead_base, max_draft_len=0)
+
+
+def test_speculative_decoding_excludes_beam_search(lookahead_base):
+    with pytest.raises(SpecError, match=r"cannot be built with build.max_beam_width 4.*never beam_search"):
+        _resolve(lookahead_base, max_beam_width=4)
+
+
+def test_speculative_decoding_needs_the_paged_kv_cache(lookahead_base):
+    with pytest.raises(SpecError, match=r"build.speculative.mode lookahead_decoding needs build.kv_cache_type paged \(got continuous\)"):
+        _resolve(lookahead_base, kv_cache_type="continuous", **_NO_SERVE)
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "draft_tokens_external", "explicit_draft_tokens"])
+def test_modes_this_pipeline_cannot_produce_are_errors(lookahead_base, mode):
+    with pytest.raises(SpecError, match=rf"build.speculative.mode {mode} is not built by this pipeline"):
+        _resolve(lookahead_base, speculative_decoding_mode=mode)
+
+
+def test_lookahead_needs_ampere_or_newer(lookahead_base):
+    with pytest.raises(SpecError, match=r"lookahead_decoding needs SM >= 8.0 \(Ampere or newer\); the GPU is SM 7.5"):
+        _resolve(lookahead_base, 75, quant_algo="none", kv_cache_quant="none")
+
+
+def test_lookahead_outside_its_support_matrix_is_a_warning(lookahead_base):
+    _, decisions = _resolve(lookahead_base, quant_algo="int4_awq", kv_cache_quant="none")
+    assert "FP16/BF16/FP8" in _decision(decisions, "build.speculative.mode", "warning").reason
+
+
+def test_lora_with_speculative_decoding_is_a_warning(lookahead_base, lora_base):
+    request = dataclasses.replace(
+        lookahead_base, **{f: getattr(lora_base, f) for f in ("lora_plugin", "lora_dirs", "lora_target_modules", "max_lora_rank")}
+    )
+    _, decisions = _resolve(request)
+    assert "LoRA together with speculative decoding" in _decision(decisions, "build.speculative.mode", "warning").reason
+
+
+def test_speculative_decoding_raises_max_num_tokens(lookahead_base):
+    settings, decisions = _resolve(lookahead_base, max_batch_size=1024)
+    assert settings.max_num_tokens == 1024 * 16
+    d = _decision(decisions, "build.max_num_tokens")
+    assert (d.requested, d.applied) == (8192, 16384) and "max_batch_size × (max_draft_len + 1)" in d.reason
+
+
+def test_speculative_decoding_lengthens_the_recorded_max_seq_len(lookahead_base):
+    _, decisions = _resolve(lookahead_base)
+    note = _decision(decisions, "build_config.max_seq_len", "note")
+    assert note.applied == 8192 + 15 and "adds max_draft_len (15)" in note.reason
+
+
+@pytest.mark.parametrize("version", ["1.1.0", "1.0.0"])
+def test_every_version_profile_takes_the_lora_and_speculative_flags(version):
+    for config in ("llama-3.1-8b-fp8-lora", "llama-3.1-8b-fp8-lookahead"):
+        loaded = load_config(BUILD_CONFIGS / f"{config}.yaml")
+        older = plan_trtllm_build(loaded.spec, loaded.model, *_paths(loaded.spec.name), get_version(version))
+        assert older.argv == _plan(BUILD_CONFIGS / f"{config}.yaml").argv
