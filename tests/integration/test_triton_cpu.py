@@ -625,8 +625,9 @@ def test_engine_metrics_count_generated_tokens_and_prefix_reuse(server, referenc
 
 
 # -- the engine target's repository -----------------------------------------------------------
-def llama_31_8b_engine(directory: Path) -> Path:
-    """A fabricated engine directory shaped like trtllm-build 1.2's output for Llama-3.1-8B FP8."""
+def llama_31_8b_engine(directory: Path, **build_config) -> Path:
+    """A fabricated engine directory shaped like trtllm-build 1.2's output for Llama-3.1-8B FP8 (`build_config`: extra or
+    replaced build_config keys; a `plugin_config` entry is merged into the plugin config)."""
     directory.mkdir(parents=True)
     config = {
         "version": "1.2.1",
@@ -643,6 +644,8 @@ def llama_31_8b_engine(directory: Path) -> Path:
                               "paged_kv_cache": True, "remove_input_padding": True, "tokens_per_block": 32},
         },
     }
+    config["build_config"]["plugin_config"].update(build_config.pop("plugin_config", {}))
+    config["build_config"].update(build_config)
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "rank0.engine").write_bytes(b"")
     return directory
@@ -679,6 +682,37 @@ def test_engine_target_repository_fails_only_for_the_missing_tensorrtllm_backend
     # The ensemble is not loaded without its tensorrt_llm step; nothing else fails.
     assert not states["ensemble"].ready
     assert set(states) == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
+
+
+def test_lora_and_lookahead_repository_loads_up_to_the_missing_backend(artifacts, tmp_path):
+    """The LoRA inputs (lora_weights typed TYPE_BF16 like the plugin) and lookahead parameters are valid Triton config."""
+    from pipeline.config.spec import ServeLoraSpec, SpeculativeSpec
+
+    engine = llama_31_8b_engine(
+        tmp_path / "engine", plugin_config={"lora_plugin": "bfloat16"}, speculative_decoding_mode=8, max_draft_len=15,
+        max_seq_len=16384 + 15,
+        lora_config={"lora_dir": ["lora/0"], "lora_ckpt_source": "hf", "max_lora_rank": 32, "lora_target_modules": ["attn_q", "attn_v"]},
+    )
+    repository = tmp_path / "model_repository"
+    render_model_repository(
+        engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(lora=ServeLoraSpec(cache_optimal_adapter_size=16)),
+        target="engine", out_dir=repository, speculative=SpeculativeSpec(mode="lookahead_decoding"),
+    )
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
+    )
+    server = TritonServer(options).start()
+    try:
+        states = server.wait_until_ready(timeout=60, require_all_ready=False)
+        bls = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").get_model_metadata("tensorrt_llm_bls")
+    finally:
+        server.stop()
+    assert "unable to find backend library for backend 'tensorrtllm'" in states["tensorrt_llm"].reason
+    assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
+    inputs = {tensor["name"]: tensor["datatype"] for tensor in bls["inputs"]}
+    assert (inputs["lora_task_id"], inputs["lora_weights"], inputs["lora_config"]) == ("UINT64", "BF16", "INT32")
 
 
 def tokenizer_only_repository(artifacts, tmp_path: Path) -> Path:
