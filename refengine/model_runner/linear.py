@@ -8,6 +8,7 @@ format is a class in `quantized_linear.py` with the same `__call__`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Protocol
@@ -37,16 +38,73 @@ class LinearSpec:
     bias_required: bool = False  # False: a bias is used when present (shape-checked)
 
 
-class DenseLinear:
-    """y = x Wᵀ + b with W [out, in] (TensorRT-LLM stores Linear weights as (out, in))."""
+# (stored, compute) dtype pairs where every stored value converts exactly.
+EXACT_WIDENINGS = frozenset({(torch.float16, torch.float32), (torch.bfloat16, torch.float32)})
+# Largest widened weight worth the widening copy: it must stay in cache for the GEMM that reads it.
+MAX_WIDENED_BYTES = 1 << 20
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+
+def weight_storage(weight: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+    """How a dense weight is kept: in its checkpoint dtype when it widens exactly to the compute
+    dtype (fp16 / bf16 weights computed in float32) and its widened copy is at most
+    `MAX_WIDENED_BYTES`, else converted to the compute dtype once, here."""
+    widened_bytes = weight.numel() * torch.empty((), dtype=compute_dtype).element_size()
+    if (weight.dtype, compute_dtype) in EXACT_WIDENINGS and widened_bytes <= MAX_WIDENED_BYTES:
+        return weight.contiguous()
+    return weight.to(compute_dtype)
+
+
+class WeightScratch(threading.local):
+    """Per-thread buffers, one per (shape, dtype), that narrow-stored weights are widened into
+    right before their GEMM. A model shares one among its Linears, so the buffer stays in cache."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+
+    def widened(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`weight.to(dtype)` written into this thread's buffer of its shape: use it at once (as
+        an operand); the next call for the same shape overwrites it."""
+        key = (tuple(weight.shape), dtype)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            with torch.inference_mode(False):  # a normal tensor: writable inside and outside inference mode
+                buffer = torch.empty(weight.shape, dtype=dtype)
+            self._buffers[key] = buffer
+        return buffer.copy_(weight)
+
+
+class DenseLinear:
+    """y = x Wᵀ + b with W [out, in] (TensorRT-LLM stores Linear weights as (out, in)).
+
+    W may be stored narrower than the compute dtype when it widens exactly (`weight_storage`):
+    fp16 checkpoint weights computed in float32 stay fp16 and are widened right before the GEMM
+    (into `scratch` when given). The GEMM then sees the same float32 values as with a float32
+    copy, so results are identical, while each step streams half the weight bytes: a decode step
+    reads every weight once for a few rows, and the GEMM reading a cold float32 weight is slower
+    than a widening copy plus the same GEMM on a cache-hot buffer.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype | None = None,
+        scratch: WeightScratch | None = None,
+    ) -> None:
         self.weight = weight
         self.bias = bias
+        self.compute_dtype = weight.dtype if compute_dtype is None else compute_dtype
+        self.scratch = scratch
         self.out_features, self.in_features = weight.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        weight = self.weight
+        if weight.dtype != self.compute_dtype:
+            if self.scratch is None:
+                weight = weight.to(self.compute_dtype)
+            else:
+                weight = self.scratch.widened(weight, self.compute_dtype)
+        return F.linear(x, weight, self.bias)
 
 
 def is_excluded(prefix: str, quantization: QuantizationConfig) -> bool:
@@ -60,11 +118,13 @@ def load_linear(
     quantization: QuantizationConfig,
     dtype: torch.dtype,
     checkpoint_dtype: torch.dtype = torch.float16,
+    scratch: WeightScratch | None = None,
 ) -> Linear:
-    """The Linear at `spec.prefix`; `dtype` is the compute dtype, `checkpoint_dtype` config.json's."""
+    """The Linear at `spec.prefix`; `dtype` is the compute dtype, `checkpoint_dtype` config.json's.
+    `scratch`: where a dense weight kept in a narrower dtype is widened (see `DenseLinear`)."""
     if quantization.quant_algo is None or is_excluded(spec.prefix, quantization):
         weight = store.get(f"{spec.prefix}.weight", (spec.out_features, spec.in_features))
-        return DenseLinear(weight.to(dtype), _load_bias(store, spec, dtype))
+        return DenseLinear(weight_storage(weight, dtype), _load_bias(store, spec, dtype), dtype, scratch)
     quantized_spec = QuantizedLinearSpec(
         spec.prefix, spec.in_features, spec.out_features, quantization, checkpoint_dtype
     )

@@ -1,7 +1,9 @@
 """The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
-cast to the compute dtype (float32 by default, so results match transformers in float32).
+computed in the compute dtype (float32 by default, so results match transformers in float32);
+dense Linear weights whose checkpoint dtype widens exactly (fp16/bf16 → float32) stay in it and
+are widened right before each GEMM (`linear.DenseLinear`), the same values at half the bytes.
 Quantized checkpoints keep their codes and scales: each Linear executes its `quant_algo`
 (`quantized_linear.py`) and a quantized KV cache stores codes (`kv_quant.py`); embeddings, norms
 and lm_head stay unquantized.
@@ -19,7 +21,7 @@ from refengine.model_config import ModelConfig
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
 from refengine.model_runner.layers import RotaryEmbedding, rms_norm, rotate, swiglu
-from refengine.model_runner.linear import Linear, LinearSpec, load_linear
+from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
 from refengine.model_runner.quantized_linear import check_quantization
 
 
@@ -43,18 +45,26 @@ class LlamaModel:
         layers: list[DecoderLayer],
         final_norm: torch.Tensor,
         lm_head: torch.Tensor,
+        scratch: WeightScratch | None = None,
     ) -> None:
         self.config = config
         self.embedding = embedding
         self.layers = layers
         self.final_norm = final_norm
-        self.lm_head = lm_head
+        # The output projection; may be stored narrower than the compute dtype (see DenseLinear).
+        self._logits = DenseLinear(lm_head, None, embedding.dtype, scratch)
         self.rotary = RotaryEmbedding(config.head_size, config.rotary_base, config.rope_scaling)
         self.scale = config.head_size**-0.5
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embedding.dtype
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """The output projection [vocab, hidden] in the compute dtype (the embedding table when tied)."""
+        weight = self._logits.weight
+        return weight if weight.dtype == self.dtype else weight.to(self.dtype)
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:
@@ -70,10 +80,11 @@ class LlamaModel:
         embedding = store.get("transformer.vocab_embedding.weight", table_shape).to(dtype)
         lm_head = store.get_optional("lm_head.weight", table_shape)
         # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
-        lm_head = embedding if lm_head is None else lm_head.to(dtype)
-        layers = [_load_layer(store, config, index, dtype) for index in range(config.num_layers)]
+        lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
+        scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
+        layers = [_load_layer(store, config, index, dtype, scratch) for index in range(config.num_layers)]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
-        return cls(config, embedding, layers, final_norm.to(dtype), lm_head)
+        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch)
 
     def forward(
         self, input_ids: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
@@ -102,17 +113,19 @@ class LlamaModel:
         return rms_norm(hidden, self.final_norm, eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).to(torch.float32)
+        return self._logits(hidden).to(torch.float32)
 
 
-def _load_layer(store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype) -> DecoderLayer:
+def _load_layer(
+    store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None
+) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
     checkpoint_dtype = getattr(torch, config.dtype)
 
     def linear(name: str, in_features: int, out_features: int, bias_required: bool) -> Linear:
         spec = LinearSpec(f"{prefix}.{name}", in_features, out_features, bias_required)
-        return load_linear(store, spec, config.quantization, dtype, checkpoint_dtype)
+        return load_linear(store, spec, config.quantization, dtype, checkpoint_dtype, scratch)
 
     return DecoderLayer(
         input_norm=store.get(f"{prefix}.input_layernorm.weight", (hidden,)).to(dtype),
