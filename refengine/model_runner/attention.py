@@ -48,6 +48,23 @@ class AttentionMetadata:
     def context_lengths(self) -> tuple[int, ...]:
         return self.context_len_list if self.context_len_list is not None else tuple(self.context_lens.tolist())
 
+    def last_tokens(self, seq_indices: Sequence[int]) -> tuple[list[int], "AttentionMetadata"]:
+        """The rows of the given sequences' last tokens, and metadata in which each of those
+        sequences has just that one query token (attending over its whole context)."""
+        starts, context_lens = self.query_starts(), self.context_lengths()
+        rows = [starts[i + 1] - 1 for i in seq_indices]
+        kept_context_lens = tuple(context_lens[i] for i in seq_indices)
+        return rows, AttentionMetadata(
+            query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int64),
+            context_lens=torch.tensor(kept_context_lens, dtype=torch.int64),
+            block_tables=self.block_tables[list(seq_indices)],
+            slot_mapping=self.slot_mapping[rows],
+            positions=self.positions[rows],
+            tokens_per_block=self.tokens_per_block,
+            query_start_list=tuple(range(len(rows) + 1)),
+            context_len_list=kept_context_lens,
+        )
+
 
 def build_attention_metadata(
     query_lens: Sequence[int],

@@ -12,6 +12,7 @@ and lm_head stay unquantized.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -87,9 +88,21 @@ class LlamaModel:
         return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch)
 
     def forward(
-        self, input_ids: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+        last_token_of: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Final hidden states [num_tokens, hidden] of a flat token batch."""
+        """Final hidden states of a flat token batch: [num_tokens, hidden], or, with
+        `last_token_of` (sequence indices), only the last token of each of those sequences,
+        [len(last_token_of), hidden].
+
+        With `last_token_of`, the last layer still writes every token's K/V (later steps read
+        them) but runs its attention, output projection, MLP and the final norm only for the rows
+        returned: nothing reads the other rows' outputs (a prompt's earlier tokens are never
+        sampled from). This skips about a quarter of a prompt's compute.
+        """
         config = self.config
         eps, num_heads, head_size = config.norm_epsilon, config.num_heads, config.head_size
         qk_size = config.q_size + config.kv_size
@@ -98,14 +111,22 @@ class LlamaModel:
         # Broadcast over heads and cast once per step, not per layer and per q / k.
         cos, sin = cos.unsqueeze(1).to(hidden.dtype), sin.unsqueeze(1).to(hidden.dtype)
         num_tokens = input_ids.shape[0]
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        last = len(self.layers) - 1
+        # Nothing to prune when every row is already the one token of a sequence asked for.
+        prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             qkv = layer.qkv(rms_norm(hidden, layer.input_norm, eps))
             # RoPE on query and key heads together: one elementwise pass instead of two.
             query_key = rotate(qkv[:, :qk_size].reshape(num_tokens, -1, head_size), cos, sin)
             query, key = query_key[:, :num_heads], query_key[:, num_heads:]
             value = qkv[:, qk_size:].reshape(num_tokens, config.num_kv_heads, head_size)
             write_kv_cache(kv_cache, key, value, metadata.slot_mapping, layer.kv_quant)
-            attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant, key, value)
+            if index == last and prune:
+                rows, kept = metadata.last_tokens(last_token_of)
+                query, hidden, num_tokens = query[rows], hidden[rows], len(rows)
+                attention = paged_attention(query, kv_cache, kept, self.scale, layer.kv_quant)
+            else:
+                attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant, key, value)
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
             hidden = layer.dense(attention.reshape(num_tokens, config.q_size)).add_(hidden)
             normed = rms_norm(hidden, layer.post_norm, eps)

@@ -42,13 +42,13 @@ class ModelRunner:
             self.tokens_per_block,
         )
         input_ids = torch.tensor([t for item in items for t in item.new_token_ids], dtype=torch.int64)
-        hidden = self.model.forward(input_ids, self.kv_caches, metadata)
-        sampling_items = [item for item in items if item.num_samples > 0]
-        if not sampling_items:
+        sampling = [index for index, item in enumerate(items) if item.num_samples > 0]
+        # Hidden states of the sampled sequences' last tokens only (see LlamaModel.forward).
+        hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling)
+        if not sampling:
             return RunnerOutput(step_id=scheduler_output.step_id)
-        ends = metadata.query_start_loc[1:].tolist()
-        last_rows = [ends[i] - 1 for i, item in enumerate(items) if item.num_samples > 0]
-        logits = self.model.compute_logits(hidden[last_rows])
+        logits = self.model.compute_logits(hidden)
+        sampling_items = [items[index] for index in sampling]
         return RunnerOutput(
             step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items)
         )
