@@ -30,7 +30,7 @@ from clients.openai_server.templating import plain_chat_prompt
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions, ServerState
 from pipeline.serve.process import start_time_ticks
-from tests.integration.serving import CLI, REPO, build_and_package, free_ports, running_server
+from tests.integration.serving import CLI, REPO, SHUTDOWN_TIMEOUT_S, build_and_package, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
 def triton(artifacts, tmp_path_factory):
     http_port, grpc_port, metrics_port = free_ports(3)
     deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=5)
+    options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
     with running_server(options, tmp_path_factory.mktemp("serve")) as server:
         yield server
 

@@ -12,7 +12,7 @@ from clients import TritonLLMClient
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions
 from refengine import LLMEngine, SamplingParams
-from tests.integration.serving import build_and_package, free_ports, running_server
+from tests.integration.serving import SHUTDOWN_TIMEOUT_S, build_and_package, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,7 +35,7 @@ def test_quantized_config_serves_the_engines_greedy_output(config: str, tmp_path
 
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions.from_deploy(
-        DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port), artifacts["repository"], exit_timeout_secs=5
+        DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port), artifacts["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S
     )
     # running_server checks the clean exit: the clients' connections are all closed (tritonserver
     # otherwise waits its exit timeout for them and exits 1), nothing is left in flight or leaked.

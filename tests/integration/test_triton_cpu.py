@@ -34,7 +34,7 @@ from pipeline.config.spec import ServeSpec
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.serve import ServerOptions, TritonServer, read_state, start_detached, stop_detached
 from pipeline.serve import leaks
-from tests.integration.serving import free_ports, running_server
+from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -191,7 +191,7 @@ def server(artifacts, tmp_path_factory):
     )
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S
     )
     with running_server(options, tmp_path_factory.mktemp("serve")) as triton:
         yield triton
