@@ -126,10 +126,16 @@ def file_digests(files: Sequence[Path]) -> str:
     return digest.hexdigest()[:32]
 
 
-def load_encoder(tokenizer_dir: Path) -> tuple[Callable[[str], Sequence[int]], int | None]:
-    """The tokenizer of a model directory as (encode without special tokens, eos id)."""
+def load_tokenizer(tokenizer_dir: Path):
+    """The transformers tokenizer of a model directory, offline, without a length limit."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     tokenizer.model_max_length = 1 << 40  # long documents are cut into windows here, not by the tokenizer
+    return tokenizer
+
+
+def load_encoder(tokenizer_dir: Path) -> tuple[Callable[[str], Sequence[int]], int | None]:
+    """The tokenizer of a model directory as (encode without special tokens, eos id)."""
+    tokenizer = load_tokenizer(tokenizer_dir)
     return (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]), tokenizer.eos_token_id

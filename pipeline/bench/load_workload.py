@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clients.loadgen import LoadRequest
+from pipeline.calibration import load_tokenizer
 from pipeline.errors import SpecError
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "data" / "heldout" / "stdlib_heldout.txt"
@@ -46,13 +47,10 @@ class TextTokenizer:
     """A model directory's tokenizer: encode (no special tokens) and decode."""
 
     def __init__(self, tokenizer_dir: Path) -> None:
-        from transformers import AutoTokenizer
-
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+            self._tokenizer = load_tokenizer(tokenizer_dir)
         except (OSError, ValueError) as error:
             raise SpecError(f"synthetic prompts need the model's tokenizer; none loads from {tokenizer_dir}: {error}") from None
-        self._tokenizer.model_max_length = 1 << 40
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])

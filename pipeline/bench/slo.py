@@ -5,19 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.bench.load_report import value_at
 from pipeline.config.spec import PerformanceGateSpec
 
 # metric → True when a higher value is worse
 REGRESSION_METRICS: dict[str, bool] = {"ttft_ms.p99": True, "itl_ms.p99": True, "output_tokens_per_s": False}
 # what must match for two results to be compared
 COMPARABLE_KEYS = ("endpoint", "concurrency", "num_requests", "input_tokens", "output_tokens", "seed")
-
-
-def _at(point: dict[str, Any], dotted: str) -> float | None:
-    value: Any = point
-    for key in dotted.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
 
 
 def threshold_failures(point: dict[str, Any], gate: PerformanceGateSpec) -> list[str]:
@@ -31,7 +25,7 @@ def threshold_failures(point: dict[str, Any], gate: PerformanceGateSpec) -> list
         metric = name.removeprefix("max_")
         for quantile in ("p50", "p90", "p99"):
             limit = getattr(limits, quantile)
-            value = _at(point, f"{metric}.{quantile}")
+            value = value_at(point, f"{metric}.{quantile}")
             if limit is None:
                 continue
             if value is None:
@@ -60,7 +54,7 @@ def regression(point: dict[str, Any], workload: dict[str, Any], previous: dict[s
         return {"comparable": False, "against": previous.get("digest"), "why": "a different workload"}
     changes = {}
     for metric, higher_is_worse in REGRESSION_METRICS.items():
-        new, old = _at(point, metric), _at(previous["point"], metric)
+        new, old = value_at(point, metric), value_at(previous["point"], metric)
         if new is None or not old:
             continue
         change = 100.0 * (new - old) / old
