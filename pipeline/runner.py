@@ -64,9 +64,12 @@ def _lora_fingerprint(spec) -> str:
 
 
 def _model_repo_fingerprint() -> str:
+    """The model code a repository carries and the code that renders it (which files go where)."""
+    from pipeline import render
     from pipeline.render.repository import model_repo_sources
 
-    return directory_fingerprint(model_repo_sources(), skip_suffixes=_COMPILED)
+    parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in (model_repo_sources(), Path(render.__file__).parent)]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
 def _project_fingerprint() -> str:

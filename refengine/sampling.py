@@ -12,6 +12,11 @@ from typing import Any, Iterable
 
 from refengine.errors import InvalidRequestError
 
+# TensorRT-LLM's executor only asks temperature >= 0. Past this bound sampling is close to uniform
+# for any model (logits 10 apart differ by 10% in probability at 100): a larger value is a typo or
+# a fuzzer, refused rather than served as noise.
+MAX_TEMPERATURE = 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,6 +33,8 @@ class SamplingParams:
     - `n`: independent samples from one prompt (the prompt's KV blocks are shared).
     - `logprobs`: None for none; k ≥ 0 returns the sampled token's log-probability and the k most
       likely alternatives (from the model's raw distribution).
+    - `pad_id`: the contract's padding id; not used in decoding, but like `end_id` it must be a
+      token of the vocabulary (TensorRT-LLM's executor refuses others).
     """
 
     max_tokens: int = 16
@@ -44,12 +51,11 @@ class SamplingParams:
     bad_words: tuple[tuple[int, ...], ...] = ()
     n: int = 1
     logprobs: int | None = None
+    pad_id: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
-        _check_float("temperature", self.temperature)
-        if self.temperature < 0:
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        check_temperature(self.temperature)
         _check_int("top_k", self.top_k, minimum=0)
         _check_float("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
@@ -66,8 +72,9 @@ class SamplingParams:
             raise InvalidRequestError(
                 "min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}"
             )
-        if self.end_id is not None:
-            _check_int("end_id", self.end_id, minimum=0)
+        for field in ("end_id", "pad_id"):
+            if getattr(self, field) is not None:
+                _check_int(field, getattr(self, field), minimum=0)
         object.__setattr__(self, "stop_token_ids", _token_sequences("stop_token_ids", self.stop_token_ids))
         object.__setattr__(self, "bad_words", _token_sequences("bad_words", self.bad_words))
         _check_int("n", self.n, minimum=1)
@@ -90,12 +97,20 @@ class SamplingParams:
 
     def token_ids_to_check(self) -> Iterable[tuple[str, int]]:
         """(field, token id) pairs that must lie inside the vocabulary."""
-        if self.end_id is not None:
-            yield "end_id", self.end_id
+        for field in ("end_id", "pad_id"):
+            if getattr(self, field) is not None:
+                yield field, getattr(self, field)
         for field in ("stop_token_ids", "bad_words"):
             for sequence in getattr(self, field):
                 for token_id in sequence:
                     yield field, token_id
+
+
+def check_temperature(value: Any) -> None:
+    """A temperature a request may ask for: finite, 0 (greedy) to MAX_TEMPERATURE."""
+    _check_float("temperature", value)
+    if not 0 <= value <= MAX_TEMPERATURE:
+        raise InvalidRequestError("temperature", f"must be between 0 and {MAX_TEMPERATURE:g}, got {value}")
 
 
 def _check_int(field: str, value: Any, *, minimum: int) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 from refengine import InvalidRequestError, SamplingParams
+from refengine.sampling import check_temperature
 from word_lists import WordListError, from_word_list
 
 # refengine's field names → the contract's input names, for error messages clients can act on.
@@ -103,10 +104,12 @@ def parse_request(
     top_k = scalars.get("runtime_top_k", int, 0)
     top_p = scalars.get("runtime_top_p", float, 0.0)
     greedy = top_k == 0 and top_p == 0.0
+    temperature = scalars.get("temperature", float, 1.0)
     try:
+        check_temperature(temperature)  # also when greedy decoding ignores it, as TensorRT-LLM checks it
         params = SamplingParams(
             max_tokens=scalars.get("request_output_len", int),
-            temperature=0.0 if greedy else scalars.get("temperature", float, 1.0),
+            temperature=0.0 if greedy else temperature,
             top_k=top_k,
             top_p=1.0 if top_p == 0.0 else top_p,
             seed=scalars.get("seed", int, None),
@@ -115,6 +118,7 @@ def parse_request(
             frequency_penalty=scalars.get("frequency_penalty", float, 0.0),
             min_tokens=scalars.get("min_tokens", int, 0),
             end_id=scalars.get("end_id", int, None),
+            pad_id=scalars.get("pad_id", int, None),
             stop_token_ids=_words(arrays, "stop_words_list"),
             bad_words=_words(arrays, "bad_words_list"),
             n=num_sequences,

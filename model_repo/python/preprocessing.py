@@ -6,7 +6,10 @@ Outputs: INPUT_ID [B, max_len] (padded with the pad id), REQUEST_INPUT_LEN, BAD_
 STOP_WORDS_IDS in TensorRT-LLM's [2, L] layout, REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID.
 
 Requests the engine would refuse (prompt longer than max_input_len, max_tokens outside
-1..max_seq_len - prompt length) are refused here with a message in the client's terms, and so are
+1..max_seq_len - prompt length) are refused here with a message in the client's terms. Work is
+bounded before it is spent: a prompt of more bytes than `max_input_len` tokens can hold
+(`max_prompt_bytes`, from the tokenizer's longest token) and a stop/bad word longer than a whole
+sequence (`max_word_bytes`) are refused before anything is decoded or tokenized. Refused too are
 request parameters nobody reads: HTTP `generate` turns every JSON key that is not an input into
 a parameter, so a misspelt input ("temprature") would otherwise be ignored without a word.
 """
@@ -32,6 +35,8 @@ class TritonPythonModel:
         self.add_special_tokens = parameters.boolean("add_special_tokens", True)
         self.max_input_len = parameters.integer("max_input_len")
         self.max_seq_len = parameters.integer("max_seq_len")
+        self.max_prompt_bytes = parameters.integer("max_prompt_bytes", 0)  # 0: not known, not checked
+        self.max_word_bytes = parameters.integer("max_word_bytes", 0)
         if self.tokenizer.eos_id is None:
             raise ValueError(f"tokenizer in {self.tokenizer.directory} defines no eos_token; end_id cannot be derived")
 
@@ -51,7 +56,10 @@ class TritonPythonModel:
         _refuse_unknown_parameters(request)
         queries = required_input(request, "QUERY", "text_input")
         batch = batch_size_of(queries, "text_input")
-        texts = [as_text(value, "text_input") for value in scalar_per_row(queries, batch, "text_input")]
+        rows = scalar_per_row(queries, batch, "text_input")
+        for value in rows:
+            self._check_bytes(value, "text_input", self.max_prompt_bytes, f"more than the engine's max_input_len {self.max_input_len} tokens can hold")
+        texts = [as_text(value, "text_input") for value in rows]
         output_lens = scalar_per_row(required_input(request, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens")
         end_ids = scalar_per_row(optional_input(request, "END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch
         pad_ids = scalar_per_row(optional_input(request, "PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch
@@ -87,6 +95,14 @@ class TritonPythonModel:
             )
         return ids
 
+    @staticmethod
+    def _check_bytes(value, name, limit, what):
+        if isinstance(value, str):
+            value = value.encode("utf-8", "surrogatepass")
+        size = len(value) if isinstance(value, bytes) else 0
+        if limit and size > limit:
+            raise BadRequest(f"{name} is {size} bytes, {what} (at most {limit} bytes); it was not tokenized")
+
     def _check_output_len(self, prompt_len, output_len):
         room = self.max_seq_len - prompt_len
         if output_len < 1:
@@ -103,6 +119,9 @@ class TritonPythonModel:
             return to_word_list_batch([[] for _ in range(batch)])
         if words.ndim != 2 or words.shape[0] != batch:
             raise BadRequest(f"{client_name} must have shape [batch, n], got {list(words.shape)}")
+        for row in words:
+            for word in row:
+                self._check_bytes(word, client_name, self.max_word_bytes, f"longer than any sequence of the engine's max_seq_len {self.max_seq_len} tokens")
         per_row = []
         for row in words:
             encoded = [self.tokenizer.encode(as_text(word, client_name), add_special_tokens=False) for word in row]

@@ -6,8 +6,11 @@ postprocessing the tokens that precede every new batch, so streamed deltas keep 
 whole UTF-8 characters on either LLM variant (the `tensorrtllm` C++ backend included).
 
 Each request runs on its own thread, so one instance serves many requests at once (Triton 2.51's
-Python backend accepts BLS calls from threads the model starts). A client cancellation is forwarded to tensorrt_llm as TensorRT-LLM's `stop` request
-with this BLS's unique request id, which ends the generation and frees its KV cache.
+Python backend accepts BLS calls from threads the model starts). A watcher thread polls each
+request's cancellation every `cancellation_check_period_ms` (100 by default), streamed or not, and
+forwards a client cancellation to tensorrt_llm as TensorRT-LLM's `stop` request with this BLS's
+unique request id, which ends the generation and frees its KV cache. The response sender is owned
+by a `ResponseChannel`, which is never polled after the final response (response_channel.py).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, LORA_CLIENT_TO_LLM, PREPROCESSING_TO_LLM
+from deferred_release import DeferredRelease
 from incremental_detokenizer import CONTEXT_TOKENS
 from model_parameters import ModelParameters
-from triton_io import BadRequest, error_response, log_error, optional_input, string_tensor
+from response_channel import CancellationWatcher, ResponseChannel
+from triton_io import BadRequest, error_response, log_error, optional_input, requested_outputs, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
@@ -47,24 +52,37 @@ class TritonPythonModel:
         self._llm = parameters.string("tensorrt_llm_model_name", "tensorrt_llm")
         self._postprocessing = parameters.string("postprocessing_model_name", "postprocessing")
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", True)
+        self._finished_calls = DeferredRelease()  # see deferred_release.py
+        self._watcher = CancellationWatcher(
+            parameters.integer("cancellation_check_period_ms", 100) / 1000.0,
+            on_error=lambda message: log_error(f"tensorrt_llm_bls: {message}"),
+            every_period=self._finished_calls.release_due,
+            name="tensorrt_llm_bls-watch",
+        ).start()
 
     def execute(self, requests):
         for request in requests:
-            threading.Thread(target=self._serve, args=(request, request.get_response_sender()), daemon=True).start()
+            channel = ResponseChannel(request.get_response_sender(), FINAL)
+            threading.Thread(target=self._serve, args=(request, channel), daemon=True).start()
         return None
 
-    def _serve(self, request, sender):
+    def finalize(self):
+        self._watcher.stop()
+
+    def _serve(self, request, channel):
         try:
-            self._generate(request, sender)
+            self._generate(request, channel)
         except BadRequest as error:
-            sender.send(error_response(str(error)), flags=FINAL)
+            channel.send(error_response(str(error)), final=True)
         except _UpstreamError as error:
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error.triton_error), flags=FINAL)
+            channel.send(pb_utils.InferenceResponse(output_tensors=[], error=error.triton_error), final=True)
         except Exception as error:  # never let one request take the model down
             log_error(f"tensorrt_llm_bls: request failed: {type(error).__name__}: {error}")
-            sender.send(error_response(f"request failed: {error}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+            channel.send(error_response(f"request failed: {error}", pb_utils.TritonError.INTERNAL), final=True)
+        finally:
+            self._watcher.forget(channel)
 
-    def _generate(self, request, sender):
+    def _generate(self, request, channel):
         client, streaming = self._client_inputs(request)
         exclude_input = bool(client["exclude_input_in_output"].reshape(-1)[0])
         return_log_probs = bool(client["return_log_probs"].reshape(-1)[0]) if "return_log_probs" in client else False
@@ -79,7 +97,7 @@ class TritonPythonModel:
         # Streamed output never holds the prompt; a non-streamed one does unless excluded.
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
         outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
-        self._relay(llm_inputs, outputs, context, streaming, sender)
+        self._relay(llm_inputs, outputs, context, streaming, channel, requested_outputs(request))
 
     def _client_inputs(self, request):
         client = {name: array for name in (*CLIENT_TO_PREPROCESSING, *_CLIENT_TO_LLM) if (array := optional_input(request, name)) is not None}
@@ -93,7 +111,7 @@ class TritonPythonModel:
             client["exclude_input_in_output"] = np.array([[self._exclude_input_default]], dtype=np.bool_)
         return client, streaming
 
-    def _relay(self, llm_inputs, outputs, context, streaming, sender):
+    def _relay(self, llm_inputs, outputs, context, streaming, channel, requested):
         """Run tensorrt_llm, detokenize each response against its sequence's tokens so far, answer."""
         llm_request_id = f"bls-{uuid.uuid4().hex}"
         llm_request = pb_utils.InferenceRequest(
@@ -102,37 +120,43 @@ class TritonPythonModel:
             inputs=[pb_utils.Tensor(name, array) for name, array in llm_inputs.items()],
             request_id=llm_request_id,
         )
+        cancelled = threading.Event()
+
+        def cancel():
+            cancelled.set()
+            self._stop(llm_request_id)
+
+        self._watcher.watch(channel, cancel)
         history: dict[int, list[int]] = {}  # sequence_index → context + tokens so far
         pending = []
-        cancelled = False
-        for llm_response in llm_request.exec(decoupled=True):
-            if not cancelled and sender.is_cancelled():
-                cancelled = True
-                self._stop(llm_request_id)
-            if llm_response.has_error():
-                raise _UpstreamError(llm_response.error())
-            tensors = {t.name(): t.as_numpy() for t in llm_response.output_tensors()}
-            if "output_ids" not in tensors or cancelled:
-                continue
-            index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
-            tokens = history.setdefault(index, list(context))
-            length = int(tensors["sequence_length"].reshape(-1)[0])
-            new_ids = tensors["output_ids"].reshape(-1)[:length].tolist()
-            response = self._client_response(self._detokenize(tokens[-CONTEXT_TOKENS:], new_ids), tensors)
-            tokens.extend(new_ids)
-            if streaming:
-                sender.send(response)
-            else:
-                pending.append(response)
-        if cancelled:
-            sender.send(error_response("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
+        llm_responses = llm_request.exec(decoupled=True)
+        try:
+            for llm_response in llm_responses:
+                if llm_response.has_error():
+                    raise _UpstreamError(llm_response.error())
+                tensors = {t.name(): t.as_numpy() for t in llm_response.output_tensors()}
+                if "output_ids" not in tensors or cancelled.is_set():
+                    continue
+                index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
+                tokens = history.setdefault(index, list(context))
+                length = int(tensors["sequence_length"].reshape(-1)[0])
+                new_ids = tensors["output_ids"].reshape(-1)[:length].tolist()
+                response = self._client_response(self._detokenize(tokens[-CONTEXT_TOKENS:], new_ids), tensors, requested)
+                tokens.extend(new_ids)
+                if streaming:
+                    channel.send(response)
+                else:
+                    pending.append(response)
+        finally:
+            self._finished_calls.hold(llm_responses)  # the stub must let go of it first
+            del llm_responses
+        self._watcher.forget(channel)
+        if cancelled.is_set():
+            channel.send(error_response("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
             return
         for response in pending[:-1]:
-            sender.send(response)
-        if pending:
-            sender.send(pending[-1], flags=FINAL)
-        else:
-            sender.send(flags=FINAL)
+            channel.send(response)
+        channel.send(pending[-1] if pending else None, final=True)
 
     def _detokenize(self, preceding, new_ids):
         result = self._call(
@@ -147,10 +171,11 @@ class TritonPythonModel:
         value = result["OUTPUT"].reshape(-1)[0]
         return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
-    def _client_response(self, text, llm_tensors):
-        tensors = [string_tensor("text_output", [[text]])]
+    def _client_response(self, text, llm_tensors, requested):
+        """Only the requested outputs: see triton_io.arrays_response for why."""
+        tensors = [string_tensor("text_output", [[text]])] if "text_output" in requested else []
         for llm_name, client_name in LLM_TO_CLIENT.items():
-            if llm_name in llm_tensors:
+            if llm_name in llm_tensors and client_name in requested:
                 tensors.append(pb_utils.Tensor(client_name, llm_tensors[llm_name]))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 

@@ -5,7 +5,7 @@ Inside Triton's stub only: the module imports `triton_python_backend_utils`.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable, Mapping
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -62,6 +62,24 @@ def error_response(message: str, code: Any = None) -> Any:
 def string_tensor(name: str, texts: Iterable[Iterable[str]]) -> Any:
     rows = [[text.encode("utf-8") for text in row] for row in texts]
     return pb_utils.Tensor(name, np.array(rows, dtype=np.object_))
+
+
+def requested_outputs(request: Any) -> frozenset[str]:
+    return frozenset(request.requested_output_names())
+
+
+def arrays_response(arrays: Mapping[str, np.ndarray], requested: Collection[str]) -> Any:
+    """A response holding only the `requested` outputs (what Triton would deliver anyway).
+
+    Why not let Triton drop the others: in a decoupled model the Python backend of Triton 2.51
+    prunes unrequested outputs inside `response_sender.send()` after releasing the GIL, so their
+    numpy arrays are freed without it and the stub's heap is corrupted under concurrency (the
+    stub dies with SIGSEGV or "malloc(): unaligned fastbin chunk"). Fixed in python_backend
+    r24.12 (#390, "Hold GIL when deleting numpy array"); the bundled server is r24.10.
+    """
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, array) for name, array in arrays.items() if name in requested]
+    )
 
 
 def log_error(message: str) -> None:

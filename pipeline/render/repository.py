@@ -45,13 +45,14 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
             "llm_request.py",
             "llm_response.py",
             "model_parameters.py",
+            "response_channel.py",
             "triton_io.py",
             "word_lists.py",
         ),
     ),
     "tensorrt_llm_bls": (
         "tensorrt_llm_bls.py",
-        ("client_contract.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
+        ("client_contract.py", "deferred_release.py", "incremental_detokenizer.py", "model_parameters.py", "response_channel.py", "triton_io.py"),
     ),
 }
 
@@ -116,7 +117,7 @@ def render_model_repository(
     )
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
-    configs = _configs(facts, serve, target, paths, gpu_device_ids, speculative)
+    configs = _configs(facts, tokenizer, serve, target, paths, gpu_device_ids, speculative)
     environment = template_environment(sources / "templates")
     written: list[Path] = []
     for model_name, (template, context) in configs.items():
@@ -146,8 +147,21 @@ def _copy_code(code_dir: Path, model_name: str, target: str, version_dir: Path) 
     return written
 
 
+def _text_limits(facts: EngineFacts, tokenizer: TokenizerFacts) -> dict[str, str]:
+    """Byte limits the preprocessing model (and the OpenAI front end) check before tokenizing:
+    a prompt longer than `max_input_len` tokens can hold, a stop/bad word longer than a whole
+    sequence. Unknown without a tokenizer (a dry run): then texts are only checked once tokenized."""
+    if tokenizer.max_token_bytes is None:
+        return {}
+    return {
+        "max_prompt_bytes": str(facts.max_input_len * tokenizer.max_token_bytes),
+        "max_word_bytes": str(facts.usable_seq_len * tokenizer.max_token_bytes),
+    }
+
+
 def _configs(
     facts: EngineFacts,
+    tokenizer: TokenizerFacts,
     serve: ServeSpec,
     target: str,
     paths: ConfigPaths,
@@ -187,6 +201,7 @@ def _configs(
                     "add_special_tokens": "true",
                     "max_input_len": str(facts.max_input_len),
                     "max_seq_len": str(facts.usable_seq_len),
+                    **_text_limits(facts, tokenizer),
                 },
             ),
         ),

@@ -14,6 +14,9 @@ class TokenizerFacts:
     vocab_size: int  # ids the tokenizer can produce: base vocabulary plus added tokens
     eos_id: int | None
     pad_id: int | None
+    # The most UTF-8 bytes one token stands for (special tokens as written): a text of B bytes
+    # encodes to at least B / max_token_bytes tokens, so longer texts are refused untokenized.
+    max_token_bytes: int | None = None
 
 
 def tokenizer_facts(tokenizer_dir: Path) -> TokenizerFacts:
@@ -41,7 +44,16 @@ def tokenizer_facts(tokenizer_dir: Path) -> TokenizerFacts:
     vocab_size = max(vocab.values(), default=-1) + 1
     eos_id = special_id("eos_token")
     pad_id = special_id("pad_token")
-    return TokenizerFacts(vocab_size=vocab_size, eos_id=eos_id, pad_id=pad_id if pad_id is not None else eos_id)
+    return TokenizerFacts(
+        vocab_size=vocab_size, eos_id=eos_id, pad_id=pad_id if pad_id is not None else eos_id, max_token_bytes=max_token_bytes(tokenizer, vocab_size)
+    )
+
+
+def max_token_bytes(tokenizer, vocab_size: int) -> int:
+    """The longest text (UTF-8 bytes) any single token decodes to. A token holding part of a
+    multi-byte character decodes to U+FFFD (3 bytes), which only overstates the bound."""
+    texts = tokenizer.decode_batch([[token_id] for token_id in range(vocab_size)], skip_special_tokens=False)
+    return max((len(text.encode("utf-8")) for text in texts), default=1) or 1
 
 
 def _read_config(path: Path) -> dict:

@@ -188,6 +188,28 @@ def test_max_utilization_preempts_the_newest_request():
     assert scheduler.num_waiting == 1 and scheduler.num_preemptions == 1
 
 
+def test_a_request_cut_while_it_is_preempted_frees_everything():
+    """A client that goes away while its request waits, preempted: the abort finds it in the
+    waiting queue, its blocks (already returned) stay free, the other request runs on."""
+    config = _decode_config(num_kv_blocks=4, scheduler_policy="max_utilization")
+    scheduler = Scheduler(config)
+    scheduler.add_request("a", [1] * 8, SamplingParams(max_tokens=8), 0)
+    scheduler.add_request("b", [2] * 8, SamplingParams(max_tokens=8), 0)
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, RunnerOutput(output.step_id, {item.seq_id: (SampledToken(5),) for item in output.scheduled}))
+    output = scheduler.schedule()
+    assert output.preempted_seq_ids == (1,) and scheduler.num_waiting == 1
+    [aborted] = scheduler.abort_request("b")
+    assert aborted.finish_reason is FinishReason.ABORTED
+    assert scheduler.num_waiting == 0 and scheduler.abort_request("b") == []
+    scheduler.update_from_output(output, RunnerOutput(output.step_id, {item.seq_id: (SampledToken(6),) for item in output.scheduled}))
+    while scheduler.has_unfinished():
+        output = scheduler.schedule()
+        assert not output.preempted_seq_ids
+        scheduler.update_from_output(output, RunnerOutput(output.step_id, {item.seq_id: (SampledToken(7),) for item in output.scheduled}))
+    assert scheduler.kv_cache.num_used_blocks == 0
+
+
 def test_guaranteed_no_evict_waits_for_room():
     config = _decode_config(num_kv_blocks=4)
     scheduler = Scheduler(config)

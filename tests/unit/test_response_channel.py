@@ -1,0 +1,164 @@
+"""`ResponseChannel` / `CancellationWatcher` (model_repo/python/response_channel.py): cancellation is
+never polled after a request's final response, from any thread, in any interleaving.
+
+The fake sender mimics Triton's Python backend: once a FINAL response is sent, the request's
+response factory is gone, and asking `is_cancelled()` about it is a use-after-free (tritonserver
+dies with SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled); here it raises instead.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+MODEL_CODE = Path(__file__).resolve().parents[2] / "model_repo" / "python"
+FINAL = 1
+
+
+class FreedFactory(AssertionError):
+    pass
+
+
+class FakeSender:
+    """A response sender whose factory is freed by the final response, with widened race windows."""
+
+    def __init__(self, *, cancelled_after: float | None = None, jitter: float = 0.0) -> None:
+        self.sent: list[tuple[object, int]] = []
+        self.polls = 0
+        self.freed = False
+        self._cancel_at = None if cancelled_after is None else time.monotonic() + cancelled_after
+        self._jitter = jitter
+        self._rng = random.Random(0)
+
+    def _pause(self) -> None:
+        if self._jitter:
+            time.sleep(self._rng.random() * self._jitter)
+
+    def send(self, response=None, flags=0):
+        if self.freed:
+            raise FreedFactory("send after the final response")
+        self._pause()
+        self.sent.append((response, flags))
+        if flags == FINAL:
+            self.freed = True
+
+    def is_cancelled(self):
+        if self.freed:
+            raise FreedFactory("is_cancelled() after the final response: the response factory was freed")
+        self.polls += 1
+        self._pause()
+        if self.freed:  # freed while the server was being asked: the same crash
+            raise FreedFactory("the final response was sent while is_cancelled() was in flight")
+        return self._cancel_at is not None and time.monotonic() >= self._cancel_at
+
+
+@pytest.fixture
+def channel_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(MODEL_CODE))
+    import response_channel
+
+    yield response_channel
+    sys.modules.pop("response_channel", None)
+
+
+def test_no_poll_and_no_send_after_the_final_response(channel_module):
+    sender = FakeSender()
+    channel = channel_module.ResponseChannel(sender, FINAL)
+    assert channel.send("a") and not channel.closed
+    assert channel.is_cancelled() is False
+    assert channel.send("b", final=True) and channel.closed
+    assert channel.is_cancelled() is False  # answered without asking the freed factory
+    assert channel.send("late", final=True) is False
+    assert channel.send("late") is False
+    assert sender.sent == [("a", 0), ("b", FINAL)]
+
+
+def test_a_cancellation_seen_once_is_remembered_after_close(channel_module):
+    sender = FakeSender(cancelled_after=0.0)
+    channel = channel_module.ResponseChannel(sender, FINAL)
+    assert channel.is_cancelled() is True
+    channel.send("cancelled", final=True)
+    assert channel.is_cancelled() is True
+    assert sender.polls == 1
+
+
+def test_a_final_send_that_raises_still_closes_the_channel(channel_module):
+    class Failing(FakeSender):
+        def send(self, response=None, flags=0):
+            if flags == FINAL:
+                self.freed = True
+                raise RuntimeError("stub lost its parent")
+            super().send(response, flags)
+
+    sender = Failing()
+    channel = channel_module.ResponseChannel(sender, FINAL)
+    with pytest.raises(RuntimeError):
+        channel.send("x", final=True)
+    assert channel.closed and channel.is_cancelled() is False
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_watcher_and_a_relay_thread_never_race(channel_module, seed):
+    """Many requests, each answered by its own thread while one watcher polls them all: the
+    interleavings that crashed tritonserver (poll picked, final sent, poll made) never happen."""
+    errors: list[BaseException] = []
+    watcher = channel_module.CancellationWatcher(0.0005, on_error=lambda message: errors.append(AssertionError(message)))
+    watcher.start()
+    rng = random.Random(seed)
+    senders, cancelled = [], []
+
+    def relay(channel, responses):
+        try:
+            for index in range(responses):
+                channel.send(index, final=index == responses - 1)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = []
+    for request in range(60):
+        sender = FakeSender(cancelled_after=rng.choice([None, 0.0, 0.002]), jitter=0.0005)
+        channel = channel_module.ResponseChannel(sender, FINAL)
+        watcher.watch(channel, lambda request=request: cancelled.append(request))
+        senders.append(sender)
+        threads.append(threading.Thread(target=relay, args=(channel, rng.randint(1, 6))))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(0.01)
+    watcher.stop()
+    assert not errors, errors[:3]
+    assert all(sender.sent[-1][1] == FINAL for sender in senders)
+    assert len(cancelled) == len(set(cancelled))  # on_cancel at most once per request
+
+
+def test_on_cancel_runs_once_and_the_channel_leaves_the_watch_list(channel_module):
+    sender = FakeSender(cancelled_after=0.0)
+    channel = channel_module.ResponseChannel(sender, FINAL)
+    calls = []
+    watcher = channel_module.CancellationWatcher(1.0, on_error=calls.append)
+    watcher.watch(channel, lambda: calls.append("cancel"))
+    watcher.poll_once()
+    watcher.poll_once()
+    assert calls == ["cancel"] and sender.polls == 1
+
+
+def test_a_failing_periodic_task_does_not_stop_the_polling(channel_module):
+    messages: list[str] = []
+    ticks = []
+
+    def every_period():
+        ticks.append(1)
+        raise RuntimeError("metrics down")
+
+    watcher = channel_module.CancellationWatcher(0.001, on_error=messages.append, every_period=every_period).start()
+    deadline = time.monotonic() + 2
+    while len(ticks) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    watcher.stop()
+    assert len(ticks) >= 3 and all("metrics down" in message for message in messages)
