@@ -3,10 +3,11 @@
     TritonServer(options)                  context manager: start, wait_until_ready, stop
     serve_foreground(options)              until Ctrl-C / SIGTERM
     start_detached(options, state_dir)     keeps running; `stop_detached(state_dir)` ends it
+                                           (after a crash too: a StopResult says what was left)
 """
 
 from pipeline.serve.command import ServerOptions, server_command
-from pipeline.serve.detached import ServerState, read_state, start_detached, stop_detached
+from pipeline.serve.detached import ServerState, StopResult, read_state, start_detached, stop_detached
 from pipeline.serve.foreground import serve_foreground
 from pipeline.serve.installation import TritonInstallation, find_tritonserver
 from pipeline.serve.probe import ModelState
@@ -16,6 +17,7 @@ __all__ = [
     "ModelState",
     "ServerOptions",
     "ServerState",
+    "StopResult",
     "TritonInstallation",
     "TritonServer",
     "find_tritonserver",

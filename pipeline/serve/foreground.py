@@ -7,6 +7,7 @@ import threading
 from typing import Callable
 
 from pipeline.errors import ToolError
+from pipeline.serve.cleanup import signal_text
 from pipeline.serve.command import ServerOptions
 from pipeline.serve.server import TritonServer
 
@@ -31,12 +32,24 @@ def serve_foreground(options: ServerOptions, *, out: Callable[[str], None] = pri
             out("Press Ctrl-C to stop.")
             while not stop_requested.wait(_POLL_SECONDS):
                 if not server.is_running():
-                    tail = server.log_tail()
-                    raise ToolError(server.command, server.stop() or -1, f"tritonserver exited on its own\n{tail}")
+                    raise _exited_on_its_own(server)
             out("stopping tritonserver ...")
         return 0
     finally:
         _restore_handlers(previous)
+
+
+def _exited_on_its_own(server: TritonServer) -> ToolError:
+    """Stop (clean up after) a server that exited by itself: an error saying how, and what was left."""
+    tail = server.log_tail()  # before stop(): the log goes with the temporary workspace
+    returncode = server.stop()
+    what = "tritonserver exited on its own"
+    if returncode is not None and returncode < 0:
+        what += f": it crashed ({signal_text(-returncode)})"
+    summary = server.last_cleanup.summary() if server.last_cleanup else ""
+    if summary:
+        what += f"\ncleaned up: {summary}"
+    return ToolError(server.command, returncode or -1, f"{what}\n{tail}")
 
 
 def _install_handlers(stop_requested: threading.Event) -> dict[int, object]:

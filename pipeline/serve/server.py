@@ -8,7 +8,9 @@
 The server runs on a private copy of the repository inside its workspace (the Python stubs write
 `__pycache__` next to model.py; the artifact itself must stay as its manifest says). The binary is
 started directly (exec semantics: the tracked pid is the server's) in its own process group, with
-its output in `<workspace>/tritonserver.log`.
+its output in `<workspace>/tritonserver.log`. `stop` also cleans up after a server that crashed: what
+is verifiably left of its process group (Python-backend stubs) is killed (`process.end_server_group`),
+and `last_cleanup` says what was removed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from pipeline.errors import StageError, ToolError
 from pipeline.serve import leaks, probe, process
+from pipeline.serve.cleanup import Cleanup, check_all_gone
 from pipeline.serve.command import ServerOptions, server_command
 from pipeline.serve.installation import TritonInstallation, find_tritonserver, make_backend_directory, server_environment
 
@@ -56,6 +59,8 @@ class TritonServer:
         self._process: subprocess.Popen | None = None
         self.python_env_dirs: list[Path] = []
         self._env_dirs_before: set[Path] = set()
+        self._start_ticks: int | None = None
+        self.last_cleanup: Cleanup | None = None  # what the last stop() removed
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "TritonServer":
@@ -74,15 +79,19 @@ class TritonServer:
         backend_dir = make_backend_directory(installation, self.workspace / "backends")
         self.command = server_command(installation, self.options, model_repository=served, backend_dir=backend_dir)
         env_dirs_before = leaks.python_env_dirs()
+        env = server_environment()
+        env[process.MARK_ENV] = self.options.shm_prefix  # inherited by the stubs: marks them as this server's
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=server_environment(),
+                env=env,
                 start_new_session=True,
             )
+        # Not reaped yet (even if it exited at once), so /proc still shows its start time.
+        self._start_ticks = process.start_time_ticks(self._process.pid)
         self._env_dirs_before = env_dirs_before
         return self
 
@@ -112,21 +121,29 @@ class TritonServer:
         return states
 
     def stop(self) -> int | None:
-        """Stop the server and clean up after it; its exit code (None if it was never started)."""
+        """Stop the server and clean up after it; its exit code (None if it was never started).
+
+        After a crash too: the stubs left in its process group are killed. StageError naming the
+        pids if one of them cannot be ended (nothing else is removed then).
+        """
         if self._process is None:
             return None
         process_ = self._process
-        if process_.poll() is None:
+        crashed = process_.poll() is not None  # exited on its own before we asked
+        if not crashed:
             process_.send_signal(signal.SIGTERM)
             try:
                 process_.wait(self.options.exit_timeout_secs + _STOP_GRACE_SECONDS)
             except subprocess.TimeoutExpired:
+                # Our child, not yet reaped: its pid, hence its group id, cannot have been reused.
                 process.kill_group(process_.pid)
                 process_.wait()
-        if process.group_alive(process_.pid):  # stubs outliving the server
-            if not process.wait_until(lambda: not process.group_alive(process_.pid), 5.0):
-                process.kill_group(process_.pid)
-        self._clean_up()
+        # Reaped now: only processes verifiably the server's are signalled. After a clean stop the
+        # stubs get a moment to follow the server; a crashed server's stubs may be deadlocked.
+        group = process.end_server_group(process_.pid, self._start_ticks, self.options.shm_prefix, wait=0.0 if crashed else 5.0)
+        check_all_gone(group.failed, f"tritonserver (pid {process_.pid})", pgid=process_.pid)
+        shm_regions, env_dirs = self._clean_up()
+        self.last_cleanup = Cleanup(group=group, shm_regions=tuple(shm_regions), python_env_dirs=tuple(env_dirs))
         return process_.returncode
 
     def detach(self) -> None:
@@ -202,16 +219,21 @@ class TritonServer:
         """Stop the server; a ToolError with its errors and last log lines (the log may go with it)."""
         errors = "\n".join(self.error_lines())
         tail = self.log_tail()
-        self.stop()
+        try:
+            self.stop()
+        except StageError as error:  # keep the start-up failure as the error; add this to it
+            what = f"{what}\n{error.message}"
         detail = f"{what}\n--- server log: errors ---\n{errors}\n--- server log: last lines ---\n{tail}" if errors else f"{what}\n--- server log: last lines ---\n{tail}"
         return ToolError(self.command, returncode, detail)
 
-    def _clean_up(self) -> None:
-        leaks.remove_shm_regions(self.options.shm_prefix)
+    def _clean_up(self) -> tuple[list[Path], list[Path]]:
+        """Remove the server's shm regions, python_env directories and temporary workspace; what was removed."""
+        shm_regions = leaks.remove_shm_regions(self.options.shm_prefix)
         # Without a ready server the new directories are not known for sure; only empty ones go.
-        leaks.remove_empty_dirs(
+        env_dirs = leaks.remove_empty_dirs(
             self.python_env_dirs or (leaks.python_env_dirs() - self._env_dirs_before), server_pid=self._process.pid if self._process else None
         )
         if self._temporary is not None:
             self._temporary.cleanup()
             self._temporary = None
+        return shm_regions, env_dirs

@@ -29,12 +29,18 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def build_and_package(config: str, root: Path) -> dict[str, Path]:
+def build_and_package(config: str, root: Path, overrides: tuple[str, ...] = ()) -> dict[str, Path]:
     """Run the pipeline's own CLI on build_configs/<config>.yaml up to the package stage."""
     subprocess.run(
-        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / f"{config}.yaml"), "--until", "package"],
+        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / f"{config}.yaml"), "--until", "package",
+         *(f"--set={override}" for override in overrides)],
         check=True, capture_output=True, timeout=600,
     )
+    return packaged(config, root)
+
+
+def packaged(config: str, root: Path) -> dict[str, Path]:
+    """Where the engine, tokenizer and repository of a packaged build under `root` are."""
     [build] = root.glob(f"{config}/build-*")
     [prepare] = root.glob(f"{config}/prepare-*")
     [package] = root.glob(f"{config}/package-*")

@@ -28,7 +28,7 @@ from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, Reque
 from clients.cli import add_infer_arguments, run_infer
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions
-from tests.integration.serving import REPO, SHUTDOWN_TIMEOUT_S, build_and_package, free_ports, running_server
+from tests.integration.serving import REPO, SHUTDOWN_TIMEOUT_S, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,9 +50,9 @@ LONG = 900  # tokens: several seconds of generation on this machine
 
 # -- fixtures ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> dict[str, Path]:
-    """The default config built and packaged by the pipeline itself."""
-    return build_and_package("tiny-cpu", tmp_path_factory.mktemp("artifacts"))
+def artifacts(tiny_cpu) -> dict[str, Path]:
+    """The default config built and packaged by the pipeline itself (shared by the session)."""
+    return tiny_cpu
 
 
 @pytest.fixture(scope="module")

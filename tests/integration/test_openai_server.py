@@ -30,7 +30,7 @@ from clients.openai_server.templating import plain_chat_prompt
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions, ServerState
 from pipeline.serve.process import start_time_ticks
-from tests.integration.serving import CLI, REPO, SHUTDOWN_TIMEOUT_S, build_and_package, free_ports, running_server
+from tests.integration.serving import CLI, REPO, SHUTDOWN_TIMEOUT_S, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,9 +42,8 @@ BODY_LIMIT = 64 * 1024
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("artifacts")
-    return {**build_and_package(MODEL, root), "root": root}
+def artifacts(private_tiny_cpu) -> dict[str, Path]:
+    return private_tiny_cpu  # `serve --detach` writes its state into the store
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ loaded too: only tensorrt_llm (no `tensorrtllm` backend here) and what depends o
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import queue
@@ -133,18 +134,9 @@ def is_ready(http_url: str) -> bool:
 
 # -- fixtures ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> dict[str, Path]:
-    """The default config built by the pipeline itself, up to the engine."""
-    root = tmp_path_factory.mktemp("artifacts")
-    subprocess.run(
-        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "build"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    [build] = root.glob("tiny-cpu/build-*")
-    [prepare] = root.glob("tiny-cpu/prepare-*")
-    return {"engine": build / "engine", "tokenizer": prepare}
+def artifacts(tiny_cpu) -> dict[str, Path]:
+    """The default config built by the pipeline itself (shared by the session)."""
+    return tiny_cpu
 
 
 @pytest.fixture(scope="module")
@@ -368,6 +360,20 @@ BAD_REQUESTS = {
     "missing text_input": ({"max_tokens": 4}, 400, "input 'text_input' is required"),
     "missing max_tokens": ({"text_input": "x"}, 400, "input 'max_tokens' is required"),
     "unknown input": ({"text_input": "x", "max_tokens": 4, "no_such_input": 1}, 400, "unknown input or parameter 'no_such_input'"),
+    # Refused by their byte length, before tokenizing (the tokenizer's longest token is 45 bytes).
+    "prompt over the byte bound": (
+        {"text_input": "x" * 40_000, "max_tokens": 4}, 400,
+        "text_input is 40000 bytes, more than the engine's max_input_len 768 tokens can hold (at most 34560 bytes); it was not tokenized",
+    ),
+    "stop word over the byte bound": (
+        {"text_input": "x", "max_tokens": 4, "stop_words": ["y" * 50_000]}, 400, "stop_words is 50000 bytes, longer than any sequence",
+    ),
+    # TensorRT-LLM's SamplingConfig: temperature >= 0 (also when greedy decoding ignores it); the
+    # project also refuses a non-finite one and one above 100.
+    "temperature negative": ({"text_input": "x", "max_tokens": 4, "temperature": -1.0}, 400, "temperature: must be between 0 and 100, got -1.0"),
+    "temperature NaN": ({"text_input": "x", "max_tokens": 4, "temperature": float("nan")}, 400, "temperature: must be a finite number, got nan"),
+    "temperature 1e30": ({"text_input": "x", "max_tokens": 4, "temperature": 1e30, "top_k": 5}, 400, "temperature: must be between 0 and 100"),
+    "pad_id outside the vocabulary": ({"text_input": "x", "max_tokens": 4, "pad_id": 99_999}, 400, "pad_id: token id 99999 is outside the vocabulary [0, 4096)"),
 }
 
 
@@ -394,6 +400,29 @@ HTTP_500_FROM_TRITON = {
     "seed negative": (b'{"text_input": "x", "max_tokens": 4, "seed": -1}', "attempt to access JSON non-unsigned-integer as unsigned-integer"),
     "body not JSON": (b'{"text_input": ', "failed to parse the request JSON buffer"),
 }
+
+
+def test_huge_prompts_are_refused_untokenized_while_other_requests_are_served(server, reference):
+    """Three concurrent 10 MB prompts (gRPC: Triton 2.51's HTTP front end itself dies on /generate
+    bodies over ~4 MB, see the README) are each refused by their byte length, never tokenized, and
+    a small request made meanwhile over HTTP gets its usual answer."""
+    huge = "def f(x):\n    return x\n" * 420_000
+
+    def refusal() -> str:
+        with pytest.raises(InferenceServerException) as raised:
+            stream_infer(server.options.grpc_url, "ensemble", client_inputs(huge, 4, stream=False), timeout=120)
+        return str(raised.value)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        refusals = [pool.submit(refusal) for _ in range(3)]
+        small = pool.submit(http_generate, server.options.http_url, "ensemble", {"text_input": PROMPTS[1], "max_tokens": 4})
+        for future in refusals:
+            message = future.result(timeout=120)
+            assert "text_input is 9660000 bytes, more than the engine's max_input_len 768 tokens can hold" in message, message
+            assert "it was not tokenized" in message
+        status, answer = small.result(timeout=120)
+    assert status == 200 and answer["text_output"] == reference(PROMPTS[1], max_tokens=4)
+    assert is_ready(server.options.http_url)
 
 
 def test_http_values_of_the_wrong_json_type_get_triton_s_own_500_and_the_server_stays_ready(server, reference):
