@@ -18,7 +18,7 @@ from pipeline.errors import PipelineError, SpecError
 
 
 def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from clients.openai_server.defaults import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_PORT
+    from clients.openai_server.defaults import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_PORT
 
     parser.add_argument("config", type=Path, help="build config YAML (or a rendered model repository, with --triton-url)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
@@ -26,6 +26,10 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one)")
     parser.add_argument("--triton-url", help="Triton's gRPC host:port (default: the `serve --detach` server, else one started here)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+    parser.add_argument(
+        "--max-json-depth", type=int, default=DEFAULT_MAX_JSON_DEPTH,
+        help=f"request bodies whose arrays/objects nest deeper get 400 (default {DEFAULT_MAX_JSON_DEPTH})",
+    )
     parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices (n x prompts) per request (default {DEFAULT_MAX_N})")
     parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
     parser.add_argument("--triton-model", help="the Triton model to call (default: the build config's serve.model_name; ensemble for a repository)")
@@ -37,7 +41,7 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
     """`build_package(loaded, store)` → the packaged repository (cpu target); `state_dir(store)` → where `serve --detach` records its server."""
     from clients.openai_server import ModelSetupError, ServedModel
 
-    options = {"host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_n": args.max_n}
+    options = {"host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_json_depth": args.max_json_depth, "max_n": args.max_n}
     try:
         if args.config.is_dir():
             if not args.triton_url:

@@ -8,10 +8,11 @@ It calls Triton over gRPC streaming through `AsyncTritonLLMClient`, so it depend
 served contract (ensemble inputs and outputs, and the preprocessing model's parameters).
 
 Modules, one job each: `schemas` (request/response bodies), `errors` (OpenAI's error shape and
-status codes), `model` (the served model's facts), `tokenizer` and `templating` (prompt token
-counts, chat templates), `stops` (stop sequences on a text stream), `planning` (request →
-Triton requests, or a 4xx), `generation` (running them), `responses` (bodies, chunks, SSE),
-`app` (FastAPI), `runner` (uvicorn).
+status codes), `bodies` (reading a body within the size and nesting limits, parsing it), `model`
+(the served model's facts), `tokenizer` and `templating` (prompt token counts, chat templates),
+`stops` (stop sequences on a text stream), `planning` (request → Triton requests, or a 4xx),
+`generation` (running them), `responses` (bodies, chunks, SSE), `openapi` (what /openapi.json
+documents), `app` (FastAPI), `runner` (uvicorn).
 """
 
 from __future__ import annotations

@@ -1,55 +1,63 @@
 """The FastAPI application: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`.
 
-Requests are read and parsed here (not by FastAPI's body handling) so that every refusal has
-OpenAI's error shape and status: a body over `max_body_bytes` is 413, malformed JSON and wrong
-types are 400 (FastAPI would answer 422). A streamed answer waits for its first event before
-sending headers, so a request Triton refuses, or an unreachable Triton (503), still gets its
-status code; later errors go into the stream. A client that goes away, streaming or not, cancels
-its Triton requests at once, which frees their KV-cache blocks.
+Requests are read and parsed by `bodies` (not by FastAPI's body handling) so that every refusal
+has OpenAI's error shape and status: a body over `max_body_bytes` is 413; malformed JSON, a body
+nesting deeper than `max_json_depth`, and wrong types are 400 (FastAPI would answer 422).
+`/openapi.json` still documents every body and answer (`openapi`). A streamed answer waits for
+its first event before sending headers, so a request Triton refuses, or an unreachable Triton
+(503), still gets its status code; later errors go into the stream. A client that goes away,
+streaming or not, cancels its Triton requests at once, which frees their KV-cache blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import ClientError
-from clients.openai_server import errors
-from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
+from clients.openai_server import errors, openapi
+from clients.openai_server.bodies import parse, read_body
+from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
 from clients.openai_server.errors import OpenAIError
 from clients.openai_server.generation import ChoiceEvent, OpenStreams, collect, merged
 from clients.openai_server.model import ServedModel
 from clients.openai_server.planning import Context, Plan, plan_chat, plan_completion
 from clients.openai_server.responses import DONE, Answer, sse
-from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from clients.openai_server.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, Health, ModelCard, ModelList
 from clients.openai_server.tokenizer import PromptTokenizer
 
-_DRAIN_LIMIT_BYTES = 64 << 20  # a refused body is read (and dropped) up to this size, so the client sees the 413
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_DOC = "server-sent events `data: <chunk JSON>`, then `data: [DONE]`; an error after the first event is one `data: {\"error\": …}` event."
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """Everything the app needs: where Triton listens (gRPC host:port) and what it serves."""
+    """Everything the app needs: where Triton listens (gRPC host:port) and what it serves.
+    `max_body_bytes`: larger bodies get 413; `max_json_depth`: bodies whose arrays/objects nest
+    deeper get 400 `json_too_deep`; `max_n`: most choices (n × prompts) per request."""
 
     triton_url: str
     model: ServedModel
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_n: int = DEFAULT_MAX_N
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     triton_retries: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_json_depth", "max_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 class _ClientGone(Exception):
@@ -63,41 +71,54 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.triton = AsyncTritonLLMClient(
-            settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries
-        )
+        own = getattr(app.state, "triton", None) is None  # tests may set a scripted client before starting
+        if own:
+            app.state.triton = AsyncTritonLLMClient(
+                settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries
+            )
         try:
             yield
         finally:
             await app.state.triton.close()  # cancels what is still running
+            if own:
+                app.state.triton = None  # a later startup makes a new one
 
     app = FastAPI(title="trtllm-pipeline OpenAI-compatible API", lifespan=lifespan)
     _add_error_handlers(app)
+    openapi.install(app, (CompletionRequest, ChatCompletionRequest), context)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=None, responses=openapi.answers(ModelList, "The served model."))
     async def list_models() -> dict[str, Any]:
         return ModelList(data=[card]).model_dump(mode="json")
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", response_model=None, responses=openapi.answers(ModelCard, "The served model.", 404))
     async def get_model(model_id: str) -> dict[str, Any]:
         if model_id != card.id:
             raise errors.model_not_found(model_id)
         return card.model_dump(mode="json")
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses=openapi.answers(Health, "Triton is ready to serve the model.", 503))
     async def health(request: Request) -> dict[str, str]:
         if not await request.app.state.triton.is_ready():
             raise OpenAIError(503, f"Triton at {settings.triton_url} is not ready to serve {settings.model.triton_model!r}", type=errors.UNAVAILABLE)
         return {"status": "ok"}
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        openapi_extra=openapi.request_body(CompletionRequest),
+        responses=openapi.answers(Completion, "The completion.", *openapi.GENERATION_ERRORS, stream=STREAM_DOC),
+    )
     async def completions(request: Request) -> Response:
-        parsed = _parse(CompletionRequest, await _read_body(request, settings.max_body_bytes))
+        parsed = parse(CompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
         return await _answer(request, plan_completion(parsed, context), settings.model.name, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra=openapi.request_body(ChatCompletionRequest),
+        responses=openapi.answers(ChatCompletion, "The chat completion.", *openapi.GENERATION_ERRORS, stream=STREAM_DOC),
+    )
     async def chat_completions(request: Request) -> Response:
-        parsed = _parse(ChatCompletionRequest, await _read_body(request, settings.max_body_bytes))
+        parsed = parse(ChatCompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
         return await _answer(request, plan_chat(parsed, context), settings.model.name, chat=True)
 
     return app
@@ -157,38 +178,6 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    too_large = declared.isdigit() and int(declared) > limit
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            too_large = True
-        if too_large:
-            if size > _DRAIN_LIMIT_BYTES:
-                break
-            continue
-        parts.append(part)
-    if too_large:
-        raise errors.body_too_large(limit)
-    return b"".join(parts)
-
-
-def _parse(schema: type[M], body: bytes) -> M:
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise errors.bad_request(f"We could not parse the JSON body of your request: {error}", code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise errors.bad_request(f"The request body must be a JSON object, not {type(payload).__name__}.", code="invalid_json")
-    try:
-        return schema.model_validate_json(body)
-    except ValidationError as error:
-        raise errors.from_validation_error(error) from None
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     def as_json(error: OpenAIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)
@@ -202,7 +191,18 @@ def _add_error_handlers(app: FastAPI) -> None:
         if error.status_code == 404:
             message = f"Unknown request URL: {request.method} {request.url.path}."
             return as_json(OpenAIError(404, message, code="unknown_url"))
-        return as_json(OpenAIError(error.status_code, str(error.detail), type=errors.INVALID_REQUEST if error.status_code < 500 else errors.SERVER_ERROR))
+        if error.status_code == 405:
+            message = f"Method {request.method} is not allowed for {request.url.path}; allowed: {(error.headers or {}).get('Allow', 'none')}."
+            response = as_json(OpenAIError(405, message, code="method_not_allowed"))
+        else:
+            kind = errors.INVALID_REQUEST if error.status_code < 500 else errors.SERVER_ERROR
+            response = as_json(OpenAIError(error.status_code, str(error.detail), type=kind))
+        response.headers.update(error.headers or {})  # e.g. a 405's Allow
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameters(request: Request, error: RequestValidationError) -> JSONResponse:
+        return as_json(errors.bad_request(f"Invalid request: {error.errors()[0].get('msg', error)}"))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:

@@ -1,8 +1,9 @@
 """Errors in OpenAI's JSON shape: `{"error": {"message", "type", "param", "code"}}`, with their HTTP status.
 
-Every failure the server reports goes through `OpenAIError`: bad requests (400), an unknown model
-(404, code `model_not_found`), a body over the size limit (413), Triton refusing the request (400,
-with Triton's message), Triton unreachable (503), Triton too slow (504), anything else (500).
+Every failure the server reports goes through `OpenAIError`: bad requests (400; a body nesting
+deeper than the limit is code `json_too_deep`), an unknown model (404, code `model_not_found`), a
+body over the size limit (413), Triton refusing the request (400, with Triton's message), Triton
+unreachable (503), Triton too slow (504), anything else (500).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def body_too_large(limit: int) -> OpenAIError:
     return OpenAIError(413, f"Request body is larger than this server's limit of {limit} bytes.", code="request_too_large")
 
 
+def json_too_deep(limit: int) -> OpenAIError:
+    return bad_request(
+        f"We could not parse the JSON body of your request: the JSON body nests deeper than {limit} levels "
+        f"(arrays and objects inside each other), this server's limit.",
+        code="json_too_deep",
+    )
+
+
 def from_validation_error(error: ValidationError) -> OpenAIError:
     """The first problem pydantic found, naming the field (`messages.0.role`) as `param`."""
     first = error.errors(include_url=False)[0]
@@ -57,6 +66,8 @@ def from_validation_error(error: ValidationError) -> OpenAIError:
     param = ".".join(location) or None
     kind = first["type"]
     message = str(first["msg"]).removeprefix("Value error, ")
+    if kind == "json_invalid":  # what json.loads accepts and pydantic's parser does not, e.g. a lone surrogate escape
+        return bad_request(f"We could not parse the JSON body of your request: {message}", code="invalid_json")
     if kind == "missing":
         return bad_request(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     if kind == "extra_forbidden":

@@ -34,6 +34,7 @@ class ServedModel:
     max_input_len: int
     add_special_tokens: bool = True
     triton_model: str = "ensemble"
+    max_prompt_bytes: int = 0  # a longer prompt cannot fit max_input_len tokens (0: not known)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -49,6 +50,7 @@ class ServedModel:
             raise ModelSetupError(f"{source}: the preprocessing model has no parameter(s) {', '.join(missing)}")
         try:
             max_seq_len, max_input_len = int(parameters["max_seq_len"]), int(parameters["max_input_len"])
+            max_prompt_bytes = int(parameters.get("max_prompt_bytes") or 0)
         except ValueError as error:
             raise ModelSetupError(f"{source}: {error}") from None
         return cls(
@@ -58,6 +60,7 @@ class ServedModel:
             max_input_len=max_input_len,
             add_special_tokens=parameters.get("add_special_tokens", "true").strip().lower() in ("true", "1", "yes"),
             triton_model=triton_model,
+            max_prompt_bytes=max_prompt_bytes,
         )
 
     @classmethod

@@ -129,6 +129,14 @@ def _include_usage(request: _Sampling) -> bool:
 
 
 def _prompt_tokens(prompt: str, context: Context, param: str) -> int:
+    limit = context.model.max_prompt_bytes
+    if limit and (size := len(prompt.encode("utf-8", "surrogatepass"))) > limit:
+        # Refused untokenized: more bytes than max_input_len tokens of this tokenizer can hold.
+        raise bad_request(
+            f"The prompt is {size} bytes, more than this model's maximum input length of {context.model.max_input_len} tokens "
+            f"can hold (at most {limit} bytes); it was not tokenized.",
+            param=param, code="context_length_exceeded",
+        )
     tokens = context.tokenizer.count(prompt)
     if tokens == 0:
         raise bad_request("the prompt is empty: it encodes to no tokens", param=param)

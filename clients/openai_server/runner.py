@@ -18,7 +18,14 @@ from typing import Callable, Iterator
 import uvicorn
 
 from clients.openai_server.app import ServerSettings, create_app
-from clients.openai_server.defaults import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT_S
+from clients.openai_server.defaults import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_N,
+    DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT_S,
+)
 from clients.openai_server.model import ModelSetupError, ServedModel
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -53,6 +60,7 @@ def running_openai_server(
     model_repository: str | Path | None = None,
     triton_model: str = "ensemble",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     max_n: int = DEFAULT_MAX_N,
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     startup_timeout_s: float = 30.0,
@@ -66,14 +74,17 @@ def running_openai_server(
     `triton_url`: Triton's gRPC `host:port`. `model_name`: the name clients pass as `model`.
     `port` 0 picks a free port. The tokenizer and context limits come from `model` (a
     `ServedModel`), else from the preprocessing model's config in `model_repository`, else from
-    the running Triton's model-configuration API. `max_body_bytes`: larger bodies get 413.
+    the running Triton's model-configuration API. `max_body_bytes`: larger bodies get 413;
+    `max_json_depth`: bodies whose arrays/objects nest deeper get 400 (`json_too_deep`).
     `max_n`: most choices (n × prompts) per request. `request_timeout_s`: deadline of each Triton
     request (None: none). Raises ModelSetupError (facts not found), OSError (port in use) or
     RuntimeError (not started within `startup_timeout_s`). On exit the server stops: open
     streams are cancelled on Triton.
     """
     served = resolve_model(triton_url, model_name=model_name, model=model, model_repository=model_repository, triton_model=triton_model)
-    settings = ServerSettings(triton_url, served, max_body_bytes=max_body_bytes, max_n=max_n, request_timeout_s=request_timeout_s)
+    settings = ServerSettings(
+        triton_url, served, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, max_n=max_n, request_timeout_s=request_timeout_s
+    )
     app = create_app(settings)
     listener = _bind(host, port)
     config = uvicorn.Config(

@@ -1,18 +1,23 @@
 """The OpenAI API's request and response bodies (the subset this server implements), as pydantic models.
 
 Requests are validated strictly, from the JSON text: a value of the wrong JSON type (`"n": "2"`,
-`"max_tokens": true`) and an unknown field are errors, as OpenAI's own API answers them (400).
-Fields OpenAI defines that this server cannot honour are still declared, so that `planning`
-refuses them with a message saying why rather than "unknown field". Three extensions that vLLM
-and trtllm-serve accept too map to the ensemble's inputs: `top_k`, `min_tokens`,
+`"max_tokens": true`, `"n": 2.5`) and an unknown field are errors, as OpenAI's own API answers
+them (400); a whole number written with a fraction (`"n": 2.0`) is the integer it equals, as in
+JSON Schema. Fields OpenAI defines that this server cannot honour are still declared, so that
+`planning` refuses them with a message saying why rather than "unknown field". Three extensions
+that vLLM and trtllm-serve accept too map to the ensemble's inputs: `top_k`, `min_tokens`,
 `repetition_penalty`.
+
+The JSON schemas say what the validators below accept: where a field is checked by a validator
+(`prompt`, `stop`, `content`), its schema is given explicitly. `/openapi.json` documents them
+with what `planning` refuses on top (`openapi`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI's API
 
@@ -25,25 +30,53 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
+_TEXT_PART_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+    "additionalProperties": False,
+}
+_STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_SEQUENCES},
+        {"type": "null"},
+    ],
+    "default": None,
+    "description": f"Up to {MAX_STOP_SEQUENCES} sequences; the answer ends before the first occurrence.",
+}
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# 2.0 is 2 (JSON has numbers, not ints and floats); bounds go inside, so that they apply after that.
+Integer = Annotated[int, BeforeValidator(_whole)]
+AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_whole)]
+AtLeastZero = Annotated[int, Field(ge=0), BeforeValidator(_whole)]
+Seed = Annotated[int, Field(ge=0, le=2**64 - 1), BeforeValidator(_whole)]
+
+
 class _Sampling(_Strict):
     """What completions and chat completions share."""
 
     model: str
-    max_tokens: int | None = None
+    max_tokens: Integer | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    n: int | None = Field(default=None, ge=1)
+    n: AtLeastOne | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
+    stop: str | list[str] | None = Field(default=None, json_schema_extra=_STOP_SCHEMA)
+    seed: Seed | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # extensions (vLLM / trtllm-serve)
-    top_k: int | None = Field(default=None, ge=0)
-    min_tokens: int | None = Field(default=None, ge=0)
+    top_k: AtLeastZero | None = None
+    min_tokens: AtLeastZero | None = None
     repetition_penalty: float | None = Field(default=None, gt=0.0)
 
     @field_validator("stop", mode="before")
@@ -66,11 +99,16 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     """POST /v1/completions. `prompt`: a string or a list of strings (token-id prompts are refused)."""
 
-    prompt: Any
-    max_tokens: int | None = 16  # OpenAI's default for completions
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    prompt: Any = Field(
+        json_schema_extra={
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}],
+            "description": "A string, or a non-empty list of strings (one answer each); token-id prompts are refused.",
+        }
+    )
+    max_tokens: Integer | None = 16  # OpenAI's default for completions
+    logprobs: Annotated[int, Field(ge=0, le=5), BeforeValidator(_whole)] | None = None
     echo: bool | None = None
-    best_of: int | None = Field(default=None, ge=1)
+    best_of: AtLeastOne | None = None
     suffix: str | None = None
 
     @field_validator("prompt", mode="before")
@@ -95,7 +133,10 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Any = None
+    content: Any = Field(
+        default=None,
+        json_schema_extra={"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART_SCHEMA}, {"type": "null"}]},
+    )
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -133,9 +174,9 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Integer | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), BeforeValidator(_whole)] | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -145,6 +186,23 @@ class ChatCompletionRequest(_Sampling):
 
 
 # -- responses ----------------------------------------------------------------------------------
+class ErrorObject(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer: OpenAI's shape."""
+
+    error: ErrorObject
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -432,6 +434,154 @@ def test_malformed_bodies_and_the_size_limit(app_client):
     assert client.get("/v1/completions").status_code == 405
     assert client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1}).status_code == 200  # still serving
 
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+TOO_DEEP = "the JSON body nests deeper than 64 levels"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_body_nesting_deeper_than_the_limit_is_a_400_naming_it(app_client, path):
+    client, triton = app_client(echo_words)
+    nested = b"[" * 100_000 + b"]" * 100_000  # ~200 KB: json.loads alone would end in a RecursionError (a 500)
+    value = b'{"model": "tiny", "prompt": "x", "messages": [{"role": "user", "content": "x"}], "user": ' + nested + b"}"
+    for body in (b"[" * 100_000, nested, value, b'{"a": ' * 50_000):
+        error = error_of(client.post(path, content=body), 400)
+        assert (error["code"], error["type"]) == ("json_too_deep", "invalid_request_error") and TOO_DEEP in error["message"]
+    assert not triton.requests
+    # 64 levels pass (the next check refuses the value); brackets inside strings do not count
+    deepest = b'{"model": "tiny", "prompt": "x", "user": ' + b"[" * 63 + b"]" * 63 + b"}"
+    assert error_of(client.post(path, content=deepest), 400)["code"] in ("invalid_type", "missing_required_parameter")
+    in_text = json.dumps({"model": "tiny", "prompt": "x", "user": "[" * 10_000 + '\\"{' * 100, "max_tokens": 1}).encode()
+    assert client.post("/v1/completions", content=in_text).status_code == 200
+
+
+def test_the_nesting_limit_is_a_setting(app_client):
+    client, _ = app_client(echo_words, max_json_depth=2)
+    assert client.post("/v1/completions", json={"model": "tiny", "prompt": ["x"], "max_tokens": 1}).status_code == 200  # 2 deep
+    error = error_of(client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "stop": [["x"]]}), 400)
+    assert error["code"] == "json_too_deep" and "deeper than 2 levels" in error["message"]
+    with pytest.raises(ValueError, match="max_json_depth"):
+        ServerSettings("127.0.0.1:1", MODEL, max_json_depth=0)
+
+
+@pytest.mark.parametrize(
+    "body, deeper_than_2",
+    [
+        (b'{"a": [1]}', False),
+        (b'{"a": [[1]]}', True),
+        (b'[{"a": "[[[["}]', False),  # brackets in a string
+        (b'["\\"[[[[", "\\\\", "[[[["]', False),  # an escaped quote, an escaped backslash
+        (b'["\\\\"[[]]]', True),  # the string ends after the escaped backslash
+        (b'[[1],[2],[3],[{}]]', True),
+        (b'[[1],[2],[3],[4]]', False),
+        (b'["[[[[', False),  # an unterminated string hides the rest, as a parser stops there
+        (b"[[[", True),  # unterminated, but a parser would still go 3 deep before finding out
+        (b"]]]][[[", False),  # a parser stops at the first ]
+    ],
+)
+def test_the_nesting_scan(body, deeper_than_2):
+    from clients.openai_server.bodies import nests_deeper_than
+
+    assert nests_deeper_than(body, 2) is deeper_than_2
+    with contextlib.suppress(json.JSONDecodeError):
+        assert (max_depth(json.loads(body)) > 2) is deeper_than_2
+
+
+def max_depth(value) -> int:
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 0 if children is None else 1 + max((max_depth(child) for child in children), default=0)
+
+
+def test_the_nesting_scan_of_a_whole_mebibyte_is_cheap():
+    from clients.openai_server.bodies import nests_deeper_than
+
+    wide = b"[" + b"[1]," * 262_000 + b"[1]]"
+    started = time.perf_counter()
+    assert not nests_deeper_than(wide, 64) and nests_deeper_than(b"[" * (1 << 20), 64)
+    assert not nests_deeper_than(b"[" + b"[" * 62 + b"[[1]]" * 200_000 + b"]" * 63, 65)
+    assert time.perf_counter() - started < 2.0  # ~0.1 s here; a recursive parse would not get there
+
+
+def test_the_size_limit_is_exact_whether_declared_or_streamed(app_client):
+    limit = 200
+    client, _ = app_client(echo_words, max_body_bytes=limit)
+
+    def body(size: int) -> bytes:
+        start = b'{"model": "tiny", "max_tokens": 1, "prompt": "x", "user": "'
+        return start + b"x" * (size - len(start) - 2) + b'"}'
+
+    for send in (lambda data: client.post("/v1/completions", content=data),  # Content-Length
+                 lambda data: client.post("/v1/completions", content=iter([data[:50], data[50:]]))):  # chunked, no length
+        assert send(body(limit)).status_code == 200
+        error = error_of(send(body(limit + 1)), 413)
+        assert error["code"] == "request_too_large" and f"limit of {limit} bytes" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b"model=tiny&prompt=x", "We could not parse the JSON body of your request: Expecting value"),
+        (b'{"model": "tiny", "prompt": "\xff"}', "it is not UTF-8"),
+        ('{"model": "tiny"}'.encode("utf-16"), "it is not UTF-8"),
+        (b'{"model": "tiny", "prompt": "\\ud800"}', "We could not parse the JSON body of your request: Invalid JSON"),  # a lone surrogate
+        (b'"just a string"', "must be a JSON object, not str"),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_is_a_400(app_client, body, says):
+    client, _ = app_client(echo_words)
+    error = error_of(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}), 400)
+    assert error["code"] == "invalid_json" and says in error["message"] and error["param"] is None
+
+
+def test_whole_numbers_with_a_fraction_are_integers_as_in_json_schema(app_client):
+    """Found by Schemathesis: JSON Schema's integer includes 2.0, which strict pydantic refused."""
+    client, triton = app_client(echo_words)
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2.0, "n": 2.0, "seed": 7.0, "temperature": 0.5})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 2
+    assert (triton.requests[-1].max_tokens, triton.requests[-1].seed) == (2, 8)
+    for fields, param in (({"n": 2.5}, "n"), ({"max_tokens": True}, "max_tokens"), ({"seed": 1e300}, "seed")):
+        assert error_of(client.post("/v1/completions", json={"model": "tiny", "prompt": "x", **fields}), 400)["param"] == param
+
+
+def test_a_wrong_method_is_a_405_with_allow_in_openais_shape(app_client):
+    """Found by Schemathesis: the 405 lost Starlette's Allow header."""
+    client, _ = app_client(echo_words)
+    response = client.put("/v1/chat/completions", json={})
+    error = error_of(response, 405)
+    assert response.headers["allow"] == "POST" and error["code"] == "method_not_allowed"
+    assert client.delete("/v1/models").headers["allow"] == "GET"
+
+
+def test_openapi_documents_every_body_and_answer(app_client):
+    from jsonschema import Draft202012Validator
+
+    client, _ = app_client(echo_words)
+    document = client.get("/openapi.json").json()
+    components = document["components"]["schemas"]
+    assert "HTTPValidationError" not in components and "422" not in json.dumps(document["paths"])
+    expected = {("/v1/completions", "post"): (400, 404, 413, 503), ("/v1/chat/completions", "post"): (400, 404, 413, 503),
+                ("/v1/models/{model_id}", "get"): (404,), ("/health", "get"): (503,), ("/v1/models", "get"): ()}
+    for (path, method), statuses in expected.items():
+        operation = document["paths"][path][method]
+        assert "200" in operation["responses"]
+        for status in statuses:
+            assert operation["responses"][str(status)]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+    body = {"$ref": "#/components/schemas/ChatCompletionRequest"}
+    assert document["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"] == body
+    assert "text/event-stream" in document["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
+    validator = Draft202012Validator({**body, "components": document["components"]})
+    validator.validate({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "n": 2, "stop": ["\n"]})
+    for refused in ({"model": "gpt-4", "messages": [{"role": "user"}]}, {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]},
+                    {"model": "tiny", "messages": [{"role": "user"}], "n": 9}, {"model": "tiny", "messages": [{"role": "user"}], "tools": [{}]},
+                    {"model": "tiny", "messages": []}, {"model": "tiny", "messages": [{"role": "user"}], "temprature": 1}):
+        assert not validator.is_valid(refused), refused
+        assert client.post("/v1/chat/completions", json=refused).status_code in (400, 404)  # what it documents, it refuses
 
 # -- what the server needs of the clients library ---------------------------------------------------------------
 class FakeResult:

@@ -1,0 +1,144 @@
+"""What `/openapi.json` documents: every request body and every answer of each route, so that
+schema-driven clients and fuzzers (Schemathesis, tests/unit/test_openai_schema_fuzz.py) can use it.
+
+The routes read their bodies themselves (for OpenAI's error shapes and the size and nesting
+limits), so FastAPI cannot see them: each POST route names its body with `request_body(...)`
+(`openapi_extra`), and `install` adds those pydantic schemas to the document's components.
+
+The documented bodies are what this server accepts, not all that OpenAI's API defines: on top of
+the validators, they say what `planning` refuses field by field (`planning_rules`): another
+`model` than the served one (404), `n`, prompts or `max_tokens` beyond this server's limits, and
+the features the engine cannot honour (tools, tool messages, `logit_bias`, `suffix`, `logprobs`
+above 0, …; 400 `unsupported_parameter`). What depends on several fields (the prompt's length
+against the context, `best_of` = n, `stream_options` without `stream`) is only described. Every
+refused value still gets its 4xx, so a fuzzer's invalid data is refused as it expects. Error
+answers all have `ErrorResponse`'s shape. FastAPI's automatic 422 is dropped: this app answers a
+malformed request with 400, never 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from clients.openai_server.planning import Context
+from clients.openai_server.schemas import MAX_STOP_SEQUENCES, ErrorResponse
+
+REF = "#/components/schemas/{model}"
+_ERRORS = {
+    400: "Malformed request: not UTF-8 JSON, nesting too deep (`json_too_deep`), a wrong type or value, an unknown "
+    "or missing field; a feature the engine cannot honour (`unsupported_parameter`); n × prompts over the server's limit; "
+    "a prompt or max_tokens beyond the model's context (`context_length_exceeded`); or Triton refusing the request.",
+    404: "Unknown model (`model_not_found`), or unknown URL (`unknown_url`).",
+    413: "The request body is larger than the server's limit (`request_too_large`).",
+    500: "Triton failed the request.",
+    502: "Triton answered something unexpected.",
+    503: "Triton is unreachable or cannot serve the model (`triton_unavailable`).",
+    504: "Triton did not answer in time (`timeout`).",
+}
+GENERATION_ERRORS = (400, 404, 413, 500, 502, 503, 504)
+_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "required": ["data"],
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorResponse, "description": _ERRORS[status]} for status in statuses}
+
+
+def answers(model: type[BaseModel], description: str, *statuses: int, stream: str | None = None) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a route: 200 with `model` (or, with `stream`, an SSE stream too), then the errors."""
+    ok: dict[str, Any] = {"model": model, "description": description}
+    if stream is not None:
+        ok["description"] = f"{description} With `stream: true`: {stream}"
+        ok["content"] = {"text/event-stream": {"schema": _EVENT}}
+    return {200: ok, **errors(*statuses)}
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra=` of a route that reads a JSON `model` itself."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}}}
+
+
+def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
+    """Component → property → the schema documented for it: what `planning` refuses, field by field."""
+    room = {"type": "integer", "minimum": 1, "maximum": context.model.max_seq_len - 1}
+    n = _nullable({"type": "integer", "minimum": 1, "maximum": context.max_n}, f"At most {context.max_n} choices (n × prompts).")
+    none = "Not supported: refused (400 `unsupported_parameter`) unless absent, null or empty."
+    stop = {"type": "string", "minLength": 1}
+    sampling = {
+        "model": {"type": "string", "enum": [context.model.name], "description": "The served model's name (GET /v1/models)."},
+        "max_tokens": _nullable(room, f"At most the context ({context.model.max_seq_len} tokens) minus the prompt's tokens."),
+        "n": n,
+        "stop": {
+            "anyOf": [stop, {"type": "array", "items": stop, "maxItems": MAX_STOP_SEQUENCES}, {"type": "null"}],
+            "description": f"Up to {MAX_STOP_SEQUENCES} non-empty sequences; the answer ends before the first occurrence.",
+        },
+        "logit_bias": _nullable({"type": "object", "maxProperties": 0}, none),
+    }
+    return {
+        "CompletionRequest": {
+            **sampling,
+            "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": context.max_n}],
+                       "description": "A string, or a non-empty list of strings (n answers each); token-id prompts are refused."},
+            "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 0}, "0: the sampled token's log-probability (the engine returns no alternatives)."),
+            "suffix": _nullable({"type": "string", "maxLength": 0}, none),
+            "best_of": _nullable({"type": "integer", "minimum": 1}, "1 or n: more candidates than answers are not supported."),
+            "echo": _nullable({"type": "boolean"}, "Not with `logprobs`."),
+        },
+        "ChatCompletionRequest": {
+            **sampling,
+            "max_completion_tokens": _nullable(room, "As max_tokens (give one of them, or the same value)."),
+            "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 0}, "0 (with logprobs): the engine returns no alternatives."),
+            **{name: _nullable({"type": "array", "maxItems": 0}, none) for name in ("tools", "functions")},
+            **{name: {"enum": [None, "none"], "description": none} for name in ("tool_choice", "function_call")},
+        },
+        "ChatMessage": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"], "description": "Tool and function messages are not supported."},
+            "tool_calls": _nullable({"type": "array", "maxItems": 0}, none),
+            "function_call": _nullable({"type": "object", "maxProperties": 0}, none),
+        },
+        "ResponseFormat": {"type": {"type": "string", "enum": ["text"]}},
+    }
+
+
+def _nullable(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}], "description": description}
+
+
+def install(app: FastAPI, bodies: Sequence[type[BaseModel]], context: Context) -> None:
+    """Make `app.openapi()` document `bodies` (the models named by `request_body`) with `planning_rules(context)`."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            components = document.setdefault("components", {}).setdefault("schemas", {})
+            for body in bodies:
+                schema = body.model_json_schema(ref_template=REF)
+                for name, definition in {**schema.pop("$defs", {}), body.__name__: schema}.items():
+                    if components.setdefault(name, definition) != definition:
+                        raise RuntimeError(f"two different schemas are named {name!r}")
+            for name, rules in planning_rules(context).items():
+                properties = components[name]["properties"]
+                for field, rule in rules.items():
+                    kept = {key: value for key, value in properties[field].items() if key in ("title", "default")}
+                    properties[field] = {**kept, **rule}
+            _drop_422(document)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _drop_422(document: dict[str, Any]) -> None:
+    for path in document.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
