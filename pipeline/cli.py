@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = with_config("serve", "build what is missing, then serve the cpu target with the bundled tritonserver until Ctrl-C")
     serve.add_argument("--detach", action="store_true", help="start in the background and return once every model is ready; end it with `stop`")
     serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
-    with_config("stop", "stop a server started with `serve --detach`")
+    with_config("stop", "stop a server started with `serve --detach`; after a crash, end the stubs it left and say so")
     deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it")
     deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
     deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
     accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
     accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    from pipeline.bench.soak_cli import add_soak_parser
+
+    add_soak_parser(bench_sub)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
@@ -118,6 +121,10 @@ def run_cli(argv: list[str], console: Console) -> int:
         return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
     if args.command == "bench" and args.bench_command == "serve":
         return _bench_serve(args)
+    if args.command == "bench" and args.bench_command == "soak":
+        from pipeline.bench.soak_cli import run_soak_command
+
+        return run_soak_command(args, _build_cpu_target)
     if args.command == "bench" and args.bench_command == "accuracy":
         return _bench_accuracy(args)
     if args.command == "bench":
@@ -139,8 +146,8 @@ def run_cli(argv: list[str], console: Console) -> int:
     if args.command == "stop":
         from pipeline.serve import stop_detached
 
-        state = stop_detached(_serve_state_dir(store))
-        console.print(f"stopped the server (pid {state.pid}) that served {state.http_url}")
+        result = stop_detached(_serve_state_dir(store))
+        console.print(result.message(), markup=False)
         return 0
     if args.command == "deploy":
         return _deploy(loaded, store, args, console)
@@ -225,7 +232,9 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     results = _build_cpu_target(loaded, store, "serve", "package")
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
     if args.detach:
-        state = start_detached(options, _serve_state_dir(store), timeout=args.timeout)
+        state = start_detached(
+            options, _serve_state_dir(store), timeout=args.timeout, on_cleanup=lambda stale: console.print(stale.message(), markup=False)
+        )
         console.print(f"serving {loaded.spec.serve.model_name!r} (pid {state.pid}): HTTP {state.http_url} · gRPC {state.grpc_url}")
         console.print(f"stop it with: trtllm-pipeline stop {args.config}")
         return 0

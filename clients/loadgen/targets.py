@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 import httpx
 
@@ -91,15 +91,7 @@ class OpenAITarget:
             if response.status_code != 200:
                 detail = (await response.aread()).decode("utf-8", "replace")[:300]
                 raise RuntimeError(f"HTTP {response.status_code}: {detail}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    raise RuntimeError(f"stream error: {event['error']}")
+            async for event in completion_events(response):
                 if any(choice.get("text") for choice in event.get("choices") or ()):
                     record.add_tokens(1, time.monotonic())
                 usage = event.get("usage")
@@ -111,6 +103,22 @@ class OpenAITarget:
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+async def completion_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an OpenAI SSE stream, up to `[DONE]`; an error event or a stream that
+    ends without `[DONE]` raises RuntimeError."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise RuntimeError(f"stream error: {event['error']}")
+        yield event
+    raise RuntimeError("the stream ended without [DONE]")
 
 
 def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0) -> LoadTarget:

@@ -35,6 +35,7 @@ class Endpoints:
     openai: str | None = None  # http://host:port/v1
     model_name: str = ""  # the name the OpenAI front end serves
     server_version: str | None = None
+    server: Any = field(default=None, compare=False, repr=False)  # the TritonServer, when `serving` started it
 
     def url(self, endpoint: str) -> str:
         url = getattr(self, endpoint)
@@ -150,9 +151,13 @@ def _mode_key(mode: dict[str, Any]) -> str:
 
 # -- what the sweep runs against ----------------------------------------------------------------
 @contextlib.contextmanager
-def serving(repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0, say: Callable[[str], None] = lambda line: None) -> Iterator[Endpoints]:
+def serving(
+    repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
+    say: Callable[[str], None] = lambda line: None, check_alive: bool = True,
+) -> Iterator[Endpoints]:
     """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when
-    `openai`; the endpoints while the block runs, everything stopped afterwards."""
+    `openai`; the endpoints while the block runs, everything stopped afterwards. With
+    `check_alive`, a server that died meanwhile is a StageError at the end of the block."""
     from pipeline.bench.serve_env import server_version
     from pipeline.serve import ServerOptions, TritonServer
 
@@ -165,7 +170,8 @@ def serving(repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_t
         say(f"starting tritonserver on {LOOPBACK} (HTTP {http_port}, gRPC {grpc_port})")
         server.wait_until_ready(timeout=startup_timeout)
         endpoints = Endpoints(
-            grpc=f"{LOOPBACK}:{grpc_port}", http=options.http_url, model_name=model_name, server_version=server_version(options.http_url)
+            grpc=f"{LOOPBACK}:{grpc_port}", http=options.http_url, model_name=model_name, server_version=server_version(options.http_url),
+            server=server,
         )
         if not openai:
             yield endpoints
@@ -175,5 +181,5 @@ def serving(repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_t
             with running_openai_server(endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0]) as base_url:
                 say(f"OpenAI front end at {base_url}")
                 yield dataclasses.replace(endpoints, openai=base_url)
-        if not server.is_running():  # the measured failures would otherwise read as the model's
+        if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's
             raise StageError(f"tritonserver exited during the benchmark; its errors: {server.error_lines()}")

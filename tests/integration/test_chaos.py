@@ -1,0 +1,105 @@
+"""Chaos against the real tritonserver: clients that cut their streams must not hurt the server.
+
+A fixed number of sampled streams, 8 at a time, over Triton gRPC and HTTP SSE (ensemble and BLS)
+and the OpenAI front end; half of them cut after 0-10 responses (0: during the prompt's prefill).
+Afterwards the server is ready, its log has no `Signal (N)`, no Python-backend stub was replaced,
+KV blocks in use and active requests are back to 0, and a greedy request returns the text it
+returned before. On the code before issue #11 this run killed tritonserver (SIGSEGV in
+TRITONBACKEND_ResponseFactoryIsCancelled) or a stub (heap corruption) within seconds.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from clients.loadgen.chaos import ChaosPlan, ChaosTargets
+from clients.openai_server import running_openai_server
+from pipeline.bench.soak import soak
+from pipeline.config.spec import DeploySpec
+from pipeline.serve import ServerOptions
+from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, running_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "tiny-cpu"
+PLAN = ChaosPlan(requests=160, concurrency=8, cut_fraction=0.5, max_tokens=(8, 64), cut_after=(0, 8), seed=11)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_cpu, tmp_path_factory):
+    paths = tiny_cpu
+    http_port, grpc_port, metrics_port = free_ports(3)
+    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    options = ServerOptions.from_deploy(deploy, paths["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
+    with running_server(options, tmp_path_factory.mktemp("serve")) as server:
+        with running_openai_server(server.options.grpc_url, model_name=MODEL, model_repository=paths["repository"]) as base_url:
+            yield server, base_url
+
+
+def test_cut_streams_on_every_endpoint_leave_the_server_as_it_was(served):
+    server, base_url = served
+    targets = ChaosTargets(server.options.grpc_url, server.options.http_url, base_url, MODEL)
+    verdict = soak(PLAN, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path)
+    assert verdict.ok, verdict.problems
+    traffic = verdict.traffic
+    assert traffic["sent"] == PLAN.requests and traffic["failed"] == 0
+    for route in ("grpc:ensemble", "grpc:tensorrt_llm_bls", "http:ensemble", "http:tensorrt_llm_bls", "openai"):
+        counts = traffic["by_route"][route]
+        assert counts["cut"] > 0 and counts["done"] > 0, (route, counts)
+    assert verdict.after["stub_pids"] == verdict.before["stub_pids"]
+
+
+def _stream(grpc_url: str, model: str, prompt: str, max_tokens: int, *, request_id: str, cancel_after_final: bool = False) -> str:
+    """One greedy gRPC stream read to its final response; its text. `cancel_after_final`: then
+    cancel it anyway, as a client that closes its stream late does."""
+    arrays = {
+        "text_input": (np.array([[prompt.encode()]], dtype=np.object_), "BYTES"),
+        "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
+        "stream": (np.array([[True]], dtype=np.bool_), "BOOL"),
+    }
+    inputs = []
+    for name, (array, datatype) in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    client = grpcclient.InferenceServerClient(grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+    text = ""
+    try:
+        while True:
+            result, error = responses.get(timeout=60)
+            if error is not None:
+                raise error
+            array = result.as_numpy("text_output")
+            if array is not None:
+                text += array.reshape(-1)[0].decode()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return text
+    finally:
+        client.stop_stream(cancel_requests=cancel_after_final)
+        client.close()
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_the_same_request_id_twice_and_a_cancel_after_the_final_response(served, model):
+    """Four concurrent requests under one request id each get the whole greedy answer; a
+    cancellation that comes after the final response changes nothing (and the module's server
+    still stops cleanly: running_server checks the exit code)."""
+    server, _ = served
+    url = server.options.grpc_url
+    expected = _stream(url, model, "import", 16, request_id="alone")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _stream(url, model, "import", 16, request_id="same-id"), range(4)))
+    assert answers == [expected] * 4
+    assert _stream(url, model, "import", 16, request_id="late-cancel", cancel_after_final=True) == expected
+    with urllib.request.urlopen(f"{server.options.http_url}/v2/health/ready", timeout=5) as response:
+        assert response.status == 200
+    assert _stream(url, model, "import", 16, request_id="after") == expected

@@ -1,0 +1,115 @@
+"""The chaos plan, the soak's verdict and the BLS's deferred release, without a server (the real runs
+are tests/integration/test_chaos.py and `trtllm-pipeline bench soak`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from clients.loadgen.chaos import ChaosOutcome, ChaosPlan
+from pipeline.bench.soak import Vitals, judge, log_signals
+from pipeline.bench.soak_cli import chaos_plan
+from pipeline.errors import SpecError
+
+MODEL_CODE = Path(__file__).resolve().parents[2] / "model_repo" / "python"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"requests": None, "duration_s": None}, "needs requests or duration_s"),
+        ({"requests": 0}, "requests must be >= 1, got 0"),
+        ({"concurrency": 0}, "concurrency must be >= 1, got 0"),
+        ({"cut_fraction": 1.5}, "cut_fraction must be between 0 and 1, got 1.5"),
+        ({"endpoints": ("grpc", "smtp")}, "endpoints must be some of grpc, http, openai; got grpc, smtp"),
+        ({"max_tokens": (10, 5)}, "max_tokens must be a range low <= high, got 10..5"),
+        ({"max_tokens": (0, 5)}, "max_tokens must start at 1 or more"),
+    ],
+)
+def test_a_bad_chaos_plan_names_its_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ChaosPlan(**kwargs)
+
+
+def test_the_soak_command_turns_bad_arguments_into_spec_errors():
+    class Args:
+        requests, duration, concurrency, cut_fraction, endpoints, max_tokens, seed = None, 10.0, 4, 0.5, "grpc", "16", 0
+
+    with pytest.raises(SpecError, match="--max-tokens takes LOW,HIGH"):
+        chaos_plan(Args())
+    Args.max_tokens, Args.cut_fraction = "4,8", 2.0
+    with pytest.raises(SpecError, match="bench soak: cut_fraction must be between 0 and 1"):
+        chaos_plan(Args())
+
+
+def _vitals(**changes) -> Vitals:
+    values = dict(ready=True, kv_blocks_used=0.0, active_requests=0.0, server_rss_mb=40.0, stub_rss_mb=500.0, stub_pids=(1, 2), signals=())
+    values.update(changes)
+    return Vitals(**values)
+
+
+def test_a_clean_run_has_no_problems():
+    outcome = ChaosOutcome(done=5, cut=5)
+    assert judge(outcome, _vitals(), _vitals(server_rss_mb=45.0), "abc", "abc") == []
+
+
+@pytest.mark.parametrize(
+    ("after", "greedy_after", "failed", "expected"),
+    [
+        ({"ready": False}, None, 0, "not ready"),
+        ({"signals": ("Signal (11) received",)}, "abc", 0, "Signal (11) received"),
+        ({"stub_pids": (1, 3)}, "abc", 0, "a stub died"),
+        ({"kv_blocks_used": 2.0}, "abc", 0, "2.0 KV blocks used"),
+        ({}, "abd", 0, "the greedy answer changed"),
+        ({}, "abc", 1, "1 request(s) failed"),
+    ],
+)
+def test_each_kind_of_damage_is_named(after, greedy_after, failed, expected):
+    outcome = ChaosOutcome(done=5, cut=5, failed=failed, errors=["grpc:ensemble: boom"] if failed else [])
+    problems = judge(outcome, _vitals(), _vitals(**after), "abc", greedy_after)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_signals_already_in_the_log_before_the_run_do_not_count(tmp_path):
+    log = tmp_path / "tritonserver.log"
+    log.write_text("I... ready\nSignal (11) received.\n")
+    before = _vitals(signals=log_signals(log))
+    assert before.signals == ("Signal (11) received",)
+    assert judge(ChaosOutcome(done=1), before, _vitals(signals=before.signals), "a", "a") == []
+
+
+def test_outcome_counts_per_route_and_keeps_a_bounded_error_sample():
+    outcome = ChaosOutcome()
+    for index in range(30):
+        outcome.count("grpc:ensemble", "failed", f"error {index}")
+    outcome.count("openai", "cut")
+    assert outcome.sent == 31 and outcome.by_route["grpc:ensemble"]["failed"] == 30
+    assert len(outcome.errors) == 20 and outcome.as_dict()["by_route"]["openai"] == {"done": 0, "cut": 1, "failed": 0}
+
+
+def test_deferred_release_drops_objects_only_after_their_delay(monkeypatch):
+    monkeypatch.syspath_prepend(str(MODEL_CODE))
+    from deferred_release import DeferredRelease
+
+    now = [0.0]
+    released = []
+
+    class Tracked:
+        def __init__(self, name):
+            self.name = name
+
+        def __del__(self):
+            released.append(self.name)
+
+    holder = DeferredRelease(2.0, clock=lambda: now[0])
+    holder.hold(Tracked("a"))
+    now[0] = 1.0
+    holder.hold(Tracked("b"))
+    assert holder.release_due() == 0 and released == []
+    now[0] = 2.5
+    assert holder.release_due() == 1 and released == ["a"] and len(holder) == 1
+    now[0] = 3.0
+    assert holder.release_due() == 1 and released == ["a", "b"]
+    sys.modules.pop("deferred_release", None)
