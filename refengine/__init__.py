@@ -18,7 +18,7 @@ from refengine.engine_loop import EngineLoop, RequestStream
 from refengine.errors import EngineConfigError, InvalidRequestError, ModelLoadError, RefEngineError
 from refengine.kv_cache import KVCacheUsage
 from refengine.model_config import ModelConfig
-from refengine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from refengine.sampling import SamplingParams
 from refengine.stats import EngineStats
 
@@ -36,6 +36,7 @@ __all__ = [
     "ModelConfig",
     "ModelLoadError",
     "RefEngineError",
+    "RequestMetrics",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",

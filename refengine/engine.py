@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -18,7 +19,7 @@ from refengine.config import EngineConfig
 from refengine.errors import InvalidRequestError
 from refengine.kv_cache import KVCacheUsage
 from refengine.model_runner import LlamaModel, ModelRunner, torch_dtype
-from refengine.outputs import CompletionOutput, RequestOutput
+from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
 from refengine.scheduler import Scheduler, SequenceUpdate
@@ -52,24 +53,36 @@ class _RequestState:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     completions: list[_CompletionState]
+    arrival_time_ns: int = field(default_factory=time.time_ns)
+    first_scheduled_time_ns: int | None = None
+    first_token_time_ns: int | None = None
+    last_token_time_ns: int | None = None
 
     @property
     def finished(self) -> bool:
         return all(c.finish_reason is not None for c in self.completions)
 
-    def apply(self, update: SequenceUpdate) -> None:
+    def apply(self, update: SequenceUpdate, now_ns: int) -> None:
         completion = self.completions[update.sample_index]
+        if update.new_token_ids:
+            if self.first_token_time_ns is None:
+                self.first_token_time_ns = now_ns
+            self.last_token_time_ns = now_ns
         completion.token_ids.extend(update.new_token_ids)
         completion.logprobs.extend(s for s in update.new_samples if s.logprob is not None)
         if update.finish_reason is not None:
             completion.finish_reason = update.finish_reason.value
 
-    def snapshot(self) -> RequestOutput:
+    def snapshot(self, block_counts: tuple[int, int]) -> RequestOutput:
         with_logprobs = self.params.logprobs is not None
+        metrics = RequestMetrics(
+            self.arrival_time_ns, self.first_scheduled_time_ns, self.first_token_time_ns, self.last_token_time_ns, *block_counts
+        )
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt_token_ids,
             outputs=tuple(c.snapshot(with_logprobs) for c in self.completions),
+            metrics=metrics,
         )
 
 
@@ -173,7 +186,7 @@ class LLMEngine:
             for completion in state.completions:
                 if completion.finish_reason is None:
                     completion.finish_reason = "aborted"
-            self._held_outputs.append(state.snapshot())
+            self._held_outputs.append(state.snapshot(self._scheduler.kv_cache.pop_blocks_given(request_id)))
 
     # -- running ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -245,22 +258,34 @@ class LLMEngine:
                 f"scheduler made no progress with {self._scheduler.num_waiting} waiting and "
                 f"{self._scheduler.num_running} running sequences"
             )
+        self._mark_scheduled(scheduler_output.scheduled)
         runner_output = self._runner.execute(scheduler_output)
         updates = self._scheduler.update_from_output(scheduler_output, runner_output)
         self._num_steps += 1
+        now_ns = time.time_ns()
         advanced: dict[str, _RequestState] = {}
         for update in updates:
             self._num_generated_tokens += len(update.new_token_ids)
             state = self._requests.get(update.request_id)
             if state is not None:
-                state.apply(update)
+                state.apply(update, now_ns)
                 advanced[update.request_id] = state
         outputs = []
         for request_id, state in advanced.items():
-            outputs.append(state.snapshot())
             if state.finished:
+                outputs.append(state.snapshot(self._scheduler.kv_cache.pop_blocks_given(request_id)))
                 del self._requests[request_id]
+            else:
+                outputs.append(state.snapshot(self._scheduler.kv_cache.blocks_given(request_id)))
         return outputs
+
+    def _mark_scheduled(self, scheduled) -> None:
+        now_ns = time.time_ns()
+        for item in scheduled:
+            sequence = self._scheduler.get_sequence(item.seq_id)
+            state = self._requests.get(sequence.request_id) if sequence is not None else None
+            if state is not None and state.first_scheduled_time_ns is None:
+                state.first_scheduled_time_ns = now_ns
 
     @staticmethod
     def _params_per_prompt(

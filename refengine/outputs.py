@@ -25,10 +25,30 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True)
+class RequestMetrics:
+    """When a request arrived, was first scheduled and produced tokens (nanoseconds since the Unix
+    epoch; None until it happened), and the KV blocks it was given: newly allocated, or reused
+    from the prefix cache (TensorRT-LLM's per-request perf metrics). A preempted request that is
+    recomputed counts the blocks it is given again, as TensorRT-LLM does."""
+
+    arrival_time_ns: int
+    first_scheduled_time_ns: int | None = None
+    first_token_time_ns: int | None = None
+    last_token_time_ns: int | None = None
+    kv_new_blocks: int = 0
+    kv_reused_blocks: int = 0
+
+    @property
+    def kv_total_blocks(self) -> int:
+        return self.kv_new_blocks + self.kv_reused_blocks
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[CompletionOutput, ...]
+    metrics: RequestMetrics | None = None
 
     @property
     def finished(self) -> bool:

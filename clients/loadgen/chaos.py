@@ -21,6 +21,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import httpx
 
@@ -87,6 +88,7 @@ class ChaosOutcome:
     by_route: dict[str, dict[str, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    stopped: str | None = None  # why the run was stopped early (`run_chaos`'s `stop_reason`)
 
     @property
     def sent(self) -> int:
@@ -102,7 +104,7 @@ class ChaosOutcome:
     def as_dict(self) -> dict:
         return {
             "sent": self.sent, "done": self.done, "cut": self.cut, "failed": self.failed,
-            "seconds": round(self.seconds, 2), "by_route": self.by_route, "errors": self.errors,
+            "seconds": round(self.seconds, 2), "by_route": self.by_route, "errors": self.errors, "stopped": self.stopped,
         }
 
 
@@ -118,7 +120,11 @@ class _Cut(Exception):
     pass
 
 
-async def run_chaos(plan: ChaosPlan, targets: ChaosTargets) -> ChaosOutcome:
+async def run_chaos(
+    plan: ChaosPlan, targets: ChaosTargets, *, stop_reason: Callable[[], str | None] = lambda: None
+) -> ChaosOutcome:
+    """Run the plan. `stop_reason` is asked every second; once it names a reason (say, the server
+    died) the streams still open are abandoned, uncounted, and the outcome says why it stopped."""
     if "openai" in plan.endpoints and not (targets.openai_url and targets.openai_model):
         raise ValueError("the openai endpoint needs ChaosTargets.openai_url and openai_model")
     rng = random.Random(plan.seed)
@@ -165,8 +171,15 @@ async def run_chaos(plan: ChaosPlan, targets: ChaosTargets) -> ChaosOutcome:
             else:
                 outcome.count(request.route, "done")
 
+    callers = [asyncio.ensure_future(caller(index)) for index in range(plan.concurrency)]
     try:
-        await asyncio.gather(*(caller(index) for index in range(plan.concurrency)))
+        while not all(task.done() for task in callers):
+            await asyncio.wait(callers, timeout=1.0)
+            if outcome.stopped is None and (reason := stop_reason()) is not None:
+                outcome.stopped = reason
+                for task in callers:
+                    task.cancel()
+        await asyncio.gather(*callers, return_exceptions=outcome.stopped is not None)
     finally:
         for client in clients.values():
             await client.close()

@@ -17,7 +17,7 @@ from itertools import accumulate
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from clients.openai_server import errors
 
@@ -37,15 +37,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     too_large = declared.isdigit() and int(declared) > limit
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            too_large = True
-        if too_large:
-            if size > DRAIN_LIMIT_BYTES:
-                break
-            continue
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                too_large = True
+            if too_large:
+                if size > DRAIN_LIMIT_BYTES:
+                    break
+                continue
+            parts.append(part)
+    except ClientDisconnect:  # gone before its body arrived: nobody reads an answer; no traceback in the log
+        raise errors.OpenAIError(499, "the client disconnected before its request body arrived", code="client_disconnected") from None
     if too_large:
         raise errors.body_too_large(limit)
     return b"".join(parts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 CLIENT_TO_PREPROCESSING = {
     "text_input": "QUERY",
+    "decoder_text_input": "DECODER_QUERY",
     "max_tokens": "REQUEST_OUTPUT_LEN",
     "bad_words": "BAD_WORDS_DICT",
     "stop_words": "STOP_WORDS_DICT",
@@ -17,7 +18,9 @@ CLIENT_TO_PREPROCESSING = {
 
 PREPROCESSING_TO_LLM = {
     "INPUT_ID": "input_ids",
+    "DECODER_INPUT_ID": "decoder_input_ids",
     "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_DECODER_INPUT_LEN": "decoder_input_lengths",
     "REQUEST_OUTPUT_LEN": "request_output_len",
     "BAD_WORDS_IDS": "bad_words_list",
     "STOP_WORDS_IDS": "stop_words_list",
@@ -31,6 +34,7 @@ CLIENT_TO_LLM = {
     "temperature": "temperature",
     "top_k": "runtime_top_k",
     "top_p": "runtime_top_p",
+    "length_penalty": "len_penalty",
     "repetition_penalty": "repetition_penalty",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
@@ -39,11 +43,17 @@ CLIENT_TO_LLM = {
     "return_log_probs": "return_log_probs",
     "return_context_logits": "return_context_logits",
     "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
     "exclude_input_in_output": "exclude_input_in_output",
     "stream": "streaming",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 
-# Only declared by repositories of an engine built with LoRA; absent inputs are simply not forwarded.
+# Declared by repositories of a LoRA engine and by cpu repositories (whose tensorrt_llm refuses them by name);
+# absent inputs are simply not forwarded.
 LORA_CLIENT_TO_LLM = {"lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config"}
 
 LLM_TO_CLIENT = {
@@ -51,5 +61,18 @@ LLM_TO_CLIENT = {
     "output_log_probs": "output_log_probs",
     "context_logits": "context_logits",
     "generation_logits": "generation_logits",
+    "batch_index": "batch_index",
     "sequence_index": "sequence_index",
+    "kv_cache_alloc_new_blocks": "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks": "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks": "kv_cache_alloc_total_blocks",
+    "arrival_time_ns": "arrival_time_ns",
+    "first_scheduled_time_ns": "first_scheduled_time_ns",
+    "first_token_time_ns": "first_token_time_ns",
+    "last_token_time_ns": "last_token_time_ns",
+    "acceptance_rate": "acceptance_rate",
+    "total_accepted_draft_tokens": "total_accepted_draft_tokens",
+    "total_draft_tokens": "total_draft_tokens",
+    "num_input_tokens": "num_input_tokens",
+    "num_output_tokens": "num_output_tokens",
 }

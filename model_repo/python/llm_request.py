@@ -1,8 +1,8 @@
 """The `tensorrt_llm` tensor contract → a refengine request, with TensorRT-LLM's semantics.
 
-Pure (numpy + refengine), so it is testable outside Triton. Arrays carry Triton's batch axis;
-the cpu model serves one sequence per request (batch size 1), like each executor request of
-TensorRT-LLM's backend.
+Pure (numpy + refengine), so it is testable outside Triton. Arrays carry Triton's batch axis; a
+request of batch B is split into B generations (`split_rows`), as TensorRT-LLM's backend makes one
+executor request per row, and each row's responses carry its `batch_index`.
 
 Semantics kept from TensorRT-LLM:
 - `runtime_top_k` 0 and `runtime_top_p` 0 (the defaults) mean greedy decoding; `runtime_top_p`
@@ -15,6 +15,8 @@ Semantics kept from TensorRT-LLM:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -39,9 +41,12 @@ CONTRACT_NAMES = {
 INPUT_NAMES = (
     "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "end_id", "pad_id",
     "stop_words_list", "bad_words_list", "beam_width", "temperature", "runtime_top_k", "runtime_top_p",
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "seed",
-    "return_log_probs", "return_context_logits", "return_generation_logits",
-    "exclude_input_in_output", "stop", "streaming",
+    "len_penalty", "early_stopping", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "min_tokens", "seed", "return_log_probs", "return_context_logits", "return_generation_logits",
+    "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens",
+    "exclude_input_in_output", "stop", "streaming", "decoder_input_ids", "decoder_input_lengths",
+    "guided_decoding_guide_type", "guided_decoding_guide", "lookahead_window_size", "lookahead_ngram_size",
+    "lookahead_verification_set_size", "lora_task_id", "lora_weights", "lora_config",
 )
 
 # Inputs of the contract this engine cannot honour when they ask for more than the default.
@@ -49,6 +54,17 @@ _UNSUPPORTED_TRUE = {
     "return_context_logits": "context logits are not produced by the cpu reference engine",
     "return_generation_logits": "generation logits are not produced by the cpu reference engine",
 }
+# Inputs this engine cannot honour at all: a request that carries one is refused, by name.
+_UNSUPPORTED_PRESENT = {
+    "lora_task_id": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
+    "lora_weights": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
+    "lora_config": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
+    "lookahead_window_size": "lookahead decoding is not done by the cpu reference engine",
+    "lookahead_ngram_size": "lookahead decoding is not done by the cpu reference engine",
+    "lookahead_verification_set_size": "lookahead decoding is not done by the cpu reference engine",
+}
+# decoder_input_ids / decoder_input_lengths are read and ignored: the engine is decoder-only, and
+# the ensemble always sends NVIDIA's placeholder (one pad id), as TensorRT-LLM's backend ignores it.
 
 
 class ContractError(ValueError):
@@ -62,6 +78,10 @@ class GenerateRequest:
     streaming: bool
     exclude_input_in_output: bool
     return_log_probs: bool
+    return_perf_metrics: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    batch_index: int = 0  # the row of a batched Triton request this generation answers
 
 
 @dataclass(frozen=True)
@@ -97,10 +117,25 @@ def parse_request(
     for name, reason in _UNSUPPORTED_TRUE.items():
         if scalars.get(name, bool, False):
             raise ContractError(f"{name}: {reason}")
+    for name, reason in _UNSUPPORTED_PRESENT.items():
+        if name in arrays:
+            raise ContractError(f"{name}: {reason}")
+    _refuse_guided_decoding(arrays)
+    length_penalty = scalars.get("len_penalty", float, 1.0)
+    if not math.isfinite(length_penalty):
+        raise ContractError(f"len_penalty: must be a finite number, got {length_penalty}")
+    # len_penalty and early_stopping shape beam search only; at beam_width 1 they change nothing.
+    scalars.get("early_stopping", bool, False)
     num_sequences = scalars.get("num_return_sequences", int, 1)
     if num_sequences > 1 and not decoupled:
         raise ContractError("num_return_sequences: more than one sequence needs the model in decoupled mode")
     return_log_probs = scalars.get("return_log_probs", bool, False)
+    return_num_output_tokens = scalars.get("return_num_output_tokens", bool, False)
+    if return_num_output_tokens and num_sequences > 1:
+        raise ContractError(
+            f"return_num_output_tokens: not available with num_return_sequences {num_sequences}; each sequence's "
+            "responses already carry its tokens (output_ids, sequence_length)"
+        )
     top_k = scalars.get("runtime_top_k", int, 0)
     top_p = scalars.get("runtime_top_p", float, 0.0)
     greedy = top_k == 0 and top_p == 0.0
@@ -132,7 +167,41 @@ def parse_request(
         streaming=streaming,
         exclude_input_in_output=scalars.get("exclude_input_in_output", bool, exclude_input_default),
         return_log_probs=return_log_probs,
+        return_perf_metrics=scalars.get("return_perf_metrics", bool, False),
+        return_num_input_tokens=scalars.get("return_num_input_tokens", bool, False),
+        return_num_output_tokens=return_num_output_tokens,
     )
+
+
+def split_rows(arrays: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A request of batch B → B requests of batch 1 (as TensorRT-LLM's backend splits them).
+    Inputs with one row apply to every row."""
+    input_ids = arrays.get("input_ids")
+    batch = int(input_ids.shape[0]) if input_ids is not None and input_ids.ndim >= 1 else 1
+    rows: list[dict[str, np.ndarray]] = [{} for _ in range(batch)]
+    for name, array in arrays.items():
+        if array.ndim == 0 or array.shape[0] not in (1, batch):
+            raise ContractError(f"{name}: expected a leading batch axis of 1 or {batch} (input_ids), got shape {list(array.shape)}")
+        for index, row in enumerate(rows):
+            row[name] = array[index : index + 1] if array.shape[0] == batch else array
+    return rows
+
+
+def parse_batch(
+    arrays: Mapping[str, np.ndarray], *, exclude_input_default: bool, decoupled: bool
+) -> list[GenerateRequest] | StopRequest:
+    """`parse_request` for each row of a (possibly batched) request; errors name the row when B > 1."""
+    rows = split_rows(arrays)
+    parsed = []
+    for index, row in enumerate(rows):
+        try:
+            request = parse_request(row, exclude_input_default=exclude_input_default, decoupled=decoupled)
+        except ContractError as error:
+            raise ContractError(f"batch row {index}: {error}" if len(rows) > 1 else str(error)) from None
+        if isinstance(request, StopRequest):
+            return request
+        parsed.append(dataclasses.replace(request, batch_index=index))
+    return parsed
 
 
 class _Scalars:
@@ -157,6 +226,17 @@ class _Scalars:
         if kind is int:
             return int(value)
         return float(value)
+
+
+def _refuse_guided_decoding(arrays: Mapping[str, np.ndarray]) -> None:
+    for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+        array = arrays.get(name)
+        if array is not None and any(_text(value) for value in array.reshape(-1)):
+            raise ContractError(f"{name}: guided decoding is not done by the cpu reference engine yet")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _prompt(arrays: Mapping[str, np.ndarray], scalars: _Scalars) -> tuple[int, ...]:

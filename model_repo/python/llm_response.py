@@ -1,9 +1,12 @@
 """refengine outputs → the `tensorrt_llm` contract's output arrays (with Triton's batch axis).
 
 Pure (numpy + refengine). Shapes, batch axis first: output_ids [1, beams, T], sequence_length
-[1, beams], cum_log_probs [1, beams], output_log_probs [1, beams, T], sequence_index [1, 1], and
-the cpu model's extra output preceding_ids [1, beams, K] (context for incremental detokenization,
-see incremental_detokenizer.py).
+[1, beams], cum_log_probs [1, beams], output_log_probs [1, beams, T], batch_index and
+sequence_index [1, 1], and the cpu model's extra output preceding_ids [1, beams, K] (context for
+incremental detokenization, see incremental_detokenizer.py). On request, TensorRT-LLM's perf
+metrics (refengine's own timestamps and KV block counts; no speculation, so the draft figures
+are 0) and token counts, each [1, 1]: num_input_tokens is the prompt's length, num_output_tokens
+the tokens generated so far.
 
 Streamed responses carry the tokens generated since the previous response; the final
 non-streamed response carries the whole output (prompt first unless excluded).
@@ -16,24 +19,24 @@ from typing import Sequence
 import numpy as np
 from incremental_detokenizer import CONTEXT_TOKENS
 from llm_request import GenerateRequest
-from refengine import CompletionOutput
+from refengine import CompletionOutput, RequestMetrics
 
 Arrays = dict[str, np.ndarray]
 
 
-def streamed_arrays(request: GenerateRequest, completion: CompletionOutput) -> Arrays:
+def streamed_arrays(request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None) -> Arrays:
     """The response for the tokens `completion` gained since the previous one."""
     new_ids = list(completion.new_token_ids)
     earlier = list(request.prompt_ids) + list(completion.token_ids[: len(completion.token_ids) - len(new_ids)])
-    return _arrays(request, completion, new_ids, earlier[-CONTEXT_TOKENS:], log_prob_tail=len(new_ids))
+    return _arrays(request, completion, new_ids, earlier[-CONTEXT_TOKENS:], len(new_ids), metrics)
 
 
-def final_arrays(request: GenerateRequest, completion: CompletionOutput) -> Arrays:
+def final_arrays(request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None) -> Arrays:
     """The single response of a non-streamed request."""
     generated = list(completion.token_ids)
     if request.exclude_input_in_output:
-        return _arrays(request, completion, generated, list(request.prompt_ids)[-CONTEXT_TOKENS:], len(generated))
-    return _arrays(request, completion, list(request.prompt_ids) + generated, [], len(generated))
+        return _arrays(request, completion, generated, list(request.prompt_ids)[-CONTEXT_TOKENS:], len(generated), metrics)
+    return _arrays(request, completion, list(request.prompt_ids) + generated, [], len(generated), metrics)
 
 
 def _arrays(
@@ -42,10 +45,12 @@ def _arrays(
     output_ids: Sequence[int],
     preceding_ids: Sequence[int],
     log_prob_tail: int,
+    metrics: RequestMetrics | None,
 ) -> Arrays:
     arrays: Arrays = {
         "output_ids": np.array(output_ids, dtype=np.int32).reshape(1, 1, -1),
         "sequence_length": np.array([[len(output_ids)]], dtype=np.int32),
+        "batch_index": np.array([[request.batch_index]], dtype=np.int32),
         "sequence_index": np.array([[completion.index]], dtype=np.int32),
         "preceding_ids": np.array(preceding_ids, dtype=np.int32).reshape(1, 1, -1),
     }
@@ -54,4 +59,32 @@ def _arrays(
         tail = log_probs[len(log_probs) - log_prob_tail :] if log_prob_tail else []
         arrays["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
         arrays["output_log_probs"] = np.array(tail, dtype=np.float32).reshape(1, 1, -1)
+    if request.return_num_input_tokens:
+        arrays["num_input_tokens"] = _one(len(request.prompt_ids), np.int32)
+    if request.return_num_output_tokens:
+        arrays["num_output_tokens"] = _one(len(completion.token_ids), np.int32)
+    if request.return_perf_metrics:
+        arrays.update(perf_metric_arrays(metrics))
     return arrays
+
+
+def perf_metric_arrays(metrics: RequestMetrics | None) -> Arrays:
+    """TensorRT-LLM's per-request perf metrics; a time not reached yet is 0, as TensorRT-LLM reports it."""
+    if metrics is None:
+        raise ValueError("return_perf_metrics: the engine gave no metrics for this request")
+    return {
+        "kv_cache_alloc_new_blocks": _one(metrics.kv_new_blocks, np.int32),
+        "kv_cache_reused_blocks": _one(metrics.kv_reused_blocks, np.int32),
+        "kv_cache_alloc_total_blocks": _one(metrics.kv_total_blocks, np.int32),
+        "arrival_time_ns": _one(metrics.arrival_time_ns, np.int64),
+        "first_scheduled_time_ns": _one(metrics.first_scheduled_time_ns or 0, np.int64),
+        "first_token_time_ns": _one(metrics.first_token_time_ns or 0, np.int64),
+        "last_token_time_ns": _one(metrics.last_token_time_ns or 0, np.int64),
+        "acceptance_rate": _one(0.0, np.float32),
+        "total_accepted_draft_tokens": _one(0, np.int32),
+        "total_draft_tokens": _one(0, np.int32),
+    }
+
+
+def _one(value, dtype) -> np.ndarray:
+    return np.array([[value]], dtype=dtype)

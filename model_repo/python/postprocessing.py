@@ -2,7 +2,8 @@
 
 Inputs: TOKENS_BATCH [B, beams, T] and SEQUENCE_LENGTH [B, beams] from `tensorrt_llm`, and
 optional PRECEDING_IDS [B, beams, K]: the tokens that precede TOKENS_BATCH in the sequence.
-Output: OUTPUT [B, beams].
+Output: OUTPUT [B × beams], flat (wire shape [1] for one sequence, as NVIDIA's postprocessing and
+the clients written for it expect).
 
 With PRECEDING_IDS (the cpu `tensorrt_llm` model sends them with every response) the text is
 the delta those tokens add after their context: no leading space is lost and a multi-byte
@@ -26,6 +27,7 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from deferred_release import DeferredRelease
 from hf_tokenizer import HFTokenizer
 from incremental_detokenizer import text_delta
 from model_parameters import ModelParameters
@@ -41,8 +43,10 @@ class TritonPythonModel:
         self.skip_special_tokens = parameters.boolean("skip_special_tokens", True)
         self.llm_model_name = parameters.string("llm_model_name", "tensorrt_llm")
         self._stopped_request_ids = collections.deque(maxlen=_REMEMBERED_STOPS)
+        self._finished_calls = DeferredRelease()  # see _stop_generation
 
     def execute(self, requests):
+        self._finished_calls.release_due()
         responses = []
         for request in requests:
             try:
@@ -68,18 +72,16 @@ class TritonPythonModel:
         preceding = optional_input(request, "PRECEDING_IDS")
         if preceding is not None:
             preceding = _three_dimensional(preceding, "PRECEDING_IDS")
-        texts = []
+        texts = []  # flat, row by row then beam by beam: wire shape [beams] for one row, as NVIDIA's postprocessing
         for row in range(tokens.shape[0]):
-            row_texts = []
             for beam in range(tokens.shape[1]):
                 length = int(lengths[row, beam]) if beam < lengths.shape[1] else tokens.shape[2]
                 new_ids = tokens[row, beam, : max(0, min(length, tokens.shape[2]))].tolist()
                 if preceding is None:
-                    row_texts.append(self._decode(new_ids))
+                    texts.append(self._decode(new_ids))
                 else:
                     context = [int(t) for t in preceding[row, beam] if t >= 0]
-                    row_texts.append(text_delta(self._decode, context, new_ids))
-            texts.append(row_texts)
+                    texts.append(text_delta(self._decode, context, new_ids))
         return pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", texts)])
 
     def _stop_generation(self, request_id):
@@ -96,9 +98,17 @@ class TritonPythonModel:
             ],
             request_id=request_id,
         )
-        for response in stop.exec(decoupled=True):
-            if response.has_error():
-                log_error(f"stop request for {request_id!r} failed: {response.error().message()}")
+        # The response iterator is kept for a while after its final response, for the reason the BLS
+        # keeps its own (deferred_release.py: the stub must let go of it first, or it is freed
+        # without the GIL).
+        responses = stop.exec(decoupled=True)
+        try:
+            for response in responses:
+                if response.has_error():
+                    log_error(f"stop request for {request_id!r} failed: {response.error().message()}")
+        finally:
+            self._finished_calls.hold(responses)
+            del responses
 
 
 def _three_dimensional(array, name):

@@ -60,6 +60,7 @@ class TritonPythonModel:
         for value in rows:
             self._check_bytes(value, "text_input", self.max_prompt_bytes, f"more than the engine's max_input_len {self.max_input_len} tokens can hold")
         texts = [as_text(value, "text_input") for value in rows]
+        _refuse_decoder_query(request)
         output_lens = scalar_per_row(required_input(request, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens")
         end_ids = scalar_per_row(optional_input(request, "END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch
         pad_ids = scalar_per_row(optional_input(request, "PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch
@@ -77,6 +78,9 @@ class TritonPythonModel:
         tensors = [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", column([len(p) for p in prompts])),
+            # What NVIDIA's preprocessing sends a decoder-only model: one pad id, length 1 (ignored).
+            pb_utils.Tensor("DECODER_INPUT_ID", column(pad_ids)),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", column([1] * batch)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(output_lens)),
             pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", "bad_words", batch)),
             pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", "stop_words", batch)),
@@ -140,3 +144,9 @@ def _refuse_unknown_parameters(request):
             f"unknown input or parameter {', '.join(repr(k) for k in unknown)}; "
             "see the model's inputs with GET /v2/models/<model>/config"
         )
+
+
+def _refuse_decoder_query(request):
+    decoder_query = optional_input(request, "DECODER_QUERY")
+    if decoder_query is not None and any(as_text(value, "decoder_text_input") for value in decoder_query.reshape(-1)):
+        raise BadRequest("decoder_text_input: the engine is decoder-only; decoder_text_input is for encoder-decoder models")

@@ -58,6 +58,41 @@ class ResponseChannel:
             return self._cancelled
 
 
+class BatchChannel:
+    """The rows of one batched request (TensorRT-LLM splits a request of batch B into B
+    generations) answering through one `ResponseChannel`: each row sends its own responses, and the
+    FINAL flag goes out with the final response of the last row to finish. `fail` ends the whole
+    request at once (its later responses, from any row, are dropped)."""
+
+    def __init__(self, channel: ResponseChannel, rows: int) -> None:
+        self._channel = channel
+        self._open = set(range(rows))
+        self._lock = threading.Lock()
+
+    @property
+    def channel(self) -> ResponseChannel:
+        return self._channel
+
+    def row_closed(self, row: int) -> bool:
+        return row not in self._open or self._channel.closed
+
+    def send(self, row: int, response: Any = None, *, final: bool = False) -> bool:
+        with self._lock:
+            if self.row_closed(row):
+                return False
+            if not final:
+                return self._channel.send(response)
+            self._open.discard(row)
+            if not self._open:
+                return self._channel.send(response, final=True)
+            return True if response is None else self._channel.send(response)
+
+    def fail(self, response: Any) -> bool:
+        with self._lock:
+            self._open.clear()
+            return self._channel.send(response, final=True)
+
+
 class CancellationWatcher:
     """A background thread that polls every watched channel every `period_s` seconds and calls
     its `on_cancel` once when the client has cancelled. Channels leave the watch list when they

@@ -31,7 +31,7 @@ from triton_io import BadRequest, error_response, log_error, optional_input, req
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
 _LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
-# Client inputs passed straight to tensorrt_llm; the LoRA ones exist only in a LoRA engine's repository.
+# Client inputs passed straight to tensorrt_llm; the LoRA ones exist in LoRA-engine and cpu repositories.
 _CLIENT_TO_LLM = {**CLIENT_TO_LLM, **LORA_CLIENT_TO_LLM}
 
 
@@ -91,13 +91,21 @@ class TritonPythonModel:
             {CLIENT_TO_PREPROCESSING[name]: array for name, array in client.items() if name in CLIENT_TO_PREPROCESSING},
             list(PREPROCESSING_TO_LLM),
         )
+        if preprocessed["INPUT_ID"].shape[0] != 1:
+            raise BadRequest(
+                f"text_input: tensorrt_llm_bls takes one prompt per request, got a batch of {preprocessed['INPUT_ID'].shape[0]}; "
+                "send them as separate requests, or batched to the ensemble"
+            )
         llm_inputs = {PREPROCESSING_TO_LLM[name]: array for name, array in preprocessed.items()}
         llm_inputs.update({_CLIENT_TO_LLM[name]: array for name, array in client.items() if name in _CLIENT_TO_LLM})
         prompt = preprocessed["INPUT_ID"][0, : int(preprocessed["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         # Streamed output never holds the prompt; a non-streamed one does unless excluded.
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
+        requested = requested_outputs(request)
         outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
-        self._relay(llm_inputs, outputs, context, streaming, channel, requested_outputs(request))
+        # What else the client asked for that tensorrt_llm gives (perf metrics, token counts, batch_index)
+        outputs += [llm for llm, name in LLM_TO_CLIENT.items() if name in requested and llm not in outputs and llm not in _LOG_PROB_OUTPUTS]
+        self._relay(llm_inputs, outputs, context, streaming, channel, requested)
 
     def _client_inputs(self, request):
         client = {name: array for name in (*CLIENT_TO_PREPROCESSING, *_CLIENT_TO_LLM) if (array := optional_input(request, name)) is not None}
@@ -173,7 +181,7 @@ class TritonPythonModel:
 
     def _client_response(self, text, llm_tensors, requested):
         """Only the requested outputs: see triton_io.arrays_response for why."""
-        tensors = [string_tensor("text_output", [[text]])] if "text_output" in requested else []
+        tensors = [string_tensor("text_output", [text])] if "text_output" in requested else []
         for llm_name, client_name in LLM_TO_CLIENT.items():
             if llm_name in llm_tensors and client_name in requested:
                 tensors.append(pb_utils.Tensor(client_name, llm_tensors[llm_name]))

@@ -11,6 +11,8 @@ by the project's reference engine (refengine) with inflight batching.
   request's sender is owned by a `ResponseChannel`, which never polls after the final response
   (Triton frees the request's response factory then; see response_channel.py). A `stop`
   request (TensorRT-LLM's contract) aborts every in-flight request with its request id.
+- A request of batch B (NVIDIA's `--batch-inputs`) becomes B generations; each response carries
+  its row's `batch_index` and the FINAL flag comes with the last row to finish (BatchChannel).
 - Bad requests get an INVALID_ARG error response; the model and the server stay up.
 - Custom metrics (engine_metrics.py) report KV blocks, requests, engine iterations, tokens
   (generated; prompt tokens computed or reused), prefix-cache hits and preemptions.
@@ -23,25 +25,34 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 from engine_metrics import EngineMetrics
-from llm_request import INPUT_NAMES, ContractError, GenerateRequest, StopRequest, contract_error, parse_request
+from llm_request import INPUT_NAMES, ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
 from llm_response import final_arrays, streamed_arrays
 from model_parameters import ModelParameters
 from refengine import EngineLoop, InvalidRequestError, LLMEngine
-from response_channel import CancellationWatcher, ResponseChannel
+from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
 from triton_io import arrays_response, error_response, log_error, optional_input, requested_outputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _InFlight:
-    """One submitted request: its engine id, Triton request id and response channel."""
+    """One submitted generation (a row of a Triton request): its engine id, Triton request id, the
+    batch channel its responses go through and the outputs the caller asked for."""
 
-    def __init__(self, engine_request_id: str, triton_request_id: str, channel: ResponseChannel, requested: frozenset[str]) -> None:
+    def __init__(self, engine_request_id: str, triton_request_id: str, batch: BatchChannel, row: int, requested: frozenset[str]) -> None:
         self.engine_request_id = engine_request_id
         self.triton_request_id = triton_request_id
-        self.channel = channel
+        self.batch = batch
+        self.row = row
         self.requested = requested  # output names the caller asked for: the only ones sent
         self.cancelled = False
+
+    def send(self, response=None, *, final: bool = False) -> bool:
+        return self.batch.send(self.row, response, final=final)
+
+    @property
+    def closed(self) -> bool:
+        return self.batch.row_closed(self.row)
 
 
 class TritonPythonModel:
@@ -89,20 +100,30 @@ class TritonPythonModel:
     # -- requests ---------------------------------------------------------------------------
     def _accept(self, request, channel):
         arrays = {name: array for name in INPUT_NAMES if (array := optional_input(request, name)) is not None}
-        parsed = parse_request(arrays, exclude_input_default=self._exclude_input_default, decoupled=self._decoupled)
+        parsed = parse_batch(arrays, exclude_input_default=self._exclude_input_default, decoupled=self._decoupled)
         if isinstance(parsed, StopRequest):
             self._stop(request.request_id())
             channel.send(None if self._decoupled else pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return
+        if len(parsed) > 1 and not self._decoupled:
+            raise ContractError(f"input_ids: a batch of {len(parsed)} prompts needs the model in decoupled mode (one response per prompt)")
+        streams = []
         try:
-            stream = self._loop.submit(parsed.prompt_ids, parsed.params)
+            for row in parsed:
+                streams.append(self._loop.submit(row.prompt_ids, row.params))
         except InvalidRequestError as error:
-            raise contract_error(error) from None
-        entry = _InFlight(stream.request_id, request.request_id(), channel, requested_outputs(request))
+            for stream in streams:
+                self._loop.abort(stream.request_id)
+            prefix = f"batch row {len(streams)}: " if len(parsed) > 1 else ""
+            raise ContractError(prefix + str(contract_error(error))) from None
+        batch = BatchChannel(channel, len(parsed))
+        requested = requested_outputs(request)
+        entries = [_InFlight(stream.request_id, request.request_id(), batch, row.batch_index, requested) for stream, row in zip(streams, parsed)]
         with self._lock:
-            self._in_flight[entry.engine_request_id] = entry
-        self._watcher.watch(channel, lambda: self._cancel(entry))
-        threading.Thread(target=self._relay, args=(stream, parsed, entry), name="tensorrt_llm-relay", daemon=True).start()
+            self._in_flight.update((entry.engine_request_id, entry) for entry in entries)
+        self._watcher.watch(channel, lambda: [self._cancel(entry) for entry in entries])
+        for stream, row, entry in zip(streams, parsed, entries):
+            threading.Thread(target=self._relay, args=(stream, row, entry), name="tensorrt_llm-relay", daemon=True).start()
 
     def _cancel(self, entry):
         entry.cancelled = True
@@ -117,7 +138,6 @@ class TritonPythonModel:
             self._loop.abort(entry.engine_request_id)
 
     def _relay(self, stream, request: GenerateRequest, entry: _InFlight):
-        channel = entry.channel
         try:
             final_output = None
             for output in stream:
@@ -128,34 +148,50 @@ class TritonPythonModel:
                 self._send_final(request, final_output, entry)
         except Exception as error:  # the engine failed this request; tell the client, keep serving
             log_error(f"tensorrt_llm: generation failed: {type(error).__name__}: {error}")
-            channel.send(error_response(f"generation failed: {error}", pb_utils.TritonError.INTERNAL), final=True)
+            self._fail(entry, error_response(f"generation failed: {error}", pb_utils.TritonError.INTERNAL))
         finally:
-            self._watcher.forget(channel)
             with self._lock:
                 self._in_flight.pop(entry.engine_request_id, None)
-            if not channel.closed:  # an output stream that ended without a finished output
-                channel.send(error_response("generation ended without a result", pb_utils.TritonError.INTERNAL), final=True)
+            if not entry.closed:  # an output stream that ended without a finished output
+                self._fail(entry, error_response("generation ended without a result", pb_utils.TritonError.INTERNAL))
+
+    def _fail(self, entry, response):
+        """End the whole Triton request with `response`; the batch's other rows are aborted."""
+        entry.batch.fail(response)
+        with self._lock:
+            siblings = [e for e in self._in_flight.values() if e.batch is entry.batch]
+        for sibling in siblings:
+            self._loop.abort(sibling.engine_request_id)
+
+    def _end_cancelled(self, entry):
+        """End a request its client cancelled. Decoupled: with a plain final flag, not an error. In
+        Triton 2.51 an error from a composing model while the ensemble's other steps (postprocessing of
+        earlier tokens) are in flight races the ensemble's request tracker, which can then be used
+        after it was released or never count down to 0 (the ensemble never unloads); Triton core
+        fixed that in #483 (2026). This alone does not stop the heap corruption seen under heavy
+        cancellation through the ensemble (README, "Not solved"). The client is gone anyway; Triton
+        tells it the stream was cancelled."""
+        if self._decoupled:
+            entry.send(None, final=True)
+        else:  # one response, no parallel steps: the error is safe and says what happened
+            entry.send(error_response("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
 
     def _send_streamed(self, request, output, entry):
-        channel = entry.channel
         if output.finished and entry.cancelled:
-            channel.send(_cancelled_response(), final=True)
+            self._end_cancelled(entry)
             return
-        responses = [arrays_response(streamed_arrays(request, c), entry.requested) for c in output.outputs if c.new_token_ids]
+        responses = [arrays_response(streamed_arrays(request, c, output.metrics), entry.requested) for c in output.outputs if c.new_token_ids]
         for index, response in enumerate(responses):
-            channel.send(response, final=output.finished and index == len(responses) - 1)
+            entry.send(response, final=output.finished and index == len(responses) - 1)
         if output.finished and not responses:
-            channel.send(None, final=True)
+            entry.send(None, final=True)
 
     def _send_final(self, request, output, entry):
-        channel = entry.channel
         if entry.cancelled:
-            channel.send(_cancelled_response(), final=True)
+            self._end_cancelled(entry)
             return
         completions = output.outputs
         for index, completion in enumerate(completions):
-            channel.send(arrays_response(final_arrays(request, completion), entry.requested), final=index == len(completions) - 1)
+            entry.send(arrays_response(final_arrays(request, completion, output.metrics), entry.requested), final=index == len(completions) - 1)
 
 
-def _cancelled_response():
-    return error_response("request cancelled", pb_utils.TritonError.CANCELLED)

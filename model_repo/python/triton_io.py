@@ -59,9 +59,11 @@ def error_response(message: str, code: Any = None) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 
-def string_tensor(name: str, texts: Iterable[Iterable[str]]) -> Any:
-    rows = [[text.encode("utf-8") for text in row] for row in texts]
-    return pb_utils.Tensor(name, np.array(rows, dtype=np.object_))
+def string_tensor(name: str, texts: Iterable[str]) -> Any:
+    """A flat STRING tensor, shape [len(texts)]."""
+    values = np.empty(len(texts := list(texts)), dtype=np.object_)
+    values[:] = [text.encode("utf-8") for text in texts]
+    return pb_utils.Tensor(name, values)
 
 
 def requested_outputs(request: Any) -> frozenset[str]:

@@ -108,11 +108,14 @@ def judge(outcome: ChaosOutcome, before: Vitals, after: Vitals, greedy_before: s
         problems.append("the server is not ready after the traffic")
     new_signals = after.signals[len(before.signals):]
     if new_signals:
-        problems.append(f"the server log shows {', '.join(new_signals)}")
+        counts = {line: new_signals.count(line) for line in dict.fromkeys(new_signals)}
+        problems.append("the server log shows " + ", ".join(line if n == 1 else f"{line} ×{n}" for line, n in counts.items()))
     if after.stub_pids != before.stub_pids:
         problems.append(f"the Python-backend stubs changed (before {list(before.stub_pids)}, after {list(after.stub_pids)}): a stub died")
     if not after.idle:
         problems.append(f"not idle after the traffic: {after.kv_blocks_used} KV blocks used, {after.active_requests} active requests")
+    if outcome.stopped:
+        problems.append(f"the traffic was stopped after {outcome.seconds:.0f} s: {outcome.stopped}")
     if outcome.failed:
         problems.append(f"{outcome.failed} request(s) failed that were not cut: {outcome.errors[:3]}")
     if greedy_after != greedy_before:
@@ -127,8 +130,15 @@ def soak(plan: ChaosPlan, targets: ChaosTargets, *, server_pid: int, metrics_url
     greedy_before = greedy_answer(targets.grpc_url)
     before = wait_until_idle(read)
     progress(f"before: {_describe(before)}; chaos: {_describe_plan(plan)}")
-    outcome = asyncio.run(run_chaos(plan, targets))
-    progress(f"traffic: {outcome.sent} sent, {outcome.done} done, {outcome.cut} cut, {outcome.failed} failed in {outcome.seconds:.0f} s")
+    known_signals = len(before.signals)
+
+    def server_died() -> str | None:  # a crashed server may hang in its signal handler: stop at once
+        signals = log_signals(log_path)
+        return f"the server log showed {signals[-1]}" if len(signals) > known_signals else None
+
+    outcome = asyncio.run(run_chaos(plan, targets, stop_reason=server_died))
+    progress(f"traffic: {outcome.sent} sent, {outcome.done} done, {outcome.cut} cut, {outcome.failed} failed in {outcome.seconds:.0f} s"
+             + (f"; stopped early: {outcome.stopped}" if outcome.stopped else ""))
     drained = wait_until_idle(read)
     try:
         greedy_after = greedy_answer(targets.grpc_url) if drained.ready else None

@@ -72,6 +72,7 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
         server = endpoints.server
         targets = ChaosTargets(endpoints.grpc, endpoints.http, endpoints.openai, endpoints.model_name)
         verdict = soak(plan, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path, progress=say)
+    verdict.problems += stop_problems(server)  # the block stopped the front end, then the server
     result = verdict.as_dict()
     out = args.out or store.build_dir / RESULT_NAME
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,18 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
     if not verdict.ok:
         raise StageError("bench soak failed: " + "; ".join(verdict.problems))
     return 0
+
+
+def stop_problems(server) -> list[str]:
+    """A heap corrupted during the run can show only when the server stops (the allocator checks
+    its chunks as threads exit): what its stop found."""
+    returncode = server.stop()  # stopped already: its exit code
+    problems = []
+    if server.fatal_signal_at_stop:
+        problems.append(f"the server crashed while stopping ({server.fatal_signal_at_stop}): its heap was corrupted during the run")
+    elif returncode not in (0, None):
+        problems.append(f"the server exited {returncode} when stopped")
+    return problems
 
 
 def render_soak(result: dict) -> str:

@@ -44,7 +44,9 @@ def _scalar(name: str, data_type: str, *, optional: bool = True) -> TensorSpec:
 LLM_INPUTS: tuple[TensorSpec, ...] = (
     # optional only so that a `stop` request can omit it; every generation request sends it
     TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+    TensorSpec("decoder_input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),  # encoder-decoder only
     _scalar("input_lengths", "TYPE_INT32", optional=False),
+    _scalar("decoder_input_lengths", "TYPE_INT32"),
     _scalar("request_output_len", "TYPE_INT32", optional=False),
     _scalar("num_return_sequences", "TYPE_INT32"),
     _scalar("end_id", "TYPE_INT32"),
@@ -55,6 +57,8 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     _scalar("temperature", "TYPE_FP32"),
     _scalar("runtime_top_k", "TYPE_INT32"),
     _scalar("runtime_top_p", "TYPE_FP32"),
+    _scalar("len_penalty", "TYPE_FP32"),
+    _scalar("early_stopping", "TYPE_BOOL"),
     _scalar("repetition_penalty", "TYPE_FP32"),
     _scalar("presence_penalty", "TYPE_FP32"),
     _scalar("frequency_penalty", "TYPE_FP32"),
@@ -63,9 +67,36 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     _scalar("return_log_probs", "TYPE_BOOL"),
     _scalar("return_context_logits", "TYPE_BOOL"),
     _scalar("return_generation_logits", "TYPE_BOOL"),
+    _scalar("return_perf_metrics", "TYPE_BOOL"),
+    _scalar("return_num_input_tokens", "TYPE_BOOL"),
+    _scalar("return_num_output_tokens", "TYPE_BOOL"),
     _scalar("exclude_input_in_output", "TYPE_BOOL"),
     _scalar("stop", "TYPE_BOOL"),
     _scalar("streaming", "TYPE_BOOL"),
+    TensorSpec("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
+    TensorSpec("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
+    _scalar("lookahead_window_size", "TYPE_INT32"),
+    _scalar("lookahead_ngram_size", "TYPE_INT32"),
+    _scalar("lookahead_verification_set_size", "TYPE_INT32"),
+)
+
+# TensorRT-LLM 1.x per-request perf metrics (return_perf_metrics) and token counts
+# (return_num_input_tokens / return_num_output_tokens): one value per response.
+PERF_METRIC_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    TensorSpec("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    TensorSpec("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    TensorSpec("arrival_time_ns", "TYPE_INT64", (1,)),
+    TensorSpec("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    TensorSpec("first_token_time_ns", "TYPE_INT64", (1,)),
+    TensorSpec("last_token_time_ns", "TYPE_INT64", (1,)),
+    TensorSpec("acceptance_rate", "TYPE_FP32", (1,)),
+    TensorSpec("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+TOKEN_COUNT_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("num_input_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("num_output_tokens", "TYPE_INT32", (1,)),
 )
 
 LLM_OUTPUTS: tuple[TensorSpec, ...] = (
@@ -75,7 +106,10 @@ LLM_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
     TensorSpec("context_logits", LOGITS, (-1, -1)),
     TensorSpec("generation_logits", LOGITS, (-1, -1, -1)),
+    TensorSpec("batch_index", "TYPE_INT32", (1,)),
     TensorSpec("sequence_index", "TYPE_INT32", (1,)),
+    *PERF_METRIC_OUTPUTS,
+    *TOKEN_COUNT_OUTPUTS,
 )
 
 # LoRA (engine target, engine built with the LoRA plugin): trtllm.md §4.5. lora_weights holds each module/layer's
@@ -95,6 +129,7 @@ CPU_LLM_EXTRA_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("preceding_ids", "TY
 # and preprocessing refuses the request by name.
 PREPROCESSING_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("QUERY", "TYPE_STRING", (1,), optional=True),
+    TensorSpec("DECODER_QUERY", "TYPE_STRING", (1,), optional=True),
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), optional=True),
     TensorSpec("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
     TensorSpec("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
@@ -104,7 +139,9 @@ PREPROCESSING_INPUTS: tuple[TensorSpec, ...] = (
 
 PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("INPUT_ID", "TYPE_INT32", (-1,)),
+    TensorSpec("DECODER_INPUT_ID", "TYPE_INT32", (-1,)),
     TensorSpec("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+    TensorSpec("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", (1,)),
     TensorSpec("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
     TensorSpec("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
@@ -122,6 +159,7 @@ POSTPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("OUTPUT", "TYPE_STR
 
 CLIENT_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_input", "TYPE_STRING", (1,), optional=True),  # required: see PREPROCESSING_INPUTS
+    TensorSpec("decoder_text_input", "TYPE_STRING", (1,), optional=True),
     TensorSpec("max_tokens", "TYPE_INT32", (1,), optional=True),
     TensorSpec("bad_words", "TYPE_STRING", (-1,), optional=True),
     TensorSpec("stop_words", "TYPE_STRING", (-1,), optional=True),
@@ -132,6 +170,7 @@ CLIENT_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("temperature", "TYPE_FP32", (1,), optional=True),
     TensorSpec("top_k", "TYPE_INT32", (1,), optional=True),
     TensorSpec("top_p", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("length_penalty", "TYPE_FP32", (1,), optional=True),
     TensorSpec("repetition_penalty", "TYPE_FP32", (1,), optional=True),
     TensorSpec("presence_penalty", "TYPE_FP32", (1,), optional=True),
     TensorSpec("frequency_penalty", "TYPE_FP32", (1,), optional=True),
@@ -140,8 +179,13 @@ CLIENT_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("return_log_probs", "TYPE_BOOL", (1,), optional=True),
     TensorSpec("return_context_logits", "TYPE_BOOL", (1,), optional=True),
     TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("return_num_input_tokens", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("return_num_output_tokens", "TYPE_BOOL", (1,), optional=True),
     TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
     TensorSpec("stream", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
+    TensorSpec("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
 )
 
 # The same LoRA inputs on the ensemble and BLS, passed straight to tensorrt_llm (LORA_CLIENT_TO_LLM).
@@ -157,12 +201,16 @@ CLIENT_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
     TensorSpec("context_logits", LOGITS, (-1, -1)),
     TensorSpec("generation_logits", LOGITS, (-1, -1, -1)),
+    TensorSpec("batch_index", "TYPE_INT32", (1,)),
     TensorSpec("sequence_index", "TYPE_INT32", (1,)),
+    *PERF_METRIC_OUTPUTS,
+    *TOKEN_COUNT_OUTPUTS,
 )
 
 # Ensemble wiring. Client input → preprocessing input.
 CLIENT_TO_PREPROCESSING = {
     "text_input": "QUERY",
+    "decoder_text_input": "DECODER_QUERY",
     "max_tokens": "REQUEST_OUTPUT_LEN",
     "bad_words": "BAD_WORDS_DICT",
     "stop_words": "STOP_WORDS_DICT",
@@ -172,7 +220,9 @@ CLIENT_TO_PREPROCESSING = {
 # Preprocessing output → tensorrt_llm input.
 PREPROCESSING_TO_LLM = {
     "INPUT_ID": "input_ids",
+    "DECODER_INPUT_ID": "decoder_input_ids",
     "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_DECODER_INPUT_LEN": "decoder_input_lengths",
     "REQUEST_OUTPUT_LEN": "request_output_len",
     "BAD_WORDS_IDS": "bad_words_list",
     "STOP_WORDS_IDS": "stop_words_list",
@@ -186,6 +236,7 @@ CLIENT_TO_LLM = {
     "temperature": "temperature",
     "top_k": "runtime_top_k",
     "top_p": "runtime_top_p",
+    "length_penalty": "len_penalty",
     "repetition_penalty": "repetition_penalty",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
@@ -194,8 +245,13 @@ CLIENT_TO_LLM = {
     "return_log_probs": "return_log_probs",
     "return_context_logits": "return_context_logits",
     "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
     "exclude_input_in_output": "exclude_input_in_output",
     "stream": "streaming",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 # LoRA client input → tensorrt_llm input (only in repositories of a LoRA engine).
 LORA_CLIENT_TO_LLM = {"lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config"}
@@ -205,7 +261,9 @@ LLM_TO_CLIENT = {
     "output_log_probs": "output_log_probs",
     "context_logits": "context_logits",
     "generation_logits": "generation_logits",
+    "batch_index": "batch_index",
     "sequence_index": "sequence_index",
+    **{spec.name: spec.name for spec in PERF_METRIC_OUTPUTS + TOKEN_COUNT_OUTPUTS},
 }
 # tensorrt_llm output → postprocessing input; `preceding_ids` only where the LLM model has it.
 LLM_TO_POSTPROCESSING = {"output_ids": "TOKENS_BATCH", "sequence_length": "SEQUENCE_LENGTH"}

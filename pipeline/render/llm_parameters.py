@@ -77,7 +77,6 @@ def engine_parameters(
         "stats_check_period_ms": "100",
         "iter_stats_max_iterations": "1000",
         "request_stats_max_iterations": "0",
-        "enable_trt_overlap": "false",
         "decoding_mode": decoding_mode(facts),
         "speculative_decoding_fast_logits": "false",
         "gpu_weights_percent": "1.0",

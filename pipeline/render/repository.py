@@ -35,7 +35,7 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     "preprocessing": ("preprocessing.py", ("hf_tokenizer.py", "model_parameters.py", "triton_io.py", "word_lists.py")),
     "postprocessing": (
         "postprocessing.py",
-        ("hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
+        ("deferred_release.py", "hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
     ),
     "tensorrt_llm": (
         "tensorrt_llm_cpu.py",
@@ -171,8 +171,10 @@ def _configs(
     logits = contract.TRITON_DTYPES[facts.logits_dtype]
     max_batch_size = facts.max_batch_size
     cpu = target == "cpu"
-    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8)
-    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None and not cpu else None
+    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
+    # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
+    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name.
+    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None and not cpu else "TYPE_FP16"
 
     def resolved(specs):
         return [spec.resolved(logits, lora) for spec in specs]
@@ -180,8 +182,8 @@ def _configs(
     def context(**values):
         return {"max_batch_size": max_batch_size, "serve": serve, **values}
 
-    llm_inputs = resolved(contract.LLM_INPUTS + (contract.LLM_LORA_INPUTS if lora else ()))
-    client_inputs = resolved(contract.CLIENT_INPUTS + (contract.CLIENT_LORA_INPUTS if lora else ()))
+    llm_inputs = resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS)
+    client_inputs = resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS)
     llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if cpu else ()))
     if cpu:
         llm = ("tensorrt_llm.cpu.pbtxt.j2", cpu_parameters(serve, engine_dir=paths.engine_dir))
@@ -220,7 +222,7 @@ def _configs(
                 name=serve.model_name,
                 inputs=client_inputs,
                 outputs=resolved(contract.CLIENT_OUTPUTS),
-                steps=_ensemble_steps(cpu, lora=lora is not None),
+                steps=_ensemble_steps(cpu),
             ),
         ),
         "tensorrt_llm_bls": (
@@ -243,13 +245,12 @@ def _internal(name: str) -> str:
     return f"_{name}"
 
 
-def _ensemble_steps(cpu: bool, *, lora: bool = False) -> dict[str, dict[str, dict[str, str]]]:
+def _ensemble_steps(cpu: bool) -> dict[str, dict[str, dict[str, str]]]:
     """input_map / output_map of each step: model tensor name → ensemble tensor name."""
     llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if cpu else {})}
     llm_inputs = {llm: _internal(pre) for pre, llm in contract.PREPROCESSING_TO_LLM.items()}
     llm_inputs.update({llm: client for client, llm in contract.CLIENT_TO_LLM.items()})
-    if lora:
-        llm_inputs.update({llm: client for client, llm in contract.LORA_CLIENT_TO_LLM.items()})
+    llm_inputs.update({llm: client for client, llm in contract.LORA_CLIENT_TO_LLM.items()})
     llm_outputs = {llm: _internal(post) for llm, post in llm_to_post.items()}
     llm_outputs.update(contract.LLM_TO_CLIENT)
     return {

@@ -33,18 +33,22 @@ def serve_foreground(options: ServerOptions, *, out: Callable[[str], None] = pri
             while not stop_requested.wait(_POLL_SECONDS):
                 if not server.is_running():
                     raise _exited_on_its_own(server)
+                if (fatal := server.fatal_signal()) is not None:
+                    raise _exited_on_its_own(server, hung=fatal)
             out("stopping tritonserver ...")
         return 0
     finally:
         _restore_handlers(previous)
 
 
-def _exited_on_its_own(server: TritonServer) -> ToolError:
-    """Stop (clean up after) a server that exited by itself: an error saying how, and what was left."""
+def _exited_on_its_own(server: TritonServer, hung: str | None = None) -> ToolError:
+    """Stop (clean up after) a server that exited by itself, or crashed and hung (`hung`: the log's
+    signal line; it is killed): an error saying how, and what was left."""
     tail = server.log_tail()  # before stop(): the log goes with the temporary workspace
     returncode = server.stop()
-    what = "tritonserver exited on its own"
-    if returncode is not None and returncode < 0:
+    what = (f"tritonserver crashed ({hung}) and hung in its signal handler; it was killed" if hung
+            else "tritonserver exited on its own")
+    if returncode is not None and returncode < 0 and not hung:
         what += f": it crashed ({signal_text(-returncode)})"
     summary = server.last_cleanup.summary() if server.last_cleanup else ""
     if summary:

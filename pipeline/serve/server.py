@@ -38,6 +38,10 @@ _HARMLESS_ERRORS = (  # logged by every CPU-only server
     "CUDA driver version is insufficient",
 )
 _READY_POLL_SECONDS = 0.1
+# Signals after which tritonserver is dead even if its process is not: its handler prints a stack
+# trace, which allocates, and after heap corruption it can block on malloc's lock for ever.
+_FATAL_SIGNAL_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received")
+_FATAL_SCAN_BYTES = 1 << 16
 # Beyond --exit-timeout-secs: Triton's unload loop polls once per second and stubs need a moment.
 _STOP_GRACE_SECONDS = 10.0
 
@@ -61,6 +65,8 @@ class TritonServer:
         self._env_dirs_before: set[Path] = set()
         self._start_ticks: int | None = None
         self.last_cleanup: Cleanup | None = None  # what the last stop() removed
+        self.fatal_signal_at_stop: str | None = None  # a crash signal in the log when stop() found it
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "TritonServer":
@@ -129,6 +135,8 @@ class TritonServer:
         if self._process is None:
             return None
         process_ = self._process
+        if self._stopped:  # stopped already: the same answer
+            return process_.returncode
         crashed = process_.poll() is not None  # exited on its own before we asked
         if not crashed:
             process_.send_signal(signal.SIGTERM)
@@ -142,6 +150,8 @@ class TritonServer:
         # stubs get a moment to follow the server; a crashed server's stubs may be deadlocked.
         group = process.end_server_group(process_.pid, self._start_ticks, self.options.shm_prefix, wait=0.0 if crashed else 5.0)
         check_all_gone(group.failed, f"tritonserver (pid {process_.pid})", pgid=process_.pid)
+        self.fatal_signal_at_stop = self.fatal_signal()  # read before a temporary workspace goes (with its log)
+        self._stopped = True
         shm_regions, env_dirs = self._clean_up()
         self.last_cleanup = Cleanup(group=group, shm_regions=tuple(shm_regions), python_env_dirs=tuple(env_dirs))
         return process_.returncode
@@ -171,6 +181,14 @@ class TritonServer:
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def fatal_signal(self) -> str | None:
+        """The log's `Signal (N) received.` line for a crash signal (SIGSEGV, SIGABRT, ...), if any:
+        the server is then dead, even when its process is still there, hung in its signal handler."""
+        try:
+            return fatal_signal_line(self.log_path)
+        except StageError:  # not started
+            return None
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         try:
@@ -237,3 +255,14 @@ class TritonServer:
             self._temporary.cleanup()
             self._temporary = None
         return shm_regions, env_dirs
+
+
+def fatal_signal_line(log_path: Path) -> str | None:
+    """`Signal (N) received` for a crash signal in the last 64 KiB of a tritonserver log, or None."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, 2) - _FATAL_SCAN_BYTES))
+            match = _FATAL_SIGNAL_LINE.search(log.read())
+    except FileNotFoundError:
+        return None
+    return match.group(0).decode() if match else None

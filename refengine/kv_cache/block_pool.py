@@ -28,6 +28,7 @@ class BlockPool:
         # Free blocks, least recently freed first: the head is evicted first.
         self._free_queue: OrderedDict[int, None] = OrderedDict((b.block_id, None) for b in self._blocks)
         self._cached_block_ids: dict[bytes, int] = {}
+        self._num_allocations = 0
 
     @property
     def num_blocks(self) -> int:
@@ -55,6 +56,11 @@ class BlockPool:
         """Free blocks in eviction order (first is evicted first)."""
         return list(self._free_queue)
 
+    @property
+    def num_allocations(self) -> int:
+        """Blocks handed out by `allocate` since the pool was made (a running count)."""
+        return self._num_allocations
+
     def allocate(self) -> KVBlock | None:
         """Hand out the oldest free block (forgetting any cached hash), or None if none is free."""
         if not self._free_queue:
@@ -67,6 +73,7 @@ class BlockPool:
             block.block_hash = None
         block.ref_count = 1
         block.num_filled_slots = 0
+        self._num_allocations += 1
         return block
 
     def touch(self, block: KVBlock) -> None:

@@ -8,6 +8,11 @@ Copy-on-write: `fork` shares every block of a sequence with a new one. When a se
 write into a shared, partly filled last block, it gets a private copy; the (source, destination)
 pair is queued for the model runner, which copies the K/V before the step's forward pass
 (`take_block_copies`).
+
+Blocks given, per owner (TensorRT-LLM's per-request perf metrics): an `allocate_slots` call that
+names an `owner` (the scheduler passes the request id) adds the blocks the pool handed out for it
+(copy-on-write copies included) and the prefix-cache blocks a fresh sequence started with, until
+`pop_blocks_given`. A recomputed (preempted) sequence counts what it is given again.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class KVCacheManager:
         self._enable_prefix_caching = enable_prefix_caching
         self._sequences: dict[int, _SequenceSlots] = {}
         self._pending_copies: list[tuple[int, int]] = []
+        self._given: dict[str, list[int]] = {}  # owner -> [new blocks, reused prefix-cache blocks]
 
     # -- figures ---------------------------------------------------------------------------
     @property
@@ -157,16 +163,21 @@ class KVCacheManager:
         return self.blocks_needed(seq_id, num_total_tokens, cached_prefix) <= self._pool.num_free_blocks
 
     def allocate_slots(
-        self, seq_id: int, num_total_tokens: int, cached_prefix: CachedPrefix | None = None
+        self, seq_id: int, num_total_tokens: int, cached_prefix: CachedPrefix | None = None, *, owner: str | None = None
     ) -> tuple[int, ...] | None:
         """Give the sequence slots for its first `num_total_tokens` tokens.
 
         `cached_prefix` (from `find_cached_prefix`) is used only for a sequence without blocks.
         Returns the block table, or None — with nothing changed — if the blocks are not free.
+        `owner`: whom the blocks count for (see `blocks_given`).
         """
         if not self.can_allocate(seq_id, num_total_tokens, cached_prefix):
             return None
+        allocations = self._pool.num_allocations
         slots = self._sequences.get(seq_id)
+        if owner is not None:
+            given = self._given.setdefault(owner, [0, 0])
+            given[1] += len(cached_prefix.blocks) if slots is None and cached_prefix is not None else 0
         if slots is None:
             slots = _SequenceSlots()
             self._sequences[seq_id] = slots
@@ -185,7 +196,18 @@ class KVCacheManager:
             slots.blocks.append(block)
         slots.num_slotted_tokens = max(slots.num_slotted_tokens, num_total_tokens)
         self._update_filled_slots(slots)
+        if owner is not None:
+            self._given[owner][0] += self._pool.num_allocations - allocations
         return tuple(b.block_id for b in slots.blocks)
+
+    def blocks_given(self, owner: str) -> tuple[int, int]:
+        """(newly allocated, reused from the prefix cache) blocks given to `owner` so far."""
+        new, reused = self._given.get(owner, (0, 0))
+        return new, reused
+
+    def pop_blocks_given(self, owner: str) -> tuple[int, int]:
+        new, reused = self._given.pop(owner, (0, 0))
+        return new, reused
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Let `child_seq_id` share every block of `parent_seq_id` (copy-on-write later)."""

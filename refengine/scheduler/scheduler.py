@@ -226,7 +226,7 @@ class Scheduler:
         self, sequence: Sequence, num_new: int, preempted: list[Sequence]
     ) -> tuple[int, ...] | None:
         while True:
-            table = self._kv.allocate_slots(sequence.seq_id, sequence.num_computed_tokens + num_new)
+            table = self._kv.allocate_slots(sequence.seq_id, sequence.num_computed_tokens + num_new, owner=sequence.request_id)
             if table is not None:
                 return table
             victim = self._running.peek_newest()
@@ -249,7 +249,7 @@ class Scheduler:
                 self._kv, self._running, sequence, prefix
             ):
                 break
-            table = self._kv.allocate_slots(sequence.seq_id, prefix.num_tokens + num_new, prefix)
+            table = self._kv.allocate_slots(sequence.seq_id, prefix.num_tokens + num_new, prefix, owner=sequence.request_id)
             if table is None:
                 break
             self._waiting.remove(sequence)
@@ -304,7 +304,8 @@ class Scheduler:
     def _allocate_reserved(
         self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None
     ) -> tuple[int, ...]:
-        table = self._kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix)
+        owner = sequence.request_id if self.has_request(sequence.request_id) else None  # padding rows count for nobody
+        table = self._kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix, owner=owner)
         if table is None:
             raise RuntimeError(
                 f"static batch: no KV blocks for sequence {sequence.seq_id} despite its reservation"

@@ -3,12 +3,13 @@ are tests/integration/test_chaos.py and `trtllm-pipeline bench soak`)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 import pytest
 
-from clients.loadgen.chaos import ChaosOutcome, ChaosPlan
+from clients.loadgen.chaos import ChaosOutcome, ChaosPlan, ChaosTargets, run_chaos
 from pipeline.bench.soak import Vitals, judge, log_signals
 from pipeline.bench.soak_cli import chaos_plan
 from pipeline.errors import SpecError
@@ -113,3 +114,71 @@ def test_deferred_release_drops_objects_only_after_their_delay(monkeypatch):
     now[0] = 3.0
     assert holder.release_due() == 1 and released == ["a", "b"]
     sys.modules.pop("deferred_release", None)
+
+
+def test_a_run_stops_early_when_told_why_and_abandons_the_hung_streams():
+    """A crashed tritonserver can hang in its signal handler: nothing answers, nothing closes.
+    The soak's watchdog names the reason; the open streams are abandoned, not waited for."""
+
+    async def scenario():
+        async def hang(reader, writer):
+            await asyncio.sleep(60)
+
+        server = await asyncio.start_server(hang, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        asked = []
+
+        def stop_reason():
+            asked.append(1)
+            return "the server log showed Signal (6)" if len(asked) >= 2 else None
+
+        plan = ChaosPlan(requests=50, concurrency=4, endpoints=("openai",))
+        targets = ChaosTargets("127.0.0.1:1", "127.0.0.1:1", f"http://127.0.0.1:{port}", "tiny-cpu")
+        try:
+            return await asyncio.wait_for(run_chaos(plan, targets, stop_reason=stop_reason), timeout=20)
+        finally:
+            server.close()
+
+    outcome = asyncio.run(scenario())
+    assert outcome.stopped == "the server log showed Signal (6)"
+    assert outcome.sent == 0 and outcome.seconds < 10
+
+
+@pytest.mark.parametrize(
+    ("returncode", "fatal", "expected"),
+    [
+        (0, None, []),
+        (-6, "Signal (6) received", ["the server crashed while stopping (Signal (6) received): its heap was corrupted during the run"]),
+        (1, None, ["the server exited 1 when stopped"]),
+    ],
+)
+def test_what_the_server_did_when_stopped_joins_the_verdict(returncode, fatal, expected):
+    from pipeline.bench.soak_cli import stop_problems
+
+    class StoppedServer:
+        fatal_signal_at_stop = fatal
+
+        def stop(self):
+            return returncode
+
+    assert stop_problems(StoppedServer()) == expected
+
+
+def test_only_a_stuck_ensemble_without_a_crash_is_excused_at_stop(tmp_path):
+    from tests.integration.serving import STUCK_ENSEMBLE, assert_stopped_cleanly
+
+    stuck = "".join(f"I1201 model_lifecycle.cc:624] \"successfully unloaded '{m}' version 1\"\n"
+                    for m in ("postprocessing", "preprocessing", "tensorrt_llm_bls", "tensorrt_llm"))
+    stuck = "Signal (15) received.\n" + stuck + "server.cc:345] \"Timeout 0: Found 1 live models\"\nExit timeout expired. Exiting immediately.\n"
+    log = tmp_path / "tritonserver.log"
+    log.write_text(stuck)
+    with pytest.warns(UserWarning, match="kept the ensemble loaded"):
+        assert_stopped_cleanly(1, log, allow_stuck_ensemble=True)
+    with pytest.raises(AssertionError, match="exited with 1"):
+        assert_stopped_cleanly(1, log)  # only where the caller allows it
+    log.write_text(stuck + "Signal (6) received.\n")
+    with pytest.raises(AssertionError):
+        assert_stopped_cleanly(1, log, allow_stuck_ensemble=True)  # a crash is never excused
+    with pytest.raises(AssertionError):
+        assert_stopped_cleanly(-6, log, allow_stuck_ensemble=True)
+    assert "core #483" in STUCK_ENSEMBLE

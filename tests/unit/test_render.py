@@ -260,7 +260,7 @@ def test_engine_variant_fills_every_backend_parameter(tmp_path):
         "kv_cache_free_gpu_mem_fraction", "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks",
         "max_attention_window_size", "sink_token_length", "enable_kv_cache_reuse", "enable_chunked_context",
         "exclude_input_in_output", "normalize_log_probs", "cancellation_check_period_ms", "stats_check_period_ms",
-        "iter_stats_max_iterations", "request_stats_max_iterations", "enable_trt_overlap", "decoding_mode",
+        "iter_stats_max_iterations", "request_stats_max_iterations", "decoding_mode",
         "speculative_decoding_fast_logits", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode",
         "cuda_graph_mode", "cuda_graph_cache_size", "num_nodes", "lora_cache_optimal_adapter_size",
         "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes",
@@ -505,10 +505,16 @@ def test_lora_cache_defaults_follow_the_engine(tmp_path):
     assert (values["lora_cache_optimal_adapter_size"], values["lora_cache_max_adapter_size"]) == ("4", "4")
 
 
-def test_engines_without_lora_declare_no_lora_inputs(tmp_path):
-    repository = render(tmp_path, target="engine")
+@pytest.mark.parametrize("target", ["engine", "cpu"])
+def test_repositories_without_a_lora_plugin_declare_the_lora_inputs_as_nvidia_does(tmp_path, target):
+    """NVIDIA's templates always declare them (FP16): a LoRA request is then answered by the model
+    (the backend's error, or the cpu model's refusal by name), never with "unexpected input"."""
+    repository = render(tmp_path, target=target)
+    fp16 = model_config_pb2.DataType.Value("TYPE_FP16")
     for model in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
-        assert not {name for name in tensors(parse(repository / model / "config.pbtxt").input) if name.startswith("lora")}
+        declared = tensors(parse(repository / model / "config.pbtxt").input)
+        assert {name for name in declared if name.startswith("lora")} == {"lora_task_id", "lora_weights", "lora_config"}
+        assert declared["lora_weights"][0] == fp16
 
 
 def test_lookahead_engine_gets_its_decoding_mode_and_window(tmp_path):
@@ -642,6 +648,52 @@ def test_llm_request_follows_tensorrt_llm_semantics(model_code):
     words = parse_request({**_arrays(), "stop_words_list": stop_words}, exclude_input_default=True, decoupled=True)
     assert words.params.stop_token_ids == ((5, 6), (7,))
     assert isinstance(parse_request(_arrays(stop=True), exclude_input_default=True, decoupled=True), StopRequest)
+    # NVIDIA's ensemble always sends the decoder placeholder and beam-search knobs; at beam 1 they change nothing
+    nvidia = parse_request(
+        _arrays(decoder_input_lengths=1, len_penalty=1.0, early_stopping=True, guided_decoding_guide_type=b""),
+        exclude_input_default=True, decoupled=True,
+    )
+    assert nvidia.params == parsed.params.__class__(max_tokens=8, temperature=0.0)
+
+
+def test_a_batched_request_becomes_one_request_per_row(model_code):
+    from llm_request import ContractError, parse_batch
+
+    arrays = {
+        "input_ids": np.array([[1, 317, 289, 0], [1, 40, 0, 0]], dtype=np.int32),
+        "input_lengths": np.array([[3], [2]], dtype=np.int32),
+        "request_output_len": np.array([[8], [4]], dtype=np.int32),
+        "temperature": np.array([[0.5]], dtype=np.float32),  # one row: applies to both
+    }
+    first, second = parse_batch(arrays, exclude_input_default=True, decoupled=True)
+    assert (first.prompt_ids, first.params.max_tokens, first.batch_index) == ((1, 317, 289), 8, 0)
+    assert (second.prompt_ids, second.params.max_tokens, second.batch_index) == ((1, 40), 4, 1)
+    with pytest.raises(ContractError, match=r"batch row 1: input_lengths: 9 must be between 1 and the 4 tokens"):
+        parse_batch({**arrays, "input_lengths": np.array([[3], [9]], dtype=np.int32)}, exclude_input_default=True, decoupled=True)
+    with pytest.raises(ContractError, match=r"end_id: expected a leading batch axis of 1 or 2 \(input_ids\), got shape \[3, 1\]"):
+        parse_batch({**arrays, "end_id": np.zeros((3, 1), dtype=np.int32)}, exclude_input_default=True, decoupled=True)
+
+
+def test_llm_response_adds_token_counts_and_perf_metrics_on_request(model_code):
+    from llm_request import parse_request
+    from llm_response import final_arrays, streamed_arrays
+    from refengine import CompletionOutput, RequestMetrics
+
+    request = parse_request(
+        _arrays(return_perf_metrics=True, return_num_input_tokens=True, return_num_output_tokens=True),
+        exclude_input_default=True, decoupled=True,
+    )
+    metrics = RequestMetrics(100, 150, 200, 260, kv_new_blocks=2, kv_reused_blocks=1)
+    completion = CompletionOutput(index=0, token_ids=(5, 6, 7), new_token_ids=(7,))
+    streamed = streamed_arrays(request, completion, metrics)
+    assert {name: streamed[name].tolist() for name in ("num_input_tokens", "num_output_tokens", "batch_index")} == {
+        "num_input_tokens": [[3]], "num_output_tokens": [[3]], "batch_index": [[0]],
+    }
+    assert streamed["kv_cache_alloc_total_blocks"].tolist() == [[3]] and streamed["kv_cache_reused_blocks"].tolist() == [[1]]
+    assert streamed["last_token_time_ns"].dtype == np.int64 and streamed["last_token_time_ns"].tolist() == [[260]]
+    assert streamed["total_draft_tokens"].tolist() == [[0]] and streamed["acceptance_rate"].dtype == np.float32
+    plain = final_arrays(parse_request(_arrays(), exclude_input_default=True, decoupled=True), completion, metrics)
+    assert not {"num_input_tokens", "num_output_tokens", "arrival_time_ns"} & set(plain)
 
 
 @pytest.mark.parametrize(
@@ -654,6 +706,11 @@ def test_llm_request_follows_tensorrt_llm_semantics(model_code):
         (dict(input_lengths=9), True, "input_lengths: 9 must be between 1 and the 4 tokens of input_ids"),
         (dict(return_context_logits=True), True, "return_context_logits: context logits are not produced"),
         (dict(min_tokens=20), True, "min_tokens: 20 exceeds max_tokens 8"),
+        (dict(lora_task_id=np.uint64(7)), True, "lora_task_id: LoRA adapters are not run by the cpu reference engine"),
+        (dict(guided_decoding_guide_type=b"json"), True, "guided_decoding_guide_type: guided decoding is not done"),
+        (dict(lookahead_window_size=4), True, "lookahead_window_size: lookahead decoding is not done"),
+        (dict(len_penalty=float("nan")), True, "len_penalty: must be a finite number"),
+        (dict(return_num_output_tokens=True, num_return_sequences=2), True, "return_num_output_tokens: not available with num_return_sequences 2"),
     ],
 )
 def test_llm_request_errors_name_the_contract_input(model_code, values, decoupled, message):

@@ -162,3 +162,32 @@ def test_a_failing_periodic_task_does_not_stop_the_polling(channel_module):
         time.sleep(0.005)
     watcher.stop()
     assert len(ticks) >= 3 and all("metrics down" in message for message in messages)
+
+
+def test_a_batch_sends_its_final_flag_with_the_last_row_to_finish(channel_module):
+    sender = FakeSender(jitter=0.001)
+    batch = channel_module.BatchChannel(channel_module.ResponseChannel(sender, FINAL), rows=3)
+
+    def row(index):
+        for step in range(5):
+            assert batch.send(index, f"{index}.{step}")
+        batch.send(index, f"{index}.last", final=True)
+
+    threads = [threading.Thread(target=row, args=(index,)) for index in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    flags = [flag for _, flag in sender.sent]
+    assert len(sender.sent) == 18 and flags[-1] == FINAL and flags.count(FINAL) == 1
+    assert all(batch.row_closed(index) for index in range(3)) and batch.channel.closed
+    assert batch.send(0, "late") is False
+
+
+def test_a_failed_batch_ends_at_once_and_drops_the_other_rows(channel_module):
+    sender = FakeSender()
+    batch = channel_module.BatchChannel(channel_module.ResponseChannel(sender, FINAL), rows=2)
+    assert batch.send(0, "0.a") and batch.send(1, None, final=True)  # row 1 done, nothing sent
+    assert batch.fail("error") and batch.row_closed(0)
+    assert batch.send(0, "0.b", final=True) is False
+    assert sender.sent == [("0.a", 0), ("error", FINAL)]

@@ -335,3 +335,17 @@ def test_crash_signal_is_the_last_one_the_log_names(tmp_path):
     assert crash_signal(log) == 11
     log.write_text("I1201 started\nE1201 error: Signal (11) received in a message\n")
     assert crash_signal(log) is None
+
+
+def test_a_crash_signal_in_the_log_marks_the_server_dead_even_if_its_process_lives(tmp_path):
+    """After heap corruption tritonserver prints "Signal (6) received." and can hang in its handler."""
+    from pipeline.serve.server import fatal_signal_line
+
+    log = tmp_path / "tritonserver.log"
+    assert fatal_signal_line(log) is None
+    log.write_text("I1201 started\nSignal (15) received.\n")  # a requested stop is not a crash
+    assert fatal_signal_line(log) is None
+    log.write_text("I1201 started\nmalloc(): unaligned tcache chunk detected\nSignal (6) received.\n" + "x" * 70000)
+    assert fatal_signal_line(log) is None  # only the last 64 KiB are read...
+    log.write_text("x" * 70000 + "\nmalloc(): unaligned tcache chunk detected\nSignal (6) received.\n")
+    assert fatal_signal_line(log) == "Signal (6) received"  # ...where a crash that just happened is
