@@ -35,6 +35,8 @@ class SamplingParams:
       likely alternatives (from the model's raw distribution).
     - `pad_id`: the contract's padding id; not used in decoding, but like `end_id` it must be a
       token of the vocabulary (TensorRT-LLM's executor refuses others).
+    - `logit_bias`: (token id, bias) pairs added to the logits before anything else (TensorRT-LLM's
+      `embedding_bias`, OpenAI's `logit_bias`).
     """
 
     max_tokens: int = 16
@@ -52,6 +54,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     pad_id: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -77,6 +80,7 @@ class SamplingParams:
                 _check_int(field, getattr(self, field), minimum=0)
         object.__setattr__(self, "stop_token_ids", _token_sequences("stop_token_ids", self.stop_token_ids))
         object.__setattr__(self, "bad_words", _token_sequences("bad_words", self.bad_words))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         _check_int("n", self.n, minimum=1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0)
@@ -104,6 +108,19 @@ class SamplingParams:
             for sequence in getattr(self, field):
                 for token_id in sequence:
                     yield field, token_id
+        for token_id, _ in self.logit_bias:
+            yield "logit_bias", token_id
+
+
+def _logit_bias(pairs: Any) -> tuple[tuple[int, float], ...]:
+    try:
+        checked = tuple((token_id, bias) for token_id, bias in pairs)
+    except (TypeError, ValueError):
+        raise InvalidRequestError("logit_bias", f"must be (token id, bias) pairs, got {pairs!r:.100}") from None
+    for token_id, bias in checked:
+        _check_int("logit_bias", token_id, minimum=0)
+        _check_float("logit_bias", bias)
+    return checked
 
 
 def check_temperature(value: Any) -> None:

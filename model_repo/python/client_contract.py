@@ -12,6 +12,8 @@ CLIENT_TO_PREPROCESSING = {
     "max_tokens": "REQUEST_OUTPUT_LEN",
     "bad_words": "BAD_WORDS_DICT",
     "stop_words": "STOP_WORDS_DICT",
+    "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+    "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS",
     "end_id": "END_ID",
     "pad_id": "PAD_ID",
 }
@@ -24,6 +26,7 @@ PREPROCESSING_TO_LLM = {
     "REQUEST_OUTPUT_LEN": "request_output_len",
     "BAD_WORDS_IDS": "bad_words_list",
     "STOP_WORDS_IDS": "stop_words_list",
+    "EMBEDDING_BIAS": "embedding_bias",
     "OUT_END_ID": "end_id",
     "OUT_PAD_ID": "pad_id",
 }

@@ -41,6 +41,13 @@ class HFTokenizer:
         pad_id = self._special_id("pad_token")
         self.pad_id = pad_id if pad_id is not None else self.eos_id
 
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows, added tokens included."""
+        if self._fast is not None:
+            return self._fast.get_vocab_size(with_added_tokens=True)
+        return len(self._slow)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if self._fast is not None:
             return list(self._fast.encode(text, add_special_tokens=add_special_tokens).ids)

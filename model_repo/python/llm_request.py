@@ -35,12 +35,13 @@ CONTRACT_NAMES = {
     "n": "num_return_sequences",
     "prompt_token_ids": "input_ids",
     "logprobs": "return_log_probs",
+    "logit_bias": "embedding_bias",
 }
 
 # Every input of the contract the cpu model reads.
 INPUT_NAMES = (
     "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "end_id", "pad_id",
-    "stop_words_list", "bad_words_list", "beam_width", "temperature", "runtime_top_k", "runtime_top_p",
+    "stop_words_list", "bad_words_list", "embedding_bias", "beam_width", "temperature", "runtime_top_k", "runtime_top_p",
     "len_penalty", "early_stopping", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "min_tokens", "seed", "return_log_probs", "return_context_logits", "return_generation_logits",
     "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens",
@@ -156,6 +157,7 @@ def parse_request(
             pad_id=scalars.get("pad_id", int, None),
             stop_token_ids=_words(arrays, "stop_words_list"),
             bad_words=_words(arrays, "bad_words_list"),
+            logit_bias=_bias(arrays),
             n=num_sequences,
             logprobs=0 if return_log_probs else None,
         )
@@ -249,6 +251,17 @@ def _prompt(arrays: Mapping[str, np.ndarray], scalars: _Scalars) -> tuple[int, .
     if not 1 <= length <= input_ids.shape[1]:
         raise ContractError(f"input_lengths: {length} must be between 1 and the {input_ids.shape[1]} tokens of input_ids")
     return tuple(int(token_id) for token_id in input_ids[0, :length])
+
+
+def _bias(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
+    """`embedding_bias` ([1, vocab] or empty [1, 0]) → its non-zero (token id, bias) pairs."""
+    array = arrays.get("embedding_bias")
+    if array is None or array.size == 0:
+        return ()
+    values = array.reshape(-1).astype(np.float64)
+    if not np.isfinite(values).all():
+        raise ContractError("embedding_bias: must hold finite numbers")
+    return tuple((int(index), float(values[index])) for index in np.flatnonzero(values))
 
 
 def _words(arrays: Mapping[str, np.ndarray], name: str) -> tuple[tuple[int, ...], ...]:

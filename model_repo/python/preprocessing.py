@@ -3,7 +3,8 @@
 Inputs (batch of B rows): QUERY (text), REQUEST_OUTPUT_LEN, optional BAD_WORDS_DICT /
 STOP_WORDS_DICT (one word or phrase per element), END_ID, PAD_ID.
 Outputs: INPUT_ID [B, max_len] (padded with the pad id), REQUEST_INPUT_LEN, BAD_WORDS_IDS and
-STOP_WORDS_IDS in TensorRT-LLM's [2, L] layout, REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID.
+STOP_WORDS_IDS in TensorRT-LLM's [2, L] layout, EMBEDDING_BIAS ([B, vocab] from
+EMBEDDING_BIAS_WORDS / _WEIGHTS, or [B, 0]), REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID.
 
 Requests the engine would refuse (prompt longer than max_input_len, max_tokens outside
 1..max_seq_len - prompt length) are refused here with a message in the client's terms. Work is
@@ -84,6 +85,7 @@ class TritonPythonModel:
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(output_lens)),
             pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", "bad_words", batch)),
             pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", "stop_words", batch)),
+            pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(request, batch)),
             pb_utils.Tensor("OUT_END_ID", column(end_ids)),
             pb_utils.Tensor("OUT_PAD_ID", column(pad_ids)),
         ]
@@ -116,6 +118,31 @@ class TritonPythonModel:
                 f"max_tokens {output_len} is more than the engine can generate after a {prompt_len}-token prompt: "
                 f"max_seq_len {self.max_seq_len} - {prompt_len} = {room}"
             )
+
+    def _embedding_bias(self, request, batch):
+        """[batch, vocab] logit biases from words and weights (each word's first token gets its
+        weight, as NVIDIA's preprocessing does); [batch, 0] without them."""
+        words = optional_input(request, "EMBEDDING_BIAS_WORDS")
+        weights = optional_input(request, "EMBEDDING_BIAS_WEIGHTS")
+        if words is None and weights is None:
+            return np.zeros((batch, 0), dtype=np.float32)
+        if words is None or weights is None:
+            missing = "embedding_bias_words" if words is None else "embedding_bias_weights"
+            raise BadRequest(f"{missing} is missing: embedding_bias_words and embedding_bias_weights go together")
+        if words.ndim != 2 or weights.shape != words.shape or words.shape[0] != batch:
+            raise BadRequest(
+                f"embedding_bias_words {list(words.shape)} and embedding_bias_weights {list(weights.shape)} must both have shape [batch, n]"
+            )
+        if not np.isfinite(weights).all():
+            raise BadRequest("embedding_bias_weights must be finite numbers")
+        bias = np.zeros((batch, self.tokenizer.vocab_size), dtype=np.float32)
+        for row in range(batch):
+            for word, weight in zip(words[row], weights[row]):
+                self._check_bytes(word, "embedding_bias_words", self.max_word_bytes, "longer than any sequence")
+                ids = self.tokenizer.encode(as_text(word, "embedding_bias_words"), add_special_tokens=False)
+                if ids:
+                    bias[row, ids[0]] += float(weight)
+        return bias
 
     def _word_lists(self, request, name, client_name, batch):
         words = optional_input(request, name)

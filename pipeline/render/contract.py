@@ -53,6 +53,7 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     _scalar("pad_id", "TYPE_INT32"),
     TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
     TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+    TensorSpec("embedding_bias", "TYPE_FP32", (-1,), optional=True, ragged=True),  # [vocab], or empty
     _scalar("beam_width", "TYPE_INT32"),
     _scalar("temperature", "TYPE_FP32"),
     _scalar("runtime_top_k", "TYPE_INT32"),
@@ -133,6 +134,8 @@ PREPROCESSING_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), optional=True),
     TensorSpec("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
     TensorSpec("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("EMBEDDING_BIAS_WORDS", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", (-1,), optional=True),
     TensorSpec("END_ID", "TYPE_INT32", (1,), optional=True),
     TensorSpec("PAD_ID", "TYPE_INT32", (1,), optional=True),
 )
@@ -144,6 +147,7 @@ PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", (1,)),
     TensorSpec("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
     TensorSpec("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    TensorSpec("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
     TensorSpec("OUT_END_ID", "TYPE_INT32", (1,)),
     TensorSpec("OUT_PAD_ID", "TYPE_INT32", (1,)),
@@ -163,6 +167,8 @@ CLIENT_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("max_tokens", "TYPE_INT32", (1,), optional=True),
     TensorSpec("bad_words", "TYPE_STRING", (-1,), optional=True),
     TensorSpec("stop_words", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("embedding_bias_words", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("embedding_bias_weights", "TYPE_FP32", (-1,), optional=True),
     TensorSpec("end_id", "TYPE_INT32", (1,), optional=True),
     TensorSpec("pad_id", "TYPE_INT32", (1,), optional=True),
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), optional=True),
@@ -214,6 +220,8 @@ CLIENT_TO_PREPROCESSING = {
     "max_tokens": "REQUEST_OUTPUT_LEN",
     "bad_words": "BAD_WORDS_DICT",
     "stop_words": "STOP_WORDS_DICT",
+    "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+    "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS",
     "end_id": "END_ID",
     "pad_id": "PAD_ID",
 }
@@ -226,6 +234,7 @@ PREPROCESSING_TO_LLM = {
     "REQUEST_OUTPUT_LEN": "request_output_len",
     "BAD_WORDS_IDS": "bad_words_list",
     "STOP_WORDS_IDS": "stop_words_list",
+    "EMBEDDING_BIAS": "embedding_bias",
     "OUT_END_ID": "end_id",
     "OUT_PAD_ID": "pad_id",
 }

@@ -1,6 +1,6 @@
 """Turning one logits row per sampling sequence into tokens.
 
-Order per row: bad words → repetition / presence / frequency penalties → `min_tokens` (mask
+Order per row: logit bias → bad words → repetition / presence / frequency penalties → `min_tokens` (mask
 `end_id`) → greedy argmax, or temperature → top-k → top-p → a draw. Draws use a generator
 seeded from (request seed, sample index, position), so a sequence's tokens do not depend on
 its batch, on preemption, or on how its prompt was chunked.
@@ -27,6 +27,8 @@ def apply_logit_processors(logits: torch.Tensor, item: ScheduledSequence) -> tor
     params = item.sampling_params
     logits = logits.clone()
     history = item.token_history
+    for token_id, bias in params.logit_bias:
+        logits[token_id] += bias
     if params.bad_words:
         _ban_bad_words(logits, params.bad_words, history)
     if history and (params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty):

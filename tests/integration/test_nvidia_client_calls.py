@@ -203,3 +203,20 @@ def test_the_bls_refuses_a_batch_by_name(served):
     batched = batch_inputs([PROMPT, "import"], streaming=False)
     with pytest.raises(InferenceServerException, match="text_input: tensorrt_llm_bls takes one prompt per request, got a batch of 2"):
         run(served.options.grpc_url, "tensorrt_llm_bls", batched)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_embedding_bias_words_steer_the_output(served, model):
+    """--embedding-bias-words W --embedding-bias-weights -100 for the first word of the greedy answer:
+    the answer changes (refengine's own test shows the biased token is never chosen)."""
+    [plain] = texts(run(served.options.grpc_url, model, nvidia_inputs(streaming=False)))
+    word = plain[len(PROMPT):].split()[0]
+    arrays = nvidia_inputs(
+        streaming=False,
+        embedding_bias_words=np.array([[word]], dtype=object),
+        embedding_bias_weights=np.array([[-100.0]], dtype=np.float32),
+    )
+    [biased] = texts(run(served.options.grpc_url, model, arrays))
+    assert biased.startswith(PROMPT) and biased != plain
+    with pytest.raises(InferenceServerException, match="embedding_bias_weights is missing"):
+        run(served.options.grpc_url, model, nvidia_inputs(streaming=False, embedding_bias_words=np.array([[word]], dtype=object)))

@@ -75,3 +75,15 @@ def test_counts_are_dropped_when_a_request_ends_or_is_aborted(checkpoint_dir):
     assert kv.blocks_given(request_id) == (0, 0)
     engine.generate([_prompt(5)], SamplingParams(max_tokens=2, temperature=0, end_id=None))
     assert not kv._given  # nothing kept for finished requests
+
+
+def test_a_logit_bias_steers_greedy_decoding(checkpoint_dir):
+    """`logit_bias` (TensorRT-LLM's embedding_bias) is added before everything else."""
+    engine = LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(tokens_per_block=TOKENS_PER_BLOCK))
+    prompt = _prompt(12)
+    [plain] = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0, end_id=None))
+    first = plain.outputs[0].token_ids[0]
+    [banned] = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0, end_id=None, logit_bias=((first, -1e4),)))
+    assert first not in banned.outputs[0].token_ids
+    [forced] = engine.generate([prompt], SamplingParams(max_tokens=3, temperature=0, end_id=None, logit_bias=((77, 1e4),)))
+    assert forced.outputs[0].token_ids == (77, 77, 77)

@@ -656,6 +656,19 @@ def test_llm_request_follows_tensorrt_llm_semantics(model_code):
     assert nvidia.params == parsed.params.__class__(max_tokens=8, temperature=0.0)
 
 
+def test_embedding_bias_becomes_the_engines_logit_bias(model_code):
+    from llm_request import ContractError, parse_request
+
+    bias = np.zeros((1, 16), dtype=np.float32)
+    bias[0, 5], bias[0, 9] = -100.0, 2.5
+    parsed = parse_request({**_arrays(), "embedding_bias": bias}, exclude_input_default=True, decoupled=True)
+    assert parsed.params.logit_bias == ((5, -100.0), (9, 2.5))
+    empty = parse_request({**_arrays(), "embedding_bias": np.zeros((1, 0), dtype=np.float32)}, exclude_input_default=True, decoupled=True)
+    assert empty.params.logit_bias == ()
+    with pytest.raises(ContractError, match="embedding_bias: must hold finite numbers"):
+        parse_request({**_arrays(), "embedding_bias": np.full((1, 4), np.inf, dtype=np.float32)}, exclude_input_default=True, decoupled=True)
+
+
 def test_a_batched_request_becomes_one_request_per_row(model_code):
     from llm_request import ContractError, parse_batch
 
