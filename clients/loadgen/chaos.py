@@ -65,6 +65,8 @@ class ChaosPlan:
         unknown = set(self.endpoints) - {*TRITON_ENDPOINTS, "openai"}
         if not self.endpoints or unknown:
             raise ValueError(f"endpoints must be some of grpc, http, openai; got {', '.join(self.endpoints) or 'none'}")
+        if not self.triton_models:
+            raise ValueError("triton_models must name at least one model")
         for name, (low, high) in (("max_tokens", self.max_tokens), ("cut_after", self.cut_after)):
             if not 0 <= low <= high:
                 raise ValueError(f"{name} must be a range low <= high, got {low}..{high}")

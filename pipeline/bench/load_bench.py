@@ -153,7 +153,7 @@ def _mode_key(mode: dict[str, Any]) -> str:
 @contextlib.contextmanager
 def serving(
     repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
-    say: Callable[[str], None] = lambda line: None, check_alive: bool = True,
+    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str = "ensemble",
 ) -> Iterator[Endpoints]:
     """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when
     `openai`; the endpoints while the block runs, everything stopped afterwards. With
@@ -178,7 +178,9 @@ def serving(
         else:
             from clients.openai_server.runner import running_openai_server
 
-            with running_openai_server(endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0]) as base_url:
+            with running_openai_server(
+                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=openai_triton_model
+            ) as base_url:
                 say(f"OpenAI front end at {base_url}")
                 yield dataclasses.replace(endpoints, openai=base_url)
         if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's

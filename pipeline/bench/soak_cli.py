@@ -26,6 +26,10 @@ def add_soak_parser(bench_sub) -> None:
     soak.add_argument("--concurrency", type=int, default=64, metavar="N", help="concurrent streams (default 64)")
     soak.add_argument("--cut-fraction", type=float, default=0.5, metavar="F", help="share of streams the client cuts (default 0.5)")
     soak.add_argument("--endpoints", default="grpc,http,openai", metavar="LIST", help="grpc, http, openai (default all three)")
+    soak.add_argument("--triton-models", default="ensemble,tensorrt_llm_bls", metavar="LIST",
+                      help="Triton models the gRPC and HTTP streams go to (default both)")
+    soak.add_argument("--openai-triton-model", default="ensemble", metavar="NAME",
+                      help="the Triton model behind the OpenAI front end (default ensemble)")
     soak.add_argument("--max-tokens", default="16,200", metavar="LOW,HIGH", help="output length range (default 16,200)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -45,12 +49,17 @@ def chaos_plan(args: argparse.Namespace):
             duration_s=None if args.requests else args.duration,
             concurrency=args.concurrency,
             cut_fraction=args.cut_fraction,
-            endpoints=tuple(part.strip() for part in args.endpoints.split(",") if part.strip()),
+            endpoints=_names(args.endpoints),
+            triton_models=_names(args.triton_models),
             max_tokens=(low, high),
             seed=args.seed,
         )
     except ValueError as error:
         raise SpecError(f"bench soak: {error}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
@@ -68,7 +77,8 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
     status = Console(stderr=True, highlight=False, soft_wrap=True)
     say = lambda line: status.print(f"[dim]{line}[/dim]")  # noqa: E731
     repository = results["package"].ref.path / REPOSITORY_DIR
-    with serving(repository, loaded.spec.deploy, model_name=loaded.spec.name, openai="openai" in plan.endpoints, say=say, check_alive=False) as endpoints:
+    with serving(repository, loaded.spec.deploy, model_name=loaded.spec.name, openai="openai" in plan.endpoints, say=say,
+                 check_alive=False, openai_triton_model=args.openai_triton_model) as endpoints:
         server = endpoints.server
         targets = ChaosTargets(endpoints.grpc, endpoints.http, endpoints.openai, endpoints.model_name)
         verdict = soak(plan, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path, progress=say)

@@ -27,6 +27,7 @@ MODEL_CODE = Path(__file__).resolve().parents[2] / "model_repo" / "python"
         ({"endpoints": ("grpc", "smtp")}, "endpoints must be some of grpc, http, openai; got grpc, smtp"),
         ({"max_tokens": (10, 5)}, "max_tokens must be a range low <= high, got 10..5"),
         ({"max_tokens": (0, 5)}, "max_tokens must start at 1 or more"),
+        ({"triton_models": ()}, "triton_models must name at least one model"),
     ],
 )
 def test_a_bad_chaos_plan_names_its_field(kwargs, message):
@@ -37,11 +38,17 @@ def test_a_bad_chaos_plan_names_its_field(kwargs, message):
 def test_the_soak_command_turns_bad_arguments_into_spec_errors():
     class Args:
         requests, duration, concurrency, cut_fraction, endpoints, max_tokens, seed = None, 10.0, 4, 0.5, "grpc", "16", 0
+        triton_models = "tensorrt_llm_bls"
 
     with pytest.raises(SpecError, match="--max-tokens takes LOW,HIGH"):
         chaos_plan(Args())
     Args.max_tokens, Args.cut_fraction = "4,8", 2.0
     with pytest.raises(SpecError, match="bench soak: cut_fraction must be between 0 and 1"):
+        chaos_plan(Args())
+    Args.cut_fraction = 0.5
+    assert chaos_plan(Args()).triton_models == ("tensorrt_llm_bls",)
+    Args.triton_models = " , "
+    with pytest.raises(SpecError, match="bench soak: triton_models must name at least one model"):
         chaos_plan(Args())
 
 
