@@ -31,7 +31,7 @@ from deferred_release import DeferredRelease
 from hf_tokenizer import HFTokenizer
 from incremental_detokenizer import text_delta
 from model_parameters import ModelParameters
-from triton_io import BadRequest, error_response, log_error, optional_input, required_input, string_tensor
+from triton_io import BadRequest, error_response, log_error, optional_input, required_input, send_stop, string_tensor
 
 _REMEMBERED_STOPS = 1024
 
@@ -43,7 +43,7 @@ class TritonPythonModel:
         self.skip_special_tokens = parameters.boolean("skip_special_tokens", True)
         self.llm_model_name = parameters.string("llm_model_name", "tensorrt_llm")
         self._stopped_request_ids = collections.deque(maxlen=_REMEMBERED_STOPS)
-        self._finished_calls = DeferredRelease()  # see _stop_generation
+        self._finished_calls = DeferredRelease()  # the stop calls' responses (triton_io.send_stop)
 
     def execute(self, requests):
         self._finished_calls.release_due()
@@ -88,27 +88,8 @@ class TritonPythonModel:
         if not request_id or request_id in self._stopped_request_ids:
             return
         self._stopped_request_ids.append(request_id)
-        stop = pb_utils.InferenceRequest(
-            model_name=self.llm_model_name,
-            requested_output_names=[],
-            inputs=[
-                pb_utils.Tensor("stop", np.array([[True]], dtype=np.bool_)),
-                pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
-                pb_utils.Tensor("request_output_len", np.array([[1]], dtype=np.int32)),
-            ],
-            request_id=request_id,
-        )
-        # The response iterator is kept for a while after its final response, for the reason the BLS
-        # keeps its own (deferred_release.py: the stub must let go of it first, or it is freed
-        # without the GIL).
-        responses = stop.exec(decoupled=True)
-        try:
-            for response in responses:
-                if response.has_error():
-                    log_error(f"stop request for {request_id!r} failed: {response.error().message()}")
-        finally:
-            self._finished_calls.hold(responses)
-            del responses
+        for message in send_stop(self.llm_model_name, request_id, keep=self._finished_calls.hold):
+            log_error(f"stop request for {request_id!r} failed: {message}")
 
 
 def _three_dimensional(array, name):

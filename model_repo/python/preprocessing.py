@@ -109,6 +109,9 @@ class TritonPythonModel:
         if limit and size > limit:
             raise BadRequest(f"{name} is {size} bytes, {what} (at most {limit} bytes); it was not tokenized")
 
+    def _check_word_bytes(self, word, name):
+        self._check_bytes(word, name, self.max_word_bytes, f"longer than any sequence of the engine's max_seq_len {self.max_seq_len} tokens")
+
     def _check_output_len(self, prompt_len, output_len):
         room = self.max_seq_len - prompt_len
         if output_len < 1:
@@ -138,7 +141,7 @@ class TritonPythonModel:
         bias = np.zeros((batch, self.tokenizer.vocab_size), dtype=np.float32)
         for row in range(batch):
             for word, weight in zip(words[row], weights[row]):
-                self._check_bytes(word, "embedding_bias_words", self.max_word_bytes, "longer than any sequence")
+                self._check_word_bytes(word, "embedding_bias_words")
                 ids = self.tokenizer.encode(as_text(word, "embedding_bias_words"), add_special_tokens=False)
                 if ids:
                     bias[row, ids[0]] += float(weight)
@@ -152,7 +155,7 @@ class TritonPythonModel:
             raise BadRequest(f"{client_name} must have shape [batch, n], got {list(words.shape)}")
         for row in words:
             for word in row:
-                self._check_bytes(word, client_name, self.max_word_bytes, f"longer than any sequence of the engine's max_seq_len {self.max_seq_len} tokens")
+                self._check_word_bytes(word, client_name)
         per_row = []
         for row in words:
             encoded = [self.tokenizer.encode(as_text(word, client_name), add_special_tokens=False) for word in row]

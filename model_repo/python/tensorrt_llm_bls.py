@@ -26,7 +26,7 @@ from deferred_release import DeferredRelease
 from incremental_detokenizer import CONTEXT_TOKENS
 from model_parameters import ModelParameters
 from response_channel import CancellationWatcher, ResponseChannel
-from triton_io import BadRequest, error_response, log_error, optional_input, requested_outputs, string_tensor
+from triton_io import BadRequest, error_response, log_error, optional_input, requested_outputs, send_stop, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
@@ -198,16 +198,5 @@ class TritonPythonModel:
         return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
     def _stop(self, llm_request_id):
-        stop = pb_utils.InferenceRequest(
-            model_name=self._llm,
-            requested_output_names=[],
-            inputs=[
-                pb_utils.Tensor("stop", np.array([[True]], dtype=np.bool_)),
-                pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
-                pb_utils.Tensor("request_output_len", np.array([[1]], dtype=np.int32)),
-            ],
-            request_id=llm_request_id,
-        )
-        for response in stop.exec(decoupled=True):
-            if response.has_error():
-                log_error(f"tensorrt_llm_bls: stop of {llm_request_id} failed: {response.error().message()}")
+        for message in send_stop(self._llm, llm_request_id, keep=self._finished_calls.hold):
+            log_error(f"tensorrt_llm_bls: stop of {llm_request_id} failed: {message}")

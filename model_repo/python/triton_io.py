@@ -5,7 +5,7 @@ Inside Triton's stub only: the module imports `triton_python_backend_utils`.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -61,9 +61,7 @@ def error_response(message: str, code: Any = None) -> Any:
 
 def string_tensor(name: str, texts: Iterable[str]) -> Any:
     """A flat STRING tensor, shape [len(texts)]."""
-    values = np.empty(len(texts := list(texts)), dtype=np.object_)
-    values[:] = [text.encode("utf-8") for text in texts]
-    return pb_utils.Tensor(name, values)
+    return pb_utils.Tensor(name, np.array([text.encode("utf-8") for text in texts], dtype=np.object_))
 
 
 def requested_outputs(request: Any) -> frozenset[str]:
@@ -82,6 +80,27 @@ def arrays_response(arrays: Mapping[str, np.ndarray], requested: Collection[str]
     return pb_utils.InferenceResponse(
         output_tensors=[pb_utils.Tensor(name, array) for name, array in arrays.items() if name in requested]
     )
+
+
+def send_stop(model_name: str, request_id: str, *, keep: Callable[[Any], None]) -> list[str]:
+    """TensorRT-LLM's cancellation: a `stop` request to the LLM model for the in-flight requests with
+    `request_id`; the error messages of its responses. The decoupled call's response iterator goes to
+    `keep` (a DeferredRelease's `hold`: the stub must let go of it first, see deferred_release.py)."""
+    stop = pb_utils.InferenceRequest(
+        model_name=model_name,
+        requested_output_names=[],
+        inputs=[
+            pb_utils.Tensor("stop", np.array([[True]], dtype=np.bool_)),
+            pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
+            pb_utils.Tensor("request_output_len", np.array([[1]], dtype=np.int32)),
+        ],
+        request_id=request_id,
+    )
+    responses = stop.exec(decoupled=True)
+    try:
+        return [response.error().message() for response in responses if response.has_error()]
+    finally:
+        keep(responses)
 
 
 def log_error(message: str) -> None:

@@ -13,7 +13,6 @@ not judged (allocators keep what they took).
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 import urllib.error
@@ -24,11 +23,11 @@ from typing import Any, Callable
 
 from clients import TritonLLMClient
 from clients.loadgen.chaos import ChaosOutcome, ChaosPlan, ChaosTargets, run_chaos
+from pipeline.serve import process
+from pipeline.serve.cleanup import received_signals, signal_line
 
 GREEDY_PROMPT = "def __init__(self"
 GREEDY_TOKENS = 24
-_SIGNAL_LINE = re.compile(r"Signal \((\d+)\) received")
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _SERIES = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
 
 
@@ -76,7 +75,7 @@ def log_signals(log_path: Path) -> tuple[str, ...]:
         text = log_path.read_text(errors="replace")
     except OSError:
         return ()
-    return tuple(match.group(0) for match in _SIGNAL_LINE.finditer(text))
+    return tuple(signal_line(signum) for signum in received_signals(text))
 
 
 def greedy_answer(grpc_url: str, prompt: str = GREEDY_PROMPT, max_tokens: int = GREEDY_TOKENS) -> str:
@@ -198,19 +197,6 @@ def _engine_gauges(metrics_url: str) -> dict[tuple[str, str], float]:
 
 def _group_memory(server_pid: int) -> tuple[float, list[tuple[int, float]]]:
     """RSS (MB) of the server, and (pid, RSS MB) of each live process of its group but the server."""
-    server_rss = 0.0
-    stubs = []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stat = stat_file.read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z" or int(fields[2]) != server_pid:
-            continue
-        pid, rss_mb = int(stat_file.parent.name), int(fields[21]) * _PAGE_SIZE / 1e6
-        if pid == server_pid:
-            server_rss = rss_mb
-        else:
-            stubs.append((pid, rss_mb))
-    return server_rss, stubs
+    members = process.group_members(server_pid)  # started in its own session: its pid is its group
+    server_rss = next((m.rss_bytes / 1e6 for m in members if m.pid == server_pid), 0.0)
+    return server_rss, [(m.pid, m.rss_bytes / 1e6) for m in members if m.pid != server_pid]

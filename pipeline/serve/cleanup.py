@@ -14,8 +14,22 @@ from typing import Sequence
 from pipeline.errors import StageError
 from pipeline.serve.process import GroupCleanup, ProcessInfo
 
-# tritonserver's own crash handler prints this (then a backtrace) on SIGSEGV, SIGABRT, ...
+# tritonserver's own crash handler prints this (then a backtrace) on SIGSEGV, SIGABRT, ...; its
+# SIGTERM/SIGINT handler prints it too, for a requested stop.
 _SIGNAL_LINE = re.compile(r"^Signal \((\d+)\) received", re.MULTILINE)
+# Signals after which tritonserver is dead even if its process is not: its handler prints a stack
+# trace, which allocates, and after heap corruption it can block on malloc's lock for ever.
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})
+
+
+def received_signals(log_text: str) -> list[int]:
+    """The signals a tritonserver log says it received, in order."""
+    return [int(number) for number in _SIGNAL_LINE.findall(log_text)]
+
+
+def signal_line(signum: int) -> str:
+    """How the log says it: `Signal (6) received`."""
+    return f"Signal ({signum}) received"
 
 
 def crash_signal(log: Path | None) -> int | None:
@@ -26,8 +40,8 @@ def crash_signal(log: Path | None) -> int | None:
         text = log.read_text(errors="replace")
     except OSError:
         return None
-    found = _SIGNAL_LINE.findall(text)
-    return int(found[-1]) if found else None
+    found = received_signals(text)
+    return found[-1] if found else None
 
 
 def signal_text(signum: int) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.errors import StageError, ToolError
 from pipeline.serve import leaks, probe, process
-from pipeline.serve.cleanup import Cleanup, check_all_gone
+from pipeline.serve.cleanup import CRASH_SIGNALS, Cleanup, check_all_gone, received_signals, signal_line
 from pipeline.serve.command import ServerOptions, server_command
 from pipeline.serve.installation import TritonInstallation, find_tritonserver, make_backend_directory, server_environment
 
@@ -38,9 +38,6 @@ _HARMLESS_ERRORS = (  # logged by every CPU-only server
     "CUDA driver version is insufficient",
 )
 _READY_POLL_SECONDS = 0.1
-# Signals after which tritonserver is dead even if its process is not: its handler prints a stack
-# trace, which allocates, and after heap corruption it can block on malloc's lock for ever.
-_FATAL_SIGNAL_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received")
 _FATAL_SCAN_BYTES = 1 << 16
 # Beyond --exit-timeout-secs: Triton's unload loop polls once per second and stubs need a moment.
 _STOP_GRACE_SECONDS = 10.0
@@ -262,7 +259,8 @@ def fatal_signal_line(log_path: Path) -> str | None:
     try:
         with open(log_path, "rb") as log:
             log.seek(max(0, log.seek(0, 2) - _FATAL_SCAN_BYTES))
-            match = _FATAL_SIGNAL_LINE.search(log.read())
+            tail = log.read().decode(errors="replace")
     except FileNotFoundError:
         return None
-    return match.group(0).decode() if match else None
+    crashes = [signum for signum in received_signals(tail) if signum in CRASH_SIGNALS]
+    return signal_line(crashes[0]) if crashes else None
