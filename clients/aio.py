@@ -8,7 +8,7 @@ it with `await client.close()` (or `async with`) before that loop ends.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import aiohttp
 import tritonclient.grpc.aio as grpcaio
@@ -88,6 +88,11 @@ class AsyncTritonLLMClient:
 
     def stream_request(self, request: GenerationRequest) -> AsyncTextStream:
         return self._text_stream(request, stream=True)
+
+    def model_stream(self, model: str, inputs: list[Any], outputs: list[Any], parse: Callable[[Any], Any]) -> AioGrpcCall:
+        """One streamed gRPC request to any model of the server (`inputs` and `outputs` as tritonclient's
+        grpc.aio InferInput / InferRequestedOutput), its results turned into chunks by `parse`; no retries."""
+        return AioGrpcCall(self._grpc_client(), self.url, model, timeout=self.timeout, inputs=inputs, outputs=outputs, parse=parse)
 
     async def is_ready(self) -> bool:
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 import grpc
@@ -37,25 +37,43 @@ def rpc_error(error: grpc.RpcError, *, url: str, timeout: float | None) -> Clien
 
 
 class AioGrpcCall:
-    def __init__(self, client: grpcaio.InferenceServerClient, url: str, model: str, values: Mapping[str, Any], *, timeout: float | None) -> None:
+    """One streamed request. `values`: the ensemble's inputs by name; or `inputs` (tensors) and
+    `outputs` (requested outputs) for any other model, whose results `parse` turns into chunks
+    (anything with a `final` flag)."""
+
+    def __init__(
+        self,
+        client: grpcaio.InferenceServerClient,
+        url: str,
+        model: str,
+        values: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None,
+        inputs: list[Any] | None = None,
+        outputs: list[Any] | None = None,
+        parse: Callable[[Any], Any] = chunk_from_result,
+    ) -> None:
         self.request_id = uuid.uuid4().hex
         self._url = url
         self._timeout = timeout
         self._cancelled = False
         self._final = False  # the final response arrived: the call ends by itself, never cancel it then
-        request = {"model_name": model, "inputs": infer_inputs(values), "request_id": self.request_id}
+        self._parse = parse
+        request: dict[str, Any] = {"model_name": model, "inputs": inputs if inputs is not None else infer_inputs(values or {}), "request_id": self.request_id}
+        if outputs:
+            request["outputs"] = outputs
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield request
 
         self._call = client.stream_infer(one_request(), stream_timeout=timeout)
 
-    async def chunks(self) -> AsyncIterator[Chunk]:
+    async def chunks(self) -> AsyncIterator[Any]:
         try:
             async for result, error in self._call:
                 if error is not None:
                     raise grpc_error(error, url=self._url, timeout=self._timeout)
-                chunk = chunk_from_result(result)
+                chunk = self._parse(result)
                 self._final = chunk.final
                 yield chunk
                 if chunk.final:

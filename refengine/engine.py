@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import torch
+
 from refengine.checkpoint import load_checkpoint, load_engine_dir
 from refengine.config import EngineConfig
 from refengine.errors import InvalidRequestError
@@ -32,18 +34,24 @@ class _CompletionState:
     index: int
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[SampledToken] = field(default_factory=list)
+    generation_logits: list[torch.Tensor] = field(default_factory=list)  # rows not yet reported
     num_reported: int = 0
     finish_reason: str | None = None
 
-    def snapshot(self, with_logprobs: bool) -> CompletionOutput:
+    def snapshot(self, with_logprobs: bool, with_logits: bool) -> CompletionOutput:
         new = tuple(self.token_ids[self.num_reported :])
         self.num_reported = len(self.token_ids)
+        logits = None
+        if with_logits:
+            rows, self.generation_logits = self.generation_logits[: len(new)], self.generation_logits[len(new) :]
+            logits = torch.stack(rows) if rows else torch.zeros((0, 0), dtype=torch.float32)
         return CompletionOutput(
             index=self.index,
             token_ids=tuple(self.token_ids),
             new_token_ids=new,
             finish_reason=self.finish_reason,
             logprobs=tuple(self.logprobs) if with_logprobs else None,
+            new_generation_logits=logits,
         )
 
 
@@ -57,6 +65,8 @@ class _RequestState:
     first_scheduled_time_ns: int | None = None
     first_token_time_ns: int | None = None
     last_token_time_ns: int | None = None
+    context_logits: torch.Tensor | None = None  # [prompt, vocab], filled as the prompt is computed
+    context_rows_missing: int = 0
 
     @property
     def finished(self) -> bool:
@@ -70,8 +80,27 @@ class _RequestState:
             self.last_token_time_ns = now_ns
         completion.token_ids.extend(update.new_token_ids)
         completion.logprobs.extend(s for s in update.new_samples if s.logprob is not None)
+        if self.params.return_generation_logits:
+            # An end_id sample joins no output (its logits row neither); a stop sequence's last token does.
+            drawn = [s for s in update.new_samples if s.logits is not None]
+            completion.generation_logits.extend(s.logits for s in drawn[: len(update.new_token_ids)])
         if update.finish_reason is not None:
             completion.finish_reason = update.finish_reason.value
+
+    def add_context_logits(self, first_position: int, rows: torch.Tensor) -> None:
+        """Logits of prompt positions from `first_position` on (a recompute after preemption
+        writes the same rows again; rows past the prompt are output tokens, not context)."""
+        prompt_length = len(self.prompt_token_ids)
+        if self.context_logits is None:
+            self.context_logits = torch.empty((prompt_length, rows.shape[-1]), dtype=torch.float32)
+            self.context_rows_missing = prompt_length
+        end = min(prompt_length, first_position + rows.shape[0])
+        if first_position < end:
+            self.context_logits[first_position:end] = rows[: end - first_position]
+            self.context_rows_missing = max(0, self.context_rows_missing - (end - first_position))
+
+    def _complete_context_logits(self) -> torch.Tensor | None:
+        return None if self.context_rows_missing else self.context_logits
 
     def snapshot(self, block_counts: tuple[int, int]) -> RequestOutput:
         with_logprobs = self.params.logprobs is not None
@@ -81,8 +110,9 @@ class _RequestState:
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=tuple(c.snapshot(with_logprobs) for c in self.completions),
+            outputs=tuple(c.snapshot(with_logprobs, self.params.return_generation_logits) for c in self.completions),
             metrics=metrics,
+            context_logits=self._complete_context_logits(),
         )
 
 
@@ -260,6 +290,7 @@ class LLMEngine:
             )
         self._mark_scheduled(scheduler_output.scheduled)
         runner_output = self._runner.execute(scheduler_output)
+        self._take_context_logits(runner_output.context_logits)
         updates = self._scheduler.update_from_output(scheduler_output, runner_output)
         self._num_steps += 1
         now_ns = time.time_ns()
@@ -278,6 +309,13 @@ class LLMEngine:
             else:
                 outputs.append(state.snapshot(self._scheduler.kv_cache.blocks_given(request_id)))
         return outputs
+
+    def _take_context_logits(self, context_logits) -> None:
+        for seq_id, (first_position, rows) in context_logits.items():
+            sequence = self._scheduler.get_sequence(seq_id)
+            state = self._requests.get(sequence.request_id) if sequence is not None else None
+            if state is not None:
+                state.add_context_logits(first_position, rows)
 
     def _mark_scheduled(self, scheduled) -> None:
         now_ns = time.time_ns()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from refengine.step_messages import SampledToken
 
@@ -18,6 +20,8 @@ class CompletionOutput:
     new_token_ids: tuple[int, ...]  # added since this request's previous output
     finish_reason: str | None = None  # "length", "stop", "aborted"
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per output token, when requested
+    # return_generation_logits: [len(new_token_ids), vocab] float32, the raw logits each new token was drawn from
+    new_generation_logits: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -49,6 +53,8 @@ class RequestOutput:
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[CompletionOutput, ...]
     metrics: RequestMetrics | None = None
+    # return_context_logits: [prompt, vocab] float32, in every output once the prompt is computed
+    context_logits: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def finished(self) -> bool:

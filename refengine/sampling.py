@@ -37,6 +37,11 @@ class SamplingParams:
       token of the vocabulary (TensorRT-LLM's executor refuses others).
     - `logit_bias`: (token id, bias) pairs added to the logits before anything else (TensorRT-LLM's
       `embedding_bias`, OpenAI's `logit_bias`).
+    - `return_context_logits`: the model's raw logits at every prompt position, [prompt, vocab]
+      (TensorRT-LLM's `context_logits`; row i predicts token i + 1). The prompt is computed in
+      full: such a request reuses no cached prefix.
+    - `return_generation_logits`: the raw logits each output token was drawn from, [vocab] per
+      token (TensorRT-LLM's `generation_logits`).
     """
 
     max_tokens: int = 16
@@ -55,6 +60,8 @@ class SamplingParams:
     logprobs: int | None = None
     pad_id: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -84,6 +91,9 @@ class SamplingParams:
         _check_int("n", self.n, minimum=1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0)
+        for field in ("return_context_logits", "return_generation_logits"):
+            if not isinstance(getattr(self, field), bool):
+                raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import torch
+
 from refengine.sampling import SamplingParams
 
 
@@ -59,9 +61,12 @@ class SampledToken:
     token_id: int
     logprob: float | None = None  # log-probability under the model's raw distribution
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (token id, log-probability), most likely first
+    logits: torch.Tensor | None = field(default=None, compare=False)  # the raw row drawn from (return_generation_logits)
 
 
 @dataclass(frozen=True)
 class RunnerOutput:
     step_id: int
     sampled: Mapping[int, tuple[SampledToken, ...]] = field(default_factory=dict)  # seq_id -> samples
+    # seq_id -> (position of the first row, raw logits [rows, vocab]) of sequences that asked for context logits
+    context_logits: Mapping[int, tuple[int, torch.Tensor]] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from clients.openai_server import errors, openapi
 from clients.openai_server.bodies import parse, read_body
 from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
 from clients.openai_server.errors import OpenAIError
-from clients.openai_server.generation import ChoiceEvent, OpenStreams, collect, merged
+from clients.openai_server.generation import ChoiceEvent, OpenStreams, Route, collect, merged
 from clients.openai_server.model import ServedModel
 from clients.openai_server.planning import Context, Plan, plan_chat, plan_completion
 from clients.openai_server.responses import DONE, Answer, sse
@@ -110,7 +110,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     )
     async def completions(request: Request) -> Response:
         parsed = parse(CompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
-        return await _answer(request, plan_completion(parsed, context), settings.model.name, chat=False)
+        return await _answer(request, plan_completion(parsed, context), context, chat=False)
 
     @app.post(
         "/v1/chat/completions",
@@ -119,15 +119,16 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     )
     async def chat_completions(request: Request) -> Response:
         parsed = parse(ChatCompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
-        return await _answer(request, plan_chat(parsed, context), settings.model.name, chat=True)
+        return await _answer(request, plan_chat(parsed, context), context, chat=True)
 
     return app
 
 
-async def _answer(request: Request, plan: Plan, model_name: str, *, chat: bool) -> Response:
-    answer = Answer(plan, model_name, chat=chat)
+async def _answer(request: Request, plan: Plan, context: Context, *, chat: bool) -> Response:
+    answer = Answer(plan, context.model.name, chat=chat)
     streams = OpenStreams()
-    events = merged(request.app.state.triton, plan.choices, streams)
+    route = Route(request.app.state.triton, context.tokenizer, context.model.llm_model)
+    events = merged(route, plan.choices, streams)
     try:
         if not plan.stream:
             results = await _until_disconnected(request, collect(events, len(plan.choices)))

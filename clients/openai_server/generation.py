@@ -5,7 +5,8 @@ stream: responses arrive token by token, so a client that goes away cancels its 
 server at once (Triton does not pass the cancellation of a non-streamed ensemble request to the
 LLM model), and every response carries its token's log-probability (`return_log_probs`), from
 which `completion_tokens` is counted exactly as the engine generated them. `n` choices run as `n`
-concurrent requests; their events are interleaved as they come (`merged`).
+concurrent requests; their events are interleaved as they come (`merged`). Choices that need
+token ids or logits go to the LLM model directly instead (`ChoicePlan.direct`, llm_path.py).
 """
 
 from __future__ import annotations
@@ -17,14 +18,22 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import ServerUnavailableError
+from clients.openai_server.llm_path import llm_pieces
+from clients.openai_server.logprobs import PendingLogprobs, TokenLogprob
 from clients.openai_server.stops import StopMatcher
+from clients.openai_server.tokenizer import PromptTokenizer
 from clients.stream import AsyncTextStream
 from clients.types import GenerationRequest
 
 
 @dataclass(frozen=True)
 class ChoicePlan:
-    """One Triton request: `sampling` holds the other GenerationRequest fields (temperature, seed, …)."""
+    """One Triton request: `sampling` holds the other GenerationRequest fields (temperature, seed, …).
+
+    With `prompt_ids`, the choice goes to the LLM model directly (llm_path.py): token-id prompts,
+    `top_logprobs` alternatives per token, the prompt's log-probs (`prompt_logprobs`) and
+    `max_tokens` 0 need it; `prompt` is then the prompt's text as echoed.
+    """
 
     index: int
     prompt: str
@@ -32,55 +41,29 @@ class ChoicePlan:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     sampling: Mapping[str, Any] = field(default_factory=dict)
+    prompt_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+
+    @property
+    def direct(self) -> bool:
+        return bool(self.prompt_ids)
 
     def request(self) -> GenerationRequest:
         return GenerationRequest(self.prompt, self.max_tokens, stop=list(self.stop) or None, return_log_probs=True, **self.sampling)
 
 
 @dataclass(frozen=True)
-class TokenLogprob:
-    """One generated token: the text it completed (empty for a token that completes no character
-    yet, e.g. the first byte of a multi-byte character), its log-probability, and where that text
-    starts in the choice's text."""
-
-    token: str
-    logprob: float
-    offset: int
-
-
-@dataclass(frozen=True)
 class ChoiceEvent:
-    """New text of choice `index`; the last event of a choice has its `finish_reason`."""
+    """New text of choice `index`; the last event of a choice has its `finish_reason`. The first
+    event of a choice that asked for prompt log-probs carries them (`prompt_logprobs`)."""
 
     index: int
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None
     completion_tokens: int = 0
-
-
-class _Logprobs:
-    """Per-token log-probs, released in step with the text they belong to."""
-
-    def __init__(self) -> None:
-        self._pending: list[TokenLogprob] = []
-        self._text_length = 0
-
-    def add(self, text: str, values: Sequence[float]) -> None:
-        """The tokens behind one text delta; the text belongs to the last of them."""
-        for position, value in enumerate(values):
-            token = text if position == len(values) - 1 else ""
-            self._pending.append(TokenLogprob(token, float(value), self._text_length))
-        self._text_length += len(text)
-
-    def release(self, upto: int | None) -> tuple[TokenLogprob, ...]:
-        """Tokens whose text starts before `upto` characters (all of them for None)."""
-        count = len(self._pending) if upto is None else sum(1 for item in self._pending if item.offset < upto)
-        released, self._pending = tuple(self._pending[:count]), self._pending[count:]
-        return released
-
-    def drop(self) -> None:
-        self._pending.clear()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class OpenStreams:
@@ -99,13 +82,53 @@ class OpenStreams:
             stream.cancel()  # a no-op for a finished one
 
 
-async def run_choice(client: AsyncTritonLLMClient, plan: ChoicePlan, streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
+@dataclass(frozen=True)
+class Route:
+    """Where choices go: the ensemble (or BLS) through `client`; direct choices to `llm_model`, with
+    the served model's `tokenizer` doing the pre- and postprocessing."""
+
+    client: AsyncTritonLLMClient
+    tokenizer: PromptTokenizer | None = None
+    llm_model: str = "tensorrt_llm"
+
+
+async def run_choice(route: Route, plan: ChoicePlan, streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
     """The events of one choice; raises the `clients` error Triton's answer maps to."""
-    stream = client.stream_request(plan.request())
+    logprobs = PendingLogprobs()
+    prompt: list[tuple[TokenLogprob, ...]] = []
+    if plan.direct:
+        if route.tokenizer is None:
+            raise ValueError("a direct choice needs the served model's tokenizer")
+        pieces = llm_pieces(route.client, plan, route.tokenizer, route.llm_model, logprobs, lambda call: _opened(call, streams), prompt.append)
+    else:
+        pieces = _ensemble_pieces(route.client, _opened(route.client.stream_request(plan.request()), streams), plan, logprobs)
+    matcher = StopMatcher(plan.stop)
+    tokens = 0
+    async with contextlib.aclosing(pieces):
+        async for delta, tokens in pieces:
+            text, stopped = matcher.push(delta)
+            released = logprobs.release(matcher.released)
+            opening = prompt.pop() if prompt else ()
+            if stopped:
+                yield ChoiceEvent(plan.index, text, released, "stop", tokens, opening)
+                return  # closing `pieces` cancels the request: the engine may still be generating past the stop
+            if text or released or opening:
+                yield ChoiceEvent(plan.index, text, released, None, tokens, opening)
+    text = matcher.flush()
+    finish = "length" if tokens >= plan.max_tokens else "stop"
+    yield ChoiceEvent(plan.index, text, logprobs.release(None), finish, tokens, prompt.pop() if prompt else ())
+
+
+def _opened(stream, streams: OpenStreams | None):
     if streams is not None:
         streams.add(stream)
-    matcher = StopMatcher(plan.stop)
-    logprobs = _Logprobs()
+    return stream
+
+
+async def _ensemble_pieces(
+    client: AsyncTritonLLMClient, stream: AsyncTextStream, plan: ChoicePlan, logprobs: PendingLogprobs
+) -> AsyncIterator[tuple[str, int]]:
+    """(text delta, tokens so far) of an ensemble request; the tokens' log-probs go to `logprobs`."""
     seen = 0
 
     def account(delta: str) -> int:
@@ -118,22 +141,12 @@ async def run_choice(client: AsyncTritonLLMClient, plan: ChoicePlan, streams: Op
 
     try:
         async for delta in stream:
-            tokens = account(delta)
-            text, stopped = matcher.push(delta)
-            if stopped:
-                stream.cancel()  # the engine may still be generating past the stop sequence
-                released = logprobs.release(matcher.released)
-                yield ChoiceEvent(plan.index, text, released, "stop", tokens)
-                return
-            released = logprobs.release(matcher.released)
-            if text or released:
-                yield ChoiceEvent(plan.index, text, released, None, tokens)
+            yield delta, account(delta)
         if stream.cancelled:  # not by us: the server is stopping (or the client went away, and nobody reads this)
             raise ServerUnavailableError(client.url, "the request was cancelled: the server is stopping")
-        tokens = account("")  # a last response that completed no text
-        text = matcher.flush()
-        finish = "length" if tokens >= plan.max_tokens else "stop"
-        yield ChoiceEvent(plan.index, text, logprobs.release(None), finish, tokens)
+        counted = seen
+        if account("") > counted:  # a last response that completed no text
+            yield "", seen
     finally:
         stream.cancel()  # synchronous (safe while being cancelled); a no-op once finished
 
@@ -141,11 +154,11 @@ async def run_choice(client: AsyncTritonLLMClient, plan: ChoicePlan, streams: Op
 _DONE = object()
 
 
-async def merged(client: AsyncTritonLLMClient, plans: Sequence[ChoicePlan], streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
+async def merged(route: Route, plans: Sequence[ChoicePlan], streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
     """The events of every choice, interleaved in arrival order. The first error ends everything:
     the other requests are cancelled (also when the consumer stops iterating)."""
     if len(plans) == 1:
-        async with contextlib.aclosing(run_choice(client, plans[0], streams)) as events:
+        async with contextlib.aclosing(run_choice(route, plans[0], streams)) as events:
             async for event in events:
                 yield event
         return
@@ -153,7 +166,7 @@ async def merged(client: AsyncTritonLLMClient, plans: Sequence[ChoicePlan], stre
 
     async def pump(plan: ChoicePlan) -> None:
         try:
-            async with contextlib.aclosing(run_choice(client, plan, streams)) as events:
+            async with contextlib.aclosing(run_choice(route, plan, streams)) as events:
                 async for event in events:
                     queue.put_nowait(event)
             queue.put_nowait(_DONE)
@@ -185,6 +198,7 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     completion_tokens: int = 0
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 async def collect(events: AsyncIterator[ChoiceEvent], count: int) -> list[ChoiceResult]:
@@ -196,6 +210,7 @@ async def collect(events: AsyncIterator[ChoiceEvent], count: int) -> list[Choice
         texts[event.index].append(event.text)
         result.logprobs.extend(event.logprobs)
         result.completion_tokens = event.completion_tokens
+        result.prompt_logprobs = result.prompt_logprobs or event.prompt_logprobs
         if event.finish_reason is not None:
             result.finish_reason = event.finish_reason
     for result, parts in zip(results, texts):

@@ -2,7 +2,8 @@
 facts it needs to answer exactly like the served preprocessing does (tokenizer, context limits).
 
 The facts are the preprocessing model's parameters in the served repository (`tokenizer_dir`,
-`add_special_tokens`, `max_input_len`, `max_seq_len`), read from the repository's config.pbtxt
+`add_special_tokens`, `max_input_len`, `max_seq_len`, and whether the engine returns logits:
+`gather_context_logits`, `gather_generation_logits`), read from the repository's config.pbtxt
 (`from_repository`) or asked from the running Triton (`from_triton`, model-config API). The
 preprocessing model is the first step of the ensemble (`preprocessing` for any other Triton
 model, e.g. tensorrt_llm_bls).
@@ -35,6 +36,9 @@ class ServedModel:
     add_special_tokens: bool = True
     triton_model: str = "ensemble"
     max_prompt_bytes: int = 0  # a longer prompt cannot fit max_input_len tokens (0: not known)
+    context_logits: bool = False  # tensorrt_llm returns context logits (prompt log-probs)
+    generation_logits: bool = False  # tensorrt_llm returns generation logits (top-N log-probs)
+    llm_model: str = "tensorrt_llm"  # the LLM model, called directly for token-id prompts and log-probs
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -58,9 +62,11 @@ class ServedModel:
             tokenizer_dir=Path(parameters["tokenizer_dir"]),
             max_seq_len=max_seq_len,
             max_input_len=max_input_len,
-            add_special_tokens=parameters.get("add_special_tokens", "true").strip().lower() in ("true", "1", "yes"),
+            add_special_tokens=_flag(parameters.get("add_special_tokens", "true")),
             triton_model=triton_model,
             max_prompt_bytes=max_prompt_bytes,
+            context_logits=_flag(parameters.get("gather_context_logits", "false")),
+            generation_logits=_flag(parameters.get("gather_generation_logits", "false")),
         )
 
     @classmethod
@@ -90,6 +96,10 @@ class ServedModel:
         finally:
             client.close()
         return cls.from_parameters(_parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}")
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in ("true", "1", "yes")
 
 
 def _read_config(path: Path) -> model_config_pb2.ModelConfig:

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from clients.openai_server.defaults import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from clients.openai_server.planning import Context
 from clients.openai_server.schemas import MAX_STOP_SEQUENCES, ErrorResponse
 
@@ -84,17 +85,32 @@ def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
     return {
         "CompletionRequest": {
             **sampling,
-            "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": context.max_n}],
-                       "description": "A string, or a non-empty list of strings (n answers each); token-id prompts are refused."},
-            "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 0}, "0: the sampled token's log-probability (the engine returns no alternatives)."),
+            "max_tokens": _nullable(
+                {"type": "integer", "minimum": 0, "maximum": context.model.max_seq_len - 1},
+                f"At most the context ({context.model.max_seq_len} tokens) minus the prompt's tokens; 0 only with echo.",
+            ),
+            "prompt": _prompt_schema(context),
+            "logprobs": _nullable(
+                {"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS if context.model.generation_logits else 0},
+                "The sampled token's log-probability and this many most likely alternatives per token"
+                + ("" if context.model.generation_logits else " (this engine returns no alternatives: 0)") + ".",
+            ),
             "suffix": _nullable({"type": "string", "maxLength": 0}, none),
             "best_of": _nullable({"type": "integer", "minimum": 1}, "1 or n: more candidates than answers are not supported."),
-            "echo": _nullable({"type": "boolean"}, "Not with `logprobs`."),
+            "echo": _nullable(
+                {"type": "boolean"},
+                "The prompt before the answer; with `logprobs`, the prompt tokens' log-probs too (not streamed)"
+                + ("" if context.model.context_logits else "; this engine returns none: not with `logprobs`") + ".",
+            ),
         },
         "ChatCompletionRequest": {
             **sampling,
             "max_completion_tokens": _nullable(room, "As max_tokens (give one of them, or the same value)."),
-            "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 0}, "0 (with logprobs): the engine returns no alternatives."),
+            "top_logprobs": _nullable(
+                {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS if context.model.generation_logits else 0},
+                "With logprobs: this many most likely alternatives per token"
+                + ("" if context.model.generation_logits else " (this engine returns none: 0)") + ".",
+            ),
             **{name: _nullable({"type": "array", "maxItems": 0}, none) for name in ("tools", "functions")},
             **{name: {"enum": [None, "none"], "description": none} for name in ("tool_choice", "function_call")},
         },
@@ -104,6 +120,20 @@ def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
             "function_call": _nullable({"type": "object", "maxProperties": 0}, none),
         },
         "ResponseFormat": {"type": {"type": "string", "enum": ["text"]}},
+    }
+
+
+def _prompt_schema(context: Context) -> dict[str, Any]:
+    vocab = context.tokenizer.vocab_size
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}, "minItems": 1, "maxItems": context.model.max_input_len}
+    return {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": context.max_n},
+            ids,
+            {"type": "array", "items": ids, "minItems": 1, "maxItems": context.max_n},
+        ],
+        "description": f"A string, a list of strings, token ids (0..{vocab - 1}), or a list of token-id lists (n answers each).",
     }
 
 

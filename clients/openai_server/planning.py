@@ -10,10 +10,16 @@ ensemble's default decoding); otherwise the engine samples with `temperature`, `
 and the `top_k` extension. With `seed`, the `i`-th of the `n` choices of a prompt gets seed
 `seed + i` (mod 2**64), so choice 0 is what the same request with n = 1 gives. `max_tokens` defaults to 16 for
 completions and to the rest of the context for chat completions.
+
+Token-id prompts, top-N alternatives (`logprobs` ≥ 1, `top_logprobs` ≥ 1), the prompt's log-probs
+(`echo` with `logprobs`) and `max_tokens` 0 (only with `echo`) make a choice direct: it goes to the
+LLM model itself (llm_path.py). Token ids must lie in the tokenizer's vocabulary. Engines built
+without context / generation logits refuse the requests that need them, by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +32,6 @@ from clients.openai_server.templating import chat_prompt
 from clients.openai_server.tokenizer import PromptTokenizer
 
 SEED_MODULUS = 2**64
-TOP_ALTERNATIVES = "the engine returns the log-probability of the sampled token only, not of the most likely alternatives"
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Plan:
     include_usage: bool
     logprobs: bool
     echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
+    top_logprobs: int = 0  # most likely alternatives per token, with logprobs
 
 
 @dataclass(frozen=True)
@@ -54,25 +60,33 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
         raise unsupported("suffix", "suffix (insertion) is not supported")
     if request.best_of not in (None, 1, request.n or 1):
         raise unsupported("best_of", "best_of other than n is not supported")
-    if request.logprobs:
-        raise unsupported("logprobs", f"logprobs {request.logprobs} is not supported: {TOP_ALTERNATIVES}; use logprobs 0")
-    wants_logprobs = request.logprobs == 0
-    if wants_logprobs and request.echo:
-        raise unsupported("echo", "echo with logprobs is not supported: the engine returns no log-probabilities for the prompt")
-    prompts = request.prompts()
+    wants_logprobs = request.logprobs is not None
+    top = request.logprobs or 0
+    echo = bool(request.echo)
+    if echo and wants_logprobs and request.stream:
+        raise bad_request("echo with logprobs cannot be streamed: the prompt's log-probs come in one piece; send stream false", param="echo")
     explicit = "max_tokens" in request.model_fields_set
+    if explicit and request.max_tokens == 0 and not echo:
+        raise bad_request("max_tokens 0 is only allowed with echo (the prompt, and its log-probs, with nothing generated)", param="max_tokens", code="invalid_value")
+    prompt_logprobs = echo and wants_logprobs
+    _check_logits(context, prompt_logprobs=prompt_logprobs, top=top, param="logprobs")
+    prompts = request.prompts()
     choices: list[ChoicePlan] = []
     total_prompt_tokens = 0
     n = request.n or 1
     _check_choice_count(n, len(prompts), context.max_n)
-    for prompt_index, prompt in enumerate(prompts):
-        prompt_tokens = _prompt_tokens(prompt, context, "prompt")
-        total_prompt_tokens += prompt_tokens
-        max_tokens = _max_tokens(request.max_tokens if explicit else None, prompt_tokens, context, default=16 if not explicit else None)
+    for prompt in prompts:
+        text, ids = _completion_prompt(prompt, context)
+        total_prompt_tokens += len(ids)
+        max_tokens = _max_tokens(request.max_tokens if explicit else None, len(ids), context, default=16 if not explicit else None, allow_zero=echo)
+        direct = isinstance(prompt, list) or prompt_logprobs or top > 0 or max_tokens == 0
         for sample in range(n):
-            choices.append(_choice(request, len(choices), prompt, max_tokens, wants_logprobs, sample))
-    echo = tuple(choice.prompt for choice in choices) if request.echo else ()
-    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echo)
+            choice = _choice(request, len(choices), text, max_tokens, wants_logprobs, sample)
+            if direct:
+                choice = dataclasses.replace(choice, prompt_ids=tuple(ids), top_logprobs=top, prompt_logprobs=prompt_logprobs)
+            choices.append(choice)
+    echoed = tuple(choice.prompt for choice in choices) if echo else ()
+    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed, top)
 
 
 def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
@@ -83,8 +97,8 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
         raise unsupported("response_format", f"response_format {request.response_format.type!r} is not supported; only 'text'")
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
-    if request.top_logprobs:
-        raise unsupported("top_logprobs", f"top_logprobs {request.top_logprobs} is not supported: {TOP_ALTERNATIVES}; use 0")
+    top = request.top_logprobs or 0
+    _check_logits(context, prompt_logprobs=False, top=top, param="top_logprobs")
     if request.max_tokens is not None and request.max_completion_tokens is not None and request.max_tokens != request.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens differ; give one of them", param="max_completion_tokens")
     messages = []
@@ -97,13 +111,16 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
         prompt = chat_prompt(messages, context.tokenizer)
     except ValueError as error:
         raise bad_request(str(error), param="messages") from None
-    prompt_tokens = _prompt_tokens(prompt, context, "messages")
+    prompt_ids = _prompt_ids(prompt, context, "messages")
+    prompt_tokens = len(prompt_ids)
     limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     max_tokens = _max_tokens(limit, prompt_tokens, context, default=None)
     n = request.n or 1
     _check_choice_count(n, 1, context.max_n)
     choices = tuple(_choice(request, index, prompt, max_tokens, bool(request.logprobs), index) for index in range(n))
-    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs))
+    if top:
+        choices = tuple(dataclasses.replace(choice, prompt_ids=tuple(prompt_ids), top_logprobs=top) for choice in choices)
+    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs), top_logprobs=top)
 
 
 # -- shared checks ----------------------------------------------------------------------------
@@ -128,7 +145,35 @@ def _include_usage(request: _Sampling) -> bool:
     return bool(request.stream_options and request.stream_options.include_usage)
 
 
-def _prompt_tokens(prompt: str, context: Context, param: str) -> int:
+def _check_logits(context: Context, *, prompt_logprobs: bool, top: int, param: str) -> None:
+    """Refuse what needs logits the engine was built without (the engine target's gather_*_logits)."""
+    if prompt_logprobs and not context.model.context_logits:
+        raise unsupported(
+            "echo", "echo with logprobs needs the prompt's log-probs, and this engine was built without context logits (build.gather_context_logits)"
+        )
+    if top and not context.model.generation_logits:
+        raise unsupported(
+            param, f"{param} {top} needs the engine's generation logits, and this engine was built without them "
+            "(build.gather_generation_logits); ask for the sampled token's log-probability only (0)",
+        )
+
+
+def _completion_prompt(prompt: str | list[int], context: Context) -> tuple[str, list[int]]:
+    """(text, token ids) of one prompt: a text prompt encoded as preprocessing does; token ids checked
+    against the vocabulary and `max_input_len`, and decoded as postprocessing does (what echo shows)."""
+    tokenizer = context.tokenizer
+    if isinstance(prompt, str):
+        return prompt, _prompt_ids(prompt, context, "prompt")
+    vocab = tokenizer.vocab_size
+    for token_id in prompt:
+        if token_id >= vocab:
+            raise bad_request(f"token id {token_id} is outside the vocabulary (0..{vocab - 1})", param="prompt", code="invalid_value")
+    _check_input_length(len(prompt), context, "prompt")
+    return tokenizer.decode(prompt), list(prompt)
+
+
+def _prompt_ids(prompt: str, context: Context, param: str) -> list[int]:
+    """The prompt's token ids as preprocessing encodes them, within `max_input_len`."""
     limit = context.model.max_prompt_bytes
     if limit and (size := len(prompt.encode("utf-8", "surrogatepass"))) > limit:
         # Refused untokenized: more bytes than max_input_len tokens of this tokenizer can hold.
@@ -137,21 +182,27 @@ def _prompt_tokens(prompt: str, context: Context, param: str) -> int:
             f"can hold (at most {limit} bytes); it was not tokenized.",
             param=param, code="context_length_exceeded",
         )
-    tokens = context.tokenizer.count(prompt)
-    if tokens == 0:
+    ids = context.tokenizer.encode(prompt)
+    if not ids:
         raise bad_request("the prompt is empty: it encodes to no tokens", param=param)
+    _check_input_length(len(ids), context, param)
+    return ids
+
+
+def _check_input_length(tokens: int, context: Context, param: str) -> None:
     if tokens > context.model.max_input_len:
         raise bad_request(
             f"The prompt is {tokens} tokens, more than this model's maximum input length of {context.model.max_input_len} tokens.",
             param=param, code="context_length_exceeded",
         )
-    return tokens
 
 
-def _max_tokens(requested: int | None, prompt_tokens: int, context: Context, *, default: int | None) -> int:
+def _max_tokens(requested: int | None, prompt_tokens: int, context: Context, *, default: int | None, allow_zero: bool = False) -> int:
     room = context.model.max_seq_len - prompt_tokens
     if requested is None:
         return min(default, room) if default is not None else room
+    if requested == 0 and allow_zero:
+        return 0
     if requested < 1:
         raise bad_request(f"max_tokens must be at least 1, got {requested}", param="max_tokens", code="invalid_value")
     if requested > room:

@@ -14,7 +14,8 @@ import time
 import uuid
 from typing import Any, Iterable, Sequence
 
-from clients.openai_server.generation import ChoiceEvent, ChoiceResult, TokenLogprob
+from clients.openai_server.generation import ChoiceEvent, ChoiceResult
+from clients.openai_server.logprobs import TokenLogprob
 from clients.openai_server.planning import Plan
 from clients.openai_server.schemas import (
     AssistantMessage,
@@ -39,17 +40,41 @@ def usage(plan: Plan, completion_tokens: int) -> Usage:
     return Usage(prompt_tokens=plan.prompt_tokens, completion_tokens=completion_tokens, total_tokens=plan.prompt_tokens + completion_tokens)
 
 
-def completion_logprobs(items: Sequence[TokenLogprob], *, offset: int = 0) -> CompletionLogprobs:
+def completion_logprobs(items: Sequence[TokenLogprob], *, offset: int = 0, prompt: Sequence[TokenLogprob] = ()) -> CompletionLogprobs:
+    """`prompt`: the echoed prompt's tokens (offsets from 0), before the generated ones (from `offset`)."""
+    placed = [(item, item.offset) for item in prompt] + [(item, offset + item.offset) for item in items]
     return CompletionLogprobs(
-        tokens=[item.token for item in items],
-        token_logprobs=[item.logprob for item in items],
-        top_logprobs=[{item.token: item.logprob} for item in items],  # the sampled token only
-        text_offset=[offset + item.offset for item in items],
+        tokens=[item.token for item, _ in placed],
+        token_logprobs=[item.logprob for item, _ in placed],
+        top_logprobs=[_top_dict(item) for item, _ in placed],
+        text_offset=[position for _, position in placed],
     )
 
 
+def _top_dict(item: TokenLogprob) -> dict[str, float] | None:
+    """The alternatives by token text (the most likely of tokens that read the same wins), or the token alone."""
+    if item.logprob is None:
+        return None
+    if not item.top:
+        return {item.token: item.logprob}
+    top: dict[str, float] = {}
+    for token, logprob in item.top:
+        top.setdefault(token, logprob)
+    return top
+
+
 def chat_logprobs(items: Iterable[TokenLogprob]) -> ChatLogprobs:
-    return ChatLogprobs(content=[ChatTokenLogprob(token=i.token, logprob=i.logprob, bytes=list(i.token.encode("utf-8"))) for i in items])
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=item.token,
+                logprob=item.logprob,
+                bytes=list(item.token.encode("utf-8")),
+                top_logprobs=[{"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))} for token, logprob in item.top],
+            )
+            for item in items
+        ]
+    )
 
 
 class Answer:
@@ -81,7 +106,7 @@ class Answer:
         choices = []
         for result in results:
             echo = self.plan.echo[result.index] if self.plan.echo else ""
-            logprobs = completion_logprobs(result.logprobs, offset=len(echo)) if self.plan.logprobs else None
+            logprobs = completion_logprobs(result.logprobs, offset=len(echo), prompt=result.prompt_logprobs) if self.plan.logprobs else None
             choices.append(CompletionChoice(index=result.index, text=echo + result.text, logprobs=logprobs, finish_reason=result.finish_reason))
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=total).model_dump(mode="json")
 

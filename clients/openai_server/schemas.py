@@ -19,6 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from clients.openai_server.defaults import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
+from clients.openai_server.prompts import PROMPT_SCHEMAS, checked_prompt, prompt_list
+
 MAX_STOP_SEQUENCES = 4  # as OpenAI's API
 
 
@@ -97,16 +100,17 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions. `prompt`: a string or a list of strings (token-id prompts are refused)."""
+    """POST /v1/completions. `prompt`: a string, a list of strings, a list of token ids, or a list of
+    token-id lists (one answer each)."""
 
     prompt: Any = Field(
         json_schema_extra={
-            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}],
-            "description": "A string, or a non-empty list of strings (one answer each); token-id prompts are refused.",
+            "anyOf": PROMPT_SCHEMAS,
+            "description": "A string, a non-empty list of strings, a list of token ids, or a list of token-id lists (one answer each).",
         }
     )
-    max_tokens: Integer | None = 16  # OpenAI's default for completions
-    logprobs: Annotated[int, Field(ge=0, le=5), BeforeValidator(_whole)] | None = None
+    max_tokens: Integer | None = 16  # OpenAI's default for completions; 0 only with echo
+    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS), BeforeValidator(_whole)] | None = None
     echo: bool | None = None
     best_of: AtLeastOne | None = None
     suffix: str | None = None
@@ -116,14 +120,11 @@ class CompletionRequest(_Sampling):
     def _prompt(cls, value: Any) -> Any:
         if isinstance(value, str):
             return value
-        if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-            return value
-        if isinstance(value, list) and value and all(isinstance(item, (int, list)) and not isinstance(item, bool) for item in value):
-            raise ValueError("prompt: token-id prompts are not supported (the ensemble takes text); send a string")
-        raise ValueError("prompt must be a string or a non-empty list of strings")
+        return checked_prompt(value)
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text, or token ids."""
+        return prompt_list(self.prompt)
 
 
 class TextPart(_Strict):
@@ -176,7 +177,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Integer | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20), BeforeValidator(_whole)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), BeforeValidator(_whole)] | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -223,8 +224,8 @@ class ModelList(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: a prompt's first token (echo), which nothing predicts
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

@@ -36,10 +36,16 @@ class HFTokenizer:
 
             self._fast = None
             self._slow = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
+        self.bos_token = _token_content(self._config.get("bos_token"))
         self.eos_id = self._special_id("eos_token")
         self.bos_id = self._special_id("bos_token")
         pad_id = self._special_id("pad_token")
         self.pad_id = pad_id if pad_id is not None else self.eos_id
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """tokenizer_config.json ({} when there is none)."""
+        return self._config
 
     @property
     def vocab_size(self) -> int:

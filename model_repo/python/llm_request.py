@@ -50,11 +50,6 @@ INPUT_NAMES = (
     "lookahead_verification_set_size", "lora_task_id", "lora_weights", "lora_config",
 )
 
-# Inputs of the contract this engine cannot honour when they ask for more than the default.
-_UNSUPPORTED_TRUE = {
-    "return_context_logits": "context logits are not produced by the cpu reference engine",
-    "return_generation_logits": "generation logits are not produced by the cpu reference engine",
-}
 # Inputs this engine cannot honour at all: a request that carries one is refused, by name.
 _UNSUPPORTED_PRESENT = {
     "lora_task_id": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
@@ -115,9 +110,6 @@ def parse_request(
     beam_width = scalars.get("beam_width", int, 1)
     if beam_width != 1:
         raise ContractError(f"beam_width: {beam_width} is not supported; the cpu reference engine does not do beam search (use 1)")
-    for name, reason in _UNSUPPORTED_TRUE.items():
-        if scalars.get(name, bool, False):
-            raise ContractError(f"{name}: {reason}")
     for name, reason in _UNSUPPORTED_PRESENT.items():
         if name in arrays:
             raise ContractError(f"{name}: {reason}")
@@ -160,6 +152,8 @@ def parse_request(
             logit_bias=_bias(arrays),
             n=num_sequences,
             logprobs=0 if return_log_probs else None,
+            return_context_logits=scalars.get("return_context_logits", bool, False),
+            return_generation_logits=scalars.get("return_generation_logits", bool, False),
         )
     except InvalidRequestError as error:
         raise contract_error(error) from None

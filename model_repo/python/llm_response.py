@@ -6,7 +6,9 @@ sequence_index [1, 1], and the cpu model's extra output preceding_ids [1, beams,
 incremental detokenization, see incremental_detokenizer.py). On request, TensorRT-LLM's perf
 metrics (refengine's own timestamps and KV block counts; no speculation, so the draft figures
 are 0) and token counts, each [1, 1]: num_input_tokens is the prompt's length, num_output_tokens
-the tokens generated so far.
+the tokens generated so far. TensorRT-LLM's logits, float32: context_logits [1, prompt, vocab]
+(once: in the first streamed response, or the final one) and generation_logits [1, beams, T, vocab]
+for the T output tokens the response carries.
 
 Streamed responses carry the tokens generated since the previous response; the final
 non-streamed response carries the whole output (prompt first unless excluded).
@@ -24,19 +26,43 @@ from refengine import CompletionOutput, RequestMetrics
 Arrays = dict[str, np.ndarray]
 
 
-def streamed_arrays(request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None) -> Arrays:
-    """The response for the tokens `completion` gained since the previous one."""
+def streamed_arrays(
+    request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None, context_logits=None
+) -> Arrays:
+    """The response for the tokens `completion` gained since the previous one (`context_logits`:
+    the request's, for the first response only)."""
     new_ids = list(completion.new_token_ids)
     earlier = list(request.prompt_ids) + list(completion.token_ids[: len(completion.token_ids) - len(new_ids)])
-    return _arrays(request, completion, new_ids, earlier[-CONTEXT_TOKENS:], len(new_ids), metrics)
+    arrays = _arrays(request, completion, new_ids, earlier[-CONTEXT_TOKENS:], len(new_ids), metrics)
+    rows = completion.new_generation_logits
+    return arrays | _logit_arrays(request, context_logits, None if rows is None or not rows.numel() else rows.numpy())
 
 
-def final_arrays(request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None) -> Arrays:
-    """The single response of a non-streamed request."""
+def final_arrays(
+    request: GenerateRequest,
+    completion: CompletionOutput,
+    metrics: RequestMetrics | None = None,
+    context_logits=None,
+    generation_logits: Sequence = (),
+) -> Arrays:
+    """The single response of a non-streamed request (`generation_logits`: the outputs' new rows, in order)."""
     generated = list(completion.token_ids)
     if request.exclude_input_in_output:
-        return _arrays(request, completion, generated, list(request.prompt_ids)[-CONTEXT_TOKENS:], len(generated), metrics)
-    return _arrays(request, completion, list(request.prompt_ids) + generated, [], len(generated), metrics)
+        arrays = _arrays(request, completion, generated, list(request.prompt_ids)[-CONTEXT_TOKENS:], len(generated), metrics)
+    else:
+        arrays = _arrays(request, completion, list(request.prompt_ids) + generated, [], len(generated), metrics)
+    parts = [part for part in generation_logits if part is not None and part.numel()]
+    return arrays | _logit_arrays(request, context_logits, np.concatenate([part.numpy() for part in parts]) if parts else None)
+
+
+def _logit_arrays(request: GenerateRequest, context_logits, generation_logits) -> Arrays:
+    arrays: Arrays = {}
+    if request.params.return_context_logits and context_logits is not None:
+        arrays["context_logits"] = context_logits.numpy().astype(np.float32, copy=False)[None]
+    if request.params.return_generation_logits:
+        rows = np.zeros((0, 0), dtype=np.float32) if generation_logits is None else generation_logits.astype(np.float32, copy=False)
+        arrays["generation_logits"] = rows[None, None]
+    return arrays
 
 
 def _arrays(

@@ -46,6 +46,7 @@ class _InFlight:
         self.row = row
         self.requested = requested  # output names the caller asked for: the only ones sent
         self.cancelled = False
+        self.context_logits_sent = False
 
     def send(self, response=None, *, final: bool = False) -> bool:
         return self.batch.send(self.row, response, final=final)
@@ -140,12 +141,16 @@ class TritonPythonModel:
     def _relay(self, stream, request: GenerateRequest, entry: _InFlight):
         try:
             final_output = None
+            generation_logits: dict[int, list] = {}  # non-streamed: every token's row, by sequence
             for output in stream:
                 final_output = output
                 if request.streaming:
                     self._send_streamed(request, output, entry)
+                elif request.params.return_generation_logits:
+                    for completion in output.outputs:
+                        generation_logits.setdefault(completion.index, []).append(completion.new_generation_logits)
             if not request.streaming:
-                self._send_final(request, final_output, entry)
+                self._send_final(request, final_output, entry, generation_logits)
         except Exception as error:  # the engine failed this request; tell the client, keep serving
             log_error(f"tensorrt_llm: generation failed: {type(error).__name__}: {error}")
             self._fail(entry, error_response(f"generation failed: {error}", pb_utils.TritonError.INTERNAL))
@@ -180,18 +185,25 @@ class TritonPythonModel:
         if output.finished and entry.cancelled:
             self._end_cancelled(entry)
             return
-        responses = [arrays_response(streamed_arrays(request, c, output.metrics), entry.requested) for c in output.outputs if c.new_token_ids]
+        responses = []
+        for completion in output.outputs:
+            if completion.new_token_ids:
+                context_logits = None if entry.context_logits_sent else output.context_logits
+                entry.context_logits_sent = entry.context_logits_sent or context_logits is not None
+                responses.append(arrays_response(streamed_arrays(request, completion, output.metrics, context_logits), entry.requested))
         for index, response in enumerate(responses):
             entry.send(response, final=output.finished and index == len(responses) - 1)
         if output.finished and not responses:
             entry.send(None, final=True)
 
-    def _send_final(self, request, output, entry):
+    def _send_final(self, request, output, entry, generation_logits):
         if entry.cancelled:
             self._end_cancelled(entry)
             return
         completions = output.outputs
         for index, completion in enumerate(completions):
-            entry.send(arrays_response(final_arrays(request, completion, output.metrics), entry.requested), final=index == len(completions) - 1)
+            context_logits = output.context_logits if index == 0 else None
+            arrays = final_arrays(request, completion, output.metrics, context_logits, generation_logits.get(completion.index, ()))
+            entry.send(arrays_response(arrays, entry.requested), final=index == len(completions) - 1)
 
 

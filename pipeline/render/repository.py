@@ -159,6 +159,15 @@ def _text_limits(facts: EngineFacts, tokenizer: TokenizerFacts) -> dict[str, str
     }
 
 
+def _logits_available(facts: EngineFacts, cpu: bool) -> dict[str, str]:
+    """Whether `tensorrt_llm` can return context / generation logits (the OpenAI front end's prompt and
+    top-N log-probs need them): the cpu engine always can, an engine only when built with gather_*_logits."""
+    return {
+        "gather_context_logits": "true" if cpu or facts.gather_context_logits else "false",
+        "gather_generation_logits": "true" if cpu or facts.gather_generation_logits else "false",
+    }
+
+
 def _configs(
     facts: EngineFacts,
     tokenizer: TokenizerFacts,
@@ -204,6 +213,7 @@ def _configs(
                     "max_input_len": str(facts.max_input_len),
                     "max_seq_len": str(facts.usable_seq_len),
                     **_text_limits(facts, tokenizer),
+                    **_logits_available(facts, cpu),
                 },
             ),
         ),

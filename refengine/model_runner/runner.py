@@ -43,15 +43,32 @@ class ModelRunner:
         )
         input_ids = torch.tensor([t for item in items for t in item.new_token_ids], dtype=torch.int64)
         sampling = [index for index, item in enumerate(items) if item.num_samples > 0]
-        # Hidden states of the sampled sequences' last tokens only (see LlamaModel.forward).
-        hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling)
+        wanting_context = [index for index, item in enumerate(items) if item.sampling_params.return_context_logits]
+        if not wanting_context:
+            # Hidden states of the sampled sequences' last tokens only (see LlamaModel.forward).
+            hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling)
+            context_logits = {}
+        else:
+            hidden, context_logits = self._with_context_logits(input_ids, metadata, items, sampling, wanting_context)
         if not sampling:
-            return RunnerOutput(step_id=scheduler_output.step_id)
+            return RunnerOutput(step_id=scheduler_output.step_id, context_logits=context_logits)
         logits = self.model.compute_logits(hidden)
         sampling_items = [items[index] for index in sampling]
         return RunnerOutput(
-            step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items)
+            step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items), context_logits=context_logits
         )
+
+    def _with_context_logits(self, input_ids, metadata, items, sampling, wanting_context):
+        """Every row's hidden state, so that the logits of each token of the sequences in
+        `wanting_context` can be returned: (sampled rows' hidden states, {seq_id: (first position, logits)})."""
+        hidden = self.model.forward(input_ids, self.kv_caches, metadata)
+        ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
+        starts = [end - item.num_new_tokens for end, item in zip(ends, items)]
+        context_logits = {
+            items[index].seq_id: (items[index].num_computed_tokens, self.model.compute_logits(hidden[starts[index] : ends[index]]))
+            for index in wanting_context
+        }
+        return hidden[[ends[index] - 1 for index in sampling]], context_logits
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         for source, destination in copies:

@@ -8,6 +8,7 @@ its batch, on preemption, or on how its prompt was chunked.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Sequence
 
@@ -86,7 +87,8 @@ class Sampler:
             tokens = []
             for offset in range(item.num_samples):
                 token_id = self._choose(processed, params, item.sampling_seed, item.first_sample_index + offset, position)
-                tokens.append(_with_logprobs(token_id, raw_logprobs, params.logprobs))
+                token = _with_logprobs(token_id, raw_logprobs, params.logprobs)
+                tokens.append(dataclasses.replace(token, logits=row) if params.return_generation_logits else token)
             sampled[item.seq_id] = tuple(tokens)
         return sampled
 

@@ -241,7 +241,7 @@ class Scheduler:
             sequence = self._waiting.peek_oldest()
             if self._num_batch_slots() + sequence.num_pending_samples > self._config.max_batch_size:
                 break
-            prefix = self._kv.find_cached_prefix(sequence.token_ids)
+            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids)
             num_new = self._num_tokens_to_schedule(sequence.num_tokens - prefix.num_tokens, budget)
             if num_new == 0:
                 break
@@ -277,7 +277,7 @@ class Scheduler:
             if sequence.num_uncomputed_tokens == 1 and not fresh:
                 decoding.append(sequence)
                 continue
-            prefix = self._kv.find_cached_prefix(sequence.token_ids) if fresh else CachedPrefix()
+            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids) if fresh else CachedPrefix()
             num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens - prefix.num_tokens, budget)
             if num_new == 0:
                 continue

@@ -52,6 +52,11 @@ class Sequence:
         return self._token_ids
 
     @property
+    def cacheable_token_ids(self) -> list[int]:
+        """What a cached prefix may cover: nothing when every prompt position's logits are wanted."""
+        return [] if self.params.return_context_logits else self._token_ids
+
+    @property
     def num_tokens(self) -> int:
         return len(self._token_ids)
 

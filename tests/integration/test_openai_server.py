@@ -27,6 +27,7 @@ import pytest
 from clients import TritonLLMClient
 from clients.openai_server import ServedModel, running_openai_server
 from clients.openai_server.templating import plain_chat_prompt
+from model_repo.python.hf_tokenizer import HFTokenizer
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions, ServerState
 from pipeline.serve.process import start_time_ticks
@@ -77,14 +78,14 @@ def reference(triton):
 
 
 @pytest.fixture(scope="module")
-def prompt_tokens(artifacts):
-    sys.path.insert(0, str(REPO / "model_repo" / "python"))
-    try:
-        from hf_tokenizer import HFTokenizer
-    finally:
-        sys.path.remove(str(REPO / "model_repo" / "python"))
+def encode(artifacts):
     tokenizer = HFTokenizer(artifacts["tokenizer"])
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=True))
+    return lambda text: tokenizer.encode(text, add_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def prompt_tokens(encode):
+    return lambda text: len(encode(text))
 
 
 def kv_blocks_used(triton) -> float:
@@ -152,6 +153,56 @@ def test_stop_n_seed_and_logprobs(oai, reference):
     assert "".join(item.token for item in chat.choices[0].logprobs.content) == chat.choices[0].message.content
 
 
+def test_prompt_logprobs_score_a_greedy_continuation_as_greedy(oai, encode):
+    """What lm-eval's loglikelihood requests rely on: echo + logprobs over context + continuation token
+    ids gives each continuation token its log-prob given what precedes it, and a greedy continuation
+    is the most likely token at every position."""
+    prompt = PROMPTS[0]
+    generated = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=0).choices[0]
+    context = encode(prompt)
+    continuation = encode(prompt + generated.text)[len(context):]
+    assert continuation, generated.text
+    for max_tokens in (0, 1):  # lm-eval asks for one token and drops it; 0 asks for none
+        [choice] = oai.completions.create(
+            model=MODEL, prompt=[context + continuation], max_tokens=max_tokens, temperature=0, logprobs=1, echo=True
+        ).choices
+        scored = choice.logprobs
+        assert len(scored.tokens) == len(context) + len(continuation) + max_tokens
+        assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None  # nothing predicts the first token
+        tail = range(len(context), len(context) + len(continuation))
+        for position in tail:
+            assert scored.token_logprobs[position] == pytest.approx(max(scored.top_logprobs[position].values()))
+        assert scored.text_offset == sorted(scored.text_offset) and choice.text.startswith(prompt)
+    assert [scored.token_logprobs[p] for p in tail] == pytest.approx(generated.logprobs.token_logprobs[: len(continuation)], abs=1e-4)
+
+
+def test_token_id_prompts_answer_as_their_text(oai, encode):
+    by_text = oai.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=8, temperature=0)
+    by_ids = oai.completions.create(model=MODEL, prompt=[encode(prompt) for prompt in PROMPTS], max_tokens=8, temperature=0)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    assert by_ids.usage == by_text.usage
+    [one] = oai.completions.create(model=MODEL, prompt=encode(PROMPTS[0]), max_tokens=0, echo=True).choices
+    assert one.text == PROMPTS[0] and one.finish_reason == "length"  # echoed as postprocessing decodes it, nothing generated
+
+
+def test_top_logprobs_are_sorted_alternatives_of_each_token(oai):
+    answer = oai.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=5, temperature=0, logprobs=3).choices[0]
+    plain = oai.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=5, temperature=0).choices[0]
+    assert answer.text == plain.text and len(answer.logprobs.tokens) == 5
+    for token, logprob, top in zip(answer.logprobs.tokens, answer.logprobs.token_logprobs, answer.logprobs.top_logprobs):
+        values = list(top.values())
+        assert 1 <= len(values) <= 3 and values == sorted(values, reverse=True)
+        assert logprob == pytest.approx(values[0]) and top.get(token, values[0]) == pytest.approx(values[0])  # greedy: the best
+    streamed = oai.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=5, temperature=0, logprobs=3, stream=True)
+    assert [t for chunk in streamed for t in (chunk.choices[0].logprobs.tokens if chunk.choices[0].logprobs else [])] == answer.logprobs.tokens
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    ).choices[0]
+    for item in chat.logprobs.content:
+        assert len(item.top_logprobs) == 2 and item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert item.logprob == pytest.approx(item.top_logprobs[0].logprob)
+
+
 # -- bad inputs --------------------------------------------------------------------------------------
 BAD_REQUESTS = [
     ("completions", b'{"model": "tiny-cpu", "prompt": ', 400, "invalid_json"),
@@ -167,7 +218,13 @@ BAD_REQUESTS = [
     ("completions", b'{"model": "tiny-cpu", "prompt": "x", "n": "2"}', 400, "invalid_type"),
     ("completions", b'{"model": "tiny-cpu", "prompt": "x", "temperature": "hot"}', 400, "invalid_type"),
     ("chat/completions", b'{"model": "tiny-cpu", "messages": "hello"}', 400, "invalid_type"),
-    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "logprobs": 3}', 400, "unsupported_parameter"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "logprobs": 6}', 400, "invalid_value"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "echo": true, "logprobs": 1, "stream": true}', 400, None),
+    ("completions", b'{"model": "tiny-cpu", "prompt": [1, 4096]}', 400, "invalid_value"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": [1, -5]}', 400, "invalid_value"),
+    ("completions", b'{"model": "tiny-cpu", "prompt": [[1, 2], []]}', 400, "invalid_value"),
+    ("completions", json.dumps({"model": "tiny-cpu", "prompt": [7] * 1000}).encode(), 400, "context_length_exceeded"),
+    ("chat/completions", b'{"model": "tiny-cpu", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}', 400, "invalid_value"),
     ("completions", json.dumps({"model": "tiny-cpu", "prompt": "x" * BODY_LIMIT}).encode(), 413, "request_too_large"),
 ]
 
@@ -178,6 +235,7 @@ def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(base_url, oai
             response = http.post(f"/{path}", content=body, headers={"content-type": "application/json"})
             error = response.json()["error"]
             assert (response.status_code, error["code"]) == (status, code), (body[:80], error)
+            assert error["param"] or code in ("invalid_json", "request_too_large"), error
             assert set(error) == {"message", "type", "param", "code"} and error["message"]
             assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200
     with pytest.raises(openai.NotFoundError):

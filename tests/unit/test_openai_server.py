@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
@@ -22,7 +23,8 @@ from pydantic import ValidationError
 from clients.errors import ClientTimeoutError, RequestError, ServerUnavailableError
 from clients.openai_server import ServedModel, ServerSettings, create_app
 from clients.openai_server.errors import OpenAIError, from_client_error, from_validation_error
-from clients.openai_server.generation import ChoicePlan, collect, merged, run_choice
+from clients.openai_server.generation import ChoicePlan, Route, collect, merged, run_choice
+from clients.openai_server.llm_path import LLMChunk
 from clients.openai_server.planning import Context, plan_chat, plan_completion
 from clients.openai_server.runner import base_url
 from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest
@@ -71,7 +73,11 @@ def refusal(call) -> OpenAIError:
         ({"stream": "yes"}, "stream", "invalid_type"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
         ({"stop": [1]}, "stop", "invalid_value"),
-        ({"prompt": [1, 2, 3]}, "prompt", "invalid_value"),
+        ({"prompt": [1, -2, 3]}, "prompt", "invalid_value"),
+        ({"prompt": []}, "prompt", "invalid_value"),
+        ({"prompt": [[1, 2], []]}, "prompt", "invalid_value"),
+        ({"prompt": [1, "a"]}, "prompt", "invalid_value"),
+        ({"logprobs": 6}, "logprobs", "invalid_value"),
         ({"prompt": None}, "prompt", "invalid_value"),
         ({"seed": -1}, "seed", "invalid_value"),
         ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
@@ -282,11 +288,47 @@ class FakeStream:
         self.cancelled = True
 
 
+class FakeLLMCall:
+    """What llm_path uses of a direct call to the LLM model: chunks() and cancel(). Answers token 42,
+    one response per token, with logits (one-hot on token 42) where the request asked for them."""
+
+    VOCAB = 64
+
+    def __init__(self, inputs, outputs):
+        self.values = {tensor.name(): np.frombuffer(tensor._raw_content, dtype=_FAKE_DTYPES[tensor.datatype()]) for tensor in inputs}
+        self.outputs = [output.name() for output in outputs]
+        self.cancelled = False
+
+    async def chunks(self):
+        logits = np.full((1, self.VOCAB), -10.0, dtype=np.float32)
+        logits[0, 42] = 10.0
+        prompt = len(self.values["input_ids"])
+        count = int(self.values["request_output_len"][0])
+        for position in range(count):
+            await asyncio.sleep(0)
+            if self.cancelled:
+                return
+            context = np.repeat(logits, prompt, axis=0) if position == 0 and "context_logits" in self.outputs else None
+            generation = logits if "generation_logits" in self.outputs else None
+            yield LLMChunk(position == count - 1, (42,), (-0.25,), context, generation)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+_FAKE_DTYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+
+
 class FakeTriton:
     url = "127.0.0.1:1"
     def __init__(self, script):
         self.script = script  # GenerationRequest -> FakeStream
         self.requests, self.streams = [], []
+        self.calls: list[FakeLLMCall] = []  # direct calls to the LLM model
+
+    def model_stream(self, model, inputs, outputs, parse):
+        self.calls.append(FakeLLMCall(inputs, outputs))
+        return self.calls[-1]
 
     def stream_request(self, request):
         self.requests.append(request)
@@ -309,7 +351,7 @@ def run(events):
 
 def test_a_choice_ends_before_its_stop_sequence_and_cancels_its_request():
     triton = FakeTriton(lambda request: FakeStream([("a", [-1.0]), ("\n", [-2.0]), ("\nb", [-3.0]), ("c", [-4.0])]))
-    events = run(run_choice(triton, ChoicePlan(0, "p", 10, stop=("\n\n",), logprobs=True)))
+    events = run(run_choice(Route(triton), ChoicePlan(0, "p", 10, stop=("\n\n",), logprobs=True)))
     assert "".join(e.text for e in events) == "a" and events[-1].finish_reason == "stop"
     assert events[-1].completion_tokens == 3 and triton.streams[0].cancelled
     assert [(lp.token, lp.logprob, lp.offset) for e in events for lp in e.logprobs] == [("a", -1.0, 0)]
@@ -318,10 +360,10 @@ def test_a_choice_ends_before_its_stop_sequence_and_cancels_its_request():
 def test_finish_reason_tokens_and_logprobs_of_a_whole_choice():
     responses = [("", [-0.5]), ("é", [-0.25]), ("x", [-1.0]), ("", [])]  # a token completing no character, then é
     triton = FakeTriton(lambda request: FakeStream(responses))
-    [result] = asyncio.run(collect(run_choice(triton, ChoicePlan(0, "p", 3, logprobs=True)), 1))
+    [result] = asyncio.run(collect(run_choice(Route(triton), ChoicePlan(0, "p", 3, logprobs=True)), 1))
     assert (result.text, result.finish_reason, result.completion_tokens) == ("éx", "length", 3)
     assert [(lp.token, lp.offset) for lp in result.logprobs] == [("", 0), ("é", 0), ("x", 1)]
-    [short] = asyncio.run(collect(run_choice(triton, ChoicePlan(0, "p", 8)), 1))
+    [short] = asyncio.run(collect(run_choice(Route(triton), ChoicePlan(0, "p", 8)), 1))
     assert short.finish_reason == "stop" and short.logprobs == []  # ended (end token) before max_tokens
     assert triton.requests[0].return_log_probs  # always: the token counts come from them
 
@@ -331,7 +373,7 @@ def test_a_choice_cancelled_from_outside_is_an_error_not_a_short_answer():
     triton = FakeTriton(lambda request: stream)
 
     async def scenario():
-        events = run_choice(triton, ChoicePlan(0, "p", 10))
+        events = run_choice(Route(triton), ChoicePlan(0, "p", 10))
         first = await anext(events)
         stream.cancel()  # e.g. the server shutting down
         with pytest.raises(ServerUnavailableError, match="cancelled"):
@@ -346,10 +388,10 @@ def test_merged_choices_interleave_and_an_error_cancels_the_others():
     triton = FakeTriton(lambda request: next(scripts))
     plans = [ChoicePlan(index, "p", 60) for index in range(3)]
     with pytest.raises(RequestError, match="boom"):
-        run(merged(triton, plans))
+        run(merged(Route(triton), plans))
     assert triton.streams[2].cancelled
     triton = FakeTriton(lambda request: FakeStream([(request.prompt, [-1.0])]))
-    results = asyncio.run(collect(merged(triton, [ChoicePlan(i, str(i), 5) for i in range(3)]), 3))
+    results = asyncio.run(collect(merged(Route(triton), [ChoicePlan(i, str(i), 5) for i in range(3)]), 3))
     assert [r.text for r in results] == ["0", "1", "2"]
 
 
@@ -676,3 +718,42 @@ def test_the_package_imports_only_clients_and_stays_small(path):
 def test_base_url_is_what_a_local_client_uses():
     assert base_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/v1"
     assert base_url("::", 9) == "http://[::1]:9/v1" and base_url("10.0.0.2", 1) == "http://10.0.0.2:1/v1"
+
+
+# -- direct choices: token ids, prompt log-probs, alternatives (llm_path) ---------------------------------------------
+LOGITS_MODEL = ServedModel(name="tiny", tokenizer_dir=TOKENIZER_DIR, max_seq_len=64, max_input_len=48, context_logits=True, generation_logits=True)
+
+
+def test_echo_with_logprobs_scores_the_prompt_and_max_tokens_0_generates_nothing(tokenizer):
+    app = create_app(ServerSettings("127.0.0.1:1", LOGITS_MODEL), tokenizer=tokenizer)
+    with TestClient(app) as client:
+        app.state.triton = triton = FakeTriton(echo_words)
+        body = client.post("/v1/completions", json={"model": "tiny", "prompt": [[1, 5, 9]], "max_tokens": 0, "echo": True, "logprobs": 2}).json()
+        [choice] = body["choices"]
+        logprobs = choice["logprobs"]
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None and len(logprobs["tokens"]) == 3
+        # The fake engine's logits are one-hot on token 42: every prompt token after the first is unlikely, 42 is the best.
+        assert all(value < -10 for value in logprobs["token_logprobs"][1:])
+        assert [list(top)[0] for top in logprobs["top_logprobs"][1:]] == [tokenizer.token_text(42)] * 2
+        assert choice["text"] == tokenizer.decode([1, 5, 9]) and body["usage"]["completion_tokens"] == 0
+        call = triton.calls[-1]
+        assert call.values["input_ids"].tolist() == [1, 5, 9] and call.values["request_output_len"].tolist() == [1]
+        assert {"context_logits", "generation_logits"} <= set(call.outputs) and not triton.requests  # the ensemble is not called
+
+        body = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3, "logprobs": 1}).json()
+        logprobs = body["choices"][0]["logprobs"]
+        assert logprobs["tokens"] == [tokenizer.token_text(42)] * 3 and logprobs["text_offset"] == sorted(logprobs["text_offset"])
+        assert triton.calls[-1].values["input_ids"].tolist() == tokenizer.encode("x")  # encoded as preprocessing does
+
+
+def test_requests_needing_logits_an_engine_lacks_are_refused_by_name(app_client):
+    client, _ = app_client(echo_words)  # MODEL: an engine built without gather_context_logits / gather_generation_logits
+    for body, param in (
+        ({"prompt": "x", "echo": True, "logprobs": 0}, "echo"),
+        ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ):
+        answer = client.post("/v1/completions", json={"model": "tiny", **body})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+    chat = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
+    assert client.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 2}).status_code == 200  # token ids need no logits

@@ -709,6 +709,30 @@ def test_llm_response_adds_token_counts_and_perf_metrics_on_request(model_code):
     assert not {"num_input_tokens", "num_output_tokens", "arrival_time_ns"} & set(plain)
 
 
+def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
+    import torch
+    from llm_request import parse_request
+    from llm_response import final_arrays, streamed_arrays
+    from refengine import CompletionOutput
+
+    arrays = _arrays()
+    arrays["return_context_logits"] = np.array([True])
+    arrays["return_generation_logits"] = np.array([True])
+    request = parse_request(arrays, exclude_input_default=True, decoupled=True)
+    assert request.params.return_context_logits and request.params.return_generation_logits
+    context = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6)  # [prompt 4, vocab 6]
+    rows = torch.ones((1, 6))
+    completion = CompletionOutput(index=0, token_ids=(5, 6), new_token_ids=(6,), new_generation_logits=rows)
+    streamed = streamed_arrays(request, completion, None, context)
+    assert streamed["context_logits"].shape == (1, 4, 6) and streamed["context_logits"].dtype == np.float32
+    assert streamed["generation_logits"].shape == (1, 1, 1, 6)
+    assert "context_logits" not in streamed_arrays(request, completion)  # sent with the first response only
+    final = final_arrays(request, completion, None, context, [torch.zeros((1, 6)), rows])
+    assert final["generation_logits"].shape == (1, 1, 2, 6) and final["generation_logits"][0, 0, 1].tolist() == [1.0] * 6
+    plain = final_arrays(parse_request(_arrays(), exclude_input_default=True, decoupled=True), completion, None, context)
+    assert not {"context_logits", "generation_logits"} & set(plain)
+
+
 @pytest.mark.parametrize(
     "values, decoupled, message",
     [
@@ -717,7 +741,6 @@ def test_llm_response_adds_token_counts_and_perf_metrics_on_request(model_code):
         (dict(beam_width=2), True, "beam_width: 2 is not supported"),
         (dict(streaming=True), False, "streaming: streaming is only supported if the model is deployed in decoupled mode"),
         (dict(input_lengths=9), True, "input_lengths: 9 must be between 1 and the 4 tokens of input_ids"),
-        (dict(return_context_logits=True), True, "return_context_logits: context logits are not produced"),
         (dict(min_tokens=20), True, "min_tokens: 20 exceeds max_tokens 8"),
         (dict(lora_task_id=np.uint64(7)), True, "lora_task_id: LoRA adapters are not run by the cpu reference engine"),
         (dict(guided_decoding_guide_type=b"json"), True, "guided_decoding_guide_type: guided decoding is not done"),
