@@ -7,7 +7,7 @@ incremental detokenization, see incremental_detokenizer.py). On request, TensorR
 metrics (refengine's own timestamps and KV block counts; no speculation, so the draft figures
 are 0) and token counts, each [1, 1]: num_input_tokens is the prompt's length, num_output_tokens
 the tokens generated so far. TensorRT-LLM's logits, float32: context_logits [1, prompt, vocab]
-(once: in the first streamed response, or the final one) and generation_logits [1, beams, T, vocab]
+(streamed: with the first response and the final one; else with the one response) and generation_logits [1, beams, T, vocab]
 for the T output tokens the response carries.
 
 Streamed responses carry the tokens generated since the previous response; the final

@@ -185,12 +185,15 @@ class TritonPythonModel:
         if output.finished and entry.cancelled:
             self._end_cancelled(entry)
             return
+        completions = [completion for completion in output.outputs if completion.new_token_ids]
         responses = []
-        for completion in output.outputs:
-            if completion.new_token_ids:
-                context_logits = None if entry.context_logits_sent else output.context_logits
-                entry.context_logits_sent = entry.context_logits_sent or context_logits is not None
-                responses.append(arrays_response(streamed_arrays(request, completion, output.metrics, context_logits), entry.requested))
+        for index, completion in enumerate(completions):
+            # Context logits go with the first response and again with the final one (NVIDIA's
+            # inflight_batcher_llm_client.py keeps the last response's).
+            last = output.finished and index == len(completions) - 1
+            context_logits = output.context_logits if not entry.context_logits_sent or last else None
+            entry.context_logits_sent = entry.context_logits_sent or context_logits is not None
+            responses.append(arrays_response(streamed_arrays(request, completion, output.metrics, context_logits), entry.requested))
         for index, response in enumerate(responses):
             entry.send(response, final=output.finished and index == len(responses) - 1)
         if output.finished and not responses:

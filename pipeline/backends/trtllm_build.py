@@ -88,6 +88,7 @@ class BuildRequest:
     multiple_profiles: bool
     enable_kv_cache_reuse: bool  # serve.* switches that need paged context FMHA in the engine
     enable_chunked_context: bool
+    gather_context_logits: bool = False
     # LoRA (--lora_plugin and the --lora_* flags): lora_plugin is a dtype or "disable"
     lora_plugin: str = "disable"
     lora_dirs: tuple[str, ...] = ()
@@ -136,6 +137,7 @@ def request_from_spec(spec: Spec, model: ModelInfo) -> BuildRequest:
         multiple_profiles=plugins.multiple_profiles,
         enable_kv_cache_reuse=spec.serve.enable_kv_cache_reuse,
         enable_chunked_context=spec.serve.enable_chunked_context,
+        gather_context_logits=build.gather_context_logits,
         **_lora_settings(spec),
         **_speculative_settings(spec),
     )
@@ -302,8 +304,8 @@ def render_build_config(s: BuildRequest, *, timing_cache: Path) -> dict[str, Any
         "opt_num_tokens": s.opt_num_tokens,
         "max_prompt_embedding_table_size": 0,
         "kv_cache_type": s.kv_cache_type.upper(),
-        "gather_context_logits": False,
-        "gather_generation_logits": False,
+        "gather_context_logits": s.gather_context_logits,
+        "gather_generation_logits": False,  # deprecated in 1.x: generation logits are a runtime output
         "strongly_typed": True,
         "force_num_profiles": None,
         "profiling_verbosity": "layer_names_only",

@@ -303,6 +303,9 @@ def _speculative(r: _Resolution) -> None:
         if s.quant_algo not in LOOKAHEAD_QUANT_ALGOS:
             r.warn("speculative_decoding_mode", f"lookahead decoding is documented for FP16/BF16/FP8 models only; "
                    f"quantize.algo {s.quant_algo} is not in that support matrix, verify it on the GPU")
+    if s.gather_context_logits:
+        r.error("build.gather_context_logits cannot be combined with build.speculative: trtllm-build refuses context "
+                "logits with max_draft_len > 0 (§1.5)")
     if s.lora_plugin != "disable":
         r.warn("speculative_decoding_mode", "LoRA together with speculative decoding is not a combination TensorRT-LLM "
                "documents; verify it on the GPU")

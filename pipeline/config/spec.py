@@ -355,6 +355,14 @@ class BuildSpec(_Strict):
     max_beam_width: int = Field(default=1, ge=1, le=64, description="Maximum beams (also bounds n > 1 sampling on the cpu target).")
     tokens_per_block: int = Field(default=32, description="Tokens per paged KV-cache block: a power of two in 16..128.")
     kv_cache_type: KVCacheType = Field(default=KVCacheType.paged, description="paged (needed for inflight batching), continuous or disabled.")
+    gather_context_logits: bool = Field(
+        default=False,
+        description="Engine target: keep the logits of every prompt token (trtllm-build --gather_context_logits), so that "
+        "requests can ask for return_context_logits and the OpenAI front end can answer echo with logprobs (prompt "
+        "log-probs, what lm-eval's loglikelihood tasks need). Costs GPU memory for a logits buffer of about max_num_tokens "
+        "× vocab size × 4 bytes (float32 logits): 4.2 GB for a Llama 3 vocabulary (128,256) at max_num_tokens 8192. "
+        "Not with speculative decoding. The cpu target always returns them.",
+    )
     tp_size: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them).")
     pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks; must divide the number of layers.")
     plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")

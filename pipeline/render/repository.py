@@ -161,10 +161,12 @@ def _text_limits(facts: EngineFacts, tokenizer: TokenizerFacts) -> dict[str, str
 
 def _logits_available(facts: EngineFacts, cpu: bool) -> dict[str, str]:
     """Whether `tensorrt_llm` can return context / generation logits (the OpenAI front end's prompt and
-    top-N log-probs need them): the cpu engine always can, an engine only when built with gather_*_logits."""
+    top-N log-probs need them). The cpu engine always can; a TensorRT-LLM 1.x engine returns generation
+    logits at run time (the build flag is deprecated), context logits only when built with
+    gather_context_logits."""
     return {
         "gather_context_logits": "true" if cpu or facts.gather_context_logits else "false",
-        "gather_generation_logits": "true" if cpu or facts.gather_generation_logits else "false",
+        "gather_generation_logits": "true",
     }
 
 

@@ -757,3 +757,21 @@ def test_requests_needing_logits_an_engine_lacks_are_refused_by_name(app_client)
     chat = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1})
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
     assert client.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 2}).status_code == 200  # token ids need no logits
+
+
+def test_the_listening_socket_turns_nagle_off_for_every_connection():
+    """Without TCP_NODELAY the first SSE event waits behind the unacknowledged response headers for the
+    client's delayed ACK (~40 ms): AIPerf measured every stream's first token that late (BENCHMARKS.md)."""
+    import socket
+
+    from clients.openai_server.runner import _bind
+
+    listener = _bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(listener.getsockname()) as _client:
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                assert accepted.proto == socket.IPPROTO_TCP  # what asyncio checks before it sets TCP_NODELAY itself
+    finally:
+        listener.close()

@@ -230,6 +230,18 @@ def test_logits_outputs_take_the_engine_logits_dtype(tmp_path):
     assert tensors(engine.output)["generation_logits"][0] == model_config_pb2.TYPE_FP32
 
 
+def test_preprocessing_says_which_logits_the_engine_returns(tmp_path):
+    def flags(directory, **options):
+        parameters = parse(render(directory, **options) / "preprocessing" / "config.pbtxt").parameters
+        return parameters["gather_context_logits"].string_value, parameters["gather_generation_logits"].string_value
+
+    gathering = llama_8b_engine_config()
+    gathering["build_config"]["gather_context_logits"] = True
+    assert flags(tmp_path / "cpu", target="cpu") == ("true", "true")  # refengine computes both
+    assert flags(tmp_path / "plain", target="engine") == ("false", "true")
+    assert flags(tmp_path / "gather", target="engine", config=gathering) == ("true", "true")
+
+
 def test_ensemble_wires_preprocessing_llm_postprocessing(tmp_path):
     for target in ("cpu", "engine"):
         config = parse(render(tmp_path / target, target=target) / "ensemble" / "config.pbtxt")
@@ -726,7 +738,7 @@ def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
     streamed = streamed_arrays(request, completion, None, context)
     assert streamed["context_logits"].shape == (1, 4, 6) and streamed["context_logits"].dtype == np.float32
     assert streamed["generation_logits"].shape == (1, 1, 1, 6)
-    assert "context_logits" not in streamed_arrays(request, completion)  # sent with the first response only
+    assert "context_logits" not in streamed_arrays(request, completion)  # only where the model passes them
     final = final_arrays(request, completion, None, context, [torch.zeros((1, 6)), rows])
     assert final["generation_logits"].shape == (1, 1, 2, 6) and final["generation_logits"][0, 0, 1].tolist() == [1.0] * 6
     plain = final_arrays(parse_request(_arrays(), exclude_input_default=True, decoupled=True), completion, None, context)

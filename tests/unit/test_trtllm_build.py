@@ -667,3 +667,14 @@ def test_every_version_profile_takes_the_lora_and_speculative_flags(version):
         loaded = load_config(BUILD_CONFIGS / f"{config}.yaml")
         older = plan_trtllm_build(loaded.spec, loaded.model, *_paths(loaded.spec.name), get_version(version))
         assert older.argv == _plan(BUILD_CONFIGS / f"{config}.yaml").argv
+
+
+def test_context_logits_are_a_build_option_recorded_in_the_build_config(lookahead_base):
+    build = _render(dataclasses.replace(lookahead_base, speculative_decoding_mode=None, max_draft_len=0, gather_context_logits=True))
+    assert build.build_config["gather_context_logits"] is True and build.build_config["gather_generation_logits"] is False
+    assert _render(dataclasses.replace(lookahead_base, speculative_decoding_mode=None, max_draft_len=0)).build_config["gather_context_logits"] is False
+
+
+def test_context_logits_exclude_speculative_decoding(lookahead_base):
+    with pytest.raises(SpecError, match=r"build.gather_context_logits cannot be combined with build.speculative"):
+        _resolve(lookahead_base, gather_context_logits=True)
