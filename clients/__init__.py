@@ -12,12 +12,44 @@ never retried), `ServerUnavailableError` (retried with backoff, then raised),
 sending, naming the field; also a `TypeError` and a `ValueError`), all `ClientError`s.
 """
 
-from clients.aio import AsyncTritonLLMClient
-from clients.client import DEFAULT_URLS, TritonLLMClient
-from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
-from clients.retry import RetryPolicy
-from clients.stream import AsyncTextStream, TextStream
-from clients.types import Completion, GenerationRequest
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Where each public name lives. Imported on first use (PEP 562), so that importing one submodule
+# (e.g. `clients.cli` for its argument parser) does not load tritonclient, grpc and aiohttp.
+_EXPORTS = {
+    "AsyncTritonLLMClient": "clients.aio",
+    "DEFAULT_URLS": "clients.client",
+    "TritonLLMClient": "clients.client",
+    "ClientError": "clients.errors",
+    "ClientTimeoutError": "clients.errors",
+    "InvalidRequestError": "clients.errors",
+    "ProtocolError": "clients.errors",
+    "RequestError": "clients.errors",
+    "ServerUnavailableError": "clients.errors",
+    "RetryPolicy": "clients.retry",
+    "AsyncTextStream": "clients.stream",
+    "TextStream": "clients.stream",
+    "Completion": "clients.types",
+    "GenerationRequest": "clients.types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'clients' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from clients.aio import AsyncTritonLLMClient
+    from clients.client import DEFAULT_URLS, TritonLLMClient
+    from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
+    from clients.retry import RetryPolicy
+    from clients.stream import AsyncTextStream, TextStream
+    from clients.types import Completion, GenerationRequest
 
 __all__ = [
     "DEFAULT_URLS",

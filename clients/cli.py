@@ -12,7 +12,7 @@ import json
 import sys
 from typing import TextIO
 
-from clients.client import DEFAULT_TIMEOUT_S, DEFAULT_URLS, TritonLLMClient
+from clients.defaults import DEFAULT_TIMEOUT_S, DEFAULT_URLS
 from clients.errors import ClientError, ServerUnavailableError
 
 
@@ -35,6 +35,8 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from clients.client import TritonLLMClient  # here: the parser above is built by `validate` too
+
     out = out or sys.stdout
     err = err or sys.stderr
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "stop": args.stop}

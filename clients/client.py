@@ -10,6 +10,7 @@ import requests
 import requests.adapters
 from tritonclient.utils import InferenceServerException
 
+from clients.defaults import DEFAULT_TIMEOUT_S, DEFAULT_URLS
 from clients.errors import ClientError
 from clients.grpc import ClientPool, GrpcCall, grpc_target
 from clients.http import HttpCall, http_base_url
@@ -18,8 +19,6 @@ from clients.stream import TextStream
 from clients.types import Completion, GenerationRequest
 
 ProtocolName = Literal["grpc", "http"]
-DEFAULT_URLS: dict[str, str] = {"grpc": "localhost:8001", "http": "localhost:8000"}
-DEFAULT_TIMEOUT_S = 60.0
 
 
 def check_protocol(protocol: str) -> str:

@@ -2,8 +2,9 @@
 
 A stage writes into a private temporary directory; only a complete result, with its manifest, is
 renamed into place. A killed run therefore leaves at most a temporary directory, which the next
-run removes. Reuse verifies every file against the manifest (size and modification time; SHA-256
-whenever those differ).
+run removes. Reuse verifies every file against the manifest: its size, and its SHA-256 through the
+hash cache (pipeline/hashing.py: re-read whenever the file's inode, size, mtime or ctime changed, so a
+write is noticed even when the mtime is put back); `verify(..., full=True)` re-reads every file.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.errors import ArtifactError
-from pipeline.hashing import list_files, sha256_file
+from pipeline.errors import ArtifactError, StoreLocationError
+from pipeline.hashing import file_hashes, list_files
 from pipeline.plan import StagePlan
 
 MANIFEST = "manifest.json"
@@ -41,18 +42,27 @@ class ArtifactStore:
     def __init__(self, root: Path, build_name: str) -> None:
         self.root = root
         self.build_dir = root / build_name
+        self._verified: dict[Path, ArtifactRef] = {}  # once per command: lookups after the first reuse it
 
     def path_for(self, stage: StagePlan) -> Path:
         return self.build_dir / stage.dirname
 
     def lookup(self, stage: StagePlan) -> ArtifactRef | None:
-        """The artifact for `stage` if it exists and verifies; None if absent. Raises ArtifactError if corrupt."""
+        """The artifact for `stage` if it exists and verifies; None if absent. Raises ArtifactError if corrupt.
+        Verified once per store object (per command); `verify_fully` re-reads every file."""
         path = self.path_for(stage)
+        if path in self._verified:
+            return self._verified[path]
         if not path.is_dir():
             return None
         manifest = read_manifest(path)
         verify(path, manifest)
-        return ArtifactRef(stage.name, stage.digest, path, manifest)
+        self._verified[path] = ArtifactRef(stage.name, stage.digest, path, manifest)
+        return self._verified[path]
+
+    def verify_fully(self, ref: ArtifactRef) -> None:
+        """Re-read every file of a found artifact and compare it with the manifest (ArtifactError if not)."""
+        verify(ref.path, ref.manifest, full=True)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -82,6 +92,7 @@ class ArtifactStore:
         `notes` may be filled by the stage while it runs; it is stored in the manifest (e.g. the
         calibration set's fingerprint, or a gate's verdict)."""
         self.build_dir.mkdir(parents=True, exist_ok=True)
+        self._verified.pop(self.path_for(stage), None)
         tmp = self.build_dir / f"{_TMP_PREFIX}{stage.dirname}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -120,6 +131,26 @@ class ArtifactStore:
             raise
 
 
+def store_root(path: Path, *, writable: bool) -> Path:
+    """The artifacts directory as an absolute path, resolved once at the edge (relative paths would
+    reach trtllm-build, docker mounts and dry-run scripts as they are), or StoreLocationError saying
+    what is wrong with it. `writable`: the command writes artifacts there (created when the first one
+    is written, so a command refused before that leaves nothing behind)."""
+    root = Path(os.path.abspath(path))
+    if root.exists() and not root.is_dir():
+        raise StoreLocationError(f"--artifacts {path}: not a directory")
+    if not writable:
+        return root
+    existing = root
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StoreLocationError(f"--artifacts {path}: cannot create it ({existing} is not a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StoreLocationError(f"--artifacts {path}: not writable by this user ({existing})")
+    return root
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -130,20 +161,38 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify(path: Path, manifest: dict[str, Any]) -> None:
-    """Check that `path` holds exactly the manifest's files with the recorded contents."""
+def verify(path: Path, manifest: dict[str, Any], *, full: bool = False) -> None:
+    """Check that `path` holds exactly the manifest's files with the recorded contents (`full`: read
+    every file again rather than trust the hash cache). ArtifactError naming the first difference."""
+    found = differences(path, manifest, full=full, first_only=True)
+    if found:
+        raise ArtifactError(found[0])
+
+
+def differences(path: Path, manifest: dict[str, Any], *, full: bool = False, first_only: bool = False) -> list[str]:
+    """What differs between `path` and its manifest: files missing or unexpected, sizes, SHA-256s."""
     recorded: dict[str, dict[str, Any]] = manifest["files"]
     present = {rel.as_posix() for rel in list_files(path)} - {MANIFEST}
     missing = sorted(set(recorded) - present)
     extra = sorted(present - set(recorded))
     if missing or extra:
-        raise ArtifactError(f"{path}: files differ from the manifest (missing: {missing or 'none'}, unexpected: {extra or 'none'})")
+        problems = [f"{path}: files differ from the manifest (missing: {missing or 'none'}, unexpected: {extra or 'none'})"]
+        if first_only:
+            return problems
+    else:
+        problems = []
+    hashes = file_hashes()
     for rel, entry in recorded.items():
-        stat = (path / rel).stat()
-        if stat.st_size != entry["size"]:
-            raise ArtifactError(f"{path / rel}: size {stat.st_size} differs from the manifest's {entry['size']}")
-        if stat.st_mtime_ns != entry.get("mtime_ns") and sha256_file(path / rel) != entry["sha256"]:
-            raise ArtifactError(f"{path / rel}: SHA-256 differs from the manifest")
+        if rel in missing:
+            continue
+        size = (path / rel).stat().st_size
+        if size != entry["size"]:
+            problems.append(f"{path / rel}: size {size} differs from the manifest's {entry['size']}")
+        elif (hashes.rehash(path / rel) if full else hashes.sha256(path / rel)) != entry["sha256"]:
+            problems.append(f"{path / rel}: SHA-256 differs from the manifest (the file was changed after it was written)")
+        if problems and first_only:
+            return problems
+    return problems
 
 
 def annotate_manifest(path: Path, key: str, value: dict[str, Any]) -> None:
@@ -157,10 +206,11 @@ def annotate_manifest(path: Path, key: str, value: dict[str, Any]) -> None:
 
 
 def _describe_files(root: Path) -> dict[str, dict[str, Any]]:
+    hashes = file_hashes()
     files = {}
     for rel in list_files(root):
         stat = (root / rel).stat()
-        files[rel.as_posix()] = {"sha256": sha256_file(root / rel), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        files[rel.as_posix()] = {"sha256": hashes.sha256(root / rel), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     return files
 
 

@@ -6,20 +6,24 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.artifacts import ArtifactStore
+from pipeline.artifacts import ArtifactStore, differences, read_manifest, store_root
 from pipeline.config.loader import LoadedConfig, load_config
 from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
-from pipeline.errors import PipelineError, SpecError
+from pipeline.errors import ArtifactError, PipelineError, SpecError
+from pipeline.hashing import file_hashes
 from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
+from pipeline.plan import Plan
 
 DEFAULT_ARTIFACTS = "artifacts"
+_READ_ONLY_COMMANDS = ("validate", "plan", "status", "verify", "stop")
 SCHEMA_PATH = Path("build_configs/schema.json")
 
 
@@ -53,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="rebuild the selected stages even if cached")
     run.add_argument("--runner", choices=["local", "docker", "dry-run"], help="where trtllm-build runs (engine target); same as --set build.runner=...")
     with_config("status", "show which artifacts of a build config exist")
+    with_config("verify", "re-read every file of every artifact of a build config and report what differs from its manifest")
     generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)")
     generate.add_argument("--prompt", required=True, help="text to continue")
     generate.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
@@ -133,7 +138,7 @@ def run_cli(argv: list[str], console: Console) -> int:
     if getattr(args, "runner", None):
         overrides.append(f"build.runner={args.runner}")
     loaded = load_config(args.config, overrides)
-    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    store = ArtifactStore(store_root(args.artifacts, writable=args.command not in _READ_ONLY_COMMANDS), loaded.spec.name)
     if args.command == "validate":
         console.print(f"[green]valid[/green]: {args.config} (build {loaded.spec.name!r}, target {loaded.spec.build.target.value}, model {loaded.model.architecture})")
         return 0
@@ -141,6 +146,8 @@ def run_cli(argv: list[str], console: Console) -> int:
         return _plan(loaded, store, args, console)
     if args.command == "status":
         return _status(loaded, store, console)
+    if args.command == "verify":
+        return _verify(loaded, store, console)
     if args.command == "serve":
         return _serve(loaded, store, args, console)
     if args.command == "stop":
@@ -154,9 +161,10 @@ def run_cli(argv: list[str], console: Console) -> int:
     if args.command == "generate":
         return _generate(loaded, store, args, console)
     if args.command == "run":
-        check_runnable(loaded, make_plan(loaded), args.until)
-        _plan(loaded, store, args, console)
-        results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console)
+        the_plan = make_plan(loaded)  # one plan per command: it hashes every input (through the hash cache)
+        check_runnable(loaded, the_plan, args.until)
+        _plan(loaded, store, args, console, the_plan)
+        results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console, the_plan=the_plan)
         built = sum(r.outcome == "built" for r in results)
         console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
         return 0
@@ -204,12 +212,21 @@ def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace
     from pipeline.stages.deploy import DEPLOY_DIR
 
     results = {r.name: r for r in run_pipeline(loaded, store, until="deploy", console=console)}
+    _verify_shipped(store, results, ("deploy",))
     export_deployment(results["deploy"].ref.path / DEPLOY_DIR, args.out)
     profile = profile_for(loaded.spec.build.target.value)
     console.print(f"deployment in {args.out}: docker compose --env-file {args.out}/.env --profile {profile} -f {args.out}/docker-compose.yml up -d")
     if args.up:
         compose_up(args.out, profile)
     return 0
+
+
+def _verify_shipped(store: ArtifactStore, results: dict[str, StageResult], names: tuple[str, ...]) -> None:
+    """What a server or a deployment will run is re-read in full (a cached artifact was checked
+    against the hash cache only; one built by this command was hashed as it was sealed)."""
+    for name in names:
+        if name in results and results[name].outcome == "cached":
+            store.verify_fully(results[name].ref)
 
 
 def _packaged_repository(loaded: LoadedConfig, store: ArtifactStore) -> Path:
@@ -230,6 +247,7 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     if loaded.spec.build.target.value == "engine":
         _check_engine_runtime(loaded, store)
     results = _build_cpu_target(loaded, store, "serve", "package")
+    _verify_shipped(store, results, ("prepare", "build", "package"))
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
     if args.detach:
         state = start_detached(
@@ -303,7 +321,8 @@ def _bench_accuracy(args: argparse.Namespace) -> int:
 
 
 def _bench_engine(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.bench import render_markdown, run_engine_bench
+    from pipeline.bench.engine_bench import run_engine_bench
+    from pipeline.bench.report import render_markdown
     from pipeline.stages.build import ENGINE_DIR
 
     loaded = load_config(args.config, args.overrides)
@@ -348,10 +367,10 @@ def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) 
     console.print(capacity_table(capacity))
 
 
-def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console, the_plan: Plan | None = None) -> int:
     if getattr(args, "gpu", None):
         _capacity(loaded, args, console)
-    the_plan = make_plan(loaded)
+    the_plan = the_plan or make_plan(loaded)
     states = {stage.name: artifact_state(store, stage) for stage in the_plan.stages}
     if getattr(args, "json", False):
         data = the_plan.to_json()
@@ -369,6 +388,31 @@ def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, 
         shown = "[cyan]cached[/cyan]" if state == "built" else ("[yellow]to build[/yellow]" if state == "missing" else f"[red]{state}[/red]")
         table.add_row(stage.name, stage.digest, shown, stage.summary)
     console.print(table)
+    return 0
+
+
+def _verify(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int:
+    table = Table(title=f"artifacts of {loaded.spec.name} in {store.build_dir}, every file re-read", title_justify="left")
+    for column in ("stage", "state", "path"):
+        table.add_column(column)
+    bad = []
+    started, before = time.monotonic(), file_hashes().hashed_bytes
+    for stage in make_plan(loaded).stages:
+        path = store.path_for(stage)
+        if not path.is_dir():
+            table.add_row(stage.name, "missing", str(path))
+            continue
+        try:
+            found = differences(path, read_manifest(path), full=True)
+        except ArtifactError as error:
+            found = [error.message]
+        table.add_row(stage.name, "[green]ok[/green]" if not found else f"[red]{len(found)} difference(s)[/red]", str(path))
+        bad += found
+    console.print(table)
+    read = file_hashes().hashed_bytes - before
+    console.print(f"read {read / 1e9:.2f} GB in {time.monotonic() - started:.1f} s")
+    if bad:
+        raise ArtifactError("artifacts differ from their manifests:\n  " + "\n  ".join(bad), hint="`trtllm-pipeline run` rebuilds what failed verification")
     return 0
 
 

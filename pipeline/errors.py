@@ -22,6 +22,13 @@ class SpecError(PipelineError):
     default_hint = "fix the build config; `trtllm-pipeline validate CONFIG` checks it without running anything"
 
 
+class StoreLocationError(PipelineError):
+    """The artifacts directory the user named cannot be used (not a directory, not writable, ...)."""
+
+    exit_code = 2
+    default_hint = "pass --artifacts DIR (or set TRTLLM_PIPELINE_ARTIFACTS) to a directory you can write"
+
+
 class StageError(PipelineError):
     """A stage failed while running; nothing it wrote was kept."""
 

@@ -16,19 +16,19 @@ from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
 from pipeline.plan import EnvFacts, Plan, StagePlan, plan
 from pipeline.preflight import preflight
-from pipeline.stages import build, deploy, gate, package, prepare, quantize, slo
 from pipeline.stages.base import StageContext, StageFn
 from pipeline.tools import tool_versions
 
-STAGE_FUNCTIONS: dict[str, StageFn] = {
-    "prepare": prepare.run,
-    "quantize": quantize.run,
-    "build": build.run,
-    "gate": gate.run,
-    "package": package.run,
-    "slo": slo.run,
-    "deploy": deploy.run,
-}
+STAGES = ("prepare", "quantize", "build", "gate", "package", "slo", "deploy")
+
+
+def stage_function(name: str) -> StageFn:
+    """`pipeline.stages.<name>.run`, imported when a stage runs (they import torch, ModelOpt, ...)."""
+    import importlib
+
+    if name not in STAGES:
+        raise KeyError(name)
+    return importlib.import_module(f"pipeline.stages.{name}").run
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,16 @@ def _lora_fingerprint(spec) -> str:
 
 def _model_repo_fingerprint() -> str:
     """The model code a repository carries and the code that renders it (which files go where)."""
-    from pipeline import render
-    from pipeline.render.repository import model_repo_sources
+    import importlib.util
 
-    parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in (model_repo_sources(), Path(render.__file__).parent)]
+    # Located, not imported (rendering imports tritonclient and Jinja2; `plan` needs neither).
+    render_dir = Path(importlib.util.find_spec("pipeline.render").origin).parent
+    model_repo = render_dir.parents[1] / "model_repo"  # as pipeline.render.repository.model_repo_sources finds it
+    if not (model_repo / "templates").is_dir():
+        from pipeline.render.repository import model_repo_sources  # its error says what is missing
+
+        model_repo = model_repo_sources()
+    parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in (model_repo, render_dir)]
     return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
@@ -121,9 +127,14 @@ def run_pipeline(
     until: str | None = None,
     force: bool = False,
     console: Console,
+    the_plan: Plan | None = None,
 ) -> list[StageResult]:
-    the_plan = make_plan(loaded)
-    selected = check_runnable(loaded, the_plan, until)
+    """`the_plan`: the command's plan, already checked with `check_runnable` (else made and checked here)."""
+    if the_plan is None:
+        the_plan = make_plan(loaded)
+        selected = check_runnable(loaded, the_plan, until)
+    else:
+        selected = the_plan.until(until)
     results: list[StageResult] = []
     refs: dict[str, ArtifactRef] = {}
     with store.lock():
@@ -176,7 +187,7 @@ def _run_stage(
         with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:
             context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console, notes, store.path_for(stage))
             try:
-                STAGE_FUNCTIONS[stage.name](context)
+                stage_function(stage.name)(context)
             except PipelineError:
                 raise
             except Exception as exc:

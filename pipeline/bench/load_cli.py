@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from clients.loadgen import ENDPOINTS, LoadRequest, SloLimits
 from pipeline.errors import SpecError
+
+if TYPE_CHECKING:
+    from clients.loadgen import LoadRequest
 
 RESULT_NAME = "bench-serve-load"
 
@@ -39,6 +41,8 @@ def _rate_list(text: str) -> tuple[float, ...]:
 
 def _endpoints(text: str) -> tuple[str, ...]:
     values = tuple(part.strip() for part in text.split(",") if part.strip())
+    from clients.loadgen import ENDPOINTS  # here, not at import: `validate` builds this parser and must stay light
+
     unknown = [value for value in values if value not in ENDPOINTS]
     if not values or unknown:
         raise argparse.ArgumentTypeError(f"endpoints are {', '.join(ENDPOINTS)} (comma-separated), got {text!r}")
@@ -99,13 +103,19 @@ def sweep_options(args: argparse.Namespace) -> Any:
         requests_per_point=args.requests or 32,
         warmup=4 if args.warmup is None else args.warmup,
         duration_s=args.duration,
-        slo=SloLimits(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, e2e_ms=args.slo_e2e_ms),
+        slo=_slo_limits()(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, e2e_ms=args.slo_e2e_ms),
         poisson=not args.constant_rate,
         seed=args.seed,
     )
 
 
-def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list[LoadRequest], str]:
+def _slo_limits():
+    from clients.loadgen import SloLimits
+
+    return SloLimits
+
+
+def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list["LoadRequest"], str]:
     from pipeline.bench.load_workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
 
     try:

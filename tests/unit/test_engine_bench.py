@@ -80,7 +80,8 @@ def built_default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 @pytest.mark.slow
 def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[Path, Path]) -> None:
-    from pipeline.bench import render_markdown, run_engine_bench
+    from pipeline.bench.engine_bench import run_engine_bench
+    from pipeline.bench.report import render_markdown
 
     engine_dir, hf_dir = built_default
     lines: list[str] = []

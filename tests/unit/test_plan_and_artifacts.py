@@ -11,6 +11,7 @@ import pytest
 from pipeline.artifacts import MANIFEST, ArtifactStore, read_manifest
 from pipeline.config.loader import load_config
 from pipeline.errors import ArtifactError
+from pipeline.hashing import HashCache, file_hashes
 from pipeline.plan import EnvFacts, plan
 from tests.conftest import MINIMAL_CONFIG, write_model_config
 
@@ -122,13 +123,60 @@ def test_verification_detects_tampering(tmp_path: Path, config_path: Path) -> No
     path = store.path_for(stage)
     (path / "w.bin").write_bytes(b"abce")  # same size, new mtime → re-hashed
     with pytest.raises(ArtifactError, match="SHA-256 differs"):
-        store.lookup(stage)
+        ArtifactStore(tmp_path / "artifacts", "demo").lookup(stage)  # a new command (one verification per store)
     (path / "w.bin").write_bytes(b"abc")
     with pytest.raises(ArtifactError, match="size 3 differs"):
-        store.lookup(stage)
+        ArtifactStore(tmp_path / "artifacts", "demo").lookup(stage)
     (path / "w.bin").unlink()
     with pytest.raises(ArtifactError, match="missing"):
-        store.lookup(stage)
+        ArtifactStore(tmp_path / "artifacts", "demo").lookup(stage)
+
+
+def test_a_write_that_puts_the_mtime_back_is_still_detected(tmp_path: Path, config_path: Path) -> None:
+    """Silent rot as `cp -p`, `rsync -t` or a restored backup leave it: same size, same mtime, new
+    content. The ctime (which utime cannot set back) sends the file to be re-hashed."""
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stage = _stage(config_path)
+    with store.create(stage, build_name="demo") as out:
+        (out / "rank0.safetensors").write_bytes(os.urandom(4 << 20))
+    weights = store.path_for(stage) / "rank0.safetensors"
+    before = weights.stat()
+    with weights.open("r+b") as handle:  # corrupt 2 MB in place
+        handle.seek(1 << 20)
+        handle.write(os.urandom(2 << 20))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns and weights.stat().st_size == before.st_size
+    with pytest.raises(ArtifactError, match="rank0.safetensors: SHA-256 differs"):
+        ArtifactStore(tmp_path / "artifacts", "demo").lookup(stage)
+
+
+def test_an_unchanged_artifact_is_not_read_again_and_verify_fully_reads_it_all(tmp_path: Path, config_path: Path) -> None:
+    hashes = file_hashes()
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    stage = _stage(config_path)
+    with store.create(stage, build_name="demo") as out:
+        (out / "big.bin").write_bytes(b"x" * (3 << 20))
+    read = hashes.hashed_bytes
+    ref = ArtifactStore(tmp_path / "artifacts", "demo").lookup(stage)  # as the next command would
+    assert ref is not None and hashes.hashed_bytes == read  # stat only
+    store.verify_fully(ref)
+    assert hashes.hashed_bytes == read + (3 << 20)
+
+
+def test_the_hash_cache_survives_the_process_and_refuses_a_changed_file(tmp_path: Path) -> None:
+    location = tmp_path / "cache" / "hashes.json"
+    target = tmp_path / "file.bin"
+    target.write_bytes(b"a" * 1000)
+    first = HashCache(location)
+    digest = first.sha256(target)
+    first.save()
+    second = HashCache(location)  # a later command
+    assert second.sha256(target) == digest and second.hashed_bytes == 0
+    stat = target.stat()
+    target.write_bytes(b"b" * 1000)
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert HashCache(location).sha256(target) != digest
+    assert HashCache(None).sha256(target) == HashCache(None).rehash(target)  # no cache: always read
 
 
 def test_rebuild_replaces_existing_artifact(tmp_path: Path, config_path: Path) -> None:
