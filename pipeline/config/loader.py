@@ -14,7 +14,7 @@ from pipeline.config.model_checks import Issue, inspect_model
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.overrides import apply_overrides, parse_override
 from pipeline.config.spec import Spec
-from pipeline.config.yaml_source import Location, SourceMap, read_yaml
+from pipeline.config.yaml_source import Location, SourceMap, decode_config, read_yaml
 from pipeline.errors import SpecError
 
 _DOTTED = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)+)\b")
@@ -39,7 +39,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     origin = str(path)
     if not path.is_file():
         raise SpecError(f"{origin}: config file not found", hint="pass the path of a YAML file, e.g. build_configs/tiny-cpu.yaml")
-    data, source_map = read_yaml(path.read_text(encoding="utf-8"), origin)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise SpecError(f"{origin}: cannot read it ({error.strerror or error})") from None
+    data, source_map = read_yaml(decode_config(raw, origin), origin)
     parsed = [parse_override(text) for text in overrides]
     for text, (key_path, _) in zip(overrides, parsed):
         source_map.locations[key_path] = Location(f"--set {text}")

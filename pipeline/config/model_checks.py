@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.lora_adapters import AdapterError, read_adapter
-from pipeline.config.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, read_model_info
+from pipeline.config.model_info import SUPPORTED_MODEL_TYPES, ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.spec import Spec
 
 Issue = tuple[tuple[str | int, ...], str]
@@ -25,9 +25,29 @@ def inspect_model(spec: Spec) -> tuple[ModelInfo | None, list[Issue]]:
         return None, [(where, f"{source} has no config.json; it is not a Hugging Face checkpoint directory")]
     try:
         info = read_model_info(source)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+    except ModelConfigError as exc:
+        return None, [(where, str(exc))]
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None, [(where, f"cannot read {source / 'config.json'}: {type(exc).__name__}: {exc}")]
-    return info, check_spec_against_model(spec, info)
+    return info, check_spec_against_model(spec, info) + _tokenizer_issues(source)
+
+
+def _tokenizer_issues(source) -> list[Issue]:
+    """The tokenizer files serving reads, parsed (as JSON: no tokenizer library needed to validate)."""
+    issues: list[Issue] = []
+    for name, needs in (("tokenizer.json", "model"), ("tokenizer_config.json", None)):
+        path = source / name
+        if not path.is_file():
+            continue
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            issues.append((("model", "source"), f"{path}: not a readable JSON file ({type(exc).__name__}: {exc})"))
+            continue
+        if not isinstance(loaded, dict) or (needs is not None and not isinstance(loaded.get(needs), dict)):
+            what = f"a JSON object with a {needs!r} object" if needs else "a JSON object"
+            issues.append((("model", "source"), f"{path}: not a tokenizer file ({what} expected)"))
+    return issues
 
 
 def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
