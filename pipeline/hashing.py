@@ -10,11 +10,13 @@ write to the raw device); `trtllm-pipeline verify` re-reads everything for that.
 
 The cache is one JSON file (default `$XDG_CACHE_HOME/trtllm-pipeline/file-hashes.json`, else
 `~/.cache/...`; `TRTLLM_PIPELINE_HASH_CACHE` names another, `off` disables it), read once per
-process and written back atomically (a lost update only costs a re-hash).
+process; what a process learned is merged into it under a lock and written back atomically, so
+concurrent commands do not drop each other's entries.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -39,7 +41,7 @@ class HashCache:
     def __init__(self, location: Path | None) -> None:
         self.location = location
         self._entries: dict[str, list] | None = None
-        self._dirty = False
+        self._learned: dict[str, list] = {}  # hashed by this process, not yet saved
         self.hashed_bytes = 0  # read in full by this process (what the cache did not save)
 
     def sha256(self, path: Path) -> str:
@@ -59,17 +61,19 @@ class HashCache:
         return self._hash(path, key, facts)
 
     def save(self) -> None:
-        if not self._dirty or self.location is None or self._entries is None:
+        if not self._learned or self.location is None:
             return
-        entries = self._entries
-        if len(entries) > _MAX_ENTRIES:  # keep the newest half (dicts keep insertion order)
-            entries = dict(list(entries.items())[-_MAX_ENTRIES // 2 :])
         try:
             self.location.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.location.parent, prefix=".hashes-", delete=False) as handle:
-                json.dump(entries, handle, separators=(",", ":"))
-            os.replace(handle.name, self.location)
-            self._dirty = False
+            with open(self.location.with_name(self.location.name + ".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                entries = {**self._read(), **self._learned}  # what others saved meanwhile stays
+                if len(entries) > _MAX_ENTRIES:  # keep the newest half (dicts keep insertion order)
+                    entries = dict(list(entries.items())[-_MAX_ENTRIES // 2 :])
+                with tempfile.NamedTemporaryFile("w", dir=self.location.parent, prefix=".hashes-", delete=False) as handle:
+                    json.dump(entries, handle, separators=(",", ":"))
+                os.replace(handle.name, self.location)
+            self._learned = {}
         except OSError:
             pass  # a read-only home costs re-hashing next time, nothing else
 
@@ -78,21 +82,22 @@ class HashCache:
         self.hashed_bytes += facts[0]
         after_key, after_facts = _key(os.stat(path))
         if (after_key, after_facts) == (key, facts):  # not written to while it was read
-            self._load()[key] = [*facts, value]
-            self._dirty = True
+            self._load()[key] = self._learned[key] = [*facts, value]
         return value
 
     def _load(self) -> dict[str, list]:
         if self._entries is None:
-            self._entries = {}
-            if self.location is not None:
-                try:
-                    loaded = json.loads(self.location.read_text())
-                    if isinstance(loaded, dict):
-                        self._entries = loaded
-                except (OSError, ValueError):
-                    pass  # no cache yet, or an unreadable one: start afresh
+            self._entries = self._read()
         return self._entries
+
+    def _read(self) -> dict[str, list]:
+        if self.location is None:
+            return {}
+        try:
+            loaded = json.loads(self.location.read_text())
+        except (OSError, ValueError):
+            return {}  # no cache yet, or an unreadable one: start afresh
+        return loaded if isinstance(loaded, dict) else {}
 
 
 def _key(stat: os.stat_result) -> tuple[str, list]:

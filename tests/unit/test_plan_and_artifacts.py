@@ -232,3 +232,19 @@ def test_lora_adapters_enter_the_build_digest_by_content(tmp_path: Path) -> None
     (adapter / "adapter_model.safetensors").write_bytes(b"weights")
     second = {stage.name: stage for stage in plan(loaded.spec, gather_facts(loaded)).stages}
     assert second["build"].digest != first["build"].digest and second["quantize"].digest == first["quantize"].digest
+
+
+def test_concurrent_commands_keep_each_others_hashes(tmp_path: Path) -> None:
+    location = tmp_path / "hashes.json"
+    one, two = tmp_path / "one.bin", tmp_path / "two.bin"
+    one.write_bytes(b"1" * 100)
+    two.write_bytes(b"2" * 100)
+    first, second = HashCache(location), HashCache(location)  # two commands started together
+    first.sha256(one)
+    second.sha256(two)
+    first.save()
+    second.save()  # merges: the first command's entry stays
+    later = HashCache(location)
+    later.sha256(one)
+    later.sha256(two)
+    assert later.hashed_bytes == 0
