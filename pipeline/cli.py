@@ -283,7 +283,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
     from pipeline.stages.package import REPOSITORY_DIR
 
     loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
     results = _build_cpu_target(loaded, store, "bench serve", "package")
     status = _stderr_console()
     result = run_serve_bench(
@@ -324,14 +324,15 @@ def _bench_engine(args: argparse.Namespace, console: Console) -> int:
     from pipeline.bench.engine_bench import run_engine_bench
     from pipeline.bench.report import render_markdown
     from pipeline.stages.build import ENGINE_DIR
+    from pipeline.stages.prepare import checkpoint_dir
 
     loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
     results = _build_cpu_target(loaded, store, "bench engine", "build")
     status = _stderr_console()
     result = run_engine_bench(
         results["build"].ref.path / ENGINE_DIR,
-        results["prepare"].ref.path,
+        checkpoint_dir(results["prepare"].ref.path),
         num_requests=args.requests,
         quick=args.quick,
         progress=lambda line: status.print(f"[dim]{line}[/dim]"),

@@ -58,7 +58,7 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
 
 def _serve_config(args, options, say, build_package, state_dir) -> int:
     from clients.openai_server import ServedModel
-    from pipeline.artifacts import ArtifactStore
+    from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.config.loader import load_config
     from pipeline.serve import ServerOptions, TritonServer, read_state
 
@@ -66,7 +66,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     spec = loaded.spec
     name = args.model_name or spec.name
     triton_model = args.triton_model or spec.serve.model_name
-    store = ArtifactStore(args.artifacts, spec.name)
+    store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
     if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from the spec, nothing is built
         model = ServedModel(
             name=name,

@@ -119,7 +119,7 @@ def _speculative(spec: Spec) -> dict[str, Any]:
 
 def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     # The source's content, not its path: moving the checkout does not invalidate the cache.
-    return {"model_fingerprint": facts.model_fingerprint, **_dry_run_flag(spec)}
+    return {"model_fingerprint": facts.model_fingerprint, "copy_weights": spec.model.copy_weights, **_dry_run_flag(spec)}
 
 
 def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
@@ -205,7 +205,8 @@ def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 STAGE_DEFS: tuple[StageDef, ...] = (
-    StageDef("prepare", 1, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and normalize the Hugging Face checkpoint"),
+    # Version 2: weights recorded by hash (or copied), never hard-linked: older, linked artifacts are not reused.
+    StageDef("prepare", 2, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and record the Hugging Face checkpoint"),
     StageDef(
         "quantize",
         1,

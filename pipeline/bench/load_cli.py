@@ -160,7 +160,7 @@ def write_results(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 def run_load_command(args: argparse.Namespace) -> int:
     """Build (or reuse) the served repository, start what the sweep needs (unless --url), sweep,
     write JSON + plot, print the table (or JSON)."""
-    from pipeline.artifacts import ArtifactStore
+    from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.bench.load_bench import Endpoints, run_load_sweep, serving
     from pipeline.bench.load_report import render_load_markdown
     from pipeline.config.loader import load_config
@@ -170,7 +170,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     options = sweep_options(args)
     loaded = load_config(args.config, args.overrides)
     spec = loaded.spec
-    store = ArtifactStore(args.artifacts, spec.name)
+    store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
     status = Console(stderr=True, highlight=False, soft_wrap=True)
     if args.url is None and spec.build.target.value != "cpu":
         raise SpecError(

@@ -64,7 +64,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
     from clients.loadgen.chaos import ChaosTargets
-    from pipeline.artifacts import ArtifactStore
+    from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.bench.load_bench import serving
     from pipeline.bench.soak import soak
     from pipeline.config.loader import load_config
@@ -72,7 +72,7 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
 
     plan = chaos_plan(args)
     loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(args.artifacts, loaded.spec.name)
+    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
     results = build_cpu_target(loaded, store, "bench soak", "package")
     status = Console(stderr=True, highlight=False, soft_wrap=True)
     say = lambda line: status.print(f"[dim]{line}[/dim]")  # noqa: E731

@@ -156,6 +156,13 @@ class ModelSpec(_Strict):
         default=ModelDType.float16,
         description="Data type of the non-quantized parts of the exported TensorRT-LLM checkpoint.",
     )
+    copy_weights: bool = Field(
+        default=False,
+        description="Copy the weights into the artifact store (a reflink where the file system can make one), making "
+        "the prepare artifact self-contained. Default: the store records the source's weight files by content hash and "
+        "the stages read them from model.source, re-checked at every read; configs and tokenizer files are always "
+        "copied. The store never links into the source, so nothing written there reaches your checkpoint.",
+    )
 
 
 class CalibrationSpec(_Strict):

@@ -16,6 +16,7 @@ from pipeline.config.spec import AccuracyGateSpec
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
 from pipeline.stages.quantize import CHECKPOINT_DIR
+from pipeline.stages.prepare import checkpoint_dir
 
 REPORT = "accuracy.json"
 
@@ -33,7 +34,7 @@ def run(ctx: StageContext) -> None:
     with tempfile.TemporaryDirectory(prefix="trtllm-pipeline-baseline-") as tmp:
         baseline = Path(tmp) / "baseline"
         ctx.log("exporting the unquantized baseline checkpoint")
-        export_trtllm_checkpoint(prepared, baseline, dtype=ctx.spec.model.dtype.value, tp_size=1, pp_size=1)
+        export_trtllm_checkpoint(checkpoint_dir(prepared), baseline, dtype=ctx.spec.model.dtype.value, tp_size=1, pp_size=1)
         ctx.log(f"scoring {len(windows)} × {gate.window_len} held-out tokens, baseline vs {ctx.spec.quantize.algo.value}")
         metrics = compare_checkpoints(baseline, quantized, windows)
     failures = []

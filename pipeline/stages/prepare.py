@@ -1,15 +1,25 @@
-"""prepare: validate a local Hugging Face checkpoint and normalize it into the artifact store."""
+"""prepare: validate a local Hugging Face checkpoint and record it in the artifact store.
+
+Configs and tokenizer files are copied into the artifact. The weights are copied too with
+`model.copy_weights` (a reflink where the file system can make one); by default they stay in
+`model.source` and the artifact records each file's size and SHA-256 (`source-weights.json`):
+`checkpoint_dir` hands a stage the directory to read the checkpoint from, after checking the
+source still holds exactly those files. Nothing is hard-linked or symlinked: a write into the store
+never reaches the user's checkpoint (root ignores read-only modes, so modes would not protect it).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
-import os
 import shutil
 from pathlib import Path
 
 from safetensors import safe_open
 
+from pipeline.artifacts import MANIFEST
 from pipeline.errors import StageError
+from pipeline.hashing import file_hashes
 from pipeline.stages.base import StageContext
 
 _CONFIG_FILES = ("config.json", "generation_config.json")
@@ -40,10 +50,16 @@ def run(ctx: StageContext) -> None:
         raise StageError(f"{source} has no tokenizer (tokenizer.json or tokenizer.model); serving needs one")
     tensors = _read_tensor_index(source, info.weight_files)
     _check_layers(tensors, info.num_layers, source)
-    wanted = [*_CONFIG_FILES, *_TOKENIZER_FILES, *info.weight_files, "model.safetensors.index.json"]
-    for name in wanted:
+    small = [*_CONFIG_FILES, *_TOKENIZER_FILES, "model.safetensors.index.json"]
+    for name in small:
         if (source / name).is_file():
-            _link_or_copy(source / name, ctx.out_dir / name)
+            copy_file(source / name, ctx.out_dir / name)
+    if ctx.spec.model.copy_weights:
+        for name in info.weight_files:
+            copy_file(source / name, ctx.out_dir / name)
+    else:
+        record = {"source": str(source), "files": {name: _describe(source / name) for name in info.weight_files}}
+        (ctx.out_dir / SOURCE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     summary = {
         "model_type": info.model_type,
         "architecture": info.architecture,
@@ -61,7 +77,7 @@ def _prepare_config_only(ctx: StageContext) -> None:
     source = ctx.model.path
     copied = [name for name in (*_CONFIG_FILES, *_TOKENIZER_FILES) if (source / name).is_file()]
     for name in copied:
-        _link_or_copy(source / name, ctx.out_dir / name)
+        copy_file(source / name, ctx.out_dir / name)
     summary = {"dry_run": True, "model_type": ctx.model.model_type, "architecture": ctx.model.architecture, "files": copied, "source": str(source)}
     (ctx.out_dir / "prepare.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     ctx.notes["dry_run"] = True
@@ -92,9 +108,52 @@ def _check_layers(tensors: dict[str, tuple[int, str]], num_layers: int, source: 
         raise StageError(f"{source}: no embedding tensor (*.embed_tokens.weight) in the weights")
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    # A hard link makes large checkpoints free to prepare; the manifest still hashes the content.
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+SOURCE_RECORD = "source-weights.json"
+
+
+def checkpoint_dir(prepared: Path) -> Path:
+    """The Hugging Face checkpoint directory of a prepare artifact: the artifact itself when it holds
+    the weights, else the source, once its weight files are checked against the record (through the
+    hash cache: a stat per file unless one changed) and its configs against the artifact's copies."""
+    record_path = prepared / SOURCE_RECORD
+    if not record_path.is_file():
+        return prepared
+    record = json.loads(record_path.read_text())
+    source = Path(record["source"])
+    hashes = file_hashes()
+    changed = []
+    for name, entry in record["files"].items():
+        path = source / name
+        if not path.is_file():
+            changed.append(f"{name} is gone")
+        elif path.stat().st_size != entry["size"] or hashes.sha256(path) != entry["sha256"]:
+            changed.append(f"{name} changed")
+    for copied in sorted(prepared.iterdir()):
+        original = source / copied.name
+        if copied.name not in (SOURCE_RECORD, "prepare.json", MANIFEST) and copied.is_file():
+            if not original.is_file() or hashes.sha256(original) != hashes.sha256(copied):
+                changed.append(f"{copied.name} changed")
+    if changed:
+        raise StageError(
+            f"the source checkpoint {source} changed since it was prepared: {'; '.join(changed)}",
+            hint="run again: the plan sees the new content and prepares it anew (or set model.copy_weights: true to keep a copy)",
+        )
+    return source
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """A copy that shares no inode with `src`: a reflink (copy-on-write clone) where the file system
+    makes one, else an in-kernel copy."""
+    with open(src, "rb") as reader, open(dst, "wb") as writer:
+        try:
+            fcntl.ioctl(writer.fileno(), _FICLONE, reader.fileno())
+        except OSError:
+            shutil.copyfileobj(reader, writer, 1 << 24)
+    shutil.copystat(src, dst)
+
+
+_FICLONE = 0x40049409  # linux/fs.h: clone a whole file (btrfs, XFS with reflink, ...)
+
+
+def _describe(path: Path) -> dict:
+    return {"size": path.stat().st_size, "sha256": file_hashes().sha256(path)}

@@ -21,6 +21,7 @@ from pipeline.backends.quantize_runners import (
     request_from_spec,
 )
 from pipeline.stages.base import StageContext
+from pipeline.stages.prepare import checkpoint_dir
 
 __all__ = ["CHECKPOINT_DIR", "UNIFIED_HF_DIR", "run"]
 
@@ -30,7 +31,7 @@ def run(ctx: StageContext) -> None:
     route = quantize_route(spec)
     # A dry run's files name the final artifact directory (run later on a GPU host); a real job names the one it ran in.
     artifact_dir = (ctx.final_dir or ctx.out_dir) if route == "dry-run" else ctx.out_dir
-    request = request_from_spec(spec, ctx.upstream["prepare"].path, artifact_dir, result_file=route != IN_PROCESS)
+    request = request_from_spec(spec, checkpoint_dir(ctx.upstream["prepare"].path), artifact_dir, result_file=route != IN_PROCESS)
     if route == IN_PROCESS:
         from pipeline.backends.quantize_job import run_job
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.bench.workload import FIRST_TOKEN_ID, geometric_length, make_prefix_workload, make_workload
+from pipeline.stages.prepare import checkpoint_dir
 from tests.conftest import BUILD_CONFIGS, DEFAULT_MODEL
 
 VOCAB = 4096
@@ -75,7 +76,7 @@ def built_default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     loaded = load_config(config, ())
     results = {r.name: r for r in run_pipeline(loaded, ArtifactStore(root / "artifacts", loaded.spec.name),
                                                  console=Console(quiet=True))}
-    return results["build"].ref.path / "engine", results["prepare"].ref.path
+    return results["build"].ref.path / "engine", checkpoint_dir(results["prepare"].ref.path)
 
 
 @pytest.mark.slow
