@@ -56,7 +56,10 @@ class ArtifactStore:
         if not path.is_dir():
             return None
         manifest = read_manifest(path)
-        verify(path, manifest)
+        try:
+            verify(path, manifest)
+        except FileNotFoundError as error:  # deleted while it was being read (e.g. by another command)
+            raise ArtifactError(f"{path}: {error.filename or 'a file'} vanished while it was verified") from None
         self._verified[path] = ArtifactRef(stage.name, stage.digest, path, manifest)
         return self._verified[path]
 

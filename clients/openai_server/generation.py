@@ -31,8 +31,8 @@ class ChoicePlan:
     """One Triton request: `sampling` holds the other GenerationRequest fields (temperature, seed, …).
 
     With `prompt_ids`, the choice goes to the LLM model directly (llm_path.py): token-id prompts,
-    `top_logprobs` alternatives per token, the prompt's log-probs (`prompt_logprobs`) and
-    `max_tokens` 0 need it; `prompt` is then the prompt's text as echoed.
+    `top_logprobs` alternatives per token, the prompt's log-probs (`prompt_logprobs`), `logit_bias`
+    and `max_tokens` 0 need it; `prompt` is then the prompt's text as echoed.
     """
 
     index: int
@@ -44,6 +44,7 @@ class ChoicePlan:
     prompt_ids: tuple[int, ...] = ()
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): TensorRT-LLM's embedding_bias
 
     @property
     def direct(self) -> bool:

@@ -1,6 +1,7 @@
 """Choices answered by the `tensorrt_llm` model directly instead of the ensemble: token-id prompts
 (the ensemble takes text), prompt log-probs (`echo` with `logprobs`: TensorRT-LLM's
-`context_logits`), the top-N alternatives of each token (`generation_logits`) and `max_tokens` 0.
+`context_logits`), the top-N alternatives of each token (`generation_logits`), `logit_bias` (its
+`embedding_bias`, [1, vocab], added to the logits before sampling) and `max_tokens` 0.
 
 The front end does what the ensemble's preprocessing and postprocessing would, with the same
 tokenizer class and settings: a text prompt is encoded with the preprocessing's
@@ -91,6 +92,11 @@ def llm_request(plan: "ChoicePlan", tokenizer: PromptTokenizer) -> tuple[list[An
     if plan.top_logprobs:
         values["return_generation_logits"] = ("BOOL", [True])
         outputs.append("generation_logits")
+    if plan.logit_bias:  # [1, vocab] as preprocessing builds it from embedding_bias_words
+        row = [0.0] * tokenizer.vocab_size
+        for token_id, bias in plan.logit_bias:
+            row[token_id] = bias
+        values["embedding_bias"] = ("FP32", row)
     inputs = []
     for name, (datatype, row) in values.items():
         array = np.array([row], dtype=_NUMPY[datatype])

@@ -8,8 +8,8 @@ limits), so FastAPI cannot see them: each POST route names its body with `reques
 The documented bodies are what this server accepts, not all that OpenAI's API defines: on top of
 the validators, they say what `planning` refuses field by field (`planning_rules`): another
 `model` than the served one (404), `n`, prompts or `max_tokens` beyond this server's limits, and
-the features the engine cannot honour (tools, tool messages, `logit_bias`, `suffix`, `logprobs`
-above 0, …; 400 `unsupported_parameter`). What depends on several fields (the prompt's length
+the features the engine cannot honour (tools, tool messages, `suffix`, alternatives on an engine
+without logits, …; 400 `unsupported_parameter`). What depends on several fields (the prompt's length
 against the context, `best_of` = n, `stream_options` without `stream`) is only described. Every
 refused value still gets its 4xx, so a fuzzer's invalid data is refused as it expects. Error
 answers all have `ErrorResponse`'s shape. FastAPI's automatic 422 is dropped: this app answers a
@@ -80,7 +80,14 @@ def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
             "anyOf": [stop, {"type": "array", "items": stop, "maxItems": MAX_STOP_SEQUENCES}, {"type": "null"}],
             "description": f"Up to {MAX_STOP_SEQUENCES} non-empty sequences; the answer ends before the first occurrence.",
         },
-        "logit_bias": _nullable({"type": "object", "maxProperties": 0}, none),
+        "logit_bias": _nullable(
+            {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]+$"},
+                "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            },
+            f"Token id (0..{context.tokenizer.vocab_size - 1}, as a string) → bias added to its logit before sampling, -100..100.",
+        ),
     }
     return {
         "CompletionRequest": {

@@ -12,7 +12,7 @@ and the `top_k` extension. With `seed`, the `i`-th of the `n` choices of a promp
 completions and to the rest of the context for chat completions.
 
 Token-id prompts, top-N alternatives (`logprobs` ≥ 1, `top_logprobs` ≥ 1), the prompt's log-probs
-(`echo` with `logprobs`) and `max_tokens` 0 (only with `echo`) make a choice direct: it goes to the
+(`echo` with `logprobs`), `logit_bias` and `max_tokens` 0 (only with `echo`) make a choice direct: it goes to the
 LLM model itself (llm_path.py). Token ids must lie in the tokenizer's vocabulary. Engines built
 without context / generation logits refuse the requests that need them, by name.
 """
@@ -70,6 +70,7 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
         raise bad_request("max_tokens 0 is only allowed with echo (the prompt, and its log-probs, with nothing generated)", param="max_tokens", code="invalid_value")
     prompt_logprobs = echo and wants_logprobs
     _check_logits(context, prompt_logprobs=prompt_logprobs, top=top, param="logprobs")
+    bias = _logit_bias(request, context)
     prompts = request.prompts()
     choices: list[ChoicePlan] = []
     total_prompt_tokens = 0
@@ -79,11 +80,11 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
         text, ids = _completion_prompt(prompt, context)
         total_prompt_tokens += len(ids)
         max_tokens = _max_tokens(request.max_tokens if explicit else None, len(ids), context, default=16 if not explicit else None, allow_zero=echo)
-        direct = isinstance(prompt, list) or prompt_logprobs or top > 0 or max_tokens == 0
+        direct = isinstance(prompt, list) or prompt_logprobs or top > 0 or max_tokens == 0 or bias
         for sample in range(n):
             choice = _choice(request, len(choices), text, max_tokens, wants_logprobs, sample)
             if direct:
-                choice = dataclasses.replace(choice, prompt_ids=tuple(ids), top_logprobs=top, prompt_logprobs=prompt_logprobs)
+                choice = dataclasses.replace(choice, prompt_ids=tuple(ids), top_logprobs=top, prompt_logprobs=prompt_logprobs, logit_bias=bias)
             choices.append(choice)
     echoed = tuple(choice.prompt for choice in choices) if echo else ()
     return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed, top)
@@ -99,6 +100,7 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
     top = request.top_logprobs or 0
     _check_logits(context, prompt_logprobs=False, top=top, param="top_logprobs")
+    bias = _logit_bias(request, context)
     if request.max_tokens is not None and request.max_completion_tokens is not None and request.max_tokens != request.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens differ; give one of them", param="max_completion_tokens")
     messages = []
@@ -118,8 +120,8 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
     n = request.n or 1
     _check_choice_count(n, 1, context.max_n)
     choices = tuple(_choice(request, index, prompt, max_tokens, bool(request.logprobs), index) for index in range(n))
-    if top:
-        choices = tuple(dataclasses.replace(choice, prompt_ids=tuple(prompt_ids), top_logprobs=top) for choice in choices)
+    if top or bias:
+        choices = tuple(dataclasses.replace(choice, prompt_ids=tuple(prompt_ids), top_logprobs=top, logit_bias=bias) for choice in choices)
     return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs), top_logprobs=top)
 
 
@@ -129,10 +131,25 @@ def _check_common(request: _Sampling, context: Context) -> None:
         raise model_not_found(request.model)
     if request.stream_options is not None and not request.stream:
         raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
-    if request.logit_bias:
-        raise unsupported("logit_bias", "logit_bias is not supported")
     if any(not stop for stop in request.stop_sequences()):
         raise bad_request("stop sequences must not be empty strings", param="stop")
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 (ban) .. 100 (force)
+
+
+def _logit_bias(request: _Sampling, context: Context) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias` ({"token id": bias}) as (token id, bias) pairs, each checked."""
+    pairs = []
+    vocab = context.tokenizer.vocab_size
+    for key, bias in (request.logit_bias or {}).items():
+        if not key.isdigit() or int(key) >= vocab:
+            raise bad_request(f"logit_bias key {key!r} is not a token id of this model's vocabulary (0..{vocab - 1})", param="logit_bias", code="invalid_value")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise bad_request(f"logit_bias value {bias} for token {key} is outside -100..100", param="logit_bias", code="invalid_value")
+        if bias:
+            pairs.append((int(key), float(bias)))
+    return tuple(pairs)
 
 
 def _check_choice_count(n: int, prompts: int, max_n: int) -> None:

@@ -79,3 +79,20 @@ LLM_TO_CLIENT = {
     "num_input_tokens": "num_input_tokens",
     "num_output_tokens": "num_output_tokens",
 }
+
+
+# A request flag → the tensorrt_llm output that answers it (the BLS passes both through).
+_FIGURE_OUTPUTS = {
+    "return_perf_metrics": "kv_cache_alloc_new_blocks",
+    "return_num_input_tokens": "num_input_tokens",
+    "return_num_output_tokens": "num_output_tokens",
+}
+
+
+def figures_not_given(llm_inputs, tensors, requested) -> str | None:
+    """The first flag the client set, whose output it asked for, that the LLM's response lacks."""
+    for flag, output in _FIGURE_OUTPUTS.items():
+        asked = flag in llm_inputs and bool(llm_inputs[flag].reshape(-1)[0]) and output in requested
+        if asked and output not in tensors:
+            return flag
+    return None

@@ -21,7 +21,7 @@ import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, LORA_CLIENT_TO_LLM, PREPROCESSING_TO_LLM
+from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, LORA_CLIENT_TO_LLM, PREPROCESSING_TO_LLM, figures_not_given
 from deferred_release import DeferredRelease
 from incremental_detokenizer import CONTEXT_TOKENS
 from model_parameters import ModelParameters
@@ -145,6 +145,10 @@ class TritonPythonModel:
                 tensors = {t.name(): t.as_numpy() for t in llm_response.output_tensors()}
                 if "output_ids" not in tensors or cancelled.is_set():
                     continue
+                if not history and (refused := figures_not_given(llm_inputs, tensors, requested)):
+                    self._stop(llm_request_id)
+                    self._watcher.forget(channel)
+                    raise BadRequest(f"{refused}: the {self._llm} model returned none of these figures, so the BLS cannot either")
                 index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
                 tokens = history.setdefault(index, list(context))
                 length = int(tensors["sequence_length"].reshape(-1)[0])

@@ -203,6 +203,17 @@ def test_top_logprobs_are_sorted_alternatives_of_each_token(oai):
         assert item.logprob == pytest.approx(item.top_logprobs[0].logprob)
 
 
+def test_logit_bias_forces_and_bans_tokens(oai, encode):
+    forced = encode("import os\n")[-1]
+    answer = oai.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=0, logit_bias={str(forced): 100})
+    assert answer.usage.completion_tokens == 4 and len(set(answer.choices[0].logprobs.tokens)) == 1
+    plain = oai.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1, temperature=0, logprobs=1).choices[0]
+    [first] = plain.logprobs.top_logprobs[0]
+    banned = encode(PROMPTS[0] + plain.text)[len(encode(PROMPTS[0])):][:1]
+    again = oai.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1, temperature=0, logit_bias={str(banned[0]): -100}).choices[0]
+    assert again.text != plain.text and first
+
+
 # -- bad inputs --------------------------------------------------------------------------------------
 BAD_REQUESTS = [
     ("completions", b'{"model": "tiny-cpu", "prompt": ', 400, "invalid_json"),

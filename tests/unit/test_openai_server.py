@@ -232,7 +232,6 @@ def test_greedy_sends_only_temperature_zero_and_extensions_pass_through(context)
         (lambda: completion(logprobs=0, echo=True), "echo"),
         (lambda: completion(suffix="x"), "suffix"),
         (lambda: completion(best_of=3), "best_of"),
-        (lambda: completion(logit_bias={"1": 5}), "logit_bias"),
         (lambda: chat(logprobs=True, top_logprobs=2), "top_logprobs"),
         (lambda: chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
         (lambda: chat(response_format={"type": "json_object"}), "response_format"),
@@ -244,6 +243,22 @@ def test_what_the_engine_cannot_do_is_refused_with_the_reason(context, make, par
     plan = plan_chat if isinstance(request, ChatCompletionRequest) else plan_completion
     error = refusal(lambda: plan(request, context))
     assert (error.status, error.param, error.code) == (400, param, "unsupported_parameter")
+
+
+@pytest.mark.parametrize("bias", [{"x": 5}, {"-1": 5}, {"4096": 5}, {"7": 101}, {"7": -100.5}])
+def test_a_logit_bias_outside_the_vocabulary_or_range_is_a_400_naming_it(context, bias):
+    error = refusal(lambda: plan_completion(completion(logit_bias=bias), context))
+    assert (error.status, error.param, error.code) == (400, "logit_bias", "invalid_value")
+
+
+def test_logit_bias_goes_to_the_llm_model_as_its_embedding_bias(tokenizer):
+    app = create_app(ServerSettings("127.0.0.1:1", MODEL), tokenizer=tokenizer)
+    with TestClient(app) as client:
+        app.state.triton = triton = FakeTriton(echo_words)
+        answer = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logit_bias": {"42": -100, "7": 3.5, "9": 0}})
+        assert answer.status_code == 200, answer.text
+        row = triton.calls[-1].values["embedding_bias"]
+        assert row.shape == (tokenizer.vocab_size,) and row[42] == -100 and row[7] == 3.5 and row.sum() == -96.5
 
 
 def test_stream_options_need_stream_and_logprobs_zero_is_served(context):

@@ -780,3 +780,13 @@ def test_bls_wiring_equals_the_ensemble_wiring(model_code):
     assert client_contract.CLIENT_TO_LLM == contract.CLIENT_TO_LLM
     assert client_contract.LLM_TO_CLIENT == contract.LLM_TO_CLIENT
     assert client_contract.LORA_CLIENT_TO_LLM == contract.LORA_CLIENT_TO_LLM
+
+
+def test_the_bls_names_a_figure_its_llm_model_did_not_return(model_code):
+    from client_contract import figures_not_given
+
+    asked = {"return_perf_metrics": np.array([[True]]), "return_num_output_tokens": np.array([[False]])}
+    requested = {"kv_cache_alloc_new_blocks", "num_output_tokens", "text_output"}
+    assert figures_not_given(asked, {"output_ids": 1}, requested) == "return_perf_metrics"
+    assert figures_not_given(asked, {"output_ids": 1, "kv_cache_alloc_new_blocks": 1}, requested) is None
+    assert figures_not_given(asked, {"output_ids": 1}, {"text_output"}) is None  # not asked for as an output

@@ -81,3 +81,38 @@ def test_copy_weights_makes_a_self_contained_artifact(tmp_path):
     shutil.rmtree(source)  # the artifact no longer needs it
     assert json.loads((prepared / "prepare.json").read_text())["num_parameters"] > 0
     assert os.path.getsize(copied) > 0
+
+
+def test_a_model_directory_replaced_by_a_symlink_to_another_model_is_prepared_anew(tmp_path):
+    source, loaded, store = _setup(tmp_path)
+    first = {r.name: r for r in run_pipeline(loaded, store, until="prepare", console=Console(quiet=True))}["prepare"]
+    other = tmp_path / "other-model"
+    shutil.copytree(source, other)
+    config = json.loads((other / "generation_config.json").read_text())
+    (other / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.25}))
+    shutil.rmtree(source)
+    source.symlink_to(other, target_is_directory=True)
+    again = load_config(tmp_path / "tiny.yaml")
+    second = {r.name: r for r in run_pipeline(again, ArtifactStore(tmp_path / "artifacts", again.spec.name), until="prepare", console=Console(quiet=True))}["prepare"]
+    assert second.outcome == "built" and second.ref.path != first.ref.path
+    assert checkpoint_dir(second.ref.path) == source
+
+
+def test_an_artifact_deleted_while_it_is_verified_is_reported_not_a_crash(tmp_path, monkeypatch):
+    import pipeline.artifacts as artifacts
+
+    source, loaded, store = _setup(tmp_path)
+    [result] = run_pipeline(loaded, store, until="prepare", console=Console(quiet=True))
+    real = artifacts.differences
+
+    def deleting(path, manifest, **options):
+        shutil.rmtree(path)  # as another command's cleanup might, mid-verification
+        return real(path, manifest, **options)
+
+    monkeypatch.setattr(artifacts, "differences", deleting)
+    from pipeline.runner import artifact_state
+
+    from pipeline.runner import make_plan
+
+    state = artifact_state(ArtifactStore(tmp_path / "artifacts", loaded.spec.name), make_plan(loaded).stage("prepare"))
+    assert state.startswith("corrupt:"), state  # what `status` shows; never an internal error
