@@ -59,3 +59,19 @@ def test_verify_rereads_every_artifact_and_names_what_differs(tmp_path, capsys):
     assert "rank0.safetensors: SHA-256 differs" in err
     assert main(["--artifacts", artifacts, "status", config]) == 0
     assert "corrupt" in capsys.readouterr().out  # the hash cache saw the write, mtime put back or not
+
+
+def test_two_runs_of_one_config_with_different_overrides_at_once_both_finish(tmp_path):
+    import subprocess
+    import sys
+
+    config = str(REPO / "build_configs" / "tiny-cpu.yaml")
+    command = [sys.executable, "-m", "pipeline", "--artifacts", str(tmp_path / "artifacts"), "run", config, "--until", "build"]
+    runs = [subprocess.Popen([*command, "--set", f"build.max_seq_len={length}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for length in (900, 1000)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    builds = sorted((tmp_path / "artifacts" / "tiny-cpu").glob("build-*"))
+    assert len(builds) == 2  # one engine per max_seq_len, the shared stages built once
+    assert len(list((tmp_path / "artifacts" / "tiny-cpu").glob("prepare-*"))) == 1
+    assert not list((tmp_path / "artifacts" / "tiny-cpu").glob(".tmp-*"))
