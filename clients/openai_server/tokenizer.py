@@ -4,9 +4,10 @@ Counting uses the served preprocessing model's own tokenizer class (model_repo's
 `tokenizers` on `tokenizer.json`, `add_special_tokens` as its parameter says; transformers'
 AutoTokenizer for a directory without tokenizer.json), so `usage.prompt_tokens` is the length of
 the `input_ids` the engine receives, and requests that go to the `tensorrt_llm` model directly
-(token-id prompts, log-probs from logits) are encoded and decoded exactly as the ensemble would. When the tokenizer has a chat template (`chat_template` in
-tokenizer_config.json, or chat_template.jinja / chat_template.json), transformers' AutoTokenizer
-is loaded once, up front, to render it.
+(token-id prompts, log-probs from logits) are encoded and decoded exactly as the ensemble would.
+When the tokenizer has a chat template (`chat_template` in tokenizer_config.json, or
+chat_template.jinja / chat_template.json), transformers' AutoTokenizer is loaded once, up front,
+to render it.
 """
 
 from __future__ import annotations
