@@ -106,7 +106,7 @@ def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
             "best_of": _nullable({"type": "integer", "minimum": 1}, "1 or n: more candidates than answers are not supported."),
             "echo": _nullable(
                 {"type": "boolean"},
-                "The prompt before the answer; with `logprobs`, the prompt tokens' log-probs too (not streamed)"
+                "The prompt before the answer; with `logprobs`, the prompt tokens' log-probs too. Not with `stream`"
                 + ("" if context.model.context_logits else "; this engine returns none: not with `logprobs`") + ".",
             ),
         },

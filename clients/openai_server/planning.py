@@ -63,8 +63,8 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
     wants_logprobs = request.logprobs is not None
     top = request.logprobs or 0
     echo = bool(request.echo)
-    if echo and wants_logprobs and request.stream:
-        raise bad_request("echo with logprobs cannot be streamed: the prompt's log-probs come in one piece; send stream false", param="echo")
+    if echo and request.stream:
+        raise bad_request("echo is not supported with stream: the prompt (and its log-probs) comes in one piece; send stream false", param="echo")
     explicit = "max_tokens" in request.model_fields_set
     if explicit and request.max_tokens == 0 and not echo:
         raise bad_request("max_tokens 0 is only allowed with echo (the prompt, and its log-probs, with nothing generated)", param="max_tokens", code="invalid_value")

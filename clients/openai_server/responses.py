@@ -126,10 +126,9 @@ class Answer:
             if event.finish_reason is not None:
                 out.append(self._chunk({"index": event.index, "delta": {}, "logprobs": None, "finish_reason": event.finish_reason}))
             return out
-        echo = self.plan.echo[event.index] if first and self.plan.echo else ""
-        if echo or event.text or event.logprobs or event.finish_reason is not None:
+        if event.text or event.logprobs or event.finish_reason is not None:  # (echo is never streamed: planning)
             logprobs = completion_logprobs(event.logprobs).model_dump(mode="json") if self.plan.logprobs else None
-            out.append(self._chunk({"index": event.index, "text": echo + event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}))
+            out.append(self._chunk({"index": event.index, "text": event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}))
         return out
 
     def closing(self) -> list[bytes]:

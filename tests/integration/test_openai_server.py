@@ -231,6 +231,7 @@ BAD_REQUESTS = [
     ("chat/completions", b'{"model": "tiny-cpu", "messages": "hello"}', 400, "invalid_type"),
     ("completions", b'{"model": "tiny-cpu", "prompt": "x", "logprobs": 6}', 400, "invalid_value"),
     ("completions", b'{"model": "tiny-cpu", "prompt": "x", "echo": true, "logprobs": 1, "stream": true}', 400, None),
+    ("completions", b'{"model": "tiny-cpu", "prompt": "x", "echo": true, "stream": true}', 400, None),
     ("completions", b'{"model": "tiny-cpu", "prompt": [1, 4096]}', 400, "invalid_value"),
     ("completions", b'{"model": "tiny-cpu", "prompt": [1, -5]}', 400, "invalid_value"),
     ("completions", b'{"model": "tiny-cpu", "prompt": [[1, 2], []]}', 400, "invalid_value"),

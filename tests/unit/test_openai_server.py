@@ -464,9 +464,11 @@ def test_chat_stream_has_role_content_finish_usage_and_done(app_client, tokenize
 
 def test_completion_stream_without_usage_has_no_usage_field(app_client):
     client, _ = app_client(echo_words)
-    response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": True, "echo": True})
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": True})
     events = sse_events(response.text)
-    assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in events] == [("x w", None), (" w", None), ("", "length")]
+    assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in events] == [(" w", None), (" w", None), ("", "length")]
+    refused = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": True, "echo": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
     assert not any("usage" in event for event in events)
 
 
