@@ -66,7 +66,7 @@ class _RequestState:
     first_token_time_ns: int | None = None
     last_token_time_ns: int | None = None
     context_logits: torch.Tensor | None = None  # [prompt, vocab], filled as the prompt is computed
-    context_rows_missing: int = 0
+    context_rows_filled: int = 0  # rows 0.. filled: the prompt is computed in order (no cached prefix)
 
     @property
     def finished(self) -> bool:
@@ -93,14 +93,13 @@ class _RequestState:
         prompt_length = len(self.prompt_token_ids)
         if self.context_logits is None:
             self.context_logits = torch.empty((prompt_length, rows.shape[-1]), dtype=torch.float32)
-            self.context_rows_missing = prompt_length
         end = min(prompt_length, first_position + rows.shape[0])
         if first_position < end:
             self.context_logits[first_position:end] = rows[: end - first_position]
-            self.context_rows_missing = max(0, self.context_rows_missing - (end - first_position))
+            self.context_rows_filled = max(self.context_rows_filled, end)
 
     def _complete_context_logits(self) -> torch.Tensor | None:
-        return None if self.context_rows_missing else self.context_logits
+        return self.context_logits if self.context_rows_filled == len(self.prompt_token_ids) else None
 
     def snapshot(self, block_counts: tuple[int, int]) -> RequestOutput:
         with_logprobs = self.params.logprobs is not None

@@ -69,3 +69,15 @@ def test_generation_logits_stream_one_row_per_new_token_and_match_logprobs(engin
 def test_logit_flags_must_be_booleans():
     with pytest.raises(InvalidRequestError, match="return_context_logits"):
         SamplingParams(return_context_logits=1)
+
+
+def test_a_recomputed_chunk_does_not_count_twice_towards_complete_context_logits():
+    from refengine.engine import _RequestState
+
+    state = _RequestState("r", tuple(range(32)), SamplingParams(return_context_logits=True), [])
+    rows = torch.ones((16, 8))
+    state.add_context_logits(0, rows)
+    state.add_context_logits(0, rows)  # the same chunk again, after a preemption
+    assert state._complete_context_logits() is None
+    state.add_context_logits(16, rows * 2)
+    assert state._complete_context_logits().shape == (32, 8)
