@@ -14,19 +14,17 @@ from pipeline.config.loader import LoadedConfig, format_issues
 from pipeline.errors import ArtifactError, PipelineError, SpecError, StageError
 from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
-from pipeline.plan import EnvFacts, Plan, StagePlan, plan
+from pipeline.plan import STAGE_DEFS, EnvFacts, Plan, StagePlan, plan
 from pipeline.preflight import preflight
+from pipeline.sources import model_repo_sources, package_dir
 from pipeline.stages.base import StageContext, StageFn
 from pipeline.tools import tool_versions
-
-STAGES = ("prepare", "quantize", "build", "gate", "package", "slo", "deploy")
-
 
 def stage_function(name: str) -> StageFn:
     """`pipeline.stages.<name>.run`, imported when a stage runs (they import torch, ModelOpt, ...)."""
     import importlib
 
-    if name not in STAGES:
+    if name not in {definition.name for definition in STAGE_DEFS}:
         raise KeyError(name)
     return importlib.import_module(f"pipeline.stages.{name}").run
 
@@ -65,25 +63,14 @@ def _lora_fingerprint(spec) -> str:
 
 def _model_repo_fingerprint() -> str:
     """The model code a repository carries and the code that renders it (which files go where)."""
-    import importlib.util
-
-    # Located, not imported (rendering imports tritonclient and Jinja2; `plan` needs neither).
-    render_dir = Path(importlib.util.find_spec("pipeline.render").origin).parent
-    model_repo = render_dir.parents[1] / "model_repo"  # as pipeline.render.repository.model_repo_sources finds it
-    if not (model_repo / "templates").is_dir():
-        from pipeline.render.repository import model_repo_sources  # its error says what is missing
-
-        model_repo = model_repo_sources()
-    parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in (model_repo, render_dir)]
+    roots = (model_repo_sources(), package_dir("pipeline.render"))
+    parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in roots]
     return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
 def _project_fingerprint() -> str:
     """The project's packages and build files, as the deploy stage copies them into the cpu image."""
-    import importlib.util
-
-    # Located, not imported: the fingerprint reads their files.
-    roots = [Path(importlib.util.find_spec(name).origin).parent for name in ("pipeline", "refengine", "clients")]
+    roots = [package_dir(name) for name in ("pipeline", "refengine", "clients")]  # located, not imported
     parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in roots] + [_model_repo_fingerprint()]
     source_root = roots[0].parent
     parts += [_file_fingerprint(source_root / name) for name in ("pyproject.toml", "constraints.txt")]

@@ -26,6 +26,7 @@ from pipeline.render.engine_facts import EngineFacts, engine_facts, read_engine_
 from pipeline.render.llm_parameters import cpu_parameters, engine_parameters
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
+from pipeline.sources import model_repo_sources
 
 CONFIG_FILE = "config.pbtxt"
 VERSION_DIR = "1"
@@ -63,18 +64,6 @@ class ConfigPaths:
 
     engine_dir: str
     tokenizer_dir: str
-
-
-def model_repo_sources() -> Path:
-    """The `model_repo/` directory next to the `pipeline` package (templates and Python model code):
-    the checkout's in an editable install, the installed copy (package data) otherwise."""
-    root = Path(__file__).resolve().parents[2] / "model_repo"
-    if not (root / "templates").is_dir() or not (root / "python").is_dir():
-        raise StageError(
-            f"{root} with templates/ and python/ is missing; the package stage needs the project's model_repo/ sources",
-            hint="reinstall trtllm-pipeline (its wheel carries model_repo/) or run from a source checkout (pip install -e .)",
-        )
-    return root
 
 
 def render_model_repository(
