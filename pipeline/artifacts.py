@@ -56,10 +56,7 @@ class ArtifactStore:
         if not path.is_dir():
             return None
         manifest = read_manifest(path)
-        try:
-            verify(path, manifest)
-        except FileNotFoundError as error:  # deleted while it was being read (e.g. by another command)
-            raise ArtifactError(f"{path}: {error.filename or 'a file'} vanished while it was verified") from None
+        verify(path, manifest)
         self._verified[path] = ArtifactRef(stage.name, stage.digest, path, manifest)
         return self._verified[path]
 
@@ -188,11 +185,14 @@ def differences(path: Path, manifest: dict[str, Any], *, full: bool = False, fir
     for rel, entry in recorded.items():
         if rel in missing:
             continue
-        size = (path / rel).stat().st_size
-        if size != entry["size"]:
-            problems.append(f"{path / rel}: size {size} differs from the manifest's {entry['size']}")
-        elif (hashes.rehash(path / rel) if full else hashes.sha256(path / rel)) != entry["sha256"]:
-            problems.append(f"{path / rel}: SHA-256 differs from the manifest (the file was changed after it was written)")
+        try:
+            size = (path / rel).stat().st_size
+            if size != entry["size"]:
+                problems.append(f"{path / rel}: size {size} differs from the manifest's {entry['size']}")
+            elif (hashes.rehash(path / rel) if full else hashes.sha256(path / rel)) != entry["sha256"]:
+                problems.append(f"{path / rel}: SHA-256 differs from the manifest (the file was changed after it was written)")
+        except FileNotFoundError:  # deleted while it was being read (e.g. by another command)
+            problems.append(f"{path / rel}: vanished while it was verified")
         if problems and first_only:
             return problems
     return problems

@@ -42,7 +42,6 @@ class Plan:
     include_usage: bool
     logprobs: bool
     echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
-    top_logprobs: int = 0  # most likely alternatives per token, with logprobs
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
                 choice = dataclasses.replace(choice, prompt_ids=tuple(ids), top_logprobs=top, prompt_logprobs=prompt_logprobs, logit_bias=bias)
             choices.append(choice)
     echoed = tuple(choice.prompt for choice in choices) if echo else ()
-    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed, top)
+    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed)
 
 
 def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
@@ -122,7 +121,7 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
     choices = tuple(_choice(request, index, prompt, max_tokens, bool(request.logprobs), index) for index in range(n))
     if top or bias:
         choices = tuple(dataclasses.replace(choice, prompt_ids=tuple(prompt_ids), top_logprobs=top, logit_bias=bias) for choice in choices)
-    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs), top_logprobs=top)
+    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs))
 
 
 # -- shared checks ----------------------------------------------------------------------------
@@ -170,8 +169,9 @@ def _check_logits(context: Context, *, prompt_logprobs: bool, top: int, param: s
         )
     if top and not context.model.generation_logits:
         raise unsupported(
-            param, f"{param} {top} needs the engine's generation logits, and this engine was built without them "
-            "(build.gather_generation_logits); ask for the sampled token's log-probability only (0)",
+            param, f"{param} {top} needs the engine's generation logits, and this model repository does not declare them "
+            "(gather_generation_logits: a repository packaged before they were; package it again); ask for the sampled "
+            "token's log-probability only (0)",
         )
 
 

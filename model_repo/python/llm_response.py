@@ -7,8 +7,8 @@ incremental detokenization, see incremental_detokenizer.py). On request, TensorR
 metrics (refengine's own timestamps and KV block counts; no speculation, so the draft figures
 are 0) and token counts, each [1, 1]: num_input_tokens is the prompt's length, num_output_tokens
 the tokens generated so far. TensorRT-LLM's logits, float32: context_logits [1, prompt, vocab]
-(streamed: with the first response and the final one; else with the one response) and generation_logits [1, beams, T, vocab]
-for the T output tokens the response carries.
+(streamed: with the first response and the final one; else with the one response) and
+generation_logits [1, beams, T, vocab] for the T output tokens the response carries.
 
 Streamed responses carry the tokens generated since the previous response; the final
 non-streamed response carries the whole output (prompt first unless excluded).
@@ -30,7 +30,7 @@ def streamed_arrays(
     request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None, context_logits=None
 ) -> Arrays:
     """The response for the tokens `completion` gained since the previous one (`context_logits`:
-    the request's, for the first response only)."""
+    the request's, when this response carries them)."""
     new_ids = list(completion.new_token_ids)
     earlier = list(request.prompt_ids) + list(completion.token_ids[: len(completion.token_ids) - len(new_ids)])
     arrays = _arrays(request, completion, new_ids, earlier[-CONTEXT_TOKENS:], len(new_ids), metrics)

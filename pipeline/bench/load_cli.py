@@ -88,6 +88,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sweep_options(args: argparse.Namespace) -> Any:
+    from clients.loadgen import SloLimits
     from pipeline.bench.load_bench import SweepOptions
 
     try:
@@ -103,16 +104,10 @@ def sweep_options(args: argparse.Namespace) -> Any:
         requests_per_point=args.requests or 32,
         warmup=4 if args.warmup is None else args.warmup,
         duration_s=args.duration,
-        slo=_slo_limits()(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, e2e_ms=args.slo_e2e_ms),
+        slo=SloLimits(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, e2e_ms=args.slo_e2e_ms),
         poisson=not args.constant_rate,
         seed=args.seed,
     )
-
-
-def _slo_limits():
-    from clients.loadgen import SloLimits
-
-    return SloLimits
 
 
 def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list["LoadRequest"], str]:

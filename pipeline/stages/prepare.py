@@ -147,8 +147,11 @@ def copy_file(src: Path, dst: Path) -> None:
     with open(src, "rb") as reader, open(dst, "wb") as writer:
         try:
             fcntl.ioctl(writer.fileno(), _FICLONE, reader.fileno())
+            cloned = True
         except OSError:
-            shutil.copyfileobj(reader, writer, 1 << 24)
+            cloned = False
+    if not cloned:
+        shutil.copyfile(src, dst)  # copy_file_range / sendfile on Linux
     shutil.copystat(src, dst)
 
 
