@@ -81,6 +81,19 @@ def _only_the_ensemble_stuck(log_text: str) -> bool:
 
 
 @contextlib.contextmanager
+def serving_repository(repository: Path, workspace: Path, *, allow_stuck_ensemble: bool = False):
+    """`running_server` for a packaged repository on free loopback ports, with the deploy defaults."""
+    from pipeline.config.spec import DeploySpec
+    from pipeline.serve import ServerOptions
+
+    http_port, grpc_port, metrics_port = free_ports(3)
+    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    options = ServerOptions.from_deploy(deploy, repository, exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
+    with running_server(options, workspace, allow_stuck_ensemble=allow_stuck_ensemble) as server:
+        yield server
+
+
+@contextlib.contextmanager
 def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = False):
     """Start the real tritonserver, wait until every model is ready, yield it; then stop it and check that
     it exited cleanly and left no shared-memory regions or python_env directories behind."""

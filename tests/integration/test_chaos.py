@@ -21,9 +21,7 @@ import tritonclient.grpc as grpcclient
 from clients.loadgen.chaos import ChaosPlan, ChaosTargets
 from clients.openai_server import running_openai_server
 from pipeline.bench.soak import soak
-from pipeline.config.spec import DeploySpec
-from pipeline.serve import ServerOptions
-from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, running_server
+from tests.integration.serving import serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,11 +32,8 @@ PLAN = ChaosPlan(requests=160, concurrency=8, cut_fraction=0.5, max_tokens=(8, 6
 @pytest.fixture(scope="module")
 def served(tiny_cpu, tmp_path_factory):
     paths = tiny_cpu
-    http_port, grpc_port, metrics_port = free_ports(3)
-    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, paths["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
     # Exit 1 with only the ensemble still loaded is Triton 2.51's ensemble race (serving.STUCK_ENSEMBLE): a warning.
-    with running_server(options, tmp_path_factory.mktemp("serve"), allow_stuck_ensemble=True) as server:
+    with serving_repository(paths["repository"], tmp_path_factory.mktemp("serve"), allow_stuck_ensemble=True) as server:
         with running_openai_server(server.options.grpc_url, model_name=MODEL, model_repository=paths["repository"]) as base_url:
             yield server, base_url
 

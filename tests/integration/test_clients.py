@@ -26,9 +26,7 @@ import pytest
 
 from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, RequestError, ServerUnavailableError, TritonLLMClient
 from clients.cli import add_infer_arguments, run_infer
-from pipeline.config.spec import DeploySpec
-from pipeline.serve import ServerOptions
-from tests.integration.serving import REPO, SHUTDOWN_TIMEOUT_S, free_ports, running_server
+from tests.integration.serving import REPO, free_ports, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -87,10 +85,7 @@ def reference(artifacts):
 
 @pytest.fixture(scope="module")
 def server(artifacts, tmp_path_factory):
-    http_port, grpc_port, metrics_port = free_ports(3)
-    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
-    with running_server(options, tmp_path_factory.mktemp("serve")) as triton:
+    with serving_repository(artifacts["repository"], tmp_path_factory.mktemp("serve")) as triton:
         yield triton
 
 

@@ -15,9 +15,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from transformers import AutoTokenizer
 
-from pipeline.config.spec import DeploySpec
-from pipeline.serve import ServerOptions
-from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, running_server
+from tests.integration.serving import serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,10 +31,7 @@ MODELS = ("ensemble", "tensorrt_llm_bls")
 
 @pytest.fixture(scope="module")
 def served(tiny_cpu, tmp_path_factory):
-    http_port, grpc_port, metrics_port = free_ports(3)
-    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, tiny_cpu["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
-    with running_server(options, tmp_path_factory.mktemp("serve")) as server:
+    with serving_repository(tiny_cpu["repository"], tmp_path_factory.mktemp("serve")) as server:
         yield server
 
 

@@ -28,10 +28,9 @@ from clients import TritonLLMClient
 from clients.openai_server import ServedModel, running_openai_server
 from clients.openai_server.templating import plain_chat_prompt
 from model_repo.python.hf_tokenizer import HFTokenizer
-from pipeline.config.spec import DeploySpec
-from pipeline.serve import ServerOptions, ServerState
+from pipeline.serve import ServerState
 from pipeline.serve.process import start_time_ticks
-from tests.integration.serving import CLI, REPO, SHUTDOWN_TIMEOUT_S, free_ports, running_server
+from tests.integration.serving import CLI, REPO, free_ports, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -49,10 +48,7 @@ def artifacts(private_tiny_cpu) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def triton(artifacts, tmp_path_factory):
-    http_port, grpc_port, metrics_port = free_ports(3)
-    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, artifacts["repository"], exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
-    with running_server(options, tmp_path_factory.mktemp("serve")) as server:
+    with serving_repository(artifacts["repository"], tmp_path_factory.mktemp("serve")) as server:
         yield server
 
 
