@@ -21,6 +21,7 @@ from pipeline import tools
 from pipeline.backends.trtllm_build import ENGINE_LORA_DIR, SCRIPT_FILE, TrtllmBuild, render_script
 from pipeline.config.lora_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from pipeline.errors import SpecError, StageError, ToolError
+from refengine.architectures import architecture_for_hf_model_type
 
 RUNNER_KINDS = ("local", "docker", "dry-run")
 ENGINE_CONFIG_FILE = "config.json"
@@ -272,7 +273,9 @@ def derive_pretrained_config(hf: dict[str, Any], build: TrtllmBuild) -> dict[str
     text = hf.get("text_config") or hf
     heads, hidden = int(text["num_attention_heads"]), int(text["hidden_size"])
     model_type = str(hf.get("model_type", "llama"))
-    decoder = "qwen" if model_type.startswith("qwen") else "llama"
+    architecture = architecture_for_hf_model_type(model_type)
+    if architecture is None:  # validation refuses these before any stage runs
+        raise StageError(f"model_type {model_type!r} has no TensorRT-LLM checkpoint layout here")
     s = build.settings
     config: dict[str, Any] = {
         "producer": {"name": "trtllm-pipeline", "note": "dry run: derived from the Hugging Face config.json, no weights"},
@@ -294,17 +297,17 @@ def derive_pretrained_config(hf: dict[str, Any], build: TrtllmBuild) -> dict[str
         "position_embedding_type": "rope_gpt_neox",
         "share_embedding_table": bool(text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))),
         "residual_mlp": False,
-        "bias": bool(text.get("attention_bias", decoder == "qwen")),
+        "bias": bool(text.get("attention_bias", architecture.qkv_bias)),
         "rotary_pct": 1.0,
         "rank": 0,
-        "decoder": decoder,
+        "decoder": architecture.checkpoint_decoder,
         "rmsnorm": True,
         "lm_head_bias": False,
         "mapping": build.mapping,
         "quantization": build.quantization,
     }
-    if decoder == "qwen":
-        config["qwen_type"] = model_type
+    if architecture.variant_key:
+        config[architecture.variant_key] = model_type
     config.update(_rope_fields(text))
     return config
 

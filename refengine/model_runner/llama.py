@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache: a `DecoderModel`.
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
 computed in the compute dtype (float32 by default, so results match transformers in float32);
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from refengine.checkpoint import Checkpoint, TensorStore
 from refengine.model_config import ModelConfig
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
+from refengine.model_runner.decoder import KVCacheLayout
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
 from refengine.model_runner.layers import RotaryEmbedding, rms_norm, rotate, swiglu
 from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
@@ -71,6 +72,15 @@ class LlamaModel:
     def kv_cache_dtype(self) -> torch.dtype:
         """The dtype of the paged KV tensors (float8_e4m3fn / int8 codes when the cache is quantized)."""
         return kv_cache_dtype(self.config.kv_cache_quant_algo, self.dtype)
+
+    @property
+    def kv_cache_layout(self) -> KVCacheLayout:
+        config = self.config
+        return KVCacheLayout(config.num_layers, config.num_kv_heads, config.head_size, self.kv_cache_dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> "LlamaModel":
