@@ -73,7 +73,7 @@ class ComposeFacts:
 
 
 # (engine directory, build manifest notes) of the built engine, or None before a build
-BuiltEngine = Callable[[], "tuple[Path, Mapping[str, Any]] | None"]
+BuiltEngine = Callable[[], tuple[Path, Mapping[str, Any]] | None]
 
 
 class TargetBackend(Protocol):

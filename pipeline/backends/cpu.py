@@ -1,7 +1,6 @@
 """The cpu target: refengine behind Triton's Python backend, on this machine.
 
-Its build writes an engine directory laid out like a TensorRT-LLM 1.2 engine, for refengine.
-
+Its build writes an engine directory laid out like a TensorRT-LLM 1.2 engine, for refengine:
 `config.json` carries the same top-level keys as `trtllm-build` writes (`version`, `pretrained_config`,
 `build_config` with `plugin_config`), so the package stage reads both targets alike. Instead of
 `rank0.engine` (a TensorRT plan) the directory holds the checkpoint's `rank0.safetensors`, which
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
-from pipeline.backends.engine_facts import EngineFacts
+from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
@@ -22,8 +21,6 @@ from pipeline.config.spec import BuildSpec, ServeSpec, Spec, SpeculativeSpec, Ta
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
 from pipeline.tools import tool_versions
-
-ENGINE_VERSION_PREFIX = "refengine-"
 
 
 def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
@@ -78,7 +75,7 @@ def write_cpu_engine(checkpoint_dir: Path, engine_dir: Path, *, build_config: di
     from refengine import ModelLoadError, write_engine_dir
 
     try:
-        write_engine_dir(checkpoint_dir, engine_dir, build_config, f"{ENGINE_VERSION_PREFIX}{version}")
+        write_engine_dir(checkpoint_dir, engine_dir, build_config, f"{CPU_ENGINE_VERSION_PREFIX}{version}")
     except ModelLoadError as exc:
         raise StageError(f"the reference engine cannot load the checkpoint: {exc}") from exc
 
