@@ -172,12 +172,14 @@ def run_cli(argv: list[str], console: Console) -> int:
 
 
 def _build_cpu_target(loaded: LoadedConfig, store: ArtifactStore, command: str, until: str) -> dict[str, StageResult]:
-    """What the cpu-only commands share: refuse another target, then build (or reuse) up to `until`,
-    reporting the stages on stderr so stdout carries only the command's own output."""
-    target = loaded.spec.build.target.value
-    if target != "cpu":
+    """What the cpu-only commands share: refuse a target whose Triton does not run here, then build (or reuse)
+    up to `until`, reporting the stages on stderr so stdout carries only the command's own output."""
+    from pipeline.backends.registry import backend_for
+
+    target = loaded.spec.build.target
+    if not backend_for(target).serves_here:
         raise SpecError(
-            f"{command} runs the cpu target here (no TensorRT-LLM on this machine); {loaded.path} has build.target {target!r}"
+            f"{command} runs the cpu target here (no TensorRT-LLM on this machine); {loaded.path} has build.target {target.value!r}"
             + ("; deploy it with docker compose on a GPU host" if command == "serve" else "")
         )
     return {r.name: r for r in run_pipeline(loaded, store, until=until, console=_stderr_console())}
@@ -244,8 +246,9 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
     from pipeline.stages.package import REPOSITORY_DIR
 
-    if loaded.spec.build.target.value == "engine":
-        _check_engine_runtime(loaded, store)
+    from pipeline.backends.registry import backend_for
+
+    backend_for(loaded.spec.build.target).check_serving_host(loaded.spec, lambda: _built_engine(loaded, store))
     results = _build_cpu_target(loaded, store, "serve", "package")
     _verify_shipped(store, results, ("prepare", "build", "package"))
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
@@ -259,17 +262,15 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     return serve_foreground(options, out=console.print, timeout=args.timeout)
 
 
-def _check_engine_runtime(loaded: LoadedConfig, store: ArtifactStore) -> None:
-    """Engine target: refuse an engine (built, or as the spec would build it) whose recorded TensorRT-LLM
-    version or GPU compute capability is not this machine's, naming both (pipeline/backends/engine_runtime.py)."""
-    from pipeline.backends.engine_target import check_before_serving
+def _built_engine(loaded: LoadedConfig, store: ArtifactStore) -> tuple[Path, dict] | None:
+    """The engine directory and build notes of the spec's build artifact, if it exists (for the target's
+    check of this machine's runtime before serving: pipeline/backends/engine_runtime.py)."""
     from pipeline.stages.build import ENGINE_DIR
 
     build = store.lookup(make_plan(loaded).stage("build"))
     if build is None:
-        check_before_serving(loaded.spec, None, {})
-    else:
-        check_before_serving(loaded.spec, build.path / ENGINE_DIR, build.manifest.get("notes", {}))
+        return None
+    return build.path / ENGINE_DIR, build.manifest.get("notes", {})
 
 
 def _bench_serve(args: argparse.Namespace) -> int:

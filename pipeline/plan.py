@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.config.spec import Spec
+from pipeline.config.targets import traits_of
 
 DIGEST_LENGTH = 16
 
@@ -130,7 +131,7 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
         "quantize": quantize,
         "dtype": spec.model.dtype.value,
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
-        "unified_hf": spec.build.target.value == "llmapi",
+        "unified_hf": traits_of(spec.build.target).exports_unified_hf,
         **_dry_run_flag(spec),
         **_quantize_route(spec),
     }
@@ -139,12 +140,13 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 def _quantize_route(spec: Spec) -> dict[str, Any]:
     """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_runners).
 
-    In this process on quantize.device (the default): nothing to add. The engine target on cuda goes through
-    build.runner: `local` uses this host's torch/ModelOpt (already in the stage's tools), `docker` those of the
-    version profile's image (named by trtllm_version). A dry run writes quantize.sh and the request, whose
-    header names the image and, on cuda, the `docker run` with deploy.gpus and deploy.shm_size.
+    In this process on quantize.device (the default): nothing to add. A target that builds through build.runner
+    (the engine target) quantizes through it on cuda: `local` uses this host's torch/ModelOpt (already in the
+    stage's tools), `docker` those of the version profile's image (named by trtllm_version). A dry run writes
+    quantize.sh and the request, whose header names the image and, on cuda, the `docker run` with deploy.gpus
+    and deploy.shm_size.
     """
-    if spec.build.target.value != "engine":
+    if not traits_of(spec.build.target).builds_through_runner:
         return {}
     runner, cuda = spec.build.runner.value, spec.quantize.device.value == "cuda"
     if runner == "dry-run":
@@ -166,7 +168,7 @@ def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     if "lora" in build:  # the adapters' contents, not their (absolute) paths
         build["lora"]["adapter_dirs"] = facts.lora_fingerprint
     inputs = {"build": build, "dtype": spec.model.dtype.value}
-    if spec.build.target.value == "engine":  # the GPU decides SM-dependent build choices
+    if traits_of(spec.build.target).build_reads_gpu:
         inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
     return inputs
 

@@ -43,7 +43,8 @@ from pipeline.backends.runners import (
 from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
 from pipeline.backends.trtllm_versions import TrtllmVersion, get_version
 from pipeline.config.format_rules import needs_calibration
-from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec, Target
+from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
+from pipeline.config.targets import traits_of
 from pipeline.errors import SpecError, StageError
 
 SCRIPT_FILE = "quantize.sh"
@@ -61,7 +62,7 @@ def quantize_route(spec: Spec) -> str:
     """
     if spec.dry_run:
         return BuildRunnerKind.dry_run.value
-    if spec.build.target is Target.engine and spec.quantize.device is QuantDevice.cuda:
+    if traits_of(spec.build.target).builds_through_runner and spec.quantize.device is QuantDevice.cuda:
         return spec.build.runner.value
     return IN_PROCESS
 
@@ -88,7 +89,7 @@ def request_from_spec(spec: Spec, hf_dir: Path, artifact_dir: Path, *, result_fi
         group_size=quantize.group_size,
         device=quantize.device.value,
         calibration=calibration,
-        unified_hf_dir=artifact_dir / UNIFIED_HF_DIR if spec.build.target is Target.llmapi else None,
+        unified_hf_dir=artifact_dir / UNIFIED_HF_DIR if traits_of(spec.build.target).exports_unified_hf else None,
         result_file=artifact_dir / RESULT_FILE if result_file else None,
     )
 

@@ -158,6 +158,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.bench.load_bench import Endpoints, run_load_sweep, serving
     from pipeline.bench.load_report import render_load_markdown
+    from pipeline.backends.registry import backend_for
     from pipeline.config.loader import load_config
     from pipeline.runner import run_pipeline
     from pipeline.stages.package import REPOSITORY_DIR
@@ -167,7 +168,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     spec = loaded.spec
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
     status = Console(stderr=True, highlight=False, soft_wrap=True)
-    if args.url is None and spec.build.target.value != "cpu":
+    if args.url is None and not backend_for(spec.build.target).serves_here:
         raise SpecError(
             f"bench serve starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: "
             "measure its running deployment with --url"

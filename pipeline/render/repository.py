@@ -2,7 +2,7 @@
 
     <out_dir>/
       preprocessing/      config.pbtxt, 1/model.py (+ helper modules)
-      tensorrt_llm/       config.pbtxt, 1/model.py (cpu target) or 1/ (engine target)
+      tensorrt_llm/       config.pbtxt, 1/model.py (a Python-backend target: cpu) or 1/ (a C++ backend: engine)
       postprocessing/     config.pbtxt, 1/model.py (+ helper modules)
       <serve.model_name>/ config.pbtxt, 1/ (the ensemble; the empty version directory is required)
       tensorrt_llm_bls/   config.pbtxt, 1/model.py (+ helper modules)
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.config.spec import ServeSpec, SpeculativeSpec
+from pipeline.backends.base import TritonLlmModel
+from pipeline.backends.engine_facts import EngineFacts, engine_facts, read_engine_config
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.errors import StageError
 from pipeline.render import contract
-from pipeline.render.consistency import check_consistency
-from pipeline.render.engine_facts import EngineFacts, engine_facts, read_engine_config
-from pipeline.render.llm_parameters import cpu_parameters, engine_parameters
+from pipeline.render.consistency import check_consistency, llm_model_of
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from pipeline.sources import model_repo_sources
@@ -31,25 +32,12 @@ from pipeline.sources import model_repo_sources
 CONFIG_FILE = "config.pbtxt"
 VERSION_DIR = "1"
 
-# model directory → (model code in model_repo/python, helper modules copied next to it)
+# model directory → (model code in model_repo/python, helper modules copied next to it); tensorrt_llm's is its target's
 _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     "preprocessing": ("preprocessing.py", ("hf_tokenizer.py", "model_parameters.py", "triton_io.py", "word_lists.py")),
     "postprocessing": (
         "postprocessing.py",
         ("deferred_release.py", "hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
-    ),
-    "tensorrt_llm": (
-        "tensorrt_llm_cpu.py",
-        (
-            "engine_metrics.py",
-            "incremental_detokenizer.py",
-            "llm_request.py",
-            "llm_response.py",
-            "model_parameters.py",
-            "response_channel.py",
-            "triton_io.py",
-            "word_lists.py",
-        ),
     ),
     "tensorrt_llm_bls": (
         "tensorrt_llm_bls.py",
@@ -71,7 +59,7 @@ def render_model_repository(
     engine_dir: Path,
     tokenizer_dir: Path,
     serve: ServeSpec,
-    target: str,
+    target: Target | str,
     out_dir: Path,
     gpu_device_ids: Sequence[int] = (),
     config_paths: ConfigPaths | None = None,
@@ -104,9 +92,10 @@ def render_model_repository(
         rank_files=rank_files,
         speculative=speculative,
     )
+    llm_model = llm_model_of(target)  # the checks refused a target without one
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
-    configs = _configs(facts, tokenizer, serve, target, paths, gpu_device_ids, speculative)
+    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative)
     environment = template_environment(sources / "templates")
     written: list[Path] = []
     for model_name, (template, context) in configs.items():
@@ -120,14 +109,15 @@ def render_model_repository(
         (model_dir / VERSION_DIR).mkdir(parents=True, exist_ok=True)
         (model_dir / CONFIG_FILE).write_text(text)
         written.append(model_dir / CONFIG_FILE)
-        written += _copy_code(sources / "python", model_name, target, model_dir / VERSION_DIR)
+        written += _copy_code(sources / "python", model_name, llm_model, model_dir / VERSION_DIR)
     return written
 
 
-def _copy_code(code_dir: Path, model_name: str, target: str, version_dir: Path) -> list[Path]:
-    if model_name not in _MODEL_CODE or (model_name == "tensorrt_llm" and target != "cpu"):
+def _copy_code(code_dir: Path, model_name: str, llm_model: TritonLlmModel, version_dir: Path) -> list[Path]:
+    code = llm_model.code if model_name == "tensorrt_llm" else _MODEL_CODE.get(model_name)
+    if code is None:
         return []
-    main, helpers = _MODEL_CODE[model_name]
+    main, helpers = code
     written = []
     for source, name in [(main, "model.py"), *((helper, helper) for helper in helpers)]:
         destination = version_dir / name
@@ -148,13 +138,13 @@ def _text_limits(facts: EngineFacts, tokenizer: TokenizerFacts) -> dict[str, str
     }
 
 
-def _logits_available(facts: EngineFacts, cpu: bool) -> dict[str, str]:
+def _logits_available(facts: EngineFacts, llm_model: TritonLlmModel) -> dict[str, str]:
     """Whether `tensorrt_llm` can return context / generation logits (the OpenAI front end's prompt and
     top-N log-probs need them). The cpu engine always can; a TensorRT-LLM 1.x engine returns generation
     logits at run time (the build flag is deprecated), context logits only when built with
     gather_context_logits."""
     return {
-        "gather_context_logits": "true" if cpu or facts.gather_context_logits else "false",
+        "gather_context_logits": "true" if llm_model.always_context_logits or facts.gather_context_logits else "false",
         "gather_generation_logits": "true",
     }
 
@@ -163,18 +153,19 @@ def _configs(
     facts: EngineFacts,
     tokenizer: TokenizerFacts,
     serve: ServeSpec,
-    target: str,
+    target: Target,
+    llm_model: TritonLlmModel,
     paths: ConfigPaths,
     gpu_device_ids: Sequence[int],
     speculative: SpeculativeSpec | None,
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     logits = contract.TRITON_DTYPES[facts.logits_dtype]
     max_batch_size = facts.max_batch_size
-    cpu = target == "cpu"
     # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
     # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
-    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name.
-    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None and not cpu else "TYPE_FP16"
+    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name (the checks
+    # have refused an engine with a LoRA plugin to a runtime without LoRA).
+    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None else "TYPE_FP16"
 
     def resolved(specs):
         return [spec.resolved(logits, lora) for spec in specs]
@@ -184,14 +175,8 @@ def _configs(
 
     llm_inputs = resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS)
     client_inputs = resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS)
-    llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if cpu else ()))
-    if cpu:
-        llm = ("tensorrt_llm.cpu.pbtxt.j2", cpu_parameters(serve, engine_dir=paths.engine_dir))
-    else:
-        llm = (
-            "tensorrt_llm.engine.pbtxt.j2",
-            engine_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative),
-        )
+    llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ()))
+    llm_parameters = backend_for(target).llm_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
     return {
         "preprocessing": (
             "preprocessing.pbtxt.j2",
@@ -204,11 +189,11 @@ def _configs(
                     "max_input_len": str(facts.max_input_len),
                     "max_seq_len": str(facts.usable_seq_len),
                     **_text_limits(facts, tokenizer),
-                    **_logits_available(facts, cpu),
+                    **_logits_available(facts, llm_model),
                 },
             ),
         ),
-        "tensorrt_llm": (llm[0], context(inputs=llm_inputs, outputs=llm_outputs, parameters=llm[1])),
+        "tensorrt_llm": (llm_model.template, context(inputs=llm_inputs, outputs=llm_outputs, parameters=llm_parameters)),
         "postprocessing": (
             "postprocessing.pbtxt.j2",
             context(
@@ -223,7 +208,7 @@ def _configs(
                 name=serve.model_name,
                 inputs=client_inputs,
                 outputs=resolved(contract.CLIENT_OUTPUTS),
-                steps=_ensemble_steps(cpu),
+                steps=_ensemble_steps(llm_model.returns_preceding_ids),
             ),
         ),
         "tensorrt_llm_bls": (
@@ -246,9 +231,9 @@ def _internal(name: str) -> str:
     return f"_{name}"
 
 
-def _ensemble_steps(cpu: bool) -> dict[str, dict[str, dict[str, str]]]:
+def _ensemble_steps(preceding_ids: bool) -> dict[str, dict[str, dict[str, str]]]:
     """input_map / output_map of each step: model tensor name → ensemble tensor name."""
-    llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if cpu else {})}
+    llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if preceding_ids else {})}
     llm_inputs = {llm: _internal(pre) for pre, llm in contract.PREPROCESSING_TO_LLM.items()}
     llm_inputs.update({llm: client for client, llm in contract.CLIENT_TO_LLM.items()})
     llm_inputs.update({llm: client for client, llm in contract.LORA_CLIENT_TO_LLM.items()})

@@ -25,8 +25,8 @@ from pipeline.config.spec import LookaheadSpec, SchedulerPolicy, ServeLoraSpec, 
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, check_consistency, render_model_repository
 from pipeline.render import contract
-from pipeline.render.llm_parameters import engine_parameters, gpu_device_id_groups
-from pipeline.render.engine_facts import engine_facts
+from pipeline.backends.llm_parameters import engine_parameters, gpu_device_id_groups
+from pipeline.backends.engine_facts import engine_facts
 from pipeline.render.pbtxt import lint_config, pbtxt_string
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from pipeline.config.spec import ServeLoraSpec, ServeSpec, SpeculativeSpec
-from pipeline.render.engine_facts import EngineFacts
+from pipeline.backends.engine_facts import EngineFacts
 
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 CANCELLATION_CHECK_PERIOD_MS = 100
