@@ -47,8 +47,10 @@ _UNSUPPORTED_PRESENT = {
     "lookahead_ngram_size": "lookahead decoding is not done by the cpu reference engine",
     "lookahead_verification_set_size": "lookahead decoding is not done by the cpu reference engine",
 }
-# decoder_input_ids / decoder_input_lengths are read and ignored: the engine is decoder-only, and
-# the ensemble always sends NVIDIA's placeholder (one pad id), as TensorRT-LLM's backend ignores it.
+# Accepted and ignored: the engine is decoder-only, and the ensemble always sends NVIDIA's placeholder
+# (one pad id), as TensorRT-LLM's backend ignores it. Every other input the contract declares is read
+# by `parse_request` (honoured or refused by name; tests/unit/test_contract.py checks it).
+IGNORED_INPUTS = ("decoder_input_ids", "decoder_input_lengths")
 
 
 class ContractError(ValueError):

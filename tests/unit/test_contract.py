@@ -24,7 +24,7 @@ MODELS_WITH_A_CONTRACT = {"cpu": ("tensorrt_llm", "tensorrt_llm_bls"), "engine":
 def model_code(monkeypatch):
     monkeypatch.syspath_prepend(str(MODEL_CODE))
     yield
-    for name in ("model_contract", "client_contract"):
+    for name in ("model_contract", "client_contract", "llm_request", "word_lists"):
         sys.modules.pop(name, None)
 
 
@@ -75,6 +75,34 @@ def test_the_bls_runs_the_ensembles_wiring(rendered, model_code):
     assert wiring.client_to_llm == {client: name for name, client in llm.input_map.items() if client in client_inputs}
     assert wiring.llm_to_client == {name: client for name, client in llm.output_map.items() if client in {t.name for t in ensemble.output}}
     assert sorted(wiring.client_inputs) == sorted(client_inputs)
+
+
+class _LookedUp(dict):
+    """Request arrays that remember every name the parser asked for, present or not."""
+
+    def __init__(self, **arrays) -> None:
+        super().__init__(**arrays)
+        self.names: set[str] = set()
+
+    def get(self, name, default=None):
+        self.names.add(name)
+        return super().get(name, default)
+
+    def __contains__(self, name) -> bool:
+        self.names.add(name)
+        return super().__contains__(name)
+
+
+def test_the_cpu_model_reads_every_input_it_declares(model_code):
+    """A declared input the cpu model neither honours nor refuses would be ignored without a word."""
+    import numpy as np
+    from llm_request import IGNORED_INPUTS, parse_request
+
+    arrays = _LookedUp(input_ids=np.array([[5, 6]], dtype=np.int32), input_lengths=np.array([[2]]), request_output_len=np.array([[3]]))
+    parse_request(arrays, exclude_input_default=True, decoupled=True)
+    declared = {spec.name for spec in contract.LLM_INPUTS + contract.LLM_LORA_INPUTS}
+    assert declared - arrays.names - set(IGNORED_INPUTS) == set()
+    assert set(IGNORED_INPUTS) <= declared
 
 
 def test_a_missing_or_malformed_contract_names_the_file_and_the_tensor(tmp_path, model_code):
