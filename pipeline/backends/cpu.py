@@ -93,6 +93,7 @@ class CpuBackend:
                 "incremental_detokenizer.py",
                 "llm_request.py",
                 "llm_response.py",
+                "model_contract.py",
                 "model_parameters.py",
                 "response_channel.py",
                 "triton_io.py",

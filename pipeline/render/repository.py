@@ -2,10 +2,12 @@
 
     <out_dir>/
       preprocessing/      config.pbtxt, 1/model.py (+ helper modules)
-      tensorrt_llm/       config.pbtxt, 1/model.py (a Python-backend target: cpu) or 1/ (a C++ backend: engine)
+      tensorrt_llm/       config.pbtxt, 1/model.py + contract.json (a Python-backend target: cpu) or 1/ (a C++ backend: engine)
       postprocessing/     config.pbtxt, 1/model.py (+ helper modules)
       <serve.model_name>/ config.pbtxt, 1/ (the ensemble; the empty version directory is required)
-      tensorrt_llm_bls/   config.pbtxt, 1/model.py (+ helper modules)
+      tensorrt_llm_bls/   config.pbtxt, 1/model.py + contract.json (+ helper modules)
+
+Configs and contract.json files (contract_files.py) are rendered from one source, contract.py.
 
 The configs name the engine and tokenizer directories by absolute path (the serve launcher runs
 Triton on a private copy of the repository, so relative paths would not survive).
@@ -25,6 +27,8 @@ from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.errors import StageError
 from pipeline.render import contract
 from pipeline.render.consistency import check_consistency, llm_model_of
+from pipeline.render.contract import TensorSpec
+from pipeline.render.contract_files import CONTRACT_FILE, bls_contract, llm_contract
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from pipeline.sources import model_repo_sources
@@ -41,7 +45,15 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "tensorrt_llm_bls": (
         "tensorrt_llm_bls.py",
-        ("client_contract.py", "deferred_release.py", "incremental_detokenizer.py", "model_parameters.py", "response_channel.py", "triton_io.py"),
+        (
+            "client_contract.py",
+            "deferred_release.py",
+            "incremental_detokenizer.py",
+            "model_contract.py",
+            "model_parameters.py",
+            "response_channel.py",
+            "triton_io.py",
+        ),
     ),
 }
 
@@ -95,7 +107,9 @@ def render_model_repository(
     llm_model = llm_model_of(target)  # the checks refused a target without one
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
-    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative)
+    tensors = _resolved_tensors(facts, llm_model)
+    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)
+    contracts = _contracts(tensors)
     environment = template_environment(sources / "templates")
     written: list[Path] = []
     for model_name, (template, context) in configs.items():
@@ -109,7 +123,11 @@ def render_model_repository(
         (model_dir / VERSION_DIR).mkdir(parents=True, exist_ok=True)
         (model_dir / CONFIG_FILE).write_text(text)
         written.append(model_dir / CONFIG_FILE)
-        written += _copy_code(sources / "python", model_name, llm_model, model_dir / VERSION_DIR)
+        code = _copy_code(sources / "python", model_name, llm_model, model_dir / VERSION_DIR)
+        if code and model_name in contracts:  # the contract goes where the code that reads it goes
+            (model_dir / VERSION_DIR / CONTRACT_FILE).write_text(contracts[model_name])
+            code.append(model_dir / VERSION_DIR / CONTRACT_FILE)
+        written += code
     return written
 
 
@@ -149,6 +167,43 @@ def _logits_available(facts: EngineFacts, llm_model: TritonLlmModel) -> dict[str
     }
 
 
+@dataclass(frozen=True)
+class _Tensors:
+    """The tensors of the models whose lists depend on the engine (data types and target resolved)."""
+
+    llm_inputs: tuple[TensorSpec, ...]
+    llm_outputs: tuple[TensorSpec, ...]
+    client_inputs: tuple[TensorSpec, ...]
+    client_outputs: tuple[TensorSpec, ...]
+
+
+def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors:
+    logits = contract.TRITON_DTYPES[facts.logits_dtype]
+    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
+    # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
+    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name (the checks
+    # have refused an engine with a LoRA plugin to a runtime without LoRA).
+    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None else "TYPE_FP16"
+
+    def resolved(specs):
+        return tuple(spec.resolved(logits, lora) for spec in specs)
+
+    return _Tensors(
+        llm_inputs=resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS),
+        llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
+        client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
+        client_outputs=resolved(contract.CLIENT_OUTPUTS),
+    )
+
+
+def _contracts(tensors: _Tensors) -> dict[str, str]:
+    """contract.json of each model whose code reads one (written only where that code is copied)."""
+    return {
+        "tensorrt_llm": llm_contract(tensors.llm_inputs, tensors.llm_outputs),
+        "tensorrt_llm_bls": bls_contract(tensors.client_inputs, tensors.client_outputs),
+    }
+
+
 def _configs(
     facts: EngineFacts,
     tokenizer: TokenizerFacts,
@@ -158,24 +213,13 @@ def _configs(
     paths: ConfigPaths,
     gpu_device_ids: Sequence[int],
     speculative: SpeculativeSpec | None,
+    tensors: _Tensors,
 ) -> dict[str, tuple[str, dict[str, Any]]]:
-    logits = contract.TRITON_DTYPES[facts.logits_dtype]
     max_batch_size = facts.max_batch_size
-    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
-    # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
-    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name (the checks
-    # have refused an engine with a LoRA plugin to a runtime without LoRA).
-    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None else "TYPE_FP16"
-
-    def resolved(specs):
-        return [spec.resolved(logits, lora) for spec in specs]
 
     def context(**values):
         return {"max_batch_size": max_batch_size, "serve": serve, **values}
 
-    llm_inputs = resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS)
-    client_inputs = resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS)
-    llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ()))
     llm_parameters = backend_for(target).llm_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
     return {
         "preprocessing": (
@@ -193,7 +237,7 @@ def _configs(
                 },
             ),
         ),
-        "tensorrt_llm": (llm_model.template, context(inputs=llm_inputs, outputs=llm_outputs, parameters=llm_parameters)),
+        "tensorrt_llm": (llm_model.template, context(inputs=tensors.llm_inputs, outputs=tensors.llm_outputs, parameters=llm_parameters)),
         "postprocessing": (
             "postprocessing.pbtxt.j2",
             context(
@@ -206,16 +250,16 @@ def _configs(
             "ensemble.pbtxt.j2",
             context(
                 name=serve.model_name,
-                inputs=client_inputs,
-                outputs=resolved(contract.CLIENT_OUTPUTS),
+                inputs=tensors.client_inputs,
+                outputs=tensors.client_outputs,
                 steps=_ensemble_steps(llm_model.returns_preceding_ids),
             ),
         ),
         "tensorrt_llm_bls": (
             "tensorrt_llm_bls.pbtxt.j2",
             context(
-                inputs=client_inputs,
-                outputs=resolved(contract.CLIENT_OUTPUTS),
+                inputs=tensors.client_inputs,
+                outputs=tensors.client_outputs,
                 parameters={
                     "preprocessing_model_name": "preprocessing",
                     "tensorrt_llm_model_name": "tensorrt_llm",
