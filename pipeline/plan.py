@@ -137,7 +137,7 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _quantize_route(spec: Spec) -> dict[str, Any]:
-    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_runners).
+    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_dispatch).
 
     In this process on quantize.device (the default): nothing to add. The engine target on cuda goes through
     build.runner: `local` uses this host's torch/ModelOpt (already in the stage's tools), `docker` those of the
