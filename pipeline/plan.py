@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pipeline.config.spec import Spec
+from pipeline.config.spec import DeployKind, Spec
 
 DIGEST_LENGTH = 16
 
@@ -112,6 +112,14 @@ def _dump_present(model: Any) -> dict[str, Any]:
     return dumped
 
 
+def _dump_deploy(spec: Spec) -> dict[str, Any]:
+    """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
+    dumped = _dump(spec.deploy)
+    if dumped["kind"] == DeployKind.compose.value:
+        del dumped["kind"]
+    return dumped
+
+
 def _speculative(spec: Spec) -> dict[str, Any]:
     """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
     return {"speculative": _dump(spec.build.speculative)} if spec.build.speculative is not None else {}
@@ -188,13 +196,13 @@ def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _slo_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
-    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump(spec.deploy)}
+    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump_deploy(spec)}
 
 
 def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
-        "deploy": _dump(spec.deploy),
+        "deploy": _dump_deploy(spec),
         "serve": _dump_present(spec.serve),
         "target": spec.build.target.value,
         "trtllm_version": spec.build.trtllm_version,
