@@ -210,16 +210,16 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
 
 
 def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
-    from pipeline.deploy import compose_up, export_deployment, profile_for
+    from pipeline.deploy.registry import deployer_for
     from pipeline.stages.deploy import DEPLOY_DIR
 
     results = {r.name: r for r in run_pipeline(loaded, store, until="deploy", console=console)}
     _verify_shipped(store, results, ("deploy",))
-    export_deployment(results["deploy"].ref.path / DEPLOY_DIR, args.out)
-    profile = profile_for(loaded.spec.build.target.value)
-    console.print(f"deployment in {args.out}: docker compose --env-file {args.out}/.env --profile {profile} -f {args.out}/docker-compose.yml up -d")
+    deployer = deployer_for(loaded.spec.deploy.kind)
+    deployer.export(results["deploy"].ref.path / DEPLOY_DIR, args.out)
+    console.print(f"deployment in {args.out}: {deployer.start_command(loaded.spec, args.out)}")
     if args.up:
-        compose_up(args.out, profile)
+        deployer.up(loaded.spec, args.out)
     return 0
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pipeline.config.spec import Spec
+from pipeline.config.spec import DeployKind, Spec
 from pipeline.config.targets import traits_of
 
 DIGEST_LENGTH = 16
@@ -113,6 +113,14 @@ def _dump_present(model: Any) -> dict[str, Any]:
     return dumped
 
 
+def _dump_deploy(spec: Spec) -> dict[str, Any]:
+    """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
+    dumped = _dump(spec.deploy)
+    if dumped["kind"] == DeployKind.compose.value:
+        del dumped["kind"]
+    return dumped
+
+
 def _speculative(spec: Spec) -> dict[str, Any]:
     """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
     return {"speculative": _dump(spec.build.speculative)} if spec.build.speculative is not None else {}
@@ -138,7 +146,7 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _quantize_route(spec: Spec) -> dict[str, Any]:
-    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_runners).
+    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_dispatch).
 
     In this process on quantize.device (the default): nothing to add. A target that builds through build.runner
     (the engine target) quantizes through it on cuda: `local` uses this host's torch/ModelOpt (already in the
@@ -190,13 +198,13 @@ def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _slo_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
-    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump(spec.deploy)}
+    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump_deploy(spec)}
 
 
 def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
-        "deploy": _dump(spec.deploy),
+        "deploy": _dump_deploy(spec),
         "serve": _dump_present(spec.serve),
         "target": spec.build.target.value,
         "trtllm_version": spec.build.trtllm_version,

@@ -40,7 +40,7 @@ def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
 
 
 def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = False) -> list[Issue]:
-    from pipeline.backends.quantize_runners import IN_PROCESS, quantize_route
+    from pipeline.backends.quantize_dispatch import IN_PROCESS, quantize_route
 
     quantize = spec.quantize
     if spec.dry_run:  # nothing is calibrated or exported in a dry run
@@ -48,7 +48,7 @@ def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = Fal
     route = quantize_route(spec)
     if route == "docker":  # the GPU is in the container: this machine needs only a Docker engine
         if not (build_selected and traits_of(spec.build.target).builds_through_runner):  # else the build's check reports it
-            from pipeline.backends.runners import DockerRunner, RunnerUnavailable
+            from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable
 
             try:
                 DockerRunner(image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size).check_engine()

@@ -15,8 +15,9 @@ from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeA
 from pipeline.backends.capacity import get_gpu
 from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
+from pipeline.backends.build_job import BuildOutcome, run_build
+from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable, make_runner
 from pipeline.backends.llm_parameters import engine_parameters
-from pipeline.backends.runners import BuildOutcome, DockerRunner, RunnerUnavailable, make_runner
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version, version_for_image
 from pipeline.config.model_checks import Issue
@@ -42,7 +43,7 @@ def run_engine_build(spec: Spec, model: ModelInfo, checkpoint_dir: Path, work_di
     target = final_dir if runner_kind == "dry-run" else work_dir
     build = plan_engine_build(spec, model, checkpoint_dir, target)
     runner = make_runner(runner_kind, image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size)
-    outcome = runner.run(dataclasses.replace(build, output_dir=work_dir))
+    outcome = run_build(dataclasses.replace(build, output_dir=work_dir), runner)
     return build, outcome
 
 

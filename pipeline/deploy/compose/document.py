@@ -1,5 +1,5 @@
 """Render the docker compose file of a deployment: Triton (profile cpu or gpu), Prometheus, Grafana,
-and on the cpu profile the OpenAI-compatible front end (service `openai`, pipeline.deploy.openai_service).
+and on the cpu profile the OpenAI-compatible front end (service `openai`, pipeline.deploy.compose.openai_service).
 
 The document is built as a dict and written by a yaml SafeDumper in insertion order, so the
 same spec always gives the same bytes (golden-tested). Every host path in it is relative to the
@@ -29,9 +29,11 @@ import yaml
 from pipeline.backends.engine_runtime import EngineRecord, mismatches
 from pipeline.backends.engine_target import declared_engine, image_runtime
 from pipeline.config.spec import Spec
-from pipeline.deploy import images, layout, monitoring
-from pipeline.deploy.openai_service import openai_service
-from pipeline.deploy.parts import bind_mount, compose_path, hardening, published
+from pipeline.deploy import images, layout
+from pipeline.deploy.compose.layout import profile_for
+from pipeline.deploy.compose.monitoring_services import GRAFANA_VOLUME, PROMETHEUS_VOLUME, grafana_service, prometheus_service
+from pipeline.deploy.compose.openai_service import openai_service
+from pipeline.deploy.compose.parts import bind_mount, compose_path, hardening, published, required_variable
 from pipeline.deploy.server_command import STOP_GRACE_SECS, cpu_server_command, engine_entrypoint, engine_server_command
 from pipeline.errors import SpecError
 
@@ -41,6 +43,7 @@ STACK_BYTES = 67108864
 PIDS_LIMIT = 8192
 START_PERIOD = {"engine": "900s", "cpu": "180s"}  # engine load can take minutes (70B: tens of GB)
 HEALTH_URL = f"http://127.0.0.1:{layout.CONTAINER_HTTP_PORT}/v2/health/ready"
+ADMIN_KEY = required_variable(layout.ADMIN_KEY_VARIABLE)
 RUNTIME_ENVIRONMENT = {  # nothing may reach for the network or write outside /tmp
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -63,7 +66,7 @@ def render_compose(
     `deploy_dir` holds the Dockerfile (cpu), prometheus/ and grafana/; `engine_dir` and
     `tokenizer_dir` are mounted at /engine and /tokenizer, where the rendered repository looks.
     """
-    profile = layout.profile_for(target)
+    profile = profile_for(target)
     _check_bind_address(spec.deploy.bind_address)
     triton = _triton_service(spec, target, profile, model_repository, engine_dir, tokenizer_dir, deploy_dir)
     services = {layout.TRITON_SERVICE: triton}
@@ -74,10 +77,10 @@ def render_compose(
     return {
         "services": {
             **services,
-            layout.PROMETHEUS_SERVICE: monitoring.prometheus_service(profile, deploy_dir),
-            layout.GRAFANA_SERVICE: monitoring.grafana_service(profile, deploy_dir),
+            layout.PROMETHEUS_SERVICE: prometheus_service(profile, deploy_dir),
+            layout.GRAFANA_SERVICE: grafana_service(profile, deploy_dir),
         },
-        "volumes": {monitoring.PROMETHEUS_VOLUME: {}, monitoring.GRAFANA_VOLUME: {}},
+        "volumes": {PROMETHEUS_VOLUME: {}, GRAFANA_VOLUME: {}},
     }
 
 
@@ -109,7 +112,7 @@ def dump_compose(document: dict[str, Any], header: str) -> str:
 
 def deployment_header(spec: Spec, target: str, *, start: str | None = None) -> str:
     """The compose file's comment block; `start` replaces the line telling how to start it."""
-    profile = layout.profile_for(target)
+    profile = profile_for(target)
     image = images.server_image(spec, target)
     if start is None:
         start = f"Start from this directory: docker compose --profile {profile} up -d   (.env holds the secrets and the profile)"
@@ -163,7 +166,7 @@ def _triton_service(
         engine = _engine_for_image(spec, service["image"])
         service["entrypoint"] = engine_entrypoint(engine)
         volumes.append(bind_mount(deploy_dir / layout.ENGINE_CHECK_FILE, layout.ENGINE_CHECK_MOUNT))
-        command = engine_server_command(world_size)
+        command = engine_server_command(world_size, ADMIN_KEY)
         health = ["CMD", "curl", "-fsS", "--max-time", "2", HEALTH_URL]
         if world_size > 1:
             # OpenMPI's shared-memory single-copy path (CMA) needs CAP_SYS_PTRACE, which cap_drop removes.
@@ -172,7 +175,7 @@ def _triton_service(
         service["build"] = {"context": compose_path(deploy_dir), "dockerfile": layout.DOCKERFILE}
         service["image"] = images.cpu_image_tag(spec.name)
         service["pull_policy"] = "build"  # a local name: never look it up in a registry
-        command = cpu_server_command()
+        command = cpu_server_command(ADMIN_KEY)
         probe = f"import urllib.request; urllib.request.urlopen({HEALTH_URL!r}, timeout=2)"
         health = ["CMD", "python", "-c", probe]
     service.update(
@@ -238,7 +241,7 @@ ROOT_DEPLOY_DIR = Path("deploy")
 def render_root_compose(spec: Spec, *, config_path: str = "build_configs/tiny-cpu.yaml") -> str:
     """The checkout's docker-compose.yml for `spec` (the default config): the stable ./deploy/ layout."""
     target = spec.build.target.value
-    profile = layout.profile_for(target)
+    profile = profile_for(target)
     document = render_compose(
         spec,
         model_repository=ROOT_DEPLOY_DIR / layout.MODEL_REPOSITORY_DIR,
@@ -249,7 +252,7 @@ def render_root_compose(spec: Spec, *, config_path: str = "build_configs/tiny-cp
     )
     header = "\n".join(
         [
-            f"GENERATED from {config_path} by pipeline.deploy.render_root_compose; do not edit. tests/unit/test_deploy.py",
+            f"GENERATED from {config_path} by pipeline.deploy.compose.render_root_compose; do not edit. tests/unit/test_deploy.py",
             "checks that this file equals the rendering (regenerate: UPDATE_GOLDEN=1 pytest tests/unit/test_deploy.py).",
             "",
             f"Every host path below is under ./deploy/, which `trtllm-pipeline deploy {config_path}` fills from the",

@@ -1,4 +1,5 @@
-"""Pieces every service of the deployment is built from: host paths, published ports, mounts, hardening."""
+"""Pieces every service of the compose deployment is built from: host paths, published ports, mounts, hardening,
+the secrets it interpolates from .env."""
 
 from __future__ import annotations
 
@@ -38,3 +39,8 @@ def hardening() -> dict[str, Any]:
         "restart": "unless-stopped",
         "logging": {"driver": "json-file", "options": {"max-size": LOG_MAX_SIZE, "max-file": LOG_MAX_FILES}},
     }
+
+
+def required_variable(name: str) -> str:
+    """A compose interpolation of a .env variable; a missing entry stops `docker compose` with this text."""
+    return "${" + name + ":?set " + name + " in .env}"

@@ -1,41 +1,29 @@
-"""Where `trtllm-build` runs: on this host (`local`), in the pinned Triton TRT-LLM image (`docker`), or
-nowhere (`dry-run`: write the command and the engine directory's `config.json`, so the package and
-deploy stages can render on a CPU-only machine).
+"""trtllm-build as a container job: what it reads before it runs, what it must have written after, its dry run.
 
-Every runner writes `build_config.json` and `trtllm-build.sh` into the engine directory first; the
-real runners call the tool through `pipeline.tools.run_command` (the one seam for external
-commands) and then check the engine directory it wrote (shared/reference/trtllm.md §2.5).
-With `quantize.device: cuda` the quantize job goes through the same runner kinds (quantize_runners.py).
+`run_build` hands the job to a runner (pipeline.backends.container_jobs: on this host, in the pinned Triton
+TRT-LLM image, or a dry run). Before a real build: the quantized checkpoint this build was planned for, with
+its weights and the LoRA adapters' weights; then `build_config.json` and `trtllm-build.sh` in the engine
+directory; after: the engine directory TensorRT-LLM writes (shared/reference/trtllm.md §2.5). A dry run
+writes the engine directory's `config.json` instead (no GPU, weights or TensorRT-LLM), so the package and
+deploy stages can render on a CPU-only machine.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any
 
-from pipeline import tools
+from pipeline.backends.container_jobs import ContainerJob, JobRunner, Mount, RunnerUnavailable, Which
 from pipeline.backends.trtllm_build import ENGINE_LORA_DIR, SCRIPT_FILE, TrtllmBuild, render_script
 from pipeline.config.lora_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from pipeline.errors import SpecError, StageError, ToolError
+from pipeline.errors import StageError
 from refengine.architectures import architecture_for_hf_model_type
 
-RUNNER_KINDS = ("local", "docker", "dry-run")
 ENGINE_CONFIG_FILE = "config.json"
 DRY_RUN_FILE = "dry_run.json"
-DOCKER_ENGINE_TIMEOUT_S = 30.0
-
-RunCommand = Callable[..., str]
-Which = Callable[[str], "str | None"]
-
-
-class RunnerUnavailable(StageError):
-    """The chosen build runner cannot run on this machine (tool missing, Docker engine unreachable, no weights)."""
-
-    default_hint = "run on a GPU build host, or use `--runner dry-run` to render the engine directory without building"
 
 
 @dataclass(frozen=True)
@@ -46,23 +34,34 @@ class BuildOutcome:
     log: str = ""  # the tool's stdout
 
 
-class BuildRunner(Protocol):
-    def run(self, build: TrtllmBuild) -> BuildOutcome:
-        """Produce the engine directory `build.output_dir` (or, for a dry run, its config and command)."""
-        ...
+def run_build(build: TrtllmBuild, runner: JobRunner) -> BuildOutcome:
+    """Produce the engine directory `build.output_dir` (or, for a dry run, its config and command)."""
+    if runner.dry_run:
+        return write_dry_run(build)
+    job = build_job(build)
+    runner.check(job)
+    _require_weights(build)
+    write_build_inputs(build)
+    log = runner.run(job)
+    check_engine_dir(build)
+    return BuildOutcome(build.output_dir, False, runner.command(job), log)
 
 
-def make_runner(kind: str, *, image: str | None = None, gpus: Sequence[int] = (), shm_size: str = "2g") -> BuildRunner:
-    if kind == "local":
-        return LocalRunner()
-    if kind == "docker":
-        return DockerRunner(image=image, gpus=tuple(gpus), shm_size=shm_size)
-    if kind == "dry-run":
-        return DryRunRunner()
-    raise SpecError(f"build runner {kind!r} is not one of {', '.join(RUNNER_KINDS)}")
+def build_job(build: TrtllmBuild) -> ContainerJob:
+    """The checkpoint and the adapters read-only, the engine directory read-write and the working directory."""
+    adapters = [Mount(Path(d), Path(d)) for d in dict.fromkeys(build.settings.lora_dirs)]
+    mounts = (Mount(build.checkpoint_dir, build.checkpoint_dir), *adapters, Mount(build.output_dir, build.output_dir, read_only=False))
+    return ContainerJob(build.argv, build.version.image, build.output_dir, mounts, check_host=partial(_check_trtllm_build, build))
 
 
-# -- shared steps ---------------------------------------------------------------------------------
+def _check_trtllm_build(build: TrtllmBuild, which: Which) -> None:
+    if which("trtllm-build") is None:
+        raise RunnerUnavailable(
+            f"trtllm-build is not on PATH (the local runner needs TensorRT-LLM {build.version.version} and a GPU)",
+            hint="run on a GPU host with tensorrt_llm installed, or use --runner docker or --runner dry-run",
+        )
+
+
 def write_build_inputs(build: TrtllmBuild) -> None:
     """`build_config.json` (the --build_config file) and `trtllm-build.sh` (the exact command) in the engine dir."""
     build.output_dir.mkdir(parents=True, exist_ok=True)
@@ -135,121 +134,34 @@ def check_engine_dir(build: TrtllmBuild) -> None:
         raise StageError(f"trtllm-build finished but {build.output_dir} lacks {', '.join(missing)}")
 
 
-# -- runners --------------------------------------------------------------------------------------
-@dataclass
-class LocalRunner:
-    """trtllm-build from PATH (a GPU host with tensorrt_llm installed)."""
-
-    run_command: RunCommand = tools.run_command
-    which: Which = shutil.which
-    timeout: float | None = None
-
-    def run(self, build: TrtllmBuild) -> BuildOutcome:
-        if self.which("trtllm-build") is None:
-            raise RunnerUnavailable(
-                f"trtllm-build is not on PATH (the local runner needs TensorRT-LLM {build.version.version} and a GPU)",
-                hint="run on a GPU host with tensorrt_llm installed, or use --runner docker or --runner dry-run",
-            )
-        _require_weights(build)
-        write_build_inputs(build)
-        log = self.run_command(list(build.argv), cwd=build.output_dir, timeout=self.timeout)
-        check_engine_dir(build)
-        return BuildOutcome(build.output_dir, False, build.argv, log)
-
-
-@dataclass
-class DockerRunner:
-    """trtllm-build inside the pinned `tritonserver:<tag>-trtllm-python-py3` image, as the calling user."""
-
-    image: str | None = None  # default: the version's pinned image
-    gpus: tuple[int, ...] = ()  # () = all GPUs
-    shm_size: str = "2g"
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
-    run_command: RunCommand = tools.run_command
-    which: Which = shutil.which
-    timeout: float | None = None
-
-    def command(self, build: TrtllmBuild) -> list[str]:
-        ckpt, out = str(build.checkpoint_dir), str(build.output_dir)
-        adapters = [arg for d in dict.fromkeys(build.settings.lora_dirs) for arg in ("-v", f"{d}:{d}:ro")]
-        return [
-            *docker_run_prefix(self.gpus, self.shm_size, self.uid, self.gid),
-            "-v", f"{ckpt}:{ckpt}:ro", *adapters, "-v", f"{out}:{out}", "-w", out,
-            self.image or build.version.image, *build.argv,
-        ]
-
-    def check_engine(self) -> str:
-        return check_docker_engine(self.which, self.run_command)
-
-    def run(self, build: TrtllmBuild) -> BuildOutcome:
-        self.check_engine()
-        _require_weights(build)
-        write_build_inputs(build)
-        command = self.command(build)
-        log = self.run_command(command, timeout=self.timeout)
-        check_engine_dir(build)
-        return BuildOutcome(build.output_dir, False, tuple(command), log)
-
-
-def docker_run_prefix(gpus: Sequence[int], shm_size: str, uid: int, gid: int) -> list[str]:
-    """`docker run` for NVIDIA's TensorRT-LLM image: the GPUs, shm and ulimits it needs, as the calling user."""
-    devices = f'"device={",".join(str(g) for g in gpus)}"' if gpus else "all"
-    return [
-        "docker", "run", "--rm", "--gpus", devices, "--shm-size", shm_size,
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-        "-u", f"{uid}:{gid}", "-e", "HOME=/tmp",
-    ]
-
-
-def check_docker_engine(which: Which, run_command: RunCommand) -> str:
-    """The Docker engine's version, or RunnerUnavailable when the client or the engine is missing."""
-    if which("docker") is None:
-        raise RunnerUnavailable("docker is not installed (no `docker` on PATH); the docker runner needs Docker with the NVIDIA container toolkit")
-    probe = ["docker", "info", "--format", "{{.ServerVersion}}"]
-    try:
-        version = run_command(probe, timeout=DOCKER_ENGINE_TIMEOUT_S).strip()
-    except ToolError as exc:
-        reason = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else f"exit code {exc.returncode}"
-        raise RunnerUnavailable(
-            f"the Docker engine is not reachable ({reason})",
-            hint="start the Docker daemon (or set DOCKER_HOST), or use --runner local on a GPU host, or --runner dry-run",
-        ) from None
-    if not version:
-        raise RunnerUnavailable("the Docker engine did not report a server version (`docker info`); is the daemon running?")
-    return version
-
-
-@dataclass
-class DryRunRunner:
-    """Writes what a build would read and write, without TensorRT-LLM, a GPU or weights.
+# -- dry run --------------------------------------------------------------------------------------
+def write_dry_run(build: TrtllmBuild) -> BuildOutcome:
+    """Write what a build would read and write, without TensorRT-LLM, a GPU or weights.
 
     The engine directory gets `config.json` with exactly TensorRT-LLM's top-level keys (`version`,
     `pretrained_config`, `build_config` as the build would record it) and no `rank*.engine` (nor the `lora/<i>/`
     adapter copies); `dry_run.json` marks it as a dry run and lists what is missing.
     """
-
-    def run(self, build: TrtllmBuild) -> BuildOutcome:
-        checkpoint = read_checkpoint_config(build)
-        if checkpoint is not None:
-            pretrained, source = checkpoint, "checkpoint config.json"
-        else:
-            pretrained, source = derive_pretrained_config(_read_hf_config(build.hf_dir), build), "Hugging Face config.json (no checkpoint)"
-        write_build_inputs(build)
-        engine_config = {"version": build.version.version, "pretrained_config": pretrained, "build_config": build.engine_build_config}
-        _write_json(build.output_dir / ENGINE_CONFIG_FILE, engine_config)
-        _write_json(build.output_dir / DRY_RUN_FILE, {
-            "dry_run": True,
-            "trtllm_version": build.version.version,
-            "image": build.version.image,
-            "image_tag_inferred": build.version.triton_tag_inferred,
-            "pretrained_config_from": source,
-            "missing": [f"rank{r}.engine" for r in range(build.settings.world_size)]
-            + [f"{ENGINE_LORA_DIR}/{i}/" for i in range(len(build.settings.lora_dirs))],
-            "argv": list(build.argv),
-            "decisions": [d.to_json() for d in build.decisions],
-        })
-        return BuildOutcome(build.output_dir, True, build.argv)
+    checkpoint = read_checkpoint_config(build)
+    if checkpoint is not None:
+        pretrained, source = checkpoint, "checkpoint config.json"
+    else:
+        pretrained, source = derive_pretrained_config(_read_hf_config(build.hf_dir), build), "Hugging Face config.json (no checkpoint)"
+    write_build_inputs(build)
+    engine_config = {"version": build.version.version, "pretrained_config": pretrained, "build_config": build.engine_build_config}
+    _write_json(build.output_dir / ENGINE_CONFIG_FILE, engine_config)
+    _write_json(build.output_dir / DRY_RUN_FILE, {
+        "dry_run": True,
+        "trtllm_version": build.version.version,
+        "image": build.version.image,
+        "image_tag_inferred": build.version.triton_tag_inferred,
+        "pretrained_config_from": source,
+        "missing": [f"rank{r}.engine" for r in range(build.settings.world_size)]
+        + [f"{ENGINE_LORA_DIR}/{i}/" for i in range(len(build.settings.lora_dirs))],
+        "argv": list(build.argv),
+        "decisions": [d.to_json() for d in build.decisions],
+    })
+    return BuildOutcome(build.output_dir, True, build.argv)
 
 
 def is_dry_run(engine_dir: Path) -> bool:

@@ -1,6 +1,6 @@
 """The `openai` service of the cpu deployment: the OpenAI-compatible front end before the `triton` service.
 
-Same image as Triton's (the project is installed in it), running
+Same image as Triton's (the project is installed in it), running (pipeline.deploy.server_command)
 `trtllm-pipeline openai /models --triton-url triton:8001 --host 0.0.0.0 --port 9000 --model-name <name>`:
 it reads the served repository (mounted read-only at /models, as Triton's) for the preprocessing
 model's facts, and the tokenizer at /tokenizer, where that repository names it. Its port is
@@ -19,27 +19,10 @@ from typing import Any
 
 from pipeline.config.spec import Spec
 from pipeline.deploy import layout
-from pipeline.deploy.parts import bind_mount, hardening, published
+from pipeline.deploy.compose.parts import bind_mount, hardening, published
+from pipeline.deploy.server_command import openai_command
 
 OPENAI_START_PERIOD = "30s"
-
-
-def openai_command(spec: Spec) -> list[str]:
-    return [
-        "trtllm-pipeline",
-        "openai",
-        layout.MODELS_MOUNT,
-        "--triton-url",
-        f"{layout.TRITON_SERVICE}:{layout.CONTAINER_GRPC_PORT}",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(layout.OPENAI_PORT),
-        "--model-name",
-        spec.name,
-        "--triton-model",
-        spec.serve.model_name,
-    ]
 
 
 def openai_service(

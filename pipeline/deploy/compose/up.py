@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.deploy import layout
+from pipeline.deploy.compose.layout import COMPOSE_FILE
 from pipeline.errors import StageError, ToolError
 from pipeline.tools import run_command
 
@@ -12,14 +12,14 @@ UP_TIMEOUT_SECONDS = 1800.0  # pulling a Triton TRT-LLM image (tens of GB) and b
 
 
 def compose_command(deploy_dir: Path, profile: str, *args: str) -> list[str]:
-    compose_file = deploy_dir / layout.COMPOSE_FILE
+    compose_file = deploy_dir / COMPOSE_FILE
     return ["docker", "compose", "--project-directory", str(deploy_dir), "-f", str(compose_file), "--profile", profile, *args]
 
 
 def compose_up(deploy_dir: Path, profile: str, *, timeout: float = UP_TIMEOUT_SECONDS) -> str:
     """Start the deployment detached; its output. ToolError with a hint when Docker cannot do it."""
-    if not (deploy_dir / layout.COMPOSE_FILE).is_file():
-        raise StageError(f"{deploy_dir} holds no {layout.COMPOSE_FILE}; run the deploy stage first")
+    if not (deploy_dir / COMPOSE_FILE).is_file():
+        raise StageError(f"{deploy_dir} holds no {COMPOSE_FILE}; run the deploy stage first")
     manual = f"cd {deploy_dir} && docker compose --profile {profile} up -d"
     _require(
         ["docker", "info", "--format", "{{.ServerVersion}}"],

@@ -1,51 +1,45 @@
-"""Where the quantize job runs for the engine target with `quantize.device: cuda`: through the build runner.
+"""Where the quantize job runs: in this process, or, for the engine target with `quantize.device: cuda`,
+through the build runner (pipeline.backends.container_jobs) as a container job:
 
 * `local`: in this process, on this host's GPU (refused when torch sees no CUDA device);
 * `docker`: `python3 -m pipeline.backends.quantize_job` in the version profile's pinned Triton TRT-LLM
   image, with this project's `pipeline/` package mounted read-only on PYTHONPATH, the prepared HF
-  checkpoint and the calibration files mounted read-only, the artifact directory read-write, the GPUs,
-  shm and ulimits of the build runner's `docker run`, as the calling user, without network;
+  checkpoint and the calibration files mounted read-only, the artifact directory read-write (and the
+  runner's GPUs, shm, ulimits, user and no network);
 * `dry-run`: nothing runs; `quantize.sh` and the request are written for a GPU host.
 
-Every runner writes `quantize_request.json` and `quantize.sh` into the artifact first. The real ones then
-check the checkpoint the job wrote (config.json quantization and mapping, one rank file per rank), as the
-build runners check an engine directory. Otherwise (quantize.device cpu, or another target) the quantize
+Every runner writes `quantize_request.json` and `quantize.sh` into the artifact first. After a real job
+the checkpoint it wrote is checked (config.json quantization and mapping, one rank file per rank), as the
+build job checks an engine directory. Otherwise (quantize.device cpu, or another target) the quantize
 stage calls `quantize_job.run_job` in its own process and writes neither file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable
 
-import pipeline
-from pipeline import tools
+from pipeline.backends.container_jobs import ContainerJob, JobRunner, Mount, RunnerUnavailable, Which
 from pipeline.backends.quantize_job import (
     JOB_MODULE,
     REQUEST_FILE,
     RESULT_FILE,
     CalibrationRequest,
     QuantizeRequest,
-)
-from pipeline.backends.runners import (
-    RunCommand,
-    RunnerUnavailable,
-    Which,
-    check_docker_engine,
-    docker_run_prefix,
+    run_job,
 )
 from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
 from pipeline.backends.trtllm_versions import TrtllmVersion, get_version
 from pipeline.config.format_rules import needs_calibration
 from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
 from pipeline.config.targets import traits_of
-from pipeline.errors import SpecError, StageError
+from pipeline.errors import StageError
+from pipeline.sources import package_dir
 
 SCRIPT_FILE = "quantize.sh"
 CHECKPOINT_DIR = "trtllm_checkpoint"
@@ -125,27 +119,76 @@ class QuantizeOutcome:
     docker_command: tuple[str, ...] | None = None  # the `docker run` of the docker runner (docker, and dry run on cuda)
 
 
-class QuantizeRunner(Protocol):
-    def run(self, job: QuantizeJob) -> QuantizeOutcome:
-        ...
-
-
-def make_quantize_runner(kind: str, *, image: str | None = None, gpus: Sequence[int] = (), shm_size: str = "2g", log=None) -> QuantizeRunner:
-    docker = DockerQuantizeRunner(image=image, gpus=tuple(gpus), shm_size=shm_size)
-    if kind == "local":
-        return LocalQuantizeRunner(log=log)
-    if kind == "docker":
-        return docker
-    if kind == "dry-run":
-        return DryRunQuantizeRunner(docker=docker)
-    raise SpecError(f"quantize runner {kind!r} is not one of local, docker, dry-run")
-
-
 def job_for(spec: Spec, request: QuantizeRequest, artifact_dir: Path, work_dir: Path) -> QuantizeJob:
     return QuantizeJob(spec.name, request, Path(artifact_dir), Path(work_dir), get_version(spec.build.trtllm_version))
 
 
-# -- shared steps ---------------------------------------------------------------------------------------
+def run_quantize(
+    job: QuantizeJob,
+    runner: JobRunner,
+    *,
+    log: Callable[[str], None] | None = None,
+    cuda_available: Callable[[], bool] | None = None,
+    source_dir: Path | None = None,
+) -> QuantizeOutcome:
+    """Write the request and `quantize.sh`, run the job through `runner` (unless a dry run), check what it wrote."""
+    container = container_job(job, log=log, cuda_available=cuda_available, source_dir=source_dir)
+    # A dry run of a cpu-device job names no `docker run`: that job runs in this process.
+    docker_command = None if runner.dry_run and job.request.device != "cuda" else runner.docker_command(container)
+    if runner.dry_run:
+        write_job_inputs(job, docker_command)
+        return QuantizeOutcome(True, job.argv, None, docker_command=docker_command)
+    runner.check(container)
+    write_job_inputs(job, docker_command)
+    output = runner.run(container)
+    check_checkpoint_output(job.request)
+    return QuantizeOutcome(False, runner.command(container), read_result(job.request), output, docker_command)
+
+
+def container_job(
+    job: QuantizeJob,
+    *,
+    log: Callable[[str], None] | None = None,
+    cuda_available: Callable[[], bool] | None = None,
+    source_dir: Path | None = None,
+) -> ContainerJob:
+    """The job as NVIDIA's image runs it (which ships torch, transformers and ModelOpt), or this process on its GPU."""
+    return ContainerJob(
+        argv=job.argv,
+        image=job.version.image,
+        work_dir=job.artifact_dir,
+        mounts=_mounts(job, source_dir or package_dir("pipeline").resolve()),
+        env=(("PYTHONPATH", CONTAINER_SOURCE), ("PYTHONDONTWRITEBYTECODE", "1"), ("HF_HUB_OFFLINE", "1")),
+        check_host=partial(_check_cuda_here, job.request, cuda_available or _torch_cuda_available),
+        run_here=partial(run_job, job.request, log=log),
+    )
+
+
+def _mounts(job: QuantizeJob, source_dir: Path) -> tuple[Mount, ...]:
+    """Our package, the HF checkpoint, the calibration files (unless under an earlier mount), the artifact."""
+    r = job.request
+    inputs = [Mount(r.hf_dir, r.hf_dir)]
+    for path in r.calibration.files if r.calibration is not None else ():
+        if not any(path == m.host or str(path).startswith(f"{m.host}/") for m in inputs):
+            inputs.append(Mount(path, path))
+    return (Mount(source_dir, Path(CONTAINER_SOURCE) / "pipeline"), *inputs, Mount(job.artifact_dir, job.artifact_dir, read_only=False))
+
+
+def _check_cuda_here(request: QuantizeRequest, cuda_available: Callable[[], bool], which: Which) -> None:
+    if request.device == "cuda" and not cuda_available():
+        raise RunnerUnavailable(
+            "quantize.device is cuda with build.runner local, but torch sees no CUDA device on this host",
+            hint="run on a GPU host, use --runner docker (the GPU is in the container) or --runner dry-run, or set quantize.device: cpu",
+        )
+
+
+def _torch_cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+# -- the job's files ------------------------------------------------------------------------------------
 def write_job_inputs(job: QuantizeJob, docker_command: Sequence[str] | None = None) -> None:
     """`quantize_request.json` and `quantize.sh` (the exact command) in the artifact directory."""
     job.work_dir.mkdir(parents=True, exist_ok=True)
@@ -206,95 +249,3 @@ def read_result(request: QuantizeRequest) -> dict[str, Any]:
     if not isinstance(result, dict) or not isinstance(result.get("quantization"), dict):
         raise StageError(f"{request.result_file}: not a quantize job result")
     return result
-
-
-def package_dir() -> Path:
-    """This project's `pipeline` package directory (mounted read-only into the container)."""
-    return Path(pipeline.__file__).resolve().parent
-
-
-# -- runners --------------------------------------------------------------------------------------------
-@dataclass
-class LocalQuantizeRunner:
-    """The job in this process, on this host's GPU (build.runner local)."""
-
-    log: Any = None
-    cuda_available: Any = None  # () -> bool; default torch.cuda.is_available
-
-    def run(self, job: QuantizeJob) -> QuantizeOutcome:
-        from pipeline.backends.quantize_job import run_job
-
-        available = self.cuda_available or _torch_cuda_available
-        if job.request.device == "cuda" and not available():
-            raise RunnerUnavailable(
-                "quantize.device is cuda with build.runner local, but torch sees no CUDA device on this host",
-                hint="run on a GPU host, use --runner docker (the GPU is in the container) or --runner dry-run, or set quantize.device: cpu",
-            )
-        write_job_inputs(job)
-        result = run_job(job.request, log=self.log)
-        check_checkpoint_output(job.request)
-        return QuantizeOutcome(False, job.argv, result)
-
-
-def _torch_cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-@dataclass
-class DockerQuantizeRunner:
-    """The job in the pinned `tritonserver:<tag>-trtllm-python-py3` image (which ships torch, transformers, ModelOpt)."""
-
-    image: str | None = None  # default: the version's pinned image
-    gpus: tuple[int, ...] = ()  # () = all GPUs
-    shm_size: str = "2g"
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
-    source_dir: Path = field(default_factory=package_dir)
-    run_command: RunCommand = tools.run_command
-    which: Which = shutil.which
-    timeout: float | None = None
-
-    def mounts(self, job: QuantizeJob) -> list[tuple[str, str, str]]:
-        """(host path, container path, mode): our package, the HF checkpoint, the calibration files, the artifact."""
-        r = job.request
-        mounts = [(str(self.source_dir), f"{CONTAINER_SOURCE}/pipeline", "ro"), (str(r.hf_dir), str(r.hf_dir), "ro")]
-        for path in r.calibration.files if r.calibration is not None else ():
-            if not any(str(path) == m[0] or str(path).startswith(m[0] + "/") for m in mounts[1:]):
-                mounts.append((str(path), str(path), "ro"))
-        mounts.append((str(job.artifact_dir), str(job.artifact_dir), "rw"))
-        return mounts
-
-    def command(self, job: QuantizeJob) -> list[str]:
-        volumes = [arg for host, inside, mode in self.mounts(job) for arg in ("-v", f"{host}:{inside}" + (":ro" if mode == "ro" else ""))]
-        return [
-            *docker_run_prefix(self.gpus, self.shm_size, self.uid, self.gid),
-            "-e", f"PYTHONPATH={CONTAINER_SOURCE}", "-e", "PYTHONDONTWRITEBYTECODE=1", "-e", "HF_HUB_OFFLINE=1",
-            "--network", "none",
-            *volumes, "-w", str(job.artifact_dir),
-            self.image or job.version.image, *job.argv,
-        ]
-
-    def check_engine(self) -> str:
-        return check_docker_engine(self.which, self.run_command)
-
-    def run(self, job: QuantizeJob) -> QuantizeOutcome:
-        self.check_engine()
-        command = self.command(job)
-        write_job_inputs(job, command)
-        log = self.run_command(command, timeout=self.timeout)
-        check_checkpoint_output(job.request)
-        return QuantizeOutcome(False, tuple(command), read_result(job.request), log, tuple(command))
-
-
-@dataclass
-class DryRunQuantizeRunner:
-    """Writes the request and `quantize.sh` (with the `docker run` the docker runner would use), runs nothing."""
-
-    docker: DockerQuantizeRunner = field(default_factory=DockerQuantizeRunner)
-
-    def run(self, job: QuantizeJob) -> QuantizeOutcome:
-        docker_command = self.docker.command(job) if job.request.device == "cuda" else None
-        write_job_inputs(job, docker_command)
-        return QuantizeOutcome(True, job.argv, None, docker_command=None if docker_command is None else tuple(docker_command))
