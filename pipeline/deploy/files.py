@@ -96,9 +96,10 @@ def write_monitoring(out_dir: Path, spec: Spec, target: str) -> list[Path]:
 def write_server_files(out_dir: Path, spec: Spec, target: str, source_root: Path | None = None) -> list[Path]:
     """The engine container's entrypoint check, or the cpu image's build context (Dockerfile and project source)."""
     written = []
-    if target == "engine":
+    facts = layout.container_facts(target)
+    if facts.checks_engine_in_container:
         written.append(write_file(out_dir / layout.ENGINE_CHECK_FILE, Path(engine_runtime.__file__).read_text(encoding="utf-8")))
-    if target == "cpu":
+    if facts.image_has_project:
         base_image = images.server_image(spec, target)
         text = dockerfile.render_dockerfile(build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note)
         written.append(write_file(out_dir / layout.DOCKERFILE, text))

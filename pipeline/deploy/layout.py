@@ -16,6 +16,11 @@ own files (pipeline.deploy.compose.layout: docker-compose.yml and .env) and:
 
 from __future__ import annotations
 
+from pipeline.backends.base import ComposeFacts
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import Target
+from pipeline.errors import SpecError
+
 DOCKERFILE = "Dockerfile"
 DOCKERIGNORE = ".dockerignore"
 SOURCE_DIR = "src"
@@ -54,3 +59,15 @@ GRAFANA_SERVICE = "grafana"
 ADMIN_KEY_VARIABLE = "TRITON_ADMIN_KEY"
 GRAFANA_PASSWORD_VARIABLE = "GRAFANA_ADMIN_PASSWORD"
 ADMIN_KEY_HEADER = "admin-key"
+
+
+def container_facts(target: str | Target) -> ComposeFacts:
+    """How the target's Triton runs in a container (its backend's facts); refused for a target without a deployment."""
+    facts = backend_for(Target(target)).compose
+    if facts is None:
+        deployable = ", ".join(t.value for t in Target if backend_for(t).compose is not None)
+        raise SpecError(
+            f"build.target {Target(target).value!r} has no docker compose deployment yet; deployable targets: {deployable}",
+            hint="deploy the engine target (profile gpu) or the cpu target (profile cpu)",
+        )
+    return facts

@@ -41,7 +41,6 @@ USER = "1000:1000"  # the NGC image's `triton-server`; the cpu image creates the
 MEMLOCK_UNLIMITED = {"soft": -1, "hard": -1}
 STACK_BYTES = 67108864
 PIDS_LIMIT = 8192
-START_PERIOD = {"engine": "900s", "cpu": "180s"}  # engine load can take minutes (70B: tens of GB)
 HEALTH_URL = f"http://127.0.0.1:{layout.CONTAINER_HTTP_PORT}/v2/health/ready"
 ADMIN_KEY = required_variable(layout.ADMIN_KEY_VARIABLE)
 RUNTIME_ENVIRONMENT = {  # nothing may reach for the network or write outside /tmp
@@ -68,9 +67,10 @@ def render_compose(
     """
     profile = profile_for(target)
     _check_bind_address(spec.deploy.bind_address)
+    facts = layout.container_facts(target)
     triton = _triton_service(spec, target, profile, model_repository, engine_dir, tokenizer_dir, deploy_dir)
     services = {layout.TRITON_SERVICE: triton}
-    if target == "cpu":  # the image has the project installed (NGC's engine image does not)
+    if facts.image_has_project:  # the OpenAI front end runs from it (NGC's engine image lacks the project)
         services[layout.OPENAI_SERVICE] = openai_service(
             spec, triton, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
         )
@@ -116,7 +116,7 @@ def deployment_header(spec: Spec, target: str, *, start: str | None = None) -> s
     image = images.server_image(spec, target)
     if start is None:
         start = f"Start from this directory: docker compose --profile {profile} up -d   (.env holds the secrets and the profile)"
-    what = "Triton image" if target == "engine" else f"Base of the cpu image (built from {layout.DOCKERFILE})"
+    what = f"Base of the cpu image (built from {layout.DOCKERFILE})" if layout.container_facts(target).image_has_project else "Triton image"
     return "\n".join(
         [
             f"Rendered by trtllm-pipeline (deploy stage) for build {spec.name!r}, target {target}, profile {profile}. Do not edit:",
@@ -160,12 +160,13 @@ def _triton_service(
         volumes.append(bind_mount(tokenizer_dir, layout.TOKENIZER_MOUNT))
     service: dict[str, Any] = {"profiles": [profile]}
     environment = dict(RUNTIME_ENVIRONMENT)
-    if target == "engine":
+    facts = layout.container_facts(target)
+    if not facts.image_has_project:  # the published Triton TRT-LLM image
         world_size = spec.build.tp_size * spec.build.pp_size
         service["image"] = images.server_image(spec, target).reference
-        engine = _engine_for_image(spec, service["image"])
-        service["entrypoint"] = engine_entrypoint(engine)
-        volumes.append(bind_mount(deploy_dir / layout.ENGINE_CHECK_FILE, layout.ENGINE_CHECK_MOUNT))
+        if facts.checks_engine_in_container:
+            service["entrypoint"] = engine_entrypoint(_engine_for_image(spec, service["image"]))
+            volumes.append(bind_mount(deploy_dir / layout.ENGINE_CHECK_FILE, layout.ENGINE_CHECK_MOUNT))
         command = engine_server_command(world_size, ADMIN_KEY)
         health = ["CMD", "curl", "-fsS", "--max-time", "2", HEALTH_URL]
         if world_size > 1:
@@ -200,11 +201,11 @@ def _triton_service(
                 "interval": "10s",
                 "timeout": "5s",
                 "retries": 3,
-                "start_period": START_PERIOD[target],
+                "start_period": facts.health_start_period,
             },
         }
     )
-    if target == "engine":
+    if facts.reserves_gpus:
         service["deploy"] = {"resources": {"reservations": {"devices": [_gpu_reservation(spec)]}}}
     return service
 

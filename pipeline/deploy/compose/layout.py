@@ -8,23 +8,15 @@ and the compose profile of each build target.
 
 from __future__ import annotations
 
-from pipeline.errors import SpecError
+from pipeline.deploy.layout import container_facts
 
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 
-_PROFILES = {"engine": "gpu", "cpu": "cpu"}
-
 
 def profile_for(target: str) -> str:
-    """The compose profile of a build target: `gpu` for engine, `cpu` for cpu."""
-    profile = _PROFILES.get(str(target))
-    if profile is None:
-        raise SpecError(
-            f"build.target {target!r} has no docker compose deployment yet; deployable targets: {', '.join(_PROFILES)}",
-            hint="deploy the engine target (profile gpu) or the cpu target (profile cpu)",
-        )
-    return profile
+    """The compose profile of a build target (its backend's: `gpu` for engine, `cpu` for cpu)."""
+    return container_facts(target).profile
 
 
 def project_name(build_name: str) -> str:
