@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
@@ -172,7 +173,10 @@ def _run_stage(
     with console.status(f"[bold]{stage.name}[/bold]: {stage.summary}"):
         notes: dict = {}
         with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:
-            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console, notes, store.path_for(stage))
+            context = StageContext(
+                loaded.spec, loaded.model, stage, upstream, out_dir, console, notes, store.path_for(stage),
+                history=functools.partial(store.history, stage.name),
+            )
             try:
                 stage_function(stage.name)(context)
             except PipelineError:

@@ -14,6 +14,10 @@ from pipeline.config.spec import Spec
 from pipeline.plan import StagePlan
 
 
+def _no_history() -> tuple[ArtifactRef, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class StageContext:
     spec: Spec
@@ -24,6 +28,8 @@ class StageContext:
     console: Console
     notes: dict[str, Any] = field(default_factory=dict)  # stored in the artifact's manifest
     final_dir: Path | None = None  # where out_dir will be renamed to once the stage succeeds
+    # this build's sealed artifacts of this stage (any digest), verified, oldest first: ArtifactStore.history
+    history: Callable[[], tuple[ArtifactRef, ...]] = _no_history
 
     def log(self, message: str) -> None:
         self.console.print(f"  [dim]{self.plan.name}:[/dim] {message}")
