@@ -7,7 +7,6 @@ stops the pipeline before deploy."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -66,21 +65,17 @@ def workload_recipe(gate: PerformanceGateSpec) -> dict[str, Any]:
 
 
 def previous_report(ctx: StageContext) -> dict[str, Any] | None:
-    """The newest stored report of this stage for this build: this digest's own (when --force
-    measures again) or another digest's (an earlier build)."""
-    candidates = []
-    if ctx.final_dir is not None:
-        candidates = [path / REPORT for path in ctx.final_dir.parent.glob(f"{ctx.plan.name}-*") if path.is_dir()]
+    """The newest measured report of this stage for this build, from the store: this digest's own
+    (when --force measures again) or another digest's (an earlier build)."""
     reports = []
-    for path in candidates:
+    for ref in ctx.history():
         try:
-            report = json.loads(path.read_text())
-            created = json.loads((path.parent / "manifest.json").read_text()).get("created", "")
+            report = json.loads((ref.path / REPORT).read_text())
         except (OSError, ValueError):
             continue
         if report.get("point") is not None:
-            reports.append((created, {**report, "created": created}))
-    return max(reports, key=lambda item: item[0])[1] if reports else None
+            reports.append({**report, "created": ref.manifest.get("created", "")})
+    return reports[-1] if reports else None
 
 
 def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
