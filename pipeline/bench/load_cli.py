@@ -89,7 +89,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sweep_options(args: argparse.Namespace) -> Any:
     from clients.loadgen import SloLimits
-    from pipeline.bench.load_bench import SweepOptions
+    from pipeline.loadtest.sweep import SweepOptions
 
     try:
         concurrencies = _int_list(args.concurrency) if args.concurrency else (1, 2, 4, 8)
@@ -111,7 +111,7 @@ def sweep_options(args: argparse.Namespace) -> Any:
 
 
 def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list["LoadRequest"], str]:
-    from pipeline.bench.load_workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
+    from pipeline.loadtest.workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
 
     try:
         output = LengthDist(args.output_tokens, args.output_tokens_stddev)
@@ -144,7 +144,7 @@ def progress_bar(console: Console) -> tuple[Progress, Any]:
 
 
 def write_results(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    from pipeline.bench.load_report import plot_sweep
+    from pipeline.loadtest.report import plot_sweep
 
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{RESULT_NAME}.json"
@@ -156,9 +156,10 @@ def run_load_command(args: argparse.Namespace) -> int:
     """Build (or reuse) the served repository, start what the sweep needs (unless --url), sweep,
     write JSON + plot, print the table (or JSON)."""
     from pipeline.artifacts import ArtifactStore, store_root
-    from pipeline.bench.load_bench import Endpoints, run_load_sweep, serving
-    from pipeline.bench.load_report import render_load_markdown
     from pipeline.config.loader import load_config
+    from pipeline.loadtest.report import render_load_markdown
+    from pipeline.loadtest.serving import serving
+    from pipeline.loadtest.sweep import Endpoints, run_load_sweep
     from pipeline.runner import run_pipeline
     from pipeline.stages.package import REPOSITORY_DIR
 

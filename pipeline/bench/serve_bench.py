@@ -37,7 +37,8 @@ from pipeline.errors import StageError
 from pipeline.serve import ServerOptions, TritonServer
 from pipeline.serve import process as _process
 from pipeline.bench import serve_env
-from pipeline.bench.serve_env import LOOPBACK
+from pipeline.loadtest.serving import LOOPBACK, free_ports
+from pipeline.loadtest.serving import server_version as read_server_version
 from pipeline.bench.serve_paths import (
     ONE_TOKEN_OF,
     SINGLE_TOKEN_PATHS,
@@ -125,7 +126,7 @@ def run_serve_bench(
     expected = {1: tok.delta(prompt_ids, reference_ids[:1]), stream_tokens: tok.delta(prompt_ids, reference_ids)}
     say(f"in-process engine loaded ({engine_settings}); prompt {len(prompt_ids)} tokens")
 
-    http_port, grpc_port, metrics_port = serve_env.free_ports(3)
+    http_port, grpc_port, metrics_port = free_ports(3)
     options = dataclasses.replace(
         ServerOptions.from_deploy(deploy, repo),
         bind_address=LOOPBACK, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5,
@@ -142,7 +143,7 @@ def run_serve_bench(
         server.wait_until_ready(timeout=startup_timeout)
         startup_s = time.monotonic() - t0
         server_pid = server.pid
-        server_version = serve_env.server_version(options.http_url)
+        server_version = read_server_version(options.http_url)
         say(f"tritonserver {server_version} ready in {startup_s:.1f} s (pid {server_pid})")
 
         def make_workers(max_tokens: int, callers: int) -> Callable[[MeasuredPath], list]:

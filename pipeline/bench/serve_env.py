@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-
-LOOPBACK = "127.0.0.1"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,26 +62,6 @@ def engine_settings(repo: Path) -> dict[str, Any]:
         "enable_chunked_context": boolean("enable_chunked_context"),
         "enable_prefix_caching": boolean("enable_kv_cache_reuse"),
     }
-
-
-def free_ports(count: int) -> list[int]:
-    probes = []
-    for _ in range(count):
-        probe = socket.socket()
-        probe.bind((LOOPBACK, 0))
-        probes.append(probe)
-    ports = [probe.getsockname()[1] for probe in probes]
-    for probe in probes:
-        probe.close()
-    return ports
-
-
-def server_version(http_url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(f"{http_url}/v2", timeout=10) as response:
-            return json.loads(response.read()).get("version")
-    except Exception:  # a figure for the recipe only
-        return None
 
 
 def engine_metrics(metrics_url: str) -> dict[str, float]:

@@ -65,7 +65,7 @@ def _names(text: str) -> tuple[str, ...]:
 def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
     from clients.loadgen.chaos import ChaosTargets
     from pipeline.artifacts import ArtifactStore, store_root
-    from pipeline.bench.load_bench import serving
+    from pipeline.loadtest.serving import serving
     from pipeline.bench.soak import soak
     from pipeline.config.loader import load_config
     from pipeline.stages.package import REPOSITORY_DIR

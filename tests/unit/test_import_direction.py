@@ -1,6 +1,6 @@
 """The packages' import rules (ARCHITECTURE.md §4): refengine and clients never import pipeline;
 pipeline reaches refengine only through the cpu backend (and the benchmarks that measure it) and
-clients only where it calls a served model (the CLI, the benchmarks, the performance gate)."""
+clients only where it calls a served model (the CLI, the benchmarks, the load-test library, the performance gate)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 ALLOWED = {
     ("pipeline", "refengine"): ("pipeline/backends/", "pipeline/bench/"),
-    ("pipeline", "clients"): ("pipeline/cli.py", "pipeline/cli_openai.py", "pipeline/bench/", "pipeline/stages/slo.py"),
+    ("pipeline", "clients"): ("pipeline/cli.py", "pipeline/cli_openai.py", "pipeline/bench/", "pipeline/loadtest/", "pipeline/stages/slo.py"),
 }
 
 

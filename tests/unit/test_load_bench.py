@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from pipeline.bench.load_bench import openai_overhead
-from pipeline.bench.load_report import plot_sweep, render_load_markdown
-from pipeline.bench.load_workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
+from pipeline.loadtest.report import plot_sweep, render_load_markdown
+from pipeline.loadtest.sweep import openai_overhead
+from pipeline.loadtest.workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
 from pipeline.cli import main
 from pipeline.errors import SpecError
 from tests.conftest import REPO
