@@ -97,13 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     serve_bench.add_argument("--warmup", type=int, help="warm-up requests per point (default 4; --overhead: per path, default 20)")
     serve_bench.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8; --overhead: one value, default 1)")
     serve_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
-    from pipeline.bench.load_cli import add_load_arguments
+    from pipeline.bench.load.command import add_load_arguments
 
     add_load_arguments(serve_bench)
     accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
     accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
     accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    from pipeline.bench.soak_cli import add_soak_parser
+    from pipeline.bench.soak.command import add_soak_parser
 
     add_soak_parser(bench_sub)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
@@ -127,7 +127,7 @@ def run_cli(argv: list[str], console: Console) -> int:
     if args.command == "bench" and args.bench_command == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench_command == "soak":
-        from pipeline.bench.soak_cli import run_soak_command
+        from pipeline.bench.soak.command import run_soak_command
 
         return run_soak_command(args, _build_cpu_target)
     if args.command == "bench" and args.bench_command == "accuracy":
@@ -274,11 +274,11 @@ def _check_engine_runtime(loaded: LoadedConfig, store: ArtifactStore) -> None:
 
 def _bench_serve(args: argparse.Namespace) -> int:
     if not args.overhead:
-        from pipeline.bench.load_cli import run_load_command
+        from pipeline.bench.load.command import run_load_command
 
         return run_load_command(args)
-    from pipeline.bench.serve_bench import run_serve_bench
-    from pipeline.bench.serve_report import render_serve_markdown
+    from pipeline.bench.overhead.bench import run_serve_bench
+    from pipeline.bench.overhead.report import render_serve_markdown
     from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.package import REPOSITORY_DIR
 
@@ -321,8 +321,8 @@ def _bench_accuracy(args: argparse.Namespace) -> int:
 
 
 def _bench_engine(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.bench.engine_bench import run_engine_bench
-    from pipeline.bench.report import render_markdown
+    from pipeline.bench.engine.bench import run_engine_bench
+    from pipeline.bench.engine.report import render_markdown
     from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.prepare import checkpoint_dir
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.serve_bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, run_serve_bench
-from pipeline.bench.serve_report import render_serve_markdown
+from pipeline.bench.overhead.bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, run_serve_bench
+from pipeline.bench.overhead.report import render_serve_markdown
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import leaks
 

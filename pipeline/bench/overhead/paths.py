@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.bench.serve_env import load_module
+from pipeline.bench.overhead.environment import load_module
 
 _RESPONSE_TIMEOUT_S = 120.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -27,7 +27,7 @@ import platform
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.bench.systems import (
+from pipeline.bench.engine.systems import (
     HFContinuousSettings,
     SystemRun,
     run_hf_continuous,
@@ -35,7 +35,7 @@ from pipeline.bench.systems import (
     run_prefix_reuse,
     run_refengine,
 )
-from pipeline.bench.workload import make_prefix_workload, make_workload
+from pipeline.bench.engine.workload import make_prefix_workload, make_workload
 
 TARGETS = {"inflight_vs_static": 3.0, "inflight_vs_hf_continuous": 1.5, "kv_paged_utilisation": 0.90,
            "shared_prefill_skipped": 0.90}

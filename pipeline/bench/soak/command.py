@@ -1,4 +1,4 @@
-"""`trtllm-pipeline bench soak CONFIG`: arguments and command of the soak (pipeline.bench.soak)."""
+"""`trtllm-pipeline bench soak CONFIG`: arguments and command of the soak (soak/bench.py)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
     from clients.loadgen.chaos import ChaosTargets
     from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.loadtest.serving import serving
-    from pipeline.bench.soak import soak
+    from pipeline.bench.soak.bench import soak
     from pipeline.config.loader import load_config
     from pipeline.stages.package import REPOSITORY_DIR
 

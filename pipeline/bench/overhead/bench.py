@@ -36,10 +36,10 @@ from pipeline.config.spec import DeploySpec
 from pipeline.errors import StageError
 from pipeline.serve import ServerOptions, TritonServer
 from pipeline.serve import process as _process
-from pipeline.bench import serve_env
+from pipeline.bench.overhead import environment
 from pipeline.loadtest.serving import LOOPBACK, free_ports
 from pipeline.loadtest.serving import server_version as read_server_version
-from pipeline.bench.serve_paths import (
+from pipeline.bench.overhead.paths import (
     ONE_TOKEN_OF,
     SINGLE_TOKEN_PATHS,
     STREAM_PATHS,
@@ -112,7 +112,7 @@ def run_serve_bench(
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     tok = Tokenizer(repo, tokenizer_dir)
-    engine_settings = serve_env.engine_settings(repo)
+    engine_settings = environment.engine_settings(repo)
     engine = LLMEngine.from_engine_dir(engine_dir, **engine_settings)
     loop_engine = LLMEngine.from_engine_dir(engine_dir, **engine_settings)  # the loop's own (no lock sharing)
     prompt_ids = tok.encode(prompt)
@@ -138,7 +138,7 @@ def run_serve_bench(
     try:
         say(f"starting tritonserver on {LOOPBACK} (HTTP {http_port}, gRPC {grpc_port}, metrics {metrics_port})")
         t0 = time.monotonic()
-        with serve_env.bench_environment({"OMP_NUM_THREADS": str(torch_threads)} if torch_threads is not None else {}):
+        with environment.bench_environment({"OMP_NUM_THREADS": str(torch_threads)} if torch_threads is not None else {}):
             server.start()
         server.wait_until_ready(timeout=startup_timeout)
         startup_s = time.monotonic() - t0
@@ -168,7 +168,7 @@ def run_serve_bench(
             stream_paths, make_workers(stream_tokens, 1), requests=stream_requests, warmup=stream_warmup, rounds=stream_rounds,
             server_pgid=server_pid, say=say, title="(2)", all_workers=open_workers,
         )
-        metrics_tail = serve_env.engine_metrics(options.metrics_url)
+        metrics_tail = environment.engine_metrics(options.metrics_url)
     except BaseException as error:
         # The server's log goes with its temporary workspace; keep what it says with the error.
         if server.workspace is not None:
@@ -253,7 +253,7 @@ def run_serve_bench(
                 (row["latency_ms"]["p50"] - stream_by_name[partner]["latency_ms"]["p50"]) / stream_tokens, 4
             )
 
-    recipe = serve_env.recipe(
+    recipe = environment.recipe(
         repo=repo, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, deploy=deploy, options=options,
         engine=engine, engine_settings=engine_settings, prompt=prompt, prompt_ids=prompt_ids,
         counts={
