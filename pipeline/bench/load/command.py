@@ -1,5 +1,5 @@
-"""`trtllm-pipeline bench serve`: argument parsing and the command for the load benchmark (the
-`--overhead` form, the Triton-overhead table, stays in pipeline.cli)."""
+"""`trtllm-pipeline bench load CONFIG`: arguments and command of the load sweep over the load-test
+library (pipeline/loadtest/)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pipeline.bench.command_support import dim_lines, status_console
 from pipeline.errors import SpecError
 
 if TYPE_CHECKING:
     from clients.loadgen import LoadRequest
 
-RESULT_NAME = "bench-serve-load"
+RESULT_NAME = "bench-serve-load"  # its name before `bench load` had its own
+HELP = "load sweep: TTFT, ITL, throughput, goodput over a concurrency (or request-rate) sweep; JSON + PNG plot"
+CONFIG_HELP = "build config YAML (target cpu, or any target with --url)"
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -66,8 +69,12 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def add_load_arguments(parser: argparse.ArgumentParser) -> None:
-    load = parser.add_argument_group("load benchmark (the default)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, help="requests per point (default 32)")
+    parser.add_argument("--warmup", type=int, help="warm-up requests per point (default 4)")
+    parser.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    load = parser.add_argument_group("load sweep")
     load.add_argument("--endpoint", type=_endpoints, default=("grpc",), metavar="LIST",
                       help="grpc, http and/or openai, comma-separated (default grpc); several are interleaved at each point")
     load.add_argument("--request-rate", type=_rate_list, default=(), metavar="LIST",
@@ -167,10 +174,10 @@ def run_load_command(args: argparse.Namespace) -> int:
     loaded = load_config(args.config, args.overrides)
     spec = loaded.spec
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    status = status_console()
     if args.url is None and spec.build.target.value != "cpu":
         raise SpecError(
-            f"bench serve starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: "
+            f"bench load starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: "
             "measure its running deployment with --url"
         )
     until = "prepare" if args.url else "package"
@@ -178,7 +185,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     workload, description = build_workload(args, spec, results["prepare"].ref.path, options.requests_per_point)
     recipe = {"config": str(args.config), "build": spec.name, "target": spec.build.target.value, "workload": description}
     progress, update = progress_bar(status)
-    say = lambda line: status.print(f"[dim]{line}[/dim]")  # noqa: E731
+    say = dim_lines(status)
     with progress:
         if args.url:
             endpoint = options.endpoints[0]
