@@ -81,12 +81,12 @@ def built_default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 @pytest.mark.slow
 def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[Path, Path]) -> None:
-    from pipeline.bench.engine.bench import run_engine_bench
+    from pipeline.bench.engine.bench import EngineBenchOptions, run_engine_bench
     from pipeline.bench.engine.report import render_markdown
 
     engine_dir, hf_dir = built_default
     lines: list[str] = []
-    result = run_engine_bench(engine_dir, hf_dir, quick=True, progress=lines.append)
+    result = run_engine_bench(engine_dir, hf_dir, EngineBenchOptions(quick=True), progress=lines.append)
     json.loads(json.dumps(result))  # JSON-serialisable as is
     assert lines
 

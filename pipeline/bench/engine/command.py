@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
-    from pipeline.bench.engine.bench import run_engine_bench
+    from pipeline.bench.engine.bench import EngineBenchOptions, run_engine_bench
     from pipeline.bench.engine.report import render_markdown
     from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.prepare import checkpoint_dir
@@ -31,8 +31,7 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
     result = run_engine_bench(
         results["build"].ref.path / ENGINE_DIR,
         checkpoint_dir(results["prepare"].ref.path),
-        num_requests=args.requests,
-        quick=args.quick,
+        EngineBenchOptions(num_requests=args.requests, quick=args.quick),
         progress=dim_lines(status),
     )
     out = args.out or store.build_dir / RESULT_NAME

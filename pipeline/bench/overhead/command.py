@@ -29,12 +29,13 @@ def single_concurrency(text: str | None) -> int:
 
 
 def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
-    from pipeline.bench.overhead.bench import run_serve_bench
+    from pipeline.bench.overhead.bench import OverheadOptions, run_serve_bench
     from pipeline.bench.overhead.report import render_serve_markdown
     from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.package import REPOSITORY_DIR
 
     concurrency = single_concurrency(args.concurrency)  # before building: a typo should not cost a build
+    options = OverheadOptions(requests=args.requests or 200, warmup=20 if args.warmup is None else args.warmup, concurrency=concurrency)
     loaded, store, results = build_for_bench(args, build_cpu_target, "bench overhead", "package")
     status = status_console()
     result = run_serve_bench(
@@ -42,9 +43,7 @@ def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTar
         results["build"].ref.path / ENGINE_DIR,
         results["prepare"].ref.path,
         loaded.spec.deploy,
-        requests=args.requests or 200,
-        warmup=20 if args.warmup is None else args.warmup,
-        concurrency=concurrency,
+        options,
         progress=dim_lines(status),
     )
     out = store.build_dir / RESULT_NAME
