@@ -17,7 +17,7 @@ from pipeline.errors import SpecError
 if TYPE_CHECKING:
     from clients.loadgen import LoadRequest
 
-RESULT_NAME = "bench-serve-load"  # its name before `bench load` had its own
+RESULT_NAME = "bench-serve-load"  # the name it had as `bench serve`: scripts and docs read it
 HELP = "load sweep: TTFT, ITL, throughput, goodput over a concurrency (or request-rate) sweep; JSON + PNG plot"
 CONFIG_HELP = "build config YAML (target cpu, or any target with --url)"
 

@@ -8,7 +8,7 @@ import json
 from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console
 from pipeline.errors import SpecError
 
-RESULT_NAME = "bench-serve.json"  # its name before `bench overhead` had its own
+RESULT_NAME = "bench-serve.json"  # the name it had as `bench serve --overhead`
 HELP = "what Triton adds per request: 1-token generate via HTTP/gRPC/in-process and the per-token cost of streaming"
 CONFIG_HELP = "build config YAML (target cpu)"
 

@@ -1,4 +1,4 @@
-"""The serving benchmark's measured paths (HTTP, gRPC, in-process, EngineLoop) and how a round is timed."""
+"""The overhead benchmark's measured paths (HTTP, gRPC, in-process, EngineLoop) and how a round is timed."""
 
 from __future__ import annotations
 
