@@ -78,34 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.cli_openai import add_openai_arguments
 
     add_openai_arguments(sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton"))
-    bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
-    engine_bench.add_argument("config", type=Path, help="build config YAML (target cpu)")
-    engine_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    engine_bench.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
-    engine_bench.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
-    engine_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
-    engine_bench.add_argument("--out", type=Path, help="also write the JSON result here (default: <artifacts>/<name>/bench-engine.json)")
-    serve_bench = bench_sub.add_parser(
-        "serve", help="load benchmark (TTFT, ITL, throughput, goodput over a concurrency sweep); --overhead: what Triton adds per request"
-    )
-    serve_bench.add_argument("config", type=Path, help="build config YAML (target cpu, or any target with --url)")
-    serve_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    serve_bench.add_argument("--overhead", action="store_true", help="instead: 1-token generate via HTTP/gRPC/in-process and the per-token cost of streaming")
-    serve_bench.add_argument("--requests", type=int, help="requests per point (default 32; --overhead: 1-token requests per path, default 200)")
-    serve_bench.add_argument("--warmup", type=int, help="warm-up requests per point (default 4; --overhead: per path, default 20)")
-    serve_bench.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8; --overhead: one value, default 1)")
-    serve_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
-    from pipeline.bench.load_cli import add_load_arguments
+    from pipeline.bench.commands import add_bench_parser
 
-    add_load_arguments(serve_bench)
-    accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
-    accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
-    accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    from pipeline.bench.soak_cli import add_soak_parser
-
-    add_soak_parser(bench_sub)
+    add_bench_parser(sub)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
@@ -124,16 +99,10 @@ def run_cli(argv: list[str], console: Console) -> int:
         from pipeline.cli_openai import run_openai
 
         return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
-    if args.command == "bench" and args.bench_command == "serve":
-        return _bench_serve(args)
-    if args.command == "bench" and args.bench_command == "soak":
-        from pipeline.bench.soak_cli import run_soak_command
-
-        return run_soak_command(args, _build_cpu_target)
-    if args.command == "bench" and args.bench_command == "accuracy":
-        return _bench_accuracy(args)
     if args.command == "bench":
-        return _bench_engine(args, console)
+        from pipeline.bench.commands import run_bench_command
+
+        return run_bench_command(args, _build_cpu_target)
     overrides = list(args.overrides)
     if getattr(args, "runner", None):
         overrides.append(f"build.runner={args.runner}")
@@ -271,82 +240,6 @@ def _built_engine(loaded: LoadedConfig, store: ArtifactStore) -> tuple[Path, dic
     if build is None:
         return None
     return build.path / ENGINE_DIR, build.manifest.get("notes", {})
-
-
-def _bench_serve(args: argparse.Namespace) -> int:
-    if not args.overhead:
-        from pipeline.bench.load_cli import run_load_command
-
-        return run_load_command(args)
-    from pipeline.bench.serve_bench import run_serve_bench
-    from pipeline.bench.serve_report import render_serve_markdown
-    from pipeline.stages.build import ENGINE_DIR
-    from pipeline.stages.package import REPOSITORY_DIR
-
-    loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
-    results = _build_cpu_target(loaded, store, "bench serve", "package")
-    status = _stderr_console()
-    result = run_serve_bench(
-        results["package"].ref.path / REPOSITORY_DIR,
-        results["build"].ref.path / ENGINE_DIR,
-        results["prepare"].ref.path,
-        loaded.spec.deploy,
-        requests=args.requests or 200,
-        warmup=20 if args.warmup is None else args.warmup,
-        concurrency=_single_concurrency(args.concurrency),
-        progress=lambda line: status.print(f"[dim]{line}[/dim]"),
-    )
-    out = store.build_dir / "bench-serve.json"
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(json.dumps(result, indent=1, sort_keys=True) if args.json else render_serve_markdown(result))
-    status.print(f"wrote {out}")
-    return 0
-
-
-def _single_concurrency(text: str | None) -> int:
-    if text is None:
-        return 1
-    if not text.isdigit() or int(text) < 1:
-        raise SpecError(f"--concurrency with --overhead takes one integer >= 1, got {text!r}")
-    return int(text)
-
-
-def _bench_accuracy(args: argparse.Namespace) -> int:
-    from pipeline.bench.accuracy_bench import render_accuracy_markdown, run_accuracy_bench
-
-    status = _stderr_console()
-    result = run_accuracy_bench(args.config, args.artifacts, progress=lambda line: status.print(f"[dim]{line}[/dim]"))
-    print(json.dumps(result, indent=1) if args.json else render_accuracy_markdown(result))
-    return 0
-
-
-def _bench_engine(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.bench.engine_bench import run_engine_bench
-    from pipeline.bench.report import render_markdown
-    from pipeline.stages.build import ENGINE_DIR
-    from pipeline.stages.prepare import checkpoint_dir
-
-    loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
-    results = _build_cpu_target(loaded, store, "bench engine", "build")
-    status = _stderr_console()
-    result = run_engine_bench(
-        results["build"].ref.path / ENGINE_DIR,
-        checkpoint_dir(results["prepare"].ref.path),
-        num_requests=args.requests,
-        quick=args.quick,
-        progress=lambda line: status.print(f"[dim]{line}[/dim]"),
-    )
-    out = args.out or store.build_dir / "bench-engine.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    if args.json:
-        print(json.dumps(result, indent=1, sort_keys=True))
-    else:
-        print(render_markdown(result))
-        status.print(f"wrote {out}")
-    return 0
 
 
 def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) -> None:

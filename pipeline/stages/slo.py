@@ -18,7 +18,7 @@ REPORT = "performance.json"
 
 
 def run(ctx: StageContext) -> None:
-    from pipeline.bench.slo import regression, regression_failures, threshold_failures
+    from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 
     gate = ctx.spec.gate.performance
     assert gate is not None  # the plan schedules this stage only with gate.performance
@@ -80,8 +80,9 @@ def previous_report(ctx: StageContext) -> dict[str, Any] | None:
 
 def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     from clients.loadgen import SloLimits
-    from pipeline.bench.load_bench import Endpoints, SweepOptions, run_load_sweep, serving
-    from pipeline.bench.load_workload import LengthDist, TextTokenizer, synthetic_requests
+    from pipeline.loadtest.serving import serving
+    from pipeline.loadtest.sweep import Endpoints, SweepOptions, run_load_sweep
+    from pipeline.loadtest.workload import LengthDist, TextTokenizer, synthetic_requests
     from pipeline.stages.package import REPOSITORY_DIR
 
     spec = ctx.spec

@@ -1,7 +1,7 @@
 """The packages' import rules (ARCHITECTURE.md §4): refengine and clients never import pipeline;
 pipeline reaches refengine only through the cpu backend (and the benchmarks that measure it) and
-clients only where it calls a served model (the CLI, the benchmarks, the performance gate). The
-one exception is refengine's architecture table, a torch-free module the config checks read."""
+clients only where it calls a served model (the CLI, the benchmarks, the load-test library, the performance
+gate). The one exception is refengine's architecture table, a torch-free module the config checks read."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 ALLOWED = {
     ("pipeline", "refengine"): ("pipeline/backends/", "pipeline/bench/"),
-    ("pipeline", "clients"): ("pipeline/cli.py", "pipeline/cli_openai.py", "pipeline/bench/", "pipeline/stages/slo.py"),
+    ("pipeline", "clients"): ("pipeline/cli.py", "pipeline/cli_openai.py", "pipeline/bench/", "pipeline/loadtest/", "pipeline/stages/slo.py"),
 }
 # Modules that any file of the other package may import: torch-free tables.
 SHARED_TABLES = {"refengine.architectures"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.slo import regression, regression_failures, threshold_failures
+from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 from pipeline.config.loader import load_config
 from pipeline.config.spec import PerformanceGateSpec
 from pipeline.errors import SpecError

@@ -123,11 +123,12 @@ SMALL_CALIBRATION = ("quantize.calibration.num_samples=8", "quantize.calibration
 def fake_load_test(monkeypatch: pytest.MonkeyPatch) -> None:
     """The performance gate's server and load sweep (no tritonserver in unit tests). They read spec.deploy only,
     which the slo digest hashes whole."""
-    from pipeline.bench import load_bench
+    from pipeline.loadtest import serving as serving_module
+    from pipeline.loadtest import sweep
 
     @contextlib.contextmanager
     def serving(repo, deploy, *, model_name, openai, **_):
-        yield load_bench.Endpoints(grpc="127.0.0.1:1", http="http://127.0.0.1:2", model_name=model_name)
+        yield sweep.Endpoints(grpc="127.0.0.1:1", http="http://127.0.0.1:2", model_name=model_name)
 
     point = {
         "requests": 10, "completed": 10, "failed": 0, "errors": {},
@@ -135,8 +136,8 @@ def fake_load_test(monkeypatch: pytest.MonkeyPatch) -> None:
         "e2e_ms": {"p50": 300.0, "p90": 400.0, "p99": 450.0}, "output_tokens_per_s": 300.0, "requests_per_s": 9.0,
         "good_requests": 10, "slo": {"ttft_ms": 2000.0},
     }
-    monkeypatch.setattr(load_bench, "serving", serving)
-    monkeypatch.setattr(load_bench, "run_load_sweep", lambda endpoints, requests, options: {"points": [point], "server_version": "fake"})
+    monkeypatch.setattr(serving_module, "serving", serving)
+    monkeypatch.setattr(sweep, "run_load_sweep", lambda endpoints, requests, options: {"points": [point], "server_version": "fake"})
 
 
 @pytest.mark.slow

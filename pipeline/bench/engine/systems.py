@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipeline.bench.workload import PrefixWorkload, Workload
+from pipeline.bench.engine.workload import PrefixWorkload, Workload
 from refengine import LLMEngine, SamplingParams
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.bench.load_report import value_at
+from pipeline.loadtest.report import value_at
 from pipeline.config.spec import PerformanceGateSpec
 
 # metric → True when a higher value is worse

@@ -1,13 +1,10 @@
-"""Tables of the serving benchmark's result."""
+"""Tables of the overhead benchmark's result."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-
-
-# -- tables ------------------------------------------------------------------------------------
 def _f(value: Any, digits: int = 2) -> str:
     if value is None:
         return "–"
@@ -15,10 +12,13 @@ def _f(value: Any, digits: int = 2) -> str:
 
 
 def render_serve_markdown(result: dict[str, Any]) -> str:
-    recipe = result["recipe"]
-    counts = recipe["counts"]
+    lines = _header(result["recipe"]) + _single_token_table(result) + _streaming_table(result) + _checks(result)
+    return "\n".join(lines)
+
+
+def _header(recipe: dict[str, Any]) -> list[str]:
     versions = recipe["versions"]
-    lines = [
+    return [
         f"Run {recipe['started']} · {recipe['machine']['cpu']}, {recipe['machine']['cpu_count']} CPU cores (shared), "
         f"tritonserver {versions['tritonserver']} (nvidia-pytriton {versions['nvidia-pytriton']}), tritonclient {versions['tritonclient']}, "
         f"torch {versions['torch']} (intra-op threads: {recipe['torch_threads']['this_process']} in-process; server stub: {recipe['torch_threads']['server_stub']}), "
@@ -29,6 +29,12 @@ def render_serve_markdown(result: dict[str, Any]) -> str:
         f"Prompt {recipe['prompt']!r} ({recipe['prompt_tokens']} tokens), greedy. Engine: {recipe['engine']['scheduler_policy']}, "
         f"chunked context {recipe['engine']['enable_chunked_context']}, KV reuse {recipe['engine']['enable_prefix_caching']}, "
         f"{recipe['engine']['compute_dtype']}.",
+    ]
+
+
+def _single_token_table(result: dict[str, Any]) -> list[str]:
+    counts = result["recipe"]["counts"]
+    lines = [
         "",
         f"(1) 1-token generate: {counts['requests']} requests per path ({counts['warmup']} warm-up), {counts['concurrency']} caller(s), "
         f"{counts['rounds']} interleaved rounds. Ratios against `{result['single_token']['baseline']}`. "
@@ -45,8 +51,13 @@ def render_serve_markdown(result: dict[str, Any]) -> str:
             f"{_f(row['p50_overhead_ms'])} | {_f(row['server_cpu_ms_per_request'])} | {_f(row['total_cpu_ms_per_request'])} | "
             f"{_f(row['total_cpu_vs_baseline'])}× |"
         )
+    return lines
+
+
+def _streaming_table(result: dict[str, Any]) -> list[str]:
+    counts = result["recipe"]["counts"]
     n = result["streaming"]["tokens"]
-    lines += [
+    lines = [
         "",
         f"(2) {n} tokens per request: {counts['stream_requests']} requests per path ({counts['stream_warmup']} warm-up), one caller, "
         f"{counts['stream_rounds']} interleaved rounds. Per-token = p50 latency ÷ {n}; marginal = (p50 of {n} tokens − p50 of the "
@@ -67,11 +78,15 @@ def render_serve_markdown(result: dict[str, Any]) -> str:
             f"{(_f(gaps['p50']) + ' / ' + _f(gaps['p99'])) if gaps else '–'} | {_f(row['responses_per_request'], 1)} | "
             f"{_f(row['server_cpu_ms_per_token'], 3)} | {_f(row['total_cpu_ms_per_token'], 3)} | {_f(row['total_cpu_vs_in_process'])}× |"
         )
+    return lines
+
+
+def _checks(result: dict[str, Any]) -> list[str]:
     checks = result["checks"]
-    lines += [
+    reconnects = sum(row.get("http_reconnects") or 0 for part in ("single_token", "streaming") for row in result[part]["rows"])
+    return [
         "",
         f"Every answer equal to the in-process text: {'yes' if checks['texts_match_in_process'] else 'NO: ' + '; '.join(checks['mismatches'])}. "
         f"Server exit code {checks['server_exit_code']}, process group left after stop: {checks['server_process_group_left']}. "
-        f"HTTP keep-alive reconnects: {sum(row.get('http_reconnects') or 0 for part in ('single_token', 'streaming') for row in result[part]['rows'])}.",
+        f"HTTP keep-alive reconnects: {reconnects}.",
     ]
-    return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""`trtllm-pipeline bench serve`: argument parsing and the command for the load benchmark (the
-`--overhead` form, the Triton-overhead table, stays in pipeline.cli)."""
+"""`trtllm-pipeline bench load CONFIG`: arguments and command of the load sweep over the load-test
+library (pipeline/loadtest/)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pipeline.bench.command_support import dim_lines, status_console
 from pipeline.errors import SpecError
 
 if TYPE_CHECKING:
     from clients.loadgen import LoadRequest
 
-RESULT_NAME = "bench-serve-load"
+RESULT_NAME = "bench-serve-load"  # the name it had as `bench serve`: scripts and docs read it
+HELP = "load sweep: TTFT, ITL, throughput, goodput over a concurrency (or request-rate) sweep; JSON + PNG plot"
+CONFIG_HELP = "build config YAML (target cpu, or any target with --url)"
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -66,8 +69,12 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def add_load_arguments(parser: argparse.ArgumentParser) -> None:
-    load = parser.add_argument_group("load benchmark (the default)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, help="requests per point (default 32)")
+    parser.add_argument("--warmup", type=int, help="warm-up requests per point (default 4)")
+    parser.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    load = parser.add_argument_group("load sweep")
     load.add_argument("--endpoint", type=_endpoints, default=("grpc",), metavar="LIST",
                       help="grpc, http and/or openai, comma-separated (default grpc); several are interleaved at each point")
     load.add_argument("--request-rate", type=_rate_list, default=(), metavar="LIST",
@@ -89,7 +96,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sweep_options(args: argparse.Namespace) -> Any:
     from clients.loadgen import SloLimits
-    from pipeline.bench.load_bench import SweepOptions
+    from pipeline.loadtest.sweep import SweepOptions
 
     try:
         concurrencies = _int_list(args.concurrency) if args.concurrency else (1, 2, 4, 8)
@@ -111,7 +118,7 @@ def sweep_options(args: argparse.Namespace) -> Any:
 
 
 def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list["LoadRequest"], str]:
-    from pipeline.bench.load_workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
+    from pipeline.loadtest.workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
 
     try:
         output = LengthDist(args.output_tokens, args.output_tokens_stddev)
@@ -144,7 +151,7 @@ def progress_bar(console: Console) -> tuple[Progress, Any]:
 
 
 def write_results(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    from pipeline.bench.load_report import plot_sweep
+    from pipeline.loadtest.report import plot_sweep
 
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{RESULT_NAME}.json"
@@ -156,10 +163,11 @@ def run_load_command(args: argparse.Namespace) -> int:
     """Build (or reuse) the served repository, start what the sweep needs (unless --url), sweep,
     write JSON + plot, print the table (or JSON)."""
     from pipeline.artifacts import ArtifactStore, store_root
-    from pipeline.bench.load_bench import Endpoints, run_load_sweep, serving
-    from pipeline.bench.load_report import render_load_markdown
     from pipeline.backends.registry import backend_for
     from pipeline.config.loader import load_config
+    from pipeline.loadtest.report import render_load_markdown
+    from pipeline.loadtest.serving import serving
+    from pipeline.loadtest.sweep import Endpoints, run_load_sweep
     from pipeline.runner import run_pipeline
     from pipeline.stages.package import REPOSITORY_DIR
 
@@ -167,10 +175,10 @@ def run_load_command(args: argparse.Namespace) -> int:
     loaded = load_config(args.config, args.overrides)
     spec = loaded.spec
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
+    status = status_console()
     if args.url is None and not backend_for(spec.build.target).serves_here:
         raise SpecError(
-            f"bench serve starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: "
+            f"bench load starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: "
             "measure its running deployment with --url"
         )
     until = "prepare" if args.url else "package"
@@ -178,7 +186,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     workload, description = build_workload(args, spec, results["prepare"].ref.path, options.requests_per_point)
     recipe = {"config": str(args.config), "build": spec.name, "target": spec.build.target.value, "workload": description}
     progress, update = progress_bar(status)
-    say = lambda line: status.print(f"[dim]{line}[/dim]")  # noqa: E731
+    say = dim_lines(status)
     with progress:
         if args.url:
             endpoint = options.endpoints[0]

@@ -1,27 +1,21 @@
-"""The load benchmark: a concurrency (or request-rate) sweep against the served model.
+"""The load sweep: a concurrency (or request-rate) sweep against the served model.
 
 `run_load_sweep` drives one or more endpoints — Triton gRPC / HTTP streaming, and the
 OpenAI-compatible front end in front of the same Triton — point after point, endpoints
 interleaved at each point so they see the same machine state; each point's requests are the
-same workload. `serving` starts what the sweep needs on free loopback ports (tritonserver on the
-packaged repository, and the OpenAI front end when asked for) and stops it afterwards.
+same workload. `pipeline.loadtest.serving` starts what the sweep runs against.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import datetime as _dt
 import os
 import platform
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from clients.loadgen import Concurrency, LoadRequest, RequestRate, SloLimits, make_target, run_load, summarize
-from pipeline.bench.serve_env import LOOPBACK, free_ports
-from pipeline.errors import StageError
 
 Progress = Callable[[str, int, int], None]  # (label, done, total)
 
@@ -35,7 +29,7 @@ class Endpoints:
     openai: str | None = None  # http://host:port/v1
     model_name: str = ""  # the name the OpenAI front end serves
     server_version: str | None = None
-    server: Any = field(default=None, compare=False, repr=False)  # the TritonServer, when `serving` started it
+    server: Any = field(default=None, compare=False, repr=False)  # the TritonServer, when `serving.serving` started it
 
     def url(self, endpoint: str) -> str:
         url = getattr(self, endpoint)
@@ -147,41 +141,3 @@ def _difference(a: dict | None, b: dict | None) -> float | None:
 
 def _mode_key(mode: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value}" for key, value in sorted(mode.items()))
-
-
-# -- what the sweep runs against ----------------------------------------------------------------
-@contextlib.contextmanager
-def serving(
-    repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
-    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str = "ensemble",
-) -> Iterator[Endpoints]:
-    """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when
-    `openai`; the endpoints while the block runs, everything stopped afterwards. With
-    `check_alive`, a server that died meanwhile is a StageError at the end of the block."""
-    from pipeline.bench.serve_env import server_version
-    from pipeline.serve import ServerOptions, TritonServer
-
-    http_port, grpc_port, metrics_port = free_ports(3)
-    options = dataclasses.replace(
-        ServerOptions.from_deploy(deploy, repo),
-        bind_address=LOOPBACK, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5,
-    )
-    with TritonServer(options) as server:
-        say(f"starting tritonserver on {LOOPBACK} (HTTP {http_port}, gRPC {grpc_port})")
-        server.wait_until_ready(timeout=startup_timeout)
-        endpoints = Endpoints(
-            grpc=f"{LOOPBACK}:{grpc_port}", http=options.http_url, model_name=model_name, server_version=server_version(options.http_url),
-            server=server,
-        )
-        if not openai:
-            yield endpoints
-        else:
-            from clients.openai_server.runner import running_openai_server
-
-            with running_openai_server(
-                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=openai_triton_model
-            ) as base_url:
-                say(f"OpenAI front end at {base_url}")
-                yield dataclasses.replace(endpoints, openai=base_url)
-        if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's
-            raise StageError(f"tritonserver exited during the benchmark; its errors: {server.error_lines()}")

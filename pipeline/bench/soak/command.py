@@ -1,4 +1,4 @@
-"""`trtllm-pipeline bench soak CONFIG`: arguments and command of the soak (pipeline.bench.soak)."""
+"""`trtllm-pipeline bench soak CONFIG`: arguments and command of the soak (soak/bench.py)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,18 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.console import Console
-
+from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console
 from pipeline.errors import SpecError, StageError
 
 RESULT_NAME = "bench-soak.json"
+HELP = (
+    "chaos traffic (streams over gRPC, HTTP SSE and OpenAI, a share cut by the client) for a while; "
+    "exits 1 on a crash, a leak or a changed greedy answer"
+)
+CONFIG_HELP = "build config YAML (target cpu)"
 
 
-def add_soak_parser(bench_sub) -> None:
-    soak = bench_sub.add_parser(
-        "soak",
-        help="chaos traffic (streams over gRPC, HTTP SSE and OpenAI, a share cut by the client) for a while; "
-        "exits 1 on a crash, a leak or a changed greedy answer",
-    )
-    soak.add_argument("config", type=Path, help="build config YAML (target cpu)")
-    soak.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+def add_arguments(soak: argparse.ArgumentParser) -> None:
     soak.add_argument("--duration", type=float, default=600.0, metavar="S", help="send new requests for S seconds (default 600)")
     soak.add_argument("--requests", type=int, metavar="N", help="instead: send N requests")
     soak.add_argument("--concurrency", type=int, default=64, metavar="N", help="concurrent streams (default 64)")
@@ -62,20 +59,16 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def run_soak_command(args: argparse.Namespace, build_cpu_target) -> int:
+def run_soak_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
     from clients.loadgen.chaos import ChaosTargets
-    from pipeline.artifacts import ArtifactStore, store_root
-    from pipeline.bench.load_bench import serving
-    from pipeline.bench.soak import soak
-    from pipeline.config.loader import load_config
+    from pipeline.bench.soak.bench import soak
+    from pipeline.loadtest.serving import serving
     from pipeline.stages.package import REPOSITORY_DIR
 
     plan = chaos_plan(args)
-    loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
-    results = build_cpu_target(loaded, store, "bench soak", "package")
-    status = Console(stderr=True, highlight=False, soft_wrap=True)
-    say = lambda line: status.print(f"[dim]{line}[/dim]")  # noqa: E731
+    loaded, store, results = build_for_bench(args, build_cpu_target, "bench soak", "package")
+    status = status_console()
+    say = dim_lines(status)
     repository = results["package"].ref.path / REPOSITORY_DIR
     with serving(repository, loaded.spec.deploy, model_name=loaded.spec.name, openai="openai" in plan.endpoints, say=say,
                  check_alive=False, openai_triton_model=args.openai_triton_model) as endpoints:

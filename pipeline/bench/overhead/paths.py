@@ -1,4 +1,4 @@
-"""The serving benchmark's measured paths (HTTP, gRPC, in-process, EngineLoop) and how a round is timed."""
+"""The overhead benchmark's measured paths (HTTP, gRPC, in-process, EngineLoop) and how a round is timed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.bench.serve_env import load_module
+from pipeline.bench.overhead.environment import load_module
 
 _RESPONSE_TIMEOUT_S = 120.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -23,9 +23,14 @@ def _num(value: Any, digits: int = 2) -> str:
 
 
 def render_markdown(result: dict[str, Any]) -> str:
+    lines = _header(result) + _systems_table(result) + _kv_table(result["kv_utilisation"])
+    lines += _prefix_table(result["prefix_reuse"]) + _targets_table(result["targets"])
+    return "\n".join(lines) + "\n"
+
+
+def _header(result: dict[str, Any]) -> list[str]:
     machine, config, workload = result["machine"], result["engine_config"], result["workload"]
-    ratios = result["ratios"]
-    lines = [
+    return [
         f"Run {result['date']} · {machine['cpu']}, {machine['cpu_count']} CPU cores (shared), "
         f"torch {machine['torch']} ({machine['torch_threads']} thread), transformers {machine['transformers']}, "
         f"Python {machine['python']} · 1-min load average at the end: {machine['load_average_1min_at_end']}",
@@ -42,11 +47,16 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{workload['output_tokens']['mean']}, p50 {workload['output_tokens']['p50']}, p90 "
         f"{workload['output_tokens']['p90']}, max {workload['output_tokens']['max']}; no end id.",
         "",
+    ]
+
+
+def _systems_table(result: dict[str, Any]) -> list[str]:
+    ratios, agreement = result["ratios"], result["agreement_with_refengine_inflight"]
+    lines = [
         "| system | useful tok/s (wall) | wall s | useful tok/s (CPU time) | CPU s | engine steps | "
         "(a) / this, wall | (a) / this, CPU time | outputs identical to (a) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    agreement = result["agreement_with_refengine_inflight"]
     for name, label in LABELS.items():
         f = result["systems"][name]
         key = RATIO_KEYS.get(name)
@@ -69,8 +79,11 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"({hf_static['useful_output_tokens']} of {hf_static['generated_tokens_incl_padding_rows']}); "
             f"(b) against (a): {ratios['steps_static_over_inflight']}× the steps, "
             f"{ratios.get('generated_rows_static_over_inflight')}× the generated rows.")
-    kv = result["kv_utilisation"]
-    lines += [
+    return lines
+
+
+def _kv_table(kv: dict[str, Any]) -> list[str]:
+    return [
         "",
         "| KV cache during (a), live tokens / allocated capacity | mean over steps | token-weighted |",
         "|---|---:|---:|",
@@ -79,9 +92,11 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"| contiguous: max_seq_len {kv['max_seq_len']} per running request | {100 * kv['contiguous_mean']:.1f} % | "
         f"{100 * kv['contiguous_token_weighted']:.1f} % |",
     ]
-    prefix = result["prefix_reuse"]
+
+
+def _prefix_table(prefix: dict[str, Any]) -> list[str]:
     on, off = prefix["on"], prefix["off"]
-    lines += [
+    return [
         "",
         f"Prefix reuse: {prefix['num_requests']} requests = shared {prefix['shared_prefix_len']}-token system prompt "
         f"+ own 16–64-token suffix, {prefix['output_len']} output tokens each, waves of {prefix['waves']} "
@@ -94,15 +109,16 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"| on | {on['prefill_tokens_computed']} | {on['prefill_tokens_from_cache']} | "
         f"{100 * on['shared_prefill_skipped_fraction']:.1f} % (max {100 * prefix['max_skippable_fraction']:.1f} %) | "
         f"{1e3 * on['ttft_mean_s']:.1f} ms ({prefix['ttft_off_over_on']}× faster) |",
-        "",
-        "| target | value | met |",
-        "|---|---:|:---:|",
     ]
-    for name, target in result["targets"].items():
+
+
+def _targets_table(targets: dict[str, Any]) -> list[str]:
+    lines = ["", "| target | value | met |", "|---|---:|:---:|"]
+    for name, target in targets.items():
         value = target["value"]
         shown = f"{value}" + (f" (CPU time {target['value_cpu_time']})" if "value_cpu_time" in target else "")
         met = "yes" if target["met"] else "**no**"
         if "met_cpu_time" in target and target["met_cpu_time"] != target["met"]:
             met += f" (CPU time: {'yes' if target['met_cpu_time'] else 'no'})"
         lines.append(f"| {name} {target['target']} | {shown} | {met} |")
-    return "\n".join(lines) + "\n"
+    return lines
