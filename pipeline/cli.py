@@ -9,6 +9,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -23,11 +24,16 @@ from pipeline.runner import StageResult, artifact_state, check_runnable, make_pl
 from pipeline.plan import Plan
 
 DEFAULT_ARTIFACTS = "artifacts"
-_READ_ONLY_COMMANDS = ("validate", "plan", "status", "verify", "stop")
 SCHEMA_PATH = Path("build_configs/schema.json")
 
 
+Handler = Callable[[argparse.Namespace, Console], int]
+ConfigHandler = Callable[[LoadedConfig, ArtifactStore, argparse.Namespace, Console], int]
+
+
 def _parser() -> argparse.ArgumentParser:
+    """Every subcommand names its handler (`args.handler`); the config commands' handlers get the loaded
+    config and its artifact store (read-only for the commands that only look)."""
     parser = argparse.ArgumentParser(
         prog="trtllm-pipeline",
         description="Build config (YAML) → quantized checkpoint → engine → Triton model repository → deployment.",
@@ -41,103 +47,112 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
+    def with_config(name: str, help_text: str, handler: ConfigHandler, *, writes: bool = True) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("config", type=Path, help="build config YAML, e.g. build_configs/tiny-cpu.yaml")
         command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+        command.set_defaults(handler=_with_config(handler, writes=writes))
         return command
 
-    with_config("validate", "check a build config (and the model it points at) without running anything")
-    plan = with_config("plan", "show the stages, their digests and which are cached")
+    with_config("validate", "check a build config (and the model it points at) without running anything", _validate, writes=False)
+    plan = with_config("plan", "show the stages, their digests and which are cached", _plan, writes=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--gpu", choices=["H100-80GB", "H200", "L40S", "A100-80GB", "B200"], help="also plan GPU memory: weights, KV cache capacity, batch size")
     plan.add_argument("--tp", type=int, help="tensor-parallel size for --gpu (default: build.tp_size)")
-    run = with_config("run", "run the pipeline, reusing cached stages")
+    run = with_config("run", "run the pipeline, reusing cached stages", _run)
     run.add_argument("--until", metavar="STAGE", help="stop after this stage")
     run.add_argument("--force", action="store_true", help="rebuild the selected stages even if cached")
     run.add_argument("--runner", choices=["local", "docker", "dry-run"], help="where trtllm-build runs (engine target); same as --set build.runner=...")
-    with_config("status", "show which artifacts of a build config exist")
-    with_config("verify", "re-read every file of every artifact of a build config and report what differs from its manifest")
-    generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)")
+    with_config("status", "show which artifacts of a build config exist", _status, writes=False)
+    with_config("verify", "re-read every file of every artifact of a build config and report what differs from its manifest", _verify, writes=False)
+    generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)", _generate)
     generate.add_argument("--prompt", required=True, help="text to continue")
     generate.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     generate.add_argument("--seed", type=int, default=None, help="sampling seed")
     generate.add_argument("--json", action="store_true", help="print prompt and output token ids and text as JSON")
-    serve = with_config("serve", "build what is missing, then serve the cpu target with the bundled tritonserver until Ctrl-C")
+    serve = with_config("serve", "build what is missing, then serve the cpu target with the bundled tritonserver until Ctrl-C", _serve)
     serve.add_argument("--detach", action="store_true", help="start in the background and return once every model is ready; end it with `stop`")
     serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
-    with_config("stop", "stop a server started with `serve --detach`; after a crash, end the stubs it left and say so")
-    deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it")
+    with_config("stop", "stop a server started with `serve --detach`; after a crash, end the stubs it left and say so", _stop, writes=False)
+    deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it", _deploy)
     deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
     deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
     # The CLI is the composition root: `infer` is the clients package's own command, mounted here.
     from clients.cli import add_infer_arguments
 
-    add_infer_arguments(sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)"))
+    infer = sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)")
+    add_infer_arguments(infer).set_defaults(handler=_infer)
     from pipeline.cli_openai import add_openai_arguments
 
-    add_openai_arguments(sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton"))
+    openai = sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton")
+    add_openai_arguments(openai).set_defaults(handler=_openai)
     from pipeline.bench.commands import add_bench_parser
 
-    add_bench_parser(sub)
+    add_bench_parser(sub, handler=_bench)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
+    schema.set_defaults(handler=_schema)
     return parser
 
 
 def run_cli(argv: list[str], console: Console) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "schema":
-        return _schema(args, console)
-    if args.command == "infer":
-        from clients.cli import run_infer
+    return args.handler(args, console)
 
-        return run_infer(args)
-    if args.command == "openai":
-        from pipeline.cli_openai import run_openai
 
-        return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
-    if args.command == "bench":
-        from pipeline.bench.commands import run_bench_command
+def _with_config(handler: ConfigHandler, *, writes: bool) -> Handler:
+    def load_then_handle(args: argparse.Namespace, console: Console) -> int:
+        overrides = list(args.overrides)
+        if getattr(args, "runner", None):
+            overrides.append(f"build.runner={args.runner}")
+        loaded = load_config(args.config, overrides)
+        store = ArtifactStore(store_root(args.artifacts, writable=writes), loaded.spec.name)
+        return handler(loaded, store, args, console)
 
-        return run_bench_command(args, _build_cpu_target)
-    overrides = list(args.overrides)
-    if getattr(args, "runner", None):
-        overrides.append(f"build.runner={args.runner}")
-    loaded = load_config(args.config, overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=args.command not in _READ_ONLY_COMMANDS), loaded.spec.name)
-    if args.command == "validate":
-        console.print(f"[green]valid[/green]: {args.config} (build {loaded.spec.name!r}, target {loaded.spec.build.target.value}, model {loaded.model.architecture})")
-        return 0
-    if args.command == "plan":
-        return _plan(loaded, store, args, console)
-    if args.command == "status":
-        return _status(loaded, store, console)
-    if args.command == "verify":
-        return _verify(loaded, store, console)
-    if args.command == "serve":
-        return _serve(loaded, store, args, console)
-    if args.command == "stop":
-        from pipeline.serve import stop_detached
+    return load_then_handle
 
-        result = stop_detached(_serve_state_dir(store))
-        console.print(result.message(), markup=False)
-        return 0
-    if args.command == "deploy":
-        return _deploy(loaded, store, args, console)
-    if args.command == "generate":
-        return _generate(loaded, store, args, console)
-    if args.command == "run":
-        the_plan = make_plan(loaded)  # one plan per command: it hashes every input (through the hash cache)
-        check_runnable(loaded, the_plan, args.until)
-        _plan(loaded, store, args, console, the_plan)
-        results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console, the_plan=the_plan)
-        built = sum(r.outcome == "built" for r in results)
-        console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
-        return 0
-    raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+def _infer(args: argparse.Namespace, console: Console) -> int:
+    from clients.cli import run_infer
+
+    return run_infer(args)
+
+
+def _openai(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.cli_openai import run_openai
+
+    return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.bench.commands import run_bench_command
+
+    return run_bench_command(args, _build_cpu_target)
+
+
+def _validate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    spec = loaded.spec
+    console.print(f"[green]valid[/green]: {args.config} (build {spec.name!r}, target {spec.build.target.value}, model {loaded.model.architecture})")
+    return 0
+
+
+def _stop(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.serve import stop_detached
+
+    console.print(stop_detached(_serve_state_dir(store)).message(), markup=False)
+    return 0
+
+
+def _run(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    the_plan = make_plan(loaded)  # one plan per command: it hashes every input (through the hash cache)
+    check_runnable(loaded, the_plan, args.until)
+    _plan(loaded, store, args, console, the_plan)
+    results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console, the_plan=the_plan)
+    built = sum(r.outcome == "built" for r in results)
+    console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
+    return 0
 
 
 def _build_cpu_target(loaded: LoadedConfig, store: ArtifactStore, command: str, until: str) -> dict[str, StageResult]:
@@ -286,7 +301,7 @@ def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, 
     return 0
 
 
-def _verify(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int:
+def _verify(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     table = Table(title=f"artifacts of {loaded.spec.name} in {store.build_dir}, every file re-read", title_justify="left")
     for column in ("stage", "state", "path"):
         table.add_column(column)
@@ -311,7 +326,7 @@ def _verify(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int
     return 0
 
 
-def _status(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int:
+def _status(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     the_plan = make_plan(loaded)
     table = Table(title=f"artifacts of {loaded.spec.name} in {store.build_dir}", title_justify="left")
     for column in ("stage", "state", "path"):

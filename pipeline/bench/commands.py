@@ -7,6 +7,7 @@ run, after a note on stderr that names the command to use now.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import json
 import sys
 from pathlib import Path
@@ -20,8 +21,10 @@ from pipeline.bench.soak import command as soak
 ACCURACY_HELP = "perplexity and next-token agreement of every quantization format vs the baseline"
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+def add_bench_parser(sub: argparse._SubParsersAction, **defaults: Any) -> None:
+    """The `bench` command and its benchmarks; `defaults` are set on the parsed arguments (e.g. the CLI's handler)."""
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
+    bench.set_defaults(**defaults)
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     for name, module in (("engine", engine), ("load", load), ("overhead", overhead)):
         module.add_arguments(_with_config(benchmarks, name, module.HELP, module.CONFIG_HELP))
