@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Literal
 
+from pipeline.backends.build_request import BuildRequest
 from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.errors import SpecError
-
-if TYPE_CHECKING:
-    from pipeline.backends.trtllm_build import BuildRequest
 
 FP8_ACTIVATION_ALGOS = frozenset({"fp8", "w4a8_awq"})  # FP8 tensor-core math: SM >= 89
 FP8_CONTEXT_FMHA_ALGOS = frozenset({"fp8", "w4a8_awq", "nvfp4"})  # §1.8 use_fp8_context_fmha
@@ -77,7 +75,7 @@ class Decision:
 
 
 class _Resolution:
-    def __init__(self, request: "BuildRequest", sm: int | None) -> None:
+    def __init__(self, request: BuildRequest, sm: int | None) -> None:
         self.cur = request
         self.sm = sm
         self.decisions: list[Decision] = []
@@ -342,7 +340,7 @@ RULES: tuple[Callable[[_Resolution], None], ...] = (
 )
 
 
-def resolve(request: "BuildRequest", sm: int | None) -> tuple["BuildRequest", tuple[Decision, ...]]:
+def resolve(request: BuildRequest, sm: int | None) -> tuple[BuildRequest, tuple[Decision, ...]]:
     """Apply trtllm-build's rules to `request`: (applied settings, decisions), or one SpecError listing every violation."""
     if sm is not None and not 50 <= sm <= 150:
         raise SpecError(f"GPU compute capability must be an integer like 80, 89, 90 or 100 (SM 8.0 -> 80), got {sm}")
