@@ -13,8 +13,8 @@ class BuildRequest:
     name: str
     architecture: str
     dtype: str
-    quant_algo: str  # QuantAlgo value: none, fp8, int8_sq, int8_wo, int4_awq, w4a8_awq, nvfp4
-    kv_cache_quant: str  # none, fp8, int8
+    quant_algo: str  # a quantize.algo value (a key of quant_formats.WEIGHT_FORMATS)
+    kv_cache_quant: str  # a quantize.kv_cache value (a key of quant_formats.KV_CACHE_FORMATS)
     group_size: int
     tp_size: int
     pp_size: int

@@ -23,11 +23,11 @@ from typing import Any
 from pipeline.backends.build_request import BuildRequest
 from pipeline.backends.trtllm_rules import Decision, resolve
 from pipeline.backends.trtllm_versions import TrtllmVersion
-from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.lora_adapters import AdapterError, read_adapter
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
+from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, weight_format
 
 __all__ = [
     "BUILD_CONFIG_FILE", "TIMING_CACHE_FILE", "SCRIPT_FILE", "LOG_LEVELS", "TRTLLM_QUANT_ALGO", "TRTLLM_KV_QUANT_ALGO",
@@ -41,13 +41,9 @@ TIMING_CACHE_FILE = "model.cache"
 SCRIPT_FILE = "trtllm-build.sh"
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")
 
-# Our YAML names -> TensorRT-LLM QuantAlgo names (trtllm.md §2.3; the same mapping as modelopt_export.py,
-# repeated here so the engine edge needs no torch import).
-TRTLLM_QUANT_ALGO: dict[str, str | None] = {
-    "none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16",
-    "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ", "nvfp4": "NVFP4",
-}
-TRTLLM_KV_QUANT_ALGO: dict[str, str | None] = {"none": None, "fp8": "FP8", "int8": "INT8"}
+# Our YAML names -> TensorRT-LLM QuantAlgo names (trtllm.md §2.3): views of the format registry.
+TRTLLM_QUANT_ALGO: dict[str, str | None] = {name: f.trtllm_quant_algo for name, f in WEIGHT_FORMATS.items()}
+TRTLLM_KV_QUANT_ALGO: dict[str, str | None] = {name: f.trtllm_kv_quant_algo for name, f in KV_CACHE_FORMATS.items()}
 # --speculative_decoding_mode choice -> the SpeculativeDecodingMode IntFlag value a BuildConfig (and the engine's
 # config.json) records: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2, MEDUSA = 4, LOOKAHEAD_DECODING = 8,
 # EXPLICIT_DRAFT_TOKENS = 16, EAGLE = 32 (tensorrt_llm/models/modeling_utils.py, auto() in declaration order).
@@ -160,13 +156,14 @@ class TrtllmBuild:
     def quantization(self) -> dict[str, Any]:
         """The checkpoint's `quantization` section this build expects (TensorRT-LLM names)."""
         s = self.settings
+        weights = weight_format(s.quant_algo)
         section: dict[str, Any] = {
-            "quant_algo": TRTLLM_QUANT_ALGO[s.quant_algo],
-            "kv_cache_quant_algo": TRTLLM_KV_QUANT_ALGO[s.kv_cache_quant],
+            "quant_algo": weights.trtllm_quant_algo,
+            "kv_cache_quant_algo": kv_cache_format(s.kv_cache_quant).trtllm_kv_quant_algo,
         }
-        if s.quant_algo in AWQ_ALGOS:
+        if weights.group_wise:
             section.update(group_size=s.group_size, has_zero_point=False, pre_quant_scale=True)
-        if s.quant_algo != "none":
+        if weights.quantized:
             section["exclude_modules"] = ["lm_head"]
         return section
 
