@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.spec import BuildSpec
+from pipeline.config.spec import BuildSpec, QuantizeSpec
 from pipeline.errors import StageError
+from pipeline.quant_formats import kv_cache_format, paged_context_fmha_loss, weight_format
 
 ENGINE_VERSION_PREFIX = "refengine-"
 
@@ -21,9 +22,13 @@ def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
     return build.max_seq_len if build.max_seq_len is not None else deduced
 
 
-def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str) -> dict[str, Any]:
-    """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json."""
+def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | None = None) -> dict[str, Any]:
+    """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json (for the checkpoint's
+    `quantize` formats; None: unquantized)."""
     plugins = build.plugins
+    keeps_paged_context_fmha = quantize is None or paged_context_fmha_loss(
+        weight_format(quantize.algo), kv_cache_format(quantize.kv_cache)
+    ) is None
     max_num_tokens = min(build.max_num_tokens, build.max_batch_size * max_seq_len)
     return {
         "max_batch_size": build.max_batch_size,
@@ -52,7 +57,7 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str) -> dict[
             "gpt_attention_plugin": plugins.gpt_attention_plugin.value if plugins.gpt_attention_plugin.value != "disable" else None,
             "gemm_plugin": None if plugins.gemm_plugin.value == "disable" else plugins.gemm_plugin.value,
             "context_fmha": plugins.context_fmha,
-            "use_paged_context_fmha": plugins.use_paged_context_fmha and plugins.context_fmha,
+            "use_paged_context_fmha": plugins.use_paged_context_fmha and plugins.context_fmha and keeps_paged_context_fmha,
             "use_fp8_context_fmha": False,  # no FP8 attention kernels on the CPU
             "use_fused_mlp": plugins.use_fused_mlp,
             "remove_input_padding": plugins.remove_input_padding,

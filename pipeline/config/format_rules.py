@@ -12,6 +12,9 @@ from pipeline.quant_formats import KVCacheFormat, WeightFormat, algos_where, kv_
 if TYPE_CHECKING:
     from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec
 
+# The targets whose engine follows trtllm-build's plugin rules: the engine itself, and the cpu build, which records
+# the same plugin_config (so a config that packages on cpu builds on a GPU). llmapi runs no trtllm-build.
+_TRTLLM_PLUGIN_TARGETS = frozenset({"engine", "cpu"})
 _FP8_CONTEXT_FMHA_ALGOS = algos_where(lambda f: f.fp8_context_fmha)
 
 
@@ -21,7 +24,8 @@ def needs_calibration(quantize: "QuantizeSpec") -> bool:
 
 def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "ServeSpec") -> None:
     weights, kv, target = weight_format(quantize.algo), kv_cache_format(quantize.kv_cache), build.target.value
-    _check_paged_context_features(weights, kv, serve, target)
+    if target in _TRTLLM_PLUGIN_TARGETS:
+        _check_paged_context_features(weights, kv, serve)
     for field, record in (("quantize.algo", weights), ("quantize.kv_cache", kv)):
         if not record.runs_on(target):
             raise ValueError(f"{field} {record.name} {record.refused_targets[target]}")
@@ -40,9 +44,9 @@ def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "Ser
         )
 
 
-def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: "ServeSpec", target: str) -> None:
+def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: "ServeSpec") -> None:
     loss = quant_formats.paged_context_fmha_loss(weights, kv)  # the GPU's part is checked when the engine is planned
-    if loss is None or (loss != "kv_cache" and target != "engine"):
+    if loss is None:
         return
     for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
         if not getattr(serve, field):

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.config.spec import ServeSpec, SpeculativeSpec
 from pipeline.errors import StageError
+from pipeline.quant_formats import kv_cache_format_named, paged_context_fmha_loss, weight_format_named
 from pipeline.render.contract import TRITON_DTYPES
 from pipeline.render.engine_facts import EngineFacts, engine_facts
 from pipeline.render.llm_parameters import decoding_mode, lora_cache
@@ -98,6 +99,8 @@ def _streaming(serve: ServeSpec) -> list[str]:
 
 def _paged_context_features(facts: EngineFacts, serve: ServeSpec) -> list[str]:
     problems = []
+    kv = kv_cache_format_named(facts.kv_cache_quant_algo)
+    loss = paged_context_fmha_loss(weight_format_named(facts.quant_algo), kv) if kv is not None else None
     for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
         if not getattr(serve, field):
             continue
@@ -106,10 +109,11 @@ def _paged_context_features(facts: EngineFacts, serve: ServeSpec) -> list[str]:
                 f"serve.{field} is true but the engine has plugin_config.use_paged_context_fmha "
                 f"{facts.use_paged_context_fmha} (context_fmha {facts.context_fmha}); it needs paged context FMHA"
             )
-        if (facts.kv_cache_quant_algo or "").upper() == "INT8":
+        if loss is not None:
+            weights = f" with quantization.quant_algo {facts.quant_algo}" if loss == "weights" else ""
             problems.append(
-                f"serve.{field} is true but the engine has quantization.kv_cache_quant_algo INT8, "
-                "which turns paged context FMHA off"
+                f"serve.{field} is true but the engine has quantization.kv_cache_quant_algo {kv.trtllm_kv_quant_algo}"
+                f"{weights}, which turns paged context FMHA off"
             )
     return problems
 

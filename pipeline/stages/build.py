@@ -21,7 +21,7 @@ def run(ctx: StageContext) -> None:
         raise StageError(f"build.target {spec.build.target.value!r} is not available in this version")
     checkpoint = ctx.upstream["quantize"].path / CHECKPOINT_DIR
     max_seq_len = resolve_max_seq_len(spec.build, ctx.model.default_max_seq_len())
-    build_config = cpu_build_config(spec.build, max_seq_len=max_seq_len, dtype=spec.model.dtype.value)
+    build_config = cpu_build_config(spec.build, max_seq_len=max_seq_len, dtype=spec.model.dtype.value, quantize=spec.quantize)
     write_cpu_engine(checkpoint, ctx.out_dir / ENGINE_DIR, build_config=build_config, version=tool_versions()["trtllm_pipeline"])
     ctx.log(
         f"cpu engine: max_batch_size {build_config['max_batch_size']}, max_seq_len {max_seq_len}, "

@@ -1,6 +1,6 @@
 """The quantization-format registry (pipeline/quant_formats.py) against the YAML vocabulary, the reference facts
 (trtllm.md §1.8, §1.10, §2.3, §3.1; quantization.md §4, §8; serving-and-operations.md §A2), what the exporters and
-refengine do, and the paged-context-FMHA rule."""
+refengine do, and the one paged-context-FMHA rule as every target applies it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ import itertools
 import pytest
 
 from pipeline import quant_formats
-from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
+from pipeline.backends.cpu import cpu_build_config
+from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO, request_from_spec
+from pipeline.backends.trtllm_rules import resolve
+from pipeline.config.loader import load_config
 from pipeline.config.spec import KVCacheQuant, QuantAlgo, Target
+from pipeline.errors import SpecError, StageError
 from pipeline.quant_formats import (
     KV_CACHE_FORMATS,
     WEIGHT_FORMATS,
@@ -23,7 +27,8 @@ from pipeline.quant_formats import (
     weight_format,
     weight_format_named,
 )
-from tests.conftest import REPO
+from pipeline.render.consistency import check_consistency
+from tests.conftest import BUILD_CONFIGS, REPO
 
 # trtllm.md §2.3: the QuantAlgo enum of TensorRT-LLM 1.2 (KV_CACHE_QUANT_ALGO_LIST = FP8, INT8, NVFP4).
 TRTLLM_QUANT_ALGOS = {
@@ -163,3 +168,50 @@ def test_bytes_per_weight_and_per_kv_element():
 ])
 def test_paged_context_fmha_loss(algo, kv, sm, expected):
     assert paged_context_fmha_loss(weight_format(algo), kv_cache_format(kv), sm) == expected
+
+
+def _spec(algo: str, kv: str, target: str, *overrides: str):
+    target_overrides = ("build.target=engine", "build.runner=dry-run") if target == "engine" else ()
+    return load_config(BUILD_CONFIGS / "tiny-cpu-fp8.yaml", (f"quantize.algo={algo}", f"quantize.kv_cache={kv}", *target_overrides, *overrides))
+
+
+@pytest.mark.parametrize("algo, kv", [
+    (a.value, k.value) for a, k in itertools.product(QuantAlgo, KVCacheQuant)
+    if weight_format(a).runs_on("cpu") and kv_cache_format(k).runs_on("cpu")
+])
+def test_cpu_and_engine_targets_apply_the_same_rule(algo, kv):
+    """A format pair that loses paged context FMHA refuses KV reuse on both targets, and both engine configs record it off."""
+    loses = paged_context_fmha_loss(weight_format(algo), kv_cache_format(kv)) is not None
+    for target in ("cpu", "engine"):
+        if loses:
+            with pytest.raises(SpecError, match="serve.enable_kv_cache_reuse: true is not possible with quantize.kv_cache"):
+                _spec(algo, kv, target)
+        else:
+            _spec(algo, kv, target)
+    no_serve = ("serve.enable_kv_cache_reuse=false", "serve.enable_chunked_context=false")
+    cpu, engine = _spec(algo, kv, "cpu", *no_serve), _spec(algo, kv, "engine", *no_serve)
+    recorded = cpu_build_config(cpu.spec.build, max_seq_len=1024, dtype="float16", quantize=cpu.spec.quantize)
+    settings, _ = resolve(request_from_spec(engine.spec, engine.model), None)
+    assert recorded["plugin_config"]["use_paged_context_fmha"] is settings.use_paged_context_fmha is not loses
+
+
+def test_llmapi_has_no_trtllm_build_rule():
+    """The PyTorch backend builds no engine: FP8 KV with INT4 weights keeps KV reuse, and INT8 KV is refused for what it is."""
+    load_config(BUILD_CONFIGS / "tiny-cpu-fp8.yaml", ("quantize.algo=int4_awq", "build.target=llmapi"))  # FP8 KV, reuse on
+    with pytest.raises(SpecError, match="quantize.kv_cache int8 does not run on build.target llmapi"):
+        load_config(BUILD_CONFIGS / "tiny-cpu-fp8.yaml", ("quantize.kv_cache=int8", "build.target=llmapi"))
+
+
+def _engine_config(quant_algo: str | None, kv: str | None) -> dict:
+    from tests.unit.test_render import tiny_engine_config
+
+    config = tiny_engine_config()
+    config["pretrained_config"]["quantization"] = {"quant_algo": quant_algo, "kv_cache_quant_algo": kv}
+    return config
+
+
+def test_the_package_check_reads_the_same_rule():
+    spec = load_config(BUILD_CONFIGS / "tiny-cpu.yaml").spec
+    with pytest.raises(StageError, match="kv_cache_quant_algo FP8 with quantization.quant_algo W8A8_SQ_PER_CHANNEL, which turns"):
+        check_consistency(_engine_config("W8A8_SQ_PER_CHANNEL", "FP8"), spec.serve, "cpu", 4096)
+    check_consistency(_engine_config("FP8", "FP8"), spec.serve, "cpu", 4096)
