@@ -160,8 +160,8 @@ def _gpu(r: _Resolution) -> None:
     if sm in BLACKWELL_SMS and blackwell_bad:
         what = f"quantize.algo {s.quant_algo}" if weights.blackwell_rejected else f"quantize.kv_cache {s.kv_cache_quant}"
         builds = algos_where(lambda f: f.quantized and not f.blackwell_rejected)
-        r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant and "
-                f"INT8 KV cache are not supported on SM 10.x–11.x (§1.10); use {listed(builds)}")
+        r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant, "
+                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x (§1.10); use {listed(builds)}")
 
 
 def _kv_cache_type(r: _Resolution) -> None:
