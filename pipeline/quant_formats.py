@@ -26,7 +26,8 @@ __all__ = [
 
 TARGETS = ("engine", "cpu", "llmapi")  # the build.target values a record may refuse
 FP8_MIN_SM = 89  # FP8 tensor cores (Ada, Hopper and newer); also the floor of FP8 context FMHA (§1.10)
-BLACKWELL_SMS = range(100, 120)  # SM 10.x–11.x: trtllm-build's hard errors for INT8/INT4 weight-only, SQ, INT8 KV (§1.10)
+# SM 10.x–11.x: trtllm-build refuses INT8/INT4 weight-only, SmoothQuant, per-channel/per-token scaling, INT8 KV (§1.10)
+BLACKWELL_SMS = range(100, 120)
 _SIXTEEN_BIT = 2.0  # bytes of a float16/bfloat16 value
 
 Loss = Literal["kv_cache", "weights", "gpu"]

@@ -109,7 +109,8 @@ def kv_bytes_per_token(model: ModelInfo, kv_cache_dtype: str, tp: int = 1) -> in
     elif kv_cache_dtype in KV_CACHE_FORMATS:
         element = KV_CACHE_FORMATS[kv_cache_dtype].bytes_per_element
     else:
-        raise SpecError(f"KV-cache dtype {kv_cache_dtype!r} is not one of {', '.join([*KV_CACHE_FORMATS, *SIXTEEN_BIT_KV_DTYPES])}")
+        known = ", ".join([*KV_CACHE_FORMATS, *SIXTEEN_BIT_KV_DTYPES])
+        raise SpecError(f"KV-cache dtype {kv_cache_dtype!r} is not one of {known}")
     kv_heads = max(1, model.num_kv_heads // tp)
     return int(2 * model.num_layers * kv_heads * model.head_dim * element)
 

@@ -156,12 +156,14 @@ def _gpu(r: _Resolution) -> None:
         r.error(f"quantize.algo {s.quant_algo} needs {weights.gpu_need}; the GPU is {r.sm_text}")
     if kv.min_sm is not None and sm < kv.min_sm:
         runs_here = [k.name for k in KV_CACHE_FORMATS.values() if k.min_sm is None or k.min_sm <= sm]
-        r.error(f"quantize.kv_cache {s.kv_cache_quant} needs {kv.gpu_need}; the GPU is {r.sm_text} (use kv_cache {listed(runs_here)})")
+        r.error(f"quantize.kv_cache {s.kv_cache_quant} needs {kv.gpu_need}; the GPU is {r.sm_text} "
+                f"(use kv_cache {listed(runs_here)})")
     if sm in BLACKWELL_SMS and blackwell_bad:
         what = f"quantize.algo {s.quant_algo}" if weights.blackwell_rejected else f"quantize.kv_cache {s.kv_cache_quant}"
         builds = algos_where(lambda f: f.quantized and not f.blackwell_rejected)
         r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant, "
-                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x (§1.10); use {listed(builds)}")
+                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x (§1.10); "
+                f"use {listed(builds)}")
 
 
 def _kv_cache_type(r: _Resolution) -> None:
