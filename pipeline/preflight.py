@@ -12,6 +12,7 @@ from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.config.targets import traits_of
 from pipeline.errors import SpecError
+from pipeline.quant_formats import weight_format
 
 
 def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue]:
@@ -42,7 +43,7 @@ def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
 def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = False) -> list[Issue]:
     from pipeline.backends.quantize_dispatch import IN_PROCESS, quantize_route
 
-    quantize = spec.quantize
+    quantize, weights = spec.quantize, weight_format(spec.quantize.algo)
     if spec.dry_run:  # nothing is calibrated or exported in a dry run
         return []
     route = quantize_route(spec)
@@ -62,8 +63,8 @@ def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = Fal
             f"build.target {spec.build.target.value} quantizes in this process; set quantize.device: cpu"
         )
         return [(("quantize", "device"), f"quantize.device is cuda, but this machine has no CUDA device: {where}")]
-    elif quantize.algo.value == "nvfp4" and route in (IN_PROCESS, "local") and not cuda_available():
-        return [(("quantize", "algo"), "NVFP4 calibration needs CUDA kernels, but this machine has no CUDA device")]
+    elif weights.calibration_needs_cuda and route in (IN_PROCESS, "local") and not cuda_available():
+        return [(("quantize", "algo"), f"{weights.trtllm_quant_algo} calibration needs CUDA kernels, but this machine has no CUDA device")]
     if needs_calibration(quantize):
         from pipeline.calibration import build_calibration_set, load_encoder
 

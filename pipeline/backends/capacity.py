@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.model_info import ModelInfo
 from pipeline.errors import SpecError
+from pipeline.quant_formats import FP8_MIN_SM, KV_CACHE_FORMATS, WEIGHT_FORMATS
 
 GB = 1e9
 KIB = 1024
@@ -28,16 +28,7 @@ RUNTIME_RESERVE_GB = 5.0  # activations, CUDA context, TensorRT workspace (§A2 
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build default (trtllm.md §1.2)
 MAX_BATCH_SIZE_CAP = 2048  # trtllm-build default max_batch_size
 _SIXTEEN_BIT = 2.0
-# Bytes per decoder-layer parameter of each weight format (scales included where they matter).
-WEIGHT_BYTES = {
-    "none": _SIXTEEN_BIT,
-    "fp8": 1.0,
-    "int8_sq": 1.0,
-    "int8_wo": 1.0,
-    "nvfp4": 0.5 + 1 / 16,  # FP8 scale per 16 weights
-}
-# AWQ formats: 0.5 B + one 16-bit scale per group = 0.516 B at group 128 (§A2)
-KV_BYTES = {"none": _SIXTEEN_BIT, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "int8": 1.0}
+SIXTEEN_BIT_KV_DTYPES = ("float16", "bfloat16")  # an unquantized KV cache named by its dtype
 
 
 @dataclass(frozen=True)
@@ -106,19 +97,22 @@ def count_params(model: ModelInfo, *, tied_embeddings: bool = False) -> ParamCou
 
 
 def weight_bytes_per_param(quant_algo: str, group_size: int = 128) -> float:
-    if quant_algo in AWQ_ALGOS:
-        return 0.5 + _SIXTEEN_BIT / group_size
-    if quant_algo not in WEIGHT_BYTES:
-        raise SpecError(f"quantize.algo {quant_algo!r} is not one of {', '.join([*WEIGHT_BYTES, *sorted(AWQ_ALGOS)])}")
-    return WEIGHT_BYTES[quant_algo]
+    if quant_algo not in WEIGHT_FORMATS:
+        raise SpecError(f"quantize.algo {quant_algo!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    return WEIGHT_FORMATS[quant_algo].bytes_per_param(group_size)
 
 
 def kv_bytes_per_token(model: ModelInfo, kv_cache_dtype: str, tp: int = 1) -> int:
     """KV-cache bytes of one token on one GPU: 2 × layers × kv_heads/tp × head_dim × bytes (§A2)."""
-    if kv_cache_dtype not in KV_BYTES:
-        raise SpecError(f"KV-cache dtype {kv_cache_dtype!r} is not one of {', '.join(KV_BYTES)}")
+    if kv_cache_dtype in SIXTEEN_BIT_KV_DTYPES:
+        element = _SIXTEEN_BIT
+    elif kv_cache_dtype in KV_CACHE_FORMATS:
+        element = KV_CACHE_FORMATS[kv_cache_dtype].bytes_per_element
+    else:
+        known = ", ".join([*KV_CACHE_FORMATS, *SIXTEEN_BIT_KV_DTYPES])
+        raise SpecError(f"KV-cache dtype {kv_cache_dtype!r} is not one of {known}")
     kv_heads = max(1, model.num_kv_heads // tp)
-    return int(2 * model.num_layers * kv_heads * model.head_dim * KV_BYTES[kv_cache_dtype])
+    return int(2 * model.num_layers * kv_heads * model.head_dim * element)
 
 
 @dataclass(frozen=True)
@@ -174,7 +168,7 @@ def plan_capacity(
     sixteen_bit = (params.embedding + params.lm_head + params.final_norm) * _SIXTEEN_BIT
     weights = params.decoder * weight_bytes_per_param(quant_algo, group_size) + sixteen_bit
     per_gpu = weights / tp
-    label = f"{model.path.name} ({'16-bit' if quant_algo == 'none' else quant_algo} weights)"
+    label = f"{model.path.name} ({quant_algo if WEIGHT_FORMATS[quant_algo].quantized else '16-bit'} weights)"
     budget = gpu.memory_gb * GB - reserve_gb * GB
     if per_gpu > budget:
         raise CapacityError(
@@ -189,7 +183,7 @@ def plan_capacity(
         missing = one_sequence / kv_cache_free_gpu_mem_fraction - (budget - per_gpu)
         raise CapacityError(
             f"{label} on {tp} × {gpu.name}: the KV cache gets {kv_space / GB:.2f} GB but one {max_seq_len}-token sequence "
-            f"needs {one_sequence / GB:.2f} GB ({'16-bit' if kv_cache_dtype == 'none' else kv_cache_dtype} KV): {missing / GB:.2f} GB missing"
+            f"needs {one_sequence / GB:.2f} GB ({_kv_label(kv_cache_dtype)} KV): {missing / GB:.2f} GB missing"
         )
     kv_tokens = int(kv_space // kv_token)
     full_sequences = (kv_tokens // tokens_per_block) // blocks_per_seq
@@ -233,11 +227,22 @@ def _notes(gpu: GpuSpec, full_sequences: int, max_batch_size: int, quant_algo: s
         notes.append(f"only {full_sequences} full-length sequences fit; max_batch_size {max_batch_size} relies on shorter sequences")
     if full_sequences < 8:
         notes.append("not practical: fewer than 8 full-length sequences fit")
-    if gpu.compute_capability < 89 and ("fp8" in (quant_algo, kv) or quant_algo == "w4a8_awq"):
+    if gpu.compute_capability < FP8_MIN_SM and _needs_fp8_tensor_cores(quant_algo, kv):
         notes.append(f"{gpu.name} (SM {gpu.compute_capability / 10:.1f}) has no FP8: the build will refuse this format")
     if gpu.source.startswith("[inf]"):
         notes.append(f"{gpu.name} figures are datasheet values not in the reference: {gpu.source}")
     return tuple(notes)
+
+
+def _kv_label(kv_cache_dtype: str) -> str:
+    kv = KV_CACHE_FORMATS.get(kv_cache_dtype)
+    return "16-bit" if kv is not None and not kv.quantized else kv_cache_dtype
+
+
+def _needs_fp8_tensor_cores(quant_algo: str, kv_cache_dtype: str) -> bool:
+    """FP8 math: a format whose lowest GPU is SM 8.9 (an NVFP4 checkpoint's SM 10.0 is a build error, not this note)."""
+    kv = KV_CACHE_FORMATS.get(kv_cache_dtype)
+    return FP8_MIN_SM in (WEIGHT_FORMATS[quant_algo].min_sm, kv.min_sm if kv is not None else None)
 
 
 def capacity_table(plan: CapacityPlan) -> Any:

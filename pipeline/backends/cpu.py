@@ -17,9 +17,10 @@ from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, EngineFact
 from pipeline.backends.llm_parameters import cpu_parameters
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import BuildSpec, ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec, Spec, SpeculativeSpec, Target
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
+from pipeline.quant_formats import kv_cache_format, paged_context_fmha_loss, weight_format
 from pipeline.tools import tool_versions
 
 
@@ -27,9 +28,13 @@ def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
     return build.max_seq_len if build.max_seq_len is not None else deduced
 
 
-def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str) -> dict[str, Any]:
-    """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json."""
+def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | None = None) -> dict[str, Any]:
+    """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json (for the checkpoint's
+    `quantize` formats; None: unquantized)."""
     plugins = build.plugins
+    keeps_paged_context_fmha = quantize is None or paged_context_fmha_loss(
+        weight_format(quantize.algo), kv_cache_format(quantize.kv_cache)
+    ) is None
     max_num_tokens = min(build.max_num_tokens, build.max_batch_size * max_seq_len)
     return {
         "max_batch_size": build.max_batch_size,
@@ -58,7 +63,7 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str) -> dict[
             "gpt_attention_plugin": plugins.gpt_attention_plugin.value if plugins.gpt_attention_plugin.value != "disable" else None,
             "gemm_plugin": None if plugins.gemm_plugin.value == "disable" else plugins.gemm_plugin.value,
             "context_fmha": plugins.context_fmha,
-            "use_paged_context_fmha": plugins.use_paged_context_fmha and plugins.context_fmha,
+            "use_paged_context_fmha": plugins.use_paged_context_fmha and plugins.context_fmha and keeps_paged_context_fmha,
             "use_fp8_context_fmha": False,  # no FP8 attention kernels on the CPU
             "use_fused_mlp": plugins.use_fused_mlp,
             "remove_input_padding": plugins.remove_input_padding,
@@ -131,7 +136,7 @@ class CpuBackend:
     def build(self, job: BuildJob) -> dict[str, Any]:
         build = job.spec.build
         max_seq_len = resolve_max_seq_len(build, job.model.default_max_seq_len())
-        build_config = cpu_build_config(build, max_seq_len=max_seq_len, dtype=job.spec.model.dtype.value)
+        build_config = cpu_build_config(build, max_seq_len=max_seq_len, dtype=job.spec.model.dtype.value, quantize=job.spec.quantize)
         write_cpu_engine(job.checkpoint_dir, job.engine_dir, build_config=build_config, version=tool_versions()["trtllm_pipeline"])
         job.log(
             f"cpu engine: max_batch_size {build_config['max_batch_size']}, max_seq_len {max_seq_len}, "

@@ -33,8 +33,9 @@ import torch
 from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
 from pipeline.errors import StageError
 from refengine.architectures import HF_MODEL_TYPES, Architecture, architecture_for_hf_model_type
+from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, needs_calibration, weight_format
 
-__all__ = ["QUANT_ALGOS", "QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields", "trtllm_to_hf_state_dict"]
+__all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields", "trtllm_to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -43,33 +44,11 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class QuantRecipe:
-    algo: str  # a key of QUANT_ALGOS
-    kv_cache: str = "none"  # none | fp8 | int8
+    algo: str  # a quantize.algo value (a key of quant_formats.WEIGHT_FORMATS: its ModelOpt config and quant_algo)
+    kv_cache: str = "none"  # a quantize.kv_cache value (quant_formats.KV_CACHE_FORMATS)
     group_size: int = 128  # AWQ block size along the input dim
 
 
-@dataclass(frozen=True)
-class _Algo:
-    mtq_config: str | None  # name of the config in `modelopt.torch.quantization` (0.47), None = no PTQ
-    quant_algo: str | None  # `quantization.quant_algo` that config.json must end up with
-    block_quantized: bool = False  # weight quantizer has block_sizes[-1] = group_size
-
-
-# Same choices as TensorRT-LLM's quantize.py (trtllm.md §3.1). int8_wo is exported unquantized with
-# quant_algo W8A16 and trtllm-build quantizes the weights: ModelOpt's own INT8 weight-only export names
-# its tensors differently from what TRT-LLM's W8A16 loader expects (trtllm.md §2.4).
-QUANT_ALGOS = {
-    "none": _Algo(None, None),
-    "fp8": _Algo("FP8_DEFAULT_CFG", "FP8"),
-    "int8_sq": _Algo("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL"),
-    "int8_wo": _Algo(None, "W8A16"),
-    "int4_awq": _Algo("INT4_AWQ_CFG", "W4A16_AWQ", block_quantized=True),
-    "w4a8_awq": _Algo("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", block_quantized=True),
-    "nvfp4": _Algo("NVFP4_DEFAULT_CFG", "NVFP4"),  # calibrates on CPU, but only CUDA can run the model
-}
-# ModelOpt 0.47 quantizes the KV cache through the attention's k/v bmm quantizers (list-shaped quant_cfg).
-_KV_BITS = {"fp8": (4, 3), "int8": 8}
-_KV_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "chat_template.jinja")
 _BENIGN_WARNINGS = (
     "Cannot export tensorrt_llm checkpoint config",  # no tensorrt_llm here: ModelOpt writes config.json itself
@@ -205,10 +184,10 @@ def _check_request(
     problems = []
     if dtype not in TORCH_DTYPES:
         problems.append(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
-    if quant.algo not in QUANT_ALGOS:
-        problems.append(f"quantization algo {quant.algo!r} is not one of {', '.join(QUANT_ALGOS)}")
-    if quant.kv_cache != "none" and quant.kv_cache not in _KV_BITS:
-        problems.append(f"kv_cache {quant.kv_cache!r} is not one of none, {', '.join(_KV_BITS)}")
+    if quant.algo not in WEIGHT_FORMATS:
+        problems.append(f"quantization algo {quant.algo!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    if quant.kv_cache not in KV_CACHE_FORMATS:
+        problems.append(f"kv_cache {quant.kv_cache!r} is not one of {', '.join(KV_CACHE_FORMATS)}")
     if tp_size < 1 or pp_size < 1:
         problems.append(f"tp_size {tp_size} and pp_size {pp_size} must be >= 1")
     else:
@@ -237,17 +216,17 @@ def _check_request(
 
 
 def _needs_ptq(quant: QuantRecipe) -> bool:
-    return QUANT_ALGOS[quant.algo].mtq_config is not None or quant.kv_cache != "none"
+    return needs_calibration(weight_format(quant.algo), kv_cache_format(quant.kv_cache))
 
 
 def _mtq_config(quant: QuantRecipe) -> dict[str, Any]:
     """The ModelOpt 0.47 config for `quant` (a deep copy; 0.47's `quant_cfg` is a list of entries)."""
     import modelopt.torch.quantization as mtq
 
-    algo = QUANT_ALGOS[quant.algo]
-    config = copy.deepcopy(getattr(mtq, algo.mtq_config)) if algo.mtq_config else {"quant_cfg": None}
+    weights = weight_format(quant.algo)
+    config = copy.deepcopy(getattr(mtq, weights.modelopt_config)) if weights.modelopt_config else {"quant_cfg": None}
     legacy = isinstance(config["quant_cfg"], dict)  # ModelOpt before the list-shaped quant_cfg (e.g. 0.37)
-    if algo.block_quantized:
+    if weights.group_wise:
         if legacy:
             entries = [{"quantizer_name": "*weight_quantizer", "cfg": config["quant_cfg"]["*weight_quantizer"]}]
         else:
@@ -256,8 +235,9 @@ def _mtq_config(quant: QuantRecipe) -> dict[str, Any]:
             if entry.get("quantizer_name") == "*weight_quantizer":
                 cfgs = entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]
                 cfgs[0]["block_sizes"][-1] = quant.group_size  # W4A8's list: [int4 blocks, fp8]
-    if quant.kv_cache != "none":
-        kv_cfg = {"num_bits": _KV_BITS[quant.kv_cache], "axis": None}
+    kv = kv_cache_format(quant.kv_cache)
+    if kv.quantized:  # ModelOpt quantizes the KV cache through the attention's k/v bmm quantizers
+        kv_cfg = {"num_bits": kv.modelopt_num_bits, "axis": None}
         if legacy or not hasattr(mtq, "update_quant_cfg_with_kv_cache_quant"):
             # What TensorRT-LLM's quantize_by_modelopt did before ModelOpt had the helper: add the pattern.
             config["quant_cfg"] = {**(config["quant_cfg"] or {"default": {"enable": False}}), "*[kv]_bmm_quantizer": {**kv_cfg, "enable": True}}
@@ -311,11 +291,11 @@ def _finish_config(
     config.update(rope_config_fields(model_config))
     if architecture.variant_key:  # e.g. qwen_type: TRT-LLM's QWenConfig defaults to qwen (v1)
         config[architecture.variant_key] = hf["model_type"]
-    algo = QUANT_ALGOS[quant.algo]
+    weights = weight_format(quant.algo)
     quantization = config.setdefault("quantization", {})
-    if algo.mtq_config is None:
-        quantization["quant_algo"] = algo.quant_algo  # none -> null, int8_wo -> W8A16
-    expected = (algo.quant_algo, _KV_QUANT_ALGO.get(quant.kv_cache))
+    if weights.modelopt_config is None:
+        quantization["quant_algo"] = weights.trtllm_quant_algo  # none -> null, int8_wo -> W8A16
+    expected = (weights.trtllm_quant_algo, kv_cache_format(quant.kv_cache).trtllm_kv_quant_algo)
     found = (quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo"))
     if found != expected:
         raise StageError(f"export: config.json has quant_algo/kv_cache_quant_algo {found}, expected {expected}")

@@ -33,12 +33,12 @@ from pipeline.backends.quantize_job import (
     QuantizeRequest,
     run_job,
 )
-from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
 from pipeline.backends.trtllm_versions import TrtllmVersion, get_version
 from pipeline.config.format_rules import needs_calibration
 from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
+from pipeline.quant_formats import kv_cache_format, weight_format
 from pipeline.sources import package_dir
 
 SCRIPT_FILE = "quantize.sh"
@@ -226,8 +226,8 @@ def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
         raise StageError(f"the quantize job finished but {path} is not a JSON object")
     quant, mapping = config.get("quantization") or {}, config.get("mapping") or {}
     found = {
-        "quantization.quant_algo": (quant.get("quant_algo"), TRTLLM_QUANT_ALGO[request.algo]),
-        "quantization.kv_cache_quant_algo": (quant.get("kv_cache_quant_algo"), TRTLLM_KV_QUANT_ALGO[request.kv_cache]),
+        "quantization.quant_algo": (quant.get("quant_algo"), weight_format(request.algo).trtllm_quant_algo),
+        "quantization.kv_cache_quant_algo": (quant.get("kv_cache_quant_algo"), kv_cache_format(request.kv_cache).trtllm_kv_quant_algo),
         "mapping.tp_size": (mapping.get("tp_size"), request.tp_size),
         "mapping.pp_size": (mapping.get("pp_size"), request.pp_size),
     }

@@ -60,7 +60,7 @@ class QuantizeRequest:
     dtype: str  # float16 | bfloat16
     tp_size: int
     pp_size: int
-    algo: str  # our quantize.algo names (modelopt_export.QUANT_ALGOS)
+    algo: str  # a quantize.algo value (pipeline.quant_formats.WEIGHT_FORMATS)
     kv_cache: str  # none | fp8 | int8
     group_size: int
     device: str  # cpu | cuda

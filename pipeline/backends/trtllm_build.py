@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends.build_request import BuildRequest
 from pipeline.backends.trtllm_rules import Decision, resolve
 from pipeline.backends.trtllm_versions import TrtllmVersion
-from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.lora_adapters import AdapterError, read_adapter
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
+from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, weight_format
 
 __all__ = [
     "BUILD_CONFIG_FILE", "TIMING_CACHE_FILE", "SCRIPT_FILE", "LOG_LEVELS", "TRTLLM_QUANT_ALGO", "TRTLLM_KV_QUANT_ALGO",
@@ -40,13 +41,9 @@ TIMING_CACHE_FILE = "model.cache"
 SCRIPT_FILE = "trtllm-build.sh"
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")
 
-# Our YAML names -> TensorRT-LLM QuantAlgo names (trtllm.md §2.3; the same mapping as modelopt_export.py,
-# repeated here so the engine edge needs no torch import).
-TRTLLM_QUANT_ALGO: dict[str, str | None] = {
-    "none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16",
-    "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ", "nvfp4": "NVFP4",
-}
-TRTLLM_KV_QUANT_ALGO: dict[str, str | None] = {"none": None, "fp8": "FP8", "int8": "INT8"}
+# Our YAML names -> TensorRT-LLM QuantAlgo names (trtllm.md §2.3): views of the format registry.
+TRTLLM_QUANT_ALGO: dict[str, str | None] = {name: f.trtllm_quant_algo for name, f in WEIGHT_FORMATS.items()}
+TRTLLM_KV_QUANT_ALGO: dict[str, str | None] = {name: f.trtllm_kv_quant_algo for name, f in KV_CACHE_FORMATS.items()}
 # --speculative_decoding_mode choice -> the SpeculativeDecodingMode IntFlag value a BuildConfig (and the engine's
 # config.json) records: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2, MEDUSA = 4, LOOKAHEAD_DECODING = 8,
 # EXPLICIT_DRAFT_TOKENS = 16, EAGLE = 32 (tensorrt_llm/models/modeling_utils.py, auto() in declaration order).
@@ -54,54 +51,6 @@ SPECULATIVE_DECODING_MODE: dict[str | None, int] = {
     None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8, "explicit_draft_tokens": 16, "eagle": 32,
 }
 ENGINE_LORA_DIR = "lora"  # trtllm-build copies adapter i into <engine>/lora/<i>/ and records that relative path
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    """What the spec asks of trtllm-build, flat and TensorRT-LLM-agnostic; `resolve` returns the applied copy."""
-
-    name: str
-    architecture: str
-    dtype: str
-    quant_algo: str  # QuantAlgo value: none, fp8, int8_sq, int8_wo, int4_awq, w4a8_awq, nvfp4
-    kv_cache_quant: str  # none, fp8, int8
-    group_size: int
-    tp_size: int
-    pp_size: int
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int | None  # None: deduce from the model (model_max_seq_len)
-    model_max_seq_len: int  # what trtllm-build deduces from the checkpoint (ModelInfo.default_max_seq_len)
-    max_num_tokens: int
-    opt_num_tokens: int | None
-    max_beam_width: int
-    tokens_per_block: int
-    kv_cache_type: str  # paged, continuous, disabled
-    gpt_attention_plugin: str
-    gemm_plugin: str
-    context_fmha: bool
-    use_paged_context_fmha: bool
-    use_fp8_context_fmha: bool
-    use_fused_mlp: bool
-    remove_input_padding: bool
-    reduce_fusion: bool
-    multiple_profiles: bool
-    enable_kv_cache_reuse: bool  # serve.* switches that need paged context FMHA in the engine
-    enable_chunked_context: bool
-    gather_context_logits: bool = False
-    # LoRA (--lora_plugin and the --lora_* flags): lora_plugin is a dtype or "disable"
-    lora_plugin: str = "disable"
-    lora_dirs: tuple[str, ...] = ()
-    lora_ckpt_source: str = "hf"
-    lora_target_modules: tuple[str, ...] = ()
-    max_lora_rank: int = 64
-    # speculative decoding: a --speculative_decoding_mode choice (None: off) and --max_draft_len
-    speculative_decoding_mode: str | None = None
-    max_draft_len: int = 0
-
-    @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
 
 
 def request_from_spec(spec: Spec, model: ModelInfo) -> BuildRequest:
@@ -207,13 +156,14 @@ class TrtllmBuild:
     def quantization(self) -> dict[str, Any]:
         """The checkpoint's `quantization` section this build expects (TensorRT-LLM names)."""
         s = self.settings
+        weights = weight_format(s.quant_algo)
         section: dict[str, Any] = {
-            "quant_algo": TRTLLM_QUANT_ALGO[s.quant_algo],
-            "kv_cache_quant_algo": TRTLLM_KV_QUANT_ALGO[s.kv_cache_quant],
+            "quant_algo": weights.trtllm_quant_algo,
+            "kv_cache_quant_algo": kv_cache_format(s.kv_cache_quant).trtllm_kv_quant_algo,
         }
-        if s.quant_algo in AWQ_ALGOS:
+        if weights.group_wise:
             section.update(group_size=s.group_size, has_zero_point=False, pre_quant_scale=True)
-        if s.quant_algo != "none":
+        if weights.quantized:
             section["exclude_modules"] = ["lm_head"]
         return section
 

@@ -11,26 +11,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Literal
 
-from pipeline.config.format_rules import AWQ_ALGOS
+from pipeline.backends.build_request import BuildRequest
 from pipeline.errors import SpecError
+from pipeline.quant_formats import (
+    BLACKWELL_SMS,
+    FP8_MIN_SM,
+    KV_CACHE_FORMATS,
+    KVCacheFormat,
+    WeightFormat,
+    algos_where,
+    fp8_context_fmha_loss,
+    kv_cache_format,
+    listed,
+    paged_context_fmha_loss,
+    sm_needed,
+    sm_version,
+    weight_format,
+)
 
-if TYPE_CHECKING:
-    from pipeline.backends.trtllm_build import BuildRequest
-
-FP8_ACTIVATION_ALGOS = frozenset({"fp8", "w4a8_awq"})  # FP8 tensor-core math: SM >= 89
-FP8_CONTEXT_FMHA_ALGOS = frozenset({"fp8", "w4a8_awq", "nvfp4"})  # §1.8 use_fp8_context_fmha
-FUSED_MLP_ALGOS = frozenset({"none", "fp8"})  # §1.10: use_fused_mlp forced off for any other quant
-BLACKWELL_REJECTS = frozenset({"int8_wo", "int4_awq", "int8_sq"})  # §1.10: SM100–119 hard errors (+ INT8 KV)
 REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
 MAX_NUM_TOKENS_WARN = 16384
-# LoRA on quantized layers: SmoothQuantLinear / FP4Linear forward() assert "lora is not supported on ... now"
-# (tensorrt_llm/quantization/layers.py); weight-only, group-wise (AWQ) and FP8 layers add the LoRA branch.
-LORA_REJECTS = {"int8_sq": "SmoothQuantLinear", "nvfp4": "FP4Linear"}
 SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding"})  # what this pipeline can produce a checkpoint and repository for
-LOOKAHEAD_QUANT_ALGOS = frozenset({"none", "fp8"})  # examples/lookahead/README.md support matrix: FP16 / BF16 / FP8
-LOOKAHEAD_MIN_SM = 80  # same matrix: compute capability >= 8.0
+LOOKAHEAD_MIN_SM = 80  # examples/lookahead/README.md support matrix: compute capability >= 8.0
+_FP8_NEEDS_SM = f"SM >= {sm_version(FP8_MIN_SM)}"
 _PLUGIN_ATTRS = frozenset({
     "gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
     "use_fused_mlp", "remove_input_padding", "reduce_fusion", "multiple_profiles",
@@ -77,7 +82,7 @@ class Decision:
 
 
 class _Resolution:
-    def __init__(self, request: "BuildRequest", sm: int | None) -> None:
+    def __init__(self, request: BuildRequest, sm: int | None) -> None:
         self.cur = request
         self.sm = sm
         self.decisions: list[Decision] = []
@@ -102,7 +107,15 @@ class _Resolution:
 
     @property
     def sm_text(self) -> str:
-        return f"SM {self.sm // 10}.{self.sm % 10}" if self.sm is not None else "no GPU declared"
+        return f"SM {sm_version(self.sm)}" if self.sm is not None else "no GPU declared"
+
+    @property
+    def weights(self) -> WeightFormat:
+        return weight_format(self.cur.quant_algo)
+
+    @property
+    def kv(self) -> KVCacheFormat:
+        return kv_cache_format(self.cur.kv_cache_quant)
 
 
 def _seq_len(r: _Resolution) -> None:
@@ -128,27 +141,29 @@ def _profiles(r: _Resolution) -> None:
 
 
 def _gpu(r: _Resolution) -> None:
-    s, sm = r.cur, r.sm
-    fp8 = s.quant_algo in FP8_ACTIVATION_ALGOS or s.kv_cache_quant == "fp8"
-    blackwell_bad = s.quant_algo in BLACKWELL_REJECTS or s.kv_cache_quant == "int8"
+    s, sm, weights, kv = r.cur, r.sm, r.weights, r.kv
+    blackwell_bad = weights.blackwell_rejected or kv.blackwell_rejected
     if sm is None:
-        if fp8 or s.quant_algo == "nvfp4":
+        needed = sm_needed(weights, kv)
+        if needed is not None:
             r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} need "
-                   f"SM >= {100 if s.quant_algo == 'nvfp4' else 89}; declare the GPU to check before building")
+                   f"SM >= {needed}; declare the GPU to check before building")
         if blackwell_bad:
             r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} "
                    "cannot be built for Blackwell (SM 10.x–11.x) (§1.10)")
         return
-    if s.quant_algo in FP8_ACTIVATION_ALGOS and sm < 89:
-        r.error(f"quantize.algo {s.quant_algo} needs FP8 tensor cores (SM >= 8.9, Ada/Hopper or newer); the GPU is {r.sm_text}")
-    if s.kv_cache_quant == "fp8" and sm < 89:
-        r.error(f"quantize.kv_cache fp8 needs SM >= 8.9 (Ada/Hopper or newer); the GPU is {r.sm_text} (use kv_cache int8 or none)")
-    if s.quant_algo == "nvfp4" and sm < 100:
-        r.error(f"quantize.algo nvfp4 needs a Blackwell GPU (SM >= 10.0); the GPU is {r.sm_text}")
-    if 100 <= sm < 120 and blackwell_bad:
-        what = f"quantize.algo {s.quant_algo}" if s.quant_algo in BLACKWELL_REJECTS else "quantize.kv_cache int8"
-        r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant and "
-                "INT8 KV cache are not supported on SM 10.x–11.x (§1.10); use fp8, w4a8_awq or nvfp4")
+    if weights.min_sm is not None and sm < weights.min_sm:
+        r.error(f"quantize.algo {s.quant_algo} needs {weights.gpu_need}; the GPU is {r.sm_text}")
+    if kv.min_sm is not None and sm < kv.min_sm:
+        runs_here = [k.name for k in KV_CACHE_FORMATS.values() if k.min_sm is None or k.min_sm <= sm]
+        r.error(f"quantize.kv_cache {s.kv_cache_quant} needs {kv.gpu_need}; the GPU is {r.sm_text} "
+                f"(use kv_cache {listed(runs_here)})")
+    if sm in BLACKWELL_SMS and blackwell_bad:
+        what = f"quantize.algo {s.quant_algo}" if weights.blackwell_rejected else f"quantize.kv_cache {s.kv_cache_quant}"
+        builds = algos_where(lambda f: f.quantized and not f.blackwell_rejected)
+        r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant, "
+                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x (§1.10); "
+                f"use {listed(builds)}")
 
 
 def _kv_cache_type(r: _Resolution) -> None:
@@ -161,13 +176,13 @@ def _kv_cache_type(r: _Resolution) -> None:
 
 
 def _gemm_plugin(r: _Resolution) -> None:
-    s = r.cur
-    if s.gemm_plugin == "fp8" and s.quant_algo != "fp8":
-        r.error(f"build.plugins.gemm_plugin fp8 needs quantize.algo fp8 (got {s.quant_algo})")
-    if s.gemm_plugin == "nvfp4" and s.quant_algo != "nvfp4":
-        r.error(f"build.plugins.gemm_plugin nvfp4 needs quantize.algo nvfp4 (got {s.quant_algo})")
-    if s.quant_algo == "nvfp4" and s.gemm_plugin == "disable":
-        r.change("gemm_plugin", "nvfp4", "NVFP4 checkpoints run their GEMMs in the nvfp4 GEMM plugin (trtllm-build auto-enables it, §1.8)")
+    s, weights = r.cur, r.weights
+    owners = algos_where(lambda f: f.gemm_plugin == s.gemm_plugin)  # a quantized GEMM plugin belongs to its format
+    if owners and s.quant_algo not in owners:
+        r.error(f"build.plugins.gemm_plugin {s.gemm_plugin} needs quantize.algo {listed(owners)} (got {s.quant_algo})")
+    if weights.gemm_plugin_auto and s.gemm_plugin == "disable":
+        r.change("gemm_plugin", weights.gemm_plugin, f"{weights.trtllm_quant_algo} checkpoints run their GEMMs in the "
+                 f"{weights.gemm_plugin} GEMM plugin (trtllm-build auto-enables it, §1.8)")
 
 
 def _context_fmha(r: _Resolution) -> None:
@@ -178,34 +193,40 @@ def _context_fmha(r: _Resolution) -> None:
 
 
 def _fp8_context_fmha(r: _Resolution) -> None:
+    loss = fp8_context_fmha_loss(r.weights, r.sm)
+    if loss == "weights":
+        algos = listed(algos_where(lambda f: f.fp8_context_fmha))
+        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs quantize.algo {algos} (got {r.cur.quant_algo}) (§1.10)")
+    elif loss == "gpu":  # _gpu has already recorded an error for this; mirrors §1.10 for completeness
+        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text} (§1.10)")
+
+
+def _paged_context_fmha_loss(r: _Resolution) -> None:
     s = r.cur
-    if s.quant_algo not in FP8_CONTEXT_FMHA_ALGOS:
-        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got {s.quant_algo}) (§1.10)")
-        if s.kv_cache_quant == "fp8":
-            r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs FP8-family weights; quantize.kv_cache fp8 "
-                     f"with quantize.algo {s.quant_algo} turns it off (§1.10)")
-    elif r.sm is not None and r.sm < 89:  # _gpu has already recorded an error for this; mirrors §1.10 for completeness
-        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs SM >= 8.9; the GPU is {r.sm_text} (§1.10)")
-        if s.kv_cache_quant == "fp8":
-            r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs SM >= 8.9; the GPU is {r.sm_text} (§1.10)")
+    loss = paged_context_fmha_loss(r.weights, r.kv, r.sm)
+    if loss == "kv_cache":
+        r.change("use_paged_context_fmha", False, f"quantize.kv_cache {s.kv_cache_quant}: trtllm-build turns paged context "
+                 "FMHA off (so no KV-cache reuse and no chunked context) (§1.10)")
+    elif loss == "weights":
+        r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs FP8-family weights; quantize.kv_cache "
+                 f"{s.kv_cache_quant} with quantize.algo {s.quant_algo} turns it off (§1.10)")
+    elif loss == "gpu":
+        r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text} (§1.10)")
 
 
 def _paged_context_fmha(r: _Resolution) -> None:
-    s = r.cur
+    s, weights, kv = r.cur, r.weights, r.kv
     if not s.use_paged_context_fmha:
         return
-    if s.kv_cache_quant == "int8":
-        r.change("use_paged_context_fmha", False, "quantize.kv_cache int8: trtllm-build turns paged context FMHA off "
-                 "(so no KV-cache reuse and no chunked context) (§1.10)")
-    elif s.kv_cache_quant == "fp8" and not s.use_fp8_context_fmha:
+    if kv.paged_context_fmha == "with_fp8_context_fmha" and not s.use_fp8_context_fmha:
         r.change("use_fp8_context_fmha", True, "paged context FMHA with an FP8 KV cache forces FP8 context FMHA on (§1.10)")
-    elif s.quant_algo == "fp8" and s.kv_cache_quant != "fp8" and s.use_fp8_context_fmha:
+    elif weights.fp8_qdq and not kv.fp8 and s.use_fp8_context_fmha:
         r.change("use_fp8_context_fmha", False, "FP8 weights without an FP8 KV cache: paged context FMHA runs in 16 bit, "
                  "trtllm-build turns FP8 context FMHA off (§1.10)")
 
 
 def _fused_mlp(r: _Resolution) -> None:
-    if r.cur.use_fused_mlp and r.cur.quant_algo not in FUSED_MLP_ALGOS:
+    if r.cur.use_fused_mlp and not r.weights.fused_mlp:
         r.change("use_fused_mlp", False, f"the fused gate/up GEMM supports only unquantized or FP8 weights, not "
                  f"quantize.algo {r.cur.quant_algo} (§1.10)")
 
@@ -243,13 +264,12 @@ def _num_tokens(r: _Resolution) -> None:
 
 
 def _notes(r: _Resolution) -> None:
-    s = r.cur
-    if s.quant_algo == "fp8" or s.kv_cache_quant == "fp8":
+    s, weights = r.cur, r.weights
+    if weights.fp8_qdq or r.kv.fp8:
         r.warn("build_config.strongly_typed", "FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)", kind="note", value=True)
-    if s.quant_algo == "int8_wo":
-        r.warn("plugin_config.weight_only_quant_matmul_plugin", "set by trtllm-build for weight-only INT8 (§1.10)", kind="note", value=s.dtype)
-    if s.quant_algo in AWQ_ALGOS:
-        r.warn("plugin_config.weight_only_groupwise_quant_matmul_plugin", "set by trtllm-build for group-wise INT4 (§1.10)", kind="note", value=s.dtype)
+    if weights.builder_plugin is not None:
+        plugin, what = weights.builder_plugin
+        r.warn(f"plugin_config.{plugin}", f"set by trtllm-build for {what} (§1.10)", kind="note", value=s.dtype)
     if s.world_size > 1:
         r.warn("plugin_config.nccl_plugin", f"forced on by trtllm-build for world size {s.world_size}; tp/pp come from the "
                "checkpoint's mapping, not from a trtllm-build flag (§1.1, §1.10)", kind="note", value="enabled")
@@ -266,9 +286,10 @@ def _lora(r: _Resolution) -> None:
     if not s.lora_target_modules:
         r.error("build.lora has no target modules (neither build.lora.target_modules nor an adapter's target_modules): "
                 "the engine would get the LoRA plugin but no LoRA inputs (§1.5)")
-    if s.quant_algo in LORA_REJECTS:
-        r.error(f"build.lora cannot be combined with quantize.algo {s.quant_algo}: TensorRT-LLM's {LORA_REJECTS[s.quant_algo]} "
-                "asserts that LoRA is not supported on it, so trtllm-build fails; use fp8, int8_wo, int4_awq, w4a8_awq or none")
+    if r.weights.lora_rejected_by is not None:
+        takes_lora = algos_where(lambda f: f.quantized and f.lora_rejected_by is None) + algos_where(lambda f: not f.quantized)
+        r.error(f"build.lora cannot be combined with quantize.algo {s.quant_algo}: TensorRT-LLM's {r.weights.lora_rejected_by} "
+                f"asserts that LoRA is not supported on it, so trtllm-build fails; use {listed(takes_lora)}")
     if s.lora_ckpt_source != "hf":
         r.error(f"build.lora.adapter_source {s.lora_ckpt_source}: only Hugging Face PEFT adapters (hf) are built")
     r.warn("plugin_config.lora_plugin", f"the LoRA plugin runs in the model dtype {s.dtype}: a request's lora_weights must be "
@@ -300,7 +321,7 @@ def _speculative(r: _Resolution) -> None:
     if mode == "lookahead_decoding":
         if r.sm is not None and r.sm < LOOKAHEAD_MIN_SM:
             r.error(f"build.speculative.mode lookahead_decoding needs SM >= 8.0 (Ampere or newer); the GPU is {r.sm_text}")
-        if s.quant_algo not in LOOKAHEAD_QUANT_ALGOS:
+        if not r.weights.lookahead_documented:
             r.warn("speculative_decoding_mode", f"lookahead decoding is documented for FP16/BF16/FP8 models only; "
                    f"quantize.algo {s.quant_algo} is not in that support matrix, verify it on the GPU")
     if s.gather_context_logits:
@@ -338,11 +359,12 @@ def _serve_needs(r: _Resolution) -> None:
 
 RULES: tuple[Callable[[_Resolution], None], ...] = (
     _seq_len, _profiles, _gpu, _kv_cache_type, _gemm_plugin, _lora, _speculative, _context_fmha, _fp8_context_fmha,
-    _paged_context_fmha, _fused_mlp, _reduce_fusion, _num_tokens, _speculative_sizes, _notes, _serve_needs,
+    _paged_context_fmha_loss, _paged_context_fmha, _fused_mlp, _reduce_fusion, _num_tokens, _speculative_sizes, _notes,
+    _serve_needs,
 )
 
 
-def resolve(request: "BuildRequest", sm: int | None) -> tuple["BuildRequest", tuple[Decision, ...]]:
+def resolve(request: BuildRequest, sm: int | None) -> tuple[BuildRequest, tuple[Decision, ...]]:
     """Apply trtllm-build's rules to `request`: (applied settings, decisions), or one SpecError listing every violation."""
     if sm is not None and not 50 <= sm <= 150:
         raise SpecError(f"GPU compute capability must be an integer like 80, 89, 90 or 100 (SM 8.0 -> 80), got {sm}")

@@ -1,54 +1,63 @@
-"""Which quantization formats each target can run, and the build constraints that concern them.
-
-Facts from shared/reference/trtllm.md (§1.10 constraints, "engine path is legacy": the PyTorch
-backend behind the llmapi target runs FP8, NVFP4 and W4A16/W4A8 AWQ, but not INT8 SmoothQuant,
-INT8 weight-only or an INT8 KV cache). Every message names the fields involved.
+"""The spec's quantization-format checks: the rules of `pipeline.quant_formats`, applied to one spec's quantize,
+build and serve sections. Every message names the fields involved.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline import quant_formats
+from pipeline.quant_formats import KVCacheFormat, WeightFormat, algos_where, kv_cache_format, listed, weight_format
+
 if TYPE_CHECKING:
     from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec
 
-NEEDS_CALIBRATION = frozenset({"fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"})
-AWQ_ALGOS = frozenset({"int4_awq", "w4a8_awq"})
-_ENGINE_PATH_ONLY = frozenset({"int8_sq", "int8_wo"})
-_FP8_CONTEXT_FMHA_ALGOS = frozenset({"fp8", "w4a8_awq", "nvfp4"})
+# The targets whose engine follows trtllm-build's plugin rules: the engine itself, and the cpu build, which records
+# the same plugin_config (so a config that packages on cpu builds on a GPU). llmapi runs no trtllm-build.
+_TRTLLM_PLUGIN_TARGETS = frozenset({"engine", "cpu"})
+_FP8_CONTEXT_FMHA_ALGOS = algos_where(lambda f: f.fp8_context_fmha)
 
 
 def needs_calibration(quantize: "QuantizeSpec") -> bool:
-    return quantize.algo.value in NEEDS_CALIBRATION or quantize.kv_cache.value != "none"
+    return quant_formats.needs_calibration(weight_format(quantize.algo), kv_cache_format(quantize.kv_cache))
 
 
 def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "ServeSpec") -> None:
-    algo, kv, target = quantize.algo.value, quantize.kv_cache.value, build.target.value
-    if target == "llmapi":
-        if algo in _ENGINE_PATH_ONLY:
-            raise ValueError(
-                f"quantize.algo {algo} does not run on build.target llmapi: the TensorRT-LLM PyTorch backend has no "
-                "INT8 SmoothQuant or INT8 weight-only kernels (use target engine, or algo fp8 / int4_awq / w4a8_awq)"
-            )
-        if kv == "int8":
-            raise ValueError("quantize.kv_cache int8 does not run on build.target llmapi (use fp8, or target engine)")
-    if target == "cpu" and algo == "nvfp4":
-        raise ValueError("quantize.algo nvfp4 needs build.target engine: NVFP4 runs only on Blackwell GPUs, not on the cpu reference engine")
+    weights, kv, target = weight_format(quantize.algo), kv_cache_format(quantize.kv_cache), build.target.value
+    if target in _TRTLLM_PLUGIN_TARGETS:
+        _check_paged_context_features(weights, kv, serve)
+    for field, record in (("quantize.algo", weights), ("quantize.kv_cache", kv)):
+        if not record.runs_on(target):
+            raise ValueError(f"{field} {record.name} {record.refused_targets[target]}")
     if needs_calibration(quantize) and not quantize.calibration.files:
         raise ValueError(
-            f"quantize.calibration.files is empty, but quantize.algo {algo} with quantize.kv_cache {kv} needs calibration text"
+            f"quantize.calibration.files is empty, but quantize.algo {weights.name} with quantize.kv_cache {kv.name} "
+            "needs calibration text"
         )
     plugins = build.plugins
-    if target == "engine" and "use_fp8_context_fmha" in plugins.model_fields_set and plugins.use_fp8_context_fmha and algo not in _FP8_CONTEXT_FMHA_ALGOS:
+    explicit = "use_fp8_context_fmha" in plugins.model_fields_set and plugins.use_fp8_context_fmha
+    if target == "engine" and explicit and quant_formats.fp8_context_fmha_loss(weights) is not None:
         # Left at its default, the build turns it off with a recorded decision; asked for explicitly, it is an error.
         raise ValueError(
-            f"build.plugins.use_fp8_context_fmha: true needs quantize.algo fp8, w4a8_awq or nvfp4, got {algo} "
-            "(FP8 context attention runs on FP8-quantized models only)"
+            f"build.plugins.use_fp8_context_fmha: true needs quantize.algo {listed(_FP8_CONTEXT_FMHA_ALGOS)}, got "
+            f"{weights.name} (FP8 context attention runs on FP8-quantized models only)"
         )
-    if target == "engine" and kv == "fp8" and algo not in _FP8_CONTEXT_FMHA_ALGOS:
-        for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
-            if getattr(serve, field):
-                raise ValueError(
-                    f"serve.{field}: true is not possible with quantize.kv_cache fp8 and quantize.algo {algo}: "
-                    "trtllm-build turns paged context FMHA off for an FP8 KV cache unless the weights are fp8, w4a8_awq or nvfp4"
-                )
+
+
+def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: "ServeSpec") -> None:
+    loss = quant_formats.paged_context_fmha_loss(weights, kv)  # the GPU's part is checked when the engine is planned
+    if loss is None:
+        return
+    for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
+        if not getattr(serve, field):
+            continue
+        if loss == "kv_cache":
+            raise ValueError(
+                f"serve.{field}: true is not possible with quantize.kv_cache: {kv.name} "
+                f"(TensorRT-LLM turns paged context FMHA off for an {kv.trtllm_kv_quant_algo} KV cache)"
+            )
+        raise ValueError(
+            f"serve.{field}: true is not possible with quantize.kv_cache {kv.name} and quantize.algo {weights.name}: "
+            f"trtllm-build turns paged context FMHA off for an {kv.trtllm_kv_quant_algo} KV cache unless the weights are "
+            f"{listed(_FP8_CONTEXT_FMHA_ALGOS)}"
+        )

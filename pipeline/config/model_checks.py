@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.lora_adapters import AdapterError, read_adapter
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.spec import Spec
+from pipeline.quant_formats import weight_format
 
 # The model types every target builds are the rows of refengine's architecture table (torch-free):
 # the export and the cpu target's engine read the same rows.
@@ -110,7 +110,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
 
 def _check_awq_group_size(spec: Spec, info: ModelInfo) -> list[Issue]:
     group = spec.quantize.group_size
-    if spec.quantize.algo.value not in AWQ_ALGOS:
+    if not weight_format(spec.quantize.algo).group_wise:
         return []
     for name, size in (("hidden_size", info.hidden_size), ("intermediate_size", info.intermediate_size)):
         if size % group:

@@ -14,6 +14,15 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.config.format_rules import check_format_rules
+from pipeline.quant_formats import FP8_MIN_SM, WEIGHT_FORMATS
+
+
+# Format facts the field descriptions below state, read from the format registry.
+_UNCALIBRATED_ALGOS = " and ".join(f.name for f in WEIGHT_FORMATS.values() if not f.calibrated)
+_FP8_CONTEXT_FMHA_QUANT = "/".join(str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fp8_context_fmha)
+_FUSED_MLP_WEIGHTS = " or ".join(
+    [str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fused_mlp and f.quantized] + ["unquantized"]
+)
 
 
 class _Strict(BaseModel):
@@ -173,7 +182,7 @@ class CalibrationSpec(_Strict):
     files: tuple[str, ...] = Field(
         default=(),
         description="Local text or JSONL files (glob patterns, relative to the YAML file) whose text calibrates "
-        "quantization. Required for every algo except none and int8_wo.",
+        f"quantization. Required for every algo except {_UNCALIBRATED_ALGOS}.",
     )
     num_samples: int = Field(default=64, ge=1, le=100_000, description="Number of token windows used for calibration.")
     max_seq_len: int = Field(default=256, ge=8, le=32_768, description="Tokens per calibration window.")
@@ -218,8 +227,8 @@ class PluginSpec(_Strict):
     gemm_plugin: GemmPlugin = Field(default=GemmPlugin.disable, description="--gemm_plugin for non-quantized (and FP8) GEMMs.")
     context_fmha: bool = Field(default=True, description="--context_fmha; disabling it also disables paged and FP8 context FMHA.")
     use_paged_context_fmha: bool = Field(default=True, description="--use_paged_context_fmha; needed for KV-cache reuse and chunked context.")
-    use_fp8_context_fmha: bool = Field(default=True, description="--use_fp8_context_fmha; effective only with FP8/W4A8_AWQ/NVFP4 quantization on SM >= 89.")
-    use_fused_mlp: bool = Field(default=True, description="--use_fused_mlp; fuses gate and up projections (FP8 or unquantized only).")
+    use_fp8_context_fmha: bool = Field(default=True, description=f"--use_fp8_context_fmha; effective only with {_FP8_CONTEXT_FMHA_QUANT} quantization on SM >= {FP8_MIN_SM}.")
+    use_fused_mlp: bool = Field(default=True, description=f"--use_fused_mlp; fuses gate and up projections ({_FUSED_MLP_WEIGHTS} only).")
     remove_input_padding: bool = Field(default=True, description="--remove_input_padding; packed token batches.")
     reduce_fusion: bool = Field(default=False, description="--reduce_fusion; only takes effect with tp_size > 1 on Llama.")
     multiple_profiles: bool = Field(default=False, description="--multiple_profiles; more TensorRT optimization profiles, longer build.")
@@ -609,13 +618,6 @@ class Spec(_Strict):
                     f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true "
                     "(and build.plugins.context_fmha: true) in the engine"
                 )
-        if self.quantize.kv_cache is KVCacheQuant.int8:
-            for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
-                if getattr(self.serve, field):
-                    raise ValueError(
-                        f"serve.{field}: true is not possible with quantize.kv_cache: int8 "
-                        "(TensorRT-LLM turns paged context FMHA off for an INT8 KV cache)"
-                    )
         check_format_rules(self.quantize, self.build, self.serve)
         _check_lora_and_speculative(self.build, self.serve)
         performance = self.gate.performance

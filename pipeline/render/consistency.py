@@ -14,6 +14,7 @@ from pipeline.backends.llm_parameters import decoding_mode, lora_cache
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.errors import StageError
+from pipeline.quant_formats import kv_cache_format_named, paged_context_fmha_loss, weight_format_named
 from pipeline.render.contract import TRITON_DTYPES
 
 FIXED_MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
@@ -114,6 +115,8 @@ def _streaming(serve: ServeSpec) -> list[str]:
 
 def _paged_context_features(facts: EngineFacts, serve: ServeSpec) -> list[str]:
     problems = []
+    kv = kv_cache_format_named(facts.kv_cache_quant_algo)
+    loss = paged_context_fmha_loss(weight_format_named(facts.quant_algo), kv) if kv is not None else None
     for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
         if not getattr(serve, field):
             continue
@@ -122,10 +125,11 @@ def _paged_context_features(facts: EngineFacts, serve: ServeSpec) -> list[str]:
                 f"serve.{field} is true but the engine has plugin_config.use_paged_context_fmha "
                 f"{facts.use_paged_context_fmha} (context_fmha {facts.context_fmha}); it needs paged context FMHA"
             )
-        if (facts.kv_cache_quant_algo or "").upper() == "INT8":
+        if loss is not None:
+            weights = f" with quantization.quant_algo {facts.quant_algo}" if loss == "weights" else ""
             problems.append(
-                f"serve.{field} is true but the engine has quantization.kv_cache_quant_algo INT8, "
-                "which turns paged context FMHA off"
+                f"serve.{field} is true but the engine has quantization.kv_cache_quant_algo {kv.trtllm_kv_quant_algo}"
+                f"{weights}, which turns paged context FMHA off"
             )
     return problems
 

@@ -100,7 +100,8 @@ def test_the_job_imports_only_what_nvidias_image_has() -> None:
     seen = json.loads(done.stdout)
     assert seen["others"] == []
     assert seen["ours"] == ["pipeline", "pipeline.backends", "pipeline.backends.modelopt_export", "pipeline.backends.quantize_job",
-                            "pipeline.backends.trtllm_checkpoint", "pipeline.calibration", "pipeline.errors"]
+                            "pipeline.backends.trtllm_checkpoint", "pipeline.calibration", "pipeline.errors",
+                            "pipeline.quant_formats"]  # the format registry: standard library only
 
 
 def test_quant_configs_of_the_older_modelopt_in_nvidias_image(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -496,13 +496,6 @@ def test_older_versions_render_the_same_command(version):
     assert older.argv == _plan(GPU_CONFIGS[0]).argv
 
 
-def test_fp8_context_fmha_algos_agree_with_the_spec_rules():
-    from pipeline.config import format_rules
-    from pipeline.backends.trtllm_rules import FP8_CONTEXT_FMHA_ALGOS
-
-    assert FP8_CONTEXT_FMHA_ALGOS == format_rules._FP8_CONTEXT_FMHA_ALGOS
-
-
 def test_every_yaml_quant_choice_has_a_trtllm_name():
     from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
     from pipeline.config.spec import KVCacheQuant, QuantAlgo
