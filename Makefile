@@ -31,7 +31,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(CLI) bench engine $(CONFIG)
-	$(CLI) bench serve $(CONFIG) --endpoint grpc,openai --concurrency 1,2,4,8 --requests 48 --warmup 4 \
+	$(CLI) bench load $(CONFIG) --endpoint grpc,openai --concurrency 1,2,4,8 --requests 48 --warmup 4 \
 	  --input-tokens 128 --output-tokens 64 --slo-ttft-ms 250 --slo-itl-ms 40
 
 venv: $(STAMP)

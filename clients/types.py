@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from clients.errors import InvalidRequestError, ProtocolError, RequestError
 
 # The ensemble's inputs this client sends, with their Triton datatypes (shapes are [1, 1] or [1, n]).
+# A unit test (tests/unit/test_contract.py) checks both tables against the served contract.
 INPUT_DATATYPES: dict[str, str] = {
     "text_input": "BYTES",
     "max_tokens": "INT32",
@@ -34,6 +35,9 @@ INPUT_DATATYPES: dict[str, str] = {
     "exclude_input_in_output": "BOOL",
     "stream": "BOOL",
 }
+# The ensemble passes its sampling inputs straight to `tensorrt_llm`, under the same names but these
+# (for callers of that model itself: the OpenAI front end's token-level path; see llm_input_name).
+LLM_INPUT_RENAMES: dict[str, str] = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "stream": "streaming"}
 TEXT_OUTPUT = "text_output"
 _INTEGER_RANGES: dict[str, tuple[int, int]] = {"INT32": (-(2**31), 2**31 - 1), "UINT64": (0, 2**64 - 1)}
 _FP32_MAX = 3.4028234663852886e38
@@ -68,6 +72,11 @@ def check_input(name: str, value: Any) -> Any:
     if abs(value) > _FP32_MAX:
         raise InvalidRequestError(name, f"{name} {value} is out of range: the input is FP32")
     return float(value)
+
+
+def llm_input_name(name: str) -> str:
+    """The `tensorrt_llm` input the ensemble passes the input `name` (one it passes straight through) to."""
+    return LLM_INPUT_RENAMES.get(name, name)
 
 
 def check_inputs(values: Mapping[str, Any]) -> dict[str, Any]:

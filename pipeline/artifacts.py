@@ -51,13 +51,29 @@ class ArtifactStore:
         """The artifact for `stage` if it exists and verifies; None if absent. Raises ArtifactError if corrupt.
         Verified once per store object (per command); `verify_fully` re-reads every file."""
         path = self.path_for(stage)
-        if path in self._verified:
-            return self._verified[path]
-        if not path.is_dir():
+        if path not in self._verified and not path.is_dir():
             return None
-        manifest = read_manifest(path)
-        verify(path, manifest)
-        self._verified[path] = ArtifactRef(stage.name, stage.digest, path, manifest)
+        return self._verified_ref(path, stage.name, stage.digest)
+
+    def history(self, stage: str) -> tuple[ArtifactRef, ...]:
+        """Every sealed artifact of `stage` in this build, whatever its digest, oldest first (by the manifest's
+        `created`). Only artifacts that verify are listed: an unreadable or changed one is left out."""
+        refs = []
+        for path in sorted(self.build_dir.glob(f"{stage}-*")):
+            digest = path.name.removeprefix(f"{stage}-")
+            if "-" in digest or not path.is_dir():  # another stage's name that starts alike
+                continue
+            try:
+                refs.append(self._verified_ref(path, stage, digest))
+            except ArtifactError:
+                continue
+        return tuple(sorted(refs, key=lambda ref: str(ref.manifest.get("created", ""))))
+
+    def _verified_ref(self, path: Path, stage: str, digest: str) -> ArtifactRef:
+        if path not in self._verified:
+            manifest = read_manifest(path)
+            verify(path, manifest)
+            self._verified[path] = ArtifactRef(stage, digest, path, manifest)
         return self._verified[path]
 
     def verify_fully(self, ref: ArtifactRef) -> None:

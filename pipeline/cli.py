@@ -9,6 +9,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -23,11 +24,16 @@ from pipeline.runner import StageResult, artifact_state, check_runnable, make_pl
 from pipeline.plan import Plan
 
 DEFAULT_ARTIFACTS = "artifacts"
-_READ_ONLY_COMMANDS = ("validate", "plan", "status", "verify", "stop")
 SCHEMA_PATH = Path("build_configs/schema.json")
 
 
+Handler = Callable[[argparse.Namespace, Console], int]
+ConfigHandler = Callable[[LoadedConfig, ArtifactStore, argparse.Namespace, Console], int]
+
+
 def _parser() -> argparse.ArgumentParser:
+    """Every subcommand names its handler (`args.handler`); the config commands' handlers get the loaded
+    config and its artifact store (read-only for the commands that only look)."""
     parser = argparse.ArgumentParser(
         prog="trtllm-pipeline",
         description="Build config (YAML) → quantized checkpoint → engine → Triton model repository → deployment.",
@@ -41,143 +47,123 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
+    def with_config(name: str, help_text: str, handler: ConfigHandler, *, writes: bool = True) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("config", type=Path, help="build config YAML, e.g. build_configs/tiny-cpu.yaml")
         command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+        command.set_defaults(handler=_with_config(handler, writes=writes))
         return command
 
-    with_config("validate", "check a build config (and the model it points at) without running anything")
-    plan = with_config("plan", "show the stages, their digests and which are cached")
+    with_config("validate", "check a build config (and the model it points at) without running anything", _validate, writes=False)
+    plan = with_config("plan", "show the stages, their digests and which are cached", _plan, writes=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--gpu", choices=["H100-80GB", "H200", "L40S", "A100-80GB", "B200"], help="also plan GPU memory: weights, KV cache capacity, batch size")
     plan.add_argument("--tp", type=int, help="tensor-parallel size for --gpu (default: build.tp_size)")
-    run = with_config("run", "run the pipeline, reusing cached stages")
+    run = with_config("run", "run the pipeline, reusing cached stages", _run)
     run.add_argument("--until", metavar="STAGE", help="stop after this stage")
     run.add_argument("--force", action="store_true", help="rebuild the selected stages even if cached")
     run.add_argument("--runner", choices=["local", "docker", "dry-run"], help="where trtllm-build runs (engine target); same as --set build.runner=...")
-    with_config("status", "show which artifacts of a build config exist")
-    with_config("verify", "re-read every file of every artifact of a build config and report what differs from its manifest")
-    generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)")
+    with_config("status", "show which artifacts of a build config exist", _status, writes=False)
+    with_config("verify", "re-read every file of every artifact of a build config and report what differs from its manifest", _verify, writes=False)
+    generate = with_config("generate", "run the built cpu engine in-process on one prompt (builds what is missing first)", _generate)
     generate.add_argument("--prompt", required=True, help="text to continue")
     generate.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     generate.add_argument("--seed", type=int, default=None, help="sampling seed")
     generate.add_argument("--json", action="store_true", help="print prompt and output token ids and text as JSON")
-    serve = with_config("serve", "build what is missing, then serve the cpu target with the bundled tritonserver until Ctrl-C")
+    serve = with_config("serve", "build what is missing, then serve the cpu target with the bundled tritonserver until Ctrl-C", _serve)
     serve.add_argument("--detach", action="store_true", help="start in the background and return once every model is ready; end it with `stop`")
     serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
-    with_config("stop", "stop a server started with `serve --detach`; after a crash, end the stubs it left and say so")
-    deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it")
+    with_config("stop", "stop a server started with `serve --detach`; after a crash, end the stubs it left and say so", _stop, writes=False)
+    deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it", _deploy)
     deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
     deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
     # The CLI is the composition root: `infer` is the clients package's own command, mounted here.
     from clients.cli import add_infer_arguments
 
-    add_infer_arguments(sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)"))
+    infer = sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)")
+    add_infer_arguments(infer).set_defaults(handler=_infer)
     from pipeline.cli_openai import add_openai_arguments
 
-    add_openai_arguments(sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton"))
-    bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    engine_bench = bench_sub.add_parser("engine", help="refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse")
-    engine_bench.add_argument("config", type=Path, help="build config YAML (target cpu)")
-    engine_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    engine_bench.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
-    engine_bench.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
-    engine_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
-    engine_bench.add_argument("--out", type=Path, help="also write the JSON result here (default: <artifacts>/<name>/bench-engine.json)")
-    serve_bench = bench_sub.add_parser(
-        "serve", help="load benchmark (TTFT, ITL, throughput, goodput over a concurrency sweep); --overhead: what Triton adds per request"
-    )
-    serve_bench.add_argument("config", type=Path, help="build config YAML (target cpu, or any target with --url)")
-    serve_bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    serve_bench.add_argument("--overhead", action="store_true", help="instead: 1-token generate via HTTP/gRPC/in-process and the per-token cost of streaming")
-    serve_bench.add_argument("--requests", type=int, help="requests per point (default 32; --overhead: 1-token requests per path, default 200)")
-    serve_bench.add_argument("--warmup", type=int, help="warm-up requests per point (default 4; --overhead: per path, default 20)")
-    serve_bench.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8; --overhead: one value, default 1)")
-    serve_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
-    from pipeline.bench.load_cli import add_load_arguments
+    openai = sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton")
+    add_openai_arguments(openai).set_defaults(handler=_openai)
+    from pipeline.bench.commands import add_bench_parser
 
-    add_load_arguments(serve_bench)
-    accuracy_bench = bench_sub.add_parser("accuracy", help="perplexity and next-token agreement of every quantization format vs the baseline")
-    accuracy_bench.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
-    accuracy_bench.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    from pipeline.bench.soak_cli import add_soak_parser
-
-    add_soak_parser(bench_sub)
+    add_bench_parser(sub, handler=_bench)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
     schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
+    schema.set_defaults(handler=_schema)
     return parser
 
 
 def run_cli(argv: list[str], console: Console) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "schema":
-        return _schema(args, console)
-    if args.command == "infer":
-        from clients.cli import run_infer
+    return args.handler(args, console)
 
-        return run_infer(args)
-    if args.command == "openai":
-        from pipeline.cli_openai import run_openai
 
-        return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
-    if args.command == "bench" and args.bench_command == "serve":
-        return _bench_serve(args)
-    if args.command == "bench" and args.bench_command == "soak":
-        from pipeline.bench.soak_cli import run_soak_command
+def _with_config(handler: ConfigHandler, *, writes: bool) -> Handler:
+    def load_then_handle(args: argparse.Namespace, console: Console) -> int:
+        overrides = list(args.overrides)
+        if getattr(args, "runner", None):
+            overrides.append(f"build.runner={args.runner}")
+        loaded = load_config(args.config, overrides)
+        store = ArtifactStore(store_root(args.artifacts, writable=writes), loaded.spec.name)
+        return handler(loaded, store, args, console)
 
-        return run_soak_command(args, _build_cpu_target)
-    if args.command == "bench" and args.bench_command == "accuracy":
-        return _bench_accuracy(args)
-    if args.command == "bench":
-        return _bench_engine(args, console)
-    overrides = list(args.overrides)
-    if getattr(args, "runner", None):
-        overrides.append(f"build.runner={args.runner}")
-    loaded = load_config(args.config, overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=args.command not in _READ_ONLY_COMMANDS), loaded.spec.name)
-    if args.command == "validate":
-        console.print(f"[green]valid[/green]: {args.config} (build {loaded.spec.name!r}, target {loaded.spec.build.target.value}, model {loaded.model.architecture})")
-        return 0
-    if args.command == "plan":
-        return _plan(loaded, store, args, console)
-    if args.command == "status":
-        return _status(loaded, store, console)
-    if args.command == "verify":
-        return _verify(loaded, store, console)
-    if args.command == "serve":
-        return _serve(loaded, store, args, console)
-    if args.command == "stop":
-        from pipeline.serve import stop_detached
+    return load_then_handle
 
-        result = stop_detached(_serve_state_dir(store))
-        console.print(result.message(), markup=False)
-        return 0
-    if args.command == "deploy":
-        return _deploy(loaded, store, args, console)
-    if args.command == "generate":
-        return _generate(loaded, store, args, console)
-    if args.command == "run":
-        the_plan = make_plan(loaded)  # one plan per command: it hashes every input (through the hash cache)
-        check_runnable(loaded, the_plan, args.until)
-        _plan(loaded, store, args, console, the_plan)
-        results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console, the_plan=the_plan)
-        built = sum(r.outcome == "built" for r in results)
-        console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
-        return 0
-    raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+def _infer(args: argparse.Namespace, console: Console) -> int:
+    from clients.cli import run_infer
+
+    return run_infer(args)
+
+
+def _openai(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.cli_openai import run_openai
+
+    return run_openai(args, say=lambda line: print(line, flush=True), build_package=_packaged_repository, state_dir=_serve_state_dir)
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.bench.commands import run_bench_command
+
+    return run_bench_command(args, _build_cpu_target)
+
+
+def _validate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    spec = loaded.spec
+    console.print(f"[green]valid[/green]: {args.config} (build {spec.name!r}, target {spec.build.target.value}, model {loaded.model.architecture})")
+    return 0
+
+
+def _stop(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.serve import stop_detached
+
+    console.print(stop_detached(_serve_state_dir(store)).message(), markup=False)
+    return 0
+
+
+def _run(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    the_plan = make_plan(loaded)  # one plan per command: it hashes every input (through the hash cache)
+    check_runnable(loaded, the_plan, args.until)
+    _plan(loaded, store, args, console, the_plan)
+    results = run_pipeline(loaded, store, until=args.until, force=args.force, console=console, the_plan=the_plan)
+    built = sum(r.outcome == "built" for r in results)
+    console.print(f"[bold]done[/bold]: {built} built, {len(results) - built} cached; artifacts in {store.build_dir}")
+    return 0
 
 
 def _build_cpu_target(loaded: LoadedConfig, store: ArtifactStore, command: str, until: str) -> dict[str, StageResult]:
-    """What the cpu-only commands share: refuse another target, then build (or reuse) up to `until`,
-    reporting the stages on stderr so stdout carries only the command's own output."""
-    target = loaded.spec.build.target.value
-    if target != "cpu":
+    """What the cpu-only commands share: refuse a target whose Triton does not run here, then build (or reuse)
+    up to `until`, reporting the stages on stderr so stdout carries only the command's own output."""
+    from pipeline.backends.registry import backend_for
+
+    target = loaded.spec.build.target
+    if not backend_for(target).serves_here:
         raise SpecError(
-            f"{command} runs the cpu target here (no TensorRT-LLM on this machine); {loaded.path} has build.target {target!r}"
+            f"{command} runs the cpu target here (no TensorRT-LLM on this machine); {loaded.path} has build.target {target.value!r}"
             + ("; deploy it with docker compose on a GPU host" if command == "serve" else "")
         )
     return {r.name: r for r in run_pipeline(loaded, store, until=until, console=_stderr_console())}
@@ -208,16 +194,16 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
 
 
 def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
-    from pipeline.deploy import compose_up, export_deployment, profile_for
+    from pipeline.deploy.registry import deployer_for
     from pipeline.stages.deploy import DEPLOY_DIR
 
     results = {r.name: r for r in run_pipeline(loaded, store, until="deploy", console=console)}
     _verify_shipped(store, results, ("deploy",))
-    export_deployment(results["deploy"].ref.path / DEPLOY_DIR, args.out)
-    profile = profile_for(loaded.spec.build.target.value)
-    console.print(f"deployment in {args.out}: docker compose --env-file {args.out}/.env --profile {profile} -f {args.out}/docker-compose.yml up -d")
+    deployer = deployer_for(loaded.spec.deploy.kind)
+    deployer.export(results["deploy"].ref.path / DEPLOY_DIR, args.out)
+    console.print(f"deployment in {args.out}: {deployer.start_command(loaded.spec, args.out)}")
     if args.up:
-        compose_up(args.out, profile)
+        deployer.up(loaded.spec, args.out)
     return 0
 
 
@@ -244,8 +230,9 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
     from pipeline.stages.package import REPOSITORY_DIR
 
-    if loaded.spec.build.target.value == "engine":
-        _check_engine_runtime(loaded, store)
+    from pipeline.backends.registry import backend_for
+
+    backend_for(loaded.spec.build.target).check_serving_host(loaded.spec, lambda: _built_engine(loaded, store))
     results = _build_cpu_target(loaded, store, "serve", "package")
     _verify_shipped(store, results, ("prepare", "build", "package"))
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
@@ -259,93 +246,15 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     return serve_foreground(options, out=console.print, timeout=args.timeout)
 
 
-def _check_engine_runtime(loaded: LoadedConfig, store: ArtifactStore) -> None:
-    """Engine target: refuse an engine (built, or as the spec would build it) whose recorded TensorRT-LLM
-    version or GPU compute capability is not this machine's, naming both (pipeline/backends/engine_runtime.py)."""
-    from pipeline.backends.engine_target import check_before_serving
+def _built_engine(loaded: LoadedConfig, store: ArtifactStore) -> tuple[Path, dict] | None:
+    """The engine directory and build notes of the spec's build artifact, if it exists (for the target's
+    check of this machine's runtime before serving: pipeline/backends/engine_runtime.py)."""
     from pipeline.stages.build import ENGINE_DIR
 
     build = store.lookup(make_plan(loaded).stage("build"))
     if build is None:
-        check_before_serving(loaded.spec, None, {})
-    else:
-        check_before_serving(loaded.spec, build.path / ENGINE_DIR, build.manifest.get("notes", {}))
-
-
-def _bench_serve(args: argparse.Namespace) -> int:
-    if not args.overhead:
-        from pipeline.bench.load_cli import run_load_command
-
-        return run_load_command(args)
-    from pipeline.bench.serve_bench import run_serve_bench
-    from pipeline.bench.serve_report import render_serve_markdown
-    from pipeline.stages.build import ENGINE_DIR
-    from pipeline.stages.package import REPOSITORY_DIR
-
-    loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
-    results = _build_cpu_target(loaded, store, "bench serve", "package")
-    status = _stderr_console()
-    result = run_serve_bench(
-        results["package"].ref.path / REPOSITORY_DIR,
-        results["build"].ref.path / ENGINE_DIR,
-        results["prepare"].ref.path,
-        loaded.spec.deploy,
-        requests=args.requests or 200,
-        warmup=20 if args.warmup is None else args.warmup,
-        concurrency=_single_concurrency(args.concurrency),
-        progress=lambda line: status.print(f"[dim]{line}[/dim]"),
-    )
-    out = store.build_dir / "bench-serve.json"
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(json.dumps(result, indent=1, sort_keys=True) if args.json else render_serve_markdown(result))
-    status.print(f"wrote {out}")
-    return 0
-
-
-def _single_concurrency(text: str | None) -> int:
-    if text is None:
-        return 1
-    if not text.isdigit() or int(text) < 1:
-        raise SpecError(f"--concurrency with --overhead takes one integer >= 1, got {text!r}")
-    return int(text)
-
-
-def _bench_accuracy(args: argparse.Namespace) -> int:
-    from pipeline.bench.accuracy_bench import render_accuracy_markdown, run_accuracy_bench
-
-    status = _stderr_console()
-    result = run_accuracy_bench(args.config, args.artifacts, progress=lambda line: status.print(f"[dim]{line}[/dim]"))
-    print(json.dumps(result, indent=1) if args.json else render_accuracy_markdown(result))
-    return 0
-
-
-def _bench_engine(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.bench.engine_bench import run_engine_bench
-    from pipeline.bench.report import render_markdown
-    from pipeline.stages.build import ENGINE_DIR
-    from pipeline.stages.prepare import checkpoint_dir
-
-    loaded = load_config(args.config, args.overrides)
-    store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
-    results = _build_cpu_target(loaded, store, "bench engine", "build")
-    status = _stderr_console()
-    result = run_engine_bench(
-        results["build"].ref.path / ENGINE_DIR,
-        checkpoint_dir(results["prepare"].ref.path),
-        num_requests=args.requests,
-        quick=args.quick,
-        progress=lambda line: status.print(f"[dim]{line}[/dim]"),
-    )
-    out = args.out or store.build_dir / "bench-engine.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    if args.json:
-        print(json.dumps(result, indent=1, sort_keys=True))
-    else:
-        print(render_markdown(result))
-        status.print(f"wrote {out}")
-    return 0
+        return None
+    return build.path / ENGINE_DIR, build.manifest.get("notes", {})
 
 
 def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) -> None:
@@ -392,7 +301,7 @@ def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, 
     return 0
 
 
-def _verify(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int:
+def _verify(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     table = Table(title=f"artifacts of {loaded.spec.name} in {store.build_dir}, every file re-read", title_justify="left")
     for column in ("stage", "state", "path"):
         table.add_column(column)
@@ -417,7 +326,7 @@ def _verify(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int
     return 0
 
 
-def _status(loaded: LoadedConfig, store: ArtifactStore, console: Console) -> int:
+def _status(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     the_plan = make_plan(loaded)
     table = Table(title=f"artifacts of {loaded.spec.name} in {store.build_dir}", title_justify="left")
     for column in ("stage", "state", "path"):

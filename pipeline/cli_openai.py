@@ -59,6 +59,7 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
 def _serve_config(args, options, say, build_package, state_dir) -> int:
     from clients.openai_server import ServedModel
     from pipeline.artifacts import ArtifactStore, store_root
+    from pipeline.backends.registry import backend_for
     from pipeline.config.loader import load_config
     from pipeline.serve import ServerOptions, TritonServer, read_state
 
@@ -81,7 +82,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
         say(f"using the tritonserver started with `serve --detach` (pid {state.pid}, gRPC {state.grpc_url})")
         model = ServedModel.from_repository(state.model_repository, name=name, triton_model=triton_model)
         return _serve(state.grpc_url, model, options, say)
-    if spec.build.target.value != "cpu":
+    if not backend_for(spec.build.target).serves_here:
         raise SpecError(
             f"{loaded.path} has build.target {spec.build.target.value!r}: its Triton runs elsewhere (a GPU host or the compose deployment)",
             hint="give it with --triton-url HOST:PORT (its gRPC port)",

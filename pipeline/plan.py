@@ -3,6 +3,7 @@
 A stage's digest hashes the slice of the Spec it reads, the digests of the stages it consumes, the
 versions of the tools that shape its output, and the version of the stage's own implementation.
 Changing a field that only a later stage reads therefore leaves earlier digests (and artifacts) alone.
+STAGE_DEFS declares each slice once; the digest's inputs and the stage itself see it through a SpecSlice.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from pipeline.config.spec import Spec
+from pipeline.config.spec import DeployKind, Spec
+from pipeline.config.targets import traits_of
+from pipeline.spec_slice import SpecSlice
 
 DIGEST_LENGTH = 16
 
@@ -34,13 +37,28 @@ class EnvFacts:
 
 @dataclass(frozen=True)
 class StageDef:
+    """One stage, and the slice of the Spec it sees: its digest's `inputs` and the stage itself read only
+    `hashes + via_upstream + unhashed` (and STORE_KEYS), through a SpecSlice. tests/unit/test_stage_reads.py
+    runs every stage on a recording Spec and fails when a stage reads a path its digest does not hash."""
+
     name: str
     version: int  # bump when the stage's output changes for the same inputs
     upstream: tuple[str, ...]
     tools: tuple[str, ...]
-    inputs: Callable[[Spec, EnvFacts], dict[str, Any]]
+    inputs: Callable[[SpecSlice, EnvFacts], dict[str, Any]]
     summary: str
     applies: Callable[[Spec], bool] = lambda spec: True
+    hashes: tuple[str, ...] = ()  # Spec paths this stage's digest hashes ("serve": the section, "build.tp_size": one field)
+    via_upstream: tuple[str, ...] = ()  # read here, hashed by the digest of a stage upstream (so part of this digest too)
+    unhashed: Mapping[str, str] = field(default_factory=dict)  # read here and need no hashing: path -> why
+
+    def spec_slice(self, spec: Spec) -> SpecSlice:
+        return SpecSlice(spec, (*self.hashes, *self.via_upstream, *self.unhashed, *STORE_KEYS), owner=self.name)
+
+
+# Every artifact lives under artifacts/<name>/, so a stage may read these without hashing them: an artifact
+# is never reused by a build of another name.
+STORE_KEYS = ("name",)
 
 
 @dataclass(frozen=True)
@@ -112,17 +130,25 @@ def _dump_present(model: Any) -> dict[str, Any]:
     return dumped
 
 
-def _speculative(spec: Spec) -> dict[str, Any]:
+def _dump_deploy(spec: SpecSlice) -> dict[str, Any]:
+    """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
+    dumped = _dump(spec.deploy)
+    if dumped["kind"] == DeployKind.compose.value:
+        del dumped["kind"]
+    return dumped
+
+
+def _speculative(spec: SpecSlice) -> dict[str, Any]:
     """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
     return {"speculative": _dump(spec.build.speculative)} if spec.build.speculative is not None else {}
 
 
-def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+def _prepare_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     # The source's content, not its path: moving the checkout does not invalidate the cache.
     return {"model_fingerprint": facts.model_fingerprint, "copy_weights": spec.model.copy_weights, **_dry_run_flag(spec)}
 
 
-def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+def _quantize_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     quantize = _dump(spec.quantize)
     # File contents, not their (absolute) paths: moving the checkout keeps the cache.
     quantize["calibration"]["files"] = facts.calibration_fingerprint
@@ -130,21 +156,22 @@ def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
         "quantize": quantize,
         "dtype": spec.model.dtype.value,
         "mapping": {"tp_size": spec.build.tp_size, "pp_size": spec.build.pp_size},
-        "unified_hf": spec.build.target.value == "llmapi",
+        "unified_hf": traits_of(spec.build.target).exports_unified_hf,
         **_dry_run_flag(spec),
         **_quantize_route(spec),
     }
 
 
-def _quantize_route(spec: Spec) -> dict[str, Any]:
-    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_runners).
+def _quantize_route(spec: SpecSlice) -> dict[str, Any]:
+    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_dispatch).
 
-    In this process on quantize.device (the default): nothing to add. The engine target on cuda goes through
-    build.runner: `local` uses this host's torch/ModelOpt (already in the stage's tools), `docker` those of the
-    version profile's image (named by trtllm_version). A dry run writes quantize.sh and the request, whose
-    header names the image and, on cuda, the `docker run` with deploy.gpus and deploy.shm_size.
+    In this process on quantize.device (the default): nothing to add. A target that builds through build.runner
+    (the engine target) quantizes through it on cuda: `local` uses this host's torch/ModelOpt (already in the
+    stage's tools), `docker` those of the version profile's image (named by trtllm_version). A dry run writes
+    quantize.sh and the request, whose header names the image and, on cuda, the `docker run` with deploy.gpus
+    and deploy.shm_size.
     """
-    if spec.build.target.value != "engine":
+    if not traits_of(spec.build.target).builds_through_runner:
         return {}
     runner, cuda = spec.build.runner.value, spec.quantize.device.value == "cuda"
     if runner == "dry-run":
@@ -157,27 +184,33 @@ def _quantize_route(spec: Spec) -> dict[str, Any]:
     return {"runner": runner, "trtllm_version": spec.build.trtllm_version} if runner == "docker" else {"runner": runner}
 
 
-def _dry_run_flag(spec: Spec) -> dict[str, Any]:
+def _dry_run_flag(spec: SpecSlice) -> dict[str, Any]:
     return {"dry_run": True} if spec.dry_run else {}
 
 
-def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+def _build_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     build = _dump_present(spec.build)
     if "lora" in build:  # the adapters' contents, not their (absolute) paths
         build["lora"]["adapter_dirs"] = facts.lora_fingerprint
     inputs = {"build": build, "dtype": spec.model.dtype.value}
-    if spec.build.target.value == "engine":  # the GPU decides SM-dependent build choices
+    if traits_of(spec.build.target).build_reads_gpu:
         inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
+        # trtllm-build's settings carry the serve switches that need paged context FMHA: the build refuses an
+        # engine without it for them and records a warning about chunked context (trtllm_rules)
+        inputs["serve_needs"] = {name: getattr(spec.serve, name) for name in _ENGINE_SERVE_NEEDS}
     return inputs
 
 
-def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+_ENGINE_SERVE_NEEDS = ("enable_kv_cache_reuse", "enable_chunked_context")
+
+
+def _gate_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     accuracy = _dump(spec.gate.accuracy)
     accuracy["heldout_files"] = facts.heldout_fingerprint
     return {"accuracy": accuracy, "dtype": spec.model.dtype.value}
 
 
-def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+def _package_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     return {
         "serve": _dump_present(spec.serve),
         "target": spec.build.target.value,
@@ -187,14 +220,14 @@ def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     }
 
 
-def _slo_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
-    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump(spec.deploy)}
+def _slo_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump_deploy(spec)}
 
 
-def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+def _deploy_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
-        "deploy": _dump(spec.deploy),
+        "deploy": _dump_deploy(spec),
         "serve": _dump_present(spec.serve),
         "target": spec.build.target.value,
         "trtllm_version": spec.build.trtllm_version,
@@ -204,9 +237,20 @@ def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     }
 
 
+# Why a path may be read without being hashed.
+_WHERE_IT_RUNS = "the devices and /dev/shm of the container the job runs in: where it runs, not what it writes"
+
 STAGE_DEFS: tuple[StageDef, ...] = (
     # Version 2: weights recorded by hash (or copied), never hard-linked: older, linked artifacts are not reused.
-    StageDef("prepare", 2, (), ("trtllm_pipeline", "safetensors"), _prepare_inputs, "validate and record the Hugging Face checkpoint"),
+    StageDef(
+        "prepare",
+        2,
+        (),
+        ("trtllm_pipeline", "safetensors"),
+        _prepare_inputs,
+        "validate and record the Hugging Face checkpoint",
+        hashes=("model.copy_weights", "dry_run"),
+    ),
     StageDef(
         "quantize",
         1,
@@ -214,8 +258,21 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         ("trtllm_pipeline", "torch", "modelopt", "transformers", "safetensors"),
         _quantize_inputs,
         "quantize with ModelOpt and export the TensorRT-LLM checkpoint",
+        hashes=("quantize", "model.dtype", "build.tp_size", "build.pp_size", "build.target", "build.runner", "build.trtllm_version", "dry_run"),
+        # also hashed where a dry run's script names them (the `docker run` of a cuda job)
+        unhashed={"deploy.gpus": _WHERE_IT_RUNS, "deploy.shm_size": _WHERE_IT_RUNS},
     ),
-    StageDef("build", 1, ("quantize",), ("trtllm_pipeline",), _build_inputs, "build the engine directory for the target"),
+    StageDef(
+        "build",
+        1,
+        ("quantize",),
+        ("trtllm_pipeline",),
+        _build_inputs,
+        "build the engine directory for the target",
+        hashes=("build", "model.dtype", "deploy.gpu", *(f"serve.{name}" for name in _ENGINE_SERVE_NEEDS)),
+        via_upstream=("quantize.algo", "quantize.kv_cache", "quantize.group_size"),
+        unhashed={"deploy.gpus": _WHERE_IT_RUNS, "deploy.shm_size": _WHERE_IT_RUNS},
+    ),
     StageDef(
         "gate",
         1,
@@ -224,6 +281,8 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         _gate_inputs,
         "accuracy gate: quantized vs unquantized perplexity on held-out text",
         applies=lambda spec: spec.gate.accuracy is not None,
+        hashes=("gate.accuracy", "model.dtype"),
+        via_upstream=("quantize.algo", "quantize.kv_cache"),
     ),
     StageDef(
         "package",
@@ -232,6 +291,8 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         ("trtllm_pipeline", "transformers", "tokenizers"),
         _package_inputs,
         "render the Triton model repository and check it against the engine",
+        hashes=("serve", "build.target", "deploy.gpus", "build.speculative"),
+        via_upstream=("dry_run",),
     ),
     StageDef(
         "slo",
@@ -241,10 +302,28 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         _slo_inputs,
         "performance gate: load-test the served repository against gate.performance",
         applies=lambda spec: spec.gate.performance is not None,
+        hashes=("gate.performance", "name", "deploy"),
+        via_upstream=("dry_run", "build.max_input_len"),
     ),
     # after a performance gate, a deployment is tied to the verdict it passed
-    StageDef("deploy", 1, ("prepare", "build", "package", "slo"), ("trtllm_pipeline",), _deploy_inputs, "render the docker compose deployment"),
+    StageDef(
+        "deploy",
+        1,
+        ("prepare", "build", "package", "slo"),
+        ("trtllm_pipeline",),
+        _deploy_inputs,
+        "render the docker compose deployment",
+        hashes=("name", "deploy", "serve", "build.target", "build.trtllm_version", "build.speculative", "build.tp_size", "build.pp_size"),
+        via_upstream=("dry_run",),
+    ),
 )
+
+
+def stage_def(name: str) -> StageDef:
+    for definition in STAGE_DEFS:
+        if definition.name == name:
+            return definition
+    raise KeyError(name)
 
 
 def plan(spec: Spec, facts: EnvFacts, stage_defs: tuple[StageDef, ...] = STAGE_DEFS) -> Plan:
@@ -253,7 +332,7 @@ def plan(spec: Spec, facts: EnvFacts, stage_defs: tuple[StageDef, ...] = STAGE_D
     for stage in stage_defs:
         if not stage.applies(spec):
             continue
-        inputs = stage.inputs(spec, facts)
+        inputs = stage.inputs(stage.spec_slice(spec), facts)
         # An upstream stage that does not apply to this spec (e.g. no gate configured) is left out.
         upstream = {name: digests[name] for name in stage.upstream if name in digests}
         tools = {name: facts.tools.get(name, "absent") for name in stage.tools}

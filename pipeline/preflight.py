@@ -5,10 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
+from pipeline.backends.registry import backend_for
 from pipeline.config.format_rules import needs_calibration
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import Spec, Target
+from pipeline.config.spec import Spec
+from pipeline.config.targets import traits_of
 from pipeline.errors import SpecError
 
 
@@ -18,27 +20,7 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
     if "quantize" in selected:
         issues += _quantize_issues(spec, model, build_selected="build" in selected)
     if "build" in selected:
-        if spec.build.target is Target.engine:
-            from pipeline.backends.engine_target import engine_preflight
-
-            issues += engine_preflight(spec, model)
-        elif spec.build.target is not Target.cpu:
-            issues.append(
-                (
-                    ("build", "target"),
-                    f"build.target {spec.build.target.value!r} is not available in this version yet; "
-                    "use target cpu or engine, or run with --until quantize to stop at the TensorRT-LLM checkpoint",
-                )
-            )
-        elif spec.build.tp_size * spec.build.pp_size != 1:
-            issues.append(
-                (
-                    ("build", "tp_size"),
-                    f"build.target cpu runs one rank, but build.tp_size ({spec.build.tp_size}) × build.pp_size "
-                    f"({spec.build.pp_size}) = {spec.build.tp_size * spec.build.pp_size}; "
-                    "use --until quantize to export a sharded checkpoint only",
-                )
-            )
+        issues += backend_for(spec.build.target).preflight(spec, model)
     if "slo" in selected and spec.gate.performance is not None:
         issues += _slo_issues(spec, model)
     return issues
@@ -46,7 +28,7 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
 
 def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     performance = spec.gate.performance
-    if performance.url is None and spec.build.target is not Target.cpu and not spec.dry_run:
+    if performance.url is None and not backend_for(spec.build.target).serves_here and not spec.dry_run:
         return [(
             ("gate", "performance", "url"),
             f"gate.performance serves the packaged repository itself only for the cpu target; for build.target "
@@ -58,15 +40,15 @@ def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
 
 
 def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = False) -> list[Issue]:
-    from pipeline.backends.quantize_runners import IN_PROCESS, quantize_route
+    from pipeline.backends.quantize_dispatch import IN_PROCESS, quantize_route
 
     quantize = spec.quantize
     if spec.dry_run:  # nothing is calibrated or exported in a dry run
         return []
     route = quantize_route(spec)
     if route == "docker":  # the GPU is in the container: this machine needs only a Docker engine
-        if not (build_selected and spec.build.target is Target.engine):  # else the build's check reports it
-            from pipeline.backends.runners import DockerRunner, RunnerUnavailable
+        if not (build_selected and traits_of(spec.build.target).builds_through_runner):  # else the build's check reports it
+            from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable
 
             try:
                 DockerRunner(image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size).check_engine()

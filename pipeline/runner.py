@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pipeline.config.loader import LoadedConfig, format_issues
 from pipeline.errors import ArtifactError, PipelineError, SpecError, StageError
 from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
-from pipeline.plan import STAGE_DEFS, EnvFacts, Plan, StagePlan, plan
+from pipeline.plan import EnvFacts, Plan, StagePlan, plan, stage_def
 from pipeline.preflight import preflight
 from pipeline.sources import model_repo_sources, package_dir
 from pipeline.stages.base import StageContext, StageFn
@@ -24,8 +25,7 @@ def stage_function(name: str) -> StageFn:
     """`pipeline.stages.<name>.run`, imported when a stage runs (they import torch, ModelOpt, ...)."""
     import importlib
 
-    if name not in {definition.name for definition in STAGE_DEFS}:
-        raise KeyError(name)
+    stage_def(name)  # KeyError for a name plan.STAGE_DEFS does not define
     return importlib.import_module(f"pipeline.stages.{name}").run
 
 
@@ -172,7 +172,10 @@ def _run_stage(
     with console.status(f"[bold]{stage.name}[/bold]: {stage.summary}"):
         notes: dict = {}
         with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:
-            context = StageContext(loaded.spec, loaded.model, stage, upstream, out_dir, console, notes, store.path_for(stage))
+            context = StageContext(
+                stage_def(stage.name).spec_slice(loaded.spec), loaded.model, stage, upstream, out_dir, console, notes,
+                store.path_for(stage), history=functools.partial(store.history, stage.name),
+            )
             try:
                 stage_function(stage.name)(context)
             except PipelineError:

@@ -1,8 +1,9 @@
 """refengine: the project's CPU reference engine for TensorRT-LLM checkpoints.
 
-It loads a TensorRT-LLM checkpoint or CPU engine directory (Llama family), and serves it with
-inflight batching over a paged KV cache: a token-budget scheduler with chunked prefill, prefix
-reuse and preemption, and a float32 model whose greedy output matches transformers.
+It loads a TensorRT-LLM checkpoint or CPU engine directory (of an architecture listed in
+`refengine.architectures`), and serves it with inflight batching over a paged KV cache: a
+token-budget scheduler with chunked prefill, prefix reuse and preemption, and a float32 model
+whose greedy output matches transformers.
 
     from refengine import LLMEngine, SamplingParams
     engine = LLMEngine.from_engine_dir("artifacts/.../engine")
@@ -11,38 +12,51 @@ reuse and preemption, and a float32 model whose greedy output matches transforme
 This package never imports `pipeline` or `clients`.
 """
 
-from refengine.checkpoint import Checkpoint, EngineDirectory, load_checkpoint, load_engine_dir, write_engine_dir
-from refengine.config import EngineConfig, SchedulerPolicy
-from refengine.engine import LLMEngine
-from refengine.engine_loop import EngineLoop, RequestStream
-from refengine.errors import EngineConfigError, InvalidRequestError, ModelLoadError, RefEngineError
-from refengine.kv_cache import KVCacheUsage
-from refengine.model_config import ModelConfig
-from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from refengine.sampling import SamplingParams
-from refengine.stats import EngineStats
+from __future__ import annotations
 
-__all__ = [
-    "Checkpoint",
-    "CompletionOutput",
-    "EngineConfig",
-    "EngineConfigError",
-    "EngineDirectory",
-    "EngineLoop",
-    "EngineStats",
-    "InvalidRequestError",
-    "KVCacheUsage",
-    "LLMEngine",
-    "ModelConfig",
-    "ModelLoadError",
-    "RefEngineError",
-    "RequestMetrics",
-    "RequestOutput",
-    "RequestStream",
-    "SamplingParams",
-    "SchedulerPolicy",
-    "TokenLogprob",
-    "load_checkpoint",
-    "load_engine_dir",
-    "write_engine_dir",
-]
+import importlib
+from types import MappingProxyType
+from typing import Any
+
+# Public name -> its module, imported on first use: `refengine.architectures` (torch-free) is read
+# by the pipeline's validation, which must not load torch through this package's import.
+PUBLIC_NAMES = MappingProxyType(
+    {
+        "Checkpoint": "refengine.checkpoint",
+        "CompletionOutput": "refengine.outputs",
+        "EngineConfig": "refengine.config",
+        "EngineConfigError": "refengine.errors",
+        "EngineDirectory": "refengine.checkpoint",
+        "EngineLoop": "refengine.engine_loop",
+        "EngineStats": "refengine.stats",
+        "InvalidRequestError": "refengine.errors",
+        "KVCacheUsage": "refengine.kv_cache",
+        "LLMEngine": "refengine.engine",
+        "ModelConfig": "refengine.model_config",
+        "ModelLoadError": "refengine.errors",
+        "RefEngineError": "refengine.errors",
+        "RequestMetrics": "refengine.outputs",
+        "RequestOutput": "refengine.outputs",
+        "RequestStream": "refengine.engine_loop",
+        "SamplingParams": "refengine.sampling",
+        "SchedulerPolicy": "refengine.config",
+        "TokenLogprob": "refengine.outputs",
+        "load_checkpoint": "refengine.checkpoint",
+        "load_engine_dir": "refengine.checkpoint",
+        "write_engine_dir": "refengine.checkpoint",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    module = PUBLIC_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'refengine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(PUBLIC_NAMES))
+
+
+__all__ = list(PUBLIC_NAMES)

@@ -20,7 +20,7 @@ from refengine.checkpoint import load_checkpoint, load_engine_dir
 from refengine.config import EngineConfig
 from refengine.errors import InvalidRequestError
 from refengine.kv_cache import KVCacheUsage
-from refengine.model_runner import LlamaModel, ModelRunner, torch_dtype
+from refengine.model_runner import DecoderModel, ModelRunner, load_model, torch_dtype
 from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
@@ -116,7 +116,7 @@ class _RequestState:
 
 
 class LLMEngine:
-    def __init__(self, model: LlamaModel, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: DecoderModel, config: EngineConfig | None = None) -> None:
         self._config = config or EngineConfig()
         self._model = model
         self._scheduler = Scheduler(self._config)
@@ -134,7 +134,7 @@ class LLMEngine:
     def from_checkpoint(cls, checkpoint_dir: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
         """An engine over a TensorRT-LLM checkpoint directory, with `config` (or default) limits."""
         config = config or EngineConfig()
-        model = LlamaModel.from_checkpoint(load_checkpoint(checkpoint_dir), torch_dtype(config.compute_dtype))
+        model = load_model(load_checkpoint(checkpoint_dir), torch_dtype(config.compute_dtype))
         return cls(model, config)
 
     @classmethod
@@ -142,7 +142,7 @@ class LLMEngine:
         """An engine over a CPU engine directory; limits from its build_config, `overrides` on top."""
         engine = load_engine_dir(engine_dir)
         config = EngineConfig.from_build_config(engine.build_config, **overrides)
-        model = LlamaModel.from_checkpoint(engine.checkpoint, torch_dtype(config.compute_dtype))
+        model = load_model(engine.checkpoint, torch_dtype(config.compute_dtype))
         return cls(model, config)
 
     # -- figures ---------------------------------------------------------------------------
@@ -152,7 +152,7 @@ class LLMEngine:
 
     @property
     def vocab_size(self) -> int:
-        return self._model.config.vocab_size
+        return self._model.vocab_size
 
     @property
     def scheduler(self) -> Scheduler:

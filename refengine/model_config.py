@@ -1,8 +1,8 @@
 """The decoder's shape and options, parsed from a TensorRT-LLM `config.json` (PretrainedConfig).
 
-Only the Llama family runs here: Llama 2/3 (incl. llama3 RoPE scaling), Mistral and Qwen2-style
-models (qkv biases). Anything else is refused with a `ModelLoadError` that names the field.
-Keys and defaults follow TensorRT-LLM's checkpoint format (shared/reference/trtllm.md §2.2).
+Only the architectures of `refengine.architectures` run here; their rows check the family's own
+options. Anything else is refused with a `ModelLoadError` that names the field. Keys and defaults
+follow TensorRT-LLM's checkpoint format (shared/reference/trtllm.md §2.2).
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from refengine.architectures import architecture_for_checkpoint
 from refengine.errors import ModelLoadError
 
-LLAMA_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM"})
-QWEN_ARCHITECTURES = frozenset({"QWenForCausalLM", "Qwen2ForCausalLM"})
-# TensorRT-LLM's QWenForCausalLM also covers Qwen 1, Qwen2-MoE and Qwen3, whose layouts differ.
-SUPPORTED_QWEN_TYPES = frozenset({"qwen2"})
 SUPPORTED_DTYPES = frozenset({"float16", "bfloat16", "float32"})
 
 
@@ -153,20 +150,13 @@ class ModelConfig:
         if not isinstance(raw, Mapping):
             raise ModelLoadError(f"checkpoint config must be a JSON object, got {type(raw).__name__}")
         architecture = _required(raw, "architecture")
-        if architecture not in LLAMA_ARCHITECTURES | QWEN_ARCHITECTURES:
-            supported = ", ".join(sorted(LLAMA_ARCHITECTURES | QWEN_ARCHITECTURES))
-            raise ModelLoadError(
-                f"architecture {architecture!r} is not supported by the reference engine "
-                f"(supported: {supported})"
-            )
-        is_qwen = architecture in QWEN_ARCHITECTURES
-        qwen_type = raw.get("qwen_type")
-        if is_qwen and qwen_type is not None and qwen_type not in SUPPORTED_QWEN_TYPES:
-            raise ModelLoadError(f"qwen_type {qwen_type!r} is not supported (supported: qwen2)")
+        family = architecture_for_checkpoint(architecture)
+        family.check_variant(raw)
         dtype = _required(raw, "dtype")
         if dtype not in SUPPORTED_DTYPES:
             raise ModelLoadError(f"dtype {dtype!r} is not supported (supported: float16, bfloat16, float32)")
-        _check_unsupported_options(raw)
+        _check_world_size(raw)
+        family.check_options(raw)
         quantization = QuantizationConfig.from_config(raw.get("quantization"))
         hidden_size = _positive_int(raw, "hidden_size")
         num_heads = _positive_int(raw, "num_attention_heads")
@@ -198,36 +188,18 @@ class ModelConfig:
             rotary_base=float(raw.get("rotary_base", 10000.0)),
             rope_scaling=RopeScaling.from_config(raw.get("rotary_scaling")),
             max_position_embeddings=raw.get("max_position_embeddings"),
-            qkv_bias_required=is_qwen or attn_bias,
+            qkv_bias_required=family.qkv_bias or attn_bias,
             dense_bias_required=attn_bias,
             mlp_bias_required=bool(raw.get("mlp_bias", False)),
             quantization=quantization,
         )
 
 
-def _check_unsupported_options(raw: Mapping[str, Any]) -> None:
+def _check_world_size(raw: Mapping[str, Any]) -> None:
     mapping = raw.get("mapping") or {}
     world_size = mapping.get("world_size", 1)
     if world_size != 1:
         raise ModelLoadError(f"mapping.world_size is {world_size}; the reference engine runs world_size 1 only")
-    hidden_act = raw.get("hidden_act", "silu")
-    if hidden_act not in ("silu", "swiglu"):
-        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported (supported: silu)")
-    position_embedding = raw.get("position_embedding_type", "rope_gpt_neox")
-    if position_embedding != "rope_gpt_neox":
-        raise ModelLoadError(
-            f"position_embedding_type {position_embedding!r} is not supported (supported: rope_gpt_neox)"
-        )
-    rotary_pct = raw.get("rotary_pct", 1.0)
-    if rotary_pct != 1.0:
-        raise ModelLoadError(f"rotary_pct {rotary_pct} is not supported (partial rotary); expected 1.0")
-    if raw.get("rmsnorm", True) is not True:
-        raise ModelLoadError("rmsnorm is false; the Llama family needs RMSNorm")
-    for flag in ("residual_mlp", "qk_layernorm"):
-        if raw.get(flag):
-            raise ModelLoadError(f"{flag} is true; this Llama variant is not supported")
-    if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
-        raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
 
 
 def _required(raw: Mapping[str, Any], key: str) -> Any:

@@ -15,7 +15,7 @@ import torch
 
 from refengine.errors import InvalidRequestError
 from refengine.model_runner.attention import build_attention_metadata
-from refengine.model_runner.model import LlamaModel
+from refengine.model_runner.decoder import DecoderModel
 from refengine.model_runner.runner import ModelRunner
 
 _TOKENS_PER_BLOCK = 32
@@ -38,15 +38,15 @@ def perplexity(scores: Sequence[SequenceScore]) -> float:
 
 
 @torch.inference_mode()
-def score_sequences(model: LlamaModel, sequences: Sequence[Sequence[int]]) -> list[SequenceScore]:
+def score_sequences(model: DecoderModel, sequences: Sequence[Sequence[int]]) -> list[SequenceScore]:
     longest = max((len(sequence) for sequence in sequences), default=0)
     runner = ModelRunner(model, num_blocks=max(1, math.ceil(longest / _TOKENS_PER_BLOCK)), tokens_per_block=_TOKENS_PER_BLOCK)
     scores = []
     for sequence in sequences:
         if len(sequence) < 2:
             raise InvalidRequestError("sequence", f"needs at least 2 tokens to score, got {len(sequence)}")
-        if min(sequence) < 0 or max(sequence) >= model.config.vocab_size:
-            raise InvalidRequestError("sequence", f"token ids must be in [0, {model.config.vocab_size})")
+        if min(sequence) < 0 or max(sequence) >= model.vocab_size:
+            raise InvalidRequestError("sequence", f"token ids must be in [0, {model.vocab_size})")
         blocks = list(range(math.ceil(len(sequence) / _TOKENS_PER_BLOCK)))
         metadata = build_attention_metadata([len(sequence)], [0], [blocks], _TOKENS_PER_BLOCK)
         ids = torch.tensor(sequence, dtype=torch.int64)

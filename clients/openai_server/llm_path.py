@@ -27,8 +27,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from clients.openai_server.logprobs import PendingLogprobs, TokenLogprob, log_softmax, top_ids
 from clients.openai_server.tokenizer import PromptTokenizer
-from clients.types import INPUT_DATATYPES
-from model_repo.python.client_contract import CLIENT_TO_LLM
+from clients.types import INPUT_DATATYPES, llm_input_name
 from model_repo.python.incremental_detokenizer import CONTEXT_TOKENS
 
 if TYPE_CHECKING:  # generation.py imports this module
@@ -84,7 +83,7 @@ def llm_request(plan: "ChoicePlan", tokenizer: PromptTokenizer) -> tuple[list[An
         if token_id is not None:
             values[name] = ("INT32", [token_id])
     for name, value in plan.sampling.items():
-        values[CLIENT_TO_LLM[name]] = (INPUT_DATATYPES[name], [value])
+        values[llm_input_name(name)] = (INPUT_DATATYPES[name], [value])
     outputs = ["output_ids", "sequence_length", "output_log_probs"]
     if plan.prompt_logprobs:
         values["return_context_logits"] = ("BOOL", [True])

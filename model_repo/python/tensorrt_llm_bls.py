@@ -11,6 +11,7 @@ request's cancellation every `cancellation_check_period_ms` (100 by default), st
 forwards a client cancellation to tensorrt_llm as TensorRT-LLM's `stop` request with this BLS's
 unique request id, which ends the generation and frees its KV cache. The response sender is owned
 by a `ResponseChannel`, which is never polled after the final response (response_channel.py).
+The tensor names it wires come from its contract.json (client_contract.py), written by the package stage.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from client_contract import CLIENT_TO_LLM, CLIENT_TO_PREPROCESSING, LLM_TO_CLIENT, LORA_CLIENT_TO_LLM, PREPROCESSING_TO_LLM, figures_not_given
+from client_contract import BlsWiring, figures_not_given
 from deferred_release import DeferredRelease
 from incremental_detokenizer import CONTEXT_TOKENS
+from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import CancellationWatcher, ResponseChannel
 from triton_io import BadRequest, error_response, log_error, optional_input, requested_outputs, send_stop, string_tensor
@@ -31,8 +33,6 @@ from triton_io import BadRequest, error_response, log_error, optional_input, req
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
 _LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
-# Client inputs passed straight to tensorrt_llm; the LoRA ones exist in LoRA-engine and cpu repositories.
-_CLIENT_TO_LLM = {**CLIENT_TO_LLM, **LORA_CLIENT_TO_LLM}
 
 
 class _UpstreamError(Exception):
@@ -47,6 +47,7 @@ class TritonPythonModel:
     def initialize(self, args):
         model_config = json.loads(args["model_config"])
         parameters = ModelParameters(model_config, args["model_repository"])
+        self._wiring = BlsWiring.from_contract(load_model_contract(args["model_repository"], args["model_version"]))
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self._preprocessing = parameters.string("preprocessing_model_name", "preprocessing")
         self._llm = parameters.string("tensorrt_llm_model_name", "tensorrt_llm")
@@ -83,32 +84,33 @@ class TritonPythonModel:
             self._watcher.forget(channel)
 
     def _generate(self, request, channel):
+        wiring = self._wiring
         client, streaming = self._client_inputs(request)
         exclude_input = bool(client["exclude_input_in_output"].reshape(-1)[0])
         return_log_probs = bool(client["return_log_probs"].reshape(-1)[0]) if "return_log_probs" in client else False
         preprocessed = self._call(
             self._preprocessing,
-            {CLIENT_TO_PREPROCESSING[name]: array for name, array in client.items() if name in CLIENT_TO_PREPROCESSING},
-            list(PREPROCESSING_TO_LLM),
+            {wiring.client_to_preprocessing[name]: array for name, array in client.items() if name in wiring.client_to_preprocessing},
+            list(wiring.preprocessing_to_llm),
         )
         if preprocessed["INPUT_ID"].shape[0] != 1:
             raise BadRequest(
                 f"text_input: tensorrt_llm_bls takes one prompt per request, got a batch of {preprocessed['INPUT_ID'].shape[0]}; "
                 "send them as separate requests, or batched to the ensemble"
             )
-        llm_inputs = {PREPROCESSING_TO_LLM[name]: array for name, array in preprocessed.items()}
-        llm_inputs.update({_CLIENT_TO_LLM[name]: array for name, array in client.items() if name in _CLIENT_TO_LLM})
+        llm_inputs = {wiring.preprocessing_to_llm[name]: array for name, array in preprocessed.items()}
+        llm_inputs.update({wiring.client_to_llm[name]: array for name, array in client.items() if name in wiring.client_to_llm})
         prompt = preprocessed["INPUT_ID"][0, : int(preprocessed["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
         # Streamed output never holds the prompt; a non-streamed one does unless excluded.
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
         requested = requested_outputs(request)
         outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
         # What else the client asked for that tensorrt_llm gives (perf metrics, token counts, batch_index)
-        outputs += [llm for llm, name in LLM_TO_CLIENT.items() if name in requested and llm not in outputs and llm not in _LOG_PROB_OUTPUTS]
+        outputs += [llm for llm, name in wiring.llm_to_client.items() if name in requested and llm not in outputs and llm not in _LOG_PROB_OUTPUTS]
         self._relay(llm_inputs, outputs, context, streaming, channel, requested)
 
     def _client_inputs(self, request):
-        client = {name: array for name in (*CLIENT_TO_PREPROCESSING, *_CLIENT_TO_LLM) if (array := optional_input(request, name)) is not None}
+        client = {name: array for name in self._wiring.client_inputs if (array := optional_input(request, name)) is not None}
         for required in ("text_input", "max_tokens"):
             if required not in client:
                 raise BadRequest(f"input {required!r} is required")
@@ -186,7 +188,7 @@ class TritonPythonModel:
     def _client_response(self, text, llm_tensors, requested):
         """Only the requested outputs: see triton_io.arrays_response for why."""
         tensors = [string_tensor("text_output", [text])] if "text_output" in requested else []
-        for llm_name, client_name in LLM_TO_CLIENT.items():
+        for llm_name, client_name in self._wiring.llm_to_client.items():
             if llm_name in llm_tensors and client_name in requested:
                 tensors.append(pb_utils.Tensor(client_name, llm_tensors[llm_name]))
         return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -3,9 +3,10 @@ by the project's reference engine (refengine) with inflight batching.
 
 - `initialize` loads the engine directory named by the `engine_dir` parameter and starts an
   `EngineLoop` (engine steps on a background thread).
-- `execute` only validates and submits; one relay thread per request turns the engine's outputs
-  into responses: one per new token batch when `streaming`, one final response otherwise. The
-  last response carries the FINAL flag.
+- `execute` reads every input its contract.json declares (written by the package stage from the
+  source config.pbtxt is rendered from), validates and submits; one relay thread per request turns
+  the engine's outputs into responses: one per new token batch when `streaming`, one final
+  response otherwise. The last response carries the FINAL flag.
 - Cancellation: a watcher thread polls each in-flight request's `is_cancelled()` every
   `cancellation_check_period_ms` and aborts it in the engine, which frees its KV blocks. Each
   request's sender is owned by a `ResponseChannel`, which never polls after the final response
@@ -25,8 +26,9 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 from engine_metrics import EngineMetrics
-from llm_request import INPUT_NAMES, ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
+from llm_request import ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
 from llm_response import final_arrays, streamed_arrays
+from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from refengine import EngineLoop, InvalidRequestError, LLMEngine
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
@@ -61,6 +63,7 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         parameters = ModelParameters(model_config, args["model_repository"])
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        self._input_names = load_model_contract(args["model_repository"], args["model_version"]).input_names
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", False)
         engine = LLMEngine.from_engine_dir(
             parameters.path("engine_dir"),
@@ -100,7 +103,7 @@ class TritonPythonModel:
 
     # -- requests ---------------------------------------------------------------------------
     def _accept(self, request, channel):
-        arrays = {name: array for name in INPUT_NAMES if (array := optional_input(request, name)) is not None}
+        arrays = {name: array for name in self._input_names if (array := optional_input(request, name)) is not None}
         parsed = parse_batch(arrays, exclude_input_default=self._exclude_input_default, decoupled=self._decoupled)
         if isinstance(parsed, StopRequest):
             self._stop(request.request_id())

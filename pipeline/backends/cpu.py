@@ -1,5 +1,6 @@
-"""The cpu target's build: an engine directory laid out like a TensorRT-LLM 1.2 engine, for refengine.
+"""The cpu target: refengine behind Triton's Python backend, on this machine.
 
+Its build writes an engine directory laid out like a TensorRT-LLM 1.2 engine, for refengine:
 `config.json` carries the same top-level keys as `trtllm-build` writes (`version`, `pretrained_config`,
 `build_config` with `plugin_config`), so the package stage reads both targets alike. Instead of
 `rank0.engine` (a TensorRT plan) the directory holds the checkpoint's `rank0.safetensors`, which
@@ -9,12 +10,17 @@ refengine executes with TensorRT-LLM's numerics.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from pipeline.config.spec import BuildSpec
+from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
+from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, EngineFacts
+from pipeline.backends.llm_parameters import cpu_parameters
+from pipeline.config.model_checks import Issue
+from pipeline.config.model_info import ModelInfo
+from pipeline.config.spec import BuildSpec, ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
-
-ENGINE_VERSION_PREFIX = "refengine-"
+from pipeline.tools import tool_versions
 
 
 def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
@@ -69,6 +75,80 @@ def write_cpu_engine(checkpoint_dir: Path, engine_dir: Path, *, build_config: di
     from refengine import ModelLoadError, write_engine_dir
 
     try:
-        write_engine_dir(checkpoint_dir, engine_dir, build_config, f"{ENGINE_VERSION_PREFIX}{version}")
+        write_engine_dir(checkpoint_dir, engine_dir, build_config, f"{CPU_ENGINE_VERSION_PREFIX}{version}")
     except ModelLoadError as exc:
         raise StageError(f"the reference engine cannot load the checkpoint: {exc}") from exc
+
+
+class CpuBackend:
+    target = Target.cpu
+    traits = traits_of(Target.cpu)
+    serves_here = True
+    llm_model = TritonLlmModel(
+        template="tensorrt_llm.cpu.pbtxt.j2",
+        code=(
+            "tensorrt_llm_cpu.py",
+            (
+                "engine_metrics.py",
+                "incremental_detokenizer.py",
+                "llm_request.py",
+                "llm_response.py",
+                "model_contract.py",
+                "model_parameters.py",
+                "response_channel.py",
+                "triton_io.py",
+                "word_lists.py",
+            ),
+        ),
+        returns_preceding_ids=True,
+        always_context_logits=True,  # refengine computes them for every request that asks
+        runtime=RuntimeAbilities(
+            name="the reference engine",
+            runs_refengine_engines=True,
+            other_engine_kind="the cpu tensorrt_llm model runs only engines written by the cpu build (version 'refengine-…')",
+            weight_suffix=".safetensors",
+            lora=False,
+            speculative_decoding=False,
+            beam_search=False,
+            multiple_ranks=False,
+            gpu_device_ids=False,
+        ),
+    )
+    compose = ComposeFacts(
+        profile="cpu", health_start_period="180s", image_has_project=True, checks_engine_in_container=False, reserves_gpus=False
+    )
+
+    def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:
+        ranks = spec.build.tp_size * spec.build.pp_size
+        if ranks == 1:
+            return []
+        return [(
+            ("build", "tp_size"),
+            f"build.target cpu runs one rank, but build.tp_size ({spec.build.tp_size}) × build.pp_size "
+            f"({spec.build.pp_size}) = {ranks}; use --until quantize to export a sharded checkpoint only",
+        )]
+
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        build = job.spec.build
+        max_seq_len = resolve_max_seq_len(build, job.model.default_max_seq_len())
+        build_config = cpu_build_config(build, max_seq_len=max_seq_len, dtype=job.spec.model.dtype.value)
+        write_cpu_engine(job.checkpoint_dir, job.engine_dir, build_config=build_config, version=tool_versions()["trtllm_pipeline"])
+        job.log(
+            f"cpu engine: max_batch_size {build_config['max_batch_size']}, max_seq_len {max_seq_len}, "
+            f"max_num_tokens {build_config['max_num_tokens']}, tokens_per_block {build.tokens_per_block}"
+        )
+        return {}
+
+    def llm_parameters(
+        self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None
+    ) -> dict[str, str]:
+        return cpu_parameters(serve, engine_dir=engine_dir)
+
+    def server_image(self, spec: Spec) -> tuple[str, str] | None:
+        return None
+
+    def check_serving_host(self, spec: Spec, built: BuiltEngine) -> None:
+        return None
+
+
+BACKEND = CpuBackend()

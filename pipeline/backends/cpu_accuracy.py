@@ -22,11 +22,11 @@ class AccuracyMetrics:
 
 def compare_checkpoints(baseline_dir: Path, candidate_dir: Path, windows: Sequence[Sequence[int]]) -> AccuracyMetrics:
     from refengine.checkpoint import load_checkpoint
-    from refengine.model_runner.model import LlamaModel
+    from refengine.model_runner import load_model
     from refengine.scoring import perplexity, score_sequences
 
-    baseline = score_sequences(LlamaModel.from_checkpoint(load_checkpoint(baseline_dir)), windows)
-    candidate = score_sequences(LlamaModel.from_checkpoint(load_checkpoint(candidate_dir)), windows)
+    baseline = score_sequences(load_model(load_checkpoint(baseline_dir)), windows)
+    candidate = score_sequences(load_model(load_checkpoint(candidate_dir)), windows)
     agree = sum(int((b.predictions == c.predictions).sum()) for b, c in zip(baseline, candidate))
     total = sum(len(score.predictions) for score in baseline)
     return AccuracyMetrics(perplexity(baseline), perplexity(candidate), agree / total, len(windows), total)

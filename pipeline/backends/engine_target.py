@@ -1,4 +1,7 @@
-"""The engine target's build step: resolve the spec into a trtllm-build invocation and hand it to a runner."""
+"""The engine target: a TensorRT-LLM engine built by trtllm-build, served by NVIDIA's C++ `tensorrtllm` backend.
+
+Its build resolves the spec into a trtllm-build invocation and hands it to a runner.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +9,21 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
 from pipeline.backends.capacity import get_gpu
+from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
-from pipeline.backends.runners import BuildOutcome, DockerRunner, RunnerUnavailable, make_runner
+from pipeline.backends.build_job import BuildOutcome, run_build
+from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable, make_runner
+from pipeline.backends.llm_parameters import engine_parameters
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version, version_for_image
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import Spec
+from pipeline.config.spec import ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.targets import traits_of
 from pipeline.errors import PipelineError, SpecError
 
 
@@ -35,7 +43,7 @@ def run_engine_build(spec: Spec, model: ModelInfo, checkpoint_dir: Path, work_di
     target = final_dir if runner_kind == "dry-run" else work_dir
     build = plan_engine_build(spec, model, checkpoint_dir, target)
     runner = make_runner(runner_kind, image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size)
-    outcome = runner.run(dataclasses.replace(build, output_dir=work_dir))
+    outcome = run_build(dataclasses.replace(build, output_dir=work_dir), runner)
     return build, outcome
 
 
@@ -120,3 +128,76 @@ def require_compatible(engine: EngineRecord, runtime: RuntimeFacts, *, where: st
         check_engine_runtime(engine, runtime)
     except EngineRuntimeMismatch as mismatch:
         raise EngineMismatchError(f"{where}: {mismatch}") from None
+
+
+class EngineBackend:
+    target = Target.engine
+    traits = traits_of(Target.engine)
+    serves_here = False  # no TensorRT-LLM on this machine: its Triton runs on a GPU host or in the compose deployment
+    llm_model = TritonLlmModel(
+        template="tensorrt_llm.engine.pbtxt.j2",
+        code=None,
+        returns_preceding_ids=False,
+        always_context_logits=False,  # only from an engine built with gather_context_logits
+        runtime=RuntimeAbilities(
+            name="the tensorrtllm backend",
+            runs_refengine_engines=False,
+            other_engine_kind="a cpu-build engine directory has no rank*.engine plans for the tensorrtllm backend",
+            weight_suffix=".engine",
+            lora=True,
+            speculative_decoding=True,
+            beam_search=True,
+            multiple_ranks=True,
+            gpu_device_ids=True,
+        ),
+    )
+    compose = ComposeFacts(
+        profile="gpu",
+        health_start_period="900s",  # engine load can take minutes (70B: tens of GB)
+        image_has_project=False,  # NGC's image as published
+        checks_engine_in_container=True,
+        reserves_gpus=True,
+    )
+
+    def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:
+        return engine_preflight(spec, model)
+
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        spec = job.spec
+        build, outcome = run_engine_build(spec, job.model, job.checkpoint_dir, job.engine_dir, job.final_engine_dir)
+        for decision in build.decisions:
+            job.log(f"[yellow]{decision.kind}[/yellow] {decision.field}: {decision.requested!r} → {decision.applied!r} ({decision.reason})")
+        what = "wrote the trtllm-build command and engine config (dry run)" if outcome.dry_run else "built the engine"
+        job.log(f"TensorRT-LLM {build.version.version}: {what}")
+        return dict(
+            trtllm_version=build.version.version,
+            image=build.version.image,
+            gpu=spec.deploy.gpu.value if spec.deploy.gpu is not None else None,
+            compute_capability=target_sm(spec),  # SM of that GPU (90 = 9.0): `serve` and the container check it
+            runner=spec.build.runner.value,
+            dry_run=outcome.dry_run,
+            command=list(outcome.command),
+            decisions=[decision.to_json() for decision in build.decisions],
+        )
+
+    def llm_parameters(
+        self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None
+    ) -> dict[str, str]:
+        return engine_parameters(facts, serve, engine_dir=engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
+
+    def server_image(self, spec: Spec) -> tuple[str, str] | None:
+        version = get_version(spec.build.trtllm_version)
+        note = f"TensorRT-LLM {version.version} profile"
+        if version.triton_tag_inferred:
+            note += f" (Triton tag {version.triton_tag} inferred, not in NVIDIA's compatibility matrix: verify it)"
+        return version.image, note
+
+    def check_serving_host(self, spec: Spec, built: BuiltEngine) -> None:
+        engine = built()
+        if engine is None:
+            check_before_serving(spec, None, {})
+        else:
+            check_before_serving(spec, *engine)
+
+
+BACKEND = EngineBackend()

@@ -32,14 +32,12 @@ import torch
 
 from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
 from pipeline.errors import StageError
+from refengine.architectures import HF_MODEL_TYPES, Architecture, architecture_for_hf_model_type
 
 __all__ = ["QUANT_ALGOS", "QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields", "trtllm_to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
-# HF `model_type` -> ModelOpt `decoder_type` (ModelOpt's own `MODEL_NAME_TO_TYPE` maps the classes
-# Llama*/Mistral* -> "llama" and QWen*/Qwen2* -> "qwen").
-DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen"}
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -106,7 +104,10 @@ def export_trtllm_checkpoint(
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     quant = quant or QuantRecipe("none")
     hf_config = _read_hf_config(hf_dir)
-    decoder_type = DECODER_TYPES[hf_config["model_type"]]
+    # ModelOpt's `decoder_type` from the architecture table (ModelOpt's own `MODEL_NAME_TO_TYPE` maps
+    # the classes Llama*/Mistral* -> "llama" and QWen*/Qwen2* -> "qwen").
+    architecture = architecture_for_hf_model_type(hf_config["model_type"])
+    decoder_type = architecture.checkpoint_decoder
     _check_request(hf_config, out_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
     mtq_config = _mtq_config(quant) if _needs_ptq(quant) else None
     if mtq_config is not None and forward_loop is None:
@@ -138,7 +139,7 @@ def export_trtllm_checkpoint(
             inference_tensor_parallel=tp_size,  # the default 0 -> ZeroDivisionError (quantization.md §7)
             inference_pipeline_parallel=pp_size,
         )
-    config = _finish_config(out_dir, model.config, hf_config, decoder_type, quant)
+    config = _finish_config(out_dir, model.config, hf_config, architecture, quant)
     if unified_hf_dir is not None:
         from modelopt.torch.export import export_hf_checkpoint
 
@@ -187,11 +188,11 @@ def _read_hf_config(hf_dir: Path) -> dict[str, Any]:
         hint = "model.path must be a local HF checkpoint directory"
         raise StageError(f"load: cannot read {path}: {exc}", hint=hint) from exc
     model_type = config.get("model_type")
-    if model_type not in DECODER_TYPES:
+    if model_type not in HF_MODEL_TYPES:
         arch = " (" + ", ".join(config["architectures"]) + ")" if config.get("architectures") else ""
         raise StageError(
             f"model_type {model_type!r}{arch} is not supported by the TensorRT-LLM checkpoint export; "
-            f"supported: {', '.join(DECODER_TYPES)}",
+            f"supported: {', '.join(HF_MODEL_TYPES)}",
             hint="use a Llama, Mistral or Qwen2 checkpoint",
         )
     return config
@@ -302,14 +303,14 @@ def _step(step: str, what: str, hint: str = "re-run with --verbose for the Model
 
 
 def _finish_config(
-    out_dir: Path, model_config: Any, hf: dict[str, Any], decoder_type: str, quant: QuantRecipe
+    out_dir: Path, model_config: Any, hf: dict[str, Any], architecture: Architecture, quant: QuantRecipe
 ) -> dict[str, Any]:
     """Patch what ModelOpt 0.47 leaves out of config.json (as TRT-LLM's quantize.py does) and check it."""
     path = out_dir / "config.json"
     config = json.loads(path.read_text())
     config.update(rope_config_fields(model_config))
-    if decoder_type == "qwen":
-        config["qwen_type"] = hf["model_type"]  # TRT-LLM's QWenConfig defaults to qwen (v1)
+    if architecture.variant_key:  # e.g. qwen_type: TRT-LLM's QWenConfig defaults to qwen (v1)
+        config[architecture.variant_key] = hf["model_type"]
     algo = QUANT_ALGOS[quant.algo]
     quantization = config.setdefault("quantization", {})
     if algo.mtq_config is None:

@@ -6,7 +6,7 @@ The request carries every value the job needs (paths, dtype, mapping, recipe, de
 calibration files), so the job never loads the build config. The quantize stage calls `run_job` in its
 own process (quantize.device cpu, or cuda with `build.runner local`); `build.runner docker` runs this
 module inside the pinned `nvcr.io/nvidia/tritonserver:<tag>-trtllm-python-py3` image with the
-project's `pipeline/` package mounted read-only on PYTHONPATH (pipeline.backends.quantize_runners).
+project's `pipeline/` package mounted read-only on PYTHONPATH (pipeline.backends.quantize_dispatch).
 Either way the same `run_job` → `modelopt_export.export_trtllm_checkpoint` writes the checkpoint.
 
 What the job assumes about the image (the tensorrt_llm wheel installed there pulls all of it in):

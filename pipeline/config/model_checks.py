@@ -7,8 +7,12 @@ from pathlib import Path
 
 from pipeline.config.format_rules import AWQ_ALGOS
 from pipeline.config.lora_adapters import AdapterError, read_adapter
-from pipeline.config.model_info import SUPPORTED_MODEL_TYPES, ModelConfigError, ModelInfo, read_model_info
+from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.spec import Spec
+
+# The model types every target builds are the rows of refengine's architecture table (torch-free):
+# the export and the cpu target's engine read the same rows.
+from refengine.architectures import HF_MODEL_TYPES
 
 Issue = tuple[tuple[str | int, ...], str]
 
@@ -62,12 +66,12 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
                 "(convert with `transformers`: model.save_pretrained(dir, safe_serialization=True))",
             )
         )
-    if info.model_type not in SUPPORTED_MODEL_TYPES:
+    if info.model_type not in HF_MODEL_TYPES:
         issues.append(
             (
                 ("model", "source"),
                 f"model_type {info.model_type!r} ({info.architecture}) is not supported; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+                f"supported: {', '.join(HF_MODEL_TYPES)}",
             )
         )
     build = spec.build

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # TensorRT-LLM does not multiply max_position_embeddings by the factor for these RoPE types.
 _ROPE_TYPES_WITHOUT_LENGTH_SCALING = ("llama3", "su", "longrope")

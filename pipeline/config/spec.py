@@ -82,6 +82,10 @@ class BuildRunnerKind(str, Enum):
     dry_run = "dry-run"
 
 
+class DeployKind(str, Enum):
+    compose = "compose"
+
+
 class GPUModel(str, Enum):
     h100_80gb = "H100-80GB"
     h200 = "H200"
@@ -461,6 +465,7 @@ class ServeSpec(_Strict):
 
 
 class DeploySpec(_Strict):
+    kind: DeployKind = Field(default=DeployKind.compose, description="How the deployment is rendered and started: compose (docker compose: Triton, Prometheus, Grafana).")
     image: str | None = Field(default=None, description="Container image. Default: the pinned Triton TRT-LLM image for engine, a Python slim image for cpu.")
     bind_address: str = Field(default="127.0.0.1", description="Address the published ports bind to (loopback by default).")
     http_port: int = Field(default=8000, ge=1, le=65535, description="Triton HTTP port.")
@@ -587,7 +592,7 @@ class Spec(_Strict):
     quantize: QuantizeSpec = Field(default_factory=QuantizeSpec, description="Quantization with NVIDIA ModelOpt.")
     build: BuildSpec = Field(description="Engine build settings.")
     serve: ServeSpec = Field(default_factory=ServeSpec, description="Triton model-repository settings.")
-    deploy: DeploySpec = Field(default_factory=DeploySpec, description="docker compose deployment settings.")
+    deploy: DeploySpec = Field(default_factory=DeploySpec, description="Deployment settings; deploy.kind chooses how it is rendered and started.")
     gate: GateSpec = Field(default_factory=GateSpec, description="Pass/fail gates: accuracy between build and package, performance between package and deploy.")
 
     @property

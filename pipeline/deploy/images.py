@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.backends.trtllm_versions import get_version
-from pipeline.config.spec import Spec
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import Spec, Target
 
 PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0@sha256:63805ebb8d2b3920190daf1cb14a60871b16fd38bed42b857a3182bc621f4996"
 GRAFANA_IMAGE = "grafana/grafana:12.1.1@sha256:a1701c2180249361737a99a01bc770db39381640e4d631825d38ff4535efa47d"
@@ -42,12 +42,8 @@ def server_image(spec: Spec, target: str) -> ServerImage:
     if spec.deploy.image is not None:
         reference = spec.deploy.image
         note = "deploy.image"
-    elif target == "engine":
-        version = get_version(spec.build.trtllm_version)
-        reference = version.image
-        note = f"TensorRT-LLM {version.version} profile"
-        if version.triton_tag_inferred:
-            note += f" (Triton tag {version.triton_tag} inferred, not in NVIDIA's compatibility matrix: verify it)"
+    elif (published := backend_for(Target(target)).server_image(spec)) is not None:
+        reference, note = published
     else:
         reference = PYTHON_BASE_IMAGE
         note = "Python base of the cpu image"

@@ -1,9 +1,8 @@
-"""Names shared by the deployment's files: the directory layout, container paths, ports and profiles.
+"""Names every kind of deployment shares: the directory layout, container paths, ports, services and secrets.
 
-A deployment directory (the deploy artifact's `deploy/`, or `./deploy/` in a checkout):
+A deployment directory (the deploy artifact's `deploy/`, or `./deploy/` in a checkout) holds its kind's
+own files (pipeline.deploy.compose.layout: docker-compose.yml and .env) and:
 
-    docker-compose.yml        services triton (profile cpu or gpu), openai (cpu), prometheus, grafana
-    .env                      COMPOSE_PROJECT_NAME, COMPOSE_PROFILES and the two secrets (mode 0600)
     model_repository/         the Triton repository rendered for the container (/engine, /tokenizer)
     engine -> …/build-<digest>/engine          symlinks to the upstream artifacts (nothing copied)
     tokenizer -> …/prepare-<digest>
@@ -17,10 +16,11 @@ A deployment directory (the deploy artifact's `deploy/`, or `./deploy/` in a che
 
 from __future__ import annotations
 
+from pipeline.backends.base import ComposeFacts
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import Target
 from pipeline.errors import SpecError
 
-COMPOSE_FILE = "docker-compose.yml"
-ENV_FILE = ".env"
 DOCKERFILE = "Dockerfile"
 DOCKERIGNORE = ".dockerignore"
 SOURCE_DIR = "src"
@@ -55,26 +55,19 @@ OPENAI_SERVICE = "openai"
 PROMETHEUS_SERVICE = "prometheus"
 GRAFANA_SERVICE = "grafana"
 
-# Variables the compose file interpolates; the deploy stage writes them into .env.
+# The deployment's secrets (a compose deployment interpolates them from .env).
 ADMIN_KEY_VARIABLE = "TRITON_ADMIN_KEY"
 GRAFANA_PASSWORD_VARIABLE = "GRAFANA_ADMIN_PASSWORD"
 ADMIN_KEY_HEADER = "admin-key"
 
-_PROFILES = {"engine": "gpu", "cpu": "cpu"}
 
-
-def profile_for(target: str) -> str:
-    """The compose profile of a build target: `gpu` for engine, `cpu` for cpu."""
-    profile = _PROFILES.get(str(target))
-    if profile is None:
+def container_facts(target: str | Target) -> ComposeFacts:
+    """How the target's Triton runs in a container (its backend's facts); refused for a target without a deployment."""
+    facts = backend_for(Target(target)).compose
+    if facts is None:
+        deployable = ", ".join(t.value for t in Target if backend_for(t).compose is not None)
         raise SpecError(
-            f"build.target {target!r} has no docker compose deployment yet; deployable targets: {', '.join(_PROFILES)}",
+            f"build.target {Target(target).value!r} has no docker compose deployment yet; deployable targets: {deployable}",
             hint="deploy the engine target (profile gpu) or the cpu target (profile cpu)",
         )
-    return profile
-
-
-def project_name(build_name: str) -> str:
-    """A compose project name for a build: lowercase letters, digits, '-' and '_' only."""
-    cleaned = "".join(char if char.isalnum() or char in "-_" else "-" for char in build_name.lower())
-    return f"trtllm-{cleaned}".strip("-")
+    return facts

@@ -1,6 +1,7 @@
-"""Prometheus and Grafana: their compose services, Prometheus' scrape config, Grafana's provisioning and dashboard.
+"""Prometheus and Grafana: Prometheus' scrape config, Grafana's provisioning and dashboard (a deploy kind runs
+the services: pipeline.deploy.compose.monitoring_services).
 
-Prometheus scrapes the Triton service's metrics port on the compose network (`triton:8002`).
+Prometheus scrapes the Triton service's metrics port on the deployment's network (`triton:8002`).
 Grafana gets a provisioned Prometheus datasource and one dashboard: Triton's own families
 (triton-on-cpu.md §11), then the LLM model's (model_repo/python/engine_metrics.py; the gauges
 carry TensorRT-LLM's backend names, so those panels read the engine target too):
@@ -18,79 +19,16 @@ carry TensorRT-LLM's backend names, so those panels read the engine target too):
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pipeline.config.spec import Spec
-from pipeline.deploy import images, layout
-from pipeline.deploy.parts import bind_mount, hardening, published
+from pipeline.deploy import layout
 
-PROMETHEUS_VOLUME = "prometheus-data"
-GRAFANA_VOLUME = "grafana-data"
 DATASOURCE_UID = "prometheus"
 DASHBOARD_UID = "trtllm-pipeline"
 SCRAPE_INTERVAL = "5s"
 RETENTION = "15d"
 RATE_WINDOW = "1m"
-
-
-# -- compose services ------------------------------------------------------------------------------
-def prometheus_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
-    return {
-        "profiles": [profile],
-        "image": images.PROMETHEUS_IMAGE,
-        "command": [
-            "--config.file=/etc/prometheus/prometheus.yml",
-            "--storage.tsdb.path=/prometheus",
-            f"--storage.tsdb.retention.time={RETENTION}",
-            f"--web.listen-address=:{layout.PROMETHEUS_PORT}",
-        ],
-        "ports": [published(layout.MONITORING_BIND_ADDRESS, layout.PROMETHEUS_PORT, layout.PROMETHEUS_PORT)],
-        "volumes": [
-            bind_mount(deploy_dir / layout.PROMETHEUS_CONFIG, "/etc/prometheus/prometheus.yml"),
-            {"type": "volume", "source": PROMETHEUS_VOLUME, "target": "/prometheus"},
-        ],
-        **hardening(),
-        "healthcheck": {
-            "test": ["CMD", "wget", "-q", "-O", "-", f"http://127.0.0.1:{layout.PROMETHEUS_PORT}/-/ready"],
-            "interval": "10s",
-            "timeout": "3s",
-            "retries": 3,
-            "start_period": "30s",
-        },
-    }
-
-
-def grafana_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
-    password = "${" + layout.GRAFANA_PASSWORD_VARIABLE + ":?set " + layout.GRAFANA_PASSWORD_VARIABLE + " in .env}"
-    return {
-        "profiles": [profile],
-        "image": images.GRAFANA_IMAGE,
-        "depends_on": {layout.PROMETHEUS_SERVICE: {"condition": "service_started"}},
-        "environment": {
-            "GF_SECURITY_ADMIN_USER": "admin",
-            "GF_SECURITY_ADMIN_PASSWORD": password,
-            "GF_USERS_ALLOW_SIGN_UP": "false",
-            "GF_AUTH_ANONYMOUS_ENABLED": "false",
-            "GF_ANALYTICS_REPORTING_ENABLED": "false",
-            "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
-            "GF_LOG_MODE": "console",  # the root file system is read-only: no log files
-        },
-        "ports": [published(layout.MONITORING_BIND_ADDRESS, layout.GRAFANA_PORT, layout.GRAFANA_PORT)],
-        "volumes": [
-            bind_mount(deploy_dir / layout.GRAFANA_PROVISIONING_DIR, "/etc/grafana/provisioning"),
-            bind_mount(deploy_dir / layout.GRAFANA_DASHBOARDS_DIR, layout.GRAFANA_DASHBOARDS_MOUNT),
-            {"type": "volume", "source": GRAFANA_VOLUME, "target": "/var/lib/grafana"},
-        ],
-        **hardening(),
-        "healthcheck": {
-            "test": ["CMD", "wget", "-q", "-O", "-", f"http://127.0.0.1:{layout.GRAFANA_PORT}/api/health"],
-            "interval": "10s",
-            "timeout": "3s",
-            "retries": 3,
-            "start_period": "60s",
-        },
-    }
 
 
 # -- files ---------------------------------------------------------------------------------------

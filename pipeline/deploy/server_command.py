@@ -1,9 +1,11 @@
-"""The `tritonserver` command of the deployed Triton service (a typed boundary, like pipeline.serve.command).
+"""The commands of the deployed services: `tritonserver` (a typed boundary, like pipeline.serve.command) and
+the OpenAI-compatible front end, for every deploy kind.
 
 Hardening (serving-and-operations.md B1, B4): the whole repository is loaded at start-up and never
 changed at run time (`--model-control-mode=none`); the admin APIs need the header `admin-key`
-whose value comes from .env (`--http-restricted-api` / `--grpc-restricted-protocol`, syntax
-`<api>,<api>,…:<header>=<value>`, checked against the bundled tritonserver 2.51); SageMaker,
+whose value the deploy kind passes as `admin_key` (a reference to its secret, e.g. compose's `${…}` from
+.env; `--http-restricted-api` / `--grpc-restricted-protocol`, syntax `<api>,<api>,…:<header>=<value>`,
+checked against the bundled tritonserver 2.51); SageMaker,
 Vertex AI and tracing are off; readiness is strict; shutdown waits `EXIT_TIMEOUT_SECS` for
 in-flight requests.
 
@@ -19,14 +21,16 @@ generates (trtllm.md §4.8) — one `mpirun` with one `-n 1 tritonserver …` bl
 from __future__ import annotations
 
 from pipeline.backends.engine_runtime import EngineRecord, format_compute_capability
+from pipeline.config.spec import Spec
 from pipeline.deploy.layout import (
     ADMIN_KEY_HEADER,
-    ADMIN_KEY_VARIABLE,
     CONTAINER_GRPC_PORT,
     CONTAINER_HTTP_PORT,
     CONTAINER_METRICS_PORT,
     ENGINE_CHECK_MOUNT,
     MODELS_MOUNT,
+    OPENAI_PORT,
+    TRITON_SERVICE,
 )
 
 EXIT_TIMEOUT_SECS = 60
@@ -46,17 +50,12 @@ CPU_TRITONSERVER_ROOT = "/opt/tritonserver"
 CPU_BACKEND_DIR = "/opt/triton-backends"
 
 
-def admin_key_reference() -> str:
-    """The compose interpolation of the admin key (a missing .env entry stops `docker compose` with this text)."""
-    return "${" + ADMIN_KEY_VARIABLE + ":?set " + ADMIN_KEY_VARIABLE + " in .env}"
+def restricted_api_value(admin_key: str) -> str:
+    return ",".join(RESTRICTED_APIS) + f":{ADMIN_KEY_HEADER}={admin_key}"
 
 
-def restricted_api_value() -> str:
-    return ",".join(RESTRICTED_APIS) + f":{ADMIN_KEY_HEADER}={admin_key_reference()}"
-
-
-def _hardening_flags() -> list[str]:
-    restricted = restricted_api_value()
+def _hardening_flags(admin_key: str) -> list[str]:
+    restricted = restricted_api_value(admin_key)
     return [
         f"--http-port={CONTAINER_HTTP_PORT}",
         f"--grpc-port={CONTAINER_GRPC_PORT}",
@@ -73,7 +72,7 @@ def _hardening_flags() -> list[str]:
     ]
 
 
-def cpu_server_command() -> list[str]:
+def cpu_server_command(admin_key: str) -> list[str]:
     """The cpu image's server: the nvidia-pytriton tritonserver, Python backend only, no GPU metrics."""
     return [
         f"{CPU_TRITONSERVER_ROOT}/bin/tritonserver",
@@ -82,15 +81,15 @@ def cpu_server_command() -> list[str]:
         f"--backend-directory={CPU_BACKEND_DIR}",
         f"--cache-directory={CPU_TRITONSERVER_ROOT}/caches",
         "--allow-gpu-metrics=false",
-        *_hardening_flags(),
+        *_hardening_flags(admin_key),
     ]
 
 
-def engine_server_command(world_size: int) -> list[str]:
+def engine_server_command(world_size: int, admin_key: str) -> list[str]:
     """The Triton TRT-LLM image's server; under `mpirun` in leader mode when the engine has several ranks."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    rank0 = [NGC_TRITONSERVER, f"--model-repository={MODELS_MOUNT}", "--model-control-mode=none", *_engine_flags()]
+    rank0 = [NGC_TRITONSERVER, f"--model-repository={MODELS_MOUNT}", "--model-control-mode=none", *_engine_flags(admin_key)]
     if world_size == 1:
         return rank0
     command = ["mpirun", "--allow-run-as-root"]
@@ -102,7 +101,7 @@ def engine_server_command(world_size: int) -> list[str]:
                 f"--model-repository={MODELS_MOUNT}",
                 "--model-control-mode=explicit",
                 f"--load-model={LLM_MODEL}",
-                *_engine_flags(),
+                *_engine_flags(admin_key),
             ]
         else:
             block = list(rank0)
@@ -110,8 +109,8 @@ def engine_server_command(world_size: int) -> list[str]:
     return command
 
 
-def _engine_flags() -> list[str]:
-    return [*_hardening_flags(), f"--grpc-max-response-pool-size={GRPC_MAX_RESPONSE_POOL_SIZE}"]
+def _engine_flags(admin_key: str) -> list[str]:
+    return [*_hardening_flags(admin_key), f"--grpc-max-response-pool-size={GRPC_MAX_RESPONSE_POOL_SIZE}"]
 
 
 def engine_entrypoint(engine: EngineRecord) -> list[str]:
@@ -131,3 +130,22 @@ def world_size_of(command: list[str]) -> int:
     if not command or command[0] != "mpirun":
         return 1
     return sum(int(command[i + 1]) for i, token in enumerate(command[:-1]) if token == "-n")
+
+
+def openai_command(spec: Spec) -> list[str]:
+    """The OpenAI-compatible front end, next to Triton: it reads the served repository at /models."""
+    return [
+        "trtllm-pipeline",
+        "openai",
+        MODELS_MOUNT,
+        "--triton-url",
+        f"{TRITON_SERVICE}:{CONTAINER_GRPC_PORT}",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(OPENAI_PORT),
+        "--model-name",
+        spec.name,
+        "--triton-model",
+        spec.serve.model_name,
+    ]

@@ -8,20 +8,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from pipeline.config.spec import ServeSpec, SpeculativeSpec
+from pipeline.backends.base import RuntimeAbilities, TargetBackend, TritonLlmModel
+from pipeline.backends.engine_facts import EngineFacts, engine_facts
+from pipeline.backends.llm_parameters import decoding_mode, lora_cache
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.errors import StageError
 from pipeline.render.contract import TRITON_DTYPES
-from pipeline.render.engine_facts import EngineFacts, engine_facts
-from pipeline.render.llm_parameters import decoding_mode, lora_cache
 
-TARGETS = ("cpu", "engine")
 FIXED_MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 
 
 def check_consistency(
     engine_config: Mapping[str, Any],
     serve: ServeSpec,
-    target: str,
+    target: Target | str,
     tokenizer_vocab_size: int,
     *,
     tokenizer_eos_id: int | None = None,
@@ -40,21 +41,21 @@ def check_consistency(
     checked); `logits_datatype` / `lora_weights_datatype` are Triton types a caller wants instead of
     the engine's; `speculative` is the spec's build.speculative (the Triton lookahead parameters).
     """
-    if target not in TARGETS:
-        raise StageError(f"build.target {target!r} has no Triton model repository in this version (expected one of {', '.join(TARGETS)})")
+    runtime = llm_model_of(target).runtime
+    target = Target(target)
     facts = engine_facts(engine_config)
     problems: list[str] = []
-    problems += _engine_kind(facts, target)
+    problems += _engine_kind(facts, target, runtime)
     problems += _batching(facts, serve, triton_max_batch_size)
     problems += _streaming(serve)
     problems += _paged_context_features(facts, serve)
     problems += _lengths(facts, serve)
     problems += _logits(facts, logits_datatype)
-    problems += _lora(facts, serve, target, lora_weights_datatype)
-    problems += _speculative(facts, speculative, target)
+    problems += _lora(facts, serve, target, runtime, lora_weights_datatype)
+    problems += _speculative(facts, speculative, target, runtime)
     problems += _tokenizer(facts, tokenizer_vocab_size, tokenizer_eos_id)
-    problems += _beams(facts, target, max_beam_width)
-    problems += _parallelism(facts, serve, target, gpu_device_ids, rank_files)
+    problems += _beams(facts, target, runtime, max_beam_width)
+    problems += _parallelism(facts, serve, target, runtime, gpu_device_ids, rank_files)
     problems += _names(serve)
     if problems:
         listing = "\n".join(f"  - {problem}" for problem in problems)
@@ -64,11 +65,26 @@ def check_consistency(
         )
 
 
-def _engine_kind(facts: EngineFacts, target: str) -> list[str]:
-    if target == "cpu" and not facts.built_by_refengine:
-        return [f"build.target is cpu but the engine config version is {facts.version!r}: the cpu tensorrt_llm model runs only engines written by the cpu build (version 'refengine-…')"]
-    if target == "engine" and facts.built_by_refengine:
-        return [f"build.target is engine but the engine config version is {facts.version!r}: a cpu-build engine directory has no rank*.engine plans for the tensorrtllm backend"]
+def llm_model_of(target: Target | str) -> TritonLlmModel:
+    """The `tensorrt_llm` model of the target's repository; StageError when the target has none."""
+    backend = _backend(target)
+    if backend is None or backend.llm_model is None:
+        rendered = sorted(t.value for t in Target if backend_for(t).llm_model is not None)
+        name = target.value if isinstance(target, Target) else target
+        raise StageError(f"build.target {name!r} has no Triton model repository in this version (expected one of {', '.join(rendered)})")
+    return backend.llm_model
+
+
+def _backend(target: Target | str) -> TargetBackend | None:
+    try:
+        return backend_for(Target(target))
+    except ValueError:
+        return None
+
+
+def _engine_kind(facts: EngineFacts, target: Target, runtime: RuntimeAbilities) -> list[str]:
+    if facts.built_by_refengine != runtime.runs_refengine_engines:
+        return [f"build.target is {target.value} but the engine config version is {facts.version!r}: {runtime.other_engine_kind}"]
     return []
 
 
@@ -138,15 +154,15 @@ def _logits(facts: EngineFacts, logits_datatype: str | None) -> list[str]:
     return []
 
 
-def _lora(facts: EngineFacts, serve: ServeSpec, target: str, lora_weights_datatype: str | None) -> list[str]:
+def _lora(facts: EngineFacts, serve: ServeSpec, target: Target, runtime: RuntimeAbilities, lora_weights_datatype: str | None) -> list[str]:
     """§4.9 rule 8: LoRA requests need an engine built with the LoRA plugin, weights in its dtype, a cache for its ranks."""
     if facts.lora_plugin is None:
         if serve.lora is not None:
             return ["serve.lora sets the LoRA cache, but the engine has plugin_config.lora_plugin null (built without LoRA): "
                     "rebuild with build.lora, or remove serve.lora"]
         return []
-    if target == "cpu":
-        return [f"build.target is cpu but the engine has plugin_config.lora_plugin {facts.lora_plugin!r}: the reference engine does not run LoRA"]
+    if not runtime.lora:
+        return [f"build.target is {target.value} but the engine has plugin_config.lora_plugin {facts.lora_plugin!r}: {runtime.name} does not run LoRA"]
     problems = []
     expected = TRITON_DTYPES.get(facts.lora_plugin)
     if expected is None:
@@ -168,12 +184,12 @@ def _lora(facts: EngineFacts, serve: ServeSpec, target: str, lora_weights_dataty
     return problems
 
 
-def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target: str) -> list[str]:
+def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target: Target, runtime: RuntimeAbilities) -> list[str]:
     """§4.9 rule 10: Triton's decoding_mode and lookahead parameters must agree with the engine's speculative mode."""
     engine_mode = facts.speculative_decoding_mode
     spec_mode = speculative.mode.value if speculative is not None else None
-    if target == "cpu":
-        return [f"build.target is cpu but the engine has build_config.speculative_decoding_mode {engine_mode}"] if engine_mode else []
+    if not runtime.speculative_decoding:
+        return [f"build.target is {target.value} but the engine has build_config.speculative_decoding_mode {engine_mode}"] if engine_mode else []
     if engine_mode != spec_mode:
         return [
             f"the engine has build_config.speculative_decoding_mode {engine_mode or 'none'} (max_draft_len {facts.max_draft_len}) "
@@ -211,31 +227,41 @@ def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None
     return problems
 
 
-def _beams(facts: EngineFacts, target: str, max_beam_width: int | None) -> list[str]:
+def _beams(facts: EngineFacts, target: Target, runtime: RuntimeAbilities, max_beam_width: int | None) -> list[str]:
     problems = []
     if max_beam_width is not None and max_beam_width > facts.max_beam_width:
         problems.append(f"Triton max_beam_width {max_beam_width} exceeds the engine's build_config.max_beam_width {facts.max_beam_width}")
-    if target == "cpu" and facts.max_beam_width != 1:
-        problems.append(f"build.target is cpu but the engine's build_config.max_beam_width is {facts.max_beam_width}: the reference engine does not do beam search (1)")
+    if not runtime.beam_search and facts.max_beam_width != 1:
+        problems.append(
+            f"build.target is {target.value} but the engine's build_config.max_beam_width is {facts.max_beam_width}: "
+            f"{runtime.name} does not do beam search (1)"
+        )
     return problems
 
 
 def _parallelism(
-    facts: EngineFacts, serve: ServeSpec, target: str, gpu_device_ids: Sequence[int], rank_files: Sequence[str] | None
+    facts: EngineFacts,
+    serve: ServeSpec,
+    target: Target,
+    runtime: RuntimeAbilities,
+    gpu_device_ids: Sequence[int],
+    rank_files: Sequence[str] | None,
 ) -> list[str]:
     problems = []
     ranks = facts.tp_size * facts.pp_size
     if facts.world_size != ranks:
         problems.append(f"engine mapping.world_size {facts.world_size} differs from tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks}")
-    if target == "cpu" and ranks != 1:
-        problems.append(f"build.target is cpu but the engine has tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks} ranks: the reference engine runs one rank")
+    if not runtime.multiple_ranks and ranks != 1:
+        problems.append(
+            f"build.target is {target.value} but the engine has tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks} ranks: "
+            f"{runtime.name} runs one rank"
+        )
     if rank_files is not None:
-        suffix = ".safetensors" if target == "cpu" else ".engine"
-        expected = [f"rank{i}{suffix}" for i in range(facts.world_size)]
+        expected = [f"rank{i}{runtime.weight_suffix}" for i in range(facts.world_size)]
         missing = [name for name in expected if name not in rank_files]
         if missing:
             problems.append(f"engine mapping.world_size {facts.world_size} needs {', '.join(expected)} but the engine directory lacks {', '.join(missing)}")
-    if target == "engine":
+    if runtime.gpu_device_ids:
         instances = serve.instances.tensorrt_llm
         needed = ranks * instances
         if gpu_device_ids and len(gpu_device_ids) != needed:

@@ -2,10 +2,12 @@
 
     <out_dir>/
       preprocessing/      config.pbtxt, 1/model.py (+ helper modules)
-      tensorrt_llm/       config.pbtxt, 1/model.py (cpu target) or 1/ (engine target)
+      tensorrt_llm/       config.pbtxt, 1/model.py + contract.json (a Python-backend target: cpu) or 1/ (a C++ backend: engine)
       postprocessing/     config.pbtxt, 1/model.py (+ helper modules)
       <serve.model_name>/ config.pbtxt, 1/ (the ensemble; the empty version directory is required)
-      tensorrt_llm_bls/   config.pbtxt, 1/model.py (+ helper modules)
+      tensorrt_llm_bls/   config.pbtxt, 1/model.py + contract.json (+ helper modules)
+
+Configs and contract.json files (contract_files.py) are rendered from one source, contract.py.
 
 The configs name the engine and tokenizer directories by absolute path (the serve launcher runs
 Triton on a private copy of the repository, so relative paths would not survive).
@@ -18,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.config.spec import ServeSpec, SpeculativeSpec
+from pipeline.backends.base import TritonLlmModel
+from pipeline.backends.engine_facts import EngineFacts, engine_facts, read_engine_config
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.errors import StageError
 from pipeline.render import contract
-from pipeline.render.consistency import check_consistency
-from pipeline.render.engine_facts import EngineFacts, engine_facts, read_engine_config
-from pipeline.render.llm_parameters import cpu_parameters, engine_parameters
+from pipeline.render.consistency import check_consistency, llm_model_of
+from pipeline.render.contract import TensorSpec
+from pipeline.render.contract_files import CONTRACT_FILE, bls_contract, llm_contract
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from pipeline.sources import model_repo_sources
@@ -31,29 +36,24 @@ from pipeline.sources import model_repo_sources
 CONFIG_FILE = "config.pbtxt"
 VERSION_DIR = "1"
 
-# model directory → (model code in model_repo/python, helper modules copied next to it)
+# model directory → (model code in model_repo/python, helper modules copied next to it); tensorrt_llm's is its target's
 _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     "preprocessing": ("preprocessing.py", ("hf_tokenizer.py", "model_parameters.py", "triton_io.py", "word_lists.py")),
     "postprocessing": (
         "postprocessing.py",
         ("deferred_release.py", "hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
     ),
-    "tensorrt_llm": (
-        "tensorrt_llm_cpu.py",
+    "tensorrt_llm_bls": (
+        "tensorrt_llm_bls.py",
         (
-            "engine_metrics.py",
+            "client_contract.py",
+            "deferred_release.py",
             "incremental_detokenizer.py",
-            "llm_request.py",
-            "llm_response.py",
+            "model_contract.py",
             "model_parameters.py",
             "response_channel.py",
             "triton_io.py",
-            "word_lists.py",
         ),
-    ),
-    "tensorrt_llm_bls": (
-        "tensorrt_llm_bls.py",
-        ("client_contract.py", "deferred_release.py", "incremental_detokenizer.py", "model_parameters.py", "response_channel.py", "triton_io.py"),
     ),
 }
 
@@ -71,7 +71,7 @@ def render_model_repository(
     engine_dir: Path,
     tokenizer_dir: Path,
     serve: ServeSpec,
-    target: str,
+    target: Target | str,
     out_dir: Path,
     gpu_device_ids: Sequence[int] = (),
     config_paths: ConfigPaths | None = None,
@@ -104,9 +104,12 @@ def render_model_repository(
         rank_files=rank_files,
         speculative=speculative,
     )
+    llm_model = llm_model_of(target)  # the checks refused a target without one
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
-    configs = _configs(facts, tokenizer, serve, target, paths, gpu_device_ids, speculative)
+    tensors = _resolved_tensors(facts, llm_model)
+    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)
+    contracts = _contracts(tensors)
     environment = template_environment(sources / "templates")
     written: list[Path] = []
     for model_name, (template, context) in configs.items():
@@ -120,14 +123,19 @@ def render_model_repository(
         (model_dir / VERSION_DIR).mkdir(parents=True, exist_ok=True)
         (model_dir / CONFIG_FILE).write_text(text)
         written.append(model_dir / CONFIG_FILE)
-        written += _copy_code(sources / "python", model_name, target, model_dir / VERSION_DIR)
+        code = _copy_code(sources / "python", model_name, llm_model, model_dir / VERSION_DIR)
+        if code and model_name in contracts:  # the contract goes where the code that reads it goes
+            (model_dir / VERSION_DIR / CONTRACT_FILE).write_text(contracts[model_name])
+            code.append(model_dir / VERSION_DIR / CONTRACT_FILE)
+        written += code
     return written
 
 
-def _copy_code(code_dir: Path, model_name: str, target: str, version_dir: Path) -> list[Path]:
-    if model_name not in _MODEL_CODE or (model_name == "tensorrt_llm" and target != "cpu"):
+def _copy_code(code_dir: Path, model_name: str, llm_model: TritonLlmModel, version_dir: Path) -> list[Path]:
+    code = llm_model.code if model_name == "tensorrt_llm" else _MODEL_CODE.get(model_name)
+    if code is None:
         return []
-    main, helpers = _MODEL_CODE[model_name]
+    main, helpers = code
     written = []
     for source, name in [(main, "model.py"), *((helper, helper) for helper in helpers)]:
         destination = version_dir / name
@@ -148,14 +156,51 @@ def _text_limits(facts: EngineFacts, tokenizer: TokenizerFacts) -> dict[str, str
     }
 
 
-def _logits_available(facts: EngineFacts, cpu: bool) -> dict[str, str]:
+def _logits_available(facts: EngineFacts, llm_model: TritonLlmModel) -> dict[str, str]:
     """Whether `tensorrt_llm` can return context / generation logits (the OpenAI front end's prompt and
     top-N log-probs need them). The cpu engine always can; a TensorRT-LLM 1.x engine returns generation
     logits at run time (the build flag is deprecated), context logits only when built with
     gather_context_logits."""
     return {
-        "gather_context_logits": "true" if cpu or facts.gather_context_logits else "false",
+        "gather_context_logits": "true" if llm_model.always_context_logits or facts.gather_context_logits else "false",
         "gather_generation_logits": "true",
+    }
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    """The tensors of the models whose lists depend on the engine (data types and target resolved)."""
+
+    llm_inputs: tuple[TensorSpec, ...]
+    llm_outputs: tuple[TensorSpec, ...]
+    client_inputs: tuple[TensorSpec, ...]
+    client_outputs: tuple[TensorSpec, ...]
+
+
+def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors:
+    logits = contract.TRITON_DTYPES[facts.logits_dtype]
+    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
+    # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
+    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name (the checks
+    # have refused an engine with a LoRA plugin to a runtime without LoRA).
+    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None else "TYPE_FP16"
+
+    def resolved(specs):
+        return tuple(spec.resolved(logits, lora) for spec in specs)
+
+    return _Tensors(
+        llm_inputs=resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS),
+        llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
+        client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
+        client_outputs=resolved(contract.CLIENT_OUTPUTS),
+    )
+
+
+def _contracts(tensors: _Tensors) -> dict[str, str]:
+    """contract.json of each model whose code reads one (written only where that code is copied)."""
+    return {
+        "tensorrt_llm": llm_contract(tensors.llm_inputs, tensors.llm_outputs),
+        "tensorrt_llm_bls": bls_contract(tensors.client_inputs, tensors.client_outputs),
     }
 
 
@@ -163,35 +208,19 @@ def _configs(
     facts: EngineFacts,
     tokenizer: TokenizerFacts,
     serve: ServeSpec,
-    target: str,
+    target: Target,
+    llm_model: TritonLlmModel,
     paths: ConfigPaths,
     gpu_device_ids: Sequence[int],
     speculative: SpeculativeSpec | None,
+    tensors: _Tensors,
 ) -> dict[str, tuple[str, dict[str, Any]]]:
-    logits = contract.TRITON_DTYPES[facts.logits_dtype]
     max_batch_size = facts.max_batch_size
-    cpu = target == "cpu"
-    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
-    # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
-    # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name.
-    lora = contract.TRITON_DTYPES[facts.lora_plugin] if facts.lora_plugin is not None and not cpu else "TYPE_FP16"
-
-    def resolved(specs):
-        return [spec.resolved(logits, lora) for spec in specs]
 
     def context(**values):
         return {"max_batch_size": max_batch_size, "serve": serve, **values}
 
-    llm_inputs = resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS)
-    client_inputs = resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS)
-    llm_outputs = resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if cpu else ()))
-    if cpu:
-        llm = ("tensorrt_llm.cpu.pbtxt.j2", cpu_parameters(serve, engine_dir=paths.engine_dir))
-    else:
-        llm = (
-            "tensorrt_llm.engine.pbtxt.j2",
-            engine_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative),
-        )
+    llm_parameters = backend_for(target).llm_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
     return {
         "preprocessing": (
             "preprocessing.pbtxt.j2",
@@ -204,11 +233,11 @@ def _configs(
                     "max_input_len": str(facts.max_input_len),
                     "max_seq_len": str(facts.usable_seq_len),
                     **_text_limits(facts, tokenizer),
-                    **_logits_available(facts, cpu),
+                    **_logits_available(facts, llm_model),
                 },
             ),
         ),
-        "tensorrt_llm": (llm[0], context(inputs=llm_inputs, outputs=llm_outputs, parameters=llm[1])),
+        "tensorrt_llm": (llm_model.template, context(inputs=tensors.llm_inputs, outputs=tensors.llm_outputs, parameters=llm_parameters)),
         "postprocessing": (
             "postprocessing.pbtxt.j2",
             context(
@@ -221,16 +250,16 @@ def _configs(
             "ensemble.pbtxt.j2",
             context(
                 name=serve.model_name,
-                inputs=client_inputs,
-                outputs=resolved(contract.CLIENT_OUTPUTS),
-                steps=_ensemble_steps(cpu),
+                inputs=tensors.client_inputs,
+                outputs=tensors.client_outputs,
+                steps=_ensemble_steps(llm_model.returns_preceding_ids),
             ),
         ),
         "tensorrt_llm_bls": (
             "tensorrt_llm_bls.pbtxt.j2",
             context(
-                inputs=client_inputs,
-                outputs=resolved(contract.CLIENT_OUTPUTS),
+                inputs=tensors.client_inputs,
+                outputs=tensors.client_outputs,
                 parameters={
                     "preprocessing_model_name": "preprocessing",
                     "tensorrt_llm_model_name": "tensorrt_llm",
@@ -246,9 +275,9 @@ def _internal(name: str) -> str:
     return f"_{name}"
 
 
-def _ensemble_steps(cpu: bool) -> dict[str, dict[str, dict[str, str]]]:
+def _ensemble_steps(preceding_ids: bool) -> dict[str, dict[str, dict[str, str]]]:
     """input_map / output_map of each step: model tensor name → ensemble tensor name."""
-    llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if cpu else {})}
+    llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if preceding_ids else {})}
     llm_inputs = {llm: _internal(pre) for pre, llm in contract.PREPROCESSING_TO_LLM.items()}
     llm_inputs.update({llm: client for client, llm in contract.CLIENT_TO_LLM.items()})
     llm_inputs.update({llm: client for client, llm in contract.LORA_CLIENT_TO_LLM.items()})

@@ -10,13 +10,17 @@ from rich.console import Console
 
 from pipeline.artifacts import ArtifactRef
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import Spec
 from pipeline.plan import StagePlan
+from pipeline.spec_slice import SpecSlice
+
+
+def _no_history() -> tuple[ArtifactRef, ...]:
+    return ()
 
 
 @dataclass(frozen=True)
 class StageContext:
-    spec: Spec
+    spec: SpecSlice  # the Spec paths plan.STAGE_DEFS declares for this stage, and no others
     model: ModelInfo
     plan: StagePlan
     upstream: dict[str, ArtifactRef]
@@ -24,6 +28,8 @@ class StageContext:
     console: Console
     notes: dict[str, Any] = field(default_factory=dict)  # stored in the artifact's manifest
     final_dir: Path | None = None  # where out_dir will be renamed to once the stage succeeds
+    # this build's sealed artifacts of this stage (any digest), verified, oldest first: ArtifactStore.history
+    history: Callable[[], tuple[ArtifactRef, ...]] = _no_history
 
     def log(self, message: str) -> None:
         self.console.print(f"  [dim]{self.plan.name}:[/dim] {message}")

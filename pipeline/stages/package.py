@@ -21,7 +21,7 @@ def run(ctx: StageContext) -> None:
         engine_dir=engine_dir,
         tokenizer_dir=tokenizer_dir,
         serve=spec.serve,
-        target=spec.build.target.value,
+        target=spec.build.target,
         out_dir=ctx.out_dir / REPOSITORY_DIR,
         gpu_device_ids=spec.deploy.gpus,
         dry_run=spec.dry_run,

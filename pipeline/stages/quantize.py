@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 
 from pipeline.backends.quantize_job import REQUEST_FILE, QuantizeRequest
-from pipeline.backends.quantize_runners import (
+from pipeline.backends.container_jobs import make_runner
+from pipeline.backends.quantize_dispatch import (
     CHECKPOINT_DIR,
     IN_PROCESS,
     SCRIPT_FILE,
     UNIFIED_HF_DIR,
     job_for,
-    make_quantize_runner,
     quantize_route,
     request_from_spec,
+    run_quantize,
 )
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
@@ -50,10 +51,10 @@ def run(ctx: StageContext) -> None:
 def _run_through_runner(ctx: StageContext, request: QuantizeRequest, kind: str, artifact_dir) -> dict | None:
     spec = ctx.spec
     job = job_for(spec, request, artifact_dir, ctx.out_dir)
-    runner = make_quantize_runner(kind, image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size, log=ctx.log)
+    runner = make_runner(kind, image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size)
     if kind == "docker":
         ctx.log(f"quantize job on {request.device} in {job.version.image}")
-    outcome = runner.run(job)
+    outcome = run_quantize(job, runner, log=ctx.log)
     ctx.notes.update(runner=kind, device=request.device, command=list(outcome.command), script=SCRIPT_FILE, request=REQUEST_FILE)
     if kind == "docker":
         ctx.notes["image"] = job.version.image

@@ -7,7 +7,6 @@ stops the pipeline before deploy."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -19,7 +18,7 @@ REPORT = "performance.json"
 
 
 def run(ctx: StageContext) -> None:
-    from pipeline.bench.slo import regression, regression_failures, threshold_failures
+    from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 
     gate = ctx.spec.gate.performance
     assert gate is not None  # the plan schedules this stage only with gate.performance
@@ -66,27 +65,24 @@ def workload_recipe(gate: PerformanceGateSpec) -> dict[str, Any]:
 
 
 def previous_report(ctx: StageContext) -> dict[str, Any] | None:
-    """The newest stored report of this stage for this build: this digest's own (when --force
-    measures again) or another digest's (an earlier build)."""
-    candidates = []
-    if ctx.final_dir is not None:
-        candidates = [path / REPORT for path in ctx.final_dir.parent.glob(f"{ctx.plan.name}-*") if path.is_dir()]
+    """The newest measured report of this stage for this build, from the store: this digest's own
+    (when --force measures again) or another digest's (an earlier build)."""
     reports = []
-    for path in candidates:
+    for ref in ctx.history():
         try:
-            report = json.loads(path.read_text())
-            created = json.loads((path.parent / "manifest.json").read_text()).get("created", "")
+            report = json.loads((ref.path / REPORT).read_text())
         except (OSError, ValueError):
             continue
         if report.get("point") is not None:
-            reports.append((created, {**report, "created": created}))
-    return max(reports, key=lambda item: item[0])[1] if reports else None
+            reports.append({**report, "created": ref.manifest.get("created", "")})
+    return reports[-1] if reports else None
 
 
 def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     from clients.loadgen import SloLimits
-    from pipeline.bench.load_bench import Endpoints, SweepOptions, run_load_sweep, serving
-    from pipeline.bench.load_workload import LengthDist, TextTokenizer, synthetic_requests
+    from pipeline.loadtest.serving import serving
+    from pipeline.loadtest.sweep import Endpoints, SweepOptions, run_load_sweep
+    from pipeline.loadtest.workload import LengthDist, TextTokenizer, synthetic_requests
     from pipeline.stages.package import REPOSITORY_DIR
 
     spec = ctx.spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from refengine.model_runner.attention import build_attention_metadata
-from refengine.model_runner.model import LlamaModel
+from refengine.model_runner.decoder import DecoderModel
 from refengine.model_runner.sampler import Sampler
 from refengine.step_messages import RunnerOutput, SchedulerOutput
 
@@ -20,13 +20,10 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, tokens_per_block: int) -> None:
-        config = model.config
+    def __init__(self, model: DecoderModel, num_blocks: int, tokens_per_block: int) -> None:
         self.model = model
         self.tokens_per_block = tokens_per_block
-        shape = (2, num_blocks, tokens_per_block, config.num_kv_heads, config.head_size)
-        # float8_e4m3fn / int8 codes when the checkpoint's kv_cache_quant_algo is FP8 / INT8.
-        self.kv_caches = [torch.zeros(shape, dtype=model.kv_cache_dtype) for _ in range(config.num_layers)]
+        self.kv_caches = model.kv_cache_layout.allocate(num_blocks, tokens_per_block)
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -45,7 +42,7 @@ class ModelRunner:
         sampling = [index for index, item in enumerate(items) if item.num_samples > 0]
         wanting_context = [index for index, item in enumerate(items) if item.sampling_params.return_context_logits]
         if not wanting_context:
-            # Hidden states of the sampled sequences' last tokens only (see LlamaModel.forward).
+            # Hidden states of the sampled sequences' last tokens only (see DecoderModel.forward).
             hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling)
             context_logits = {}
         else:

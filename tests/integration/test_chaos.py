@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 
 from clients.loadgen.chaos import ChaosPlan, ChaosTargets
 from clients.openai_server import running_openai_server
-from pipeline.bench.soak import soak
+from pipeline.bench.soak.bench import soak
 from tests.integration.serving import serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from clients.loadgen.chaos import ChaosOutcome, ChaosPlan, ChaosTargets, run_chaos
-from pipeline.bench.soak import Vitals, judge, log_signals
-from pipeline.bench.soak_cli import chaos_plan
+from pipeline.bench.soak.bench import Vitals, judge, log_signals
+from pipeline.bench.soak.command import chaos_plan
 from pipeline.errors import SpecError
 
 MODEL_CODE = Path(__file__).resolve().parents[2] / "model_repo" / "python"
@@ -160,7 +160,7 @@ def test_a_run_stops_early_when_told_why_and_abandons_the_hung_streams():
     ],
 )
 def test_what_the_server_did_when_stopped_joins_the_verdict(returncode, fatal, expected):
-    from pipeline.bench.soak_cli import stop_problems
+    from pipeline.bench.soak.command import stop_problems
 
     class StoppedServer:
         fatal_signal_at_stop = fatal

@@ -30,7 +30,10 @@ from rich.console import Console
 from pipeline.artifacts import ArtifactRef
 from pipeline.backends.cpu import cpu_build_config
 from pipeline.config.spec import Spec
-from pipeline.deploy import (
+from pipeline.deploy import layout, monitoring
+from pipeline.deploy.compose import (
+    COMPOSE_FILE,
+    ENV_FILE,
     compose_up,
     dump_compose,
     export_deployment,
@@ -39,9 +42,8 @@ from pipeline.deploy import (
     render_root_compose,
     write_deployment,
 )
-from pipeline.deploy import layout, monitoring
-from pipeline.deploy.checks import duration_seconds, interpolate, is_pinned, parse_port
-from pipeline.deploy.compose import deployment_header
+from pipeline.deploy.compose.checks import duration_seconds, interpolate, is_pinned, parse_port
+from pipeline.deploy.compose.document import deployment_header
 from pipeline.deploy.dockerfile import render_dockerfile
 from pipeline.deploy.images import server_image
 from pipeline.deploy.server_command import CPU_BACKEND_DIR, CPU_TRITONSERVER_ROOT, EXIT_TIMEOUT_SECS, RESTRICTED_APIS, world_size_of
@@ -438,16 +440,16 @@ def test_write_deployment_writes_every_file(cpu_artifacts):
     spec, store, engine, tokenizer_dir, package = cpu_artifacts
     out = store / "deploy-d" / "deploy"
     deployment = write_deployment(spec, out, engine_dir=engine, tokenizer_dir=tokenizer_dir, package_repository=package, secrets=SECRETS)
-    for name in (layout.COMPOSE_FILE, layout.ENV_FILE, layout.PROMETHEUS_CONFIG, layout.GRAFANA_DATASOURCES,
+    for name in (COMPOSE_FILE, ENV_FILE, layout.PROMETHEUS_CONFIG, layout.GRAFANA_DATASOURCES,
                  layout.GRAFANA_DASHBOARD_PROVIDERS, layout.GRAFANA_DASHBOARD, layout.DOCKERFILE, layout.DOCKERIGNORE,
                  "src/pyproject.toml", "src/refengine/__init__.py", "src/pipeline/deploy/image_setup.py"):
         assert (out / name).is_file(), name
     assert not list((out / "src").rglob("__pycache__"))
-    assert (out / layout.COMPOSE_FILE).read_text() == render_text("tiny-cpu")
-    assert stat.S_IMODE((out / layout.ENV_FILE).stat().st_mode) == 0o600
-    env = dict(line.split("=", 1) for line in (out / layout.ENV_FILE).read_text().splitlines() if line and not line.startswith("#"))
+    assert (out / COMPOSE_FILE).read_text() == render_text("tiny-cpu")
+    assert stat.S_IMODE((out / ENV_FILE).stat().st_mode) == 0o600
+    env = dict(line.split("=", 1) for line in (out / ENV_FILE).read_text().splitlines() if line and not line.startswith("#"))
     assert env == {"COMPOSE_PROJECT_NAME": "trtllm-tiny-cpu", "COMPOSE_PROFILES": "cpu", **SECRETS}
-    assert lint_compose(yaml.safe_load((out / layout.COMPOSE_FILE).read_text()), env=env) == []
+    assert lint_compose(yaml.safe_load((out / COMPOSE_FILE).read_text()), env=env) == []
     # links, relative, to the upstream artifacts; the container's repository names the mount points
     assert os.readlink(out / "engine") == "../../build-b/engine" and (out / "engine").resolve() == engine.resolve()
     assert (out / "tokenizer").resolve() == tokenizer_dir.resolve()
@@ -456,7 +458,7 @@ def test_write_deployment_writes_every_file(cpu_artifacts):
     json.loads((out / layout.GRAFANA_DASHBOARD).read_text())
     for name in (layout.PROMETHEUS_CONFIG, layout.GRAFANA_DATASOURCES, layout.GRAFANA_DASHBOARD_PROVIDERS):
         assert yaml.safe_load((out / name).read_text())
-    assert deployment.profile == "cpu" and (out / layout.COMPOSE_FILE) in deployment.files
+    assert deployment.profile == "cpu" and (out / COMPOSE_FILE) in deployment.files
 
 
 def test_generated_secrets_are_random_and_safe_for_the_flag(cpu_artifacts, tmp_path):
@@ -465,7 +467,7 @@ def test_generated_secrets_are_random_and_safe_for_the_flag(cpu_artifacts, tmp_p
     for index in range(2):
         out = tmp_path / f"d{index}"
         write_deployment(spec, out, engine_dir=engine, tokenizer_dir=tokenizer_dir)
-        envs.append((out / layout.ENV_FILE).read_text())
+        envs.append((out / ENV_FILE).read_text())
     assert envs[0] != envs[1]
     with pytest.raises(StageError, match="at least 16 characters"):
         write_deployment(spec, tmp_path / "bad", engine_dir=engine, tokenizer_dir=tokenizer_dir, secrets={"TRITON_ADMIN_KEY": "a,b:c=d"})
@@ -528,7 +530,7 @@ def test_export_makes_links_absolute_and_replaces_only_its_own_exports(cpu_artif
     export_deployment(source, destination)  # again: replaces the earlier export
     assert Path(os.readlink(destination / "engine")).is_absolute()
     assert (destination / "engine").resolve() == engine.resolve()
-    assert stat.S_IMODE((destination / layout.ENV_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE((destination / ENV_FILE).stat().st_mode) == 0o600
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
@@ -553,14 +555,14 @@ def test_root_compose_names_only_the_stable_deploy_layout():
 
 # -- up -----------------------------------------------------------------------------------------
 def test_up_without_a_docker_engine_fails_with_a_hint(tmp_path, monkeypatch):
-    (tmp_path / layout.COMPOSE_FILE).write_text("services: {}\n")
+    (tmp_path / COMPOSE_FILE).write_text("services: {}\n")
     calls = []
 
     def no_daemon(command, **kwargs):
         calls.append(command)
         raise ToolError(command, 1, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
 
-    monkeypatch.setattr("pipeline.deploy.up.run_command", no_daemon)
+    monkeypatch.setattr("pipeline.deploy.compose.up.run_command", no_daemon)
     with pytest.raises(ToolError) as raised:
         compose_up(tmp_path, "cpu")
     assert "needs a running Docker engine" in raised.value.hint and f"cd {tmp_path} && docker compose --profile cpu up -d" in raised.value.hint
@@ -568,11 +570,11 @@ def test_up_without_a_docker_engine_fails_with_a_hint(tmp_path, monkeypatch):
 
 
 def test_up_runs_compose_with_the_profile(tmp_path, monkeypatch):
-    (tmp_path / layout.COMPOSE_FILE).write_text("services: {}\n")
+    (tmp_path / COMPOSE_FILE).write_text("services: {}\n")
     calls = []
-    monkeypatch.setattr("pipeline.deploy.up.run_command", lambda command, **kwargs: calls.append(command) or "ok")
+    monkeypatch.setattr("pipeline.deploy.compose.up.run_command", lambda command, **kwargs: calls.append(command) or "ok")
     assert compose_up(tmp_path, "gpu") == "ok"
-    assert calls[-1] == ["docker", "compose", "--project-directory", str(tmp_path), "-f", str(tmp_path / layout.COMPOSE_FILE),
+    assert calls[-1] == ["docker", "compose", "--project-directory", str(tmp_path), "-f", str(tmp_path / COMPOSE_FILE),
                          "--profile", "gpu", "up", "-d"]
     with pytest.raises(StageError, match="holds no docker-compose.yml"):
         compose_up(tmp_path / "missing", "cpu")

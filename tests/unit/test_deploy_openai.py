@@ -13,9 +13,10 @@ import yaml
 
 from clients.openai_server import ServedModel
 from pipeline.cli import _parser
-from pipeline.deploy import layout, lint_compose, write_deployment
-from pipeline.deploy.checks import parse_port
-from pipeline.deploy.openai_service import openai_command
+from pipeline.deploy import layout
+from pipeline.deploy.compose import COMPOSE_FILE, lint_compose, write_deployment
+from pipeline.deploy.compose.checks import parse_port
+from pipeline.deploy.server_command import openai_command
 from tests.unit.test_deploy import SECRETS, load_spec, package_repository, render, tiny_engine, tokenizer
 
 
@@ -43,7 +44,7 @@ def test_the_gpu_deployment_has_none_yet(name):
 def test_the_port_follows_the_bind_address_and_a_clash_is_caught():
     spec = load_spec("tiny-cpu")
     spec = spec.model_copy(update={"deploy": spec.deploy.model_copy(update={"bind_address": "::1", "http_port": 9000})})
-    from pipeline.deploy import render_compose
+    from pipeline.deploy.compose import render_compose
 
     document = render_compose(spec, model_repository=Path("r"), engine_dir=None, tokenizer_dir=Path("t"), target="cpu")
     assert document["services"]["openai"]["ports"] == ["[::1]:9000:9000"]
@@ -58,7 +59,7 @@ def test_the_command_parses_and_reads_the_container_repository(tmp_path):
     package = package_repository(spec, engine, tokenizer_dir, store / "package-k" / "model_repository")
     out = tmp_path / "deploy"
     write_deployment(spec, out, engine_dir=engine, tokenizer_dir=tokenizer_dir, package_repository=package, secrets=SECRETS)
-    compose = yaml.safe_load((out / layout.COMPOSE_FILE).read_text())
+    compose = yaml.safe_load((out / COMPOSE_FILE).read_text())
     command = compose["services"]["openai"]["command"]
     assert command == openai_command(spec)
     args = _parser().parse_args(command[1:])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.workload import FIRST_TOKEN_ID, geometric_length, make_prefix_workload, make_workload
+from pipeline.bench.engine.workload import FIRST_TOKEN_ID, geometric_length, make_prefix_workload, make_workload
 from pipeline.stages.prepare import checkpoint_dir
 from tests.conftest import BUILD_CONFIGS, DEFAULT_MODEL
 
@@ -81,12 +81,12 @@ def built_default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 @pytest.mark.slow
 def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[Path, Path]) -> None:
-    from pipeline.bench.engine_bench import run_engine_bench
-    from pipeline.bench.report import render_markdown
+    from pipeline.bench.engine.bench import EngineBenchOptions, run_engine_bench
+    from pipeline.bench.engine.report import render_markdown
 
     engine_dir, hf_dir = built_default
     lines: list[str] = []
-    result = run_engine_bench(engine_dir, hf_dir, quick=True, progress=lines.append)
+    result = run_engine_bench(engine_dir, hf_dir, EngineBenchOptions(quick=True), progress=lines.append)
     json.loads(json.dumps(result))  # JSON-serialisable as is
     assert lines
 
@@ -146,7 +146,7 @@ def test_static_system_holds_each_batch_until_its_longest_request(built_default:
     row computed; the same outputs as (a)."""
     import torch
 
-    from pipeline.bench.systems import run_refengine
+    from pipeline.bench.engine.systems import run_refengine
     from refengine import LLMEngine
 
     engine_dir, _ = built_default

@@ -35,7 +35,8 @@ from pipeline.backends.engine_target import (
 from pipeline.backends.trtllm_versions import SUPPORTED_VERSIONS, version_for_image
 from pipeline.cli import main as cli_main
 from pipeline.config.spec import Spec
-from pipeline.deploy import layout, render_compose
+from pipeline.deploy import layout
+from pipeline.deploy.compose import render_compose
 from pipeline.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from pipeline.bench.load_bench import openai_overhead
-from pipeline.bench.load_report import plot_sweep, render_load_markdown
-from pipeline.bench.load_workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
+from pipeline.loadtest.report import plot_sweep, render_load_markdown
+from pipeline.loadtest.sweep import openai_overhead
+from pipeline.loadtest.workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
 from pipeline.cli import main
 from pipeline.errors import SpecError
 from tests.conftest import REPO
@@ -113,7 +113,7 @@ def test_markdown_table_and_plot(tmp_path):
 )
 def test_bad_bench_arguments_exit_2_with_the_reason(argv, message, capsys, tmp_path):
     try:
-        code = main(["--artifacts", str(tmp_path), "bench", "serve", str(REPO / "build_configs/tiny-cpu.yaml"), *argv])
+        code = main(["--artifacts", str(tmp_path), "bench", "load", str(REPO / "build_configs/tiny-cpu.yaml"), *argv])
     except SystemExit as exit_:  # argparse's own errors
         code = exit_.code
     assert code == 2
@@ -121,6 +121,6 @@ def test_bad_bench_arguments_exit_2_with_the_reason(argv, message, capsys, tmp_p
 
 
 def test_url_with_several_endpoints_is_refused(capsys, tmp_path):
-    code = main(["--artifacts", str(tmp_path), "bench", "serve", str(REPO / "build_configs/tiny-cpu.yaml"),
+    code = main(["--artifacts", str(tmp_path), "bench", "load", str(REPO / "build_configs/tiny-cpu.yaml"),
                  "--url", "127.0.0.1:1", "--endpoint", "grpc,http"])
     assert code == 2 and "--url measures one endpoint" in capsys.readouterr().err

@@ -3,12 +3,14 @@ preflight. The gate run against a real tritonserver is in tests/integration/test
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from pipeline.bench.slo import regression, regression_failures, threshold_failures
+from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 from pipeline.config.loader import load_config
 from pipeline.config.spec import PerformanceGateSpec
 from pipeline.errors import SpecError
@@ -132,3 +134,32 @@ def test_a_different_workload_is_not_compared():
     previous = {"digest": "abc", "workload": {"endpoint": "grpc", "concurrency": 8}, "point": point()}
     assert regression(point(), workload, previous) == {"comparable": False, "against": "abc", "why": "a different workload"}
     assert regression(point(), workload, None) is None
+
+
+def test_the_previous_report_is_the_newest_measured_one_the_store_holds(tmp_path):
+    from rich.console import Console
+
+    from pipeline.artifacts import ArtifactRef
+    from pipeline.plan import StagePlan
+    from pipeline.stages.base import StageContext
+    from pipeline.stages.slo import REPORT, previous_report
+
+    def stored(digest: str, created: str, report: dict | None) -> ArtifactRef:
+        path = tmp_path / f"slo-{digest}"
+        path.mkdir()
+        if report is not None:
+            (path / REPORT).write_text(json.dumps(report))
+        return ArtifactRef("slo", digest, path, {"created": created})
+
+    history = (
+        stored("a" * 16, "2026-01-01T00:00:00Z", {"verdict": "passed", "point": point(), "digest": "a" * 16}),
+        stored("b" * 16, "2026-01-02T00:00:00Z", {"verdict": "failed", "point": point(failed=1), "digest": "b" * 16}),
+        stored("c" * 16, "2026-01-03T00:00:00Z", {"verdict": "not measured", "workload": {}}),
+        stored("d" * 16, "2026-01-04T00:00:00Z", None),
+    )
+    ctx = StageContext(
+        spec=None, model=None, plan=StagePlan("slo", "e" * 16, {}, {}, {}, "slo"), upstream={}, out_dir=tmp_path,
+        console=Console(quiet=True), history=lambda: history,
+    )
+    assert previous_report(ctx) == {"verdict": "failed", "point": point(failed=1), "digest": "b" * 16, "created": "2026-01-02T00:00:00Z"}
+    assert previous_report(dataclasses.replace(ctx, history=lambda: ())) is None

@@ -248,3 +248,23 @@ def test_concurrent_commands_keep_each_others_hashes(tmp_path: Path) -> None:
     later.sha256(one)
     later.sha256(two)
     assert later.hashed_bytes == 0
+
+
+def test_history_lists_a_stages_verified_artifacts_of_every_digest_oldest_first(tmp_path: Path, config_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", "demo")
+    spec = load_config(config_path).spec
+    stages = [plan(spec, EnvFacts(tools={}, model_fingerprint=f"m{i}")).stage("build") for i in range(3)]
+    for stage, created in zip(stages, ("2026-01-03T00:00:00Z", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z")):
+        with store.create(stage, build_name="demo") as out:
+            (out / "engine.txt").write_text(stage.digest)
+        manifest = read_manifest(store.path_for(stage))
+        (store.path_for(stage) / MANIFEST).write_text(json.dumps({**manifest, "created": created}))
+    with store.create(_stage(config_path, "prepare"), build_name="demo") as out:
+        (out / "prepare.json").write_text("{}")
+    (store.build_dir / f".tmp-{stages[0].dirname}-1").mkdir()  # an interrupted run's
+    assert [ref.digest for ref in ArtifactStore(store.root, "demo").history("build")] == [stages[1].digest, stages[2].digest, stages[0].digest]
+    (store.path_for(stages[2]) / "engine.txt").write_text("changed")
+    history = ArtifactStore(store.root, "demo").history("build")
+    assert [ref.digest for ref in history] == [stages[1].digest, stages[0].digest]  # a changed artifact is left out
+    assert history[0].manifest["created"] == "2026-01-01T00:00:00Z" and history[0].stage == "build"
+    assert ArtifactStore(store.root, "other").history("build") == ()

@@ -1,4 +1,4 @@
-"""The quantize job's runners: quantize.device cuda on the engine target goes through the build runner.
+"""The quantize job through the container-job runners: quantize.device cuda on the engine target goes through the build runner.
 
 No GPU here: the docker command is checked exactly, the docker runner runs against a fake `docker`, the
 dry run is checked against what the docker runner would run, and the job module's main path runs on the
@@ -27,26 +27,25 @@ from pipeline.backends.quantize_job import (
     CalibrationRequest,
     QuantizeRequest,
 )
-from pipeline.backends.quantize_runners import (
+from pipeline.backends.container_jobs import DockerRunner, LocalRunner, RunnerUnavailable
+from pipeline.backends.quantize_dispatch import (
     SCRIPT_FILE,
-    DockerQuantizeRunner,
-    DryRunQuantizeRunner,
-    LocalQuantizeRunner,
     QuantizeJob,
     check_checkpoint_output,
-    make_quantize_runner,
-    package_dir,
+    container_job,
+    run_quantize,
 )
-from pipeline.backends.runners import RunnerUnavailable
 from pipeline.backends.trtllm_versions import get_version
 from pipeline.cli import main
 from pipeline.config.loader import load_config
 from pipeline.errors import StageError, ToolError
 from pipeline.preflight import preflight
 from pipeline.runner import make_plan, run_pipeline
+from pipeline.sources import package_dir
 from tests.conftest import BUILD_CONFIGS, DEFAULT_MODEL, REPO
 
 V121 = get_version("1.2.1")
+PIPELINE_DIR = package_dir("pipeline").resolve()  # mounted read-only into the container
 CALIB = REPO / "data" / "calibration" / "stdlib_calib.txt"
 # The default model on the engine target, quantized on cuda through the dry-run runner.
 TINY_FP8 = """\
@@ -98,10 +97,10 @@ def _job(tmp_path: Path, request: QuantizeRequest | None = None) -> QuantizeJob:
 # -- docker ---------------------------------------------------------------------------------------------
 def test_docker_command_is_exact(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    runner = DockerQuantizeRunner(gpus=(0, 1), shm_size="8g", uid=1000, gid=1001, source_dir=Path("/src/pipeline"))
+    runner = DockerRunner(gpus=(0, 1), shm_size="8g", uid=1000, gid=1001)
     art, hf = str(job.artifact_dir), str(job.request.hf_dir)
     a, b = (str(f) for f in job.request.calibration.files)
-    assert runner.command(job) == [
+    assert list(runner.command(container_job(job, source_dir=Path("/src/pipeline")))) == [
         "docker", "run", "--rm", "--gpus", '"device=0,1"', "--shm-size", "8g",
         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
         "-u", "1000:1001", "-e", "HOME=/tmp",
@@ -120,12 +119,12 @@ def test_docker_command_is_exact(tmp_path: Path) -> None:
 def test_docker_command_defaults(tmp_path: Path) -> None:
     """All GPUs, this user, our own package directory; no calibration mounts without calibration; files under the checkpoint mount once."""
     job = _job(tmp_path, _request(tmp_path, calibration=None))
-    command = DockerQuantizeRunner(image="registry.local/trtllm:1.2.1").command(job)
+    command = list(DockerRunner(image="registry.local/trtllm:1.2.1").command(container_job(job)))
     assert command[command.index("--gpus") + 1] == "all" and command[command.index("-u") + 1] == f"{os.getuid()}:{os.getgid()}"
-    assert f"{package_dir()}:/opt/trtllm-pipeline/pipeline:ro" in command and (package_dir() / "backends" / "quantize_job.py").is_file()
+    assert f"{PIPELINE_DIR}:/opt/trtllm-pipeline/pipeline:ro" in command and (PIPELINE_DIR / "backends" / "quantize_job.py").is_file()
     assert command.count("-v") == 3 and "registry.local/trtllm:1.2.1" in command
     inside = _request(tmp_path, calibration=CalibrationRequest((tmp_path / "prepare-abcd" / "calib.txt",), 8, 64, 8, 0))
-    assert DockerQuantizeRunner().command(_job(tmp_path, inside)).count("-v") == 3
+    assert DockerRunner().command(container_job(_job(tmp_path, inside))).count("-v") == 3
 
 
 def _fake_checkpoint(request: QuantizeRequest, *, quant_algo: str = "FP8") -> None:
@@ -152,20 +151,20 @@ def test_docker_runner_runs_the_job_and_checks_the_checkpoint(tmp_path: Path) ->
             _fake_checkpoint(job.request)
         return "28.2.2\n" if command[:2] == ["docker", "info"] else "done"
 
-    runner = DockerQuantizeRunner(which=lambda name: "/usr/bin/docker", run_command=fake, uid=1, gid=2)
-    outcome = runner.run(job)
+    runner = DockerRunner(which=lambda name: "/usr/bin/docker", run_command=fake, uid=1, gid=2)
+    outcome = run_quantize(job, runner)
     assert [c[:2] for c in calls] == [["docker", "info"], ["docker", "run"]]
-    assert list(outcome.command) == runner.command(job) == calls[1] and not outcome.dry_run
+    assert outcome.command == runner.command(container_job(job)) == tuple(calls[1]) == outcome.docker_command and not outcome.dry_run
     assert outcome.result["device"] == "cuda:0 (NVIDIA H200)" and outcome.log == "done"
     assert QuantizeRequest.read(job.work_dir / REQUEST_FILE) == job.request
-    assert f"#   {shlex.join(runner.command(job))}" in (job.work_dir / SCRIPT_FILE).read_text()
+    assert f"#   {shlex.join(outcome.command)}" in (job.work_dir / SCRIPT_FILE).read_text()
 
 
 def test_docker_runner_refuses_a_checkpoint_that_does_not_match(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    runner = DockerQuantizeRunner(which=lambda name: "/x/docker", run_command=lambda c, **_: _fake_checkpoint(job.request, quant_algo="W4A16_AWQ") or "1")
+    runner = DockerRunner(which=lambda name: "/x/docker", run_command=lambda c, **_: _fake_checkpoint(job.request, quant_algo="W4A16_AWQ") or "1")
     with pytest.raises(StageError, match=r"quantization\.quant_algo is 'W4A16_AWQ', the request asks for 'FP8'"):
-        runner.run(job)
+        run_quantize(job, runner)
     _fake_checkpoint(job.request)
     (job.request.output_dir / "rank1.safetensors").unlink()
     with pytest.raises(StageError, match=r"lacks rank1\.safetensors \(world size 2\)"):
@@ -179,9 +178,9 @@ def test_docker_runner_without_docker_refuses_before_writing(tmp_path: Path) -> 
         raise ToolError(command, 1, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?")
 
     with pytest.raises(RunnerUnavailable, match=r"docker is not installed"):
-        DockerQuantizeRunner(which=lambda name: None).run(job)
+        run_quantize(job, DockerRunner(which=lambda name: None))
     with pytest.raises(RunnerUnavailable, match=r"not reachable \(Cannot connect"):
-        DockerQuantizeRunner(which=lambda name: "/x/docker", run_command=failing).run(job)
+        run_quantize(job, DockerRunner(which=lambda name: "/x/docker", run_command=failing))
     assert not job.work_dir.exists()
 
 
@@ -189,17 +188,32 @@ def test_docker_runner_without_docker_refuses_before_writing(tmp_path: Path) -> 
 def test_local_runner_refuses_cuda_without_a_cuda_device(tmp_path: Path) -> None:
     job = _job(tmp_path)
     with pytest.raises(RunnerUnavailable) as info:
-        LocalQuantizeRunner(cuda_available=lambda: False).run(job)
+        run_quantize(job, LocalRunner(run_command=_no_command), cuda_available=lambda: False)
     assert "quantize.device is cuda with build.runner local, but torch sees no CUDA device" in info.value.message
     assert "--runner docker" in info.value.hint and not job.work_dir.exists()
 
 
-def test_make_quantize_runner_choices() -> None:
-    assert isinstance(make_quantize_runner("local"), LocalQuantizeRunner)
-    docker = make_quantize_runner("docker", gpus=[3], shm_size="16g")
-    assert isinstance(docker, DockerQuantizeRunner) and docker.gpus == (3,) and docker.shm_size == "16g"
-    dry = make_quantize_runner("dry-run", gpus=[3])
-    assert isinstance(dry, DryRunQuantizeRunner) and dry.docker.gpus == (3,)
+def test_local_runner_runs_the_job_in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No subprocess: the job's log goes to the stage's log; then the checkpoint and the result file are checked."""
+    job = _job(tmp_path)
+    seen = []
+
+    def run_job(request, *, log=None):
+        seen.append(request)
+        log("calibrating")
+        _fake_checkpoint(request)
+        return {}
+
+    monkeypatch.setattr("pipeline.backends.quantize_dispatch.run_job", run_job)
+    logged: list[str] = []
+    outcome = run_quantize(job, LocalRunner(run_command=_no_command), log=logged.append, cuda_available=lambda: True)
+    assert seen == [job.request] and logged == ["calibrating"] and (job.work_dir / SCRIPT_FILE).is_file()
+    assert outcome.command == job.argv and outcome.docker_command is None and outcome.result["device"] == "cuda:0 (NVIDIA H200)"
+    assert "docker run" not in (job.work_dir / SCRIPT_FILE).read_text()
+
+
+def _no_command(*_args, **_kwargs):
+    raise AssertionError("the local runner runs the quantize job in this process")
 
 
 # -- dry run --------------------------------------------------------------------------------------------
@@ -227,7 +241,7 @@ def test_dry_run_writes_the_script_and_request_the_docker_runner_would_run(tmp_p
     job = QuantizeJob("llama-3.1-8b-fp8", request, quantize, quantize, V121)
     assert shlex.split(lines[-1]) == list(job.argv) == ["python3", "-m", JOB_MODULE, "--request", str(quantize / REQUEST_FILE)]
     docker_line = lines[lines.index("# In that image, as `--runner docker` runs it:") + 1]
-    expected = DockerQuantizeRunner(gpus=(0,), shm_size="4g").command(job)  # deploy.gpus [0], deploy.shm_size 4g
+    expected = list(DockerRunner(gpus=(0,), shm_size="4g").command(container_job(job)))  # deploy.gpus [0], deploy.shm_size 4g
     assert shlex.split(docker_line.removeprefix("#   ")) == expected and expected[-len(job.argv):] == list(job.argv)
 
     record = json.loads((quantize / "quantize.json").read_text())
@@ -258,7 +272,7 @@ def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 def docker_engine(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """A reachable Docker engine, as far as the preflight can tell."""
     probes: list[str] = []
-    monkeypatch.setattr("pipeline.backends.runners.check_docker_engine", lambda which, run: probes.append("docker info") or "28.2.2")
+    monkeypatch.setattr("pipeline.backends.container_jobs.check_docker_engine", lambda which, run: probes.append("docker info") or "28.2.2")
     return probes
 
 
@@ -280,7 +294,7 @@ def test_preflight_cuda_with_docker_needs_a_docker_engine(no_cuda, monkeypatch: 
     def missing(which, run):
         raise RunnerUnavailable("docker is not installed (no `docker` on PATH)")
 
-    monkeypatch.setattr("pipeline.backends.runners.check_docker_engine", missing)
+    monkeypatch.setattr("pipeline.backends.container_jobs.check_docker_engine", missing)
     assert _issues("llama-3.1-8b-fp8", "build.runner=docker") == [
         "quantize.device cuda runs the quantize job with build.runner docker: docker is not installed (no `docker` on PATH)"
     ]
@@ -338,7 +352,7 @@ def test_the_job_module_runs_here_on_cpu_and_writes_what_the_in_process_path_wri
     quantize = dry["quantize"].ref.path
     argv = shlex.split((quantize / SCRIPT_FILE).read_text().splitlines()[-1])
     assert argv[:3] == ["python3", "-m", JOB_MODULE]
-    env = {**os.environ, "PYTHONPATH": str(package_dir().parent)}  # as in the container: our package on PYTHONPATH
+    env = {**os.environ, "PYTHONPATH": str(PIPELINE_DIR.parent)}  # as in the container: our package on PYTHONPATH
     done = subprocess.run([sys.executable, *argv[1:], "--device", "cpu"], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "device cpu instead of the request's cuda" in done.stderr

@@ -1,6 +1,6 @@
 """Rendering the Triton model repository: every config parses with Triton's protobuf schema, the
 two tensorrt_llm variants share one contract, every engine ↔ Triton check fails loudly with both
-values named, and the default config's configs match the golden files.
+values named, and the default config's configs (and contract.json files) match the golden files.
 
 Regenerate the golden files explicitly: `UPDATE_GOLDEN=1 pytest tests/unit/test_render.py`
 (or `--update-golden` where the option is registered in conftest.py).
@@ -25,8 +25,9 @@ from pipeline.config.spec import LookaheadSpec, SchedulerPolicy, ServeLoraSpec, 
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, check_consistency, render_model_repository
 from pipeline.render import contract
-from pipeline.render.llm_parameters import engine_parameters, gpu_device_id_groups
-from pipeline.render.engine_facts import engine_facts
+from pipeline.backends.llm_parameters import engine_parameters, gpu_device_id_groups
+from pipeline.backends.engine_facts import engine_facts
+from pipeline.render.contract_files import CONTRACT_FILE
 from pipeline.render.pbtxt import lint_config, pbtxt_string
 
 REPO = Path(__file__).resolve().parents[2]
@@ -321,20 +322,26 @@ def _update_golden(request) -> bool:
     return flag or os.environ.get("UPDATE_GOLDEN") == "1"
 
 
+def _golden_files(root: Path) -> dict[str, str]:
+    """Each model's config.pbtxt and contract.json, by path relative to the repository."""
+    paths = [*root.glob("*/config.pbtxt"), *root.glob(f"*/1/{CONTRACT_FILE}")]
+    return {path.relative_to(root).as_posix(): path.read_text() for path in sorted(paths)}
+
+
 def test_default_config_matches_golden_files(tmp_path, request):
     repository = render(tmp_path, config_paths=GOLDEN_PATHS)
-    rendered = {p.parent.name: p.read_text() for p in sorted(repository.glob("*/config.pbtxt"))}
+    rendered = _golden_files(repository)
     if _update_golden(request):
-        for model, text in rendered.items():
-            (GOLDEN / model).mkdir(parents=True, exist_ok=True)
-            (GOLDEN / model / "config.pbtxt").write_text(text)
+        for name, text in rendered.items():
+            (GOLDEN / name).parent.mkdir(parents=True, exist_ok=True)
+            (GOLDEN / name).write_text(text)
         pytest.skip(f"golden files rewritten in {GOLDEN}")
-    golden = {p.parent.name: p.read_text() for p in sorted(GOLDEN.glob("*/config.pbtxt"))}
-    assert sorted(golden) == sorted(rendered), f"golden models differ; regenerate with UPDATE_GOLDEN=1 ({GOLDEN})"
-    for model, text in rendered.items():
-        if text != golden[model]:
-            diff = "".join(difflib.unified_diff(golden[model].splitlines(True), text.splitlines(True), f"golden/{model}", f"rendered/{model}"))
-            pytest.fail(f"{model}/config.pbtxt differs from the golden file; if intended, regenerate with UPDATE_GOLDEN=1\n{diff}")
+    golden = _golden_files(GOLDEN)
+    assert sorted(golden) == sorted(rendered), f"golden files differ; regenerate with UPDATE_GOLDEN=1 ({GOLDEN})"
+    for name, text in rendered.items():
+        if text != golden[name]:
+            diff = "".join(difflib.unified_diff(golden[name].splitlines(True), text.splitlines(True), f"golden/{name}", f"rendered/{name}"))
+            pytest.fail(f"{name} differs from the golden file; if intended, regenerate with UPDATE_GOLDEN=1\n{diff}")
 
 
 # -- engine ↔ Triton consistency ----------------------------------------------------------------
@@ -572,7 +579,7 @@ def test_package_stage_writes_the_repository(tmp_path):
 def model_code(monkeypatch):
     monkeypatch.syspath_prepend(str(MODEL_CODE))
     yield
-    for name in ("incremental_detokenizer", "word_lists", "llm_request", "llm_response", "client_contract", "hf_tokenizer"):
+    for name in ("incremental_detokenizer", "word_lists", "llm_request", "llm_response", "client_contract", "model_contract", "hf_tokenizer"):
         sys.modules.pop(name, None)
 
 
@@ -770,16 +777,6 @@ def test_llm_request_errors_name_the_contract_input(model_code, values, decouple
     with pytest.raises(ContractError) as raised:
         parse_request(arrays, exclude_input_default=True, decoupled=decoupled)
     assert message in str(raised.value)
-
-
-def test_bls_wiring_equals_the_ensemble_wiring(model_code):
-    import client_contract
-
-    assert client_contract.CLIENT_TO_PREPROCESSING == contract.CLIENT_TO_PREPROCESSING
-    assert client_contract.PREPROCESSING_TO_LLM == contract.PREPROCESSING_TO_LLM
-    assert client_contract.CLIENT_TO_LLM == contract.CLIENT_TO_LLM
-    assert client_contract.LLM_TO_CLIENT == contract.LLM_TO_CLIENT
-    assert client_contract.LORA_CLIENT_TO_LLM == contract.LORA_CLIENT_TO_LLM
 
 
 def test_the_bls_names_a_figure_its_llm_model_did_not_return(model_code):

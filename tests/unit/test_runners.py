@@ -1,4 +1,5 @@
-"""Build runners: docker refuses cleanly without an engine, local needs trtllm-build, dry-run needs no weights."""
+"""trtllm-build through the container-job runners: docker refuses cleanly without an engine, local needs
+trtllm-build, dry-run needs no weights; every docker run gets the one flag set (no network)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.backends.runners import (
-    DRY_RUN_FILE,
+from pipeline.backends.build_job import DRY_RUN_FILE, build_job, is_dry_run, run_build
+from pipeline.backends.container_jobs import (
     DockerRunner,
     DryRunRunner,
     LocalRunner,
     RunnerUnavailable,
-    is_dry_run,
     make_runner,
 )
 from pipeline.backends.trtllm_build import SCRIPT_FILE, plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version
 from pipeline.config.loader import load_config
 from pipeline.errors import SpecError, StageError, ToolError
-from pipeline.render.engine_facts import engine_facts
+from pipeline.backends.engine_facts import engine_facts
 from tests.conftest import BUILD_CONFIGS
 
 V121 = get_version("1.2.1")
@@ -67,7 +67,7 @@ def test_docker_runner_refuses_here_without_an_engine(tmp_path):
             pytest.skip("a Docker engine is reachable on this machine")
         expected = "the Docker engine is not reachable"
     with pytest.raises(RunnerUnavailable, match=expected) as info:
-        runner.run(build)
+        run_build(build, runner)
     assert "--runner dry-run" in info.value.hint
     assert not build.output_dir.exists()
 
@@ -75,7 +75,7 @@ def test_docker_runner_refuses_here_without_an_engine(tmp_path):
 def test_docker_runner_without_client(tmp_path):
     runner = DockerRunner(which=lambda name: None, run_command=_fail)
     with pytest.raises(RunnerUnavailable, match=r"docker is not installed \(no `docker` on PATH\)"):
-        runner.run(_build(tmp_path))
+        run_build(_build(tmp_path), runner)
 
 
 def test_docker_runner_names_the_engine_error(tmp_path):
@@ -84,12 +84,12 @@ def test_docker_runner_names_the_engine_error(tmp_path):
 
     runner = DockerRunner(which=lambda name: "/usr/bin/docker", run_command=unreachable)
     with pytest.raises(RunnerUnavailable, match=r"not reachable \(Cannot connect to the Docker daemon"):
-        runner.run(_build(tmp_path))
+        run_build(_build(tmp_path), runner)
 
 
 def test_docker_command_pins_the_image_and_mounts(tmp_path):
     build = _build(tmp_path, "llama-3.3-70b-fp8-tp2")
-    command = DockerRunner(gpus=(0, 1), shm_size="8g", uid=1000, gid=1001).command(build)
+    command = list(DockerRunner(gpus=(0, 1), shm_size="8g", uid=1000, gid=1001).command(build_job(build)))
     text = shlex.join(command)
     assert command[:3] == ["docker", "run", "--rm"]
     assert "--gpus '\"device=0,1\"'" in text and "--shm-size 8g" in text
@@ -99,8 +99,19 @@ def test_docker_command_pins_the_image_and_mounts(tmp_path):
     assert command[image_at + 1:] == list(build.argv)
 
 
+def test_docker_build_runs_without_network_like_the_quantize_job(tmp_path):
+    """One flag set for every job: trtllm-build reads only mounted files (trtllm.md §1.1), so no network either."""
+    build = _build(tmp_path)
+    command = list(DockerRunner(uid=1000, gid=1000).command(build_job(build)))
+    assert command[:15] == [
+        "docker", "run", "--rm", "--gpus", "all", "--shm-size", "2g", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-u", "1000:1000", "-e", "HOME=/tmp",
+    ]
+    assert command[15:17] == ["--network", "none"] and command[command.index("-w") + 1] == str(build.output_dir)
+
+
 def test_docker_command_defaults_to_all_gpus_and_accepts_an_image(tmp_path):
-    command = DockerRunner(image="registry.local/trtllm:1.2.1").command(_build(tmp_path))
+    command = list(DockerRunner(image="registry.local/trtllm:1.2.1").command(build_job(_build(tmp_path))))
     assert command[command.index("--gpus") + 1] == "all" and "registry.local/trtllm:1.2.1" in command
 
 
@@ -115,7 +126,7 @@ def test_docker_runner_runs_the_command_when_the_engine_answers(tmp_path):
             _fake_engine(build)
         return "28.2.2\n" if command[:2] == ["docker", "info"] else "built"
 
-    outcome = DockerRunner(which=lambda name: "/usr/bin/docker", run_command=fake).run(build)
+    outcome = run_build(build, DockerRunner(which=lambda name: "/usr/bin/docker", run_command=fake))
     assert [c[:2] for c in calls] == [["docker", "info"], ["docker", "run"]]
     assert not outcome.dry_run and outcome.log == "built" and (build.output_dir / "build_config.json").is_file()
 
@@ -130,14 +141,14 @@ def _fake_engine(build, version="1.2.1"):
 
 def test_local_runner_needs_trtllm_build_on_path(tmp_path):
     with pytest.raises(RunnerUnavailable, match="trtllm-build is not on PATH"):
-        LocalRunner(which=lambda name: None, run_command=_fail).run(_build(tmp_path))
+        run_build(_build(tmp_path), LocalRunner(which=lambda name: None, run_command=_fail))
 
 
 def test_local_runner_needs_the_weights(tmp_path):
     build = _build(tmp_path)
     _write_checkpoint(build, ranks=False)
     with pytest.raises(RunnerUnavailable, match=r"lacks rank0\.safetensors"):
-        LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail).run(build)
+        run_build(build, LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail))
 
 
 def test_local_runner_runs_the_exact_argv_through_the_seam(tmp_path):
@@ -150,7 +161,7 @@ def test_local_runner_runs_the_exact_argv_through_the_seam(tmp_path):
         _fake_engine(build)
         return "ok"
 
-    outcome = LocalRunner(which=lambda name: "/x/trtllm-build", run_command=fake).run(build)
+    outcome = run_build(build, LocalRunner(which=lambda name: "/x/trtllm-build", run_command=fake))
     assert seen["command"] == list(build.argv) and seen["cwd"] == build.output_dir
     assert json.loads(build.build_config_path.read_text()) == build.build_config
     assert outcome.engine_dir == build.output_dir and not outcome.dry_run
@@ -161,20 +172,20 @@ def test_local_runner_refuses_an_engine_of_another_version(tmp_path):
     _write_checkpoint(build)
     runner = LocalRunner(which=lambda name: "/x/trtllm-build", run_command=lambda command, **_: _fake_engine(build, "1.1.0") or "")
     with pytest.raises(StageError, match="built by TensorRT-LLM 1.1.0, but the build pins 1.2.1"):
-        runner.run(build)
+        run_build(build, runner)
 
 
 def test_checkpoint_of_another_format_is_refused(tmp_path):
     build = _build(tmp_path)
     _write_checkpoint(build, quant_algo="W4A16_AWQ", kv=None)
     with pytest.raises(StageError, match=r"quantization\.quant_algo is 'W4A16_AWQ', the build expects 'FP8'"):
-        LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail).run(build)
+        run_build(build, LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail))
 
 
 # -- dry run --------------------------------------------------------------------------------------------
 def test_dry_run_needs_no_weights(tmp_path):
     build = _build(tmp_path, "llama-3.3-70b-fp8-tp2")
-    outcome = DryRunRunner().run(build)
+    outcome = run_build(build, DryRunRunner())
     assert outcome.dry_run and is_dry_run(build.output_dir)
     files = {p.name for p in build.output_dir.iterdir()}
     assert files == {"config.json", "build_config.json", SCRIPT_FILE, DRY_RUN_FILE}
@@ -193,7 +204,7 @@ def test_dry_run_needs_no_weights(tmp_path):
 
 def test_dry_run_engine_config_reads_like_an_engine(tmp_path):
     build = _build(tmp_path, "mistral-7b-int8-sq")
-    DryRunRunner().run(build)
+    run_build(build, DryRunRunner())
     facts = engine_facts(json.loads((build.output_dir / "config.json").read_text()))
     assert (facts.version, facts.quant_algo, facts.max_batch_size, facts.max_seq_len) == ("1.2.1", "W8A8_SQ_PER_CHANNEL", 64, 8192)
     assert facts.use_paged_context_fmha and facts.tokens_per_block == 32 and not facts.built_by_refengine
@@ -202,14 +213,14 @@ def test_dry_run_engine_config_reads_like_an_engine(tmp_path):
 def test_dry_run_prefers_the_checkpoint_config(tmp_path):
     build = _build(tmp_path)
     _write_checkpoint(build, ranks=False)
-    DryRunRunner().run(build)
+    run_build(build, DryRunRunner())
     assert json.loads((build.output_dir / "config.json").read_text())["pretrained_config"]["vocab_size"] == 128256
     assert json.loads((build.output_dir / DRY_RUN_FILE).read_text())["pretrained_config_from"] == "checkpoint config.json"
 
 
 def test_dry_run_script_is_executable_bash_with_the_argv(tmp_path):
     build = _build(tmp_path)
-    DryRunRunner().run(build)
+    run_build(build, DryRunRunner())
     script = build.output_dir / SCRIPT_FILE
     assert script.stat().st_mode & stat.S_IXUSR
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
@@ -221,6 +232,8 @@ def test_make_runner_choices(tmp_path):
     assert isinstance(make_runner("dry-run"), DryRunRunner) and isinstance(make_runner("local"), LocalRunner)
     runner = make_runner("docker", gpus=[1], shm_size="4g")
     assert isinstance(runner, DockerRunner) and runner.gpus == (1,) and runner.uid == os.getuid()
+    dry = make_runner("dry-run", gpus=[3], shm_size="16g")
+    assert dry.dry_run and dry.docker.gpus == (3,) and dry.docker.shm_size == "16g"  # the command a dry run's script names
     with pytest.raises(SpecError, match="build runner 'ssh' is not one of local, docker, dry-run"):
         make_runner("ssh")
 
@@ -229,7 +242,7 @@ def test_make_runner_choices(tmp_path):
 def test_docker_command_mounts_the_lora_adapters_read_only(tmp_path):
     build = _build(tmp_path, "llama-3.1-8b-fp8-lora")
     [adapter] = build.settings.lora_dirs
-    text = shlex.join(DockerRunner(uid=1000, gid=1000).command(build))
+    text = shlex.join(list(DockerRunner(uid=1000, gid=1000).command(build_job(build))))
     assert f"-v {adapter}:{adapter}:ro" in text and f"--lora_dir {adapter}" in text
 
 
@@ -237,18 +250,18 @@ def test_real_runners_need_the_adapter_weights(tmp_path):
     build = _build(tmp_path, "llama-3.1-8b-fp8-lora")  # the example adapter has only adapter_config.json
     _write_checkpoint(build)
     with pytest.raises(RunnerUnavailable, match=r"LoRA adapter .*llama-3.1-8b-lora-example lacks adapter_model\.safetensors"):
-        LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail).run(build)
+        run_build(build, LocalRunner(which=lambda name: "/x/trtllm-build", run_command=_fail))
 
 
 def test_dry_run_records_the_engine_as_trtllm_build_would(tmp_path):
     lora = _build(tmp_path / "lora", "llama-3.1-8b-fp8-lora")
-    DryRunRunner().run(lora)
+    run_build(lora, DryRunRunner())
     facts = engine_facts(json.loads((lora.output_dir / "config.json").read_text()))
     assert facts.lora_plugin == "bfloat16" and facts.max_lora_rank == 32 and facts.lora_target_modules == ("attn_q", "attn_k", "attn_v", "attn_dense")
     assert json.loads((lora.output_dir / "config.json").read_text())["build_config"]["lora_config"]["lora_dir"] == ["lora/0"]
     assert json.loads((lora.output_dir / DRY_RUN_FILE).read_text())["missing"] == ["rank0.engine", "lora/0/"]
     lookahead = _build(tmp_path / "lookahead", "llama-3.1-8b-fp8-lookahead")
-    DryRunRunner().run(lookahead)
+    run_build(lookahead, DryRunRunner())
     facts = engine_facts(json.loads((lookahead.output_dir / "config.json").read_text()))
     assert (facts.speculative_decoding_mode, facts.max_draft_len, facts.max_seq_len, facts.usable_seq_len) == ("lookahead_decoding", 15, 8207, 8192)
     assert json.loads((lookahead.output_dir / "build_config.json").read_text())["max_seq_len"] == 8192  # trtllm-build adds the 15

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.serve_bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, run_serve_bench
-from pipeline.bench.serve_report import render_serve_markdown
+from pipeline.bench.overhead.bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, OverheadOptions, run_serve_bench
+from pipeline.bench.overhead.report import render_serve_markdown
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import leaks
 
@@ -41,7 +41,8 @@ def _quick(package, **overrides) -> dict:
     settings = dict(requests=4, warmup=1, stream_tokens=8, stream_requests=2, stream_warmup=1, rounds=2, stream_rounds=2)
     settings.update(overrides)
     # The deploy spec's ports are the defaults (8000-8002); the bench must not use them.
-    result = run_serve_bench(package["repo"], package["engine"], package["tokenizer"], DeploySpec(), progress=lines.append, **settings)
+    options = OverheadOptions(**settings)
+    result = run_serve_bench(package["repo"], package["engine"], package["tokenizer"], DeploySpec(), options, progress=lines.append)
     assert lines and any("ready" in line for line in lines)
     return result
 

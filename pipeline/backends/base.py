@@ -1,0 +1,112 @@
+"""The target backend interface: every fact and operation that differs between build targets.
+
+One module per target implements it (`cpu.py`, `engine_target.py`, `llmapi_target.py`), and
+`registry.backend_for(target)` hands it out; callers ask the backend instead of comparing targets.
+Adding a target is a `Target` member, its traits (`pipeline/config/targets.py`), its module and one
+registry line. Implementations import what is heavy (refengine, TensorRT-LLM tooling) inside their
+methods: `validate` and `plan` go through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from pipeline.backends.engine_facts import EngineFacts
+from pipeline.config.model_checks import Issue
+from pipeline.config.model_info import ModelInfo
+from pipeline.config.spec import ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.targets import TargetTraits
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """What a target's build reads and where it writes its engine directory."""
+
+    spec: Spec
+    model: ModelInfo
+    checkpoint_dir: Path  # the quantize stage's TensorRT-LLM checkpoint
+    engine_dir: Path  # written now (inside the stage's temporary directory)
+    final_engine_dir: Path  # where it will live once the stage succeeds: a dry run's command names it
+    log: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RuntimeAbilities:
+    """What the runtime behind the `tensorrt_llm` model runs, for the engine ↔ Triton checks (trtllm.md §4.9)."""
+
+    name: str  # as the consistency messages call it
+    runs_refengine_engines: bool  # engines written by the cpu build (version 'refengine-…'), else by trtllm-build
+    other_engine_kind: str  # why an engine of the other kind cannot run here
+    weight_suffix: str  # the engine directory holds rank{N}<weight_suffix>
+    lora: bool
+    speculative_decoding: bool
+    beam_search: bool
+    multiple_ranks: bool
+    gpu_device_ids: bool  # instances × ranks are placed on deploy.gpus (the backend's gpu_device_ids)
+
+
+@dataclass(frozen=True)
+class TritonLlmModel:
+    """The `tensorrt_llm` model a target renders: Triton's Python backend running our model code, or a C++ backend."""
+
+    template: str  # its config.pbtxt template in model_repo/templates
+    # (model code, helper modules) in model_repo/python, copied into 1/; None: a C++ backend, 1/ stays empty
+    code: tuple[str, tuple[str, ...]] | None
+    returns_preceding_ids: bool  # the context tokens the postprocessing's incremental detokenizer needs
+    always_context_logits: bool  # context logits without an engine built with gather_context_logits
+    runtime: RuntimeAbilities
+
+
+@dataclass(frozen=True)
+class ComposeFacts:
+    """How a docker compose deployment runs the target's Triton (for pipeline/deploy)."""
+
+    profile: str  # the compose profile of its services
+    health_start_period: str  # before failed health checks count: loading an engine can take minutes
+    # the image is built from the rendered Dockerfile with this project installed (so it can run the OpenAI
+    # front end too); otherwise it is `server_image` as published
+    image_has_project: bool
+    checks_engine_in_container: bool  # the entrypoint checks the engine against the image's TensorRT-LLM and GPUs
+    reserves_gpus: bool
+
+
+# (engine directory, build manifest notes) of the built engine, or None before a build
+BuiltEngine = Callable[[], tuple[Path, Mapping[str, Any]] | None]
+
+
+class TargetBackend(Protocol):
+    target: Target
+    traits: TargetTraits  # what the spec and the plan know of it
+    serves_here: bool  # its Triton runs on this machine (serve, generate, openai, bench serve, the performance gate)
+    llm_model: TritonLlmModel | None  # None: no Triton model repository in this version
+    compose: ComposeFacts | None  # None: no docker compose deployment in this version
+
+    def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:
+        """What refuses the build before any stage runs."""
+        ...
+
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        """Write the engine directory; returns the notes for the build manifest."""
+        ...
+
+    def llm_parameters(
+        self,
+        facts: EngineFacts,
+        serve: ServeSpec,
+        *,
+        engine_dir: str,
+        gpu_device_ids: Sequence[int],
+        speculative: SpeculativeSpec | None,
+    ) -> dict[str, str]:
+        """The `parameters` of its `tensorrt_llm` model."""
+        ...
+
+    def server_image(self, spec: Spec) -> tuple[str, str] | None:
+        """(reference, note) of the published Triton image it serves with; None when the image is built from this project."""
+        ...
+
+    def check_serving_host(self, spec: Spec, built: BuiltEngine) -> None:
+        """Refuse to serve here an engine this machine's runtime cannot run (raises)."""
+        ...

@@ -1,0 +1,251 @@
+"""Where the quantize job runs: in this process, or, for the engine target with `quantize.device: cuda`,
+through the build runner (pipeline.backends.container_jobs) as a container job:
+
+* `local`: in this process, on this host's GPU (refused when torch sees no CUDA device);
+* `docker`: `python3 -m pipeline.backends.quantize_job` in the version profile's pinned Triton TRT-LLM
+  image, with this project's `pipeline/` package mounted read-only on PYTHONPATH, the prepared HF
+  checkpoint and the calibration files mounted read-only, the artifact directory read-write (and the
+  runner's GPUs, shm, ulimits, user and no network);
+* `dry-run`: nothing runs; `quantize.sh` and the request are written for a GPU host.
+
+Every runner writes `quantize_request.json` and `quantize.sh` into the artifact first. After a real job
+the checkpoint it wrote is checked (config.json quantization and mapping, one rank file per rank), as the
+build job checks an engine directory. Otherwise (quantize.device cpu, or another target) the quantize
+stage calls `quantize_job.run_job` in its own process and writes neither file.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.backends.container_jobs import ContainerJob, JobRunner, Mount, RunnerUnavailable, Which
+from pipeline.backends.quantize_job import (
+    JOB_MODULE,
+    REQUEST_FILE,
+    RESULT_FILE,
+    CalibrationRequest,
+    QuantizeRequest,
+    run_job,
+)
+from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
+from pipeline.backends.trtllm_versions import TrtllmVersion, get_version
+from pipeline.config.format_rules import needs_calibration
+from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
+from pipeline.config.targets import traits_of
+from pipeline.errors import StageError
+from pipeline.sources import package_dir
+
+SCRIPT_FILE = "quantize.sh"
+CHECKPOINT_DIR = "trtllm_checkpoint"
+UNIFIED_HF_DIR = "hf_checkpoint"  # for the llmapi target (TensorRT-LLM's PyTorch backend)
+CONTAINER_SOURCE = "/opt/trtllm-pipeline"  # PYTHONPATH in the container; the `pipeline` package is mounted below it
+IN_PROCESS = "in-process"
+
+
+def quantize_route(spec: Spec) -> str:
+    """`in-process` (this process, on quantize.device), or the build runner kind that runs the quantize job.
+
+    A dry run never calibrates; the engine target on cuda goes through build.runner; everything else
+    (quantize.device cpu, the cpu and llmapi targets) runs in this process.
+    """
+    if spec.dry_run:
+        return BuildRunnerKind.dry_run.value
+    if traits_of(spec.build.target).builds_through_runner and spec.quantize.device is QuantDevice.cuda:
+        return spec.build.runner.value
+    return IN_PROCESS
+
+
+def request_from_spec(spec: Spec, hf_dir: Path, artifact_dir: Path, *, result_file: bool) -> QuantizeRequest:
+    """The job's request, with every path absolute under `artifact_dir` (the directory the job will see)."""
+    from pipeline.calibration import calibration_files
+
+    quantize = spec.quantize
+    calibration = None
+    if needs_calibration(quantize):
+        c = quantize.calibration
+        files = tuple(f.resolve() for f in calibration_files(c))
+        calibration = CalibrationRequest(files, c.num_samples, c.max_seq_len, c.batch_size, c.seed)
+    artifact_dir = Path(artifact_dir).resolve()
+    return QuantizeRequest(
+        hf_dir=Path(hf_dir).resolve(),
+        output_dir=artifact_dir / CHECKPOINT_DIR,
+        dtype=spec.model.dtype.value,
+        tp_size=spec.build.tp_size,
+        pp_size=spec.build.pp_size,
+        algo=quantize.algo.value,
+        kv_cache=quantize.kv_cache.value,
+        group_size=quantize.group_size,
+        device=quantize.device.value,
+        calibration=calibration,
+        unified_hf_dir=artifact_dir / UNIFIED_HF_DIR if traits_of(spec.build.target).exports_unified_hf else None,
+        result_file=artifact_dir / RESULT_FILE if result_file else None,
+    )
+
+
+@dataclass(frozen=True)
+class QuantizeJob:
+    """A request, where the job will read it (`artifact_dir`), and where its files are written now (`work_dir`).
+
+    They differ for a dry run: the files name the final artifact directory, to be run later on a GPU host.
+    """
+
+    name: str
+    request: QuantizeRequest
+    artifact_dir: Path
+    work_dir: Path
+    version: TrtllmVersion
+
+    @property
+    def request_path(self) -> Path:
+        return self.artifact_dir / REQUEST_FILE
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return ("python3", "-m", JOB_MODULE, "--request", str(self.request_path))
+
+
+@dataclass(frozen=True)
+class QuantizeOutcome:
+    dry_run: bool
+    command: tuple[str, ...]  # what ran, or would run
+    result: dict[str, Any] | None  # the job's result (None for a dry run)
+    log: str = ""
+    docker_command: tuple[str, ...] | None = None  # the `docker run` of the docker runner (docker, and dry run on cuda)
+
+
+def job_for(spec: Spec, request: QuantizeRequest, artifact_dir: Path, work_dir: Path) -> QuantizeJob:
+    return QuantizeJob(spec.name, request, Path(artifact_dir), Path(work_dir), get_version(spec.build.trtllm_version))
+
+
+def run_quantize(
+    job: QuantizeJob,
+    runner: JobRunner,
+    *,
+    log: Callable[[str], None] | None = None,
+    cuda_available: Callable[[], bool] | None = None,
+    source_dir: Path | None = None,
+) -> QuantizeOutcome:
+    """Write the request and `quantize.sh`, run the job through `runner` (unless a dry run), check what it wrote."""
+    container = container_job(job, log=log, cuda_available=cuda_available, source_dir=source_dir)
+    # A dry run of a cpu-device job names no `docker run`: that job runs in this process.
+    docker_command = None if runner.dry_run and job.request.device != "cuda" else runner.docker_command(container)
+    if runner.dry_run:
+        write_job_inputs(job, docker_command)
+        return QuantizeOutcome(True, job.argv, None, docker_command=docker_command)
+    runner.check(container)
+    write_job_inputs(job, docker_command)
+    output = runner.run(container)
+    check_checkpoint_output(job.request)
+    return QuantizeOutcome(False, runner.command(container), read_result(job.request), output, docker_command)
+
+
+def container_job(
+    job: QuantizeJob,
+    *,
+    log: Callable[[str], None] | None = None,
+    cuda_available: Callable[[], bool] | None = None,
+    source_dir: Path | None = None,
+) -> ContainerJob:
+    """The job as NVIDIA's image runs it (which ships torch, transformers and ModelOpt), or this process on its GPU."""
+    return ContainerJob(
+        argv=job.argv,
+        image=job.version.image,
+        work_dir=job.artifact_dir,
+        mounts=_mounts(job, source_dir or package_dir("pipeline").resolve()),
+        env=(("PYTHONPATH", CONTAINER_SOURCE), ("PYTHONDONTWRITEBYTECODE", "1"), ("HF_HUB_OFFLINE", "1")),
+        check_host=partial(_check_cuda_here, job.request, cuda_available or _torch_cuda_available),
+        run_here=partial(run_job, job.request, log=log),
+    )
+
+
+def _mounts(job: QuantizeJob, source_dir: Path) -> tuple[Mount, ...]:
+    """Our package, the HF checkpoint, the calibration files (unless under an earlier mount), the artifact."""
+    r = job.request
+    inputs = [Mount(r.hf_dir, r.hf_dir)]
+    for path in r.calibration.files if r.calibration is not None else ():
+        if not any(path == m.host or str(path).startswith(f"{m.host}/") for m in inputs):
+            inputs.append(Mount(path, path))
+    return (Mount(source_dir, Path(CONTAINER_SOURCE) / "pipeline"), *inputs, Mount(job.artifact_dir, job.artifact_dir, read_only=False))
+
+
+def _check_cuda_here(request: QuantizeRequest, cuda_available: Callable[[], bool], which: Which) -> None:
+    if request.device == "cuda" and not cuda_available():
+        raise RunnerUnavailable(
+            "quantize.device is cuda with build.runner local, but torch sees no CUDA device on this host",
+            hint="run on a GPU host, use --runner docker (the GPU is in the container) or --runner dry-run, or set quantize.device: cpu",
+        )
+
+
+def _torch_cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+# -- the job's files ------------------------------------------------------------------------------------
+def write_job_inputs(job: QuantizeJob, docker_command: Sequence[str] | None = None) -> None:
+    """`quantize_request.json` and `quantize.sh` (the exact command) in the artifact directory."""
+    job.work_dir.mkdir(parents=True, exist_ok=True)
+    job.request.write(job.work_dir / REQUEST_FILE)
+    script = job.work_dir / SCRIPT_FILE
+    script.write_text(render_script(job, docker_command), encoding="utf-8")
+    script.chmod(0o755)
+
+
+def render_script(job: QuantizeJob, docker_command: Sequence[str] | None = None) -> str:
+    r, v = job.request, job.version
+    lines = [
+        "#!/usr/bin/env bash",
+        (f"# quantize job for {job.name}: {r.algo} weights, {r.kv_cache} KV cache, calibrated on {r.device}; "
+         f"TensorRT-LLM checkpoint (tp={r.tp_size}, pp={r.pp_size}) for TensorRT-LLM {v.version}"),
+        f"# request: {job.request_path}",
+        "# rendered by trtllm-pipeline. Needs this project's pipeline/ package importable, with torch (CUDA),",
+        "# transformers and nvidia-modelopt < 0.49, as in NVIDIA's image:",
+        f"#   {v.image}",
+    ]
+    if docker_command is not None:
+        lines += ["# In that image, as `--runner docker` runs it:", f"#   {shlex.join(docker_command)}"]
+    lines += ["set -euo pipefail", shlex.join(job.argv)]
+    return "\n".join(lines) + "\n"
+
+
+def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
+    """After a real job: config.json with the requested quantization and mapping, and one rank file per rank."""
+    path = request.output_dir / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StageError(f"the quantize job finished but {path} is missing or unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise StageError(f"the quantize job finished but {path} is not a JSON object")
+    quant, mapping = config.get("quantization") or {}, config.get("mapping") or {}
+    found = {
+        "quantization.quant_algo": (quant.get("quant_algo"), TRTLLM_QUANT_ALGO[request.algo]),
+        "quantization.kv_cache_quant_algo": (quant.get("kv_cache_quant_algo"), TRTLLM_KV_QUANT_ALGO[request.kv_cache]),
+        "mapping.tp_size": (mapping.get("tp_size"), request.tp_size),
+        "mapping.pp_size": (mapping.get("pp_size"), request.pp_size),
+    }
+    wrong = [f"{key} is {got!r}, the request asks for {want!r}" for key, (got, want) in found.items() if got != want]
+    if wrong:
+        raise StageError(f"the quantize job wrote {path} that does not match its request: " + "; ".join(wrong))
+    world = request.tp_size * request.pp_size
+    missing = [f"rank{r}.safetensors" for r in range(world) if not (request.output_dir / f"rank{r}.safetensors").is_file()]
+    if missing:
+        raise StageError(f"the quantize job finished but {request.output_dir} lacks {', '.join(missing)} (world size {world})")
+    return config
+
+
+def read_result(request: QuantizeRequest) -> dict[str, Any]:
+    try:
+        result = json.loads(Path(request.result_file).read_text(encoding="utf-8"))
+    except (OSError, TypeError, ValueError) as exc:
+        raise StageError(f"the quantize job finished but its result {request.result_file} is missing or unreadable ({exc})") from None
+    if not isinstance(result, dict) or not isinstance(result.get("quantization"), dict):
+        raise StageError(f"{request.result_file}: not a quantize job result")
+    return result

@@ -1,0 +1,20 @@
+"""The backend of each build target, imported when first asked for (some pull in TensorRT-LLM tooling)."""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+
+from pipeline.backends.base import TargetBackend
+from pipeline.config.spec import Target
+
+_MODULES: dict[Target, str] = {
+    Target.engine: "pipeline.backends.engine_target",
+    Target.cpu: "pipeline.backends.cpu",
+    Target.llmapi: "pipeline.backends.llmapi_target",
+}
+
+
+@lru_cache(maxsize=None)
+def backend_for(target: Target) -> TargetBackend:
+    return importlib.import_module(_MODULES[Target(target)]).BACKEND

@@ -1,0 +1,2 @@
+"""The soak (`bench soak`): chaos traffic against the served model for a while, then proof that
+nothing broke. Nothing is imported here."""
