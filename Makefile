@@ -8,7 +8,7 @@ CONFIG ?= build_configs/tiny-cpu.yaml
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test bench venv schema clean
+.PHONY: demo test lint bench venv schema clean
 
 demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
@@ -26,8 +26,13 @@ demo: $(STAMP)
 	$(CLI) stop $(CONFIG) || status=$$?; \
 	exit $$status
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
+
+# The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter]); `make test` runs them first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline clients refengine model_repo scripts tests
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(CLI) bench engine $(CONFIG)

@@ -56,9 +56,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except ValidationError as exc:
         raise SpecError(_format_validation_errors(exc, source_map)) from None
     model, issues = inspect_model(spec)
-    if issues:
+    if issues or model is None:  # inspect_model returns issues whenever it has no model
         raise SpecError(format_issues(issues, source_map))
-    assert model is not None  # inspect_model returns issues whenever it has no model
     return LoadedConfig(spec=spec, path=path, model=model, source_map=source_map)
 
 

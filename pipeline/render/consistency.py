@@ -200,12 +200,11 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
             f"but build.speculative.mode is {spec_mode or 'absent'}: Triton's decoding_mode ({decoding_mode(facts)}) and "
             "its lookahead parameters come from build.speculative and must agree with the engine"
         ]
-    if engine_mode is None:
+    if speculative is None:  # and so engine_mode is None too: they are equal
         return []
     if engine_mode != "lookahead_decoding":
         return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no draft model, "
                 "BLS draft loop or Medusa/EAGLE choices for it"]
-    assert speculative is not None
     problems = []
     la = speculative.lookahead
     if speculative.draft_len != facts.max_draft_len:
