@@ -8,7 +8,8 @@ it with `await client.close()` (or `async with`) before that loop ends.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import aiohttp
 import tritonclient.grpc.aio as grpcaio
@@ -38,7 +39,7 @@ class AsyncTritonLLMClient:
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
-        self._streams: "weakref.WeakSet[AsyncTextStream]" = weakref.WeakSet()  # close() cancels those still open
+        self._streams: weakref.WeakSet[AsyncTextStream] = weakref.WeakSet()  # close() cancels those still open
 
     async def generate(
         self,
@@ -115,7 +116,7 @@ class AsyncTritonLLMClient:
         if http is not None:
             await http.close()
 
-    async def __aenter__(self) -> "AsyncTritonLLMClient":
+    async def __aenter__(self) -> AsyncTritonLLMClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import aiohttp
 import grpc
@@ -115,7 +116,7 @@ class AioHttpCall:
         self._cancelled = False
 
     @classmethod
-    async def open(cls, session: aiohttp.ClientSession, base_url: str, model: str, values: Mapping[str, Any], *, timeout: float | None) -> "AioHttpCall":
+    async def open(cls, session: aiohttp.ClientSession, base_url: str, model: str, values: Mapping[str, Any], *, timeout: float | None) -> AioHttpCall:
         values = check_inputs(values)  # as HttpCall: Triton's JSON conversion answers a wrong type with 500
         stream = bool(values.get("stream"))
         try:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import requests
 import requests.adapters
@@ -89,7 +90,7 @@ class TritonLLMClient:
         self._pool = ClientPool(self.url) if protocol == "grpc" else None
         self._session = _session() if protocol == "http" else None
         # Requests not yet garbage collected: close() cancels those still open (a stream not read to its end).
-        self._streams: "weakref.WeakSet[TextStream]" = weakref.WeakSet()
+        self._streams: weakref.WeakSet[TextStream] = weakref.WeakSet()
         self._streams_lock = threading.Lock()
         self._closed = False
 
@@ -183,7 +184,7 @@ class TritonLLMClient:
         if self._session is not None:
             self._session.close()
 
-    def __enter__(self) -> "TritonLLMClient":
+    def __enter__(self) -> TritonLLMClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

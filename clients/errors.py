@@ -47,7 +47,7 @@ class ServerUnavailableError(ClientError, builtins.ConnectionError):
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         super().__init__(f"cannot reach Triton at {url} ({tries}): {reason}")
 
-    def with_attempts(self, attempts: int) -> "ServerUnavailableError":
+    def with_attempts(self, attempts: int) -> ServerUnavailableError:
         return ServerUnavailableError(self.url, self.reason, attempts=attempts)
 
 

@@ -17,7 +17,8 @@ import queue
 import threading
 import uuid
 import weakref
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -32,7 +33,7 @@ _GRACE_S = 5.0  # wait this long past the deadline for gRPC's own DEADLINE_EXCEE
 # Streams still open. tritonclient reads each stream in a non-daemon thread that lives until the
 # stream is stopped, so one never closed (a suspended iterator kept in a global) would hang the
 # interpreter's exit; they are cancelled when threading shuts down, before it joins threads.
-_OPEN_CALLS: "weakref.WeakSet[GrpcCall]" = weakref.WeakSet()
+_OPEN_CALLS: weakref.WeakSet[GrpcCall] = weakref.WeakSet()
 
 
 def _cancel_open_calls() -> None:

@@ -15,7 +15,8 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import requests
 import urllib3

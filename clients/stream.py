@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import AsyncIterator, Awaitable, Callable, Iterator, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Protocol
 
 from clients.errors import ClientError
 from clients.retry import RetryPolicy
@@ -141,7 +142,7 @@ class TextStream(Iterator[str]):
         except ValueError:  # being iterated in another thread; cancel() already stops it
             pass
 
-    def __enter__(self) -> "TextStream":
+    def __enter__(self) -> TextStream:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -193,7 +194,7 @@ class AsyncTextStream(AsyncIterator[str]):
         except RuntimeError:  # being iterated by another task; cancel() already stops it
             pass
 
-    async def __aenter__(self) -> "AsyncTextStream":
+    async def __aenter__(self) -> AsyncTextStream:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

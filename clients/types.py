@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from clients.errors import InvalidRequestError, ProtocolError, RequestError
 

@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pipeline.errors import ArtifactError, StoreLocationError
 from pipeline.hashing import file_hashes, list_files

@@ -8,8 +8,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -20,8 +20,8 @@ from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
 from pipeline.errors import ArtifactError, PipelineError, SpecError
 from pipeline.hashing import file_hashes
-from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
 from pipeline.plan import Plan
+from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
 
 DEFAULT_ARTIFACTS = "artifacts"
 SCHEMA_PATH = Path("build_configs/schema.json")
@@ -227,10 +227,9 @@ def _serve_state_dir(store: ArtifactStore) -> Path:
 
 
 def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.backends.registry import backend_for
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
     from pipeline.stages.package import REPOSITORY_DIR
-
-    from pipeline.backends.registry import backend_for
 
     backend_for(loaded.spec.build.target).check_serving_host(loaded.spec, lambda: _built_engine(loaded, store))
     results = _build_cpu_target(loaded, store, "serve", "package")

@@ -11,8 +11,9 @@ overrides it; for a repository it defaults to the Triton model's name, `--triton
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.errors import PipelineError, SpecError
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
 from pipeline.backends.registry import backend_for
 from pipeline.config.format_rules import needs_calibration

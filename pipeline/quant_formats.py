@@ -14,9 +14,10 @@ Sources: shared/reference/trtllm.md §1.8 (plugin flags), §1.10 (build-time con
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Literal
 
 __all__ = [
     "TARGETS", "FP8_MIN_SM", "BLACKWELL_SMS", "WeightFormat", "KVCacheFormat", "WEIGHT_FORMATS", "KV_CACHE_FORMATS",

@@ -11,15 +11,16 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeline.artifacts import ArtifactRef, ArtifactStore
+from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.config.loader import LoadedConfig, format_issues
 from pipeline.errors import ArtifactError, PipelineError, SpecError, StageError
-from pipeline.calibration import calibration_files, file_digests, heldout_files
 from pipeline.hashing import directory_fingerprint
 from pipeline.plan import EnvFacts, Plan, StagePlan, plan, stage_def
 from pipeline.preflight import preflight
 from pipeline.sources import model_repo_sources, package_dir
 from pipeline.stages.base import StageContext, StageFn
 from pipeline.tools import tool_versions
+
 
 def stage_function(name: str) -> StageFn:
     """`pipeline.stages.<name>.run`, imported when a stage runs (they import torch, ModelOpt, ...)."""

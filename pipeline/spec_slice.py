@@ -8,7 +8,8 @@ cannot drift away from what its digest hashes (pipeline.plan.STAGE_DEFS declares
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel
 

@@ -18,8 +18,9 @@ write its options check below if the Llama one does not fit, and add its row to 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from refengine.errors import ModelLoadError
 

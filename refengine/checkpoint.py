@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -38,7 +39,7 @@ class TensorStore:
         self._source = source
 
     @classmethod
-    def from_safetensors(cls, path: Path) -> "TensorStore":
+    def from_safetensors(cls, path: Path) -> TensorStore:
         if not path.is_file():
             raise ModelLoadError(f"weights file {path} does not exist")
         try:

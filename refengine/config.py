@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from refengine.errors import EngineConfigError
 
@@ -27,7 +28,7 @@ class SchedulerPolicy(str, enum.Enum):
     MAX_UTILIZATION = "max_utilization"  # admit more; preempt (recompute) when blocks run out
 
     @classmethod
-    def parse(cls, value: "str | SchedulerPolicy") -> "SchedulerPolicy":
+    def parse(cls, value: str | SchedulerPolicy) -> SchedulerPolicy:
         if isinstance(value, SchedulerPolicy):
             return value
         try:
@@ -46,7 +47,7 @@ class BatchingMode(str, enum.Enum):
     STATIC = "static"
 
     @classmethod
-    def parse(cls, value: "str | BatchingMode") -> "BatchingMode":
+    def parse(cls, value: str | BatchingMode) -> BatchingMode:
         if isinstance(value, BatchingMode):
             return value
         try:
@@ -113,11 +114,11 @@ class EngineConfig:
         blocks_per_sequence = -(-self.max_seq_len // self.tokens_per_block)
         return self.max_batch_size * blocks_per_sequence
 
-    def replace(self, **changes: Any) -> "EngineConfig":
+    def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_build_config(cls, build_config: Mapping[str, Any], **overrides: Any) -> "EngineConfig":
+    def from_build_config(cls, build_config: Mapping[str, Any], **overrides: Any) -> EngineConfig:
         """Limits from an engine's `build_config`; `overrides` set runtime choices (or limits)."""
         plugin_config = build_config.get("plugin_config") or {}
         values: dict[str, Any] = {}

@@ -10,9 +10,10 @@ import itertools
 import random
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -131,14 +132,14 @@ class LLMEngine:
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+    def from_checkpoint(cls, checkpoint_dir: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         """An engine over a TensorRT-LLM checkpoint directory, with `config` (or default) limits."""
         config = config or EngineConfig()
         model = load_model(load_checkpoint(checkpoint_dir), torch_dtype(config.compute_dtype))
         return cls(model, config)
 
     @classmethod
-    def from_engine_dir(cls, engine_dir: str | Path, **overrides: Any) -> "LLMEngine":
+    def from_engine_dir(cls, engine_dir: str | Path, **overrides: Any) -> LLMEngine:
         """An engine over a CPU engine directory; limits from its build_config, `overrides` on top."""
         engine = load_engine_dir(engine_dir)
         config = EngineConfig.from_build_config(engine.build_config, **overrides)

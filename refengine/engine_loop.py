@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from refengine.engine import LLMEngine
 from refengine.outputs import RequestOutput
@@ -41,8 +41,8 @@ class RequestStream:
     def result(self) -> RequestOutput:
         """Block until the request finishes; its final output."""
         final = None
-        for final in self:
-            pass
+        for output in self:
+            final = output
         if final is None:
             raise RuntimeError(f"request {self.request_id} ended without output")
         return final
@@ -62,7 +62,7 @@ class EngineLoop:
     def engine(self) -> LLMEngine:
         return self._engine
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         if self._thread is None:
             self._stopping.clear()
             self._thread = threading.Thread(target=self._run, name="refengine-loop", daemon=True)
@@ -82,7 +82,7 @@ class EngineLoop:
             self._engine.abort(request_id)
         self._deliver(self._engine.step())
 
-    def __enter__(self) -> "EngineLoop":
+    def __enter__(self) -> EngineLoop:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

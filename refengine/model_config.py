@@ -8,8 +8,9 @@ follow TensorRT-LLM's checkpoint format (shared/reference/trtllm.md §2.2).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from refengine.architectures import architecture_for_checkpoint
 from refengine.errors import ModelLoadError
@@ -34,7 +35,7 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
     @classmethod
-    def from_config(cls, raw: Mapping[str, Any] | None) -> "RopeScaling":
+    def from_config(cls, raw: Mapping[str, Any] | None) -> RopeScaling:
         if not raw:
             return cls()
         name = raw.get("type", raw.get("rope_type"))
@@ -81,7 +82,7 @@ class QuantizationConfig:
     exclude_modules: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, raw: Any) -> "QuantizationConfig":
+    def from_config(cls, raw: Any) -> QuantizationConfig:
         if raw is None:
             return cls()
         if not isinstance(raw, Mapping):
@@ -145,7 +146,7 @@ class ModelConfig:
         return self.num_kv_heads * self.head_size
 
     @classmethod
-    def from_pretrained_config(cls, raw: Mapping[str, Any]) -> "ModelConfig":
+    def from_pretrained_config(cls, raw: Mapping[str, Any]) -> ModelConfig:
         """Parse and check a TensorRT-LLM `config.json` (the checkpoint's, or `pretrained_config`)."""
         if not isinstance(raw, Mapping):
             raise ModelLoadError(f"checkpoint config must be a JSON object, got {type(raw).__name__}")

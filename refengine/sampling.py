@@ -7,8 +7,9 @@ need the engine (vocabulary size, `max_seq_len`, the `n` limit) live in `request
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from refengine.errors import InvalidRequestError
 

@@ -8,8 +8,8 @@ and a quantized KV cache are exercised exactly as in serving.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -7,8 +7,8 @@ The scheduler and the model runner never import each other: the scheduler emits 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 

@@ -577,7 +577,7 @@ def _cmd(args) -> str:
 
 
 def write_model_card(out_dir: Path, s: dict, args, samples) -> None:
-    hist = "\n".join(f"| {st} | {l:.3f} | {e:.3f} |" for st, l, e in s["history"][:: max(1, len(s["history"]) // 12)])
+    hist = "\n".join(f"| {st} | {loss:.3f} | {e:.3f} |" for st, loss, e in s["history"][:: max(1, len(s["history"]) // 12)])
     sample_md = "\n\n".join(f"Prompt `{p!r}`:\n\n```python\n{t}\n```" for p, t in samples)
     card = f"""---
 license: psf-2.0
@@ -699,6 +699,14 @@ def write_data_readme(data_dir: Path, s, held_files, calib_files, held_text, cal
     def sha(t):
         return hashlib.sha256(t.encode("utf-8")).hexdigest()
 
+    held_row = (
+        "| `heldout/stdlib_heldout.txt` | held-out files, for perplexity evaluation (fp vs. quantized) | "
+        f"{len(held_text.encode())/1024:.0f} KiB | {len(held_files)} | `{sha(held_text)[:16]}…` |"
+    )
+    calib_row = (
+        "| `calibration/stdlib_calib.txt` | **training-split** files, for PTQ calibration (disjoint from held-out) | "
+        f"{len(calib_text.encode())/1024:.0f} KiB | {len(calib_files)} | `{sha(calib_text)[:16]}…` |"
+    )
     text = f"""# data/
 
 Small text corpora used with the embedded default model
@@ -719,8 +727,8 @@ in path order, each preceded by a 3-line header:
 
 | file | what | size | files | sha256 |
 |---|---|---|---|---|
-| `heldout/stdlib_heldout.txt` | held-out files, for perplexity evaluation (fp vs. quantized) | {len(held_text.encode())/1024:.0f} KiB | {len(held_files)} | `{sha(held_text)[:16]}…` |
-| `calibration/stdlib_calib.txt` | **training-split** files, for PTQ calibration (disjoint from held-out) | {len(calib_text.encode())/1024:.0f} KiB | {len(calib_files)} | `{sha(calib_text)[:16]}…` |
+{held_row}
+{calib_row}
 
 Reference numbers (fp32 evaluation, non-overlapping {SEQ_LEN}-token windows over
 the whole `stdlib_heldout.txt`, a `<|bos|>` token prepended once):

@@ -10,8 +10,8 @@ import asyncio
 import itertools
 import random
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 from clients.loadgen.records import LoadRequest, RequestRecord
 from clients.loadgen.targets import LoadTarget

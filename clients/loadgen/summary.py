@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from clients.loadgen.driver import LoadRun
@@ -51,7 +52,7 @@ def distribution_ms(values_s: Sequence[float]) -> dict[str, float] | None:
     return {key: round(value, 3) for key, value in figures.items()}
 
 
-def summarize(run: "LoadRun", slo: SloLimits | None = None) -> dict[str, Any]:
+def summarize(run: LoadRun, slo: SloLimits | None = None) -> dict[str, Any]:
     """The JSON-ready figures of one load run."""
     slo = slo or SloLimits()
     records = run.records

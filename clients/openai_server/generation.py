@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import ServerUnavailableError

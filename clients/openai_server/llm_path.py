@@ -19,8 +19,9 @@ list is read from the row it was drawn from; a prompt token's from the row befor
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
@@ -69,7 +70,7 @@ def llm_chunk(result: Any) -> LLMChunk:
     )
 
 
-def llm_request(plan: "ChoicePlan", tokenizer: PromptTokenizer) -> tuple[list[Any], list[Any]]:
+def llm_request(plan: ChoicePlan, tokenizer: PromptTokenizer) -> tuple[list[Any], list[Any]]:
     """The `tensorrt_llm` inputs and requested outputs of one choice (batch axis first, as Triton's)."""
     values: dict[str, tuple[str, Any]] = {
         "input_ids": ("INT32", list(plan.prompt_ids)),
@@ -124,8 +125,8 @@ def prompt_logprobs(prompt_ids: Sequence[int], context_logits: np.ndarray | None
 
 
 async def llm_pieces(
-    client: "AsyncTritonLLMClient",
-    plan: "ChoicePlan",
+    client: AsyncTritonLLMClient,
+    plan: ChoicePlan,
     tokenizer: PromptTokenizer,
     model: str,
     logprobs: PendingLogprobs,
@@ -144,7 +145,7 @@ async def llm_pieces(
         call.cancel()  # a no-op once the final response is in
 
 
-async def _pieces(call, plan: "ChoicePlan", tokenizer: PromptTokenizer, logprobs: PendingLogprobs, on_prompt) -> AsyncIterator[tuple[str, int]]:
+async def _pieces(call, plan: ChoicePlan, tokenizer: PromptTokenizer, logprobs: PendingLogprobs, on_prompt) -> AsyncIterator[tuple[str, int]]:
     preceding = list(plan.prompt_ids[-CONTEXT_TOKENS:])
     tokens = 0
     first = True

@@ -4,8 +4,8 @@ their release in step with the text a stop-sequence matcher lets out (`PendingLo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

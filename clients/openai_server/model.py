@@ -11,9 +11,9 @@ model, e.g. tensorrt_llm_bls).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -47,7 +47,7 @@ class ServedModel:
             raise ModelSetupError(f"need 0 < max_input_len ({self.max_input_len}) < max_seq_len ({self.max_seq_len})")
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str) -> "ServedModel":
+    def from_parameters(cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str) -> ServedModel:
         """From the preprocessing model's string parameters; `source` names where they came from."""
         missing = [key for key in ("tokenizer_dir", "max_input_len", "max_seq_len") if not parameters.get(key)]
         if missing:
@@ -70,7 +70,7 @@ class ServedModel:
         )
 
     @classmethod
-    def from_repository(cls, repository: str | Path, *, name: str, triton_model: str = "ensemble") -> "ServedModel":
+    def from_repository(cls, repository: str | Path, *, name: str, triton_model: str = "ensemble") -> ServedModel:
         """From a rendered Triton model repository on disk."""
         repository = Path(repository)
         model_config = _read_config(repository / triton_model / "config.pbtxt")
@@ -79,7 +79,7 @@ class ServedModel:
         return cls.from_parameters(_parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing))
 
     @classmethod
-    def from_triton(cls, triton_url: str, *, name: str, triton_model: str = "ensemble", timeout_s: float = 10.0) -> "ServedModel":
+    def from_triton(cls, triton_url: str, *, name: str, triton_model: str = "ensemble", timeout_s: float = 10.0) -> ServedModel:
         """From a running Triton (gRPC `host:port`), through its model-configuration API."""
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException

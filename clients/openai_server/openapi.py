@@ -18,7 +18,8 @@ malformed request with 400, never 422.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi

@@ -66,7 +66,9 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
         raise bad_request("echo is not supported with stream: the prompt (and its log-probs) comes in one piece; send stream false", param="echo")
     explicit = "max_tokens" in request.model_fields_set
     if explicit and request.max_tokens == 0 and not echo:
-        raise bad_request("max_tokens 0 is only allowed with echo (the prompt, and its log-probs, with nothing generated)", param="max_tokens", code="invalid_value")
+        raise bad_request(
+            "max_tokens 0 is only allowed with echo (the prompt, and its log-probs, with nothing generated)", param="max_tokens", code="invalid_value"
+        )
     prompt_logprobs = echo and wants_logprobs
     _check_logits(context, prompt_logprobs=prompt_logprobs, top=top, param="logprobs")
     bias = _logit_bias(request, context)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from clients.openai_server.generation import ChoiceEvent, ChoiceResult
 from clients.openai_server.logprobs import TokenLogprob

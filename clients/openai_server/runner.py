@@ -12,8 +12,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import uvicorn
 
@@ -27,6 +27,7 @@ from clients.openai_server.defaults import (
     DEFAULT_REQUEST_TIMEOUT_S,
 )
 from clients.openai_server.model import ModelSetupError, ServedModel
+
 GRACEFUL_SHUTDOWN_S = 5
 
 

@@ -9,7 +9,7 @@ the beginning of a stop sequence is held back until the next delta decides.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class StopMatcher:

@@ -19,7 +19,7 @@ prompt the answer (which the model continues, usually starting with a space).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from clients.openai_server.tokenizer import PromptTokenizer
 

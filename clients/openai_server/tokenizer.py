@@ -13,8 +13,9 @@ to render it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from clients.openai_server.model import ModelSetupError
 from model_repo.python.hf_tokenizer import HFTokenizer, TokenizerLoadError

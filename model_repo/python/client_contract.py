@@ -6,8 +6,8 @@ pipeline/render/contract.py), not a copy. Pure, importable outside Triton.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Mapping
 
 from model_contract import ModelContract
 
@@ -22,7 +22,7 @@ class BlsWiring:
     llm_to_client: Mapping[str, str]
 
     @classmethod
-    def from_contract(cls, contract: ModelContract) -> "BlsWiring":
+    def from_contract(cls, contract: ModelContract) -> BlsWiring:
         return cls(**{field.name: contract.wiring_map(field.name) for field in fields(cls)})
 
     @property

@@ -15,7 +15,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DEFAULT_DELAY_S = 2.0
 

@@ -23,7 +23,8 @@ Triton's stub (`triton_python_backend_utils`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 GAUGE = "gauge"
 COUNTER = "counter"

@@ -17,7 +17,7 @@ This module needs only the standard library, so it is importable outside Triton 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 REPLACEMENT_CHARACTER = "\ufffd"
 

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
+from word_lists import WordListError, from_word_list
+
 from refengine import InvalidRequestError, SamplingParams
 from refengine.sampling import check_temperature
-from word_lists import WordListError, from_word_list
 
 # refengine's field names → the contract's input names, for error messages clients can act on.
 CONTRACT_NAMES = {

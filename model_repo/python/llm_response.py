@@ -16,11 +16,12 @@ non-streamed response carries the whole output (prompt first unless excluded).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from incremental_detokenizer import CONTEXT_TOKENS
 from llm_request import GenerateRequest
+
 from refengine import CompletionOutput, RequestMetrics
 
 Arrays = dict[str, np.ndarray]

@@ -10,9 +10,10 @@ Pure (json only): importable outside Triton, never imports `pipeline`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 CONTRACT_FILE = "contract.json"
 

@@ -15,7 +15,8 @@ Pure Python (the sender is duck-typed), so the ordering is testable without Trit
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class ResponseChannel:
@@ -115,7 +116,7 @@ class CancellationWatcher:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> "CancellationWatcher":
+    def start(self) -> CancellationWatcher:
         self._thread.start()
         return self
 

@@ -30,9 +30,10 @@ from llm_request import ContractError, GenerateRequest, StopRequest, contract_er
 from llm_response import final_arrays, streamed_arrays
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
-from refengine import EngineLoop, InvalidRequestError, LLMEngine
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
 from triton_io import arrays_response, error_response, log_error, optional_input, requested_outputs
+
+from refengine import EngineLoop, InvalidRequestError, LLMEngine
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

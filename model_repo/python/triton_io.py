@@ -5,7 +5,8 @@ Inside Triton's stub only: the module imports `triton_python_backend_utils`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils

@@ -11,7 +11,7 @@ Needs numpy only, so it is importable outside Triton (tests).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

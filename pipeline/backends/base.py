@@ -9,9 +9,10 @@ methods: `validate` and `plan` go through here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from pipeline.backends.engine_facts import EngineFacts
 from pipeline.config.model_checks import Issue

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from pipeline import tools
 from pipeline.errors import SpecError, StageError, ToolError

@@ -9,8 +9,9 @@ refengine executes with TensorRT-LLM's numerics.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
 from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, EngineFacts

@@ -32,8 +32,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 MISMATCH_EXIT_CODE = 3
 NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,compute_cap", "--format=csv,noheader")

@@ -8,15 +8,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
+from pipeline.backends.build_job import BuildOutcome, run_build
 from pipeline.backends.capacity import get_gpu
+from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable, make_runner
 from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
-from pipeline.backends.build_job import BuildOutcome, run_build
-from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable, make_runner
 from pipeline.backends.llm_parameters import engine_parameters
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version, version_for_image
@@ -55,7 +56,12 @@ def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
         return [(("build",), exc.message)]
     kind = spec.build.runner.value
     if kind == "local" and shutil.which("trtllm-build") is None:
-        return [(("build", "runner"), "build.runner local needs trtllm-build on PATH (TensorRT-LLM 1.2.x on a GPU host); use --runner docker or --runner dry-run")]
+        return [
+            (
+                ("build", "runner"),
+                "build.runner local needs trtllm-build on PATH (TensorRT-LLM 1.2.x on a GPU host); use --runner docker or --runner dry-run",
+            )
+        ]
     if kind == "docker":
         try:
             DockerRunner(image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size).check_engine()

@@ -18,10 +18,10 @@ Cpu target: what the Python model reads (tensorrt_llm_cpu.py).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from pipeline.config.spec import ServeLoraSpec, ServeSpec, SpeculativeSpec
 from pipeline.backends.engine_facts import EngineFacts
+from pipeline.config.spec import ServeLoraSpec, ServeSpec, SpeculativeSpec
 
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 CANCELLATION_CHECK_PERIOD_MS = 100

@@ -3,7 +3,8 @@ checkpoint; building, a Triton repository and a deployment are not available in 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pipeline.backends.base import BuildJob, BuiltEngine
 from pipeline.backends.engine_facts import EngineFacts

@@ -32,8 +32,8 @@ import torch
 
 from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
 from pipeline.errors import StageError
-from refengine.architectures import HF_MODEL_TYPES, Architecture, architecture_for_hf_model_type
 from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, needs_calibration, weight_format
+from refengine.architectures import HF_MODEL_TYPES, Architecture, architecture_for_hf_model_type
 
 __all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields", "trtllm_to_hf_state_dict"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import cache
 
 from pipeline.backends.base import TargetBackend
 from pipeline.config.spec import Target
@@ -15,6 +15,6 @@ _MODULES: dict[Target, str] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def backend_for(target: Target) -> TargetBackend:
     return importlib.import_module(_MODULES[Target(target)]).BACKEND

@@ -10,8 +10,9 @@ builder's order, because later ones read what earlier ones decided.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pipeline.backends.build_request import BuildRequest
 from pipeline.errors import SpecError

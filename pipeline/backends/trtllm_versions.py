@@ -15,10 +15,11 @@ values of the wrong type are errors.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pipeline.errors import PipelineError, SpecError
 

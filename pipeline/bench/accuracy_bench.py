@@ -4,8 +4,8 @@ format on the same model and held-out text, and collect each gate's report."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 
@@ -34,7 +34,8 @@ def run_accuracy_bench(config: Path, artifacts: Path, *, progress: Callable[[str
             raise StageError(f"{config} has no gate.accuracy section (held-out text and window sizes)")
         results = {r.name: r for r in run_pipeline(loaded, ArtifactStore(artifacts, loaded.spec.name), console=Console(quiet=True))}
         report = json.loads((results["gate"].ref.path / "accuracy.json").read_text())
-        rows.append({"format": label, **{k: report[k] for k in ("baseline_perplexity", "perplexity", "perplexity_increase_pct", "token_agreement", "tokens_scored")}})
+        keys = ("baseline_perplexity", "perplexity", "perplexity_increase_pct", "token_agreement", "tokens_scored")
+        rows.append({"format": label, **{k: report[k] for k in keys}})
     return {"config": str(config), "rows": rows}
 
 

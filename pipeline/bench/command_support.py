@@ -4,7 +4,8 @@ and building, from the command's arguments, what a benchmark measures."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 

@@ -7,10 +7,10 @@ run, after a note on stderr that names the command to use now.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline.bench.command_support import BuildCpuTarget, dim_lines, status_console
 from pipeline.bench.engine import command as engine

@@ -8,9 +8,10 @@ monitoring configuration (monitoring) and the files every deployment directory h
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from pipeline.config.spec import DeployKind, Spec
 

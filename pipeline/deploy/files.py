@@ -17,8 +17,9 @@ import os
 import re
 import secrets as token_source
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

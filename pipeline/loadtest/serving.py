@@ -8,8 +8,9 @@ import dataclasses
 import json
 import socket
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pipeline.errors import StageError
 from pipeline.loadtest.sweep import Endpoints

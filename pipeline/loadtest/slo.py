@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.loadtest.report import value_at
 from pipeline.config.spec import PerformanceGateSpec
+from pipeline.loadtest.report import value_at
 
 # metric → True when a higher value is worse
 REGRESSION_METRICS: dict[str, bool] = {"ttft_ms.p99": True, "itl_ms.p99": True, "output_tokens_per_s": False}

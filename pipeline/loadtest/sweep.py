@@ -12,8 +12,9 @@ import asyncio
 import datetime as _dt
 import os
 import platform
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from clients.loadgen import Concurrency, LoadRequest, RequestRate, SloLimits, make_target, run_load, summarize
 

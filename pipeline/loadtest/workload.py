@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from clients.loadgen import LoadRequest
 from pipeline.calibration import load_tokenizer

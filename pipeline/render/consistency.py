@@ -6,7 +6,8 @@ together in one StageError, so one run shows everything to fix.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pipeline.backends.base import RuntimeAbilities, TargetBackend, TritonLlmModel
 from pipeline.backends.engine_facts import EngineFacts, engine_facts
@@ -103,7 +104,9 @@ def _batching(facts: EngineFacts, serve: ServeSpec, triton_max_batch_size: int |
     if not facts.remove_input_padding:
         problems.append("inflight batching needs plugin_config.remove_input_padding true, but the engine has false")
     if facts.gpt_attention_plugin in (None, "disable"):
-        problems.append(f"inflight batching needs the GPT attention plugin, but the engine has plugin_config.gpt_attention_plugin {facts.gpt_attention_plugin!r}")
+        problems.append(
+            f"inflight batching needs the GPT attention plugin, but the engine has plugin_config.gpt_attention_plugin {facts.gpt_attention_plugin!r}"
+        )
     return problems
 
 

@@ -27,7 +27,7 @@ class TensorSpec:
     scalar: bool = False  # dims [1] reshaped to [] (the backend sees one value per request)
     ragged: bool = False  # allow_ragged_batch
 
-    def resolved(self, logits_datatype: str, lora_datatype: str | None = None) -> "TensorSpec":
+    def resolved(self, logits_datatype: str, lora_datatype: str | None = None) -> TensorSpec:
         placeholders = {LOGITS: logits_datatype, LORA_WEIGHTS: lora_datatype}
         if self.data_type not in placeholders:
             return self

@@ -11,7 +11,8 @@ line of code that handles it, so they have no table to load.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pipeline.render import contract
 from pipeline.render.contract import TensorSpec

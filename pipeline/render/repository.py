@@ -16,9 +16,10 @@ Triton on a private copy of the repository, so relative paths would not survive)
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.backends.base import TritonLlmModel
 from pipeline.backends.engine_facts import EngineFacts, engine_facts, read_engine_config

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from pipeline.errors import StageError
 from pipeline.serve.process import GroupCleanup, ProcessInfo

@@ -33,7 +33,7 @@ class ServerOptions:
     shm_prefix: str = field(default_factory=_unique_shm_prefix)
 
     @classmethod
-    def from_deploy(cls, deploy: DeploySpec, model_repository: Path, **overrides) -> "ServerOptions":
+    def from_deploy(cls, deploy: DeploySpec, model_repository: Path, **overrides) -> ServerOptions:
         return cls(
             model_repository=model_repository,
             bind_address=deploy.bind_address,

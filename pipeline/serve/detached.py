@@ -19,9 +19,9 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from pipeline.errors import PipelineError, StageError
 from pipeline.serve import leaks, process
@@ -61,7 +61,7 @@ def start_detached(
     state_dir: Path,
     *,
     timeout: float = 120.0,
-    on_cleanup: Callable[["StopResult"], None] | None = None,
+    on_cleanup: Callable[[StopResult], None] | None = None,
 ) -> ServerState:
     """Start a server that keeps running after this process exits; wait until it is ready.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from pipeline.errors import ToolError
 from pipeline.serve.cleanup import signal_text

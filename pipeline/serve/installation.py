@@ -13,9 +13,9 @@ import importlib.util
 import os
 import sys
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from pipeline.errors import StageError
 

@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 SHM_DIR = Path("/dev/shm")
 PYTHON_ENV_GLOB = "python_env_*"

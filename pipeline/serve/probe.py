@@ -26,7 +26,7 @@ def is_live(http_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{http_url}/v2/health/live", timeout=_TIMEOUT) as response:
             return response.status == 200
-    except (urllib.error.URLError, ConnectionError, socket.timeout, OSError):
+    except (TimeoutError, urllib.error.URLError, ConnectionError, OSError):
         return False
 
 
@@ -34,7 +34,7 @@ def metrics_up(metrics_url: str) -> bool:
     try:
         with urllib.request.urlopen(metrics_url, timeout=_TIMEOUT) as response:
             return response.status == 200
-    except (urllib.error.URLError, ConnectionError, socket.timeout, OSError):
+    except (TimeoutError, urllib.error.URLError, ConnectionError, OSError):
         return False
 
 

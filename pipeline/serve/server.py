@@ -66,7 +66,7 @@ class TritonServer:
         self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         if self._process is not None:
             raise StageError("this TritonServer was already started")
         repository = self.options.model_repository
@@ -159,7 +159,7 @@ class TritonServer:
             raise StageError("a server in a temporary workspace cannot outlive this object; pass workspace= to detach it")
         self._process = None
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -238,7 +238,11 @@ class TritonServer:
             self.stop()
         except StageError as error:  # keep the start-up failure as the error; add this to it
             what = f"{what}\n{error.message}"
-        detail = f"{what}\n--- server log: errors ---\n{errors}\n--- server log: last lines ---\n{tail}" if errors else f"{what}\n--- server log: last lines ---\n{tail}"
+        detail = (
+            f"{what}\n--- server log: errors ---\n{errors}\n--- server log: last lines ---\n{tail}"
+            if errors
+            else f"{what}\n--- server log: last lines ---\n{tail}"
+        )
         return ToolError(self.command, returncode, detail)
 
     def _clean_up(self) -> tuple[list[Path], list[Path]]:

@@ -15,8 +15,8 @@ from pipeline.calibration import heldout_files, load_encoder, read_documents
 from pipeline.config.spec import AccuracyGateSpec
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
-from pipeline.stages.quantize import CHECKPOINT_DIR
 from pipeline.stages.prepare import checkpoint_dir
+from pipeline.stages.quantize import CHECKPOINT_DIR
 
 REPORT = "accuracy.json"
 

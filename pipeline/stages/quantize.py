@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-from pipeline.backends.quantize_job import REQUEST_FILE, QuantizeRequest
 from pipeline.backends.container_jobs import make_runner
 from pipeline.backends.quantize_dispatch import (
     CHECKPOINT_DIR,
@@ -21,6 +20,7 @@ from pipeline.backends.quantize_dispatch import (
     request_from_spec,
     run_quantize,
 )
+from pipeline.backends.quantize_job import REQUEST_FILE, QuantizeRequest
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
 

@@ -12,6 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from pipeline.config.spec import PerformanceGateSpec
+from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
 
 REPORT = "performance.json"
@@ -21,7 +22,8 @@ def run(ctx: StageContext) -> None:
     from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 
     gate = ctx.spec.gate.performance
-    assert gate is not None  # the plan schedules this stage only with gate.performance
+    if gate is None:  # the plan schedules this stage only with gate.performance
+        raise StageError("the slo stage runs only for a build config with gate.performance")
     workload = workload_recipe(gate)
     if ctx.spec.dry_run and gate.url is None:
         report = {

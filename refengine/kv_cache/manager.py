@@ -17,8 +17,8 @@ names an `owner` (the scheduler passes the request id) adds the blocks the pool 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from refengine.kv_cache.block_pool import BlockPool, KVBlock
 from refengine.kv_cache.prefix_hash import hash_full_blocks

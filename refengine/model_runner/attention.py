@@ -13,8 +13,9 @@ prefill attends over the same rounded K/V that later decode steps read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,7 +49,7 @@ class AttentionMetadata:
     def context_lengths(self) -> tuple[int, ...]:
         return self.context_len_list if self.context_len_list is not None else tuple(self.context_lens.tolist())
 
-    def last_tokens(self, seq_indices: Sequence[int]) -> tuple[list[int], "AttentionMetadata"]:
+    def last_tokens(self, seq_indices: Sequence[int]) -> tuple[list[int], AttentionMetadata]:
         """The rows of the given sequences' last tokens, and metadata in which each of those
         sequences has just that one query token (attending over its whole context)."""
         starts, context_lens = self.query_starts(), self.context_lengths()

@@ -8,8 +8,9 @@ The runner, the engine and scoring see a model only through this interface.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -35,7 +36,7 @@ class KVCacheLayout:
 
 class DecoderModel(Protocol):
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> "DecoderModel":
+    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> DecoderModel:
         """The model with its weights in the compute `dtype`; ModelLoadError naming a bad tensor or option."""
         ...
 

@@ -11,8 +11,8 @@ and lm_head stay unquantized.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +83,7 @@ class LlamaModel:
         return self.config.vocab_size
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> "LlamaModel":
+    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> LlamaModel:
         config = checkpoint.config
         check_quantization(config.quantization)
         store = checkpoint.tensors

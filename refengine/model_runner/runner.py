@@ -10,7 +10,6 @@ from refengine.model_runner.sampler import Sampler
 from refengine.step_messages import RunnerOutput, SchedulerOutput
 
 
-
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a compute-dtype name ("float32", "float16", "bfloat16")."""
     dtype = getattr(torch, name, None)

@@ -8,7 +8,7 @@ finds the cache full under this policy.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from refengine.kv_cache import CachedPrefix, KVCacheManager
 from refengine.scheduler.sequence import Sequence

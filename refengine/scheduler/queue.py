@@ -7,7 +7,7 @@ in line, and "newest" (the first to be preempted) is always the last element.
 from __future__ import annotations
 
 import bisect
-from typing import Iterator
+from collections.abc import Iterator
 
 from refengine.scheduler.sequence import Sequence
 

@@ -19,8 +19,8 @@ request ends; finished sequences stay in it as padding rows that are computed ev
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence as SequenceType
 from dataclasses import dataclass
-from typing import Sequence as SequenceType
 
 from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
 from refengine.kv_cache import CachedPrefix, KVCacheManager

@@ -85,7 +85,7 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def fork(self, seq_id: int, sample_index: int) -> "Sequence":
+    def fork(self, seq_id: int, sample_index: int) -> Sequence:
         return Sequence(
             seq_id=seq_id,
             request_id=self.request_id,

@@ -19,7 +19,7 @@ prompts took the whole budget (or when max_batch_size exceeds max_num_tokens).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from refengine.kv_cache import KVCacheManager
 from refengine.scheduler.admission import no_evict_allows

@@ -70,7 +70,7 @@ def reference(artifacts):
     tokenizer = HFTokenizer(artifacts["tokenizer"])
     engine = LLMEngine.from_engine_dir(artifacts["engine"])
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def greedy_text(prompt: str, max_tokens: int = MAX_TOKENS, stop_words: tuple = ()) -> str:
         prompt_ids = tokenizer.encode(prompt)
         params = SamplingParams(

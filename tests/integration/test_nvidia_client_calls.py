@@ -12,8 +12,8 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from transformers import AutoTokenizer
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tests.integration.serving import serving_repository
 

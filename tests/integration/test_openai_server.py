@@ -14,7 +14,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import asdict

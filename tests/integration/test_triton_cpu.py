@@ -33,8 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 from pipeline.config.spec import ServeSpec
 from pipeline.render import ConfigPaths, render_model_repository
-from pipeline.serve import ServerOptions, TritonServer, read_state, start_detached, stop_detached
-from pipeline.serve import leaks
+from pipeline.serve import ServerOptions, TritonServer, leaks, read_state, start_detached, stop_detached
 from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -152,13 +151,14 @@ def reference(artifacts, model_code):
     import torch
     from hf_tokenizer import HFTokenizer
     from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+
     from refengine import LLMEngine, SamplingParams
 
     torch.set_num_threads(1)  # leave the cores to the server
     tokenizer = HFTokenizer(artifacts["tokenizer"])
     engine = LLMEngine.from_engine_dir(artifacts["engine"])
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def greedy_text(prompt: str, max_tokens: int = MAX_TOKENS, stop_words: tuple = (), bad_words: tuple = ()) -> str:
         prompt_ids = tokenizer.encode(prompt)
         params = SamplingParams(
@@ -373,7 +373,11 @@ BAD_REQUESTS = {
     "temperature negative": ({"text_input": "x", "max_tokens": 4, "temperature": -1.0}, 400, "temperature: must be between 0 and 100, got -1.0"),
     "temperature NaN": ({"text_input": "x", "max_tokens": 4, "temperature": float("nan")}, 400, "temperature: must be a finite number, got nan"),
     "temperature 1e30": ({"text_input": "x", "max_tokens": 4, "temperature": 1e30, "top_k": 5}, 400, "temperature: must be between 0 and 100"),
-    "pad_id outside the vocabulary": ({"text_input": "x", "max_tokens": 4, "pad_id": 99_999}, 400, "pad_id: token id 99999 is outside the vocabulary [0, 4096)"),
+    "pad_id outside the vocabulary": (
+        {"text_input": "x", "max_tokens": 4, "pad_id": 99_999},
+        400,
+        "pad_id: token id 99999 is outside the vocabulary [0, 4096)",
+    ),
 }
 
 
@@ -866,7 +870,8 @@ def test_command_binds_every_endpoint_to_the_configured_address(tmp_path):
 
 def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatch):
     """A server (and its stub children) that ignore SIGTERM are SIGKILLed after the exit timeout."""
-    from pipeline.serve import TritonInstallation, process, server as server_module
+    from pipeline.serve import TritonInstallation, process
+    from pipeline.serve import server as server_module
 
     root = tmp_path / "fake-tritonserver"
     (root / "bin").mkdir(parents=True)

@@ -14,9 +14,10 @@ of the table as `lm_head.weight`; the fixture removes it to exercise the tied pa
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -79,6 +80,14 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def quantized_suite(tmp_path_factory: pytest.TempPathFactory):
+    """Every ModelOpt export format of one tiny random Llama (quant_fixtures.build_quantized_suite)."""
+    from tests.refengine.quant_fixtures import build_quantized_suite
+
+    return build_quantized_suite(tmp_path_factory)
 
 
 @dataclass(frozen=True)

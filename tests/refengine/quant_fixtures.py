@@ -1,7 +1,7 @@
 """Quantized TensorRT-LLM checkpoints of one tiny random Llama, with ModelOpt's fake-quant models.
 
-`quantized_suite` (session scope; import it into the one test module that needs it — importing
-it into two modules would build it twice) saves a seeded random Llama (hidden 256,
+`build_quantized_suite`, behind the session-scoped `quantized_suite` fixture of conftest.py (built
+once per session, only when a test asks for it), saves a seeded random Llama (hidden 256,
 intermediate 768, 4 layers, 4 heads / 2 KV heads, vocab 512) as fp16 safetensors, then exports
 every format once through the pipeline's `export_trtllm_checkpoint` with one deterministic
 calibration set (8 batches × [4, 64] random tokens). ModelOpt's export changes the model in
@@ -154,8 +154,7 @@ def _build_suite(root: Path) -> QuantizedSuite:
     return suite
 
 
-@pytest.fixture(scope="session")
-def quantized_suite(tmp_path_factory: pytest.TempPathFactory) -> QuantizedSuite:
+def build_quantized_suite(tmp_path_factory: pytest.TempPathFactory) -> QuantizedSuite:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # shared 2-core machines: a second thread mostly waits (AWQ: 10x slower)
     try:

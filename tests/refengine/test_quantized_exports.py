@@ -17,14 +17,13 @@ from refengine.checkpoint import load_checkpoint
 from refengine.model_runner import LlamaModel
 from refengine.model_runner.linear import DenseLinear
 from refengine.model_runner.quant_ops import pack_int4, unpack_int4
-from tests.refengine.quant_fixtures import (  # noqa: F401  (quantized_suite is a fixture)
+from tests.refengine.quant_fixtures import (  # the quantized_suite fixture is in conftest.py
     FORMATS,
     engine_logits,
     hf_logits,
     min_cosine,
     paged_prefill,
     prefill_tokens,
-    quantized_suite,
     read_config,
 )
 

@@ -143,7 +143,10 @@ def test_exclude_modules_keep_a_linear_unquantized(tmp_path, checkpoint_writer, 
 @pytest.mark.parametrize(
     ("quantization", "message"),
     [
-        ({"quant_algo": "NVFP4"}, r"quant_algo 'NVFP4' is not supported by the reference engine \(supported: FP8, W8A16, W8A8_SQ_PER_CHANNEL, W4A16_AWQ, W4A8_AWQ"),
+        (
+            {"quant_algo": "NVFP4"},
+            r"quant_algo 'NVFP4' is not supported by the reference engine \(supported: FP8, W8A16, W8A8_SQ_PER_CHANNEL, W4A16_AWQ, W4A8_AWQ",
+        ),
         ({"quant_algo": "W4A8_MXFP4_FP8"}, "'W4A8_MXFP4_FP8' is not supported"),
         ({"kv_cache_quant_algo": "NVFP4"}, r"kv_cache_quant_algo 'NVFP4' is not supported .*supported: FP8, INT8"),
         ({**AWQ, "has_zero_point": True}, "has_zero_point is true"),

@@ -14,8 +14,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from refengine import EngineConfig, SamplingParams
-from refengine.request_validation import validate_request
 from refengine.errors import InvalidRequestError
+from refengine.request_validation import validate_request
 from refengine.scheduler import FinishReason, Scheduler
 from refengine.step_messages import RunnerOutput, SampledToken, SchedulerOutput
 

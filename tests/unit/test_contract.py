@@ -117,7 +117,9 @@ def test_a_missing_or_malformed_contract_names_the_file_and_the_tensor(tmp_path,
         "{": "cannot be read as JSON",
         "[]": "expected a JSON object",
         '{"inputs": {}}': "'inputs' must be a list of tensors",
-        '{"inputs": [{"name": "seed", "data_type": "UINT64", "dims": [1], "optional": true}], "outputs": []}': r"inputs\[0\] \(seed\): 'data_type' must be a Triton TYPE_\* name",
+        '{"inputs": [{"name": "seed", "data_type": "UINT64", "dims": [1], "optional": true}], "outputs": []}': (
+            r"inputs\[0\] \(seed\): 'data_type' must be a Triton TYPE_\* name"
+        ),
         '{"inputs": [], "outputs": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["1"], "optional": false}]}': r"outputs\[0\] \(x\): 'dims'",
         '{"inputs": [], "outputs": [], "wiring": {"client_to_llm": {"a": 1}}}': "wiring 'client_to_llm' must map tensor names",
     }

@@ -142,8 +142,8 @@ def test_data_files():
     calib = CALIB.read_text(encoding="utf-8")
     assert 150_000 < len(held.encode()) < 450_000
     assert 80_000 < len(calib.encode()) < 250_000
-    held_files = {l for l in held.splitlines() if l.startswith("# file: ")}
-    calib_files = {l for l in calib.splitlines() if l.startswith("# file: ")}
+    held_files = {line for line in held.splitlines() if line.startswith("# file: ")}
+    calib_files = {line for line in calib.splitlines() if line.startswith("# file: ")}
     assert held_files and calib_files and not held_files & calib_files
 
 

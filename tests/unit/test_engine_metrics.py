@@ -119,7 +119,7 @@ def test_families_are_named_like_the_backend_or_as_counters():
 
 # -- EngineMetrics against a fake Triton stub -------------------------------------------------------
 class FakeMetric:
-    def __init__(self, family: "FakeFamily", labels: dict[str, str]) -> None:
+    def __init__(self, family: FakeFamily, labels: dict[str, str]) -> None:
         self.family, self.labels, self.calls = family, labels, []
 
     def set(self, value: float) -> None:
@@ -142,7 +142,7 @@ class FakeMetric:
 
 class FakeFamily:
     GAUGE, COUNTER = "gauge", "counter"
-    created: list["FakeFamily"] = []
+    created: list[FakeFamily] = []
 
     def __init__(self, name: str, description: str, kind: str) -> None:
         self.name, self.description, self.kind, self.metrics = name, description, kind, []

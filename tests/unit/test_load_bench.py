@@ -7,11 +7,11 @@ import random
 
 import pytest
 
+from pipeline.cli import main
+from pipeline.errors import SpecError
 from pipeline.loadtest.report import plot_sweep, render_load_markdown
 from pipeline.loadtest.sweep import openai_overhead
 from pipeline.loadtest.workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
-from pipeline.cli import main
-from pipeline.errors import SpecError
 from tests.conftest import REPO
 
 TOKENIZER_DIR = REPO / "models" / "tiny-stdlib-llama"

@@ -138,7 +138,10 @@ def test_plain_chat_template_is_the_documented_one(tokenizer):
 def test_the_tokenizers_chat_template_is_used_without_a_second_bos(tmp_path):
     directory = shutil.copytree(TOKENIZER_DIR, tmp_path / "tok", ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    config["chat_template"] = (
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     with_template = PromptTokenizer(directory)
     assert with_template.has_chat_template and with_template.adds_bos
@@ -200,7 +203,7 @@ def test_max_tokens_defaults_and_context_limits(context, tokenizer):
     assert plan_chat(chat(), context).choices[0].max_tokens == 64 - tokenizer.count("User: hi\nAssistant:")
     assert plan_chat(chat(max_completion_tokens=3), context).choices[0].max_tokens == 3
     for value in (0, -1):
-        assert refusal(lambda: plan_completion(completion(max_tokens=value), context)).param == "max_tokens"
+        assert refusal(lambda value=value: plan_completion(completion(max_tokens=value), context)).param == "max_tokens"
     too_many = refusal(lambda: plan_completion(completion(max_tokens=64), context))
     assert (too_many.code, too_many.param) == ("context_length_exceeded", "max_tokens")
     assert f"{prompt_tokens}-token prompt" in too_many.message
@@ -255,7 +258,10 @@ def test_logit_bias_goes_to_the_llm_model_as_its_embedding_bias(tokenizer):
     app = create_app(ServerSettings("127.0.0.1:1", MODEL), tokenizer=tokenizer)
     with TestClient(app) as client:
         app.state.triton = triton = FakeTriton(echo_words)
-        answer = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logit_bias": {"42": -100, "7": 3.5, "9": 0}})
+        answer = client.post(
+            "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logit_bias": {"42": -100, "7": 3.5, "9": 0}},
+        )
         assert answer.status_code == 200, answer.text
         row = triton.calls[-1].values["embedding_bias"]
         assert row.shape == (tokenizer.vocab_size,) and row[42] == -100 and row[7] == 3.5 and row.sum() == -96.5

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 from pipeline.config.loader import load_config
 from pipeline.config.spec import PerformanceGateSpec
 from pipeline.errors import SpecError
+from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
 from pipeline.plan import EnvFacts, plan
 from pipeline.preflight import preflight
 from tests.conftest import MINIMAL_CONFIG, write_model_config

@@ -46,7 +46,10 @@ def _request(tmp_path: Path, **changes) -> QuantizeRequest:
 
 # -- the request ----------------------------------------------------------------------------------------
 def test_request_round_trips_through_json_and_a_file(tmp_path: Path) -> None:
-    for request in (_request(tmp_path), _request(tmp_path, calibration=None, algo="int8_wo", kv_cache="none", unified_hf_dir=tmp_path / "hf", result_file=None)):
+    for request in (
+        _request(tmp_path),
+        _request(tmp_path, calibration=None, algo="int8_wo", kv_cache="none", unified_hf_dir=tmp_path / "hf", result_file=None),
+    ):
         data = json.loads(json.dumps(request.to_json()))
         assert QuantizeRequest.from_json(data) == request
         path = tmp_path / REQUEST_FILE

@@ -20,13 +20,6 @@ import pytest
 from rich.console import Console
 
 from pipeline.artifacts import ArtifactStore
-from pipeline.backends.quantize_job import (
-    JOB_MODULE,
-    REQUEST_FILE,
-    RESULT_FILE,
-    CalibrationRequest,
-    QuantizeRequest,
-)
 from pipeline.backends.container_jobs import DockerRunner, LocalRunner, RunnerUnavailable
 from pipeline.backends.quantize_dispatch import (
     SCRIPT_FILE,
@@ -34,6 +27,13 @@ from pipeline.backends.quantize_dispatch import (
     check_checkpoint_output,
     container_job,
     run_quantize,
+)
+from pipeline.backends.quantize_job import (
+    JOB_MODULE,
+    REQUEST_FILE,
+    RESULT_FILE,
+    CalibrationRequest,
+    QuantizeRequest,
 )
 from pipeline.backends.trtllm_versions import get_version
 from pipeline.cli import main

@@ -64,7 +64,12 @@ def _error(path: Path, *overrides: str) -> str:
 def test_llmapi_refuses_engine_path_only_formats(tmp_path: Path) -> None:
     path = _config(tmp_path, FP8.replace("algo: fp8", "algo: int8_sq").replace("kv_cache: fp8", "kv_cache: none"), target="llmapi")
     assert "quantize.algo int8_sq does not run on build.target llmapi" in _error(path)
-    path = _config(tmp_path, FP8.replace("kv_cache: fp8", "kv_cache: int8"), target="llmapi", extra="serve:\n  enable_kv_cache_reuse: false\n  enable_chunked_context: false\n")
+    path = _config(
+        tmp_path,
+        FP8.replace("kv_cache: fp8", "kv_cache: int8"),
+        target="llmapi",
+        extra="serve:\n  enable_kv_cache_reuse: false\n  enable_chunked_context: false\n",
+    )
     assert "quantize.kv_cache int8 does not run on build.target llmapi" in _error(path)
 
 

@@ -21,12 +21,11 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.backends.cpu import cpu_build_config
+from pipeline.backends.engine_facts import engine_facts
+from pipeline.backends.llm_parameters import engine_parameters, gpu_device_id_groups
 from pipeline.config.spec import LookaheadSpec, SchedulerPolicy, ServeLoraSpec, ServeSpec, Spec, SpeculativeSpec
 from pipeline.errors import StageError
-from pipeline.render import ConfigPaths, check_consistency, render_model_repository
-from pipeline.render import contract
-from pipeline.backends.llm_parameters import engine_parameters, gpu_device_id_groups
-from pipeline.backends.engine_facts import engine_facts
+from pipeline.render import ConfigPaths, check_consistency, contract, render_model_repository
 from pipeline.render.contract_files import CONTRACT_FILE
 from pipeline.render.pbtxt import lint_config, pbtxt_string
 
@@ -375,7 +374,10 @@ CONSISTENCY_CASES = {
         dict(config=_with(tiny_engine_config(), "pretrained_config", quantization={"quant_algo": None, "kv_cache_quant_algo": "INT8"})),
         ["serve.enable_kv_cache_reuse is true", "kv_cache_quant_algo INT8"],
     ),
-    "unknown logits dtype": (dict(config=_with(tiny_engine_config(), "pretrained_config", logits_dtype="float8")), ["logits_dtype 'float8'", "no Triton data type"]),
+    "unknown logits dtype": (
+        dict(config=_with(tiny_engine_config(), "pretrained_config", logits_dtype="float8")),
+        ["logits_dtype 'float8'", "no Triton data type"],
+    ),
     "logits dtype mismatch": (dict(logits_datatype="TYPE_FP32"), ["TYPE_FP32", "logits_dtype 'float16'", "TYPE_FP16"]),
     "tokenizer larger than engine vocab": (dict(vocab=5000), ["5000 token ids", "vocab_size is 4096"]),
     "eos outside the engine vocab": (dict(tokenizer_eos_id=4096), ["eos token id 4096", "vocab_size 4096"]),
@@ -493,7 +495,9 @@ def test_pbtxt_strings_are_escaped_and_leftovers_refused():
 
 def test_engine_parameters_follow_the_engine_and_spec():
     facts = engine_facts(llama_8b_engine_config(tp_size=2))
-    values = engine_parameters(facts, _serve(enable_kv_cache_reuse=False, batch_scheduler_policy=SchedulerPolicy.max_utilization), engine_dir="/e", gpu_device_ids=(0, 1))
+    values = engine_parameters(
+        facts, _serve(enable_kv_cache_reuse=False, batch_scheduler_policy=SchedulerPolicy.max_utilization), engine_dir="/e", gpu_device_ids=(0, 1)
+    )
     assert values["enable_kv_cache_reuse"] == "false"
     assert values["batch_scheduler_policy"] == "max_utilization"
     assert values["gpu_device_ids"] == "0,1"
@@ -709,6 +713,7 @@ def test_a_batched_request_becomes_one_request_per_row(model_code):
 def test_llm_response_adds_token_counts_and_perf_metrics_on_request(model_code):
     from llm_request import parse_request
     from llm_response import final_arrays, streamed_arrays
+
     from refengine import CompletionOutput, RequestMetrics
 
     request = parse_request(
@@ -732,6 +737,7 @@ def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
     import torch
     from llm_request import parse_request
     from llm_response import final_arrays, streamed_arrays
+
     from refengine import CompletionOutput
 
     arrays = _arrays()

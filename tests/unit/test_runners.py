@@ -21,11 +21,11 @@ from pipeline.backends.container_jobs import (
     RunnerUnavailable,
     make_runner,
 )
+from pipeline.backends.engine_facts import engine_facts
 from pipeline.backends.trtllm_build import SCRIPT_FILE, plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version
 from pipeline.config.loader import load_config
 from pipeline.errors import SpecError, StageError, ToolError
-from pipeline.backends.engine_facts import engine_facts
 from tests.conftest import BUILD_CONFIGS
 
 V121 = get_version("1.2.1")

@@ -90,7 +90,7 @@ def test_quick_run_returns_sane_fields(package):
     assert streaming["tokens"] == 8
     rows = {row["path"]: row for row in streaming["rows"]}
     assert list(rows) == [path.name for path in STREAM_PATHS]
-    for name, row in rows.items():
+    for _name, row in rows.items():
         assert row["requests"] == 2 and row["per_token_ms"] > 0
         assert row["texts_match_in_process"]
         if row["stream"]:

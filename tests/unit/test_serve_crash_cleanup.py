@@ -141,7 +141,9 @@ def test_stop_after_a_crash_kills_the_stub_and_says_the_server_had_exited(tmp_pa
     assert result.already_exited and result.pid == server.pid and result.crash_signal == 11
     assert [p.pid for p in result.cleanup.killed] == [server.stub.pid]
     message = result.message()
-    assert message.startswith(f"the server (pid {server.pid}) that served http://127.0.0.1:18000 had already exited: it crashed (signal 11, SIGSEGV); see {state_dir / LAST_LOG}")
+    assert message.startswith(
+        f"the server (pid {server.pid}) that served http://127.0.0.1:18000 had already exited: it crashed (signal 11, SIGSEGV); see {state_dir / LAST_LOG}"
+    )
     assert f"killed 1 Python-backend stub (pid {server.stub.pid};" in message and " MB RSS)" in message
     assert "removed 1 shared-memory region, removed 1 python_env directory" in message
     assert not region.exists() and not env_dir.exists()
@@ -170,7 +172,8 @@ def test_a_member_without_the_mark_goes_with_a_marked_one(tmp_path, spawned, mar
     result = stop_detached(state_dir)
     [other] = server.others
     assert not alive(other.pid, other.start_ticks) and not alive(server.stub.pid, server.stub.start_ticks)
-    assert f"killed 2 processes: 1 Python-backend stub and 1 other (pids {min(server.stub.pid, other.pid)}, {max(server.stub.pid, other.pid)};" in result.message()
+    pids = f"{min(server.stub.pid, other.pid)}, {max(server.stub.pid, other.pid)}"
+    assert f"killed 2 processes: 1 Python-backend stub and 1 other (pids {pids};" in result.message()
     assert "MB RSS in total" in result.message()
 
 

@@ -93,7 +93,8 @@ def test_a_model_directory_replaced_by_a_symlink_to_another_model_is_prepared_an
     shutil.rmtree(source)
     source.symlink_to(other, target_is_directory=True)
     again = load_config(tmp_path / "tiny.yaml")
-    second = {r.name: r for r in run_pipeline(again, ArtifactStore(tmp_path / "artifacts", again.spec.name), until="prepare", console=Console(quiet=True))}["prepare"]
+    results = run_pipeline(again, ArtifactStore(tmp_path / "artifacts", again.spec.name), until="prepare", console=Console(quiet=True))
+    second = {r.name: r for r in results}["prepare"]
     assert second.outcome == "built" and second.ref.path != first.ref.path
     assert checkpoint_dir(second.ref.path) == source
 
@@ -110,9 +111,7 @@ def test_an_artifact_deleted_while_it_is_verified_is_reported_not_a_crash(tmp_pa
         return real(path, manifest, **options)
 
     monkeypatch.setattr(artifacts, "differences", deleting)
-    from pipeline.runner import artifact_state
-
-    from pipeline.runner import make_plan
+    from pipeline.runner import artifact_state, make_plan
 
     state = artifact_state(ArtifactStore(tmp_path / "artifacts", loaded.spec.name), make_plan(loaded).stage("prepare"))
     assert state.startswith("corrupt:"), state  # what `status` shows; never an internal error

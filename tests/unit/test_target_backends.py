@@ -4,7 +4,6 @@ pipeline/backends/ (and the traits table) compares the build target."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 

@@ -156,7 +156,9 @@ def test_build_config_json_and_argv_say_the_same(path):
         assert flags[f"--{key}"] == str(cfg[key]), key
     assert flags["--tokens_per_block"] == str(plugins["tokens_per_block"])
     assert flags["--kv_cache_type"].upper() == cfg["kv_cache_type"] and plugins["paged_kv_cache"] == (cfg["kv_cache_type"] == "PAGED")
-    for key in ("context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha", "use_fused_mlp", "reduce_fusion", "multiple_profiles", "remove_input_padding"):
+    for key in (
+        "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha", "use_fused_mlp", "reduce_fusion", "multiple_profiles", "remove_input_padding",
+    ):
         assert flags[f"--{key}"] == ("enable" if plugins[key] else "disable"), key
     assert flags["--build_config"] == str(build.build_config_path)
     assert flags["--output_timing_cache"] == cfg["output_timing_cache"] == str(build.output_dir / "model.cache")

@@ -23,8 +23,9 @@ processes on the machine disturb far less). What runs is an `EngineBenchOptions`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.bench.engine.figures import engine_result
 from pipeline.bench.engine.systems import (

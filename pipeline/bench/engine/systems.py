@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from pipeline.bench.engine.workload import PrefixWorkload, Workload
 from refengine import LLMEngine, SamplingParams

@@ -117,7 +117,7 @@ def sweep_options(args: argparse.Namespace) -> Any:
     )
 
 
-def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list["LoadRequest"], str]:
+def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, count: int) -> tuple[list[LoadRequest], str]:
     from pipeline.loadtest.workload import LengthDist, TextTokenizer, file_requests, synthetic_requests
 
     try:

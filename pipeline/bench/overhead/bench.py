@@ -32,8 +32,9 @@ import datetime as _dt
 import functools
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pipeline.bench.overhead import environment
 from pipeline.bench.overhead.figures import single_token_rows, streaming_rows
@@ -64,7 +65,7 @@ def run_serve_bench(
     engine_dir: Path,
     tokenizer_dir: Path,
     deploy: DeploySpec,
-    options: OverheadOptions = OverheadOptions(),
+    options: OverheadOptions | None = None,
     *,
     progress: Say | None = None,
 ) -> dict[str, Any]:
@@ -76,6 +77,8 @@ def run_serve_bench(
     127.0.0.1. `progress(line)` receives status lines."""
     import torch
 
+    if options is None:
+        options = OverheadOptions()
     say = progress or (lambda line: None)
     repo, engine_dir, tokenizer_dir = Path(repo), Path(engine_dir), Path(tokenizer_dir)
     started_at = _dt.datetime.now(_dt.timezone.utc)

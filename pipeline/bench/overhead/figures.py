@@ -3,7 +3,8 @@ in-process baseline (and, for streaming, against the same path's 1-token request
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pipeline.bench.overhead.paths import ONE_TOKEN_OF, MeasuredPath, ms_summary, result_row
 

@@ -21,9 +21,11 @@ def _header(recipe: dict[str, Any]) -> list[str]:
     return [
         f"Run {recipe['started']} · {recipe['machine']['cpu']}, {recipe['machine']['cpu_count']} CPU cores (shared), "
         f"tritonserver {versions['tritonserver']} (nvidia-pytriton {versions['nvidia-pytriton']}), tritonclient {versions['tritonclient']}, "
-        f"torch {versions['torch']} (intra-op threads: {recipe['torch_threads']['this_process']} in-process; server stub: {recipe['torch_threads']['server_stub']}), "
+        f"torch {versions['torch']} (intra-op threads: {recipe['torch_threads']['this_process']} in-process; "
+        f"server stub: {recipe['torch_threads']['server_stub']}), "
         f"Python {versions['python']} · repo {versions.get('git_commit')}{' + uncommitted changes' if versions.get('git_uncommitted_changes') else ''} · "
-        f"wall {recipe['wall_s']} s, server start-up {recipe['server']['startup_s']} s · 1-min load average {recipe['load_average_1min']['start']} → {recipe['load_average_1min']['end']}",
+        f"wall {recipe['wall_s']} s, server start-up {recipe['server']['startup_s']} s · "
+        f"1-min load average {recipe['load_average_1min']['start']} → {recipe['load_average_1min']['end']}",
         "",
         f"Recipe: `{recipe['call']}`  ",
         f"Prompt {recipe['prompt']!r} ({recipe['prompt_tokens']} tokens), greedy. Engine: {recipe['engine']['scheduler_policy']}, "
@@ -40,7 +42,8 @@ def _single_token_table(result: dict[str, Any]) -> list[str]:
         f"{counts['rounds']} interleaved rounds. Ratios against `{result['single_token']['baseline']}`. "
         "CPU = server process group (tritonserver + stubs) + this process, per request.",
         "",
-        "| path | req/s | p50 ms | p90 ms | p99 ms | p50 ÷ in-process | p99 ÷ in-process | in-process req/s ÷ this | p50 overhead ms | server CPU ms/req | total CPU ms/req | CPU ÷ in-process |",
+        "| path | req/s | p50 ms | p90 ms | p99 ms | p50 ÷ in-process | p99 ÷ in-process | in-process req/s ÷ this | "
+        "p50 overhead ms | server CPU ms/req | total CPU ms/req | CPU ÷ in-process |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["single_token"]["rows"]:
@@ -63,7 +66,8 @@ def _streaming_table(result: dict[str, Any]) -> list[str]:
         f"{counts['stream_rounds']} interleaved rounds. Per-token = p50 latency ÷ {n}; marginal = (p50 of {n} tokens − p50 of the "
         f"same path's 1-token request in (1)) ÷ {n - 1}; gaps = between consecutive streamed responses.",
         "",
-        f"| path | p50 ms ({n} tok) | p99 ms | per-token ms | ÷ in-process | marginal ms/token | streamed ÷ non-streamed | streaming extra ms/token | TTFT p50 ms | gap p50 / p99 ms | responses/req | server CPU ms/token | total CPU ms/token | CPU ÷ in-process |",
+        f"| path | p50 ms ({n} tok) | p99 ms | per-token ms | ÷ in-process | marginal ms/token | streamed ÷ non-streamed | "
+        "streaming extra ms/token | TTFT p50 ms | gap p50 / p99 ms | responses/req | server CPU ms/token | total CPU ms/token | CPU ÷ in-process |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["streaming"]["rows"]:

@@ -17,9 +17,10 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from clients import TritonLLMClient
 from clients.loadgen.chaos import ChaosOutcome, ChaosPlan, ChaosTargets, run_chaos

@@ -107,7 +107,8 @@ def render_soak(result: dict) -> str:
         "| | before | after |",
         "| --- | --- | --- |",
         f"| ready | {before['ready']} | {after['ready']} |",
-        f"| KV blocks used / active requests | {before['kv_blocks_used']:g} / {before['active_requests']:g} | {after['kv_blocks_used']:g} / {after['active_requests']:g} |",
+        f"| KV blocks used / active requests | {before['kv_blocks_used']:g} / {before['active_requests']:g} | "
+        f"{after['kv_blocks_used']:g} / {after['active_requests']:g} |",
         f"| tritonserver RSS (MB) | {before['server_rss_mb']:.0f} | {after['server_rss_mb']:.0f} |",
         f"| stubs RSS (MB), count | {before['stub_rss_mb']:.0f}, {len(before['stub_pids'])} | {after['stub_rss_mb']:.0f}, {len(after['stub_pids'])} |",
         f"| total RSS (MB) | {before['total_rss_mb']:.0f} | {after['total_rss_mb']:.0f} ({after['total_rss_mb'] - before['total_rss_mb']:+.0f}) |",

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pipeline.errors import StageError
 

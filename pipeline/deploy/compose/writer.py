@@ -5,9 +5,10 @@ engine and tokenizer, monitoring, the server image's files) come from pipeline.d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pipeline.config.spec import Spec
 from pipeline.deploy import files, layout
