@@ -1,8 +1,10 @@
 """The build spec: what one YAML file in `build_configs/` may say.
 
 Every model is frozen and forbids unknown keys; every field carries a description (the README's
-YAML reference and `build_configs/schema.json` are generated from them). Cross-field validators
-name both fields in their messages. Checks that need the model's own `config.json` live in
+YAML reference and `build_configs/schema.json` are generated from them). A validator's message starts
+with the field it is about and names the other fields involved; the loader prefixes the field only to a
+message that does not (pydantic's own, or a section's that cannot know its path, like LatencyLimits'), so
+each field is named once. Checks that need the model's own `config.json` live in
 `pipeline.config.model_checks`, not here, so this package stays pure.
 
 One module per section (model.py: model and quantize, build.py, serve.py, deploy.py, gate.py), the
