@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 _FP8_CONTEXT_FMHA_ALGOS = algos_where(lambda f: f.fp8_context_fmha)
 
 
-def needs_calibration(quantize: "QuantizeSpec") -> bool:
+def needs_calibration(quantize: QuantizeSpec) -> bool:
     return quant_formats.needs_calibration(weight_format(quantize.algo), kv_cache_format(quantize.kv_cache))
 
 
-def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "ServeSpec") -> None:
+def check_format_rules(quantize: QuantizeSpec, build: BuildSpec, serve: ServeSpec) -> None:
     weights, kv, target = weight_format(quantize.algo), kv_cache_format(quantize.kv_cache), build.target.value
     traits = traits_of(build.target)
     if traits.follows_trtllm_plugin_rules:
@@ -43,7 +43,7 @@ def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "Ser
         )
 
 
-def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: "ServeSpec") -> None:
+def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: ServeSpec) -> None:
     loss = quant_formats.paged_context_fmha_loss(weights, kv)  # the GPU's part is checked when the engine is planned
     if loss is None:
         return

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from pipeline.cli import main
 from pipeline.config.loader import load_config
@@ -51,7 +51,7 @@ def test_gpu_examples_cover_the_documented_models() -> None:
 def test_valid_config_loads_frozen_with_absolute_model_path(tmp_path: Path) -> None:
     loaded = load_config(write_config(tmp_path, VALID))
     assert loaded.spec.model.source == (tmp_path / "model").resolve()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         loaded.spec.build.max_batch_size = 4  # type: ignore[misc]
 
 

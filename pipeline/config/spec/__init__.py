@@ -99,6 +99,6 @@ class Spec(StrictModel):
         return traits_of(self.build.target).builds_through_runner and self.build.runner is BuildRunnerKind.dry_run
 
     @model_validator(mode="after")
-    def _cross_section(self) -> "Spec":
+    def _cross_section(self) -> Spec:
         check_cross_section(self)
         return self

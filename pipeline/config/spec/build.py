@@ -43,11 +43,15 @@ def lookahead_max_draft_len(window_size: int, ngram_size: int, verification_set_
 class PluginSpec(StrictModel):
     """trtllm-build plugin and fusion switches, with TensorRT-LLM 1.2 defaults."""
 
-    gpt_attention_plugin: PluginDType = Field(default=PluginDType.auto, description="--gpt_attention_plugin; required for paged KV cache and inflight batching.")
+    gpt_attention_plugin: PluginDType = Field(
+        default=PluginDType.auto, description="--gpt_attention_plugin; required for paged KV cache and inflight batching."
+    )
     gemm_plugin: GemmPlugin = Field(default=GemmPlugin.disable, description="--gemm_plugin for non-quantized (and FP8) GEMMs.")
     context_fmha: bool = Field(default=True, description="--context_fmha; disabling it also disables paged and FP8 context FMHA.")
     use_paged_context_fmha: bool = Field(default=True, description="--use_paged_context_fmha; needed for KV-cache reuse and chunked context.")
-    use_fp8_context_fmha: bool = Field(default=True, description=f"--use_fp8_context_fmha; effective only with {_FP8_CONTEXT_FMHA_QUANT} quantization on SM >= {FP8_MIN_SM}.")
+    use_fp8_context_fmha: bool = Field(
+        default=True, description=f"--use_fp8_context_fmha; effective only with {_FP8_CONTEXT_FMHA_QUANT} quantization on SM >= {FP8_MIN_SM}."
+    )
     use_fused_mlp: bool = Field(default=True, description=f"--use_fused_mlp; fuses gate and up projections ({_FUSED_MLP_WEIGHTS} only).")
     remove_input_padding: bool = Field(default=True, description="--remove_input_padding; packed token batches.")
     reduce_fusion: bool = Field(default=False, description="--reduce_fusion; only takes effect with tp_size > 1 on Llama.")
@@ -89,7 +93,7 @@ class LoraSpec(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _usable(self) -> "LoraSpec":
+    def _usable(self) -> LoraSpec:
         if self.adapter_source is LoraAdapterSource.nemo:
             raise ValueError(
                 "build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled torch weights "
@@ -118,7 +122,7 @@ class LookaheadSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _legal(self) -> "LookaheadSpec":
+    def _legal(self) -> LookaheadSpec:
         w, n, g = self.window_size, self.ngram_size, self.verification_set_size
         if n == 1 and (w != 1 or g != 0):
             raise ValueError(
@@ -150,7 +154,7 @@ class SpeculativeSpec(StrictModel):
     lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
 
     @model_validator(mode="after")
-    def _mode_fields(self) -> "SpeculativeSpec":
+    def _mode_fields(self) -> SpeculativeSpec:
         mode = self.mode.value
         if mode in _UNSUPPORTED_SPECULATIVE_MODES:
             raise ValueError(f"build.speculative.mode {mode} is refused: it {_UNSUPPORTED_SPECULATIVE_MODES[mode]}")
@@ -175,7 +179,9 @@ class SpeculativeSpec(StrictModel):
 
 class BuildSpec(StrictModel):
     target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
-    trtllm_version: str = Field(default="1.2.1", description="TensorRT-LLM version profile of the engine target (flags, defaults, pinned Triton image): 1.2.1, 1.1.0 or 1.0.0.")
+    trtllm_version: str = Field(
+        default="1.2.1", description="TensorRT-LLM version profile of the engine target (flags, defaults, pinned Triton image): 1.2.1, 1.1.0 or 1.0.0."
+    )
     runner: BuildRunnerKind = Field(
         default=BuildRunnerKind.local,
         description="Where trtllm-build runs (engine target): local (on PATH), docker (the pinned Triton TRT-LLM image) or dry-run "
@@ -203,7 +209,9 @@ class BuildSpec(StrictModel):
         "× vocab size × 4 bytes (float32 logits): 4.2 GB for a Llama 3 vocabulary (128,256) at max_num_tokens 8192. "
         "Not with speculative decoding. The cpu target always returns them.",
     )
-    tp_size: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them).")
+    tp_size: int = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them)."
+    )
     pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks; must divide the number of layers.")
     plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")
     lora: LoraSpec | None = Field(
@@ -215,7 +223,7 @@ class BuildSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "BuildSpec":
+    def _cross_field(self) -> BuildSpec:
         tpb = self.tokens_per_block
         if tpb < 16 or tpb > 128 or tpb & (tpb - 1):
             raise ValueError(f"build.tokens_per_block must be a power of two in 16..128, got {tpb}")

@@ -32,7 +32,7 @@ class LatencyLimits(StrictModel):
     p99: float | None = Field(default=None, gt=0, description="Largest allowed 99th percentile, in milliseconds.")
 
     @model_validator(mode="after")
-    def _some_limit(self) -> "LatencyLimits":
+    def _some_limit(self) -> LatencyLimits:
         if self.p50 is None and self.p90 is None and self.p99 is None:
             raise ValueError("set at least one of p50, p90, p99")
         return self
@@ -45,7 +45,7 @@ class GoodputSpec(StrictModel):
     min_pct: float = Field(ge=0.0, le=100.0, description="Smallest allowed share of requests that meet every limit above, in percent.")
 
     @model_validator(mode="after")
-    def _some_limit(self) -> "GoodputSpec":
+    def _some_limit(self) -> GoodputSpec:
         if self.ttft_ms is None and self.itl_ms is None and self.e2e_ms is None:
             raise ValueError("set at least one of ttft_ms, itl_ms, e2e_ms")
         return self
@@ -78,7 +78,7 @@ class PerformanceGateSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _some_threshold(self) -> "PerformanceGateSpec":
+    def _some_threshold(self) -> PerformanceGateSpec:
         thresholds = (self.max_ttft_ms, self.max_itl_ms, self.max_e2e_ms, self.min_output_tokens_per_s, self.min_requests_per_s,
                       self.goodput, self.max_regression_pct)
         if all(value is None for value in thresholds):

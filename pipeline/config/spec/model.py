@@ -69,7 +69,7 @@ class QuantizeSpec(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _group_size_choice(self) -> "QuantizeSpec":
+    def _group_size_choice(self) -> QuantizeSpec:
         if self.group_size not in (64, 128):
             raise ValueError(f"quantize.group_size must be 64 or 128, got {self.group_size}")
         return self

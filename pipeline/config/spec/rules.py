@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pipeline.config.spec.serve import ServeSpec
 
 
-def check_cross_section(spec: "Spec") -> None:
+def check_cross_section(spec: Spec) -> None:
     build, serve = spec.build, spec.serve
     paged_ctx = build.plugins.use_paged_context_fmha and build.plugins.context_fmha
     for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
@@ -49,7 +49,7 @@ def check_cross_section(spec: "Spec") -> None:
         )
 
 
-def _check_lora_and_speculative(build: "BuildSpec", serve: "ServeSpec") -> None:
+def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:
     """LoRA and speculative decoding: only on a target that builds them; serve.lora only with build.lora, and large enough for it."""
     target = build.target
     why_not = traits_of(target).no_lora_or_speculative_because

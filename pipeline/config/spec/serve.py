@@ -33,7 +33,7 @@ class ServeLoraSpec(StrictModel):
     cache_host_memory_bytes: int = Field(default=1 << 30, ge=0, description="lora_cache_host_memory_bytes: host cache for adapters (default 1 GiB).")
 
     @model_validator(mode="after")
-    def _sizes(self) -> "ServeLoraSpec":
+    def _sizes(self) -> ServeLoraSpec:
         if self.cache_max_adapter_size is not None and self.cache_optimal_adapter_size > self.cache_max_adapter_size:
             raise ValueError(
                 f"serve.lora.cache_optimal_adapter_size ({self.cache_optimal_adapter_size}) exceeds "
@@ -47,7 +47,9 @@ class ServeSpec(StrictModel):
     streaming: bool = Field(default=True, description="Allow streaming responses (gRPC streaming, HTTP generate_stream).")
     decoupled: bool = Field(default=True, description="Triton decoupled transaction policy for the LLM model; required for streaming.")
     instances: InstanceCounts = Field(default_factory=InstanceCounts, description="Model instance counts.")
-    kv_cache_free_gpu_mem_fraction: float = Field(default=0.9, gt=0.0, le=1.0, description="Fraction of free memory (after the engine loads) given to the KV cache.")
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Fraction of free memory (after the engine loads) given to the KV cache."
+    )
     enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks of identical prompt prefixes; needs paged context FMHA in the engine.")
     enable_chunked_context: bool = Field(default=True, description="Split long prompts across iterations; needs paged context FMHA in the engine.")
     batch_scheduler_policy: SchedulerPolicy = Field(default=SchedulerPolicy.guaranteed_no_evict, description="guaranteed_no_evict or max_utilization.")
@@ -59,7 +61,7 @@ class ServeSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _streaming_needs_decoupled(self) -> "ServeSpec":
+    def _streaming_needs_decoupled(self) -> ServeSpec:
         if self.streaming and not self.decoupled:
             raise ValueError("serve.streaming: true requires serve.decoupled: true (Triton streams only from decoupled models)")
         return self
