@@ -7,24 +7,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline import quant_formats
+from pipeline.config.targets import traits_of
 from pipeline.quant_formats import KVCacheFormat, WeightFormat, algos_where, kv_cache_format, listed, weight_format
 
 if TYPE_CHECKING:
     from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec
 
-# The targets whose engine follows trtllm-build's plugin rules: the engine itself, and the cpu build, which records
-# the same plugin_config (so a config that packages on cpu builds on a GPU). llmapi runs no trtllm-build.
-_TRTLLM_PLUGIN_TARGETS = frozenset({"engine", "cpu"})
 _FP8_CONTEXT_FMHA_ALGOS = algos_where(lambda f: f.fp8_context_fmha)
 
 
-def needs_calibration(quantize: "QuantizeSpec") -> bool:
+def needs_calibration(quantize: QuantizeSpec) -> bool:
     return quant_formats.needs_calibration(weight_format(quantize.algo), kv_cache_format(quantize.kv_cache))
 
 
-def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "ServeSpec") -> None:
+def check_format_rules(quantize: QuantizeSpec, build: BuildSpec, serve: ServeSpec) -> None:
     weights, kv, target = weight_format(quantize.algo), kv_cache_format(quantize.kv_cache), build.target.value
-    if target in _TRTLLM_PLUGIN_TARGETS:
+    traits = traits_of(build.target)
+    if traits.follows_trtllm_plugin_rules:
         _check_paged_context_features(weights, kv, serve)
     for field, record in (("quantize.algo", weights), ("quantize.kv_cache", kv)):
         if not record.runs_on(target):
@@ -36,7 +35,7 @@ def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "Ser
         )
     plugins = build.plugins
     explicit = "use_fp8_context_fmha" in plugins.model_fields_set and plugins.use_fp8_context_fmha
-    if target == "engine" and explicit and quant_formats.fp8_context_fmha_loss(weights) is not None:
+    if traits.runs_fp8_context_fmha and explicit and quant_formats.fp8_context_fmha_loss(weights) is not None:
         # Left at its default, the build turns it off with a recorded decision; asked for explicitly, it is an error.
         raise ValueError(
             f"build.plugins.use_fp8_context_fmha: true needs quantize.algo {listed(_FP8_CONTEXT_FMHA_ALGOS)}, got "
@@ -44,7 +43,7 @@ def check_format_rules(quantize: "QuantizeSpec", build: "BuildSpec", serve: "Ser
         )
 
 
-def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: "ServeSpec") -> None:
+def _check_paged_context_features(weights: WeightFormat, kv: KVCacheFormat, serve: ServeSpec) -> None:
     loss = quant_formats.paged_context_fmha_loss(weights, kv)  # the GPU's part is checked when the engine is planned
     if loss is None:
         return

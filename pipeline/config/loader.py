@@ -14,10 +14,12 @@ from pipeline.config.model_checks import Issue, inspect_model
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.overrides import apply_overrides, parse_override
 from pipeline.config.spec import Spec
+from pipeline.config.spec.strict import section_model
 from pipeline.config.yaml_source import Location, SourceMap, decode_config, read_yaml
 from pipeline.errors import SpecError
 
 _DOTTED = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)+)\b")
+_LEADING_DOTTED = re.compile(r"([a-z_]+(?:\.[a-z_]+)+)\b")
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,23 @@ def _section(data: Any, key: str) -> dict[str, Any]:
 
 
 def format_issues(issues: list[Issue], source_map: SourceMap) -> str:
-    lines = [f"{source_map.locate(path)}: {_dotted(path)}: {message}" for path, message in issues]
+    lines = [f"{source_map.locate(path)}: {_naming_the_field_once(_dotted(path), message)}" for path, message in issues]
     return _join(lines)
+
+
+def _naming_the_field_once(dotted: str, message: str) -> str:
+    """A message that starts with the field it is about stands alone (the spec's validators and the checks
+    write them so); any other message (pydantic's own, or one that cannot know its path) gets the field first."""
+    leading = _LEADING_DOTTED.match(message)
+    if leading is not None and _is_field(leading.group(1)):
+        return message
+    return f"{dotted}: {message}"
+
+
+def _is_field(dotted: str) -> bool:
+    *sections, name = dotted.split(".")
+    model = _model_at(tuple(sections))
+    return model is not None and name in model.model_fields
 
 
 def _join(lines: list[str]) -> str:
@@ -113,7 +130,7 @@ def _format_validation_errors(exc: ValidationError, source_map: SourceMap) -> st
         elif kind == "value_error":
             message = message.removeprefix("Value error, ")
             where = _locate_by_message(message, loc, source_map)
-            text = f"{where}: {_first_dotted(message) or dotted}: {message}"
+            text = f"{where}: {_naming_the_field_once(dotted, message)}"
         else:
             where = source_map.locate(loc)
             text = f"{where}: {dotted}: {message}, got {error.get('input')!r}"
@@ -123,11 +140,6 @@ def _format_validation_errors(exc: ValidationError, source_map: SourceMap) -> st
 
 def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(top level)"
-
-
-def _first_dotted(message: str) -> str | None:
-    match = _DOTTED.search(message)
-    return match.group(1) if match else None
 
 
 def _locate_by_message(message: str, loc: tuple[Any, ...], source_map: SourceMap) -> Location:
@@ -153,8 +165,8 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     model: type[BaseModel] = Spec
     for part in loc:
         field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = section_model(field.annotation) if field is not None else None
+        if section is None:
             return None
-        model = annotation
+        model = section
     return model

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from pipeline.config.spec import Spec
+from pipeline.config.spec.strict import section_model
 
 BEGIN = "<!-- BEGIN GENERATED CONFIG REFERENCE (trtllm-pipeline schema --markdown) -->"
 END = "<!-- END GENERATED CONFIG REFERENCE -->"
@@ -24,22 +25,13 @@ def _rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
     for name, field in model.model_fields.items():
         annotation = field.annotation
         dotted = f"{prefix}{name}"
-        section = _section_model(annotation)
+        section = section_model(annotation)
         if section is not None:
             optional = "optional section (default: absent)" if section is not annotation else "section"
             rows.append(f"| **`{dotted}`** | {optional} | | {field.description} |")
             _rows(section, f"{dotted}.", rows)
             continue
         rows.append(f"| `{dotted}` | {_type_name(annotation)} | {_default(field)} | {field.description} |")
-
-
-def _section_model(annotation: Any) -> type[BaseModel] | None:
-    """The model of a section field: `Model` or `Model | None`."""
-    candidates = [annotation, *get_args(annotation)]
-    for candidate in candidates:
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
 
 
 def _type_name(annotation: Any) -> str:

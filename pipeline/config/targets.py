@@ -1,16 +1,21 @@
-"""What the spec and the plan know about each build target, below the backends that do the work.
+"""The build targets, and what the spec and the plan know about each, below the backends that do the work.
 
 The plan (and the config) cannot import `pipeline.backends` (ARCHITECTURE.md §4: the flow points
-down to config), yet a target decides what some digests hash. Those few facts are data, here; every
-other target fact and operation is the target's backend (`pipeline.backends.registry.backend_for`),
-which carries these traits too.
+down to config), yet a target decides what some digests hash and which spec rules apply. Those few
+facts are data, here; every other target fact and operation is the target's backend
+(`pipeline.backends.registry.backend_for`), which carries these traits too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-from pipeline.config.spec import Target
+
+class Target(str, Enum):
+    engine = "engine"
+    cpu = "cpu"
+    llmapi = "llmapi"
 
 
 @dataclass(frozen=True)
@@ -21,12 +26,45 @@ class TargetTraits:
     build_reads_gpu: bool
     # the quantize job also exports ModelOpt's unified Hugging Face checkpoint (TensorRT-LLM's PyTorch backend reads it)
     exports_unified_hf: bool
+    # its engine follows trtllm-build's plugin rules: the engine itself, and the cpu build, which records the same
+    # plugin_config (so a config that packages on cpu builds on a GPU); llmapi runs no trtllm-build
+    follows_trtllm_plugin_rules: bool
+    # build.plugins.use_fp8_context_fmha: true turns FP8 context attention on (the cpu build has no FP8 kernels)
+    runs_fp8_context_fmha: bool
+    # the server places serve.instances.tensorrt_llm × tp_size × pp_size ranks on deploy.gpus, one GPU each
+    places_ranks_on_deploy_gpus: bool
+    # why it builds no build.lora / build.speculative section ({feature}: "LoRA" or "speculative decoding"); None: it builds both
+    no_lora_or_speculative_because: str | None
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
-    Target.engine: TargetTraits(builds_through_runner=True, build_reads_gpu=True, exports_unified_hf=False),
-    Target.cpu: TargetTraits(builds_through_runner=False, build_reads_gpu=False, exports_unified_hf=False),
-    Target.llmapi: TargetTraits(builds_through_runner=False, build_reads_gpu=False, exports_unified_hf=True),
+    Target.engine: TargetTraits(
+        builds_through_runner=True,
+        build_reads_gpu=True,
+        exports_unified_hf=False,
+        follows_trtllm_plugin_rules=True,
+        runs_fp8_context_fmha=True,
+        places_ranks_on_deploy_gpus=True,
+        no_lora_or_speculative_because=None,
+    ),
+    Target.cpu: TargetTraits(
+        builds_through_runner=False,
+        build_reads_gpu=False,
+        exports_unified_hf=False,
+        follows_trtllm_plugin_rules=True,
+        runs_fp8_context_fmha=False,
+        places_ranks_on_deploy_gpus=False,
+        no_lora_or_speculative_because="the cpu reference engine (refengine) does not implement {feature}",
+    ),
+    Target.llmapi: TargetTraits(
+        builds_through_runner=False,
+        build_reads_gpu=False,
+        exports_unified_hf=True,
+        follows_trtllm_plugin_rules=False,
+        runs_fp8_context_fmha=False,
+        places_ranks_on_deploy_gpus=False,
+        no_lora_or_speculative_because="the llmapi target does not build {feature} in this version",
+    ),
 }
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from pipeline.cli import main
 from pipeline.config.loader import load_config
@@ -50,7 +51,7 @@ def test_gpu_examples_cover_the_documented_models() -> None:
 def test_valid_config_loads_frozen_with_absolute_model_path(tmp_path: Path) -> None:
     loaded = load_config(write_config(tmp_path, VALID))
     assert loaded.spec.model.source == (tmp_path / "model").resolve()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         loaded.spec.build.max_batch_size = 4  # type: ignore[misc]
 
 
@@ -63,6 +64,31 @@ def test_unknown_key_names_line_and_suggests(tmp_path: Path) -> None:
 def test_unknown_top_level_section(tmp_path: Path) -> None:
     message = spec_error(write_config(tmp_path, VALID + "serv:\n  streaming: true\n"))
     assert ":9: serv: unknown key 'serv'; did you mean 'serve'?" in message
+
+
+def test_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
+    message = spec_error(write_config(tmp_path, VALID), ("build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_ln=2"))
+    assert "build.speculative.max_draft_ln: unknown key 'max_draft_ln'; did you mean 'max_draft_len'? (valid keys: mode, max_draft_len, lookahead)" in message
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (("serve.enable_kv_cache_reuse=true", "quantize.kv_cache=int8", "quantize.calibration.files=[x]"), "serve.enable_kv_cache_reuse"),
+    (("quantize.group_size=32",), "quantize.group_size"),
+    (("quantize.algo=int4_wo",), "quantize.algo"),
+    (("serve.decoupled=false",), "serve.streaming"),
+    (("deploy.grpc_port=8000",), "deploy.grpc_port"),
+    (("build.tp_size=3",), "build.tp_size"),
+    (("build.max_batch_size=0",), "build.max_batch_size"),
+    (("model.source=nowhere",), "model.source"),
+    (("build.lora.adapter_source=nemo", "build.lora.target_modules=[attn_q]"), "build.lora.adapter_source"),
+    (("gate.performance.concurrency=2",), "gate.performance"),
+])
+def test_each_problem_names_its_field_once(tmp_path: Path, overrides: tuple[str, ...], field: str) -> None:
+    """A message that starts with its field stands alone; the loader prefixes the field to any other (pydantic's own)."""
+    message = spec_error(write_config(tmp_path, VALID), overrides)
+    problem = message.split(": ", 1)[1]  # after file:line (or --set KEY=VALUE)
+    assert problem.startswith(field) and problem.count(field) == 1, message
+    assert re.search(r"\b([a-z_]+(?:\.[a-z_]+)+): \1\b", problem) is None, message
 
 
 def test_wrong_type_names_field_and_value(tmp_path: Path) -> None:
@@ -95,7 +121,7 @@ def test_missing_required_field(tmp_path: Path) -> None:
 def test_max_input_len_must_be_below_max_seq_len_naming_both(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID.replace("max_input_len: 256", "max_input_len: 512"))
     message = spec_error(path)
-    assert f"{path}:6: build.max_input_len: build.max_input_len (512) must be less than build.max_seq_len (512)" in message
+    assert f"{path}:6: build.max_input_len (512) must be less than build.max_seq_len (512)" in message
 
 
 def test_max_input_len_checked_against_deduced_max_seq_len(tmp_path: Path) -> None:
@@ -107,13 +133,13 @@ def test_max_input_len_checked_against_deduced_max_seq_len(tmp_path: Path) -> No
 @pytest.mark.parametrize("value", [8, 24, 256, 0])
 def test_tokens_per_block_power_of_two_in_range(tmp_path: Path, value: int) -> None:
     message = spec_error(write_config(tmp_path, VALID + f"  tokens_per_block: {value}\n"))
-    assert ":9: build.tokens_per_block: build.tokens_per_block must be a power of two in 16..128" in message
+    assert ":9: build.tokens_per_block must be a power of two in 16..128" in message
 
 
 def test_tp_size_must_divide_kv_heads(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID + "  tp_size: 3\n")  # the model has 2 KV heads, 4 attention heads
     message = spec_error(path)
-    assert f"{path}:9: build.tp_size: build.tp_size (3) must divide the model's number of KV heads (2)" in message
+    assert f"{path}:9: build.tp_size (3) must divide the model's number of KV heads (2)" in message
     load_config(path, ("build.tp_size=4",))  # 2 KV heads replicated over 4 ranks is allowed
 
 
@@ -161,7 +187,7 @@ def test_set_overrides_apply_and_are_located(tmp_path: Path) -> None:
     assert loaded.spec.serve.streaming is False
     assert loaded.spec.quantize.calibration.seed == 3
     message = spec_error(path, ("build.max_input_len=600",))
-    assert message.startswith("--set build.max_input_len=600: build.max_input_len: build.max_input_len (600) must be less than")
+    assert message.startswith("--set build.max_input_len=600: build.max_input_len (600) must be less than")
 
 
 @pytest.mark.parametrize("text", ["build.max_seq_len", "=3", "build..x=1", "build.max seq=1", "a.b=[1,", "a.b={x: 1}"])
@@ -181,7 +207,7 @@ def test_apply_overrides_is_pure() -> None:
 
 
 def test_every_field_is_described() -> None:
-    from pipeline.config.reference import _section_model
+    from pipeline.config.spec.strict import section_model
 
     seen: list[str] = []
 
@@ -189,7 +215,7 @@ def test_every_field_is_described() -> None:
         for name, field in model.model_fields.items():
             assert field.description, f"{prefix}{name} has no description"
             seen.append(f"{prefix}{name}")
-            section = _section_model(field.annotation)  # `Model` or an optional `Model | None` section
+            section = section_model(field.annotation)  # `Model` or an optional `Model | None` section
             if section is not None:
                 walk(section, f"{prefix}{name}.")
 
@@ -258,21 +284,21 @@ def test_lora_and_speculative_are_refused_on_the_cpu_target(tmp_path: Path, sect
     path = write_config(tmp_path, VALID + section)
     name = "lora" if "lora" in section else "speculative"
     message = spec_error(path)
-    assert f"{path}:9: build.{name}: build.{name} is set, but build.target is cpu: the cpu reference engine (refengine) does not implement {what}" in message
+    assert f"{path}:9: build.{name} is set, but build.target is cpu: the cpu reference engine (refengine) does not implement {what}" in message
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle", "draft_tokens_external", "explicit_draft_tokens"])
 def test_speculative_modes_this_pipeline_cannot_produce(tmp_path: Path, mode: str) -> None:
     path = write_config(tmp_path, ENGINE + f"  speculative:\n    mode: {mode}\n")
     message = spec_error(path)
-    assert f"{path}:10: build.speculative.mode: build.speculative.mode {mode} is refused: it " in message
+    assert f"{path}:10: build.speculative.mode {mode} is refused: it " in message
     assert "cannot produce" in message or "never receive draft tokens" in message
 
 
 def test_lookahead_max_draft_len_must_match_its_window(tmp_path: Path) -> None:
     path = write_config(tmp_path, ENGINE + LOOKAHEAD_SECTION + "    max_draft_len: 16\n")
     message = spec_error(path)
-    assert f"{path}:11: build.speculative.max_draft_len: build.speculative.max_draft_len (16) must equal" in message
+    assert f"{path}:11: build.speculative.max_draft_len (16) must equal" in message
     assert "(W 4, N 3, G 4) = 15" in message
     load_config(path, ("build.speculative.max_draft_len=15",))
 
@@ -285,19 +311,19 @@ def test_illegal_lookahead_configurations(tmp_path: Path, w: int, n: int, g: int
     section = LOOKAHEAD_SECTION + f"    lookahead:\n      window_size: {w}\n      ngram_size: {n}\n      verification_set_size: {g}\n"
     path = write_config(tmp_path, ENGINE + section)
     message = spec_error(path)
-    assert f"{path}:{where}:" in message and fragment in message
+    assert f"{path}:{where} " in message and fragment in message
 
 
 def test_nemo_adapters_are_refused(tmp_path: Path) -> None:
     write_adapter(tmp_path / "adapter")
     path = write_config(tmp_path, ENGINE + LORA_SECTION + "    adapter_source: nemo\n")
-    assert f"{path}:12: build.lora.adapter_source: build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled" in spec_error(path)
+    assert f"{path}:12: build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled" in spec_error(path)
 
 
 def test_lora_needs_modules_or_an_adapter(tmp_path: Path) -> None:
     path = write_config(tmp_path, ENGINE + "  lora:\n    max_rank: 8\n")
     message = spec_error(path)
-    assert f"{path}:9: build.lora.target_modules: build.lora.target_modules is empty and build.lora.adapter_dirs lists no adapter" in message
+    assert f"{path}:9: build.lora.target_modules is empty and build.lora.adapter_dirs lists no adapter" in message
 
 
 def test_unknown_lora_module_lists_the_module_ids(tmp_path: Path) -> None:
@@ -330,8 +356,8 @@ def test_missing_and_pickled_adapters(tmp_path: Path) -> None:
 
 def test_serve_lora_needs_build_lora_and_room_for_its_ranks(tmp_path: Path) -> None:
     path = write_config(tmp_path, ENGINE + "serve:\n  lora:\n    cache_optimal_adapter_size: 8\n")
-    assert f"{path}:10: serve.lora: serve.lora is set, but build.lora is not" in spec_error(path)
+    assert f"{path}:10: serve.lora is set, but build.lora is not" in spec_error(path)
     write_adapter(tmp_path / "adapter")
     path = write_config(tmp_path, ENGINE + LORA_SECTION + "serve:\n  lora:\n    cache_max_adapter_size: 8\n")
     message = spec_error(path)
-    assert f"{path}:14: serve.lora.cache_max_adapter_size: serve.lora.cache_max_adapter_size (8) is below build.lora.max_rank (16)" in message
+    assert f"{path}:14: serve.lora.cache_max_adapter_size (8) is below build.lora.max_rank (16)" in message

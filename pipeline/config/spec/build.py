@@ -1,0 +1,244 @@
+"""The spec's build section: the engine's sizes, plugins, parallelism, LoRA and speculative decoding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config.spec.choices import BuildRunnerKind, GemmPlugin, KVCacheType, LoraAdapterSource, LoraTargetModule, PluginDType, SpeculativeMode
+from pipeline.config.spec.strict import StrictModel
+from pipeline.config.targets import Target
+from pipeline.quant_formats import FP8_MIN_SM, WEIGHT_FORMATS
+
+# Format facts the field descriptions below state, read from the format registry.
+_FP8_CONTEXT_FMHA_QUANT = "/".join(str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fp8_context_fmha)
+_FUSED_MLP_WEIGHTS = " or ".join(
+    [str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fused_mlp and f.quantized] + ["unquantized"]
+)
+
+# What this pipeline cannot produce for each refused mode (it exports plain Llama-family checkpoints with ModelOpt
+# and serves one tensorrt_llm model behind the ensemble / its own BLS).
+_UNSUPPORTED_SPECULATIVE_MODES = {
+    "draft_tokens_external": "needs a second (draft) engine and a BLS model that sends its draft tokens to the target "
+    "(tensorrt_llm_draft_model_name); this pipeline builds and serves one model, so the target engine would never receive "
+    "draft tokens",
+    "medusa": "needs a Medusa checkpoint (the base model plus trained Medusa heads, converted by TensorRT-LLM's "
+    "examples/medusa/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
+    "eagle": "needs an EAGLE checkpoint (the base model plus a trained EAGLE draft layer, converted by TensorRT-LLM's "
+    "examples/eagle/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
+    "explicit_draft_tokens": "(ReDrafter) needs a ReDrafter checkpoint with its trained recurrent drafter; this pipeline "
+    "exports plain checkpoints with ModelOpt and cannot produce one",
+}
+
+
+def lookahead_max_draft_len(window_size: int, ngram_size: int, verification_set_size: int) -> int:
+    """Draft tokens a lookahead (W, N, G) configuration needs: TensorRT-LLM's
+    LookaheadDecodingConfig::calculateSpeculativeResourceTuple (maxDraftTokens), which examples/lookahead/README.md
+    says the engine's --max_draft_len must equal."""
+    first = 0 if ngram_size == 1 else ngram_size - 2
+    return first + (window_size - 1 + verification_set_size) * (ngram_size - 1)
+
+
+class PluginSpec(StrictModel):
+    """trtllm-build plugin and fusion switches, with TensorRT-LLM 1.2 defaults."""
+
+    gpt_attention_plugin: PluginDType = Field(
+        default=PluginDType.auto, description="--gpt_attention_plugin; required for paged KV cache and inflight batching."
+    )
+    gemm_plugin: GemmPlugin = Field(default=GemmPlugin.disable, description="--gemm_plugin for non-quantized (and FP8) GEMMs.")
+    context_fmha: bool = Field(default=True, description="--context_fmha; disabling it also disables paged and FP8 context FMHA.")
+    use_paged_context_fmha: bool = Field(default=True, description="--use_paged_context_fmha; needed for KV-cache reuse and chunked context.")
+    use_fp8_context_fmha: bool = Field(
+        default=True, description=f"--use_fp8_context_fmha; effective only with {_FP8_CONTEXT_FMHA_QUANT} quantization on SM >= {FP8_MIN_SM}."
+    )
+    use_fused_mlp: bool = Field(default=True, description=f"--use_fused_mlp; fuses gate and up projections ({_FUSED_MLP_WEIGHTS} only).")
+    remove_input_padding: bool = Field(default=True, description="--remove_input_padding; packed token batches.")
+    reduce_fusion: bool = Field(default=False, description="--reduce_fusion; only takes effect with tp_size > 1 on Llama.")
+    multiple_profiles: bool = Field(default=False, description="--multiple_profiles; more TensorRT optimization profiles, longer build.")
+
+
+class LoraSpec(StrictModel):
+    """LoRA adapters served by the engine (trtllm-build --lora_plugin and the --lora_* flags)."""
+
+    adapter_dirs: tuple[str, ...] = Field(
+        default=(),
+        description="Adapter directories (Hugging Face PEFT: adapter_config.json + adapter_model.safetensors), relative to "
+        "the YAML file; trtllm-build --lora_dir copies them into <engine>/lora/<i>/, and the first one defines the "
+        "configuration. A dry run needs only adapter_config.json; a build needs the weights too. Clients select an "
+        "adapter per request with lora_task_id / lora_weights / lora_config.",
+    )
+    adapter_source: LoraAdapterSource = Field(
+        default=LoraAdapterSource.hf,
+        description="--lora_ckpt_source: hf (PEFT directories). nemo is refused: a .nemo LoRA archive holds pickled "
+        "torch weights, which this project does not load (see model.source).",
+    )
+    target_modules: tuple[LoraTargetModule, ...] = Field(
+        default=(),
+        description="--lora_target_modules, TensorRT-LLM module ids: attn_qkv, attn_q (q_proj), attn_k (k_proj), attn_v "
+        "(v_proj), attn_dense (o_proj), mlp_h_to_4h (gate_proj), mlp_4h_to_h (down_proj), mlp_gate (up_proj). "
+        "Default: the modules of the first adapter's adapter_config.json. Every adapter's modules must be listed.",
+    )
+    max_rank: int = Field(
+        default=64, ge=1, le=1024, description="--max_lora_rank: the largest adapter rank the engine accepts (sizes the LoRA plugin workspace)."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _distinct_modules(cls, value: tuple[LoraTargetModule, ...]) -> tuple[LoraTargetModule, ...]:
+        names = [module.value for module in value]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"build.lora.target_modules lists {', '.join(duplicated)} more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _usable(self) -> LoraSpec:
+        if self.adapter_source is LoraAdapterSource.nemo:
+            raise ValueError(
+                "build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled torch weights "
+                "(model_weights.ckpt), which can run code when loaded; convert the adapter to a Hugging Face PEFT "
+                "directory with adapter_model.safetensors and use adapter_source hf"
+            )
+        if not self.adapter_dirs and not self.target_modules:
+            raise ValueError(
+                "build.lora.target_modules is empty and build.lora.adapter_dirs lists no adapter to read them from: the "
+                "engine would have the LoRA plugin but no LoRA inputs; list the modules (e.g. [attn_q, attn_k, attn_v, attn_dense])"
+            )
+        names = [str(Path(d)) for d in self.adapter_dirs]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"build.lora.adapter_dirs lists {', '.join(duplicated)} more than once")
+        return self
+
+
+class LookaheadSpec(StrictModel):
+    """Lookahead decoding's (W, N, G); the defaults are TensorRT-LLM's (LookaheadDecodingConfig)."""
+
+    window_size: int = Field(default=4, ge=1, le=64, description="W: n-grams in the lookahead branch per step (Triton lookahead_window_size).")
+    ngram_size: int = Field(default=3, ge=1, le=64, description="N: tokens per n-gram, the most draft tokens accepted per step (Triton lookahead_ngram_size).")
+    verification_set_size: int = Field(
+        default=4, ge=0, le=64, description="G: n-grams verified per step (Triton lookahead_verification_set_size)."
+    )
+
+    @model_validator(mode="after")
+    def _legal(self) -> LookaheadSpec:
+        w, n, g = self.window_size, self.ngram_size, self.verification_set_size
+        if n == 1 and (w != 1 or g != 0):
+            raise ValueError(
+                f"build.speculative.lookahead.ngram_size 1 needs window_size 1 and verification_set_size 0 "
+                f"(TensorRT-LLM's legality rule), got window_size {w}, verification_set_size {g}"
+            )
+        if lookahead_max_draft_len(w, n, g) == 0:
+            raise ValueError(
+                "build.speculative.lookahead (1, 1, 0) decodes one token per step (no speculation); the smallest "
+                "speculative configuration is window_size 2, ngram_size 2, verification_set_size 1"
+            )
+        return self
+
+
+class SpeculativeSpec(StrictModel):
+    """Speculative decoding (trtllm-build --speculative_decoding_mode / --max_draft_len)."""
+
+    mode: SpeculativeMode = Field(
+        description="lookahead_decoding (no extra model: the engine drafts n-grams itself). draft_tokens_external, medusa, "
+        "eagle and explicit_draft_tokens (ReDrafter) are refused: they need a draft engine or trained draft heads this "
+        "pipeline does not produce."
+    )
+    max_draft_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="--max_draft_len. Lookahead: derived from (W, N, G) as (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), "
+        "which the engine and Triton's lookahead parameters must agree on; set it only to state that value.",
+    )
+    lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> SpeculativeSpec:
+        mode = self.mode.value
+        if mode in _UNSUPPORTED_SPECULATIVE_MODES:
+            raise ValueError(f"build.speculative.mode {mode} is refused: it {_UNSUPPORTED_SPECULATIVE_MODES[mode]}")
+        if "lookahead" in self.model_fields_set and self.mode is not SpeculativeMode.lookahead_decoding:
+            raise ValueError(f"build.speculative.lookahead applies to mode lookahead_decoding only, not {mode}")
+        la = self.lookahead
+        derived = lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
+        if self.max_draft_len is not None and self.max_draft_len != derived:
+            raise ValueError(
+                f"build.speculative.max_draft_len ({self.max_draft_len}) must equal the draft length of "
+                f"build.speculative.lookahead (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size}) = {derived}: "
+                "TensorRT-LLM requires the engine's --max_draft_len to equal the runtime's lookahead configuration"
+            )
+        return self
+
+    @property
+    def draft_len(self) -> int:
+        """The --max_draft_len the engine is built with."""
+        la = self.lookahead
+        return lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
+
+
+class BuildSpec(StrictModel):
+    target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
+    trtllm_version: str = Field(
+        default="1.2.1", description="TensorRT-LLM version profile of the engine target (flags, defaults, pinned Triton image): 1.2.1, 1.1.0 or 1.0.0."
+    )
+    runner: BuildRunnerKind = Field(
+        default=BuildRunnerKind.local,
+        description="Where trtllm-build runs (engine target): local (on PATH), docker (the pinned Triton TRT-LLM image) or dry-run "
+        "(write the commands and configs only, no GPU or weights needed). `run --runner` overrides it.",
+    )
+    workers: int = Field(default=1, ge=1, le=64, description="trtllm-build --workers: ranks built in parallel (at most the world size).")
+    max_batch_size: int = Field(default=2048, ge=1, le=65_536, description="Maximum requests scheduled per iteration.")
+    max_input_len: int = Field(default=1024, ge=1, description="Maximum prompt length of one request, in tokens.")
+    max_seq_len: int | None = Field(
+        default=None,
+        ge=2,
+        description="Maximum prompt + output length. Default: the model's max_position_embeddings "
+        "(times the RoPE scaling factor where TensorRT-LLM applies it).",
+    )
+    max_num_tokens: int = Field(default=8192, ge=1, description="Maximum packed tokens per iteration (the per-step token budget).")
+    opt_num_tokens: int | None = Field(default=None, ge=1, description="TensorRT optimization-profile point; not allowed with plugins.multiple_profiles.")
+    max_beam_width: int = Field(default=1, ge=1, le=64, description="Maximum beams (also bounds n > 1 sampling on the cpu target).")
+    tokens_per_block: int = Field(default=32, description="Tokens per paged KV-cache block: a power of two in 16..128.")
+    kv_cache_type: KVCacheType = Field(default=KVCacheType.paged, description="paged (needed for inflight batching), continuous or disabled.")
+    gather_context_logits: bool = Field(
+        default=False,
+        description="Engine target: keep the logits of every prompt token (trtllm-build --gather_context_logits), so that "
+        "requests can ask for return_context_logits and the OpenAI front end can answer echo with logprobs (prompt "
+        "log-probs, what lm-eval's loglikelihood tasks need). Costs GPU memory for a logits buffer of about max_num_tokens "
+        "× vocab size × 4 bytes (float32 logits): 4.2 GB for a Llama 3 vocabulary (128,256) at max_num_tokens 8192. "
+        "Not with speculative decoding. The cpu target always returns them.",
+    )
+    tp_size: int = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them)."
+    )
+    pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks; must divide the number of layers.")
+    plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="LoRA adapters (engine target): enables the LoRA plugin in the model's dtype. Absent: no LoRA.",
+    )
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="Speculative decoding (engine target). Absent: one token per step."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> BuildSpec:
+        tpb = self.tokens_per_block
+        if tpb < 16 or tpb > 128 or tpb & (tpb - 1):
+            raise ValueError(f"build.tokens_per_block must be a power of two in 16..128, got {tpb}")
+        if self.max_seq_len is not None and self.max_input_len >= self.max_seq_len:
+            raise ValueError(
+                f"build.max_input_len ({self.max_input_len}) must be less than build.max_seq_len "
+                f"({self.max_seq_len}): every request needs room for at least one output token"
+            )
+        if self.max_num_tokens < tpb:
+            raise ValueError(
+                f"build.max_num_tokens ({self.max_num_tokens}) must be at least build.tokens_per_block ({tpb})"
+            )
+        if self.opt_num_tokens is not None and self.plugins.multiple_profiles:
+            raise ValueError(
+                "build.opt_num_tokens cannot be set together with build.plugins.multiple_profiles "
+                "(trtllm-build rejects the combination)"
+            )
+        return self

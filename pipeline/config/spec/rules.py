@@ -1,0 +1,79 @@
+"""The spec's cross-section rules: what one section allows depends on another (serve on the engine's plugins,
+the quantization formats on the target, LoRA and speculative decoding on the target, the performance gate's
+workload on the engine's sizes, deploy.gpus on the ranks). Every message starts with the field it is about and
+names the other fields involved.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.config.format_rules import check_format_rules
+from pipeline.config.targets import Target, traits_of
+
+if TYPE_CHECKING:
+    from pipeline.config.spec import Spec
+    from pipeline.config.spec.build import BuildSpec
+    from pipeline.config.spec.serve import ServeSpec
+
+
+def check_cross_section(spec: Spec) -> None:
+    build, serve = spec.build, spec.serve
+    paged_ctx = build.plugins.use_paged_context_fmha and build.plugins.context_fmha
+    for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
+        if getattr(serve, field) and not paged_ctx:
+            raise ValueError(
+                f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true "
+                "(and build.plugins.context_fmha: true) in the engine"
+            )
+    check_format_rules(spec.quantize, build, serve)
+    _check_lora_and_speculative(build, serve)
+    performance = spec.gate.performance
+    if performance is not None and performance.input_tokens > build.max_input_len:
+        raise ValueError(
+            f"gate.performance.input_tokens ({performance.input_tokens}) exceeds build.max_input_len ({build.max_input_len})"
+        )
+    if performance is not None and build.max_seq_len is not None and (
+        performance.input_tokens + performance.output_tokens > build.max_seq_len
+    ):
+        raise ValueError(
+            f"gate.performance.input_tokens + output_tokens ({performance.input_tokens} + {performance.output_tokens}) "
+            f"exceeds build.max_seq_len ({build.max_seq_len})"
+        )
+    ranks = build.tp_size * build.pp_size * serve.instances.tensorrt_llm
+    gpus = spec.deploy.gpus
+    if traits_of(build.target).places_ranks_on_deploy_gpus and gpus and len(gpus) != ranks:
+        raise ValueError(
+            f"deploy.gpus lists {len(gpus)} GPU(s) but build.tp_size ({build.tp_size}) × build.pp_size "
+            f"({build.pp_size}) × serve.instances.tensorrt_llm ({serve.instances.tensorrt_llm}) = {ranks}"
+        )
+
+
+def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:
+    """LoRA and speculative decoding: only on a target that builds them; serve.lora only with build.lora, and large enough for it."""
+    target = build.target
+    why_not = traits_of(target).no_lora_or_speculative_because
+    if why_not is not None:
+        builders = " or ".join(t.value for t in Target if traits_of(t).no_lora_or_speculative_because is None)
+        for section, feature in (("lora", "LoRA"), ("speculative", "speculative decoding")):
+            if getattr(build, section) is not None:
+                raise ValueError(
+                    f"build.{section} is set, but build.target is {target.value}: {why_not.format(feature=feature)}; "
+                    f"use target {builders} or remove build.{section}"
+                )
+    lora, serve_lora = build.lora, serve.lora
+    if serve_lora is None:
+        return
+    if lora is None:
+        raise ValueError("serve.lora is set, but build.lora is not: the LoRA cache needs an engine built with LoRA")
+    largest = serve_lora.cache_max_adapter_size
+    if largest is not None and largest < lora.max_rank:
+        raise ValueError(
+            f"serve.lora.cache_max_adapter_size ({largest}) is below build.lora.max_rank ({lora.max_rank}): adapters of the "
+            "ranks the engine accepts would not fit the LoRA cache"
+        )
+    if largest is None and serve_lora.cache_optimal_adapter_size > lora.max_rank:
+        raise ValueError(
+            f"serve.lora.cache_optimal_adapter_size ({serve_lora.cache_optimal_adapter_size}) exceeds the LoRA cache's largest "
+            f"adapter size, build.lora.max_rank ({lora.max_rank})"
+        )

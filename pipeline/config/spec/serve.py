@@ -1,0 +1,67 @@
+"""The spec's serve section: the Triton model repository's settings."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pipeline.config.spec.choices import SchedulerPolicy
+from pipeline.config.spec.strict import StrictModel
+
+
+class InstanceCounts(StrictModel):
+    preprocessing: int = Field(default=1, ge=1, le=64, description="Tokenizer model instances.")
+    tensorrt_llm: int = Field(default=1, ge=1, le=16, description="LLM model instances.")
+    postprocessing: int = Field(default=1, ge=1, le=64, description="Detokenizer model instances.")
+    bls: int = Field(default=1, ge=1, le=64, description="tensorrt_llm_bls model instances.")
+
+
+class ServeLoraSpec(StrictModel):
+    """The tensorrt_llm model's LoRA cache (Triton lora_cache_* parameters); only with build.lora."""
+
+    cache_optimal_adapter_size: int = Field(
+        default=8, ge=1, le=1024, description="lora_cache_optimal_adapter_size: the rank cache pages are sized for (the most common adapter rank)."
+    )
+    cache_max_adapter_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="lora_cache_max_adapter_size: the largest rank the cache holds. Default: build.lora.max_rank; it may not be smaller.",
+    )
+    cache_gpu_memory_fraction: float = Field(
+        default=0.05, gt=0.0, lt=1.0, description="lora_cache_gpu_memory_fraction: share of the GPU memory left after the engine and KV cache."
+    )
+    cache_host_memory_bytes: int = Field(default=1 << 30, ge=0, description="lora_cache_host_memory_bytes: host cache for adapters (default 1 GiB).")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ServeLoraSpec:
+        if self.cache_max_adapter_size is not None and self.cache_optimal_adapter_size > self.cache_max_adapter_size:
+            raise ValueError(
+                f"serve.lora.cache_optimal_adapter_size ({self.cache_optimal_adapter_size}) exceeds "
+                f"serve.lora.cache_max_adapter_size ({self.cache_max_adapter_size})"
+            )
+        return self
+
+
+class ServeSpec(StrictModel):
+    model_name: str = Field(default="ensemble", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name clients call (the ensemble model).")
+    streaming: bool = Field(default=True, description="Allow streaming responses (gRPC streaming, HTTP generate_stream).")
+    decoupled: bool = Field(default=True, description="Triton decoupled transaction policy for the LLM model; required for streaming.")
+    instances: InstanceCounts = Field(default_factory=InstanceCounts, description="Model instance counts.")
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Fraction of free memory (after the engine loads) given to the KV cache."
+    )
+    enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks of identical prompt prefixes; needs paged context FMHA in the engine.")
+    enable_chunked_context: bool = Field(default=True, description="Split long prompts across iterations; needs paged context FMHA in the engine.")
+    batch_scheduler_policy: SchedulerPolicy = Field(default=SchedulerPolicy.guaranteed_no_evict, description="guaranteed_no_evict or max_utilization.")
+    exclude_input_in_output: bool = Field(default=True, description="Return only generated tokens, not the prompt.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
+    max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
+    lora: ServeLoraSpec | None = Field(
+        default=None, description="LoRA cache sizes of the tensorrt_llm model (needs build.lora). Absent with build.lora: the defaults."
+    )
+
+    @model_validator(mode="after")
+    def _streaming_needs_decoupled(self) -> ServeSpec:
+        if self.streaming and not self.decoupled:
+            raise ValueError("serve.streaming: true requires serve.decoupled: true (Triton streams only from decoupled models)")
+        return self
