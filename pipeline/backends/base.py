@@ -45,7 +45,6 @@ class RuntimeAbilities:
     speculative_decoding: bool
     beam_search: bool
     multiple_ranks: bool
-    gpu_device_ids: bool  # instances × ranks are placed on deploy.gpus (the backend's gpu_device_ids)
 
 
 @dataclass(frozen=True)

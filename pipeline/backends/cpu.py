@@ -117,7 +117,6 @@ class CpuBackend:
             speculative_decoding=False,
             beam_search=False,
             multiple_ranks=False,
-            gpu_device_ids=False,
         ),
     )
     compose = ComposeFacts(

@@ -154,7 +154,6 @@ class EngineBackend:
             speculative_decoding=True,
             beam_search=True,
             multiple_ranks=True,
-            gpu_device_ids=True,
         ),
     )
     compose = ComposeFacts(

@@ -14,6 +14,7 @@ from pipeline.backends.engine_facts import EngineFacts, engine_facts
 from pipeline.backends.llm_parameters import decoding_mode, lora_cache
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
+from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
 from pipeline.quant_formats import kv_cache_format_named, paged_context_fmha_loss, weight_format_named
 from pipeline.render.contract import TRITON_DTYPES
@@ -268,7 +269,7 @@ def _parallelism(
         missing = [name for name in expected if name not in rank_files]
         if missing:
             problems.append(f"engine mapping.world_size {facts.world_size} needs {', '.join(expected)} but the engine directory lacks {', '.join(missing)}")
-    if runtime.gpu_device_ids:
+    if traits_of(target).places_ranks_on_deploy_gpus:  # instances × ranks go on deploy.gpus (gpu_device_ids)
         instances = serve.instances.tensorrt_llm
         needed = ranks * instances
         if gpu_device_ids and len(gpu_device_ids) != needed:
