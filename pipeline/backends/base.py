@@ -70,6 +70,8 @@ class ComposeFacts:
     image_has_project: bool
     checks_engine_in_container: bool  # the entrypoint checks the engine against the image's TensorRT-LLM and GPUs
     reserves_gpus: bool
+    # memlock unlimited (NVIDIA's launch recipe: pinned host memory); setting it needs CAP_SYS_RESOURCE in the daemon
+    locks_memory: bool
 
 
 # (engine directory, build manifest notes) of the built engine, or None before a build

@@ -120,7 +120,12 @@ class CpuBackend:
         ),
     )
     compose = ComposeFacts(
-        profile="cpu", health_start_period="180s", image_has_project=True, checks_engine_in_container=False, reserves_gpus=False
+        profile="cpu",
+        health_start_period="180s",
+        image_has_project=True,
+        checks_engine_in_container=False,
+        reserves_gpus=False,
+        locks_memory=False,
     )
 
     def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:

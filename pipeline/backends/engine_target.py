@@ -162,6 +162,7 @@ class EngineBackend:
         image_has_project=False,  # NGC's image as published
         checks_engine_in_container=True,
         reserves_gpus=True,
+        locks_memory=True,
     )
 
     def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:

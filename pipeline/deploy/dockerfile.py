@@ -33,7 +33,6 @@ PROJECT_PACKAGES = ("pipeline", "refengine", "clients", "model_repo")  # model_r
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".*")
 
 _TEMPLATE = """\
-# syntax=docker/dockerfile:1
 # Rendered by trtllm-pipeline (deploy stage) for build {{ build_name }}: the cpu target's Triton server.
 # The project (src/, copied by the deploy stage) is installed with the tritonserver bundled in
 # nvidia-pytriton; the reference engine runs inside Triton's Python backend. Torch is the CPU build.

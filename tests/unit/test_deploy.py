@@ -208,9 +208,43 @@ def test_shm_size_comes_from_the_spec(name, size):
     assert triton(name)["shm_size"] == size
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_memlock_unlimited_and_64_mib_stack(name):
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+def test_gpu_profile_has_memlock_unlimited_and_64_mib_stack(name):
     assert triton(name)["ulimits"] == {"memlock": {"soft": -1, "hard": -1}, "stack": 67108864}
+
+
+def test_cpu_profile_sets_no_memlock_limit():
+    # raising RLIMIT_MEMLOCK needs CAP_SYS_RESOURCE in the daemon ("error setting rlimit type 8"); refengine pins nothing
+    assert triton("tiny-cpu")["ulimits"] == {"stack": 67108864}
+
+
+def test_the_dockerfile_needs_no_frontend_image():
+    # a `# syntax=` line makes BuildKit pull that frontend from Docker Hub: an offline build fails
+    assert "# syntax=" not in (GOLDEN / "tiny-cpu.Dockerfile").read_text()
+
+
+def test_openai_prometheus_and_grafana_host_ports_come_from_the_spec():
+    spec = load_spec("tiny-cpu").model_copy(deep=True)
+    deploy = spec.deploy.model_copy(update={"openai_port": 19000, "prometheus_port": 19090, "grafana_port": 13000})
+    spec = spec.model_copy(update={"deploy": deploy})
+    services = render_compose(
+        spec,
+        model_repository=Path(layout.MODEL_REPOSITORY_DIR),
+        engine_dir=Path(layout.ENGINE_LINK),
+        tokenizer_dir=Path(layout.TOKENIZER_LINK),
+        target=spec.build.target.value,
+    )["services"]
+    assert services["openai"]["ports"] == ["127.0.0.1:19000:9000"]
+    assert services["prometheus"]["ports"] == ["127.0.0.1:19090:9090"]
+    assert services["grafana"]["ports"] == ["127.0.0.1:13000:3000"]
+
+
+@pytest.mark.parametrize("field", ["openai_port", "prometheus_port", "grafana_port"])
+def test_a_host_port_used_twice_is_refused_by_name(field):
+    data = yaml.safe_load((REPO / "build_configs" / "tiny-cpu.yaml").read_text())
+    data.setdefault("deploy", {}).update({"http_port": 8000, field: 8000})
+    with pytest.raises(ValueError, match=rf"deploy.{field} \(8000\) is the same as deploy.http_port"):
+        Spec.model_validate(data)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -645,3 +679,21 @@ def _status_or_none(url: str) -> int | None:
         return _status(url)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
+
+
+def _compose_binary() -> list[str] | None:
+    """`docker compose` (v2 plugin) or `docker-compose` (v1), whichever this machine has."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+@pytest.mark.skipif(_compose_binary() is None, reason="no docker compose binary on this machine (the schema checks above still run)")
+@pytest.mark.parametrize("name", ["tiny-cpu", "llama-3.1-8b-fp8"])
+def test_compose_itself_accepts_the_rendered_file_of_each_profile(name, tmp_path):
+    (tmp_path / "docker-compose.yml").write_text(render_text(name))
+    (tmp_path / ".env").write_text(f"{layout.ADMIN_KEY_VARIABLE}=k\n{layout.GRAFANA_PASSWORD_VARIABLE}=p\n")
+    for path in ("model_repository", "engine", "tokenizer", "prometheus", "grafana"):
+        (tmp_path / path).mkdir()
+    result = subprocess.run([*_compose_binary(), "--project-directory", str(tmp_path), "config", "-q"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr

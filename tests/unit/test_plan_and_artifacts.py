@@ -64,7 +64,7 @@ def test_serve_fields_change_package_and_deploy_fields_only_deploy(config_path: 
     base = digests(config_path)
     changed = digests(config_path, "serve.max_queue_size=5")
     assert {name for name in base if base[name] != changed[name]} == {"package", "deploy"}
-    changed = digests(config_path, "deploy.http_port=9000")
+    changed = digests(config_path, "deploy.http_port=9100")
     assert {name for name in base if base[name] != changed[name]} == {"deploy"}
 
 

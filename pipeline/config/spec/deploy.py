@@ -17,6 +17,9 @@ class DeploySpec(StrictModel):
     http_port: int = Field(default=8000, ge=1, le=65535, description="Triton HTTP port.")
     grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton gRPC port.")
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton Prometheus metrics port.")
+    openai_port: int = Field(default=9000, ge=1, le=65535, description="Host port of the OpenAI-compatible front end (cpu profile).")
+    prometheus_port: int = Field(default=9090, ge=1, le=65535, description="Host port of Prometheus (published on 127.0.0.1).")
+    grafana_port: int = Field(default=3000, ge=1, le=65535, description="Host port of Grafana (published on 127.0.0.1).")
     gpus: tuple[int, ...] = Field(
         default=(), description="GPU device ids given to the server (engine target); their number must be tp_size × pp_size × LLM instances."
     )
@@ -27,7 +30,10 @@ class DeploySpec(StrictModel):
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> DeploySpec:
-        ports = {"deploy.http_port": self.http_port, "deploy.grpc_port": self.grpc_port, "deploy.metrics_port": self.metrics_port}
+        ports = {
+            f"deploy.{name}": getattr(self, name)
+            for name in ("http_port", "grpc_port", "metrics_port", "openai_port", "prometheus_port", "grafana_port")
+        }
         seen: dict[int, str] = {}
         for name, port in ports.items():
             if port in seen:

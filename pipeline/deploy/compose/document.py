@@ -10,8 +10,9 @@ Checklist (serving-and-operations.md B1, B4), applied to every service where it 
 image, non-root user, read-only root file system with a tmpfs /tmp, `cap_drop: [ALL]`,
 `no-new-privileges`, ports published on `deploy.bind_address` (loopback by default; Prometheus
 and Grafana always on loopback), read-only mounts of the model repository, engine and tokenizer,
-`restart: unless-stopped`, a healthcheck, bounded logs. Triton also gets `shm_size`, the
-memlock/stack ulimits of NVIDIA's launch recipe, `init` (signals and zombie stubs), a
+`restart: unless-stopped`, a healthcheck, bounded logs. Triton also gets `shm_size`, the stack
+ulimit of NVIDIA's launch recipe (and its unlimited memlock where the target pins host memory: not
+the cpu target, whose daemon may lack CAP_SYS_RESOURCE to set it), `init` (signals and zombie stubs), a
 `stop_grace_period` longer than its `--exit-timeout-secs`, and on the gpu profile a device
 reservation for exactly the GPUs of the engine's ranks and an entrypoint that refuses to start
 when the container's TensorRT-LLM version or GPU compute capability is not the engine's.
@@ -77,8 +78,8 @@ def render_compose(
     return {
         "services": {
             **services,
-            layout.PROMETHEUS_SERVICE: prometheus_service(profile, deploy_dir),
-            layout.GRAFANA_SERVICE: grafana_service(profile, deploy_dir),
+            layout.PROMETHEUS_SERVICE: prometheus_service(profile, deploy_dir, spec.deploy.prometheus_port),
+            layout.GRAFANA_SERVICE: grafana_service(profile, deploy_dir, spec.deploy.grafana_port),
         },
         "volumes": {PROMETHEUS_VOLUME: {}, GRAFANA_VOLUME: {}},
     }
@@ -125,8 +126,8 @@ def deployment_header(spec: Spec, target: str, *, start: str | None = None) -> s
             f"{what}: {image.reference}",
             f"  ({image.note})",
             "Prometheus and Grafana are pinned by digest. Ports are published on "
-            f"{spec.deploy.bind_address} (Triton) and {layout.MONITORING_BIND_ADDRESS} (Prometheus :{layout.PROMETHEUS_PORT}, "
-            f"Grafana :{layout.GRAFANA_PORT}).",
+            f"{spec.deploy.bind_address} (Triton) and {layout.MONITORING_BIND_ADDRESS} (Prometheus :{spec.deploy.prometheus_port}, "
+            f"Grafana :{spec.deploy.grafana_port}).",
             f"Admin APIs (model repository, config, shared memory, statistics, trace, logging) need the header "
             f"'{layout.ADMIN_KEY_HEADER}: ${layout.ADMIN_KEY_VARIABLE}'.",
         ]
@@ -192,7 +193,7 @@ def _triton_service(
             ],
             "volumes": volumes,
             "shm_size": deploy.shm_size,
-            "ulimits": {"memlock": dict(MEMLOCK_UNLIMITED), "stack": STACK_BYTES},
+            "ulimits": {**({"memlock": dict(MEMLOCK_UNLIMITED)} if facts.locks_memory else {}), "stack": STACK_BYTES},
             "pids_limit": PIDS_LIMIT,
             **hardening(),
             "stop_grace_period": f"{STOP_GRACE_SECS}s",

@@ -13,7 +13,7 @@ PROMETHEUS_VOLUME = "prometheus-data"
 GRAFANA_VOLUME = "grafana-data"
 
 
-def prometheus_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
+def prometheus_service(profile: str, deploy_dir: Path, host_port: int) -> dict[str, Any]:
     return {
         "profiles": [profile],
         "image": images.PROMETHEUS_IMAGE,
@@ -23,7 +23,7 @@ def prometheus_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
             f"--storage.tsdb.retention.time={RETENTION}",
             f"--web.listen-address=:{layout.PROMETHEUS_PORT}",
         ],
-        "ports": [published(layout.MONITORING_BIND_ADDRESS, layout.PROMETHEUS_PORT, layout.PROMETHEUS_PORT)],
+        "ports": [published(layout.MONITORING_BIND_ADDRESS, host_port, layout.PROMETHEUS_PORT)],
         "volumes": [
             bind_mount(deploy_dir / layout.PROMETHEUS_CONFIG, "/etc/prometheus/prometheus.yml"),
             {"type": "volume", "source": PROMETHEUS_VOLUME, "target": "/prometheus"},
@@ -39,7 +39,7 @@ def prometheus_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
     }
 
 
-def grafana_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
+def grafana_service(profile: str, deploy_dir: Path, host_port: int) -> dict[str, Any]:
     password = required_variable(layout.GRAFANA_PASSWORD_VARIABLE)
     return {
         "profiles": [profile],
@@ -54,7 +54,7 @@ def grafana_service(profile: str, deploy_dir: Path) -> dict[str, Any]:
             "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
             "GF_LOG_MODE": "console",  # the root file system is read-only: no log files
         },
-        "ports": [published(layout.MONITORING_BIND_ADDRESS, layout.GRAFANA_PORT, layout.GRAFANA_PORT)],
+        "ports": [published(layout.MONITORING_BIND_ADDRESS, host_port, layout.GRAFANA_PORT)],
         "volumes": [
             bind_mount(deploy_dir / layout.GRAFANA_PROVISIONING_DIR, "/etc/grafana/provisioning"),
             bind_mount(deploy_dir / layout.GRAFANA_DASHBOARDS_DIR, layout.GRAFANA_DASHBOARDS_MOUNT),

@@ -43,7 +43,7 @@ def openai_service(
             "init": True,
             "command": openai_command(spec),
             "environment": dict(environment),
-            "ports": [published(spec.deploy.bind_address, layout.OPENAI_PORT, layout.OPENAI_PORT)],
+            "ports": [published(spec.deploy.bind_address, spec.deploy.openai_port, layout.OPENAI_PORT)],
             "volumes": volumes,
             "depends_on": {layout.TRITON_SERVICE: {"condition": "service_healthy"}},
             **hardening(),

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # Rendered by trtllm-pipeline (deploy stage) for build tiny-cpu: the cpu target's Triton server.
 # The project (src/, copied by the deploy stage) is installed with the tritonserver bundled in
 # nvidia-pytriton; the reference engine runs inside Triton's Python backend. Torch is the CPU build.
