@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it", _deploy)
     deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
     deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
+    deploy.add_argument("--service", dest="services", action="append", default=[], metavar="NAME", help="with --up: start only this service (repeatable)")
+    deploy.add_argument(
+        "--file", dest="extra_files", action="append", default=[], type=Path, metavar="PATH",
+        help="with --up: a compose override file merged after the rendered one (repeatable)",
+    )
     # The CLI is the composition root: `infer` is the clients package's own command, mounted here.
     from clients.cli import add_infer_arguments
 
@@ -197,13 +202,15 @@ def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace
     from pipeline.deploy.registry import deployer_for
     from pipeline.stages.deploy import DEPLOY_DIR
 
+    if (args.services or args.extra_files) and not args.up:
+        raise SpecError("--service and --file choose what `deploy --up` starts: add --up", hint="trtllm-pipeline deploy CONFIG --up --service NAME")
     results = {r.name: r for r in run_pipeline(loaded, store, until="deploy", console=console)}
     _verify_shipped(store, results, ("deploy",))
     deployer = deployer_for(loaded.spec.deploy.kind)
     deployer.export(results["deploy"].ref.path / DEPLOY_DIR, args.out)
     console.print(f"deployment in {args.out}: {deployer.start_command(loaded.spec, args.out)}")
     if args.up:
-        deployer.up(loaded.spec, args.out)
+        deployer.up(loaded.spec, args.out, services=args.services, extra_files=[path.resolve() for path in args.extra_files])
     return 0
 
 

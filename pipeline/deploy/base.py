@@ -8,7 +8,7 @@ monitoring configuration (monitoring) and the files every deployment directory h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,6 +58,7 @@ class Deployer(Protocol):
         """The command that starts the deployment in `directory`, from any working directory."""
         ...
 
-    def up(self, spec: Spec, directory: Path) -> str:
-        """Start the deployment in `directory`; the tool's output."""
+    def up(self, spec: Spec, directory: Path, *, services: Sequence[str] = (), extra_files: Sequence[Path] = ()) -> str:
+        """Start the deployment in `directory` (only `services`, if given; `extra_files`: the kind's override
+        files, applied after its own); the tool's output."""
         ...

@@ -614,6 +614,42 @@ def test_up_runs_compose_with_the_profile(tmp_path, monkeypatch):
         compose_up(tmp_path / "missing", "cpu")
 
 
+def test_up_starts_the_chosen_services_with_override_files(tmp_path, monkeypatch):
+    (tmp_path / COMPOSE_FILE).write_text("services: {triton: {}, openai: {}, prometheus: {}}\n")
+    override = tmp_path / "override.yml"
+    override.write_text("services: {}\n")
+    calls = []
+    monkeypatch.setattr("pipeline.deploy.compose.up.run_command", lambda command, **kwargs: calls.append(command) or "ok")
+    compose_up(tmp_path, "cpu", services=["triton", "openai"], extra_files=[override])
+    assert calls[-1] == ["docker", "compose", "--project-directory", str(tmp_path), "-f", str(tmp_path / COMPOSE_FILE), "-f", str(override),
+                         "--profile", "cpu", "up", "-d", "triton", "openai"]
+
+
+def test_up_refuses_an_unknown_service_or_a_missing_override_before_docker_runs(tmp_path, monkeypatch):
+    (tmp_path / COMPOSE_FILE).write_text("services: {triton: {}, openai: {}}\n")
+    calls = []
+    monkeypatch.setattr("pipeline.deploy.compose.up.run_command", lambda command, **kwargs: calls.append(command) or "ok")
+    with pytest.raises(SpecError, match=r"--service tritn: not a service of this deployment \(its services: openai, triton\)"):
+        compose_up(tmp_path, "cpu", services=["tritn"])
+    with pytest.raises(SpecError, match=r"--file .*nowhere.yml: no such compose file"):
+        compose_up(tmp_path, "cpu", extra_files=[tmp_path / "nowhere.yml"])
+    assert calls == []
+
+
+def test_up_names_the_way_out_when_an_image_cannot_be_pulled(tmp_path, monkeypatch):
+    (tmp_path / COMPOSE_FILE).write_text("services: {}\n")
+
+    def offline(command, **kwargs):
+        if "up" in command:
+            raise ToolError(command, 1, "Error response from daemon: pull access denied for prom/prometheus, repository does not exist")
+        return "ok"
+
+    monkeypatch.setattr("pipeline.deploy.compose.up.run_command", offline)
+    with pytest.raises(ToolError) as raised:
+        compose_up(tmp_path, "cpu")
+    assert "docker load -i image.tar" in raised.value.hint and "deploy.image" in raised.value.hint
+
+
 # -- the real tritonserver accepts the cpu service's command ------------------------------------------
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -697,3 +733,12 @@ def test_compose_itself_accepts_the_rendered_file_of_each_profile(name, tmp_path
         (tmp_path / path).mkdir()
     result = subprocess.run([*_compose_binary(), "--project-directory", str(tmp_path), "config", "-q"], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_deploy_refuses_service_or_file_without_up_before_building(tmp_path):
+    from pipeline.cli import run_cli
+
+    config = str(REPO / "build_configs" / "tiny-cpu.yaml")
+    with pytest.raises(SpecError, match=r"--service and --file choose what `deploy --up` starts: add --up"):
+        run_cli(["--artifacts", str(tmp_path / "store"), "deploy", config, "--out", str(tmp_path / "out"), "--service", "triton"], Console())
+    assert not (tmp_path / "store" / "tiny-cpu").exists()  # nothing was built

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,5 +60,5 @@ class ComposeDeployer:
         profile = profile_for(spec.build.target.value)
         return f"docker compose --env-file {directory}/{ENV_FILE} --profile {profile} -f {directory}/{COMPOSE_FILE} up -d"
 
-    def up(self, spec: Spec, directory: Path) -> str:
-        return compose_up(directory, profile_for(spec.build.target.value))
+    def up(self, spec: Spec, directory: Path, *, services: Sequence[str] = (), extra_files: Sequence[Path] = ()) -> str:
+        return compose_up(directory, profile_for(spec.build.target.value), services=services, extra_files=extra_files)
