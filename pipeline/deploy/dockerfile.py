@@ -21,7 +21,6 @@ from pipeline.deploy.server_command import CPU_BACKEND_DIR, CPU_TRITONSERVER_ROO
 from pipeline.errors import StageError
 
 TORCH_VERSION = "2.13.0"
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 VENV = "/opt/venv"
 SOURCE_MOUNT = "/opt/trtllm-pipeline"
 UID = 1000
@@ -68,7 +67,7 @@ src/**/__pycache__
 """
 
 
-def render_dockerfile(*, build_name: str, base_image: str, base_image_note: str) -> str:
+def render_dockerfile(*, build_name: str, base_image: str, base_image_note: str, torch_index: str) -> str:
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     try:
         return environment.from_string(_TEMPLATE).render(
@@ -76,7 +75,7 @@ def render_dockerfile(*, build_name: str, base_image: str, base_image_note: str)
             base_image=base_image,
             base_image_note=base_image_note,
             venv=VENV,
-            torch_index=TORCH_CPU_INDEX,
+            torch_index=torch_index,
             torch_version=TORCH_VERSION,
             source=SOURCE_MOUNT,
             backend_dir=CPU_BACKEND_DIR,

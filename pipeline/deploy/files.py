@@ -102,7 +102,9 @@ def write_server_files(out_dir: Path, spec: Spec, target: str, source_root: Path
         written.append(write_file(out_dir / layout.ENGINE_CHECK_FILE, Path(engine_runtime.__file__).read_text(encoding="utf-8")))
     if facts.image_has_project:
         base_image = images.server_image(spec, target)
-        text = dockerfile.render_dockerfile(build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note)
+        text = dockerfile.render_dockerfile(
+            build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note, torch_index=spec.deploy.torch_index_url
+        )
         written.append(write_file(out_dir / layout.DOCKERFILE, text))
         written.append(write_file(out_dir / layout.DOCKERIGNORE, dockerfile.DOCKERIGNORE))
         written += dockerfile.copy_project_source(out_dir / layout.SOURCE_DIR, source_root)

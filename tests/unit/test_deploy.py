@@ -120,7 +120,16 @@ def test_compose_matches_golden_file(name):
 def test_cpu_dockerfile_matches_golden_file():
     spec = load_spec("tiny-cpu")
     image = server_image(spec, "cpu")
-    check_golden(GOLDEN / "tiny-cpu.Dockerfile", render_dockerfile(build_name=spec.name, base_image=image.reference, base_image_note=image.note))
+    text = render_dockerfile(build_name=spec.name, base_image=image.reference, base_image_note=image.note, torch_index=spec.deploy.torch_index_url)
+    check_golden(GOLDEN / "tiny-cpu.Dockerfile", text)
+
+
+def test_the_torch_index_comes_from_the_spec():
+    spec = load_spec("tiny-cpu")
+    text = render_dockerfile(build_name=spec.name, base_image="python:3.11", base_image_note="test", torch_index="http://mirror.local/torch-cpu")
+    assert "pip install --index-url http://mirror.local/torch-cpu torch==" in text
+    with pytest.raises(ValueError, match="torch_index_url"):
+        spec.deploy.model_validate({**spec.deploy.model_dump(), "torch_index_url": "not a url"})
 
 
 def test_rendering_is_deterministic():

@@ -26,6 +26,11 @@ class DeploySpec(StrictModel):
     gpu: GPUModel | None = Field(
         default=None, description="GPU model the engine is built for and served on; enables the compute-capability checks (e.g. FP8 needs SM >= 8.9)."
     )
+    torch_index_url: str = Field(
+        default="https://download.pytorch.org/whl/cpu",
+        pattern=r"^(https?|file)://\S+$",
+        description="Package index the cpu image's Dockerfile installs the CPU build of torch from (a local mirror where the build host has no internet).",
+    )
     shm_size: str = Field(default="2g", pattern=r"^[0-9]+[kmgKMG]?$", description="/dev/shm size of the server container (docker notation, e.g. 2g).")
 
     @model_validator(mode="after")
