@@ -182,7 +182,7 @@ def test_only_a_stuck_ensemble_without_a_crash_is_excused_at_stop(tmp_path):
     with pytest.warns(UserWarning, match="kept the ensemble loaded"):
         assert_stopped_cleanly(1, log, allow_stuck_ensemble=True)
     with pytest.raises(AssertionError, match="exited with 1"):
-        assert_stopped_cleanly(1, log)  # only where the caller allows it
+        assert_stopped_cleanly(1, log, allow_stuck_ensemble=False)  # only where the caller allows it
     log.write_text(stuck + "Signal (6) received.\n")
     with pytest.raises(AssertionError):
         assert_stopped_cleanly(1, log, allow_stuck_ensemble=True)  # a crash is never excused

@@ -661,9 +661,19 @@ def test_up_names_the_way_out_when_an_image_cannot_be_pulled(tmp_path, monkeypat
 
 # -- the real tritonserver accepts the cpu service's command ------------------------------------------
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports (all held open while they are picked, so none is handed out twice)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _status(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> int:
@@ -683,7 +693,7 @@ def test_bundled_tritonserver_accepts_the_rendered_flags(tmp_path):
 
     prepare(tmp_path / "backends", tmp_path / "tritonserver")  # what the Dockerfile runs
     (tmp_path / "models").mkdir()
-    ports = {8000: _free_port(), 8001: _free_port(), 8002: _free_port()}
+    ports = dict(zip((8000, 8001, 8002), _free_ports(3)))
     key = SECRETS["TRITON_ADMIN_KEY"]
     command = []
     for token in triton("tiny-cpu")["command"]:
@@ -706,7 +716,10 @@ def test_bundled_tritonserver_accepts_the_rendered_flags(tmp_path):
         assert _status(f"{base}/v2/repository/index", method="POST") == 403
         assert _status(f"{base}/v2/repository/index", {"admin-key": key}, method="POST") == 200
         assert _status(f"{base}/v2/models/stats") == 403
-        assert _status(f"http://127.0.0.1:{ports[8002]}/metrics") == 200
+        metrics = f"http://127.0.0.1:{ports[8002]}/metrics"
+        while (status := _status_or_none(metrics)) != 200:  # the metrics service starts after the HTTP one
+            assert time.monotonic() < deadline, f"metrics answered {status}; " + (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(0.1)
         probe = [part.replace(":8000/", f":{ports[8000]}/") for part in triton("tiny-cpu")["healthcheck"]["test"][1:]]
         assert subprocess.run([sys.executable if probe[0] == "python" else probe[0], *probe[1:]], timeout=10).returncode == 0
     finally:
