@@ -27,10 +27,10 @@ from pipeline.config.lora_adapters import AdapterError, read_adapter
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
-from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, weight_format
+from pipeline.quant_formats import kv_cache_format, weight_format
 
 __all__ = [
-    "BUILD_CONFIG_FILE", "TIMING_CACHE_FILE", "SCRIPT_FILE", "LOG_LEVELS", "TRTLLM_QUANT_ALGO", "TRTLLM_KV_QUANT_ALGO",
+    "BUILD_CONFIG_FILE", "TIMING_CACHE_FILE", "SCRIPT_FILE", "LOG_LEVELS",
     "SPECULATIVE_DECODING_MODE",
     "BuildRequest", "Decision", "TrtllmBuild", "request_from_spec", "plan_trtllm_build", "plan_from_request", "render_build_config",
     "render_argv", "render_script",
@@ -41,9 +41,6 @@ TIMING_CACHE_FILE = "model.cache"
 SCRIPT_FILE = "trtllm-build.sh"
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")
 
-# Our YAML names -> TensorRT-LLM QuantAlgo names (trtllm.md §2.3): views of the format registry.
-TRTLLM_QUANT_ALGO: dict[str, str | None] = {name: f.trtllm_quant_algo for name, f in WEIGHT_FORMATS.items()}
-TRTLLM_KV_QUANT_ALGO: dict[str, str | None] = {name: f.trtllm_kv_quant_algo for name, f in KV_CACHE_FORMATS.items()}
 # --speculative_decoding_mode choice -> the SpeculativeDecodingMode IntFlag value a BuildConfig (and the engine's
 # config.json) records: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2, MEDUSA = 4, LOOKAHEAD_DECODING = 8,
 # EXPLICIT_DRAFT_TOKENS = 16, EAGLE = 32 (tensorrt_llm/models/modeling_utils.py, auto() in declaration order).

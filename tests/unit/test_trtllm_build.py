@@ -499,11 +499,11 @@ def test_older_versions_render_the_same_command(version):
 
 
 def test_every_yaml_quant_choice_has_a_trtllm_name():
-    from pipeline.backends.trtllm_build import TRTLLM_KV_QUANT_ALGO, TRTLLM_QUANT_ALGO
     from pipeline.config.spec import KVCacheQuant, QuantAlgo
+    from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS
 
-    assert set(TRTLLM_QUANT_ALGO) == {a.value for a in QuantAlgo}
-    assert set(TRTLLM_KV_QUANT_ALGO) == {k.value for k in KVCacheQuant}
+    assert set(WEIGHT_FORMATS) == {a.value for a in QuantAlgo}
+    assert set(KV_CACHE_FORMATS) == {k.value for k in KVCacheQuant}
 
 
 # -- LoRA and speculative decoding (§1.5, §1.6) -------------------------------------------------------------
