@@ -155,6 +155,8 @@ class EngineBackend:
             beam_search=True,
             multiple_ranks=True,
         ),
+        takes_draft_tokens=True,
+        serves_draft_model=True,
     )
     compose = ComposeFacts(
         profile="gpu",
