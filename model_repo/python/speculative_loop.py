@@ -55,8 +55,12 @@ def draft_target_generate(
         if end_id is not None and end_id in emitted:
             output.extend(emitted[: emitted.index(end_id)])
             break
+        before = len(output)
         output.extend(emitted)
-        if _ends_with_stop_word(output, stop_words):
+        # the first stop word that ends among the new tokens ends the output there (draft tokens included)
+        ends = [end for end in range(before + 1, len(output) + 1) if _ends_with_stop_word(output[:end], stop_words)]
+        if ends:
+            del output[ends[0]:]
             break
     return SpeculativeResult(output, drafted, accepted, steps)
 
