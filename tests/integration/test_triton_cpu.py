@@ -460,6 +460,9 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
         server, client_inputs("x", 4, stream=False, beam_width=(np.array([[4]], dtype=np.int32), "INT32"))
     )
     assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
+    drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))
+    assert "num_draft_tokens: the engine was built without draft-target speculative decoding" in _grpc_error(
+        server, drafted, model="tensorrt_llm_bls")
     not_utf8 = client_inputs("x", 4, stream=False)
     not_utf8[0].set_data_from_numpy(np.array([[b"ab\xff\xfe"]], dtype=np.object_))
     assert "input 'text_input' is not valid UTF-8 (invalid start byte at byte 2)" in _grpc_error(server, not_utf8)

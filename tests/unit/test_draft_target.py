@@ -61,8 +61,10 @@ REFUSED = {
     "beams": (CPU_DRAFT, ("build.max_beam_width=2",), "build.max_beam_width (2) must be 1 with build.speculative"),
     "prompt lookup on the engine": (CPU_NGRAM, ("build.target=engine", "build.runner=dry-run"),
                                     "build.speculative.mode prompt_lookup is refused on build.target engine: TensorRT-LLM 1.2 drafts"),
-    "no KV-cache reuse": (ENGINE_DRAFT, ("serve.enable_kv_cache_reuse=false",), "serve.enable_kv_cache_reuse must be true with build.speculative.mode draft_tokens_external"),
-    "a draft format the target cannot run": (CPU_DRAFT, ("build.speculative.draft.quantize.algo=nvfp4",), "build.speculative.draft: as a model of its own, quantize.algo nvfp4"),
+    "no KV-cache reuse": (ENGINE_DRAFT, ("serve.enable_kv_cache_reuse=false",),
+                          "serve.enable_kv_cache_reuse must be true with build.speculative.mode draft_tokens_external"),
+    "a draft format the target cannot run": (CPU_DRAFT, ("build.speculative.draft.quantize.algo=nvfp4",),
+                                             "build.speculative.draft: as a model of its own, quantize.algo nvfp4"),
     "context logits": (ENGINE_DRAFT, ("build.gather_context_logits=true",), "build.gather_context_logits: true cannot be combined with build.speculative"),
 }
 
