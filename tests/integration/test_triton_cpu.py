@@ -751,6 +751,33 @@ def test_lora_and_lookahead_repository_loads_up_to_the_missing_backend(artifacts
     assert (inputs["lora_task_id"], inputs["lora_weights"], inputs["lora_config"]) == ("UINT64", "BF16", "INT32")
 
 
+def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_path):
+    """Two tensorrtllm models (target and draft) and a BLS wired to the draft are valid Triton config; the BLS loads."""
+    from pipeline.config.spec import SpeculativeSpec
+
+    engine = llama_31_8b_engine(tmp_path / "engine", speculative_decoding_mode=2, max_draft_len=4, max_seq_len=16384 + 4)
+    draft = llama_31_8b_engine(tmp_path / "draft", max_seq_len=16384 + 4)
+    repository = tmp_path / "model_repository"
+    speculative = SpeculativeSpec(mode="draft_tokens_external", max_draft_len=4, draft={"source": str(tmp_path / "unused")})
+    render_model_repository(engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="engine",
+                            out_dir=repository, speculative=speculative, draft_engine_dir=draft)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
+    )
+    server = TritonServer(options).start()
+    try:
+        states = server.wait_until_ready(timeout=60, require_all_ready=False)
+        bls = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").get_model_metadata("tensorrt_llm_bls")
+    finally:
+        server.stop()
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        assert "unable to find backend library for backend 'tensorrtllm'" in states[name].reason
+    assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
+    assert {"num_draft_tokens", "use_draft_logits"} <= {tensor["name"] for tensor in bls["inputs"]}
+
+
 def tokenizer_only_repository(artifacts, tmp_path: Path) -> Path:
     """The engine target's preprocessing and postprocessing: quick to load, no torch."""
     repository = tmp_path / "model_repository"

@@ -24,6 +24,7 @@ from pipeline.config.spec.draft import draft_spec
 from pipeline.errors import SpecError
 from pipeline.plan import EnvFacts, plan
 from pipeline.render import render_model_repository
+from pipeline.render.repository import ConfigPaths
 from tests.conftest import BUILD_CONFIGS, REPO
 from tests.unit.test_trtllm_build import SCHEMA, validate_argv
 
@@ -166,9 +167,8 @@ def engine_repository(tmp_path_factory) -> Path:
         engine_dir=_engine_dir(root / "engine", target), tokenizer_dir=REPO / "models" / "tiny-stdlib-llama-tokenizer-absent",
         serve=spec.serve, target="engine", out_dir=out, gpu_device_ids=(0,), dry_run=True, speculative=spec.build.speculative,
         draft_engine_dir=_engine_dir(root / "draft", draft), draft_config_dir="/draft_engine",
+        config_paths=ConfigPaths("/engine", "/tokenizer"),  # as the deployment's container sees them
     )
-    for config in out.glob("*/config.pbtxt"):  # the engine directory of this fixture, as the golden file names it
-        config.write_text(config.read_text().replace(str((root / "engine").resolve()), "/engine"))
     return out
 
 
