@@ -279,8 +279,22 @@ def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) 
         kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
         tokens_per_block=spec.build.tokens_per_block,
         group_size=spec.quantize.group_size,
+        draft=_draft_for_capacity(spec),
     )
     console.print(capacity_table(capacity))
+
+
+def _draft_for_capacity(spec):
+    """build.speculative.draft as the capacity planner counts it (its weights and its own KV cache), or None."""
+    from pipeline.backends.capacity import DraftModel
+    from pipeline.config.model_info import read_model_info
+    from pipeline.config.spec.draft import draft_spec
+
+    draft = draft_spec(spec)
+    if draft is None:
+        return None
+    model = read_model_info(draft.model.source)
+    return DraftModel(model, draft.quantize.algo.value, draft.quantize.kv_cache.value, draft.build.max_seq_len or model.default_max_seq_len())
 
 
 def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console, the_plan: Plan | None = None) -> int:

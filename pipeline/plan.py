@@ -34,6 +34,7 @@ class EnvFacts:
     model_repo_fingerprint: str = ""
     project_fingerprint: str = ""
     lora_fingerprint: str = ""  # content digest of build.lora's adapter directories, in order ("" when none)
+    draft_fingerprint: str = ""  # content digest of build.speculative.draft.source ("" when none)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,26 @@ def _dump_present(model: Any) -> dict[str, Any]:
     return dumped
 
 
+def _dump_build(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+    """build, with the contents of the directories it names instead of their (absolute) paths, and build.speculative
+    without the sections of other modes (so that sections added later leave the digests of earlier configs alone)."""
+    build = _dump_present(spec.build)
+    if "lora" in build:
+        build["lora"]["adapter_dirs"] = facts.lora_fingerprint
+    if "speculative" in build:
+        build["speculative"] = _dump_speculative(build["speculative"], facts.draft_fingerprint)
+    return build
+
+
+def _dump_speculative(speculative: dict[str, Any], draft_source: str) -> dict[str, Any]:
+    mode = speculative["mode"]
+    sections = {"lookahead_decoding": "lookahead", "prompt_lookup": "prompt_lookup", "draft_tokens_external": "draft"}
+    dumped = {key: value for key, value in speculative.items() if key not in sections.values() or sections.get(mode) == key}
+    if dumped.get("draft") is not None:
+        dumped["draft"]["source"] = draft_source
+    return dumped
+
+
 def _dump_deploy(spec: SpecSlice) -> dict[str, Any]:
     """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
     dumped = _dump(spec.deploy)
@@ -141,7 +162,10 @@ def _dump_deploy(spec: SpecSlice) -> dict[str, Any]:
 
 def _speculative(spec: SpecSlice) -> dict[str, Any]:
     """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
-    return {"speculative": _dump(spec.build.speculative)} if spec.build.speculative is not None else {}
+    if spec.build.speculative is None:
+        return {}
+    # the draft's content is hashed by the draft stage upstream
+    return {"speculative": _dump_speculative(_dump(spec.build.speculative), draft_source="")}
 
 
 def _prepare_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
@@ -190,10 +214,7 @@ def _dry_run_flag(spec: SpecSlice) -> dict[str, Any]:
 
 
 def _build_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    build = _dump_present(spec.build)
-    if "lora" in build:  # the adapters' contents, not their (absolute) paths
-        build["lora"]["adapter_dirs"] = facts.lora_fingerprint
-    inputs = {"build": build, "dtype": spec.model.dtype.value}
+    inputs = {"build": _dump_build(spec, facts), "dtype": spec.model.dtype.value}
     if traits_of(spec.build.target).build_reads_gpu:
         inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
         # trtllm-build's settings carry the serve switches that need paged context FMHA: the build refuses an
@@ -203,6 +224,26 @@ def _build_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
 
 
 _ENGINE_SERVE_NEEDS = ("enable_kv_cache_reuse", "enable_chunked_context")
+
+
+def _draft_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+    """What pipeline.config.spec.draft.draft_spec reads: the draft's spec is derived from the model's sections."""
+    quantize = _dump(spec.quantize)
+    quantize["calibration"]["files"] = facts.calibration_fingerprint
+    inputs = _build_inputs(spec, facts)
+    inputs.update(
+        quantize=quantize,
+        serve_instances=spec.serve.instances.tensorrt_llm,
+        gpu=spec.deploy.gpu.value if spec.deploy.gpu is not None else None,
+        serve_needs={name: getattr(spec.serve, name) for name in _ENGINE_SERVE_NEEDS},
+        **_dry_run_flag(spec),
+        **_quantize_route(spec),
+    )
+    return inputs
+
+
+def _has_draft(spec: Spec) -> bool:
+    return spec.build.speculative is not None and spec.build.speculative.draft is not None
 
 
 def _gate_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
@@ -264,9 +305,23 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         unhashed={"deploy.gpus": _WHERE_IT_RUNS, "deploy.shm_size": _WHERE_IT_RUNS},
     ),
     StageDef(
+        "draft",
+        1,
+        (),
+        ("trtllm_pipeline", "torch", "modelopt", "transformers", "safetensors"),
+        _draft_inputs,
+        "quantize and build the draft model of draft-target speculative decoding",
+        applies=_has_draft,
+        hashes=(
+            "build", "quantize", "model.dtype", "deploy.gpu", "serve.instances.tensorrt_llm", "dry_run",
+            *(f"serve.{name}" for name in _ENGINE_SERVE_NEEDS),
+        ),
+        unhashed={"deploy.gpus": _WHERE_IT_RUNS, "deploy.shm_size": _WHERE_IT_RUNS},
+    ),
+    StageDef(
         "build",
         1,
-        ("quantize",),
+        ("quantize", "draft"),  # the cpu engine directory carries the draft's (<engine>/draft)
         ("trtllm_pipeline",),
         _build_inputs,
         "build the engine directory for the target",
@@ -288,7 +343,7 @@ STAGE_DEFS: tuple[StageDef, ...] = (
     StageDef(
         "package",
         1,
-        ("prepare", "build", "gate"),  # after a gate, a repository is tied to the verdict it passed
+        ("prepare", "build", "gate", "draft"),  # after a gate, a repository is tied to the verdict it passed
         ("trtllm_pipeline", "transformers", "tokenizers"),
         _package_inputs,
         "render the Triton model repository and check it against the engine",
@@ -310,7 +365,7 @@ STAGE_DEFS: tuple[StageDef, ...] = (
     StageDef(
         "deploy",
         1,
-        ("prepare", "build", "package", "slo"),
+        ("prepare", "build", "package", "slo", "draft"),
         ("trtllm_pipeline",),
         _deploy_inputs,
         "render the docker compose deployment",

@@ -51,7 +51,14 @@ def gather_facts(loaded: LoadedConfig) -> EnvFacts:
         model_repo_fingerprint=_model_repo_fingerprint(),
         project_fingerprint=_project_fingerprint(),
         lora_fingerprint=_lora_fingerprint(spec),
+        draft_fingerprint=_draft_fingerprint(spec),
     )
+
+
+def _draft_fingerprint(spec) -> str:
+    speculative = spec.build.speculative
+    draft = speculative.draft if speculative is not None else None
+    return directory_fingerprint(draft.source) if draft is not None else ""
 
 
 def _lora_fingerprint(spec) -> str:

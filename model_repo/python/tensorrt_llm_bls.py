@@ -12,6 +12,12 @@ forwards a client cancellation to tensorrt_llm as TensorRT-LLM's `stop` request 
 unique request id, which ends the generation and frees its KV cache. The response sender is owned
 by a `ResponseChannel`, which is never polled after the final response (response_channel.py).
 The tensor names it wires come from its contract.json (client_contract.py), written by the package stage.
+
+Draft-target speculative decoding (a request with num_draft_tokens > 0, in a repository whose tensorrt_llm engine is
+draft_tokens_external and that serves the draft as `tensorrt_llm_draft_model_name`) runs the draft loop of
+speculative_loop.py, as NVIDIA's BLS does: one prompt, not streamed, no context logits, one beam; draft tokens are
+accepted by comparing them with the target's (NVIDIA's use_draft_logits false). num_draft_tokens above the engine's
+max_draft_len, or on an engine built without speculation, is refused by name.
 """
 
 from __future__ import annotations
@@ -28,11 +34,32 @@ from incremental_detokenizer import CONTEXT_TOKENS
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import CancellationWatcher, ResponseChannel
+from speculative_loop import draft_target_generate
 from triton_io import BadRequest, error_response, log_error, optional_input, requested_outputs, send_stop, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
 _LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
+# set anew for every call of the draft loop
+_PER_STEP_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming", "exclude_input_in_output")
+
+
+def _flag(client, name):
+    return name in client and bool(client[name].reshape(-1)[0])
+
+
+def _stop_words(stop_words_list):
+    """TensorRT-LLM's [1, 2, N] stop_words_list (token ids, then the cumulative end offsets padded with -1) as words."""
+    if stop_words_list is None or stop_words_list.size == 0:
+        return []
+    ids, ends = stop_words_list.reshape(2, -1).tolist()
+    words, start = [], 0
+    for end in ends:
+        if end < 0:
+            break
+        words.append(ids[start:end])
+        start = end
+    return words
 
 
 class _UpstreamError(Exception):
@@ -52,6 +79,8 @@ class TritonPythonModel:
         self._preprocessing = parameters.string("preprocessing_model_name", "preprocessing")
         self._llm = parameters.string("tensorrt_llm_model_name", "tensorrt_llm")
         self._postprocessing = parameters.string("postprocessing_model_name", "postprocessing")
+        self._draft = parameters.string("tensorrt_llm_draft_model_name", "") or None
+        self._max_draft_len = parameters.integer("max_draft_len", 0)
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", True)
         self._finished_calls = DeferredRelease()  # see deferred_release.py
         self._watcher = CancellationWatcher(
@@ -104,10 +133,102 @@ class TritonPythonModel:
         # Streamed output never holds the prompt; a non-streamed one does unless excluded.
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
         requested = requested_outputs(request)
+        num_draft_tokens = self._num_draft_tokens(request, client, streaming)
+        if num_draft_tokens:
+            self._speculate(llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested)
+            return
         outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
         # What else the client asked for that tensorrt_llm gives (perf metrics, token counts, batch_index)
         outputs += [llm for llm, name in wiring.llm_to_client.items() if name in requested and llm not in outputs and llm not in _LOG_PROB_OUTPUTS]
         self._relay(llm_inputs, outputs, context, streaming, channel, requested)
+
+    def _num_draft_tokens(self, request, client, streaming):
+        """num_draft_tokens of a draft-target request (0: decode without a draft), checked as NVIDIA's BLS checks it."""
+        given = optional_input(request, "num_draft_tokens")
+        wanted = int(given.reshape(-1)[0]) if given is not None and given.size else 0
+        if wanted <= 0:
+            return 0
+        if self._max_draft_len <= 0:
+            raise BadRequest("num_draft_tokens: the engine was built without draft-target speculative decoding "
+                             "(build.speculative.mode draft_tokens_external, max_draft_len 0); send no num_draft_tokens")
+        if wanted > self._max_draft_len:
+            raise BadRequest(f"num_draft_tokens: {wanted} exceeds the engine's max_draft_len ({self._max_draft_len})")
+        if self._draft is None:
+            return 0  # the engine drafts inside (the cpu engine carries its draft model)
+        use_logits = optional_input(request, "use_draft_logits")
+        refusals = (
+            (streaming, "stream: streaming is not supported with speculative decoding (num_draft_tokens)"),
+            (_flag(client, "return_context_logits"), "return_context_logits: context logits are not supported with speculative decoding"),
+            (_flag(client, "return_generation_logits"), "return_generation_logits: generation logits are not returned with speculative decoding"),
+            ("beam_width" in client and int(client["beam_width"].reshape(-1)[0]) > 1, "beam_width: speculative decoding runs one beam"),
+            (use_logits is not None and bool(use_logits.reshape(-1)[0]),
+             "use_draft_logits: this BLS accepts draft tokens by comparing them with the target's; send use_draft_logits false"),
+        )
+        for refused, message in refusals:
+            if refused:
+                raise BadRequest(message)
+        return wanted
+
+    def _speculate(self, llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested):
+        """The draft loop over two non-streamed calls per step; one response at the end."""
+        shared = {name: array for name, array in llm_inputs.items() if name not in _PER_STEP_INPUTS}
+        shared["streaming"] = np.array([[False]], dtype=np.bool_)
+        shared["exclude_input_in_output"] = np.array([[True]], dtype=np.bool_)
+        cancelled = threading.Event()
+        self._watcher.watch(channel, cancelled.set)
+
+        def step(model, sequence, output_len, draft_ids=None):
+            if cancelled.is_set():
+                return []
+            inputs = dict(shared, input_ids=np.array([sequence], dtype=np.int32),
+                          input_lengths=np.array([[len(sequence)]], dtype=np.int32),
+                          request_output_len=np.array([[output_len]], dtype=np.int32))
+            if draft_ids:
+                inputs["draft_input_ids"] = np.array([draft_ids], dtype=np.int32)
+            return self._generated_ids(model, inputs)
+
+        max_tokens = int(llm_inputs["request_output_len"].reshape(-1)[0])
+        end_id = int(llm_inputs["end_id"].reshape(-1)[0]) if "end_id" in llm_inputs else None
+        result = draft_target_generate(
+            prompt, max_tokens, num_draft_tokens,
+            draft=lambda sequence, n: step(self._draft, sequence, n),
+            target=lambda sequence, draft_ids: step(self._llm, sequence, len(draft_ids) + 1, draft_ids),
+            end_id=end_id, stop_words=_stop_words(llm_inputs.get("stop_words_list")),
+        )
+        self._watcher.forget(channel)
+        if cancelled.is_set():
+            channel.send(error_response("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
+            return
+        preceding, new_ids = (prompt[-CONTEXT_TOKENS:], result.tokens) if exclude_input else ([], [*prompt, *result.tokens])
+        figures = {}
+        if "return_perf_metrics" in llm_inputs and bool(llm_inputs["return_perf_metrics"].reshape(-1)[0]):
+            figures = {
+                "acceptance_rate": np.array([[result.acceptance_rate]], dtype=np.float32),
+                "total_accepted_draft_tokens": np.array([[result.accepted]], dtype=np.int32),
+                "total_draft_tokens": np.array([[result.drafted]], dtype=np.int32),
+            }
+        channel.send(self._client_response(self._detokenize(preceding, new_ids), figures, requested), final=True)
+
+    def _generated_ids(self, model_name, inputs):
+        """The tokens one non-streamed call of an LLM model generates (the prompt excluded)."""
+        request = pb_utils.InferenceRequest(
+            model_name=model_name, requested_output_names=["output_ids", "sequence_length"],
+            inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
+        )
+        tokens = []
+        responses = request.exec(decoupled=True)
+        try:
+            for response in responses:
+                if response.has_error():
+                    raise _UpstreamError(response.error())
+                tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                if "output_ids" in tensors:
+                    length = int(tensors["sequence_length"].reshape(-1)[0])
+                    tokens.extend(tensors["output_ids"].reshape(-1)[:length].tolist())
+        finally:
+            self._finished_calls.hold(responses)
+            del responses
+        return tokens
 
     def _client_inputs(self, request):
         client = {name: array for name in self._wiring.client_inputs if (array := optional_input(request, name)) is not None}

@@ -31,6 +31,7 @@ class BuildJob:
     engine_dir: Path  # written now (inside the stage's temporary directory)
     final_engine_dir: Path  # where it will live once the stage succeeds: a dry run's command names it
     log: Callable[[str], None]
+    draft_engine_dir: Path | None = None  # the draft stage's engine directory (draft_tokens_external), else None
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ class TritonLlmModel:
     returns_preceding_ids: bool  # the context tokens the postprocessing's incremental detokenizer needs
     always_context_logits: bool  # context logits without an engine built with gather_context_logits
     runtime: RuntimeAbilities
+    # it takes TensorRT-LLM's draft_input_ids / draft_logits / draft_acceptance_threshold (a draft_tokens_external engine)
+    takes_draft_tokens: bool = False
+    # a draft-target repository serves the draft engine as a model of its own (tensorrt_llm_draft, which the BLS drafts
+    # with); False: the engine speculates inside (the cpu engine carries its draft, <engine>/draft)
+    serves_draft_model: bool = False
 
 
 @dataclass(frozen=True)

@@ -139,10 +139,32 @@ class CapacityPlan:
     fits: bool  # max_batch_size sequences of max_seq_len tokens fit in the KV cache
     decode_tokens_per_s_b1: float | None  # bandwidth bound at batch 1 (datasheet bandwidth)
     notes: tuple[str, ...]
+    draft: DraftCapacity | None = None  # the draft engine of draft-target decoding, on the same GPUs
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("gpu", "params")}
-        return {**data, "gpu": self.gpu.name, "params_total": self.params.total}
+        data = {k: v for k, v in self.__dict__.items() if k not in ("gpu", "params", "draft")}
+        draft = None if self.draft is None else {**self.draft.__dict__, "params": self.draft.params.total}
+        return {**data, "gpu": self.gpu.name, "params_total": self.params.total, "draft": draft}
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """The draft of draft-target decoding as the planner sees it: its model, formats and longest sequence."""
+
+    model: ModelInfo
+    quant_algo: str
+    kv_cache_dtype: str
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class DraftCapacity:
+    model: str
+    params: ParamCount
+    weight_bytes_per_gpu: float
+    kv_bytes_per_token: int  # per GPU
+    kv_space_bytes: float  # per GPU
+    full_sequences: int
 
 
 def plan_capacity(
@@ -159,8 +181,13 @@ def plan_capacity(
     group_size: int = 128,
     reserve_gb: float = RUNTIME_RESERVE_GB,
     tied_embeddings: bool = False,
+    draft: DraftModel | None = None,
 ) -> CapacityPlan:
-    """How `model` in `quant_algo` with a `kv_cache_dtype` KV cache fits `tp` × `gpu`; CapacityError if it cannot run."""
+    """How `model` in `quant_algo` with a `kv_cache_dtype` KV cache fits `tp` × `gpu`; CapacityError if it cannot run.
+
+    With a `draft` (draft-target decoding) both engines' weights stay on the GPUs and every sequence has KV in both
+    caches. Each tensorrt_llm model takes kv_cache_free_gpu_mem_fraction of the memory free when it loads: the target is
+    taken to load first, the draft then gets the fraction of what the target left."""
     gpu = get_gpu(gpu)
     quant_algo, kv_cache_dtype = str(getattr(quant_algo, "value", quant_algo)), str(getattr(kv_cache_dtype, "value", kv_cache_dtype))
     _check_inputs(model, tp, max_seq_len, max_batch_size, kv_cache_free_gpu_mem_fraction, tokens_per_block)
@@ -170,23 +197,33 @@ def plan_capacity(
     per_gpu = weights / tp
     label = f"{model.path.name} ({quant_algo if WEIGHT_FORMATS[quant_algo].quantized else '16-bit'} weights)"
     budget = gpu.memory_gb * GB - reserve_gb * GB
-    if per_gpu > budget:
+    draft_weights = _weights(draft.model, draft.quant_algo, group_size) / tp if draft is not None else 0.0
+    if draft is not None:
+        label += f" + draft {draft.model.path.name}"
+    per_gpu_all = per_gpu + draft_weights
+    if per_gpu_all > budget:
+        per_gpu = per_gpu_all
         raise CapacityError(
             f"{label} needs {per_gpu / GB:.1f} GB of weights per GPU (tp {tp}) plus a {reserve_gb:g} GB runtime reserve, "
             f"but {gpu.name} has {gpu.memory_gb:g} GB: {(per_gpu - budget) / GB:.1f} GB missing{_tp_hint(weights, gpu, reserve_gb, model, tp)}"
         )
     kv_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
-    kv_space = kv_cache_free_gpu_mem_fraction * (budget - per_gpu)
+    kv_space = kv_cache_free_gpu_mem_fraction * (budget - per_gpu_all)
     blocks_per_seq = -(-max_seq_len // tokens_per_block)
     one_sequence = blocks_per_seq * tokens_per_block * kv_token
     if kv_space < one_sequence:
-        missing = one_sequence / kv_cache_free_gpu_mem_fraction - (budget - per_gpu)
+        missing = one_sequence / kv_cache_free_gpu_mem_fraction - (budget - per_gpu_all)
         raise CapacityError(
             f"{label} on {tp} × {gpu.name}: the KV cache gets {kv_space / GB:.2f} GB but one {max_seq_len}-token sequence "
             f"needs {one_sequence / GB:.2f} GB ({_kv_label(kv_cache_dtype)} KV): {missing / GB:.2f} GB missing"
         )
     kv_tokens = int(kv_space // kv_token)
     full_sequences = (kv_tokens // tokens_per_block) // blocks_per_seq
+    draft_capacity = None
+    if draft is not None:
+        draft_capacity = _draft_capacity(draft, tp, draft_weights, (budget - per_gpu_all - kv_space) * kv_cache_free_gpu_mem_fraction,
+                                         tokens_per_block, label)
+        full_sequences = min(full_sequences, draft_capacity.full_sequences)
     batch = min(max_batch_size, full_sequences)
     num_tokens = min(DEFAULT_MAX_NUM_TOKENS, batch * max_seq_len)
     num_tokens = max(tokens_per_block, num_tokens // tokens_per_block * tokens_per_block)
@@ -199,7 +236,28 @@ def plan_capacity(
         tokens_per_block=tokens_per_block, reserve_gb=reserve_gb, params=params, weight_bytes=weights, weight_bytes_per_gpu=per_gpu,
         kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, kv_tokens=kv_tokens, full_sequences=full_sequences,
         recommended_max_batch_size=batch, recommended_max_num_tokens=num_tokens, fits=full_sequences >= max_batch_size,
-        decode_tokens_per_s_b1=decode, notes=notes,
+        decode_tokens_per_s_b1=decode, notes=notes, draft=draft_capacity,
+    )
+
+
+def _weights(model: ModelInfo, quant_algo: str, group_size: int) -> float:
+    params = count_params(model)
+    return params.decoder * weight_bytes_per_param(quant_algo, group_size) + (params.embedding + params.lm_head + params.final_norm) * _SIXTEEN_BIT
+
+
+def _draft_capacity(draft: DraftModel, tp: int, weights_per_gpu: float, kv_space: float, tokens_per_block: int, label: str) -> DraftCapacity:
+    kv_token = kv_bytes_per_token(draft.model, draft.kv_cache_dtype, tp)
+    blocks_per_seq = -(-draft.max_seq_len // tokens_per_block)
+    one_sequence = blocks_per_seq * tokens_per_block * kv_token
+    if kv_space < one_sequence:
+        raise CapacityError(
+            f"{label}: the draft's KV cache gets {kv_space / GB:.2f} GB (kv_cache_free_gpu_mem_fraction of what the target "
+            f"leaves) but one {draft.max_seq_len}-token sequence needs {one_sequence / GB:.2f} GB; lower "
+            "serve.kv_cache_free_gpu_mem_fraction (NVIDIA's draft-target example uses 0.5 for each model)"
+        )
+    return DraftCapacity(
+        model=draft.model.path.name, params=count_params(draft.model), weight_bytes_per_gpu=weights_per_gpu,
+        kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, full_sequences=int(kv_space // kv_token) // tokens_per_block // blocks_per_seq,
     )
 
 
@@ -266,6 +324,13 @@ def capacity_table(plan: CapacityPlan) -> Any:
         ("batch-1 decode bound", f"{plan.decode_tokens_per_s_b1:,.0f} tok/s" if plan.decode_tokens_per_s_b1 else "n/a"),
         (f"max_batch_size {plan.max_batch_size} at full length", "fits" if plan.fits else "does not fit"),
     ]
+    if plan.draft is not None:
+        d = plan.draft
+        rows += [
+            (f"draft {d.model}: weights per GPU", f"{d.weight_bytes_per_gpu / GB:.1f} GB"),
+            ("draft KV space per GPU / bytes per token", f"{d.kv_space_bytes / GB:.1f} GB / {d.kv_bytes_per_token / KIB:g} KiB"),
+            ("full sequences in the draft's KV cache", f"{d.full_sequences:,}"),
+        ]
     for name, value in rows:
         table.add_row(name, value)
     if plan.notes:

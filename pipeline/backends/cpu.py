@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
-from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, EngineFacts
+from pipeline.backends.cpu_speculative import add_speculation
+from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, SPECULATIVE_DECODING_MODE, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
@@ -31,12 +32,18 @@ def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
 
 def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | None = None) -> dict[str, Any]:
     """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json (for the checkpoint's
-    `quantize` formats; None: unquantized)."""
+    `quantize` formats; None: unquantized). A speculative engine records its max_draft_len and mode flag as
+    trtllm-build does, max_seq_len included (trtllm-build adds max_draft_len to it)."""
     plugins = build.plugins
     keeps_paged_context_fmha = quantize is None or paged_context_fmha_loss(
         weight_format(quantize.algo), kv_cache_format(quantize.kv_cache)
     ) is None
     max_num_tokens = min(build.max_num_tokens, build.max_batch_size * max_seq_len)
+    speculative = build.speculative
+    draft_len = speculative.draft_len if speculative is not None else 0
+    if speculative is not None:  # trtllm-build's builder: room for the draft tokens of every sequence (trtllm.md §1.6)
+        max_seq_len += draft_len
+        max_num_tokens = max(max_num_tokens, build.max_batch_size * (draft_len + 1))
     return {
         "max_batch_size": build.max_batch_size,
         "max_input_len": build.max_input_len,
@@ -49,8 +56,8 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
         "gather_context_logits": False,
         "gather_generation_logits": False,
         "strongly_typed": True,
-        "max_draft_len": 0,
-        "speculative_decoding_mode": 1,
+        "max_draft_len": draft_len,
+        "speculative_decoding_mode": SPECULATIVE_DECODING_MODE[speculative.engine_mode if speculative is not None else None],
         "use_refit": False,
         "weight_sparsity": False,
         "weight_streaming": False,
@@ -114,7 +121,7 @@ class CpuBackend:
             other_engine_kind="the cpu tensorrt_llm model runs only engines written by the cpu build (version 'refengine-…')",
             weight_suffix=".safetensors",
             lora=False,
-            speculative_decoding=False,
+            speculative_decoding=True,  # refengine's: draft-target and prompt lookup (refengine_speculative)
             beam_search=False,
             multiple_ranks=False,
         ),
@@ -143,11 +150,12 @@ class CpuBackend:
         max_seq_len = resolve_max_seq_len(build, job.model.default_max_seq_len())
         build_config = cpu_build_config(build, max_seq_len=max_seq_len, dtype=job.spec.model.dtype.value, quantize=job.spec.quantize)
         write_cpu_engine(job.checkpoint_dir, job.engine_dir, build_config=build_config, version=tool_versions()["trtllm_pipeline"])
+        notes = add_speculation(job.engine_dir, build.speculative, job.draft_engine_dir, max_seq_len=build_config["max_seq_len"])
         job.log(
             f"cpu engine: max_batch_size {build_config['max_batch_size']}, max_seq_len {max_seq_len}, "
             f"max_num_tokens {build_config['max_num_tokens']}, tokens_per_block {build.tokens_per_block}"
         )
-        return {}
+        return notes
 
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None

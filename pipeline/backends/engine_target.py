@@ -22,8 +22,9 @@ from pipeline.backends.llm_parameters import engine_parameters
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version, version_for_image
 from pipeline.config.model_checks import Issue
-from pipeline.config.model_info import ModelInfo
+from pipeline.config.model_info import ModelInfo, read_model_info
 from pipeline.config.spec import ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.spec.draft import draft_spec
 from pipeline.config.targets import traits_of
 from pipeline.errors import PipelineError, SpecError
 
@@ -54,6 +55,12 @@ def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
         plan_engine_build(spec, model, Path("/nonexistent/checkpoint"), Path("/nonexistent/engine"))
     except SpecError as exc:
         return [(("build",), exc.message)]
+    draft = draft_spec(spec)
+    if draft is not None:  # the draft's trtllm-build follows the same rules (e.g. FP8 needs SM >= 8.9)
+        try:
+            plan_engine_build(draft, read_model_info(draft.model.source), Path("/nonexistent/checkpoint"), Path("/nonexistent/engine"))
+        except SpecError as exc:
+            return [(("build", "speculative", "draft"), f"the draft: {exc.message}")]
     kind = spec.build.runner.value
     if kind == "local" and shutil.which("trtllm-build") is None:
         return [
@@ -155,6 +162,8 @@ class EngineBackend:
             beam_search=True,
             multiple_ranks=True,
         ),
+        takes_draft_tokens=True,
+        serves_draft_model=True,
     )
     compose = ComposeFacts(
         profile="gpu",

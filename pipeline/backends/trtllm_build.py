@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.build_request import BuildRequest
+from pipeline.backends.engine_facts import SPECULATIVE_DECODING_MODE
 from pipeline.backends.trtllm_rules import Decision, resolve
 from pipeline.backends.trtllm_versions import TrtllmVersion
 from pipeline.config.lora_adapters import AdapterError, read_adapter
@@ -41,12 +42,6 @@ TIMING_CACHE_FILE = "model.cache"
 SCRIPT_FILE = "trtllm-build.sh"
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")
 
-# --speculative_decoding_mode choice -> the SpeculativeDecodingMode IntFlag value a BuildConfig (and the engine's
-# config.json) records: NONE = 1, DRAFT_TOKENS_EXTERNAL = 2, MEDUSA = 4, LOOKAHEAD_DECODING = 8,
-# EXPLICIT_DRAFT_TOKENS = 16, EAGLE = 32 (tensorrt_llm/models/modeling_utils.py, auto() in declaration order).
-SPECULATIVE_DECODING_MODE: dict[str | None, int] = {
-    None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8, "explicit_draft_tokens": 16, "eagle": 32,
-}
 ENGINE_LORA_DIR = "lora"  # trtllm-build copies adapter i into <engine>/lora/<i>/ and records that relative path
 
 
@@ -112,7 +107,7 @@ def _speculative_settings(spec: Spec) -> dict[str, Any]:
     speculative = spec.build.speculative
     if speculative is None:
         return {}
-    return {"speculative_decoding_mode": speculative.mode.value, "max_draft_len": speculative.draft_len}
+    return {"speculative_decoding_mode": speculative.engine_mode, "max_draft_len": speculative.draft_len}
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ from pipeline.quant_formats import (
 
 REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
 MAX_NUM_TOKENS_WARN = 16384
-SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding"})  # what this pipeline can produce a checkpoint and repository for
-LOOKAHEAD_MIN_SM = 80  # examples/lookahead/README.md support matrix: compute capability >= 8.0
+# what this pipeline can produce a checkpoint and repository for (draft_tokens_external: with a draft engine and the BLS)
+SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding", "draft_tokens_external"})
+# examples/lookahead/README.md and examples/draft_target_model/README.md support matrices: compute capability >= 8.0
+LOOKAHEAD_MIN_SM = 80
 _FP8_NEEDS_SM = f"SM >= {sm_version(FP8_MIN_SM)}"
 _PLUGIN_ATTRS = frozenset({
     "gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
@@ -319,12 +321,15 @@ def _speculative(r: _Resolution) -> None:
     if s.kv_cache_type != "paged":
         r.error(f"build.speculative.mode {mode} needs build.kv_cache_type paged (got {s.kv_cache_type}): speculative "
                 "decoding runs under inflight batching on the paged KV cache (examples/lookahead support matrix)")
-    if mode == "lookahead_decoding":
-        if r.sm is not None and r.sm < LOOKAHEAD_MIN_SM:
-            r.error(f"build.speculative.mode lookahead_decoding needs SM >= 8.0 (Ampere or newer); the GPU is {r.sm_text}")
-        if not r.weights.lookahead_documented:
-            r.warn("speculative_decoding_mode", f"lookahead decoding is documented for FP16/BF16/FP8 models only; "
-                   f"quantize.algo {s.quant_algo} is not in that support matrix, verify it on the GPU")
+    if r.sm is not None and r.sm < LOOKAHEAD_MIN_SM:
+        r.error(f"build.speculative.mode {mode} needs SM >= 8.0 (Ampere or newer); the GPU is {r.sm_text}")
+    if not r.weights.lookahead_documented:  # the lookahead and draft-target support matrices list the same formats
+        r.warn("speculative_decoding_mode", f"{mode} is documented for FP16/BF16/FP8 models only; "
+               f"quantize.algo {s.quant_algo} is not in that support matrix, verify it on the GPU")
+    if mode == "draft_tokens_external" and not (s.use_paged_context_fmha and s.context_fmha):
+        r.error("build.plugins.use_paged_context_fmha must be true (with context_fmha) for build.speculative.mode "
+                "draft_tokens_external: the target and the draft reuse the KV cache of the sequence at every draft step, "
+                "which needs paged context FMHA (examples/draft_target_model/README.md)")
     if s.gather_context_logits:
         r.error("build.gather_context_logits cannot be combined with build.speculative: trtllm-build refuses context "
                 "logits with max_draft_len > 0 (§1.5)")

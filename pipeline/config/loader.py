@@ -75,6 +75,9 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
     model = _section(data, "model")
     if "source" in model:
         model["source"] = absolute(model["source"])
+    draft = _section(_section(_section(data, "build"), "speculative"), "draft")
+    if "source" in draft:
+        draft["source"] = absolute(draft["source"])
     calibration = _section(_section(data, "quantize"), "calibration")
     accuracy = _section(_section(data, "gate"), "accuracy")
     lora = _section(_section(data, "build"), "lora")

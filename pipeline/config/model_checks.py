@@ -33,7 +33,14 @@ def inspect_model(spec: Spec) -> tuple[ModelInfo | None, list[Issue]]:
         return None, [(where, str(exc))]
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None, [(where, f"cannot read {source / 'config.json'}: {type(exc).__name__}: {exc}")]
-    return info, check_spec_against_model(spec, info) + _tokenizer_issues(source)
+    return info, check_spec_against_model(spec, info) + _tokenizer_issues(source) + check_draft_model(spec, info)
+
+
+def check_draft_model(spec: Spec, info: ModelInfo) -> list[Issue]:
+    """The draft of draft_tokens_external against its own config.json and the model's (pipeline.config.draft_checks)."""
+    from pipeline.config.draft_checks import draft_issues
+
+    return draft_issues(spec, info, check_spec_against_model)
 
 
 def _tokenizer_issues(source) -> list[Issue]:

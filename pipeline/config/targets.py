@@ -8,7 +8,8 @@ facts are data, here; every other target fact and operation is the target's back
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -35,6 +36,10 @@ class TargetTraits:
     places_ranks_on_deploy_gpus: bool
     # why it builds no build.lora / build.speculative section ({feature}: "LoRA" or "speculative decoding"); None: it builds both
     no_lora_or_speculative_because: str | None
+    # it builds a build.speculative section (the modes below excepted)
+    builds_speculative: bool = False
+    # build.speculative.mode values it does not build, and why (its other modes it builds)
+    refused_speculative_modes: Mapping[str, str] = field(default_factory=dict)
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -46,6 +51,14 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         runs_fp8_context_fmha=True,
         places_ranks_on_deploy_gpus=True,
         no_lora_or_speculative_because=None,
+        builds_speculative=True,
+        refused_speculative_modes={
+            "prompt_lookup": "TensorRT-LLM 1.2 drafts prompt-lookup tokens outside the engine, in examples/run.py "
+            "(ModelRunnerCpp with prompt_lookup_config); NVIDIA's Triton models have no prompt-lookup drafter (the "
+            "tensorrt_llm_bls drafts only with a draft model, tensorrt_llm_draft_model_name), so a served "
+            "draft_tokens_external engine would never receive draft tokens; use draft_tokens_external with a draft "
+            "model, or lookahead_decoding (the engine's own n-gram drafting)",
+        },
     ),
     Target.cpu: TargetTraits(
         builds_through_runner=False,
@@ -55,6 +68,12 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         runs_fp8_context_fmha=False,
         places_ranks_on_deploy_gpus=False,
         no_lora_or_speculative_because="the cpu reference engine (refengine) does not implement {feature}",
+        builds_speculative=True,
+        # refengine speculates with a draft model and with n-grams of the request (prompt lookup)
+        refused_speculative_modes={
+            "lookahead_decoding": "the reference engine (refengine) drafts with a draft model (draft_tokens_external) "
+            "or with n-grams of the request (prompt_lookup), not with lookahead decoding's Jacobi n-gram pool",
+        },
     ),
     Target.llmapi: TargetTraits(
         builds_through_runner=False,

@@ -26,6 +26,7 @@ class DeploymentInputs:
     final_dir: Path | None = None  # where the deployment directory will finally live (links are relative to it)
     secrets: Mapping[str, str] | None = None  # the deployment's secrets; random when not given
     source_root: Path | None = None  # the project checkout an image is built from (default: this one)
+    draft_engine_dir: Path | None = None  # the draft engine served as tensorrt_llm_draft (engine target, draft-target)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ def require_new_directory(out_dir: Path) -> None:
 
 
 def write_container_repository(
-    spec: Spec, out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, package_repository: Path | None
+    spec: Spec, out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, package_repository: Path | None,
+    draft_engine_dir: Path | None = None,
 ) -> list[Path]:
     """`model_repository/` as the container sees it; its files must be the package stage's."""
     repository = out_dir / layout.MODEL_REPOSITORY_DIR
@@ -70,16 +71,20 @@ def write_container_repository(
         config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT),
         dry_run=spec.dry_run,
         speculative=spec.build.speculative,
+        draft_engine_dir=draft_engine_dir,
+        draft_config_dir=layout.DRAFT_ENGINE_MOUNT,
     )
     if package_repository is not None:
         _check_same_files(repository, package_repository)
     return written
 
 
-def link_upstream(out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, base: Path) -> None:
-    """`engine` and `tokenizer`: links relative to `base` (where `out_dir` will finally live)."""
+def link_upstream(out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, base: Path, draft_engine_dir: Path | None = None) -> None:
+    """`engine` and `tokenizer` (and `draft_engine`): links relative to `base` (where `out_dir` will finally live)."""
     _link(out_dir / layout.ENGINE_LINK, engine_dir, base)
     _link(out_dir / layout.TOKENIZER_LINK, tokenizer_dir, base)
+    if draft_engine_dir is not None:
+        _link(out_dir / layout.DRAFT_ENGINE_LINK, draft_engine_dir, base)
 
 
 def write_monitoring(out_dir: Path, spec: Spec, target: str) -> list[Path]:

@@ -26,6 +26,7 @@ DOCKERIGNORE = ".dockerignore"
 SOURCE_DIR = "src"
 MODEL_REPOSITORY_DIR = "model_repository"
 ENGINE_LINK = "engine"
+DRAFT_ENGINE_LINK = "draft_engine"  # the draft stage's engine of draft-target speculative decoding (engine target)
 TOKENIZER_LINK = "tokenizer"
 PROMETHEUS_CONFIG = "prometheus/prometheus.yml"
 GRAFANA_DATASOURCES = "grafana/provisioning/datasources/prometheus.yml"
@@ -38,6 +39,7 @@ ENGINE_CHECK_FILE = "engine_runtime.py"  # a copy of pipeline/backends/engine_ru
 # Inside the containers.
 MODELS_MOUNT = "/models"
 ENGINE_MOUNT = "/engine"
+DRAFT_ENGINE_MOUNT = "/draft_engine"
 TOKENIZER_MOUNT = "/tokenizer"
 GRAFANA_DASHBOARDS_MOUNT = "/etc/grafana/dashboards"
 ENGINE_CHECK_MOUNT = "/opt/trtllm-pipeline/engine_runtime.py"

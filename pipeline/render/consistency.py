@@ -18,6 +18,8 @@ from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
 from pipeline.quant_formats import kv_cache_format_named, paged_context_fmha_loss, weight_format_named
 from pipeline.render.contract import TRITON_DTYPES
+from pipeline.render.draft_consistency import draft_len_problems as _draft_len
+from pipeline.render.draft_consistency import draft_problems
 
 FIXED_MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 
@@ -36,6 +38,7 @@ def check_consistency(
     logits_datatype: str | None = None,
     speculative: SpeculativeSpec | None = None,
     lora_weights_datatype: str | None = None,
+    draft_engine_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Raise StageError listing every way the repository would not match the engine.
 
@@ -56,6 +59,7 @@ def check_consistency(
     problems += _logits(facts, logits_datatype)
     problems += _lora(facts, serve, target, runtime, lora_weights_datatype)
     problems += _speculative(facts, speculative, target, runtime)
+    problems += draft_problems(facts, serve, draft_engine_config)
     problems += _tokenizer(facts, tokenizer_vocab_size, tokenizer_eos_id)
     problems += _beams(facts, target, runtime, max_beam_width)
     problems += _parallelism(facts, serve, target, runtime, gpu_device_ids, rank_files)
@@ -198,7 +202,7 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
     spec_mode = speculative.mode.value if speculative is not None else None
     if not runtime.speculative_decoding:
         return [f"build.target is {target.value} but the engine has build_config.speculative_decoding_mode {engine_mode}"] if engine_mode else []
-    if engine_mode != spec_mode:
+    if engine_mode != (speculative.engine_mode if speculative is not None else None):
         return [
             f"the engine has build_config.speculative_decoding_mode {engine_mode or 'none'} (max_draft_len {facts.max_draft_len}) "
             f"but build.speculative.mode is {spec_mode or 'absent'}: Triton's decoding_mode ({decoding_mode(facts)}) and "
@@ -206,9 +210,11 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
         ]
     if speculative is None:  # and so engine_mode is None too: they are equal
         return []
+    if engine_mode == "draft_tokens_external":
+        return _draft_len(facts, speculative)
     if engine_mode != "lookahead_decoding":
-        return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no draft model, "
-                "BLS draft loop or Medusa/EAGLE choices for it"]
+        return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no "
+                "Medusa/EAGLE/ReDrafter choices for it"]
     problems = []
     la = speculative.lookahead
     if speculative.draft_len != facts.max_draft_len:

@@ -81,6 +81,20 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     _scalar("lookahead_verification_set_size", "TYPE_INT32"),
 )
 
+# Draft tokens of draft-target speculative decoding (NVIDIA's tensorrt_llm config declares them; the BLS sends them to a
+# draft_tokens_external engine): the draft, its logits (use_draft_logits) and the acceptance threshold.
+LLM_DRAFT_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("draft_input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+    TensorSpec("draft_logits", LOGITS, (-1, -1), optional=True),
+    _scalar("draft_acceptance_threshold", "TYPE_FP32"),
+)
+# Inputs of tensorrt_llm_bls only (not the ensemble's): the draft length of a request, and whether the target accepts
+# draft tokens by the draft's logits (rejection sampling) instead of by comparing tokens.
+BLS_SPECULATIVE_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("num_draft_tokens", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("use_draft_logits", "TYPE_BOOL", (1,), optional=True),
+)
+
 # TensorRT-LLM 1.x per-request perf metrics (return_perf_metrics) and token counts
 # (return_num_input_tokens / return_num_output_tokens): one value per response.
 PERF_METRIC_OUTPUTS: tuple[TensorSpec, ...] = (

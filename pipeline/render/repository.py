@@ -6,6 +6,7 @@
       postprocessing/     config.pbtxt, 1/model.py (+ helper modules)
       <serve.model_name>/ config.pbtxt, 1/ (the ensemble; the empty version directory is required)
       tensorrt_llm_bls/   config.pbtxt, 1/model.py + contract.json (+ helper modules)
+      tensorrt_llm_draft/ (engine target, draft_tokens_external) the draft engine's LLM model: the BLS drafts with it
 
 Configs and contract.json files (contract_files.py) are rendered from one source, contract.py.
 
@@ -16,12 +17,13 @@ Triton on a private copy of the repository, so relative paths would not survive)
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import TritonLlmModel
+from pipeline.backends.cpu_speculative import SPECULATIVE_KEY
 from pipeline.backends.engine_facts import EngineFacts, engine_facts, read_engine_config
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
@@ -53,10 +55,12 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
             "model_contract.py",
             "model_parameters.py",
             "response_channel.py",
+            "speculative_loop.py",
             "triton_io.py",
         ),
     ),
 }
+DRAFT_MODEL_NAME = "tensorrt_llm_draft"
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ def render_model_repository(
     config_paths: ConfigPaths | None = None,
     dry_run: bool = False,
     speculative: SpeculativeSpec | None = None,
+    draft_engine_dir: Path | None = None,
+    draft_config_dir: str | None = None,
 ) -> list[Path]:
     """Check the engine against the serve spec, then write the repository; returns the files written.
 
@@ -85,7 +91,9 @@ def render_model_repository(
     rank-file check is skipped, and without tokenizer.json so are the tokenizer checks; the configs
     still name `engine_dir` and `tokenizer_dir`, which must be complete before the server starts.
     `speculative` is the spec's build.speculative: the engine's speculative mode is read from its config, the
-    runtime's lookahead (W, N, G) from here."""
+    runtime's lookahead (W, N, G) from here. `draft_engine_dir` is the draft stage's engine of draft_tokens_external
+    (the engine target serves it as tensorrt_llm_draft, named `draft_config_dir` in its config); a cpu engine carries
+    its draft inside (<engine>/draft)."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
     engine_config = read_engine_config(engine_dir)
@@ -95,6 +103,7 @@ def render_model_repository(
     else:
         tokenizer = tokenizer_facts(tokenizer_dir)
     rank_files = None if dry_run else sorted(p.name for p in engine_dir.glob("rank*.*"))
+    draft_config = read_draft_config(engine_dir, engine_config, draft_engine_dir)
     check_consistency(
         engine_config,
         serve,
@@ -104,12 +113,17 @@ def render_model_repository(
         gpu_device_ids=gpu_device_ids,
         rank_files=rank_files,
         speculative=speculative,
+        draft_engine_config=draft_config,
     )
     llm_model = llm_model_of(target)  # the checks refused a target without one
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
     configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)
+    if draft_config is not None and llm_model.serves_draft_model:
+        draft_dir = draft_config_dir or str(Path(draft_engine_dir or "").resolve())
+        configs[DRAFT_MODEL_NAME] = _draft_model(engine_facts(draft_config), serve, Target(target), llm_model, draft_dir, gpu_device_ids, tensors)
+        configs["tensorrt_llm_bls"][1]["parameters"]["tensorrt_llm_draft_model_name"] = DRAFT_MODEL_NAME
     contracts = _contracts(tensors)
     environment = template_environment(sources / "templates")
     written: list[Path] = []
@@ -133,7 +147,7 @@ def render_model_repository(
 
 
 def _copy_code(code_dir: Path, model_name: str, llm_model: TritonLlmModel, version_dir: Path) -> list[Path]:
-    code = llm_model.code if model_name == "tensorrt_llm" else _MODEL_CODE.get(model_name)
+    code = llm_model.code if model_name in ("tensorrt_llm", DRAFT_MODEL_NAME) else _MODEL_CODE.get(model_name)
     if code is None:
         return []
     main, helpers = code
@@ -175,6 +189,7 @@ class _Tensors:
     llm_inputs: tuple[TensorSpec, ...]
     llm_outputs: tuple[TensorSpec, ...]
     client_inputs: tuple[TensorSpec, ...]
+    bls_inputs: tuple[TensorSpec, ...]  # the client inputs and the BLS's own (num_draft_tokens, use_draft_logits)
     client_outputs: tuple[TensorSpec, ...]
 
 
@@ -189,10 +204,12 @@ def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors
     def resolved(specs):
         return tuple(spec.resolved(logits, lora) for spec in specs)
 
+    draft_inputs = contract.LLM_DRAFT_INPUTS if llm_model.takes_draft_tokens else ()
     return _Tensors(
-        llm_inputs=resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS),
+        llm_inputs=resolved(contract.LLM_INPUTS + draft_inputs + contract.LLM_LORA_INPUTS),
         llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
         client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
+        bls_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + contract.BLS_SPECULATIVE_INPUTS),
         client_outputs=resolved(contract.CLIENT_OUTPUTS),
     )
 
@@ -201,7 +218,7 @@ def _contracts(tensors: _Tensors) -> dict[str, str]:
     """contract.json of each model whose code reads one (written only where that code is copied)."""
     return {
         "tensorrt_llm": llm_contract(tensors.llm_inputs, tensors.llm_outputs),
-        "tensorrt_llm_bls": bls_contract(tensors.client_inputs, tensors.client_outputs),
+        "tensorrt_llm_bls": bls_contract(tensors.bls_inputs, tensors.client_outputs),
     }
 
 
@@ -259,9 +276,10 @@ def _configs(
         "tensorrt_llm_bls": (
             "tensorrt_llm_bls.pbtxt.j2",
             context(
-                inputs=tensors.client_inputs,
+                inputs=tensors.bls_inputs,
                 outputs=tensors.client_outputs,
                 parameters={
+                    "max_draft_len": str(facts.max_draft_len if facts.speculative_decoding_mode == "draft_tokens_external" else 0),
                     "preprocessing_model_name": "preprocessing",
                     "tensorrt_llm_model_name": "tensorrt_llm",
                     "postprocessing_model_name": "postprocessing",
@@ -269,6 +287,27 @@ def _configs(
                 },
             ),
         ),
+    }
+
+
+def read_draft_config(engine_dir: Path, engine_config: Mapping[str, Any], draft_engine_dir: Path | None) -> dict[str, Any] | None:
+    """The draft engine's config.json: the draft stage's engine, or the one a cpu engine carries (refengine_speculative's
+    draft_engine_dir, relative to the engine directory); None without a draft."""
+    carried = (engine_config.get(SPECULATIVE_KEY) or {}).get("draft_engine_dir")
+    directory = engine_dir / carried if carried else draft_engine_dir
+    return read_engine_config(directory) if directory is not None else None
+
+
+def _draft_model(
+    draft: EngineFacts, serve: ServeSpec, target: Target, llm_model: TritonLlmModel, engine_dir: str,
+    gpu_device_ids: Sequence[int], tensors: _Tensors,
+) -> tuple[str, dict[str, Any]]:
+    """tensorrt_llm_draft: NVIDIA's tensorrt_llm template for the draft engine (examples/draft_target_model/README.md:
+    a copy of tensorrt_llm renamed, filled with the draft's engine_dir), on the same GPUs, sized by the draft engine."""
+    parameters = backend_for(target).llm_parameters(draft, serve, engine_dir=engine_dir, gpu_device_ids=gpu_device_ids, speculative=None)
+    return llm_model.template, {
+        "name": DRAFT_MODEL_NAME, "max_batch_size": draft.max_batch_size, "serve": serve,
+        "inputs": tensors.llm_inputs, "outputs": tensors.llm_outputs, "parameters": parameters,
     }
 
 

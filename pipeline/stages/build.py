@@ -18,5 +18,6 @@ def run(ctx: StageContext) -> None:
         engine_dir=ctx.out_dir / ENGINE_DIR,
         final_engine_dir=(ctx.final_dir or ctx.out_dir) / ENGINE_DIR,
         log=ctx.log,
+        draft_engine_dir=ctx.upstream["draft"].path / ENGINE_DIR if "draft" in ctx.upstream else None,
     )
     ctx.notes.update(backend_for(ctx.spec.build.target).build(job))

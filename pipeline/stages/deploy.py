@@ -31,6 +31,7 @@ def run(ctx: StageContext) -> None:
         tokenizer_dir=ctx.upstream["prepare"].path.resolve(),
         package_repository=ctx.upstream["package"].path / REPOSITORY_DIR,
         final_dir=final,
+        draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
     )
     deployment = deployer.render(spec, inputs, ctx.out_dir / DEPLOY_DIR)
     problems = deployer.check(deployment.directory)

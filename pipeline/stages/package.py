@@ -26,6 +26,7 @@ def run(ctx: StageContext) -> None:
         gpu_device_ids=spec.deploy.gpus,
         dry_run=spec.dry_run,
         speculative=spec.build.speculative,
+        draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
     )
     if spec.dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
         ctx.notes["tokenizer_missing"] = True

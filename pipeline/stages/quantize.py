@@ -8,6 +8,7 @@ build runner (local GPU, the pinned Triton TRT-LLM image, or a dry run that only
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pipeline.backends.container_jobs import make_runner
 from pipeline.backends.quantize_dispatch import (
@@ -24,15 +25,21 @@ from pipeline.backends.quantize_job import REQUEST_FILE, QuantizeRequest
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
 
-__all__ = ["CHECKPOINT_DIR", "UNIFIED_HF_DIR", "run"]
+__all__ = ["CHECKPOINT_DIR", "UNIFIED_HF_DIR", "quantize_checkpoint", "run"]
 
 
 def run(ctx: StageContext) -> None:
+    quantize_checkpoint(ctx, checkpoint_dir(ctx.upstream["prepare"].path))
+
+
+def quantize_checkpoint(ctx: StageContext, hf_dir: Path) -> None:
+    """Quantize the Hugging Face checkpoint `hf_dir` as ctx.spec says into ctx.out_dir/CHECKPOINT_DIR (the draft stage
+    calls it with the draft's spec)."""
     spec = ctx.spec
     route = quantize_route(spec)
     # A dry run's files name the final artifact directory (run later on a GPU host); a real job names the one it ran in.
     artifact_dir = (ctx.final_dir or ctx.out_dir) if route == "dry-run" else ctx.out_dir
-    request = request_from_spec(spec, checkpoint_dir(ctx.upstream["prepare"].path), artifact_dir, result_file=route != IN_PROCESS)
+    request = request_from_spec(spec, hf_dir, artifact_dir, result_file=route != IN_PROCESS)
     if route == IN_PROCESS:
         from pipeline.backends.quantize_job import run_job
 

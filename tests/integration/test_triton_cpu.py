@@ -460,6 +460,9 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
         server, client_inputs("x", 4, stream=False, beam_width=(np.array([[4]], dtype=np.int32), "INT32"))
     )
     assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
+    drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))
+    assert "num_draft_tokens: the engine was built without draft-target speculative decoding" in _grpc_error(
+        server, drafted, model="tensorrt_llm_bls")
     not_utf8 = client_inputs("x", 4, stream=False)
     not_utf8[0].set_data_from_numpy(np.array([[b"ab\xff\xfe"]], dtype=np.object_))
     assert "input 'text_input' is not valid UTF-8 (invalid start byte at byte 2)" in _grpc_error(server, not_utf8)
@@ -746,6 +749,33 @@ def test_lora_and_lookahead_repository_loads_up_to_the_missing_backend(artifacts
     assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
     inputs = {tensor["name"]: tensor["datatype"] for tensor in bls["inputs"]}
     assert (inputs["lora_task_id"], inputs["lora_weights"], inputs["lora_config"]) == ("UINT64", "BF16", "INT32")
+
+
+def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_path):
+    """Two tensorrtllm models (target and draft) and a BLS wired to the draft are valid Triton config; the BLS loads."""
+    from pipeline.config.spec import SpeculativeSpec
+
+    engine = llama_31_8b_engine(tmp_path / "engine", speculative_decoding_mode=2, max_draft_len=4, max_seq_len=16384 + 4)
+    draft = llama_31_8b_engine(tmp_path / "draft", max_seq_len=16384 + 4)
+    repository = tmp_path / "model_repository"
+    speculative = SpeculativeSpec(mode="draft_tokens_external", max_draft_len=4, draft={"source": str(tmp_path / "unused")})
+    render_model_repository(engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="engine",
+                            out_dir=repository, speculative=speculative, draft_engine_dir=draft)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
+    )
+    server = TritonServer(options).start()
+    try:
+        states = server.wait_until_ready(timeout=60, require_all_ready=False)
+        bls = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").get_model_metadata("tensorrt_llm_bls")
+    finally:
+        server.stop()
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        assert "unable to find backend library for backend 'tensorrtllm'" in states[name].reason
+    assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
+    assert {"num_draft_tokens", "use_draft_logits"} <= {tensor["name"] for tensor in bls["inputs"]}
 
 
 def tokenizer_only_repository(artifacts, tmp_path: Path) -> Path:

@@ -68,7 +68,8 @@ def test_unknown_top_level_section(tmp_path: Path) -> None:
 
 def test_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
     message = spec_error(write_config(tmp_path, VALID), ("build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_ln=2"))
-    assert "build.speculative.max_draft_ln: unknown key 'max_draft_ln'; did you mean 'max_draft_len'? (valid keys: mode, max_draft_len, lookahead)" in message
+    assert ("build.speculative.max_draft_ln: unknown key 'max_draft_ln'; did you mean 'max_draft_len'? "
+            "(valid keys: mode, max_draft_len, lookahead, prompt_lookup, draft)") in message
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -278,7 +279,14 @@ def test_lora_and_lookahead_configs_load(tmp_path: Path) -> None:
     assert loaded.spec.build.speculative.draft_len == 15  # (W 4, N 3, G 4), TensorRT-LLM's defaults
 
 
-@pytest.mark.parametrize("section, what", [(LORA_SECTION, "LoRA"), (LOOKAHEAD_SECTION, "speculative decoding")])
+def test_lookahead_is_refused_on_the_cpu_target(tmp_path: Path) -> None:
+    """The cpu target speculates with a draft model or prompt lookup (refengine), not with lookahead decoding."""
+    message = spec_error(write_config(tmp_path, VALID + LOOKAHEAD_SECTION))
+    assert "build.speculative.mode lookahead_decoding is refused on build.target cpu: the reference engine" in message
+    assert "(target engine builds it)" in message
+
+
+@pytest.mark.parametrize("section, what", [(LORA_SECTION, "LoRA")])
 def test_lora_and_speculative_are_refused_on_the_cpu_target(tmp_path: Path, section: str, what: str) -> None:
     write_adapter(tmp_path / "adapter")
     path = write_config(tmp_path, VALID + section)
@@ -287,7 +295,7 @@ def test_lora_and_speculative_are_refused_on_the_cpu_target(tmp_path: Path, sect
     assert f"{path}:9: build.{name} is set, but build.target is cpu: the cpu reference engine (refengine) does not implement {what}" in message
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle", "draft_tokens_external", "explicit_draft_tokens"])
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "explicit_draft_tokens"])
 def test_speculative_modes_this_pipeline_cannot_produce(tmp_path: Path, mode: str) -> None:
     path = write_config(tmp_path, ENGINE + f"  speculative:\n    mode: {mode}\n")
     message = spec_error(path)

@@ -172,6 +172,7 @@ ENGINE_DRY_RUNS = {
     "tp2": ("llama-3.3-70b-fp8-tp2",),
     "lora": ("llama-3.1-8b-fp8-lora",),
     "lookahead": ("llama-3.1-8b-fp8-lookahead",),
+    "draft-target": ("llama-3.1-8b-fp8-draft-target",),
     "quantized on the cpu": ("mistral-7b-int8-sq", "quantize.device=cpu"),
 }
 

@@ -172,7 +172,7 @@ def test_build_config_json_and_argv_say_the_same(path):
         assert "lora_plugin" not in plugins and lora == {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []}
     if "--speculative_decoding_mode" in flags:
         assert flags["--max_draft_len"] == str(cfg["max_draft_len"])
-        assert cfg["speculative_decoding_mode"] == {"lookahead_decoding": 8}[flags["--speculative_decoding_mode"]]
+        assert cfg["speculative_decoding_mode"] == {"lookahead_decoding": 8, "draft_tokens_external": 2}[flags["--speculative_decoding_mode"]]
     else:
         assert cfg["max_draft_len"] == 0 and cfg["speculative_decoding_mode"] == 1
 
@@ -619,7 +619,7 @@ def test_speculative_decoding_needs_the_paged_kv_cache(lookahead_base):
         _resolve(lookahead_base, kv_cache_type="continuous", **_NO_SERVE)
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle", "draft_tokens_external", "explicit_draft_tokens"])
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "explicit_draft_tokens"])
 def test_modes_this_pipeline_cannot_produce_are_errors(lookahead_base, mode):
     with pytest.raises(SpecError, match=rf"build.speculative.mode {mode} is not built by this pipeline"):
         _resolve(lookahead_base, speculative_decoding_mode=mode)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline.config.spec.build import BuildSpec, LookaheadSpec, LoraSpec, PluginSpec, SpeculativeSpec, lookahead_max_draft_len
+from pipeline.config.spec.build import BuildSpec, LoraSpec, PluginSpec
 from pipeline.config.spec.choices import (
     BuildRunnerKind,
     DeployKind,
@@ -39,6 +39,15 @@ from pipeline.config.spec.gate import AccuracyGateSpec, GateSpec, GoodputSpec, L
 from pipeline.config.spec.model import CalibrationSpec, ModelSpec, QuantizeSpec
 from pipeline.config.spec.rules import check_cross_section
 from pipeline.config.spec.serve import InstanceCounts, ServeLoraSpec, ServeSpec
+from pipeline.config.spec.speculative import (
+    MAX_DRAFT_LEN_CAP,
+    DraftModelSpec,
+    DraftQuantizeSpec,
+    LookaheadSpec,
+    PromptLookupSpec,
+    SpeculativeSpec,
+    lookahead_max_draft_len,
+)
 from pipeline.config.spec.strict import StrictModel
 from pipeline.config.targets import Target, traits_of
 
@@ -49,6 +58,9 @@ __all__ = [
     "CalibrationSpec",
     "DeployKind",
     "DeploySpec",
+    "DraftModelSpec",
+    "DraftQuantizeSpec",
+    "MAX_DRAFT_LEN_CAP",
     "GPUModel",
     "GateEndpoint",
     "GateSpec",
@@ -67,6 +79,7 @@ __all__ = [
     "PerformanceGateSpec",
     "PluginDType",
     "PluginSpec",
+    "PromptLookupSpec",
     "QuantAlgo",
     "QuantDevice",
     "QuantizeSpec",

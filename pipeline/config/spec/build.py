@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config.spec.choices import BuildRunnerKind, GemmPlugin, KVCacheType, LoraAdapterSource, LoraTargetModule, PluginDType, SpeculativeMode
+from pipeline.config.spec.choices import BuildRunnerKind, GemmPlugin, KVCacheType, LoraAdapterSource, LoraTargetModule, PluginDType
+from pipeline.config.spec.speculative import SpeculativeSpec
 from pipeline.config.spec.strict import StrictModel
 from pipeline.config.targets import Target
 from pipeline.quant_formats import FP8_MIN_SM, WEIGHT_FORMATS
@@ -16,29 +17,6 @@ _FP8_CONTEXT_FMHA_QUANT = "/".join(str(f.trtllm_quant_algo) for f in WEIGHT_FORM
 _FUSED_MLP_WEIGHTS = " or ".join(
     [str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fused_mlp and f.quantized] + ["unquantized"]
 )
-
-# What this pipeline cannot produce for each refused mode (it exports plain Llama-family checkpoints with ModelOpt
-# and serves one tensorrt_llm model behind the ensemble / its own BLS).
-_UNSUPPORTED_SPECULATIVE_MODES = {
-    "draft_tokens_external": "needs a second (draft) engine and a BLS model that sends its draft tokens to the target "
-    "(tensorrt_llm_draft_model_name); this pipeline builds and serves one model, so the target engine would never receive "
-    "draft tokens",
-    "medusa": "needs a Medusa checkpoint (the base model plus trained Medusa heads, converted by TensorRT-LLM's "
-    "examples/medusa/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
-    "eagle": "needs an EAGLE checkpoint (the base model plus a trained EAGLE draft layer, converted by TensorRT-LLM's "
-    "examples/eagle/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
-    "explicit_draft_tokens": "(ReDrafter) needs a ReDrafter checkpoint with its trained recurrent drafter; this pipeline "
-    "exports plain checkpoints with ModelOpt and cannot produce one",
-}
-
-
-def lookahead_max_draft_len(window_size: int, ngram_size: int, verification_set_size: int) -> int:
-    """Draft tokens a lookahead (W, N, G) configuration needs: TensorRT-LLM's
-    LookaheadDecodingConfig::calculateSpeculativeResourceTuple (maxDraftTokens), which examples/lookahead/README.md
-    says the engine's --max_draft_len must equal."""
-    first = 0 if ngram_size == 1 else ngram_size - 2
-    return first + (window_size - 1 + verification_set_size) * (ngram_size - 1)
-
 
 class PluginSpec(StrictModel):
     """trtllm-build plugin and fusion switches, with TensorRT-LLM 1.2 defaults."""
@@ -112,71 +90,6 @@ class LoraSpec(StrictModel):
         return self
 
 
-class LookaheadSpec(StrictModel):
-    """Lookahead decoding's (W, N, G); the defaults are TensorRT-LLM's (LookaheadDecodingConfig)."""
-
-    window_size: int = Field(default=4, ge=1, le=64, description="W: n-grams in the lookahead branch per step (Triton lookahead_window_size).")
-    ngram_size: int = Field(default=3, ge=1, le=64, description="N: tokens per n-gram, the most draft tokens accepted per step (Triton lookahead_ngram_size).")
-    verification_set_size: int = Field(
-        default=4, ge=0, le=64, description="G: n-grams verified per step (Triton lookahead_verification_set_size)."
-    )
-
-    @model_validator(mode="after")
-    def _legal(self) -> LookaheadSpec:
-        w, n, g = self.window_size, self.ngram_size, self.verification_set_size
-        if n == 1 and (w != 1 or g != 0):
-            raise ValueError(
-                f"build.speculative.lookahead.ngram_size 1 needs window_size 1 and verification_set_size 0 "
-                f"(TensorRT-LLM's legality rule), got window_size {w}, verification_set_size {g}"
-            )
-        if lookahead_max_draft_len(w, n, g) == 0:
-            raise ValueError(
-                "build.speculative.lookahead (1, 1, 0) decodes one token per step (no speculation); the smallest "
-                "speculative configuration is window_size 2, ngram_size 2, verification_set_size 1"
-            )
-        return self
-
-
-class SpeculativeSpec(StrictModel):
-    """Speculative decoding (trtllm-build --speculative_decoding_mode / --max_draft_len)."""
-
-    mode: SpeculativeMode = Field(
-        description="lookahead_decoding (no extra model: the engine drafts n-grams itself). draft_tokens_external, medusa, "
-        "eagle and explicit_draft_tokens (ReDrafter) are refused: they need a draft engine or trained draft heads this "
-        "pipeline does not produce."
-    )
-    max_draft_len: int | None = Field(
-        default=None,
-        ge=1,
-        description="--max_draft_len. Lookahead: derived from (W, N, G) as (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), "
-        "which the engine and Triton's lookahead parameters must agree on; set it only to state that value.",
-    )
-    lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
-
-    @model_validator(mode="after")
-    def _mode_fields(self) -> SpeculativeSpec:
-        mode = self.mode.value
-        if mode in _UNSUPPORTED_SPECULATIVE_MODES:
-            raise ValueError(f"build.speculative.mode {mode} is refused: it {_UNSUPPORTED_SPECULATIVE_MODES[mode]}")
-        if "lookahead" in self.model_fields_set and self.mode is not SpeculativeMode.lookahead_decoding:
-            raise ValueError(f"build.speculative.lookahead applies to mode lookahead_decoding only, not {mode}")
-        la = self.lookahead
-        derived = lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
-        if self.max_draft_len is not None and self.max_draft_len != derived:
-            raise ValueError(
-                f"build.speculative.max_draft_len ({self.max_draft_len}) must equal the draft length of "
-                f"build.speculative.lookahead (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size}) = {derived}: "
-                "TensorRT-LLM requires the engine's --max_draft_len to equal the runtime's lookahead configuration"
-            )
-        return self
-
-    @property
-    def draft_len(self) -> int:
-        """The --max_draft_len the engine is built with."""
-        la = self.lookahead
-        return lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
-
-
 class BuildSpec(StrictModel):
     target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
     trtllm_version: str = Field(
@@ -219,7 +132,9 @@ class BuildSpec(StrictModel):
         description="LoRA adapters (engine target): enables the LoRA plugin in the model's dtype. Absent: no LoRA.",
     )
     speculative: SpeculativeSpec | None = Field(
-        default=None, description="Speculative decoding (engine target). Absent: one token per step."
+        default=None,
+        description="Speculative decoding: a draft model (draft_tokens_external), n-grams of the request's own tokens "
+        "(prompt_lookup) or lookahead decoding. Absent: one token per step.",
     )
 
     @model_validator(mode="after")
@@ -235,6 +150,17 @@ class BuildSpec(StrictModel):
         if self.max_num_tokens < tpb:
             raise ValueError(
                 f"build.max_num_tokens ({self.max_num_tokens}) must be at least build.tokens_per_block ({tpb})"
+            )
+        if self.speculative is not None and self.max_beam_width > 1:
+            raise ValueError(
+                f"build.max_beam_width ({self.max_beam_width}) must be 1 with build.speculative (mode "
+                f"{self.speculative.mode.value}): TensorRT-LLM decodes speculative engines with one beam (its "
+                "draft-target and prompt-lookup examples refuse --num_beams > 1; decoding_mode lookahead excludes beam_search)"
+            )
+        if self.speculative is not None and self.gather_context_logits:
+            raise ValueError(
+                "build.gather_context_logits: true cannot be combined with build.speculative: trtllm-build refuses "
+                "gather_context_logits with max_draft_len > 0"
             )
         if self.opt_num_tokens is not None and self.plugins.multiple_profiles:
             raise ValueError(

@@ -96,6 +96,9 @@ class SpeculativeMode(str, Enum):
 
     lookahead_decoding = "lookahead_decoding"
     draft_tokens_external = "draft_tokens_external"
+    # not a trtllm-build choice: an engine built with draft_tokens_external whose drafts are n-grams of the request's
+    # own tokens (TensorRT-LLM's examples/prompt_lookup), with no draft model
+    prompt_lookup = "prompt_lookup"
     medusa = "medusa"
     eagle = "eagle"
     explicit_draft_tokens = "explicit_draft_tokens"

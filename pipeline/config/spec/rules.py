@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.config.format_rules import check_format_rules
+from pipeline.config.spec.speculative_rules import check_speculative
 from pipeline.config.targets import Target, traits_of
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ def check_cross_section(spec: Spec) -> None:
             )
     check_format_rules(spec.quantize, build, serve)
     _check_lora_and_speculative(build, serve)
+    from pipeline.config.spec.draft import draft_spec  # it builds a Spec: imported when the Spec is being checked
+
+    draft_spec(spec)
     performance = spec.gate.performance
     if performance is not None and performance.input_tokens > build.max_input_len:
         raise ValueError(
@@ -52,15 +56,20 @@ def check_cross_section(spec: Spec) -> None:
 def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:
     """LoRA and speculative decoding: only on a target that builds them; serve.lora only with build.lora, and large enough for it."""
     target = build.target
-    why_not = traits_of(target).no_lora_or_speculative_because
+    traits = traits_of(target)
+    why_not = traits.no_lora_or_speculative_because
     if why_not is not None:
         builders = " or ".join(t.value for t in Target if traits_of(t).no_lora_or_speculative_because is None)
         for section, feature in (("lora", "LoRA"), ("speculative", "speculative decoding")):
+            if section == "speculative" and traits.builds_speculative:  # the cpu target: speculation, not LoRA
+                continue
             if getattr(build, section) is not None:
                 raise ValueError(
                     f"build.{section} is set, but build.target is {target.value}: {why_not.format(feature=feature)}; "
                     f"use target {builders} or remove build.{section}"
                 )
+    if build.speculative is not None:
+        check_speculative(build, serve)
     lora, serve_lora = build.lora, serve.lora
     if serve_lora is None:
         return

@@ -30,6 +30,7 @@ class ComposeDeployer:
             package_repository=inputs.package_repository,
             secrets=inputs.secrets,
             source_root=inputs.source_root,
+            draft_engine_dir=inputs.draft_engine_dir,
         )
         final = inputs.final_dir or out_dir
         return Deployment(

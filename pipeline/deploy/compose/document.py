@@ -60,6 +60,7 @@ def render_compose(
     target: str,
     tokenizer_dir: Path | None = None,
     deploy_dir: Path = Path("."),
+    draft_engine_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The compose document. Paths are as the compose file sees them (relative to its directory).
 
@@ -70,6 +71,8 @@ def render_compose(
     _check_bind_address(spec.deploy.bind_address)
     facts = layout.container_facts(target)
     triton = _triton_service(spec, target, profile, model_repository, engine_dir, tokenizer_dir, deploy_dir)
+    if draft_engine_dir is not None:  # tensorrt_llm_draft's engine (draft-target speculative decoding)
+        triton["volumes"].insert(2, bind_mount(draft_engine_dir, layout.DRAFT_ENGINE_MOUNT))
     services = {layout.TRITON_SERVICE: triton}
     if facts.image_has_project:  # the OpenAI front end runs from it (NGC's engine image lacks the project)
         services[layout.OPENAI_SERVICE] = openai_service(

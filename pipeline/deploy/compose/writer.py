@@ -36,6 +36,7 @@ def write_deployment(
     package_repository: Path | None = None,
     secrets: Mapping[str, str] | None = None,
     source_root: Path | None = None,
+    draft_engine_dir: Path | None = None,
 ) -> ComposeDeployment:
     """Render and write everything; `link_base` is where `out_dir` will finally live (links are relative to it)."""
     target = spec.build.target.value
@@ -47,14 +48,16 @@ def write_deployment(
         engine_dir=Path(layout.ENGINE_LINK),
         tokenizer_dir=Path(layout.TOKENIZER_LINK),
         target=target,
+        draft_engine_dir=Path(layout.DRAFT_ENGINE_LINK) if draft_engine_dir is not None else None,
     )
     env = env_values(spec, target, secrets)
     check_compose(document, env=env)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = files.write_container_repository(
-        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=package_repository
+        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=package_repository,
+        draft_engine_dir=draft_engine_dir,
     )
-    files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=link_base or out_dir)
+    files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=link_base or out_dir, draft_engine_dir=draft_engine_dir)
     written.append(files.write_file(out_dir / COMPOSE_FILE, dump_compose(document, deployment_header(spec, target))))
     written.append(files.write_file(out_dir / ENV_FILE, render_env(env, spec, target), mode=0o600))
     written += files.write_monitoring(out_dir, spec, target)

@@ -1,0 +1,51 @@
+"""build.speculative against the rest of the spec: the target's modes, and TensorRT-LLM 1.2's rules for draft-target
+(examples/draft_target_model/README.md: paged context FMHA and KV-cache block reuse on both models, beam width 1) that
+are spec facts. Rules that need the model's config.json (the draft's vocabulary, the deduced max_seq_len) are in
+pipeline.config.model_checks; the draft's own sections are checked as a spec of their own (pipeline.config.spec.draft)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.config.spec.choices import SpeculativeMode
+from pipeline.config.targets import Target, traits_of
+
+if TYPE_CHECKING:
+    from pipeline.config.spec.build import BuildSpec
+    from pipeline.config.spec.serve import ServeSpec
+
+
+def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
+    speculative = build.speculative
+    if speculative is None:
+        return
+    mode = speculative.mode.value
+    refused = traits_of(build.target).refused_speculative_modes
+    if mode in refused:
+        builders = " or ".join(t.value for t in Target if traits_of(t).builds_speculative and mode not in traits_of(t).refused_speculative_modes)
+        raise ValueError(
+            f"build.speculative.mode {mode} is refused on build.target {build.target.value}: {refused[mode]}"
+            + (f" (target {builders} builds it)" if builders else "")
+        )
+    if speculative.mode is not SpeculativeMode.draft_tokens_external:
+        return  # LoRA with lookahead: a warning of the engine build (trtllm_rules), as before
+    if build.lora is not None:
+        raise ValueError(
+            "build.lora cannot be combined with build.speculative.mode draft_tokens_external: the draft model would "
+            "propose tokens without the adapters the target applies (TensorRT-LLM documents no LoRA with draft-target)"
+        )
+    if not serve.enable_kv_cache_reuse:
+        raise ValueError(
+            "serve.enable_kv_cache_reuse must be true with build.speculative.mode draft_tokens_external: each draft "
+            "step sends the whole sequence to both models again, and TensorRT-LLM's draft-target recipe requires KV-cache "
+            "block reuse (--kv_cache_enable_block_reuse, examples/draft_target_model/README.md)"
+        )
+    draft = speculative.draft
+    if draft is not None and draft.max_seq_len is not None and build.max_seq_len is not None:
+        needed = build.max_seq_len + speculative.draft_len
+        if draft.max_seq_len < needed:
+            raise ValueError(
+                f"build.speculative.draft.max_seq_len ({draft.max_seq_len}) must hold build.max_seq_len "
+                f"({build.max_seq_len}) + build.speculative.max_draft_len ({speculative.draft_len}) = {needed}: the draft "
+                "extends every sequence the model accepts by a whole draft"
+            )
