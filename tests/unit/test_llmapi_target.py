@@ -155,7 +155,8 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
     [
         ("quantize.algo=int8_sq", "quantize.algo int8_sq does not run on build.target llmapi"),
         ("quantize.kv_cache=int8", "quantize.kv_cache int8 does not run on build.target llmapi"),
-        ("build.gather_context_logits=true", "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits"),
+        ("build.gather_context_logits=true",
+         "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits"),
         ("build.kv_cache_type=continuous", "build.kv_cache_type has no LLM() option on build.target llmapi"),
         ("build.trtllm_version=1.3.0rc5", "build.trtllm_version '1.3.0rc5' has no profile for build.target llmapi (release candidates are not profiled"),
         ("build.tp_size=3", "build.tp_size (3) must divide the model's number of KV heads (8)"),
