@@ -105,15 +105,12 @@ SUPPORTED_VERSIONS: Mapping[str, LlmapiVersion] = MappingProxyType(
 
 def get_llmapi_version(version: str) -> LlmapiVersion:
     """The profile of `version`, or a SpecError naming build.trtllm_version, the target and the profiled releases."""
-    row = SUPPORTED_VERSIONS.get(str(version).strip())
-    if row is not None:
-        return row
-    supported = ", ".join(SUPPORTED_VERSIONS)
-    why = ""
-    if "rc" in str(version):
-        why = " (release candidates are not profiled: their LLM() options change from one rc to the next)"
+    key = str(version).strip()
+    if key in SUPPORTED_VERSIONS:
+        return SUPPORTED_VERSIONS[key]
+    why = " (release candidates are not profiled: their LLM() options change from one rc to the next)" if "rc" in key else ""
     raise SpecError(
-        f"build.trtllm_version {version!r} has no profile for build.target llmapi{why}; profiled: {supported}",
+        f"build.trtllm_version {version!r} has no profile for build.target llmapi{why}; profiled: {', '.join(SUPPORTED_VERSIONS)}",
         hint=f"use {DEFAULT_VERSION}, or record the new release's TorchLlmArgs in pipeline/backends/llmapi_versions.py",
     )
 

@@ -210,3 +210,9 @@ def test_the_capacity_plan_follows_the_pytorch_memory_model(tmp_path, capsys):
     reserve, _ = backend_for(Target.llmapi).capacity_reserve(load_config(EXAMPLE).spec)
     engine_reserve, _ = backend_for(Target.engine).capacity_reserve(load_config(EXAMPLE).spec)
     assert reserve == pytest.approx(engine_reserve + 19 * 0.2)
+
+
+def test_the_readme_table_names_every_row():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Engine or llmapi"):readme.index("## Build config reference")]
+    assert [row.spec_field for row in ROWS if f"`{row.spec_field}`" not in section] == []
