@@ -173,6 +173,7 @@ ENGINE_DRY_RUNS = {
     "lora": ("llama-3.1-8b-fp8-lora",),
     "lookahead": ("llama-3.1-8b-fp8-lookahead",),
     "quantized on the cpu": ("mistral-7b-int8-sq", "quantize.device=cpu"),
+    "llmapi, both forms": ("llama-3.1-8b-fp8-llmapi",),
 }
 
 
