@@ -75,6 +75,7 @@ ROWS: tuple[Row, ...] = (
     Row("build.gather_context_logits", None, "build", "--gather_context_logits",
         why_not="TorchLlmArgs has no gather_context_logits (prompt log-probs are per request: SamplingParams.prompt_logprobs)"),
     Row("build.plugins", None, "build", "--*_plugin, --context_fmha, ...", why_not="they are trtllm-build plugin switches; the PyTorch backend has no plugins"),
+    Row("serve.model_name", None, "serve", "the ensemble's name", why_not="NVIDIA's llmapi layout has one model, tensorrt_llm, which clients call"),
     Row("serve.instances.tensorrt_llm", None, "serve", "instance_group count",
         why_not="one LLM() instance per server is rendered (NVIDIA's multi-instance mode needs gpu_device_ids per instance)"),
     Row("serve.max_queue_delay_microseconds", None, "serve", "dynamic_batching max_queue_delay_microseconds",
@@ -132,7 +133,9 @@ def _flat_rows(root: Any, stage: str, *, prefix: str = "") -> dict[str, tuple[st
     for row in ROWS:
         if row.stage != stage or row.option is None or not row.spec_field.startswith(prefix):
             continue
-        options[row.option] = (row.spec_field, row.value(_get(root, row.spec_field[len(prefix):])))
+        value = row.value(_get(root, row.spec_field[len(prefix):]))
+        if value is not None:  # None: the option is left out (NVIDIA's default applies)
+            options[row.option] = (row.spec_field, value)
     return options
 
 

@@ -63,7 +63,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         exports_unified_hf=True,
         follows_trtllm_plugin_rules=False,
         runs_fp8_context_fmha=False,
-        places_ranks_on_deploy_gpus=False,
+        places_ranks_on_deploy_gpus=True,  # LLM() runs tp × pp ranks, one GPU each, on the GPUs the container gets
         # Lookahead decoding does not run on the PyTorch backend (pipeline/backends/llmapi_options.py, SPECULATIVE_CONFIGS)
         no_lora_or_speculative_because=(
             "the llmapi target does not render {feature} into LLM() in this version (TensorRT-LLM's PyTorch backend "

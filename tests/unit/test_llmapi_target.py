@@ -28,7 +28,7 @@ from tests.conftest import REPO
 EXAMPLE = REPO / "build_configs" / "llama-3.1-8b-fp8-llmapi.yaml"
 RECORDED = json.loads((REPO / "tests" / "data" / "llmapi_1_2_1_llm_args.json").read_text())
 GOLDEN = REPO / "tests" / "golden" / "llmapi"
-_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "path": str}
+_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "path": str, "object": dict}
 
 
 def _fits(option: str, value) -> list[str]:
@@ -158,6 +158,7 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
         ("build.gather_context_logits=true",
          "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits"),
         ("build.kv_cache_type=continuous", "build.kv_cache_type has no LLM() option on build.target llmapi"),
+        ("serve.model_name=llama", "serve.model_name has no LLM() option on build.target llmapi: NVIDIA's llmapi layout has one model"),
         ("build.trtllm_version=1.3.0rc5", "build.trtllm_version '1.3.0rc5' has no profile for build.target llmapi (release candidates are not profiled"),
         ("build.tp_size=3", "build.tp_size (3) must divide the model's number of KV heads (8)"),
         ("build.speculative.mode=lookahead_decoding", "build.speculative is set, but build.target is llmapi"),
@@ -217,3 +218,24 @@ def test_the_readme_table_names_every_row():
     section = readme[readme.index("### Engine or llmapi"):readme.index("## Build config reference")]
     fields = [row.spec_field for row in ROWS] + list(TRITON_ONLY)
     assert [field for field in fields if f"`{field}`" not in section] == []
+
+
+def test_tensor_parallel_runs_one_server_process_whose_llm_starts_the_ranks():
+    from pipeline.deploy.compose.document import render_compose
+
+    spec = load_config(EXAMPLE, ["build.tp_size=2", "deploy.gpus=[0,1]"]).spec
+    compose = render_compose(spec, model_repository=Path("model_repository"), engine_dir=Path("engine"), target="llmapi")
+    triton, serve = compose["services"]["triton"], compose["services"]["trtllm-serve"]
+    assert triton["command"][0] == "tritonserver" and "mpirun" not in triton["command"]  # no leader mode: LLM() spawns its MPI workers
+    assert triton["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"] == (
+        serve["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    )
+
+
+def test_the_project_clients_speak_the_ensemble_contract_not_the_llmapi_models():
+    """Why `infer` / `bench load --endpoint grpc|http` do not drive the Triton form: only text_input is shared."""
+    from clients.types import INPUT_DATATYPES
+
+    llmapi_inputs = {name for name, *_ in LLMAPI_INPUTS}
+    assert set(INPUT_DATATYPES) & llmapi_inputs == {"text_input"}
+    assert "max_tokens" in INPUT_DATATYPES and "sampling_param_max_tokens" in llmapi_inputs
