@@ -15,12 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.artifacts import ArtifactStore, differences, read_manifest, store_root
-from pipeline.config.loader import LoadedConfig, load_config
+from pipeline.backends.registry import backend_for
+from pipeline.config.loader import LoadedConfig, format_issues, load_config
 from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
 from pipeline.errors import ArtifactError, PipelineError, SpecError
 from pipeline.hashing import file_hashes
 from pipeline.plan import Plan
+from pipeline.preflight import target_issues
 from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
 
 DEFAULT_ARTIFACTS = "artifacts"
@@ -113,6 +115,9 @@ def _with_config(handler: ConfigHandler, *, writes: bool) -> Handler:
         if getattr(args, "runner", None):
             overrides.append(f"build.runner={args.runner}")
         loaded = load_config(args.config, overrides)
+        issues = target_issues(loaded.spec, loaded.model)  # the build target's own rules (validate reports them too)
+        if issues:
+            raise SpecError(format_issues(issues, loaded.source_map))
         store = ArtifactStore(store_root(args.artifacts, writable=writes), loaded.spec.name)
         return handler(loaded, store, args, console)
 
@@ -268,6 +273,7 @@ def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) 
 
     spec = loaded.spec
     max_seq_len = spec.build.max_seq_len or loaded.model.default_max_seq_len()
+    reserve_gb, memory_model = backend_for(spec.build.target).capacity_reserve(spec)
     capacity = plan_capacity(
         loaded.model,
         quant_algo=spec.quantize.algo.value,
@@ -280,8 +286,10 @@ def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) 
         tokens_per_block=spec.build.tokens_per_block,
         group_size=spec.quantize.group_size,
         draft=_draft_for_capacity(spec),
+        reserve_gb=reserve_gb,
     )
     console.print(capacity_table(capacity))
+    console.print(f"memory model: {memory_model}", markup=False)
 
 
 def _draft_for_capacity(spec):

@@ -27,6 +27,11 @@ def preflight(spec: Spec, model: ModelInfo, stages: Iterable[str]) -> list[Issue
     return issues
 
 
+def target_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
+    """The build target's rules over spec facts (its backend's), reported by `validate` and every command that loads a config."""
+    return backend_for(spec.build.target).spec_issues(spec, model)
+
+
 def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     performance = spec.gate.performance
     if performance.url is None and not backend_for(spec.build.target).serves_here and not spec.dry_run:

@@ -78,6 +78,27 @@ class ComposeFacts:
     reserves_gpus: bool
     # memlock unlimited (NVIDIA's launch recipe: pinned host memory); setting it needs CAP_SYS_RESOURCE in the daemon
     locks_memory: bool
+    # tp × pp > 1 runs one tritonserver per rank under mpirun (leader mode); False: one server process, whose
+    # runtime starts its own ranks (the LLM API spawns its MPI workers)
+    mpi_leader_ranks: bool = True
+    # a second GPU service of another profile: the OpenAI-compatible server of the same build (None: none)
+    openai_server_profile: str | None = None
+
+
+@dataclass(frozen=True)
+class LlmApiRepository:
+    """A target whose Triton repository is one model clients call directly, configured by LLM() arguments
+    (NVIDIA's `llmapi` layout), with trtllm-serve as its second form; pipeline.render writes both."""
+
+    model_name: str  # the one model of the repository
+    code: tuple[str, tuple[str, ...]]  # (model code, helper modules) in model_repo/python, copied into <model>/1/
+    # (the build's engine directory, serve, the model directory as the server sees it) -> {relative path: text}
+    triton_files: Callable[[Path, ServeSpec, str], dict[str, str]]
+    openai_files: Callable[[Path, ServeSpec, str], dict[str, str]]  # the same inputs -> trtllm-serve's files
+    openai_options_file: str  # which of them is the --extra_llm_api_options YAML
+    openai_command: Callable[[str, str], list[str]]  # (model directory, options file) as the server sees them -> argv
+    openai_image: Callable[[Spec], str]  # the published image trtllm-serve runs in
+    openai_port: int  # trtllm-serve's port in its container
 
 
 # (engine directory, build manifest notes) of the built engine, or None before a build
@@ -88,7 +109,8 @@ class TargetBackend(Protocol):
     target: Target
     traits: TargetTraits  # what the spec and the plan know of it
     serves_here: bool  # its Triton runs on this machine (serve, generate, openai, bench serve, the performance gate)
-    llm_model: TritonLlmModel | None  # None: no Triton model repository in this version
+    llm_model: TritonLlmModel | None  # the `tensorrt_llm` model behind the ensemble; None: no ensemble repository
+    llm_api: LlmApiRepository | None  # NVIDIA's llmapi layout instead of the ensemble (None: not this target)
     compose: ComposeFacts | None  # None: no docker compose deployment in this version
 
     def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:
@@ -117,4 +139,12 @@ class TargetBackend(Protocol):
 
     def check_serving_host(self, spec: Spec, built: BuiltEngine) -> None:
         """Refuse to serve here an engine this machine's runtime cannot run (raises)."""
+        ...
+
+    def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
+        """The target's rules over spec facts, which `validate` (and every command that loads a config) reports."""
+        ...
+
+    def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
+        """GB per GPU the capacity planner keeps for activations and the runtime, and the memory model it follows."""
         ...

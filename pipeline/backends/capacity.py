@@ -25,6 +25,10 @@ from pipeline.quant_formats import FP8_MIN_SM, KV_CACHE_FORMATS, WEIGHT_FORMATS
 GB = 1e9
 KIB = 1024
 RUNTIME_RESERVE_GB = 5.0  # activations, CUDA context, TensorRT workspace (§A2 assumption)
+ENGINE_MEMORY_MODEL = (
+    "engine: KV = kv_cache_free_gpu_mem_fraction × (GPU memory − weights − a 5 GB activation/runtime reserve) "
+    "(serving-and-operations.md §A2)"
+)
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build default (trtllm.md §1.2)
 MAX_BATCH_SIZE_CAP = 2048  # trtllm-build default max_batch_size
 _SIXTEEN_BIT = 2.0

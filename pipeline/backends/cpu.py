@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
+from pipeline.backends.capacity import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB
 from pipeline.backends.cpu_speculative import add_speculation
 from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, SPECULATIVE_DECODING_MODE, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
@@ -97,6 +98,7 @@ class CpuBackend:
     target = Target.cpu
     traits = traits_of(Target.cpu)
     serves_here = True
+    llm_api = None
     llm_model = TritonLlmModel(
         template="tensorrt_llm.cpu.pbtxt.j2",
         code=(
@@ -167,6 +169,12 @@ class CpuBackend:
 
     def check_serving_host(self, spec: Spec, built: BuiltEngine) -> None:
         return None
+
+    def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
+        return []
+
+    def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
+        return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL
 
 
 BACKEND = CpuBackend()

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeAbilities, TritonLlmModel
 from pipeline.backends.build_job import BuildOutcome, run_build
-from pipeline.backends.capacity import get_gpu
+from pipeline.backends.capacity import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB, get_gpu
 from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable, make_runner
 from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
@@ -147,6 +147,7 @@ class EngineBackend:
     target = Target.engine
     traits = traits_of(Target.engine)
     serves_here = False  # no TensorRT-LLM on this machine: its Triton runs on a GPU host or in the compose deployment
+    llm_api = None
     llm_model = TritonLlmModel(
         template="tensorrt_llm.engine.pbtxt.j2",
         code=None,
@@ -213,6 +214,12 @@ class EngineBackend:
             check_before_serving(spec, None, {})
         else:
             check_before_serving(spec, *engine)
+
+    def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
+        return []
+
+    def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
+        return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL
 
 
 BACKEND = EngineBackend()

@@ -89,7 +89,8 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
             (
                 ("build", "tp_size"),
                 f"build.tp_size ({tp}) must divide the model's number of KV heads ({info.num_kv_heads}) "
-                f"(or be a multiple of it) and its attention heads ({info.num_heads}), from {config_file}",
+                f"(or be a multiple of it) and its attention heads ({info.num_heads}), from {config_file} "
+                f"(build.target {build.target.value} shards the heads over the tensor-parallel ranks)",
             )
         )
     if info.num_layers % build.pp_size:

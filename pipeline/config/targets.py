@@ -76,13 +76,18 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         },
     ),
     Target.llmapi: TargetTraits(
-        builds_through_runner=False,
+        # dry-run writes the LLM() options without weights; docker runs the quantize job (cuda) in the pinned image
+        builds_through_runner=True,
         build_reads_gpu=False,
         exports_unified_hf=True,
         follows_trtllm_plugin_rules=False,
         runs_fp8_context_fmha=False,
-        places_ranks_on_deploy_gpus=False,
-        no_lora_or_speculative_because="the llmapi target does not build {feature} in this version",
+        places_ranks_on_deploy_gpus=True,  # LLM() runs tp × pp ranks, one GPU each, on the GPUs the container gets
+        # Lookahead decoding does not run on the PyTorch backend (pipeline/backends/llmapi_options.py, SPECULATIVE_CONFIGS)
+        no_lora_or_speculative_because=(
+            "the llmapi target does not render {feature} into LLM() in this version (TensorRT-LLM's PyTorch backend "
+            "has no lookahead decoding: LookaheadDecodingConfig runs on the engine path only)"
+        ),
     ),
 }
 

@@ -24,10 +24,12 @@ from typing import Any
 import yaml
 
 from pipeline.backends import engine_runtime
+from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.deploy import dockerfile, images, layout, monitoring
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, render_model_repository
+from pipeline.render.llmapi_repository import render_openai_form
 
 SECRET_VARIABLES = (layout.ADMIN_KEY_VARIABLE, layout.GRAFANA_PASSWORD_VARIABLE)
 # The admin key ends up inside `--http-restricted-api=<apis>:<header>=<key>`: no `,`, `:`, `=` or `$`.
@@ -76,6 +78,11 @@ def write_container_repository(
     )
     if package_repository is not None:
         _check_same_files(repository, package_repository)
+    llm_api = backend_for(spec.build.target).llm_api
+    if llm_api is not None:  # the trtllm-serve form of the same LLM() options, for its service
+        written += render_openai_form(
+            llm_api, engine_dir=engine_dir, serve=spec.serve, out_dir=out_dir / layout.OPENAI_FORM_DIR, model_path=layout.ENGINE_MOUNT
+        )
     return written
 
 

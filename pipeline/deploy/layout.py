@@ -12,6 +12,7 @@ own files (pipeline.deploy.compose.layout: docker-compose.yml and .env) and:
     grafana/dashboards/trtllm-pipeline.json
     Dockerfile, .dockerignore, src/            cpu target only: the image with the project installed
     engine_runtime.py         engine target only: the container's entrypoint check (engine vs runtime)
+    trtllm_serve/             llmapi target only: trtllm-serve's --extra_llm_api_options file (and its argv)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ GRAFANA_DASHBOARDS_DIR = "grafana/dashboards"
 GRAFANA_DASHBOARD = f"{GRAFANA_DASHBOARDS_DIR}/trtllm-pipeline.json"
 GRAFANA_PROVISIONING_DIR = "grafana/provisioning"
 ENGINE_CHECK_FILE = "engine_runtime.py"  # a copy of pipeline/backends/engine_runtime.py
+OPENAI_FORM_DIR = "trtllm_serve"  # a target in NVIDIA's llmapi layout: trtllm-serve's options, as its container sees them
 
 # Inside the containers.
 MODELS_MOUNT = "/models"
@@ -43,6 +45,7 @@ DRAFT_ENGINE_MOUNT = "/draft_engine"
 TOKENIZER_MOUNT = "/tokenizer"
 GRAFANA_DASHBOARDS_MOUNT = "/etc/grafana/dashboards"
 ENGINE_CHECK_MOUNT = "/opt/trtllm-pipeline/engine_runtime.py"
+OPENAI_FORM_MOUNT = "/trtllm_serve"
 CONTAINER_HTTP_PORT = 8000
 CONTAINER_GRPC_PORT = 8001
 CONTAINER_METRICS_PORT = 8002
@@ -56,6 +59,7 @@ TRITON_SERVICE = "triton"
 OPENAI_SERVICE = "openai"
 PROMETHEUS_SERVICE = "prometheus"
 GRAFANA_SERVICE = "grafana"
+TRTLLM_SERVE_SERVICE = "trtllm-serve"  # the OpenAI-compatible server of a target in NVIDIA's llmapi layout
 
 # The deployment's secrets (a compose deployment interpolates them from .env).
 ADMIN_KEY_VARIABLE = "TRITON_ADMIN_KEY"

@@ -32,6 +32,7 @@ from pipeline.render import contract
 from pipeline.render.consistency import check_consistency, llm_model_of
 from pipeline.render.contract import TensorSpec
 from pipeline.render.contract_files import CONTRACT_FILE, bls_contract, llm_contract
+from pipeline.render.llmapi_repository import render_llmapi_repository
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from pipeline.sources import model_repo_sources
@@ -96,6 +97,10 @@ def render_model_repository(
     its draft inside (<engine>/draft)."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
+    paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
+    llm_api = backend_for(Target(target)).llm_api
+    if llm_api is not None:  # NVIDIA's llmapi layout: one model configured by LLM() options, no engine to check
+        return render_llmapi_repository(llm_api, engine_dir=engine_dir, serve=serve, out_dir=out_dir, model_path=paths.engine_dir)
     engine_config = read_engine_config(engine_dir)
     facts = engine_facts(engine_config, str(engine_dir / "config.json"))
     if dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
@@ -116,7 +121,6 @@ def render_model_repository(
         draft_engine_config=draft_config,
     )
     llm_model = llm_model_of(target)  # the checks refused a target without one
-    paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
     configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)

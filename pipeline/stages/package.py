@@ -6,11 +6,14 @@ spec.build.speculative (Triton's lookahead parameters); upstream build (engine/)
 
 from __future__ import annotations
 
+from pipeline.backends.registry import backend_for
 from pipeline.render import render_model_repository
+from pipeline.render.llmapi_repository import render_openai_form
 from pipeline.stages.base import StageContext
 from pipeline.stages.build import ENGINE_DIR
 
 REPOSITORY_DIR = "model_repository"
+SERVE_DIR = "trtllm_serve"  # a target in NVIDIA's llmapi layout: the trtllm-serve form of the same options
 
 
 def run(ctx: StageContext) -> None:
@@ -28,8 +31,15 @@ def run(ctx: StageContext) -> None:
         speculative=spec.build.speculative,
         draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
     )
+    llm_api = backend_for(spec.build.target).llm_api
+    if llm_api is not None:  # its second form: trtllm-serve with the same LLM() options
+        serve_dir = ctx.out_dir / SERVE_DIR
+        written += render_openai_form(llm_api, engine_dir=engine_dir, serve=spec.serve, out_dir=serve_dir, model_path=str(engine_dir))
+        final_serve_dir = (ctx.final_dir or ctx.out_dir) / SERVE_DIR
+        ctx.log(f"trtllm-serve: {' '.join(llm_api.openai_command(str(engine_dir), str(final_serve_dir / llm_api.openai_options_file)))}")
     if spec.dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
         ctx.notes["tokenizer_missing"] = True
         ctx.log(f"[yellow]dry run: no tokenizer.json in {tokenizer_dir}; put the model's tokenizer there before serving[/yellow]")
-    models = sorted({path.relative_to(ctx.out_dir / REPOSITORY_DIR).parts[0] for path in written})
-    ctx.log(f"{len(models)} models ({', '.join(models)}), {len(written)} files; clients call {spec.serve.model_name!r}")
+    models = sorted({path.relative_to(ctx.out_dir / REPOSITORY_DIR).parts[0] for path in written if path.is_relative_to(ctx.out_dir / REPOSITORY_DIR)})
+    called = llm_api.model_name if llm_api is not None else spec.serve.model_name
+    ctx.log(f"{len(models)} models ({', '.join(models)}), {len(written)} files; clients call {called!r}")

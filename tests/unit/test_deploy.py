@@ -368,11 +368,6 @@ def test_multi_instance_multi_gpu_is_refused():
         render_compose(spec, model_repository=Path("r"), engine_dir=Path("e"), target="engine")
 
 
-def test_llmapi_target_has_no_deployment_yet():
-    with pytest.raises(SpecError, match="no docker compose deployment"):
-        render_compose(load_spec("tiny-cpu"), model_repository=Path("r"), engine_dir=None, target="llmapi")
-
-
 # -- monitoring ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", CONFIGS)
 def test_prometheus_scrapes_the_triton_metrics_port(name):

@@ -174,6 +174,7 @@ ENGINE_DRY_RUNS = {
     "lookahead": ("llama-3.1-8b-fp8-lookahead",),
     "draft-target": ("llama-3.1-8b-fp8-draft-target",),
     "quantized on the cpu": ("mistral-7b-int8-sq", "quantize.device=cpu"),
+    "llmapi, both forms": ("llama-3.1-8b-fp8-llmapi",),
 }
 
 

@@ -31,19 +31,18 @@ def test_every_target_has_traits_and_a_backend_that_implements_the_interface(tar
 
 
 def test_a_triton_repository_and_compose_deployment_exist_for_the_runtimes_that_have_them():
-    assert backend_for(Target.llmapi).llm_model is None and backend_for(Target.llmapi).compose is None
+    llmapi = backend_for(Target.llmapi)
+    assert llmapi.llm_model is None and llmapi.llm_api is not None  # NVIDIA's llmapi layout, not the ensemble
+    assert llmapi.compose.profile == "gpu" and llmapi.compose.openai_server_profile == "trtllm-serve"
     assert backend_for(Target.cpu).llm_model.code is not None  # Triton's Python backend runs our model
     assert backend_for(Target.engine).llm_model.code is None  # NVIDIA's C++ tensorrtllm backend
+    assert [backend_for(t).llm_api for t in (Target.engine, Target.cpu)] == [None, None]
     assert [backend_for(t).serves_here for t in Target] == [False, True, False]
 
 
-def test_llmapi_is_refused_before_any_stage_runs():
-    loaded = load_config(TINY_CPU, ["build.target=llmapi"])
-    assert preflight(loaded.spec, loaded.model, ["build"]) == [(
-        ("build", "target"),
-        "build.target 'llmapi' is not available in this version yet; "
-        "use target cpu or engine, or run with --until quantize to stop at the TensorRT-LLM checkpoint",
-    )]
+def test_llmapi_runs_its_build_with_nothing_to_refuse_for_a_plain_spec():
+    loaded = load_config(TINY_CPU, ["build.target=llmapi", "build.runner=dry-run"])
+    assert preflight(loaded.spec, loaded.model, ["build"]) == []
 
 
 def test_commands_that_start_triton_here_refuse_a_target_served_elsewhere(tmp_path, capsys):

@@ -93,7 +93,9 @@ class LoraSpec(StrictModel):
 class BuildSpec(StrictModel):
     target: Target = Field(description="engine (TensorRT-LLM on a GPU), cpu (the reference engine, runs anywhere) or llmapi (TensorRT-LLM PyTorch backend).")
     trtllm_version: str = Field(
-        default="1.2.1", description="TensorRT-LLM version profile of the engine target (flags, defaults, pinned Triton image): 1.2.1, 1.1.0 or 1.0.0."
+        default="1.2.1",
+        description="TensorRT-LLM version profile: engine target (trtllm-build flags, defaults, pinned Triton image) 1.2.1, 1.1.0 or "
+        "1.0.0; llmapi target (the LLM() options it accepts, Triton and trtllm-serve images) 1.2.1.",
     )
     runner: BuildRunnerKind = Field(
         default=BuildRunnerKind.local,

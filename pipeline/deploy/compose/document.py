@@ -29,12 +29,14 @@ import yaml
 
 from pipeline.backends.engine_runtime import EngineRecord, mismatches
 from pipeline.backends.engine_target import declared_engine, image_runtime
-from pipeline.config.spec import Spec
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import Spec, Target
 from pipeline.deploy import images, layout
 from pipeline.deploy.compose.layout import profile_for
 from pipeline.deploy.compose.monitoring_services import GRAFANA_VOLUME, PROMETHEUS_VOLUME, grafana_service, prometheus_service
 from pipeline.deploy.compose.openai_service import openai_service
 from pipeline.deploy.compose.parts import bind_mount, compose_path, hardening, published, required_variable
+from pipeline.deploy.compose.trtllm_serve_service import trtllm_serve_service
 from pipeline.deploy.server_command import STOP_GRACE_SECS, cpu_server_command, engine_entrypoint, engine_server_command
 from pipeline.errors import SpecError
 
@@ -74,6 +76,12 @@ def render_compose(
     if draft_engine_dir is not None:  # tensorrt_llm_draft's engine (draft-target speculative decoding)
         triton["volumes"].insert(2, bind_mount(draft_engine_dir, layout.DRAFT_ENGINE_MOUNT))
     services = {layout.TRITON_SERVICE: triton}
+    llm_api = backend_for(Target(target)).llm_api
+    if facts.openai_server_profile is not None and llm_api is not None and engine_dir is not None:
+        services[layout.TRTLLM_SERVE_SERVICE] = trtllm_serve_service(
+            spec, triton, llm_api, profile=facts.openai_server_profile, engine_dir=engine_dir, deploy_dir=deploy_dir,
+            options_file=llm_api.openai_options_file,
+        )
     if facts.image_has_project:  # the OpenAI front end runs from it (NGC's engine image lacks the project)
         services[layout.OPENAI_SERVICE] = openai_service(
             spec, triton, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
@@ -166,7 +174,7 @@ def _triton_service(
     environment = dict(RUNTIME_ENVIRONMENT)
     facts = layout.container_facts(target)
     if not facts.image_has_project:  # the published Triton TRT-LLM image
-        world_size = spec.build.tp_size * spec.build.pp_size
+        world_size = spec.build.tp_size * spec.build.pp_size if facts.mpi_leader_ranks else 1
         service["image"] = images.server_image(spec, target).reference
         if facts.checks_engine_in_container:
             service["entrypoint"] = engine_entrypoint(_engine_for_image(spec, service["image"]))
