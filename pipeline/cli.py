@@ -16,6 +16,7 @@ from rich.table import Table
 
 from pipeline.artifacts import ArtifactStore, differences, read_manifest, store_root
 from pipeline.backends.registry import backend_for
+from pipeline.cli_capacity import print_capacity
 from pipeline.config.loader import LoadedConfig, format_issues, load_config
 from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
@@ -168,7 +169,6 @@ def _run(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, c
 def _build_cpu_target(loaded: LoadedConfig, store: ArtifactStore, command: str, until: str) -> dict[str, StageResult]:
     """What the cpu-only commands share: refuse a target whose Triton does not run here, then build (or reuse)
     up to `until`, reporting the stages on stderr so stdout carries only the command's own output."""
-    from pipeline.backends.registry import backend_for
 
     target = loaded.spec.build.target
     if not backend_for(target).serves_here:
@@ -239,7 +239,6 @@ def _serve_state_dir(store: ArtifactStore) -> Path:
 
 
 def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
-    from pipeline.backends.registry import backend_for
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
     from pipeline.stages.package import REPOSITORY_DIR
 
@@ -268,46 +267,9 @@ def _built_engine(loaded: LoadedConfig, store: ArtifactStore) -> tuple[Path, dic
     return build.path / ENGINE_DIR, build.manifest.get("notes", {})
 
 
-def _capacity(loaded: LoadedConfig, args: argparse.Namespace, console: Console) -> None:
-    from pipeline.backends.capacity import capacity_table, plan_capacity
-
-    spec = loaded.spec
-    max_seq_len = spec.build.max_seq_len or loaded.model.default_max_seq_len()
-    reserve_gb, memory_model = backend_for(spec.build.target).capacity_reserve(spec)
-    capacity = plan_capacity(
-        loaded.model,
-        quant_algo=spec.quantize.algo.value,
-        kv_cache_dtype=spec.quantize.kv_cache.value,
-        gpu=args.gpu,
-        max_seq_len=max_seq_len,
-        max_batch_size=spec.build.max_batch_size,
-        tp=args.tp or spec.build.tp_size,
-        kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
-        tokens_per_block=spec.build.tokens_per_block,
-        group_size=spec.quantize.group_size,
-        draft=_draft_for_capacity(spec),
-        reserve_gb=reserve_gb,
-    )
-    console.print(capacity_table(capacity))
-    console.print(f"memory model: {memory_model}", markup=False)
-
-
-def _draft_for_capacity(spec):
-    """build.speculative.draft as the capacity planner counts it (its weights and its own KV cache), or None."""
-    from pipeline.backends.capacity import DraftModel
-    from pipeline.config.model_info import read_model_info
-    from pipeline.config.spec.draft import draft_spec
-
-    draft = draft_spec(spec)
-    if draft is None:
-        return None
-    model = read_model_info(draft.model.source)
-    return DraftModel(model, draft.quantize.algo.value, draft.quantize.kv_cache.value, draft.build.max_seq_len or model.default_max_seq_len())
-
-
 def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console, the_plan: Plan | None = None) -> int:
     if getattr(args, "gpu", None):
-        _capacity(loaded, args, console)
+        print_capacity(loaded, gpu=args.gpu, tp=args.tp, console=console)
     the_plan = the_plan or make_plan(loaded)
     states = {stage.name: artifact_state(store, stage) for stage in the_plan.stages}
     if getattr(args, "json", False):
