@@ -57,6 +57,7 @@ class TritonLlmModel:
     returns_preceding_ids: bool  # the context tokens the postprocessing's incremental detokenizer needs
     always_context_logits: bool  # context logits without an engine built with gather_context_logits
     runtime: RuntimeAbilities
+    reads_num_draft_tokens: bool = False  # a per-request draft length (contract.CPU_LLM_EXTRA_INPUTS)
 
 
 @dataclass(frozen=True)

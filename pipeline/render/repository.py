@@ -190,7 +190,9 @@ def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors
         return tuple(spec.resolved(logits, lora) for spec in specs)
 
     return _Tensors(
-        llm_inputs=resolved(contract.LLM_INPUTS + contract.LLM_LORA_INPUTS),
+        llm_inputs=resolved(
+            contract.LLM_INPUTS + contract.LLM_LORA_INPUTS + (contract.CPU_LLM_EXTRA_INPUTS if llm_model.reads_num_draft_tokens else ())
+        ),
         llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
         client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
         client_outputs=resolved(contract.CLIENT_OUTPUTS),

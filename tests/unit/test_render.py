@@ -206,7 +206,9 @@ def test_both_llm_variants_share_the_tensorrt_llm_contract(tmp_path):
     engine = parse(render(tmp_path / "engine", target="engine") / "tensorrt_llm" / "config.pbtxt")
     assert cpu.backend == "python" and engine.backend == "tensorrtllm"
     assert cpu.model_transaction_policy.decoupled and engine.model_transaction_policy.decoupled
-    assert tensors(cpu.input) == tensors(engine.input)
+    cpu_inputs = tensors(cpu.input)
+    assert cpu_inputs.pop("num_draft_tokens")[0] == model_config_pb2.TYPE_INT32  # the cpu model's one extra input
+    assert cpu_inputs == tensors(engine.input)
     cpu_outputs, engine_outputs = tensors(cpu.output), tensors(engine.output)
     assert set(cpu_outputs) - set(engine_outputs) == {"preceding_ids"}
     for name in ("output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "sequence_index"):
