@@ -29,6 +29,9 @@ Usage::
     .venv/bin/python scripts/train_default_model.py \\
         --out models/tiny-stdlib-llama --data-out data \\
         --steps 1000 --minutes 20 --threads 2
+
+``--draft-of DIR`` trains a speculative-decoding draft of a trained model instead (fewer layers,
+``--draft-layers``; initialised from it and distilled towards it): see ``train_draft_model.py``.
 """
 
 from __future__ import annotations
