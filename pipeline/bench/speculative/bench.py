@@ -26,6 +26,7 @@ class SpeculativeBenchOptions:
     max_tokens: int = 64
     max_draft_len: int = 4
     quick: bool = False
+    num_threads: int = 1  # torch threads for every system (small matmuls on shared cores: one is fastest)
 
     def requests_at(self, batch_size: int) -> int:
         if self.quick:
@@ -64,32 +65,39 @@ def run_speculative_bench(
     """`variants`: "plain" plus "draft_model" and/or "ngram" engine directories."""
     import torch
 
-    rows = []
-    for batch_size in options.batch_sizes:
-        workload = [prompts[i % len(prompts)] for i in range(options.requests_at(batch_size))]
-        row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
-        for name, engine_dir in variants.items():
-            progress(f"batch {batch_size}: {name} ({len(workload)} requests)")
-            row[name] = run_system(engine_dir, workload, batch_size, options.max_tokens)
-        plain = row["plain"]
-        for name in variants:
-            if name == "plain":
-                continue
-            result = row[name]
-            result["speedup"] = round(result["tokens_per_second"] / plain["tokens_per_second"], 3)
-            result["same_output_as_plain"] = result["outputs"] == plain["outputs"]
-            result["tokens_per_target_step"] = round(result["generated_tokens"] / result["engine_steps"], 3)
-        for name in variants:
-            row[name].pop("outputs")
-        rows.append(row)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(options.num_threads)
+    try:
+        rows = [_row(variants, prompts, options, batch_size, progress) for batch_size in options.batch_sizes]
+    finally:
+        torch.set_num_threads(previous_threads)
     return {
         "variants": list(variants),
         "max_draft_len": options.max_draft_len,
         "prompt_tokens": options.prompt_tokens,
         "max_tokens": options.max_tokens,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": options.num_threads,
         "rows": rows,
     }
+
+
+def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, progress) -> dict[str, Any]:
+    workload = [prompts[i % len(prompts)] for i in range(options.requests_at(batch_size))]
+    row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
+    for name, engine_dir in variants.items():
+        progress(f"batch {batch_size}: {name} ({len(workload)} requests)")
+        row[name] = run_system(engine_dir, workload, batch_size, options.max_tokens)
+    plain = row["plain"]
+    for name in variants:
+        if name == "plain":
+            continue
+        result = row[name]
+        result["speedup"] = round(result["tokens_per_second"] / plain["tokens_per_second"], 3)
+        result["same_output_as_plain"] = result["outputs"] == plain["outputs"]
+        result["tokens_per_target_step"] = round(result["generated_tokens"] / result["engine_steps"], 3)
+    for name in variants:
+        row[name].pop("outputs")
+    return row
 
 
 def render_markdown(result: dict[str, Any]) -> str:

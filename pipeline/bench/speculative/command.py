@@ -9,10 +9,9 @@ tokenizer, or a CPU engine directory) and `--ngram` (prompt lookup).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console
+from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console, write_and_print
 from pipeline.errors import SpecError
 
 RESULT_NAME = "bench-speculative.json"
@@ -72,12 +71,5 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     )
     status = status_console()
     result = run_speculative_bench(variants, prompts, options, progress=dim_lines(status))
-    out = args.out or store.build_dir / RESULT_NAME
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    if args.json:
-        print(json.dumps(result, indent=1, sort_keys=True))
-    else:
-        print(render_markdown(result))
-        status.print(f"wrote {out}")
+    write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, render_markdown, status)
     return 0
