@@ -62,12 +62,14 @@ def _tokens(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
-@pytest.mark.parametrize("kind", ["ngram", "noisy", "other"])
+CHUNKED_PREFIX = {"enable_chunked_context": True, "max_num_tokens": 7, "enable_prefix_caching": True}
+PREEMPTING = {"scheduler_policy": "max_utilization", "num_kv_blocks": 14}
+
+
 @pytest.mark.parametrize(
-    "changes",
-    [{}, {"enable_chunked_context": True, "max_num_tokens": 7, "enable_prefix_caching": True},
-     {"scheduler_policy": "max_utilization", "num_kv_blocks": 14}],
-    ids=["default", "chunked+prefix", "preempting"],
+    "kind, changes",
+    [(kind, changes) for kind in ("ngram", "noisy") for changes in ({}, CHUNKED_PREFIX, PREEMPTING)] + [("other", PREEMPTING)],
+    ids=[f"{kind}-{name}" for kind in ("ngram", "noisy") for name in ("default", "chunked+prefix", "preempting")] + ["other-preempting"],
 )
 def test_greedy_speculation_equals_plain_greedy(models, kind, changes):
     config = CONFIG.replace(**changes)
