@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,7 @@ class EngineDirectory:
     version: str | None
     build_config: Mapping[str, Any]
     checkpoint: Checkpoint
+    raw_config: Mapping[str, Any] = field(default_factory=dict)  # the whole config.json
 
 
 def load_checkpoint(directory: str | Path) -> Checkpoint:
@@ -157,6 +158,7 @@ def load_engine_dir(directory: str | Path) -> EngineDirectory:
         version=raw.get("version"),
         build_config=raw["build_config"],
         checkpoint=_checkpoint_from(directory, raw["pretrained_config"]),
+        raw_config=raw,
     )
 
 

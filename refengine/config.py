@@ -74,6 +74,7 @@ class EngineConfig:
     max_logprobs: int = 20  # upper bound of SamplingParams.logprobs
     compute_dtype: str = "float32"
     batching: BatchingMode = BatchingMode.INFLIGHT
+    max_draft_len: int = 0  # speculative decoding: draft tokens per step (0: built without it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
@@ -95,6 +96,10 @@ class EngineConfig:
             _require_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None:
             _require_positive_int("num_kv_blocks", self.num_kv_blocks)
+        if isinstance(self.max_draft_len, bool) or not isinstance(self.max_draft_len, int) or self.max_draft_len < 0:
+            raise EngineConfigError("max_draft_len", f"must be a non-negative integer, got {self.max_draft_len!r}")
+        if self.max_draft_len and self.batching is BatchingMode.STATIC:
+            raise EngineConfigError("batching", "speculative decoding (max_draft_len > 0) runs with inflight batching only")
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise EngineConfigError("max_logprobs", f"must be a non-negative integer, got {self.max_logprobs!r}")
         if self.max_input_len > self.max_seq_len:

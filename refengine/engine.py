@@ -19,13 +19,15 @@ import torch
 
 from refengine.checkpoint import load_checkpoint, load_engine_dir
 from refengine.config import EngineConfig
-from refengine.errors import InvalidRequestError
+from refengine.errors import EngineConfigError, InvalidRequestError
 from refengine.kv_cache import KVCacheUsage
 from refengine.model_runner import DecoderModel, ModelRunner, load_model, torch_dtype
 from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
 from refengine.scheduler import Scheduler, SequenceUpdate
+from refengine.speculative.loading import load_drafter, speculative_settings
+from refengine.speculative.planner import Drafter, Speculator
 from refengine.stats import EngineStats
 from refengine.step_messages import SampledToken
 
@@ -68,6 +70,7 @@ class _RequestState:
     last_token_time_ns: int | None = None
     context_logits: torch.Tensor | None = None  # [prompt, vocab], filled as the prompt is computed
     context_rows_filled: int = 0  # rows 0.. filled: the prompt is computed in order (no cached prefix)
+    draft_tokens: list[int] = field(default_factory=lambda: [0, 0])  # speculative: [drafted, accepted]
 
     @property
     def finished(self) -> bool:
@@ -80,6 +83,8 @@ class _RequestState:
                 self.first_token_time_ns = now_ns
             self.last_token_time_ns = now_ns
         completion.token_ids.extend(update.new_token_ids)
+        self.draft_tokens[0] += update.num_draft_tokens
+        self.draft_tokens[1] += update.num_accepted_draft_tokens
         completion.logprobs.extend(s for s in update.new_samples if s.logprob is not None)
         if self.params.return_generation_logits:
             # An end_id sample joins no output (its logits row neither); a stop sequence's last token does.
@@ -105,7 +110,7 @@ class _RequestState:
     def snapshot(self, block_counts: tuple[int, int]) -> RequestOutput:
         with_logprobs = self.params.logprobs is not None
         metrics = RequestMetrics(
-            self.arrival_time_ns, self.first_scheduled_time_ns, self.first_token_time_ns, self.last_token_time_ns, *block_counts
+            self.arrival_time_ns, self.first_scheduled_time_ns, self.first_token_time_ns, self.last_token_time_ns, *block_counts, *self.draft_tokens
         )
         return RequestOutput(
             request_id=self.request_id,
@@ -117,8 +122,12 @@ class _RequestState:
 
 
 class LLMEngine:
-    def __init__(self, model: DecoderModel, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: DecoderModel, config: EngineConfig | None = None, drafter: Drafter | None = None) -> None:
+        """`drafter` (speculative decoding, refengine/speculative) needs `config.max_draft_len` > 0, and the reverse."""
         self._config = config or EngineConfig()
+        if (drafter is None) != (self._config.max_draft_len == 0):
+            raise EngineConfigError("max_draft_len", f"{self._config.max_draft_len} needs a drafter, and a drafter max_draft_len > 0")
+        self._speculator = None if drafter is None else Speculator(drafter, self._config.max_draft_len, self._config.max_num_tokens)
         self._model = model
         self._scheduler = Scheduler(self._config)
         self._runner = ModelRunner(model, self._config.total_kv_blocks, self._config.tokens_per_block)
@@ -129,6 +138,7 @@ class LLMEngine:
         self._lock = threading.RLock()
         self._num_steps = 0
         self._num_generated_tokens = 0
+        self._num_draft_tokens = [0, 0]  # speculative decoding: drafted, accepted
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -142,9 +152,13 @@ class LLMEngine:
     def from_engine_dir(cls, engine_dir: str | Path, **overrides: Any) -> LLMEngine:
         """An engine over a CPU engine directory; limits from its build_config, `overrides` on top."""
         engine = load_engine_dir(engine_dir)
+        speculative = speculative_settings(engine)
+        if speculative is not None:
+            overrides = {"max_draft_len": speculative.max_draft_len, **overrides}
         config = EngineConfig.from_build_config(engine.build_config, **overrides)
         model = load_model(engine.checkpoint, torch_dtype(config.compute_dtype))
-        return cls(model, config)
+        drafter = load_drafter(engine, speculative, config) if speculative is not None and config.max_draft_len else None
+        return cls(model, config, drafter)
 
     # -- figures ---------------------------------------------------------------------------
     @property
@@ -175,6 +189,8 @@ class LLMEngine:
                 num_prompt_tokens_reused=scheduler.num_prefix_cache_hit_tokens,
                 num_prefix_cache_hits=scheduler.num_prefix_cache_hits,
                 num_preemptions=scheduler.num_preemptions,
+                num_draft_tokens=self._num_draft_tokens[0],
+                num_accepted_draft_tokens=self._num_draft_tokens[1],
             )
 
     def has_unfinished(self) -> bool:
@@ -288,6 +304,8 @@ class LLMEngine:
                 f"scheduler made no progress with {self._scheduler.num_waiting} waiting and "
                 f"{self._scheduler.num_running} running sequences"
             )
+        if self._speculator is not None:
+            scheduler_output = self._speculator.add_drafts(scheduler_output, self._scheduler)
         self._mark_scheduled(scheduler_output.scheduled)
         runner_output = self._runner.execute(scheduler_output)
         self._take_context_logits(runner_output.context_logits)
@@ -297,6 +315,8 @@ class LLMEngine:
         advanced: dict[str, _RequestState] = {}
         for update in updates:
             self._num_generated_tokens += len(update.new_token_ids)
+            self._num_draft_tokens[0] += update.num_draft_tokens
+            self._num_draft_tokens[1] += update.num_accepted_draft_tokens
             state = self._requests.get(update.request_id)
             if state is not None:
                 state.apply(update, now_ns)

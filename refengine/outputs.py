@@ -41,10 +41,19 @@ class RequestMetrics:
     last_token_time_ns: int | None = None
     kv_new_blocks: int = 0
     kv_reused_blocks: int = 0
+    # Speculative decoding (TensorRT-LLM's total_draft_tokens / total_accepted_draft_tokens):
+    # draft tokens the target verified for this request, and how many it accepted.
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
 
     @property
     def kv_total_blocks(self) -> int:
         return self.kv_new_blocks + self.kv_reused_blocks
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (TensorRT-LLM's acceptance_rate); 0.0 when nothing was drafted."""
+        return self.total_accepted_draft_tokens / self.total_draft_tokens if self.total_draft_tokens else 0.0
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,24 @@ def validate_request(
             f"prompt length {prompt_len} exceeds max_num_tokens {config.max_num_tokens} "
             "and enable_chunked_context is off",
         )
+    _check_draft_tokens(params, config)
     _check_fits_cache(prompt_len, params, config)
     return prompt
+
+
+def _check_draft_tokens(params: SamplingParams, config: EngineConfig) -> None:
+    """`num_draft_tokens` (TensorRT-LLM's per-request draft length): 0 turns speculation off,
+    up to the build's max_draft_len; None is the engine's default (max_draft_len, or off)."""
+    requested = params.num_draft_tokens
+    if requested is None or requested == 0:
+        return
+    if config.max_draft_len == 0:
+        raise InvalidRequestError(
+            "num_draft_tokens",
+            f"{requested} draft tokens requested, but the engine was built without speculative decoding (max_draft_len 0)",
+        )
+    if requested > config.max_draft_len:
+        raise InvalidRequestError("num_draft_tokens", f"{requested} exceeds the engine's max_draft_len {config.max_draft_len}")
 
 
 def _check_fits_cache(prompt_len: int, params: SamplingParams, config: EngineConfig) -> None:

@@ -43,6 +43,8 @@ class SamplingParams:
       full: such a request reuses no cached prefix.
     - `return_generation_logits`: the raw logits each output token was drawn from, [vocab] per
       token (TensorRT-LLM's `generation_logits`).
+    - `num_draft_tokens`: speculative decoding's draft length for this request (TensorRT-LLM's
+      `num_draft_tokens`): None is the engine's max_draft_len, 0 turns speculation off.
     """
 
     max_tokens: int = 16
@@ -63,6 +65,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -92,6 +95,8 @@ class SamplingParams:
         _check_int("n", self.n, minimum=1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0)
+        if self.num_draft_tokens is not None:
+            _check_int("num_draft_tokens", self.num_draft_tokens, minimum=0)
         for field in ("return_context_logits", "return_generation_logits"):
             if not isinstance(getattr(self, field), bool):
                 raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")

@@ -19,3 +19,5 @@ class EngineStats:
     num_prompt_tokens_reused: int = 0  # prompt tokens whose K/V were reused from the prefix cache
     num_prefix_cache_hits: int = 0  # admissions that reused at least one cached block
     num_preemptions: int = 0  # sequences preempted by recompute
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified by the target
+    num_accepted_draft_tokens: int = 0  # ... and accepted

@@ -29,6 +29,11 @@ class ScheduledSequence:
     first_sample_index: int  # sample i of this step draws as sample (first_sample_index + i) of the request
     num_output_tokens: int  # tokens generated so far (for min_tokens)
     token_history: tuple[int, ...] = ()  # prompt + output so far, only when sampling needs it
+    # Speculative decoding: the last len(draft_token_ids) of new_token_ids are proposed tokens
+    # that the runner verifies (refengine/speculative); draft_probs [k, vocab] is the draft
+    # model's distribution each was drawn from (None: a deterministic draft, n-gram or greedy).
+    draft_token_ids: tuple[int, ...] = ()
+    draft_probs: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def num_new_tokens(self) -> int:
@@ -67,6 +72,8 @@ class SampledToken:
 @dataclass(frozen=True)
 class RunnerOutput:
     step_id: int
-    sampled: Mapping[int, tuple[SampledToken, ...]] = field(default_factory=dict)  # seq_id -> samples
+    # seq_id -> samples: one per sample of n, or for a sequence with draft tokens its accepted
+    # draft tokens followed by the token drawn after them (1 to k + 1 tokens of one sample)
+    sampled: Mapping[int, tuple[SampledToken, ...]] = field(default_factory=dict)
     # seq_id -> (position of the first row, raw logits [rows, vocab]) of sequences that asked for context logits
     context_logits: Mapping[int, tuple[int, torch.Tensor]] = field(default_factory=dict)

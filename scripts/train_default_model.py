@@ -29,6 +29,9 @@ Usage::
     .venv/bin/python scripts/train_default_model.py \\
         --out models/tiny-stdlib-llama --data-out data \\
         --steps 1000 --minutes 20 --threads 2
+
+``--draft-of DIR`` trains a speculative-decoding draft of a trained model instead (fewer layers,
+``--draft-layers``; initialised from it and distilled towards it): see ``train_draft_model.py``.
 """
 
 from __future__ import annotations
@@ -346,7 +349,25 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--stdlib", default=None, help="override the stdlib dir (default: base interpreter's)")
+    ap.add_argument(
+        "--draft-of",
+        default=None,
+        help="train a speculative-decoding draft of this trained model instead: its tokenizer is copied, "
+        "its embeddings / first layers / final norm / lm_head initialise the draft, which is distilled "
+        "towards its logits (--out then receives the draft; --data-out is not written)",
+    )
+    ap.add_argument("--draft-layers", type=int, default=1, help="decoder layers of the draft (--draft-of)")
+    ap.add_argument(
+        "--draft-intermediate", type=int, default=None, help="MLP width of the draft (default: the target's)"
+    )
+    ap.add_argument(
+        "--distill-weight", type=float, default=0.8, help="weight of KL(target || draft) against next-token CE"
+    )
     args = ap.parse_args(argv)
+    if args.draft_of:
+        import train_draft_model
+
+        return train_draft_model.train_draft(args, sys.modules[__name__])
 
     import torch
 

@@ -15,6 +15,8 @@ Prometheus `rate()` applies):
     trtllm_pipeline_tokens_total{token_type="generated|prompt_computed|prompt_reused"}
     trtllm_pipeline_prefix_cache_hits_total      requests admitted with a reused prefix
     trtllm_pipeline_preemptions_total            sequences preempted by recompute
+    trtllm_pipeline_draft_tokens_total{draft_token_type="drafted|accepted"}
+                                                 speculative decoding: draft tokens verified / accepted
 
 Every value comes from the engine (`LLMEngine.kv_cache_usage()`, `.stats()`, the scheduler's
 queues). `FAMILIES` and `engine_values` are plain data and functions; only `EngineMetrics` needs
@@ -41,6 +43,7 @@ class Family(NamedTuple):
 KV_BLOCK_TYPES = ("max", "free", "used", "tokens_per", "reused", "fraction")
 REQUEST_TYPES = ("active", "waiting", "scheduled", "max")
 TOKEN_TYPES = ("generated", "prompt_computed", "prompt_reused")
+DRAFT_TOKEN_TYPES = ("drafted", "accepted")
 
 FAMILIES: tuple[Family, ...] = (
     Family("nv_trt_llm_kv_cache_block_metrics", GAUGE, "KV-cache blocks of the reference engine", "kv_cache_block_type", KV_BLOCK_TYPES),
@@ -55,6 +58,13 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("trtllm_pipeline_prefix_cache_hits_total", COUNTER, "Requests admitted with a prefix reused from the KV cache", None),
     Family("trtllm_pipeline_preemptions_total", COUNTER, "Sequences preempted (recomputed later) by the reference engine", None),
+    Family(
+        "trtllm_pipeline_draft_tokens_total",
+        COUNTER,
+        "Speculative decoding: draft tokens the target verified, and those it accepted",
+        "draft_token_type",
+        DRAFT_TOKEN_TYPES,
+    ),
 )
 
 
@@ -93,6 +103,8 @@ def engine_values(engine: Any, active_requests: int) -> dict[tuple[str, str | No
     values.update({series_key("trtllm_pipeline_tokens_total", k): v for k, v in tokens.items()})
     values[series_key("trtllm_pipeline_prefix_cache_hits_total")] = stats.num_prefix_cache_hits
     values[series_key("trtllm_pipeline_preemptions_total")] = stats.num_preemptions
+    values[series_key("trtllm_pipeline_draft_tokens_total", "drafted")] = stats.num_draft_tokens
+    values[series_key("trtllm_pipeline_draft_tokens_total", "accepted")] = stats.num_accepted_draft_tokens
     return {key: float(value) for key, value in values.items()}
 
 

@@ -146,6 +146,7 @@ def parse_request(
             logprobs=0 if return_log_probs else None,
             return_context_logits=scalars.get("return_context_logits", bool, False),
             return_generation_logits=scalars.get("return_generation_logits", bool, False),
+            num_draft_tokens=scalars.get("num_draft_tokens", int, None),
         )
     except InvalidRequestError as error:
         raise contract_error(error) from None

@@ -4,8 +4,8 @@ Pure (numpy + refengine). Shapes, batch axis first: output_ids [1, beams, T], se
 [1, beams], cum_log_probs [1, beams], output_log_probs [1, beams, T], batch_index and
 sequence_index [1, 1], and the cpu model's extra output preceding_ids [1, beams, K] (context for
 incremental detokenization, see incremental_detokenizer.py). On request, TensorRT-LLM's perf
-metrics (refengine's own timestamps and KV block counts; no speculation, so the draft figures
-are 0) and token counts, each [1, 1]: num_input_tokens is the prompt's length, num_output_tokens
+metrics (refengine's own timestamps, KV block counts and speculative decoding's draft / accepted
+token counts and acceptance rate, 0 without speculation) and token counts, each [1, 1]: num_input_tokens is the prompt's length, num_output_tokens
 the tokens generated so far. TensorRT-LLM's logits, float32: context_logits [1, prompt, vocab]
 (streamed: with the first response and the final one; else with the one response) and
 generation_logits [1, beams, T, vocab] for the T output tokens the response carries.
@@ -107,9 +107,9 @@ def perf_metric_arrays(metrics: RequestMetrics | None) -> Arrays:
         "first_scheduled_time_ns": _one(metrics.first_scheduled_time_ns or 0, np.int64),
         "first_token_time_ns": _one(metrics.first_token_time_ns or 0, np.int64),
         "last_token_time_ns": _one(metrics.last_token_time_ns or 0, np.int64),
-        "acceptance_rate": _one(0.0, np.float32),
-        "total_accepted_draft_tokens": _one(0, np.int32),
-        "total_draft_tokens": _one(0, np.int32),
+        "acceptance_rate": _one(metrics.acceptance_rate, np.float32),
+        "total_accepted_draft_tokens": _one(metrics.total_accepted_draft_tokens, np.int32),
+        "total_draft_tokens": _one(metrics.total_draft_tokens, np.int32),
     }
 
 

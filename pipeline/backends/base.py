@@ -63,6 +63,7 @@ class TritonLlmModel:
     # a draft-target repository serves the draft engine as a model of its own (tensorrt_llm_draft, which the BLS drafts
     # with); False: the engine speculates inside (the cpu engine carries its draft, <engine>/draft)
     serves_draft_model: bool = False
+    reads_num_draft_tokens: bool = False  # a per-request draft length (contract.CPU_LLM_EXTRA_INPUTS)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ class CpuBackend:
             ),
         ),
         returns_preceding_ids=True,
+        reads_num_draft_tokens=True,  # refengine's speculative decoding, per request
         always_context_logits=True,  # refengine computes them for every request that asks
         runtime=RuntimeAbilities(
             name="the reference engine",

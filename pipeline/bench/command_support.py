@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -36,3 +37,16 @@ def build_for_bench(
     loaded = load_config(args.config, args.overrides)
     store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
     return loaded, store, build_cpu_target(loaded, store, command, until)
+
+
+def write_and_print(result: dict[str, Any], out: Path, as_json: bool, render: Callable[[dict[str, Any]], str], status: Console) -> None:
+    """Write the JSON result to `out`; print it as JSON (`as_json`) or rendered, naming the file on stderr."""
+    import json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    if as_json:
+        print(json.dumps(result, indent=1, sort_keys=True))
+    else:
+        print(render(result))
+        status.print(f"wrote {out}")

@@ -17,6 +17,7 @@ from pipeline.bench.engine import command as engine
 from pipeline.bench.load import command as load
 from pipeline.bench.overhead import command as overhead
 from pipeline.bench.soak import command as soak
+from pipeline.bench.speculative import command as speculative
 
 ACCURACY_HELP = "perplexity and next-token agreement of every quantization format vs the baseline"
 
@@ -26,7 +27,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, **defaults: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
     bench.set_defaults(**defaults)
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    for name, module in (("engine", engine), ("load", load), ("overhead", overhead)):
+    for name, module in (("engine", engine), ("load", load), ("overhead", overhead), ("speculative", speculative)):
         module.add_arguments(_with_config(benchmarks, name, module.HELP, module.CONFIG_HELP))
     accuracy = benchmarks.add_parser("accuracy", help=ACCURACY_HELP, description=ACCURACY_HELP)
     accuracy.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
@@ -60,6 +61,8 @@ def run_bench_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget
         return overhead.run_overhead_command(args, build_cpu_target)
     if benchmark == "soak":
         return soak.run_soak_command(args, build_cpu_target)
+    if benchmark == "speculative":
+        return speculative.run_speculative_command(args, build_cpu_target)
     return _run_accuracy(args)
 
 

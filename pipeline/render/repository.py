@@ -210,7 +210,12 @@ def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors
 
     draft_inputs = contract.LLM_DRAFT_INPUTS if llm_model.takes_draft_tokens else ()
     return _Tensors(
-        llm_inputs=resolved(contract.LLM_INPUTS + draft_inputs + contract.LLM_LORA_INPUTS),
+        llm_inputs=resolved(
+            contract.LLM_INPUTS
+            + draft_inputs
+            + contract.LLM_LORA_INPUTS
+            + (contract.CPU_LLM_EXTRA_INPUTS if llm_model.reads_num_draft_tokens else ())
+        ),
         llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
         client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
         bls_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + contract.BLS_SPECULATIVE_INPUTS),

@@ -90,6 +90,12 @@ class BlockPool:
         if block.ref_count == 0:
             self._free_queue[block.block_id] = None
 
+    def forget_hash(self, block: KVBlock) -> None:
+        """Stop offering a block as a cached prefix (its slots are about to be rewritten)."""
+        if block.block_hash is not None and self._cached_block_ids.get(block.block_hash) == block.block_id:
+            del self._cached_block_ids[block.block_hash]
+        block.block_hash = None
+
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         block_id = self._cached_block_ids.get(block_hash)
         return None if block_id is None else self._blocks[block_id]

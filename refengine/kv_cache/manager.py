@@ -224,6 +224,33 @@ class KVCacheManager:
             block_hashes=list(parent.block_hashes),
         )
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Keep slots for the sequence's first `num_tokens` tokens only (speculative decoding's
+        rollback of rejected draft tokens): blocks past them are released, tail first.
+
+        A kept block that loses slots stops being a cached prefix block (its later slots will be
+        rewritten); a shared one keeps its filled slots for the other holders and is copied on
+        the sequence's next write into it, as after `fork`. Cutting into a block that is both
+        shared and a cached prefix block is refused: its holders could later leave it to this
+        sequence alone, which would rewrite slots the cache still offers.
+        """
+        slots = self._sequences.get(seq_id)
+        if slots is None or num_tokens >= slots.num_slotted_tokens:
+            return
+        num_kept = self.blocks_for_tokens(num_tokens)
+        cut = slots.blocks[num_kept - 1] if num_tokens % self._tokens_per_block else None
+        if cut is not None and cut.ref_count > 1 and cut.block_hash is not None:
+            raise ValueError(f"sequence {seq_id}: cannot truncate to {num_tokens} tokens inside shared cached block {cut.block_id}")
+        for block in reversed(slots.blocks[num_kept:]):
+            self._pool.release(block)
+        del slots.blocks[num_kept:]
+        del slots.block_hashes[num_tokens // self._tokens_per_block :]
+        slots.num_slotted_tokens = num_tokens
+        partial = num_tokens % self._tokens_per_block
+        if partial and slots.blocks[-1].ref_count == 1:
+            self._pool.forget_hash(slots.blocks[-1])
+            slots.blocks[-1].num_filled_slots = partial
+
     def free(self, seq_id: int) -> None:
         """Release every block of the sequence (no-op for an unknown id)."""
         slots = self._sequences.pop(seq_id, None)

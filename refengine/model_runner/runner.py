@@ -7,6 +7,7 @@ import torch
 from refengine.model_runner.attention import build_attention_metadata
 from refengine.model_runner.decoder import DecoderModel
 from refengine.model_runner.sampler import Sampler
+from refengine.model_runner.verifier import verify_drafts
 from refengine.step_messages import RunnerOutput, SchedulerOutput
 
 
@@ -40,6 +41,8 @@ class ModelRunner:
         input_ids = torch.tensor([t for item in items for t in item.new_token_ids], dtype=torch.int64)
         sampling = [index for index, item in enumerate(items) if item.num_samples > 0]
         wanting_context = [index for index, item in enumerate(items) if item.sampling_params.return_context_logits]
+        if any(item.draft_token_ids for item in items):
+            return self._execute_with_drafts(scheduler_output, input_ids, metadata, sampling, wanting_context)
         if not wanting_context:
             # Hidden states of the sampled sequences' last tokens only (see DecoderModel.forward).
             hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling)
@@ -54,9 +57,28 @@ class ModelRunner:
             step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items), context_logits=context_logits
         )
 
+    def _execute_with_drafts(self, scheduler_output, input_ids, metadata, sampling, wanting_context) -> RunnerOutput:
+        """A step in which some sequences verify draft tokens: their last k + 1 rows are scored
+        (verifier.py), the other sampled sequences' last row is sampled as usual."""
+        items = scheduler_output.scheduled
+        hidden, context_logits = self._with_context_logits(input_ids, metadata, items, None, wanting_context)
+        ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
+        plain = [index for index in sampling if not items[index].draft_token_ids]
+        sampled = {}
+        if plain:
+            logits = self.model.compute_logits(hidden[[ends[index] - 1 for index in plain]])
+            sampled.update(self.sampler.sample(logits, [items[index] for index in plain]))
+        for index in sampling:
+            item = items[index]
+            if item.draft_token_ids:
+                rows = hidden[ends[index] - len(item.draft_token_ids) - 1 : ends[index]]
+                sampled[item.seq_id] = verify_drafts(self.model.compute_logits(rows), item)
+        return RunnerOutput(step_id=scheduler_output.step_id, sampled=sampled, context_logits=context_logits)
+
     def _with_context_logits(self, input_ids, metadata, items, sampling, wanting_context):
         """Every row's hidden state, so that the logits of each token of the sequences in
-        `wanting_context` can be returned: (sampled rows' hidden states, {seq_id: (first position, logits)})."""
+        `wanting_context` can be returned: (sampled rows' hidden states, {seq_id: (first position, logits)});
+        with `sampling` None, every row's hidden state."""
         hidden = self.model.forward(input_ids, self.kv_caches, metadata)
         ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
         starts = [end - item.num_new_tokens for end, item in zip(ends, items)]
@@ -64,7 +86,7 @@ class ModelRunner:
             items[index].seq_id: (items[index].num_computed_tokens, self.model.compute_logits(hidden[starts[index] : ends[index]]))
             for index in wanting_context
         }
-        return hidden[[ends[index] - 1 for index in sampling]], context_logits
+        return (hidden if sampling is None else hidden[[ends[index] - 1 for index in sampling]]), context_logits
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         for source, destination in copies:

@@ -18,8 +18,10 @@ from refengine.sampling import SamplingParams
 from refengine.step_messages import SampledToken, ScheduledSequence
 
 
-def draw_seed(request_seed: int, sample_index: int, position: int) -> int:
-    digest = hashlib.blake2b(f"{request_seed}:{sample_index}:{position}".encode(), digest_size=8).digest()
+def draw_seed(request_seed: int, sample_index: int, position: int, purpose: str = "") -> int:
+    """The seed of one draw; `purpose` separates speculative decoding's other draws at a position."""
+    key = f"{request_seed}:{sample_index}:{position}" + (f":{purpose}" if purpose else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -87,7 +89,7 @@ class Sampler:
             tokens = []
             for offset in range(item.num_samples):
                 token_id = self._choose(processed, params, item.sampling_seed, item.first_sample_index + offset, position)
-                token = _with_logprobs(token_id, raw_logprobs, params.logprobs)
+                token = with_logprobs(token_id, raw_logprobs, params.logprobs)
                 tokens.append(dataclasses.replace(token, logits=row) if params.return_generation_logits else token)
             sampled[item.seq_id] = tuple(tokens)
         return sampled
@@ -96,13 +98,19 @@ class Sampler:
     def _choose(logits: torch.Tensor, params: SamplingParams, seed: int, sample_index: int, position: int) -> int:
         if params.is_greedy:
             return int(torch.argmax(logits))
-        filtered = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
-        probs = torch.softmax(filtered, dim=-1)
-        generator = torch.Generator().manual_seed(draw_seed(seed, sample_index, position))
-        return int(torch.multinomial(probs, 1, generator=generator))
+        return draw(sampling_probs(logits, params), draw_seed(seed, sample_index, position))
 
 
-def _with_logprobs(token_id: int, raw_logprobs: torch.Tensor | None, num_top: int | None) -> SampledToken:
+def sampling_probs(processed: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy draw takes from a processed row: temperature, top-k, top-p."""
+    return torch.softmax(filter_top_k_top_p(processed / params.temperature, params.top_k, params.top_p), dim=-1)
+
+
+def draw(probs: torch.Tensor, seed: int) -> int:
+    return int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)))
+
+
+def with_logprobs(token_id: int, raw_logprobs: torch.Tensor | None, num_top: int | None) -> SampledToken:
     if raw_logprobs is None or num_top is None:
         return SampledToken(token_id)
     top: tuple[tuple[int, float], ...] = ()

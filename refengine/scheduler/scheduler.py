@@ -28,7 +28,8 @@ from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
-from refengine.scheduler.static_batch import batch_slots, form_batch, padding_row
+from refengine.scheduler.speculative_update import apply_verified
+from refengine.scheduler.static_batch import allocate_reserved, batch_slots, form_batch, padding_row, release_padding_rows
 from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 
@@ -188,6 +189,11 @@ class Scheduler:
             if item.num_samples == 0:
                 continue
             samples = runner_output.sampled.get(item.seq_id, ())
+            if item.draft_token_ids:
+                updates.append(apply_verified(sequence, item, samples, self._kv))
+                if updates[-1].finish_reason is not None:
+                    self._finish(sequence, updates[-1].finish_reason)
+                continue
             if len(samples) != item.num_samples:
                 raise ValueError(
                     f"runner returned {len(samples)} samples for sequence {item.seq_id}, "
@@ -267,7 +273,7 @@ class Scheduler:
         requires), so that rows held in the batch cannot starve a prompt still to run; then one
         token for every decoding member and every padding row."""
         if not self._running:
-            self._release_padding_rows()  # normally none left: the last finish released them
+            release_padding_rows(self._kv, self._padding_rows)  # normally none left: the last finish released them
             form_batch(self._kv, self._waiting, self._running, self._config.max_batch_size)
         budget = self._config.max_num_tokens
         choices: list[_Choice] = []
@@ -305,17 +311,7 @@ class Scheduler:
         self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None
     ) -> tuple[int, ...]:
         owner = sequence.request_id if self.has_request(sequence.request_id) else None  # padding rows count for nobody
-        table = self._kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix, owner=owner)
-        if table is None:
-            raise RuntimeError(
-                f"static batch: no KV blocks for sequence {sequence.seq_id} despite its reservation"
-            )
-        return table
-
-    def _release_padding_rows(self) -> None:
-        for sequence in self._padding_rows:
-            self._kv.free(sequence.seq_id)
-            self._padding_rows.remove(sequence)
+        return allocate_reserved(self._kv, sequence, num_total_tokens, prefix, owner)
 
     def _num_batch_slots(self) -> int:
         return batch_slots(self._running)
@@ -352,7 +348,7 @@ class Scheduler:
         else:
             self._kv.free(sequence.seq_id)
         if self._static and not self._running:
-            self._release_padding_rows()  # the batch's longest request has ended
+            release_padding_rows(self._kv, self._padding_rows)  # the batch's longest request has ended
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
         del self._sequences[sequence.seq_id]

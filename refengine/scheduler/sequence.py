@@ -38,6 +38,8 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified so far
+    num_accepted_draft_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     _token_ids: list[int] = field(default_factory=list, repr=False)
@@ -136,3 +138,5 @@ class SequenceUpdate:
     new_token_ids: tuple[int, ...] = ()
     new_samples: tuple[SampledToken, ...] = ()
     finish_reason: FinishReason | None = None
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified in this step, and accepted
+    num_accepted_draft_tokens: int = 0

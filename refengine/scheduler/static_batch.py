@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from refengine.kv_cache import KVCacheManager
+from refengine.kv_cache import CachedPrefix, KVCacheManager
 from refengine.scheduler.admission import no_evict_allows
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import Sequence, SequenceStatus
@@ -71,3 +71,20 @@ def padding_row(sequence: Sequence, block_table: tuple[int, ...]) -> ScheduledSe
         num_output_tokens=sequence.num_output_tokens,
         token_history=tuple(sequence.token_ids) if params.needs_token_history else (),
     )
+
+
+def allocate_reserved(
+    kv: KVCacheManager, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None, owner: str | None
+) -> tuple[int, ...]:
+    """Slots within the batch's reservation: running out is a bug of the reservation, not a wait."""
+    table = kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix, owner=owner)
+    if table is None:
+        raise RuntimeError(f"static batch: no KV blocks for sequence {sequence.seq_id} despite its reservation")
+    return table
+
+
+def release_padding_rows(kv: KVCacheManager, padding_rows: SequenceQueue) -> None:
+    """The batch has ended: free its held rows' blocks."""
+    for sequence in padding_rows:
+        kv.free(sequence.seq_id)
+        padding_rows.remove(sequence)

@@ -64,6 +64,23 @@ class KVCacheMachine(RuleBasedStateMachine):
         self._write(seq_id, start)
         self.kv.cache_computed_blocks(seq_id, self.tokens[seq_id], len(self.tokens[seq_id]))
 
+    @rule(seq_id=sequences, drafts=st.lists(st.integers(0, 3), min_size=1, max_size=6), data=st.data())
+    def speculate_and_roll_back(self, seq_id, drafts, data):
+        """Speculative decoding: slots for k draft tokens, their K/V written, then the rejected
+        ones truncated away; the accepted ones stay part of the sequence."""
+        if seq_id is None or seq_id not in self.tokens:
+            return
+        start = len(self.tokens[seq_id])
+        if self.kv.allocate_slots(seq_id, start + len(drafts)) is None:
+            return
+        self.tokens[seq_id].extend(drafts)
+        self._write(seq_id, start)
+        accepted = data.draw(st.integers(0, len(drafts)))
+        del self.tokens[seq_id][start + accepted :]
+        self.kv.truncate(seq_id, start + accepted)
+        assert self.kv.num_slotted_tokens(seq_id) == start + accepted
+        self.kv.cache_computed_blocks(seq_id, self.tokens[seq_id], len(self.tokens[seq_id]))
+
     @rule(target=sequences, parent=sequences)
     def fork(self, parent):
         if parent is None or parent not in self.tokens:

@@ -168,3 +168,30 @@ def test_static_system_holds_each_batch_until_its_longest_request(built_default:
         workload.num_output_tokens / static.figures["generated_tokens_incl_padding_rows"], abs=1e-4)
     assert inflight.figures["generated_tokens_incl_padding_rows"] == workload.num_output_tokens
     assert inflight.figures["engine_steps"] < static.figures["engine_steps"]
+
+
+def test_speculative_bench_matches_plain_greedy_on_heldout_code(built_default: tuple[Path, Path], tmp_path: Path) -> None:
+    """`bench speculative` on the default model and its shipped draft: every held-out prompt's greedy
+    output is the plain engine's, token for token, for draft-target and n-gram speculation."""
+    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, render_markdown, run_speculative_bench
+    from pipeline.bench.speculative.engines import draft_variant, ngram_variant
+    from pipeline.bench.speculative.prompts import heldout_code_prompts
+    from pipeline.calibration import load_encoder
+
+    engine_dir, hf_dir = built_default
+    draft = DEFAULT_MODEL.parent / "tiny-stdlib-llama-draft"
+    variants = {
+        "plain": engine_dir,
+        "draft_model": draft_variant(engine_dir, tmp_path, draft, 3),
+        "ngram": ngram_variant(engine_dir, tmp_path, 3, 3),
+    }
+    encode, _ = load_encoder(hf_dir)
+    prompts = heldout_code_prompts(encode, 1, 8, 48)
+    options = SpeculativeBenchOptions(batch_sizes=(1, 8), max_tokens=24, max_draft_len=3, quick=True)
+    result = run_speculative_bench(variants, prompts, options)
+    for row in result["rows"]:
+        for name in ("draft_model", "ngram"):
+            assert row[name]["same_output_as_plain"], (row["batch_size"], name)
+            assert 0 < row[name]["acceptance_rate"] < 1
+    assert result["rows"][1]["requests"] == 8  # every held-out prompt at batch 8
+    assert "draft_model speed-up" in render_markdown(result)

@@ -244,3 +244,10 @@ def test_values_come_from_the_engine():
     assert values[("nv_trt_llm_request_metrics", "max")] == 8
     expected = {(f.name, v) for f in engine_metrics.FAMILIES for v in (f.label_values or (None,))}
     assert set(values) == expected
+
+
+def test_speculative_draft_tokens_are_counters():
+    engine = FakeEngine(counts=EngineStats(num_draft_tokens=12, num_accepted_draft_tokens=5))
+    values = engine_metrics.engine_values(engine, active_requests=0)
+    assert values[("trtllm_pipeline_draft_tokens_total", "drafted")] == 12
+    assert values[("trtllm_pipeline_draft_tokens_total", "accepted")] == 5

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console
+from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console, write_and_print
 
 RESULT_NAME = "bench-engine.json"
 HELP = "refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse"
@@ -34,12 +33,5 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
         EngineBenchOptions(num_requests=args.requests, quick=args.quick),
         progress=dim_lines(status),
     )
-    out = args.out or store.build_dir / RESULT_NAME
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    if args.json:
-        print(json.dumps(result, indent=1, sort_keys=True))
-    else:
-        print(render_markdown(result))
-        status.print(f"wrote {out}")
+    write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, render_markdown, status)
     return 0

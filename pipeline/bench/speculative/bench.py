@@ -1,0 +1,117 @@
+"""Speculative decoding on refengine: tokens/s with and without it, in one run, same prompts.
+
+For each batch size B (1, 4, 32) the same greedy workload (held-out code prompts, B x
+`rounds` requests with max_batch_size B, so B run concurrently) is run on the plain target and
+on each speculative variant, one after the other; outputs must equal the plain target's token
+for token (greedy speculation changes speed, not text), and the report says whether they did.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BATCH_SIZES = (1, 4, 32)
+
+
+@dataclass(frozen=True)
+class SpeculativeBenchOptions:
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
+    rounds: int = 4  # requests per batch slot: B * rounds requests at batch B (at least min_requests)
+    min_requests: int = 8
+    prompt_tokens: int = 64
+    max_tokens: int = 64
+    max_draft_len: int = 4
+    quick: bool = False
+    num_threads: int = 1  # torch threads for every system (small matmuls on shared cores: one is fastest)
+
+    def requests_at(self, batch_size: int) -> int:
+        if self.quick:
+            return max(2, batch_size)
+        return max(self.min_requests, batch_size * self.rounds) if batch_size < 32 else batch_size
+
+
+def run_system(engine_dir: Path, prompts: Sequence[Sequence[int]], batch_size: int, max_tokens: int) -> dict[str, Any]:
+    from refengine import LLMEngine, SamplingParams
+
+    engine = LLMEngine.from_engine_dir(engine_dir, max_batch_size=batch_size, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    started = time.perf_counter()
+    outputs = engine.generate(prompts, params)
+    seconds = time.perf_counter() - started
+    stats = engine.stats()
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {
+        "seconds": round(seconds, 3),
+        "generated_tokens": generated,
+        "tokens_per_second": round(generated / seconds, 2),
+        "engine_steps": stats.num_steps,
+        "draft_tokens": stats.num_draft_tokens,
+        "accepted_draft_tokens": stats.num_accepted_draft_tokens,
+        "acceptance_rate": round(stats.num_accepted_draft_tokens / stats.num_draft_tokens, 4) if stats.num_draft_tokens else None,
+        "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+    }
+
+
+def run_speculative_bench(
+    variants: dict[str, Path],
+    prompts: Sequence[Sequence[int]],
+    options: SpeculativeBenchOptions,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """`variants`: "plain" plus "draft_model" and/or "ngram" engine directories."""
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(options.num_threads)
+    try:
+        rows = [_row(variants, prompts, options, batch_size, progress) for batch_size in options.batch_sizes]
+    finally:
+        torch.set_num_threads(previous_threads)
+    return {
+        "variants": list(variants),
+        "max_draft_len": options.max_draft_len,
+        "prompt_tokens": options.prompt_tokens,
+        "max_tokens": options.max_tokens,
+        "torch_threads": options.num_threads,
+        "rows": rows,
+    }
+
+
+def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, progress) -> dict[str, Any]:
+    workload = [prompts[i % len(prompts)] for i in range(options.requests_at(batch_size))]
+    row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
+    for name, engine_dir in variants.items():
+        progress(f"batch {batch_size}: {name} ({len(workload)} requests)")
+        row[name] = run_system(engine_dir, workload, batch_size, options.max_tokens)
+    plain = row["plain"]
+    for name in variants:
+        if name == "plain":
+            continue
+        result = row[name]
+        result["speedup"] = round(result["tokens_per_second"] / plain["tokens_per_second"], 3)
+        result["same_output_as_plain"] = result["outputs"] == plain["outputs"]
+        result["tokens_per_target_step"] = round(result["generated_tokens"] / result["engine_steps"], 3)
+    for name in variants:
+        row[name].pop("outputs")
+    return row
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    names = [name for name in result["variants"] if name != "plain"]
+    header = "| batch | requests | plain tok/s | " + " | ".join(
+        f"{n} tok/s | {n} speed-up | {n} acceptance | {n} tokens/step | {n} = plain" for n in names
+    ) + " |"
+    lines = [header, "|" + "---|" * (3 + 5 * len(names))]
+    for row in result["rows"]:
+        cells = [str(row["batch_size"]), str(row["requests"]), f"{row['plain']['tokens_per_second']:.1f}"]
+        for name in names:
+            r = row[name]
+            rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+            cells += [f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x", rate, f"{r['tokens_per_target_step']:.2f}",
+                      "yes" if r["same_output_as_plain"] else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""`trtllm-pipeline bench speculative CONFIG`: arguments and command of the speculative benchmark (bench.py).
+
+What is compared: the built target without speculation, and each speculative variant asked for —
+the build's own (an engine directory whose config.json carries `refengine_speculative`, i.e. a
+spec with a speculative section), `--draft DIR` (a Hugging Face draft sharing the target's
+tokenizer, or a CPU engine directory) and `--ngram` (prompt lookup).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console, write_and_print
+from pipeline.errors import SpecError
+
+RESULT_NAME = "bench-speculative.json"
+HELP = "refengine tokens/s with and without speculative decoding (draft-target, n-gram) at batch 1, 4, 32"
+CONFIG_HELP = "build config YAML (target cpu)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft", type=Path, help="draft model directory (Hugging Face, same tokenizer) for draft-target speculation")
+    parser.add_argument("--ngram", action="store_true", help="also measure n-gram (prompt-lookup) speculation")
+    parser.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step for --draft / --ngram (default 4)")
+    parser.add_argument("--ngram-size", type=int, default=3, help="max_matching_ngram_size for --ngram (default 3)")
+    parser.add_argument("--batch-sizes", default="1,4,32", help="comma-separated batch sizes (default 1,4,32)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    if not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+        raise SpecError(f"--batch-sizes takes positive integers separated by commas, got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
+    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, render_markdown, run_speculative_bench
+    from pipeline.bench.speculative.engines import draft_variant, ngram_variant, plain_variant, speculative_kind
+    from pipeline.bench.speculative.prompts import heldout_code_prompts
+    from pipeline.calibration import load_tokenizer
+    from pipeline.stages.build import ENGINE_DIR
+    from pipeline.stages.prepare import checkpoint_dir
+
+    batch_sizes = _batch_sizes(args.batch_sizes)  # before building: a typo should not cost a build
+    if args.max_draft_len < 1:
+        raise SpecError(f"--max-draft-len must be >= 1, got {args.max_draft_len}")
+    if args.draft is not None and not (args.draft / "config.json").is_file():
+        raise SpecError(f"--draft {args.draft}: no config.json there (a Hugging Face model or CPU engine directory)")
+    _, store, results = build_for_bench(args, build_cpu_target, "bench speculative", "build")
+    engine_dir = results["build"].ref.path / ENGINE_DIR
+    work = store.build_dir / "bench-speculative"
+    variants = {"plain": plain_variant(engine_dir, work)}
+    built = speculative_kind(engine_dir)
+    if built is not None:
+        variants[built] = engine_dir
+    if args.draft is not None:
+        variants["draft_model"] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len)
+    if args.ngram:
+        variants["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
+    if len(variants) == 1:
+        raise SpecError("bench speculative: nothing to compare; pass --draft DIR and/or --ngram (or build with a speculative section)")
+    tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))
+    options = SpeculativeBenchOptions(batch_sizes=batch_sizes, max_tokens=args.max_tokens, max_draft_len=args.max_draft_len, quick=args.quick)
+    prompts = heldout_code_prompts(
+        lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.bos_token_id, 8, options.prompt_tokens
+    )
+    status = status_console()
+    result = run_speculative_bench(variants, prompts, options, progress=dim_lines(status))
+    write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, render_markdown, status)
+    return 0

@@ -1,0 +1,98 @@
+"""Draft-target drafting: a smaller model that shares the target's tokenizer proposes k tokens.
+
+The draft has a paged KV cache of its own (its own block pool, the target's tokens_per_block),
+kept in step with each target sequence without being told what happened to it: it remembers
+which tokens its cache holds per sequence, and before proposing keeps only the longest common
+prefix with the sequence's current tokens (rejected drafts, a preemption, a different
+continuation all roll back the same way: `KVCacheManager.truncate`), then computes the tokens it
+is missing (the accepted drafts' correction, or the whole prompt the first time) and decodes k
+tokens, batched over the step's sequences: k forward passes of the draft per target step.
+
+Greedy requests take the draft's argmax (q is then one-hot). Sampled ones draw from the draft's
+own temperature / top-k / top-p distribution q, returned with the tokens for rejection sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from refengine.kv_cache import KVCacheManager
+from refengine.model_runner import DecoderModel, build_attention_metadata
+from refengine.model_runner.sampler import draw, draw_seed, sampling_probs
+from refengine.speculative.planner import Draft, DraftRequest
+
+
+class DraftModelDrafter:
+    def __init__(self, model: DecoderModel, num_blocks: int, tokens_per_block: int) -> None:
+        self.model = model
+        self._tokens_per_block = tokens_per_block
+        self._kv = KVCacheManager(num_blocks, tokens_per_block)
+        self._kv_caches = model.kv_cache_layout.allocate(num_blocks, tokens_per_block)
+        self._cached: dict[int, list[int]] = {}  # seq_id -> tokens whose K/V the draft cache holds
+
+    @property
+    def kv_cache(self) -> KVCacheManager:
+        return self._kv
+
+    def release(self, seq_ids: Iterable[int]) -> None:
+        for seq_id in seq_ids:
+            self._cached.pop(seq_id, None)
+            self._kv.free(seq_id)
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[int, Draft]:
+        active: list[tuple[DraftRequest, list[int], int]] = []  # (request, tokens to feed, their first position)
+        for request in requests:
+            kept = self._roll_back(request.seq_id, request.token_ids)
+            if self._kv.allocate_slots(request.seq_id, len(request.token_ids) + request.num_draft_tokens - 1) is None:
+                self.release([request.seq_id])  # no room in the draft's cache: no draft this step
+                continue
+            active.append((request, list(request.token_ids[kept:]), kept))
+        tokens: dict[int, list[int]] = {request.seq_id: [] for request, _, _ in active}
+        probs: dict[int, list[torch.Tensor]] = {request.seq_id: [] for request, _, _ in active}
+        while active:
+            metadata = build_attention_metadata(
+                [len(feed) for _, feed, _ in active],
+                [start for _, _, start in active],
+                [self._kv.block_table(request.seq_id) for request, _, _ in active],
+                self._tokens_per_block,
+            )
+            input_ids = torch.tensor([t for _, feed, _ in active for t in feed], dtype=torch.int64)
+            hidden = self.model.forward(input_ids, self._kv_caches, metadata, last_token_of=list(range(len(active))))
+            logits = self.model.compute_logits(hidden)
+            following = []
+            for (request, feed, start), row in zip(active, logits):
+                self._cached[request.seq_id].extend(feed)
+                position = start + len(feed)
+                token, q = self._choose(row, request, position)
+                tokens[request.seq_id].append(token)
+                if q is not None:
+                    probs[request.seq_id].append(q)
+                if len(tokens[request.seq_id]) < request.num_draft_tokens:
+                    following.append((request, [token], position))
+            active = following
+        return {
+            seq_id: Draft(tuple(drafted), torch.stack(probs[seq_id]) if probs[seq_id] else None)
+            for seq_id, drafted in tokens.items()
+        }
+
+    def _roll_back(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """Keep the cached tokens that still start the sequence (at least its last token is fed)."""
+        cached = self._cached.setdefault(seq_id, [])
+        limit = min(len(cached), len(token_ids) - 1)
+        kept = limit if list(token_ids[:limit]) == cached[:limit] else 0
+        while kept < limit and cached[kept] == token_ids[kept]:
+            kept += 1
+        del cached[kept:]
+        self._kv.truncate(seq_id, kept)
+        return kept
+
+    @staticmethod
+    def _choose(row: torch.Tensor, request: DraftRequest, position: int) -> tuple[int, torch.Tensor | None]:
+        params = request.params
+        if params.is_greedy:
+            return int(torch.argmax(row)), None
+        q = sampling_probs(row, params)
+        return draw(q, draw_seed(request.sampling_seed, request.sample_index, position, "draft")), q

@@ -1,0 +1,37 @@
+"""Building the drafter an engine directory asks for (`refengine_speculative`, settings.py)."""
+
+from __future__ import annotations
+
+from refengine.checkpoint import EngineDirectory, load_engine_dir
+from refengine.config import EngineConfig
+from refengine.model_runner import load_model, torch_dtype
+from refengine.speculative.draft_model import DraftModelDrafter
+from refengine.speculative.ngram import NGramDrafter
+from refengine.speculative.planner import Drafter
+from refengine.speculative.settings import SpeculativeSettings, check_draft_fits, read_speculative_settings
+
+
+def speculative_settings(engine: EngineDirectory) -> SpeculativeSettings | None:
+    return read_speculative_settings(engine.directory, engine.raw_config, engine.build_config)
+
+
+def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config: EngineConfig) -> Drafter:
+    """The n-gram drafter, or the draft model loaded with a KV cache for max_batch_size sequences
+    of max_seq_len + max_draft_len tokens (the positions a draft can reach)."""
+    if settings.kind == "ngram":
+        return NGramDrafter(settings.max_matching_ngram_size)
+    if settings.draft_engine_dir is None:  # read_speculative_settings guarantees it for draft_model
+        raise ValueError("draft_model settings without a draft_engine_dir")
+    draft = load_engine_dir(settings.draft_engine_dir)
+    check_draft_fits(
+        engine.directory,
+        engine.checkpoint.config.vocab_size,
+        config.max_seq_len,
+        draft.directory,
+        draft.checkpoint.config.vocab_size,
+        draft.build_config,
+        settings.max_draft_len,
+    )
+    model = load_model(draft.checkpoint, torch_dtype(config.compute_dtype))
+    blocks_per_sequence = -(-(config.max_seq_len + settings.max_draft_len) // config.tokens_per_block)
+    return DraftModelDrafter(model, config.max_batch_size * blocks_per_sequence, config.tokens_per_block)

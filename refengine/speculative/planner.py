@@ -1,0 +1,98 @@
+"""Adding draft tokens to a scheduled step (inflight batching: other sequences run beside them).
+
+After the scheduler has chosen the step, every sequence about to sample one token may instead
+verify k draft tokens in the same forward pass: its scheduled tokens become the last real token
+plus the drafts. k is the request's `num_draft_tokens` (default: the engine's max_draft_len),
+cut to the step's remaining `max_num_tokens`, to `max_tokens` (a step yields at most k + 1
+tokens, so no draft is ever made past the request's end, nor past max_seq_len, which admission
+already checked against prompt + max_tokens) and to the KV blocks the sequence can get without
+preempting anyone (no blocks: no drafts this step). Not drafted: a step drawing the first
+tokens of n > 1 samples (they fork after it) and requests returning context logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from refengine.sampling import SamplingParams
+from refengine.step_messages import ScheduledSequence, SchedulerOutput
+
+if TYPE_CHECKING:
+    from refengine.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    seq_id: int
+    token_ids: tuple[int, ...]  # prompt + output; the target computes the last one this step
+    num_draft_tokens: int
+    params: SamplingParams
+    sampling_seed: int
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    token_ids: tuple[int, ...]
+    probs: torch.Tensor | None = None  # [k, vocab]: what each token was drawn from; None: deterministic
+
+
+class Drafter(Protocol):
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[int, Draft]: ...
+
+    def release(self, seq_ids: Iterable[int]) -> None:
+        """Forget finished or preempted sequences (a draft model frees their KV blocks)."""
+
+
+class Speculator:
+    def __init__(self, drafter: Drafter, max_draft_len: int, max_num_tokens: int) -> None:
+        self.drafter = drafter
+        self.max_draft_len = max_draft_len
+        self._max_num_tokens = max_num_tokens
+
+    def add_drafts(self, output: SchedulerOutput, scheduler: Scheduler) -> SchedulerOutput:
+        self.drafter.release(output.preempted_seq_ids + output.finished_seq_ids)
+        budget = self._max_num_tokens - output.num_scheduled_tokens
+        requests = []
+        for item in output.scheduled:
+            sequence = scheduler.get_sequence(item.seq_id)
+            if budget <= 0 or sequence is None or item.num_samples != 1 or item.sampling_params.return_context_logits:
+                continue
+            params = item.sampling_params
+            wanted = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
+            k = min(wanted, params.max_tokens - item.num_output_tokens - 1, budget)
+            if k <= 0:
+                continue
+            budget -= k
+            requests.append(
+                DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index)
+            )
+        if not requests:
+            return output
+        drafts = self.drafter.propose(requests)
+        scheduled = [self._with_draft(item, drafts.get(item.seq_id), scheduler) for item in output.scheduled]
+        # (Copy-on-write happened for the step's first token already; kept for safety.)
+        copies = output.block_copies + tuple(scheduler.kv_cache.take_block_copies())
+        return dataclasses.replace(output, scheduled=tuple(scheduled), block_copies=copies)
+
+    @staticmethod
+    def _with_draft(item: ScheduledSequence, draft: Draft | None, scheduler: Scheduler) -> ScheduledSequence:
+        if draft is None or not draft.token_ids:
+            return item
+        sequence = scheduler.get_sequence(item.seq_id)
+        owner = sequence.request_id if sequence is not None else None
+        table = scheduler.kv_cache.allocate_slots(item.seq_id, item.num_total_tokens + len(draft.token_ids), owner=owner)
+        if table is None:
+            return item
+        return dataclasses.replace(
+            item,
+            new_token_ids=item.new_token_ids + draft.token_ids,
+            block_table=table,
+            draft_token_ids=draft.token_ids,
+            draft_probs=draft.probs,
+        )
