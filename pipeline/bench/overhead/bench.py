@@ -47,10 +47,10 @@ from pipeline.bench.overhead.paths import (
     InProcessLoop,
     MeasuredPath,
     Tokenizer,
-    run_part,
 )
 from pipeline.bench.overhead.recipe import recipe
 from pipeline.bench.overhead.records import InProcessSetup, OverheadOptions, ServerSitting
+from pipeline.bench.overhead.rounds import run_part
 from pipeline.config.spec import DeploySpec
 from pipeline.errors import StageError
 from pipeline.loadtest.serving import LOOPBACK, free_ports, server_version
@@ -173,7 +173,7 @@ def measure_served(
     try:
         startup_s, version = _start(server, options, say)
         workers = functools.partial(_workers, local=local, loop=loop, server_options=server_options, prompt=options.prompt)
-        common = {"server_pgid": server.pid, "say": say, "all_workers": open_workers}
+        common = {"server_pgid": server.pid, "say": say, "all_workers": open_workers, "stats_url": server_options.http_url}
         say(f"(1) 1-token requests: {options.requests} per path after {options.warmup} warm-up, "
             f"{options.concurrency} caller(s), {options.rounds} rounds")
         single = run_part(
