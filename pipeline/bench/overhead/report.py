@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.bench.overhead.sweep import sweep_table
+
 
 def _f(value: Any, digits: int = 2) -> str:
     if value is None:
@@ -12,7 +14,8 @@ def _f(value: Any, digits: int = 2) -> str:
 
 
 def render_serve_markdown(result: dict[str, Any]) -> str:
-    lines = _header(result["recipe"]) + _single_token_table(result) + _streaming_table(result) + breakdown_table(result) + _checks(result)
+    lines = _header(result["recipe"]) + _single_token_table(result) + _streaming_table(result) + breakdown_table(result)
+    lines += sweep_table(result.get("sweep", {}).get("rows", []), result["streaming"]["tokens"]) + _checks(result)
     return "\n".join(lines)
 
 
