@@ -121,7 +121,8 @@ def _assert_breakdown(result: dict, table: str) -> None:
         assert stats[model]["requests_per_request"] == 1 and stats[model]["compute_infer_us"] > 0
     assert set(single["grpc_bls"]["model_stats_per_request"]) == {"preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
     streamed = {row["path"]: row for row in result["streaming"]["rows"]}["grpc_ensemble_streamed"]["model_stats_per_request"]
-    assert streamed["postprocessing"]["requests_per_request"] == 8  # once per streamed token
+    # once per streamed token (a call still being recorded after the settling wait lands in the next round)
+    assert streamed["postprocessing"]["requests_per_request"] == pytest.approx(8, abs=0.5)
     assert "(3) Where the server's time goes" in table and "| (2) | ensemble, gRPC, `stream=true` |" in table
 
 

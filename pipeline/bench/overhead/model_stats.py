@@ -13,6 +13,7 @@ process-group CPU figure has it). The ensemble's own entry sums its steps' times
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -27,6 +28,20 @@ def snapshot(http_url: str, timeout: float = 10.0) -> Snapshot:
     with urllib.request.urlopen(f"{http_url}/v2/models/stats", timeout=timeout) as response:
         document = json.loads(response.read())
     return {entry["name"]: _counters(entry) for entry in document.get("model_stats", [])}
+
+
+def settled_snapshot(http_url: str, *, interval_s: float = 0.02, attempts: int = 10) -> Snapshot:
+    """A snapshot once two in a row agree: Triton records a request's statistics after its
+    response went out, so the last calls of a round can still be counting when the client has
+    its answer."""
+    current = snapshot(http_url)
+    for _ in range(attempts):
+        time.sleep(interval_s)
+        again = snapshot(http_url)
+        if again == current:
+            break
+        current = again
+    return current
 
 
 def _counters(entry: dict[str, Any]) -> dict[str, int]:

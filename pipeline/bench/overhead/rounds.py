@@ -35,7 +35,7 @@ def _run_round(workers: list, count: int, tally: _Tally, server_pgid: int | None
     before = model_stats.snapshot(stats_url) if stats_url else None
     _timed_round(workers, count, tally, server_pgid)
     if stats_url:
-        model_stats.add_difference(tally.model_stats, before, model_stats.snapshot(stats_url))
+        model_stats.add_difference(tally.model_stats, before, model_stats.settled_snapshot(stats_url))
 
 
 def _timed_round(workers: list, count: int, tally: _Tally, server_pgid: int | None) -> None:
