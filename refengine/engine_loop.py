@@ -2,7 +2,9 @@
 
 `submit` may be called from any thread; it returns a `RequestStream` that yields the request's
 outputs as they are produced (and ends after the finished one). This is what a Triton Python
-model (decoupled, streaming) wraps.
+model (decoupled, streaming) wraps. A caller that serves many requests from a few threads of its
+own passes `on_output` instead: the loop's thread then hands it each output (or the error that
+ended the request) as it is produced, and the stream is not iterated.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from refengine.engine import LLMEngine
 from refengine.outputs import RequestOutput
@@ -22,12 +24,16 @@ _IDLE_WAIT_SECONDS = 0.05
 class RequestStream:
     """Outputs of one submitted request, in order; iterate it, or call `result()`."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> None:
         self.request_id = request_id
         self._queue: queue.Queue[RequestOutput | BaseException] = queue.Queue()
+        self._on_output = on_output
 
     def _put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put(item)
+        if self._on_output is not None:
+            self._on_output(item)
+        else:
+            self._queue.put(item)
 
     def __iter__(self) -> Iterator[RequestOutput]:
         while True:
@@ -88,10 +94,20 @@ class EngineLoop:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> RequestStream:
-        """Queue a request (thread-safe). Raises `InvalidRequestError` for a bad input."""
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        on_output: Callable[[RequestOutput | BaseException], None] | None = None,
+    ) -> RequestStream:
+        """Queue a request (thread-safe). Raises `InvalidRequestError` for a bad input.
+
+        `on_output`, if given, is called on the loop's thread with every output of the request
+        (the last one finished) or the exception that ended it; it must be quick (hand the item
+        to another thread) and must not raise."""
         request_id = f"loop-{next(self._ids)}"
-        stream = RequestStream(request_id)
+        stream = RequestStream(request_id, on_output)
         with self._streams_lock:  # registered before the engine can produce its first output
             self._streams[request_id] = stream
         try:

@@ -33,10 +33,18 @@ def streamed_arrays(
     """The response for the tokens `completion` gained since the previous one (`context_logits`:
     the request's, when this response carries them)."""
     new_ids = list(completion.new_token_ids)
-    earlier = list(request.prompt_ids) + list(completion.token_ids[: len(completion.token_ids) - len(new_ids)])
-    arrays = _arrays(request, completion, new_ids, earlier[-CONTEXT_TOKENS:], len(new_ids), metrics)
+    arrays = _arrays(request, completion, new_ids, _context_before(request, completion, len(new_ids)), len(new_ids), metrics)
     rows = completion.new_generation_logits
     return arrays | _logit_arrays(request, context_logits, None if rows is None or not rows.numel() else rows.numpy())
+
+
+def _context_before(request: GenerateRequest, completion: CompletionOutput, new: int) -> list[int]:
+    """The last CONTEXT_TOKENS tokens (prompt, then generated) before the `new` newest ones, in
+    O(CONTEXT_TOKENS): a streamed request asks for it with every response."""
+    generated_before = len(completion.token_ids) - new
+    context = list(completion.token_ids[max(0, generated_before - CONTEXT_TOKENS) : generated_before])
+    missing = CONTEXT_TOKENS - len(context)
+    return (list(request.prompt_ids[-missing:]) + context) if missing else context
 
 
 def final_arrays(

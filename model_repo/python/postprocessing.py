@@ -17,13 +17,17 @@ Cancellation: Triton 2.51 does not tell an in-flight decoupled model of an ensem
 client cancelled; it does mark the following postprocessing requests cancelled. This model then
 sends TensorRT-LLM's `stop` request (same request id) to the LLM model so it ends the generation
 and frees its KV cache. That needs the client to give each request a unique id (gRPC streams do,
-to tell their responses apart).
+to tell their responses apart). `is_cancelled()` is a round trip to the server, so it is asked at
+most once per `cancellation_check_period_ms` (100) per request id, as the LLM model polls its own
+requests, not for every streamed token; the first response of a request is not checked (it may
+be the only one, and a cancellation is acted on with the next response after the period).
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -31,7 +35,7 @@ from deferred_release import DeferredRelease
 from hf_tokenizer import HFTokenizer
 from incremental_detokenizer import text_delta
 from model_parameters import ModelParameters
-from triton_io import BadRequest, error_response, log_error, optional_input, required_input, send_stop, string_tensor
+from triton_io import BadRequest, error_response, input_arrays, log_error, required_array, send_stop, string_tensor
 
 _REMEMBERED_STOPS = 1024
 
@@ -43,6 +47,8 @@ class TritonPythonModel:
         self.skip_special_tokens = parameters.boolean("skip_special_tokens", True)
         self.llm_model_name = parameters.string("llm_model_name", "tensorrt_llm")
         self._stopped_request_ids = collections.deque(maxlen=_REMEMBERED_STOPS)
+        self._check_period_s = parameters.integer("cancellation_check_period_ms", 100) / 1000.0
+        self._next_check: collections.OrderedDict[str, float] = collections.OrderedDict()  # request id → when to ask again
         self._finished_calls = DeferredRelease()  # the stop calls' responses (triton_io.send_stop)
 
     def execute(self, requests):
@@ -50,7 +56,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                if request.is_cancelled():
+                if self._cancellation_due(request.request_id()) and request.is_cancelled():
                     self._stop_generation(request.request_id())
                 # A cancelled request still gets an ordinary response: the client is gone, and an
                 # error from a composing model leaves Triton 2.51's ensemble with an in-flight
@@ -63,13 +69,28 @@ class TritonPythonModel:
                 responses.append(error_response(f"postprocessing failed: {error}", pb_utils.TritonError.INTERNAL))
         return responses
 
+    def _cancellation_due(self, request_id):
+        """Whether to ask the server if this request was cancelled (see the module docstring)."""
+        if not request_id:
+            return False  # a stop request needs the id
+        now = time.monotonic()
+        due = self._next_check.get(request_id)
+        if due is not None and now < due:
+            return False
+        self._next_check[request_id] = now + self._check_period_s
+        self._next_check.move_to_end(request_id)
+        while len(self._next_check) > _REMEMBERED_STOPS:
+            self._next_check.popitem(last=False)
+        return due is not None
+
     def _decode(self, token_ids):
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
     def _postprocess(self, request):
-        tokens = _three_dimensional(required_input(request, "TOKENS_BATCH"), "TOKENS_BATCH")
-        lengths = required_input(request, "SEQUENCE_LENGTH").reshape(tokens.shape[0], -1)
-        preceding = optional_input(request, "PRECEDING_IDS")
+        inputs = input_arrays(request)
+        tokens = _three_dimensional(required_array(inputs, "TOKENS_BATCH"), "TOKENS_BATCH")
+        lengths = required_array(inputs, "SEQUENCE_LENGTH").reshape(tokens.shape[0], -1)
+        preceding = inputs.get("PRECEDING_IDS")
         if preceding is not None:
             preceding = _three_dimensional(preceding, "PRECEDING_IDS")
         texts = []  # flat, row by row then beam by beam: wire shape [beams] for one row, as NVIDIA's postprocessing
@@ -80,7 +101,8 @@ class TritonPythonModel:
                 if preceding is None:
                     texts.append(self._decode(new_ids))
                 else:
-                    context = [int(t) for t in preceding[row, beam] if t >= 0]
+                    context = preceding[row, beam]
+                    context = context[context >= 0].tolist()
                     texts.append(text_delta(self._decode, context, new_ids))
         return pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", texts)])
 

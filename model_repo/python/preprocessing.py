@@ -23,7 +23,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from hf_tokenizer import HFTokenizer
 from model_parameters import ModelParameters
-from triton_io import BadRequest, as_text, batch_size_of, error_response, log_error, optional_input, required_input, scalar_per_row
+from triton_io import BadRequest, as_text, batch_size_of, error_response, input_arrays, log_error, required_array, scalar_per_row
 from word_lists import to_word_list_batch
 
 TRITON_RESERVED_PREFIX = "triton_"
@@ -40,6 +40,9 @@ class TritonPythonModel:
         self.max_word_bytes = parameters.integer("max_word_bytes", 0)
         if self.tokenizer.eos_id is None:
             raise ValueError(f"tokenizer in {self.tokenizer.directory} defines no eos_token; end_id cannot be derived")
+        # What a request without word lists or biases gets, built once (outputs are read-only to Triton).
+        self._no_words = to_word_list_batch([[]])
+        self._no_bias = np.zeros((1, 0), dtype=np.float32)
 
     def execute(self, requests):
         responses = []
@@ -55,16 +58,17 @@ class TritonPythonModel:
 
     def _preprocess(self, request):
         _refuse_unknown_parameters(request)
-        queries = required_input(request, "QUERY", "text_input")
+        inputs = input_arrays(request)
+        queries = required_array(inputs, "QUERY", "text_input")
         batch = batch_size_of(queries, "text_input")
         rows = scalar_per_row(queries, batch, "text_input")
         for value in rows:
             self._check_bytes(value, "text_input", self.max_prompt_bytes, f"more than the engine's max_input_len {self.max_input_len} tokens can hold")
         texts = [as_text(value, "text_input") for value in rows]
-        _refuse_decoder_query(request)
-        output_lens = scalar_per_row(required_input(request, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens")
-        end_ids = scalar_per_row(optional_input(request, "END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch
-        pad_ids = scalar_per_row(optional_input(request, "PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch
+        _refuse_decoder_query(inputs)
+        output_lens = scalar_per_row(required_array(inputs, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens")
+        end_ids = scalar_per_row(inputs.get("END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch
+        pad_ids = scalar_per_row(inputs.get("PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch
 
         prompts = [self._encode_prompt(text) for text in texts]
         for prompt, output_len in zip(prompts, output_lens):
@@ -83,9 +87,9 @@ class TritonPythonModel:
             pb_utils.Tensor("DECODER_INPUT_ID", column(pad_ids)),
             pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", column([1] * batch)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(output_lens)),
-            pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", "bad_words", batch)),
-            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", "stop_words", batch)),
-            pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(request, batch)),
+            pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(inputs, "BAD_WORDS_DICT", "bad_words", batch)),
+            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(inputs, "STOP_WORDS_DICT", "stop_words", batch)),
+            pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(inputs, batch)),
             pb_utils.Tensor("OUT_END_ID", column(end_ids)),
             pb_utils.Tensor("OUT_PAD_ID", column(pad_ids)),
         ]
@@ -122,13 +126,13 @@ class TritonPythonModel:
                 f"max_seq_len {self.max_seq_len} - {prompt_len} = {room}"
             )
 
-    def _embedding_bias(self, request, batch):
+    def _embedding_bias(self, inputs, batch):
         """[batch, vocab] logit biases from words and weights (each word's first token gets its
         weight, as NVIDIA's preprocessing does); [batch, 0] without them."""
-        words = optional_input(request, "EMBEDDING_BIAS_WORDS")
-        weights = optional_input(request, "EMBEDDING_BIAS_WEIGHTS")
+        words = inputs.get("EMBEDDING_BIAS_WORDS")
+        weights = inputs.get("EMBEDDING_BIAS_WEIGHTS")
         if words is None and weights is None:
-            return np.zeros((batch, 0), dtype=np.float32)
+            return self._no_bias if batch == 1 else np.zeros((batch, 0), dtype=np.float32)
         if words is None or weights is None:
             missing = "embedding_bias_words" if words is None else "embedding_bias_weights"
             raise BadRequest(f"{missing} is missing: embedding_bias_words and embedding_bias_weights go together")
@@ -147,10 +151,10 @@ class TritonPythonModel:
                     bias[row, ids[0]] += float(weight)
         return bias
 
-    def _word_lists(self, request, name, client_name, batch):
-        words = optional_input(request, name)
+    def _word_lists(self, inputs, name, client_name, batch):
+        words = inputs.get(name)
         if words is None:
-            return to_word_list_batch([[] for _ in range(batch)])
+            return self._no_words if batch == 1 else to_word_list_batch([[] for _ in range(batch)])
         if words.ndim != 2 or words.shape[0] != batch:
             raise BadRequest(f"{client_name} must have shape [batch, n], got {list(words.shape)}")
         for row in words:
@@ -176,7 +180,7 @@ def _refuse_unknown_parameters(request):
         )
 
 
-def _refuse_decoder_query(request):
-    decoder_query = optional_input(request, "DECODER_QUERY")
+def _refuse_decoder_query(inputs):
+    decoder_query = inputs.get("DECODER_QUERY")
     if decoder_query is not None and any(as_text(value, "decoder_text_input") for value in decoder_query.reshape(-1)):
         raise BadRequest("decoder_text_input: the engine is decoder-only; decoder_text_input is for encoder-decoder models")

@@ -14,6 +14,7 @@ Pure Python (the sender is duck-typed), so the ordering is testable without Trit
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -158,3 +159,36 @@ class CancellationWatcher:
                     self._every_period()
                 except Exception as error:
                     self._on_error(f"periodic task failed: {type(error).__name__}: {error}")
+
+
+class WorkerThreads:
+    """Runs each job on a thread of its own, reusing threads whose job has ended: a request served
+    on its own thread (the BLS) costs a queue hand-off instead of a `Thread.start`, which waits
+    until the new thread holds the GIL. Unbounded (a new thread when none is idle), daemon threads."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def run(self, job: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            reuse = self._idle > 0
+            if reuse:
+                self._idle -= 1  # that idle thread takes exactly one job off the queue
+        if reuse:
+            self._jobs.put((job, args))
+        else:
+            threading.Thread(target=self._work, args=((job, args),), name=self._name, daemon=True).start()
+
+    def _work(self, item: tuple[Callable[..., None], tuple]) -> None:
+        while True:
+            job, args = item
+            try:
+                job(*args)
+            except Exception:  # a job reports its own errors; the thread must survive it
+                pass
+            with self._lock:
+                self._idle += 1
+            item = self._jobs.get()

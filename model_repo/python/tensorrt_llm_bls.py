@@ -5,8 +5,9 @@ the ensemble's client inputs and outputs. The BLS accumulates each sequence's to
 postprocessing the tokens that precede every new batch, so streamed deltas keep their spaces and
 whole UTF-8 characters on either LLM variant (the `tensorrtllm` C++ backend included).
 
-Each request runs on its own thread, so one instance serves many requests at once (Triton 2.51's
-Python backend accepts BLS calls from threads the model starts). A watcher thread polls each
+Each request runs on its own thread (reused from ended requests: WorkerThreads), so one instance
+serves many requests at once (Triton 2.51's Python backend accepts BLS calls from threads the model
+starts). A watcher thread polls each
 request's cancellation every `cancellation_check_period_ms` (100 by default), streamed or not, and
 forwards a client cancellation to tensorrt_llm as TensorRT-LLM's `stop` request with this BLS's
 unique request id, which ends the generation and frees its KV cache. The response sender is owned
@@ -33,9 +34,9 @@ from deferred_release import DeferredRelease
 from incremental_detokenizer import CONTEXT_TOKENS
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
-from response_channel import CancellationWatcher, ResponseChannel
+from response_channel import CancellationWatcher, ResponseChannel, WorkerThreads
 from speculative_loop import draft_target_generate
-from triton_io import BadRequest, error_response, log_error, optional_input, requested_outputs, send_stop, string_tensor
+from triton_io import BadRequest, error_response, input_arrays, log_error, optional_input, requested_outputs, send_stop, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
@@ -89,11 +90,12 @@ class TritonPythonModel:
             every_period=self._finished_calls.release_due,
             name="tensorrt_llm_bls-watch",
         ).start()
+        self._workers = WorkerThreads("tensorrt_llm_bls-request")
 
     def execute(self, requests):
         for request in requests:
             channel = ResponseChannel(request.get_response_sender(), FINAL)
-            threading.Thread(target=self._serve, args=(request, channel), daemon=True).start()
+            self._workers.run(self._serve, request, channel)
         return None
 
     def finalize(self):
@@ -231,7 +233,7 @@ class TritonPythonModel:
         return tokens
 
     def _client_inputs(self, request):
-        client = {name: array for name in self._wiring.client_inputs if (array := optional_input(request, name)) is not None}
+        client = input_arrays(request, self._wiring.client_inputs)
         for required in ("text_input", "max_tokens"):
             if required not in client:
                 raise BadRequest(f"input {required!r} is required")

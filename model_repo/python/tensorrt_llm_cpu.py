@@ -4,9 +4,12 @@ by the project's reference engine (refengine) with inflight batching.
 - `initialize` loads the engine directory named by the `engine_dir` parameter and starts an
   `EngineLoop` (engine steps on a background thread).
 - `execute` reads every input its contract.json declares (written by the package stage from the
-  source config.pbtxt is rendered from), validates and submits; one relay thread per request turns
-  the engine's outputs into responses: one per new token batch when `streaming`, one final
-  response otherwise. The last response carries the FINAL flag.
+  source config.pbtxt is rendered from), validates and submits. The engine loop hands each output
+  to one of a few relay threads started in `initialize` (a request's outputs always to the same
+  one, so they stay in order), which turns it into responses: one per new token batch when
+  `streaming`, one final response otherwise. The last response carries the FINAL flag. No thread
+  is started per request: `Thread.start` waits until the new thread holds the GIL, which the
+  engine loop's step holds for milliseconds (it was most of `execute`'s time, measured).
 - Cancellation: a watcher thread polls each in-flight request's `is_cancelled()` every
   `cancellation_check_period_ms` and aborts it in the engine, which frees its KV blocks. Each
   request's sender is owned by a `ResponseChannel`, which never polls after the final response
@@ -21,7 +24,9 @@ by the project's reference engine (refengine) with inflight batching.
 
 from __future__ import annotations
 
+import itertools
 import json
+import queue
 import threading
 
 import triton_python_backend_utils as pb_utils
@@ -31,25 +36,37 @@ from llm_response import final_arrays, streamed_arrays
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
-from triton_io import arrays_response, error_response, log_error, optional_input, requested_outputs
+from triton_io import arrays_response, error_response, input_arrays, log_error, requested_outputs
 
 from refengine import EngineLoop, InvalidRequestError, LLMEngine
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Responses are sent by this many threads: a send waits for the server (an IPC round trip), so a
+# few let concurrent requests' sends overlap.
+RELAY_THREADS = 4
 
 
 class _InFlight:
-    """One submitted generation (a row of a Triton request): its engine id, Triton request id, the
-    batch channel its responses go through and the outputs the caller asked for."""
+    """One submitted generation (a row of a Triton request): its parsed request, engine id (set once
+    submitted), Triton request id, the batch channel its responses go through, the outputs the
+    caller asked for and the relay thread its outputs go to."""
 
-    def __init__(self, engine_request_id: str, triton_request_id: str, batch: BatchChannel, row: int, requested: frozenset[str]) -> None:
-        self.engine_request_id = engine_request_id
+    def __init__(self, request: GenerateRequest, triton_request_id: str, batch: BatchChannel, requested: frozenset[str], relay) -> None:
+        self.request = request
+        self.engine_request_id: str | None = None
         self.triton_request_id = triton_request_id
         self.batch = batch
-        self.row = row
+        self.row = request.batch_index
         self.requested = requested  # output names the caller asked for: the only ones sent
+        self.relay = relay
         self.cancelled = False
         self.context_logits_sent = False
+        self.done = False  # its last output handled (or the request refused): later items are dropped
+        self.generation_logits: dict[int, list] = {}  # non-streamed: every token's row, by sequence
+
+    def deliver(self, item) -> None:
+        """The engine loop's `on_output` (on the loop's thread): hand the item to this row's relay."""
+        self.relay.put((self, item))
 
     def send(self, response=None, *, final: bool = False) -> bool:
         return self.batch.send(self.row, response, final=final)
@@ -64,7 +81,7 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         parameters = ModelParameters(model_config, args["model_repository"])
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
-        self._input_names = load_model_contract(args["model_repository"], args["model_version"]).input_names
+        self._input_names = frozenset(load_model_contract(args["model_repository"], args["model_version"]).input_names)
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", False)
         engine = LLMEngine.from_engine_dir(
             parameters.path("engine_dir"),
@@ -75,6 +92,14 @@ class TritonPythonModel:
         self._loop = EngineLoop(engine).start()
         self._in_flight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()
+        self._relays = [queue.SimpleQueue() for _ in range(RELAY_THREADS)]
+        self._next_relay = itertools.cycle(self._relays)
+        self._relay_threads = [
+            threading.Thread(target=self._relay, args=(relay,), name=f"tensorrt_llm-relay-{index}", daemon=True)
+            for index, relay in enumerate(self._relays)
+        ]
+        for thread in self._relay_threads:
+            thread.start()
         labels = {"model": args["model_name"], "version": str(args["model_version"])}
         self._metrics = EngineMetrics(engine, labels, active_requests=lambda: len(self._in_flight))
         self._metrics.update()
@@ -100,11 +125,15 @@ class TritonPythonModel:
     def finalize(self):
         self._watcher.stop()
         self._loop.stop()
+        for relay in self._relays:
+            relay.put(None)
+        for thread in self._relay_threads:
+            thread.join(5.0)
         self._metrics.close()
 
     # -- requests ---------------------------------------------------------------------------
     def _accept(self, request, channel):
-        arrays = {name: array for name in self._input_names if (array := optional_input(request, name)) is not None}
+        arrays = input_arrays(request, self._input_names)
         parsed = parse_batch(arrays, exclude_input_default=self._exclude_input_default, decoupled=self._decoupled)
         if isinstance(parsed, StopRequest):
             self._stop(request.request_id())
@@ -112,27 +141,32 @@ class TritonPythonModel:
             return
         if len(parsed) > 1 and not self._decoupled:
             raise ContractError(f"input_ids: a batch of {len(parsed)} prompts needs the model in decoupled mode (one response per prompt)")
+        batch = BatchChannel(channel, len(parsed))
+        requested = requested_outputs(request)
+        relay = next(self._next_relay)
+        entries = [_InFlight(row, request.request_id(), batch, requested, relay) for row in parsed]
         streams = []
         try:
-            for row in parsed:
-                streams.append(self._loop.submit(row.prompt_ids, row.params))
+            for row, entry in zip(parsed, entries):
+                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver))
         except InvalidRequestError as error:
+            for entry in entries:
+                entry.done = True  # the aborted rows' outputs are dropped
             for stream in streams:
                 self._loop.abort(stream.request_id)
             prefix = f"batch row {len(streams)}: " if len(parsed) > 1 else ""
             raise ContractError(prefix + str(contract_error(error))) from None
-        batch = BatchChannel(channel, len(parsed))
-        requested = requested_outputs(request)
-        entries = [_InFlight(stream.request_id, request.request_id(), batch, row.batch_index, requested) for stream, row in zip(streams, parsed)]
-        with self._lock:
-            self._in_flight.update((entry.engine_request_id, entry) for entry in entries)
+        with self._lock:  # a row may have finished already (its relay then skipped the registry)
+            for stream, entry in zip(streams, entries):
+                entry.engine_request_id = stream.request_id
+                if not entry.done:
+                    self._in_flight[stream.request_id] = entry
         self._watcher.watch(channel, lambda: [self._cancel(entry) for entry in entries])
-        for stream, row, entry in zip(streams, parsed, entries):
-            threading.Thread(target=self._relay, args=(stream, row, entry), name="tensorrt_llm-relay", daemon=True).start()
 
     def _cancel(self, entry):
         entry.cancelled = True
-        self._loop.abort(entry.engine_request_id)
+        if entry.engine_request_id is not None:
+            self._loop.abort(entry.engine_request_id)
 
     def _stop(self, triton_request_id):
         if not triton_request_id:
@@ -142,27 +176,40 @@ class TritonPythonModel:
         for entry in targets:
             self._loop.abort(entry.engine_request_id)
 
-    def _relay(self, stream, request: GenerateRequest, entry: _InFlight):
+    def _relay(self, items: queue.SimpleQueue):
+        """A relay thread: the outputs (or errors) of the requests assigned to it, in order."""
+        while (item := items.get()) is not None:
+            entry, output = item
+            try:
+                self._handle(entry, output)
+            except Exception as error:  # never let one request end the relay
+                log_error(f"tensorrt_llm: relay failed: {type(error).__name__}: {error}")
+
+    def _handle(self, entry: _InFlight, output):
+        if entry.done:
+            return
+        request = entry.request
         try:
-            final_output = None
-            generation_logits: dict[int, list] = {}  # non-streamed: every token's row, by sequence
-            for output in stream:
-                final_output = output
-                if request.streaming:
-                    self._send_streamed(request, output, entry)
-                elif request.params.return_generation_logits:
-                    for completion in output.outputs:
-                        generation_logits.setdefault(completion.index, []).append(completion.new_generation_logits)
+            if isinstance(output, BaseException):  # the engine failed this request
+                raise output
+            if request.streaming:
+                self._send_streamed(request, output, entry)
+            elif request.params.return_generation_logits:
+                for completion in output.outputs:
+                    entry.generation_logits.setdefault(completion.index, []).append(completion.new_generation_logits)
+            if not output.finished:
+                return
             if not request.streaming:
-                self._send_final(request, final_output, entry, generation_logits)
-        except Exception as error:  # the engine failed this request; tell the client, keep serving
+                self._send_final(request, output, entry, entry.generation_logits)
+        except Exception as error:  # tell the client, keep serving
             log_error(f"tensorrt_llm: generation failed: {type(error).__name__}: {error}")
             self._fail(entry, error_response(f"generation failed: {error}", pb_utils.TritonError.INTERNAL))
-        finally:
-            with self._lock:
+        with self._lock:
+            entry.done = True
+            if entry.engine_request_id is not None:
                 self._in_flight.pop(entry.engine_request_id, None)
-            if not entry.closed:  # an output stream that ended without a finished output
-                self._fail(entry, error_response("generation ended without a result", pb_utils.TritonError.INTERNAL))
+        if not entry.closed:  # a finished output that did not end the row
+            self._fail(entry, error_response("generation ended without a result", pb_utils.TritonError.INTERNAL))
 
     def _fail(self, entry, response):
         """End the whole Triton request with `response`; the batch's other rows are aborted."""

@@ -16,16 +16,26 @@ class BadRequest(ValueError):
     """A request the model refuses; answered with an INVALID_ARG error, the server stays up."""
 
 
+def input_arrays(request: Any, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """The request's inputs by name (only `names`, if given), in one pass over them:
+    `pb_utils.get_input_tensor_by_name` walks the whole input list on every call."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs() if names is None or tensor.name() in names}
+
+
+def required_array(arrays: Mapping[str, np.ndarray], name: str, client_name: str | None = None) -> np.ndarray:
+    array = arrays.get(name)
+    if array is None:
+        raise BadRequest(f"input {client_name or name!r} is required")
+    return array
+
+
 def optional_input(request: Any, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
 
 
 def required_input(request: Any, name: str, client_name: str | None = None) -> np.ndarray:
-    array = optional_input(request, name)
-    if array is None:
-        raise BadRequest(f"input {client_name or name!r} is required")
-    return array
+    return required_array({name: array} if (array := optional_input(request, name)) is not None else {}, name, client_name)
 
 
 def batch_size_of(array: np.ndarray, name: str) -> int:

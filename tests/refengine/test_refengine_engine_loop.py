@@ -72,3 +72,24 @@ def test_stop_aborts_what_is_still_running(small_checkpoint, prompts):
     loop.stop()
     assert stream.result().outputs[0].finish_reason == "aborted"
     assert not engine.has_unfinished()
+
+
+def test_on_output_gets_every_output_on_the_loop_thread(small_checkpoint, prompts, expected):
+    received: dict[str, list] = {}
+    threads: set[str] = set()
+    done = threading.Event()
+
+    def on_output(item) -> None:
+        threads.add(threading.current_thread().name)
+        received.setdefault(item.request_id, []).append(item)
+        if len(received) == 3 and all(outputs[-1].finished for outputs in received.values()):
+            done.set()
+
+    with EngineLoop(LLMEngine.from_checkpoint(small_checkpoint, CONFIG)) as loop:
+        ids = [loop.submit(prompts[i], GREEDY, on_output=on_output).request_id for i in range(3)]
+        assert done.wait(60)
+    assert threads == {"refengine-loop"}
+    for index, request_id in enumerate(ids):
+        outputs = received[request_id]
+        assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+        assert sum((o.outputs[0].new_token_ids for o in outputs), ()) == expected[index]

@@ -191,3 +191,31 @@ def test_a_failed_batch_ends_at_once_and_drops_the_other_rows(channel_module):
     assert batch.fail("error") and batch.row_closed(0)
     assert batch.send(0, "0.b", final=True) is False
     assert sender.sent == [("0.a", 0), ("error", FINAL)]
+
+
+def test_worker_threads_run_every_job_and_reuse_an_idle_thread(channel_module):
+    workers = channel_module.WorkerThreads("test-worker")
+    ran: list[tuple[int, int]] = []
+    done = threading.Semaphore(0)
+
+    def job(number: int) -> None:
+        ran.append((number, threading.get_ident()))
+        done.release()
+
+    workers.run(job, 0)
+    assert done.acquire(timeout=5)
+    deadline = time.monotonic() + 5
+    while workers._idle == 0 and time.monotonic() < deadline:  # the thread goes idle after its job
+        time.sleep(0.001)
+    workers.run(job, 1)  # taken by the idle thread, not a new one
+    assert done.acquire(timeout=5)
+    assert [number for number, _ in ran] == [0, 1] and ran[0][1] == ran[1][1]
+
+    gate = threading.Event()
+    workers.run(lambda: gate.wait(5))  # busy: the next job needs a thread of its own
+    workers.run(job, 2)
+    assert done.acquire(timeout=5)
+    gate.set()
+    workers.run(lambda: 1 / 0)  # a failing job does not end its thread
+    workers.run(job, 3)
+    assert done.acquire(timeout=5) and [number for number, _ in ran] == [0, 1, 2, 3]

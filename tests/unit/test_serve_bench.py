@@ -105,10 +105,29 @@ def test_quick_run_returns_sane_fields(package):
     table = render_serve_markdown(result)
     assert "| ensemble, HTTP `/generate` |" in table and "| ensemble, gRPC, `stream=true` |" in table
     assert "Every answer equal to the in-process text: yes" in table
+    _assert_breakdown(result, table)
+
+
+def _assert_breakdown(result: dict, table: str) -> None:
+    """Part (3): the server's CPU by process and Triton's per-model statistics, per served path."""
+    single = {row["path"]: row for row in result["single_token"]["rows"]}
+    assert single["inprocess"]["server_cpu_ms_per_request_by_process"] is None
+    by_process = single["grpc_ensemble"]["server_cpu_ms_per_request_by_process"]
+    assert {"tritonserver", "preprocessing", "tensorrt_llm", "postprocessing"} <= set(by_process)
+    assert sum(by_process.values()) == pytest.approx(single["grpc_ensemble"]["server_cpu_ms_per_request"], abs=0.01)
+    stats = single["grpc_ensemble"]["model_stats_per_request"]
+    assert [model for model in stats] == ["ensemble", "preprocessing", "tensorrt_llm", "postprocessing"]
+    for model in ("preprocessing", "tensorrt_llm", "postprocessing"):
+        assert stats[model]["requests_per_request"] == 1 and stats[model]["compute_infer_us"] > 0
+    assert set(single["grpc_bls"]["model_stats_per_request"]) == {"preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
+    streamed = {row["path"]: row for row in result["streaming"]["rows"]}["grpc_ensemble_streamed"]["model_stats_per_request"]
+    # once per streamed token (a call still being recorded after the settling wait lands in the next round)
+    assert streamed["postprocessing"]["requests_per_request"] == pytest.approx(8, abs=0.5)
+    assert "(3) Where the server's time goes" in table and "| (2) | ensemble, gRPC, `stream=true` |" in table
 
 
 def test_concurrent_callers_without_bls(package):
-    result = _quick(package, concurrency=2, include_bls=False, requests=6, rounds=1, stream_rounds=1, stream_requests=1)
+    result = _quick(package, concurrency=2, include_bls=False, requests=6, rounds=1, stream_rounds=1, stream_requests=1, sweep=(1, 3), sweep_requests=2)
     _assert_stopped_cleanly(result)
     assert result["checks"]["texts_match_in_process"], result["checks"]["mismatches"]
     rows = {row["path"]: row for row in result["single_token"]["rows"]}
@@ -116,3 +135,12 @@ def test_concurrent_callers_without_bls(package):
     assert not any(row["model"] == "tensorrt_llm_bls" for row in result["single_token"]["rows"] + result["streaming"]["rows"])
     assert rows["inprocess"]["callers"] == 1 and rows["grpc_ensemble"]["callers"] == 2 and rows["inprocess_loop"]["callers"] == 2
     assert all(row["requests"] == 6 for row in rows.values())
+    sweep = result["sweep"]["rows"]  # part (4): 2 and 3 x 2 requests per path (two per caller), no BLS
+    assert [(row["callers"], row["path"]) for row in sweep] == [
+        (callers, path) for callers in (1, 3) for path in ("inprocess_loop_streamed", "grpc_ensemble_streamed")
+    ]
+    assert [row["requests"] for row in sweep] == [2, 2, 6, 6]
+    for row in sweep:
+        assert row["texts_match_in_process"] and row["output_tokens_per_s"] > 0 and row["ttft_p50_ms"] > 0
+        assert (row["server_cpu_ms_per_token"] is None) == (row["path"] == "inprocess_loop_streamed")
+    assert "(4) Concurrency sweep" in render_serve_markdown(result)

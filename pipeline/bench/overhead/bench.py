@@ -47,10 +47,11 @@ from pipeline.bench.overhead.paths import (
     InProcessLoop,
     MeasuredPath,
     Tokenizer,
-    run_part,
 )
 from pipeline.bench.overhead.recipe import recipe
 from pipeline.bench.overhead.records import InProcessSetup, OverheadOptions, ServerSitting
+from pipeline.bench.overhead.rounds import run_part
+from pipeline.bench.overhead.sweep import SWEEP_PATHS, run_sweep, sweep_rows
 from pipeline.config.spec import DeploySpec
 from pipeline.errors import StageError
 from pipeline.loadtest.serving import LOOPBACK, free_ports, server_version
@@ -96,6 +97,7 @@ def run_serve_bench(
     single_rows, baseline = single_token_rows(single_paths, sitting.single, local.expected[1], options.concurrency, mismatches)
     tokens = options.stream_tokens
     stream_rows = streaming_rows(stream_paths, sitting.streamed, local.expected[tokens], tokens, single_rows, mismatches)
+    swept_rows = sweep_rows(_measured(SWEEP_PATHS, options), sitting.swept, tokens, local.expected[tokens], mismatches)
     dirs = {"repo": repo, "engine_dir": engine_dir, "tokenizer_dir": tokenizer_dir}
     recorded = recipe(options, local, sitting, dirs=dirs, deploy=deploy, torch_threads=torch_threads_used)
     recorded["started"] = started_at.isoformat(timespec="seconds")
@@ -105,6 +107,7 @@ def run_serve_bench(
         "recipe": recorded,
         "single_token": {"baseline": baseline, "expected_text": local.expected[1], "rows": single_rows},
         "streaming": {"tokens": tokens, "baseline": "inprocess", "expected_text": local.expected[tokens], "rows": stream_rows},
+        "sweep": {"tokens": tokens, "rows": swept_rows},
         "checks": {
             "texts_match_in_process": not mismatches,
             "mismatches": mismatches,
@@ -173,7 +176,7 @@ def measure_served(
     try:
         startup_s, version = _start(server, options, say)
         workers = functools.partial(_workers, local=local, loop=loop, server_options=server_options, prompt=options.prompt)
-        common = {"server_pgid": server.pid, "say": say, "all_workers": open_workers}
+        common = {"server_pgid": server.pid, "say": say, "all_workers": open_workers, "stats_url": server_options.http_url}
         say(f"(1) 1-token requests: {options.requests} per path after {options.warmup} warm-up, "
             f"{options.concurrency} caller(s), {options.rounds} rounds")
         single = run_part(
@@ -186,6 +189,11 @@ def measure_served(
             paths[1], functools.partial(workers, max_tokens=options.stream_tokens, callers=1),
             requests=options.stream_requests, warmup=options.stream_warmup, rounds=options.stream_rounds, title="(2)", **common,
         )
+        sweep_paths = _measured(SWEEP_PATHS, options)
+        swept = run_sweep(
+            sweep_paths, functools.partial(workers, max_tokens=options.stream_tokens), options.sweep,
+            minimum_requests=options.sweep_requests, rounds=2, **common,
+        )
         metrics = environment.engine_metrics(server_options.metrics_url)
     except BaseException as error:
         # The server's log goes with its temporary workspace; keep what it says with the error.
@@ -197,7 +205,7 @@ def measure_served(
         _close_quietly(open_workers)
         loop.stop()
         returncode, group_left = _stop(server)
-    return ServerSitting(single, streamed, server_options, startup_s, version, metrics, returncode, group_left)
+    return ServerSitting(single, streamed, swept, server_options, startup_s, version, metrics, returncode, group_left)
 
 
 def _start(server: TritonServer, options: OverheadOptions, say: Say) -> tuple[float, str | None]:

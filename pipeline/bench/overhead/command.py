@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, help="1-token requests per path (default 200)")
     parser.add_argument("--warmup", type=int, help="warm-up requests per path (default 20)")
     parser.add_argument("--concurrency", help="concurrent callers per path, one value (default 1)")
+    parser.add_argument("--sweep", help="also a concurrency sweep of streamed requests at these stream counts, comma-separated (e.g. 1,2,4,8,16,32)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
 
 
@@ -28,6 +29,15 @@ def single_concurrency(text: str | None) -> int:
     return int(text)
 
 
+def sweep_points(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise SpecError(f"--sweep of the overhead benchmark takes comma-separated integers >= 1, got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
 def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
     from pipeline.bench.overhead.bench import OverheadOptions, run_serve_bench
     from pipeline.bench.overhead.report import render_serve_markdown
@@ -35,7 +45,10 @@ def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTar
     from pipeline.stages.package import REPOSITORY_DIR
 
     concurrency = single_concurrency(args.concurrency)  # before building: a typo should not cost a build
-    options = OverheadOptions(requests=args.requests or 200, warmup=20 if args.warmup is None else args.warmup, concurrency=concurrency)
+    sweep = sweep_points(getattr(args, "sweep", None))
+    options = OverheadOptions(
+        requests=args.requests or 200, warmup=20 if args.warmup is None else args.warmup, concurrency=concurrency, sweep=sweep
+    )
     loaded, store, results = build_for_bench(args, build_cpu_target, "bench overhead", "package")
     status = status_console()
     result = run_serve_bench(

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.bench.overhead.paths import ONE_TOKEN_OF, MeasuredPath, ms_summary, result_row
+from pipeline.bench.overhead.paths import ONE_TOKEN_OF, MeasuredPath
+from pipeline.bench.overhead.rounds import ms_summary, result_row
 
 # A streamed path and the same path with `stream=false`.
 NON_STREAMED_OF = {"grpc_ensemble_streamed": "grpc_ensemble", "grpc_bls_streamed": "grpc_bls"}

@@ -5,20 +5,14 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
-import os
 import queue
-import statistics
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pipeline.bench.overhead.environment import load_module
 
 _RESPONSE_TIMEOUT_S = 120.0
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- paths ------------------------------------------------------------------------------------
@@ -61,7 +55,7 @@ ONE_TOKEN_OF = {
 
 
 @dataclasses.dataclass
-class _Sample:
+class Sample:
     latency: float  # s, request sent → final response
     text: str
     responses: int  # responses carrying text (1 unless streamed)
@@ -95,12 +89,12 @@ class InProcess:
         self.engine, self.tok, self.prompt = engine, tok, prompt
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, end_id=tok.tokenizer.eos_id)
 
-    def request(self) -> _Sample:
+    def request(self) -> Sample:
         start = time.perf_counter()
         ids = self.tok.encode(self.prompt)
         [output] = self.engine.generate([ids], self.params)
         text = self.tok.delta(ids, list(output.outputs[0].token_ids))
-        return _Sample(time.perf_counter() - start, text, 1)
+        return Sample(time.perf_counter() - start, text, 1)
 
     def close(self) -> None:
         pass
@@ -113,14 +107,14 @@ class InProcessLoop:
         self.loop, self.tok, self.prompt, self.stream = loop, tok, prompt, stream
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, end_id=tok.tokenizer.eos_id)
 
-    def request(self) -> _Sample:
+    def request(self) -> Sample:
         start = time.perf_counter()
         ids = self.tok.encode(self.prompt)
         stream = self.loop.submit(ids, self.params)
         if not self.stream:
             output = stream.result()
             text = self.tok.delta(ids, list(output.outputs[0].token_ids))
-            return _Sample(time.perf_counter() - start, text, 1)
+            return Sample(time.perf_counter() - start, text, 1)
         detok = self.tok.IncrementalDetokenizer(self.tok.tokenizer.decode, ids)
         times, parts = [], []
         for output in stream:
@@ -128,7 +122,7 @@ class InProcessLoop:
             if new:
                 parts.append(detok.push(new))
                 times.append(time.perf_counter())
-        return _Sample(times[-1] - start, "".join(parts), len(times), times[0] - start, _gaps(times))
+        return Sample(times[-1] - start, "".join(parts), len(times), times[0] - start, _gaps(times))
 
     def close(self) -> None:
         pass
@@ -145,7 +139,7 @@ class HttpGenerate:
         self.headers = {"Content-Type": "application/json"}
         self.reconnects = 0
 
-    def request(self) -> _Sample:
+    def request(self) -> Sample:
         try:
             return self._request()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
@@ -156,7 +150,7 @@ class HttpGenerate:
             self.reconnects += 1
             return self._request()
 
-    def _request(self) -> _Sample:
+    def _request(self) -> Sample:
         start = time.perf_counter()
         self.connection.request("POST", self.path, body=self.body, headers=self.headers)
         response = self.connection.getresponse()
@@ -164,7 +158,7 @@ class HttpGenerate:
         latency = time.perf_counter() - start
         if response.status != 200:
             raise RuntimeError(f"POST {self.path}: HTTP {response.status}: {data[:500]!r}")
-        return _Sample(latency, json.loads(data)["text_output"], 1)
+        return Sample(latency, json.loads(data)["text_output"], 1)
 
     def close(self) -> None:
         self.connection.close()  # an open keep-alive connection would hold up the server's shutdown
@@ -191,7 +185,7 @@ class GrpcStream:
             tensor.set_data_from_numpy(array)
             self.inputs.append(tensor)
 
-    def request(self) -> _Sample:
+    def request(self) -> Sample:
         request_id = uuid.uuid4().hex
         start = time.perf_counter()
         self.client.async_stream_infer(self.model, self.inputs, request_id=request_id, enable_empty_final_response=True)
@@ -212,7 +206,7 @@ class GrpcStream:
                 break
         if not times:
             raise RuntimeError(f"{self.model}: request {request_id} ended without text")
-        return _Sample(latency, "".join(parts), len(times), times[0] - start, _gaps(times))
+        return Sample(latency, "".join(parts), len(times), times[0] - start, _gaps(times))
 
     def close(self) -> None:
         try:
@@ -223,146 +217,3 @@ class GrpcStream:
 
 def _gaps(times: list[float]) -> tuple[float, ...]:
     return tuple(later - earlier for earlier, later in zip(times, times[1:]))
-
-
-# -- measuring ---------------------------------------------------------------------------------
-class _Tally:
-    """One path's samples and clocks, summed over its rounds."""
-
-    def __init__(self) -> None:
-        self.reconnects = 0
-        self.samples: list[_Sample] = []
-        self.round_wall: list[float] = []
-        self.server_cpu = 0.0
-        self.client_cpu = 0.0
-
-
-def _run_round(workers: list, count: int, tally: _Tally, server_pgid: int | None) -> None:
-    """`count` requests spread over the workers (closed loop: one request in flight per worker)."""
-    server_before = _group_cpu_seconds(server_pgid) if server_pgid else 0.0
-    client_before = time.process_time()
-    started = time.perf_counter()
-    if len(workers) == 1:
-        samples = [workers[0].request() for _ in range(count)]
-    else:
-        samples, errors, lock = [], [], threading.Lock()
-        remaining = [count]
-
-        def drive(worker) -> None:
-            while True:
-                with lock:
-                    if remaining[0] == 0 or errors:
-                        return
-                    remaining[0] -= 1
-                try:
-                    sample = worker.request()
-                except BaseException as error:  # re-raised in the calling thread
-                    with lock:
-                        errors.append(error)
-                    return
-                with lock:
-                    samples.append(sample)
-
-        threads = [threading.Thread(target=drive, args=(worker,), daemon=True) for worker in workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-    tally.round_wall.append(time.perf_counter() - started)
-    tally.client_cpu += time.process_time() - client_before
-    if server_pgid:
-        tally.server_cpu += _group_cpu_seconds(server_pgid) - server_before
-    tally.samples.extend(samples)
-
-
-def _group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU time of every live process in the process group (server and stubs)."""
-    ticks = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ..., utime (11), stime (12)
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / _CLK_TCK
-
-
-def run_part(
-    paths, make_workers: Callable[[MeasuredPath], list], *, requests: int, warmup: int, rounds: int,
-    server_pgid: int, say: Callable[[str], None], title: str, all_workers: list,
-) -> dict[str, _Tally]:
-    workers = {}
-    for path in paths:
-        workers[path.name] = make_workers(path)
-        all_workers.extend(workers[path.name])
-    tallies = {path.name: _Tally() for path in paths}
-    for path in paths:  # warm-up, not counted
-        _run_round(workers[path.name], warmup, _Tally(), None)
-    per_round = _split(requests, rounds)
-    for number, count in enumerate(per_round):
-        order = list(paths[number % len(paths):]) + list(paths[: number % len(paths)])
-        for path in order:
-            pgid = server_pgid if path.kind in ("http", "grpc") else None
-            _run_round(workers[path.name], count, tallies[path.name], pgid)
-        say(f"{title}: round {number + 1}/{len(per_round)} done ({count} requests per path)")
-    for path in paths:
-        tallies[path.name].reconnects = sum(getattr(worker, "reconnects", 0) for worker in workers[path.name])
-        for worker in workers[path.name]:
-            worker.close()
-            all_workers.remove(worker)
-    return tallies
-
-
-def _split(total: int, rounds: int) -> list[int]:
-    rounds = max(1, min(rounds, total))
-    return [total // rounds + (1 if index < total % rounds else 0) for index in range(rounds)]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def ms_summary(values: list[float]) -> dict[str, float]:
-    values = [value * 1000.0 for value in values]
-    return {
-        "p50": round(_percentile(values, 50), 3),
-        "p90": round(_percentile(values, 90), 3),
-        "p99": round(_percentile(values, 99), 3),
-        "mean": round(statistics.fmean(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-    }
-
-
-def result_row(path: MeasuredPath, tally: _Tally, callers: int) -> dict[str, Any]:
-    count = len(tally.samples)
-    wall = sum(tally.round_wall)
-    server = path.kind in ("http", "grpc")
-    return {
-        "path": path.name,
-        "label": path.label,
-        "model": path.model,
-        "protocol": {"http": "http_generate", "grpc": "grpc_stream"}.get(path.kind, "in_process"),
-        "stream": path.stream,
-        "callers": callers,
-        "requests": count,
-        "wall_s": round(wall, 4),
-        "rounds_wall_s": [round(value, 4) for value in tally.round_wall],
-        "requests_per_s": round(count / wall, 3),
-        "latency_ms": ms_summary([sample.latency for sample in tally.samples]),
-        "server_cpu_ms_per_request": round(tally.server_cpu * 1000.0 / count, 3) if server else None,
-        "client_cpu_ms_per_request": round(tally.client_cpu * 1000.0 / count, 3),
-        "total_cpu_ms_per_request": round((tally.server_cpu + tally.client_cpu) * 1000.0 / count, 3),
-        "responses_per_request": round(statistics.fmean(sample.responses for sample in tally.samples), 3),
-        "http_reconnects": tally.reconnects if path.kind == "http" else None,
-    }

@@ -33,6 +33,8 @@ class OverheadOptions:
     include_bls: bool = True
     torch_threads: int | None = 1
     startup_timeout: float = 180.0
+    sweep: tuple[int, ...] = ()  # part (4): concurrent streams per point (empty: not run)
+    sweep_requests: int = 8  # part (4): requests per path and point, at least (and 2 per caller)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.requests < 1 or self.stream_requests < 1 or self.stream_tokens < 2:
@@ -44,6 +46,7 @@ class OverheadOptions:
             "requests": self.requests, "warmup": self.warmup, "concurrency": self.concurrency, "rounds": self.rounds,
             "stream_tokens": self.stream_tokens, "stream_requests": self.stream_requests, "stream_warmup": self.stream_warmup,
             "stream_rounds": self.stream_rounds, "include_bls": self.include_bls,
+            "sweep": list(self.sweep), "sweep_requests": self.sweep_requests,
         }
 
 
@@ -65,6 +68,7 @@ class ServerSitting:
 
     single: dict[str, Any]  # path name → its tally of part (1)
     streamed: dict[str, Any]  # path name → its tally of part (2)
+    swept: dict[int, dict[str, Any]]  # part (4): callers → path name → tally
     server_options: Any  # pipeline.serve.ServerOptions, on free loopback ports
     startup_s: float
     server_version: str | None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.bench.overhead.sweep import sweep_table
+
 
 def _f(value: Any, digits: int = 2) -> str:
     if value is None:
@@ -12,7 +14,8 @@ def _f(value: Any, digits: int = 2) -> str:
 
 
 def render_serve_markdown(result: dict[str, Any]) -> str:
-    lines = _header(result["recipe"]) + _single_token_table(result) + _streaming_table(result) + _checks(result)
+    lines = _header(result["recipe"]) + _single_token_table(result) + _streaming_table(result) + breakdown_table(result)
+    lines += sweep_table(result.get("sweep", {}).get("rows", []), result["streaming"]["tokens"]) + _checks(result)
     return "\n".join(lines)
 
 
@@ -82,6 +85,39 @@ def _streaming_table(result: dict[str, Any]) -> list[str]:
             f"{(_f(gaps['p50']) + ' / ' + _f(gaps['p99'])) if gaps else '–'} | {_f(row['responses_per_request'], 1)} | "
             f"{_f(row['server_cpu_ms_per_token'], 3)} | {_f(row['total_cpu_ms_per_token'], 3)} | {_f(row['total_cpu_vs_in_process'])}× |"
         )
+    return lines
+
+
+_STUBS = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+
+
+def breakdown_table(result: dict[str, Any]) -> list[str]:
+    """Per served path: the server's CPU by process (tritonserver, each model's stub) and Triton's
+    per-model statistics (µs per client request), from parts (1) and (2)."""
+    lines = [
+        "",
+        "(3) Where the server's time goes, per client request: CPU ms of each process of the server's group (from /proc; "
+        "`tritonserver` = Triton core, ensemble scheduler and HTTP/gRPC front ends; each Python model's stub by its name) and "
+        "Triton's statistics per model (`/v2/models/stats`: requests per client request, then queue / compute_input / "
+        "compute_infer / compute_output µs; a decoupled model's compute_infer ends when `execute` returns).",
+        "",
+        "| part | path | CPU tritonserver | CPU preprocessing | CPU tensorrt_llm | CPU postprocessing | CPU BLS | "
+        "Triton stats per model: req × (queue / input / infer / output µs) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for part, key in (("(1)", "single_token"), ("(2)", "streaming")):
+        for row in result[key]["rows"]:
+            cpu = row.get("server_cpu_ms_per_request_by_process")
+            if not cpu:
+                continue
+            stats = row.get("model_stats_per_request") or {}
+            described = "; ".join(
+                f"{model} {figures['requests_per_request']:g} × ({figures['queue_us']:g} / {figures['compute_input_us']:g} / "
+                f"{figures['compute_infer_us']:g} / {figures['compute_output_us']:g})"
+                for model, figures in stats.items()
+            )
+            cells = " | ".join(_f(cpu.get(label), 3) for label in ("tritonserver", *_STUBS))
+            lines.append(f"| {part} | {row['label']} | {cells} | {described or '–'} |")
     return lines
 
 
