@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refengine.errors import InvalidRequestError
+from refengine.guided.params import GUIDE_TYPE_FIELD, GuidedDecodingParams
 
 # TensorRT-LLM's executor only asks temperature >= 0. Past this bound sampling is close to uniform
 # for any model (logits 10 apart differ by 10% in probability at 100): a larger value is a typo or
@@ -43,6 +44,8 @@ class SamplingParams:
       full: such a request reuses no cached prefix.
     - `return_generation_logits`: the raw logits each output token was drawn from, [vocab] per
       token (TensorRT-LLM's `generation_logits`).
+    - `guided_decoding`: a grammar every output token must follow (refengine.guided); the engine
+      must have guided decoding on.
     """
 
     max_tokens: int = 16
@@ -63,6 +66,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -95,6 +99,8 @@ class SamplingParams:
         for field in ("return_context_logits", "return_generation_logits"):
             if not isinstance(getattr(self, field), bool):
                 raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")
+        if self.guided_decoding is not None and not isinstance(self.guided_decoding, GuidedDecodingParams):
+            raise InvalidRequestError(GUIDE_TYPE_FIELD, f"must be GuidedDecodingParams, got {type(self.guided_decoding).__name__}")
 
     @property
     def is_greedy(self) -> bool:

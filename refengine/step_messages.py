@@ -29,6 +29,8 @@ class ScheduledSequence:
     first_sample_index: int  # sample i of this step draws as sample (first_sample_index + i) of the request
     num_output_tokens: int  # tokens generated so far (for min_tokens)
     token_history: tuple[int, ...] = ()  # prompt + output so far, only when sampling needs it
+    # guided decoding: bool [vocab], the tokens the sequence's grammar allows at the sampled position
+    allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def num_new_tokens(self) -> int:
