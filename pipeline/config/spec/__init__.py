@@ -32,6 +32,7 @@ from pipeline.config.spec.choices import (
     QuantAlgo,
     QuantDevice,
     SchedulerPolicy,
+    GuidedDecodingBackend,
     SpeculativeMode,
 )
 from pipeline.config.spec.deploy import DeploySpec
@@ -71,6 +72,7 @@ __all__ = [
     "QuantDevice",
     "QuantizeSpec",
     "SchedulerPolicy",
+    "GuidedDecodingBackend",
     "ServeLoraSpec",
     "ServeSpec",
     "Spec",

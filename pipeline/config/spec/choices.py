@@ -110,3 +110,8 @@ class GateEndpoint(str, Enum):
     grpc = "grpc"
     http = "http"
     openai = "openai"
+
+
+class GuidedDecodingBackend(str, Enum):
+    xgrammar = "xgrammar"
+    none = "none"
