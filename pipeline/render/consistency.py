@@ -304,7 +304,7 @@ def check_guided_decoding(serve: ServeSpec, parameters: Mapping[str, str], writt
     if wanted != "none":
         if written is None or not written.is_file():
             problems.append(f"xgrammar_tokenizer_info_path names {named!r}, but no tokenizer-info file was written")
-        elif named is None or not named.endswith(f"/{written.parent.name}/{written.name}"):
+        elif named is None or Path(named).parts[-2:] != (written.parent.name, written.name):
             problems.append(f"xgrammar_tokenizer_info_path names {named!r}, not the file written ({written.parent.name}/{written.name})")
         if not parameters.get("tokenizer_dir"):
             problems.append("guided decoding needs tensorrt_llm's tokenizer_dir (the Python backend loads the tokenizer from it)")

@@ -15,7 +15,6 @@ Triton on a private copy of the repository, so relative paths would not survive)
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,7 +68,9 @@ class ConfigPaths:
 
     engine_dir: str
     tokenizer_dir: str
-    model_repository: str | None = None  # where the repository itself is served from (default: where it is written)
+    # Where the repository is served from (a container mount). None: files inside it are named relative to
+    # it, which the cpu model resolves; the engine target's C++ backend needs the absolute path deploy gives.
+    model_repository: str | None = None
 
 
 def render_model_repository(
@@ -112,8 +113,6 @@ def render_model_repository(
     )
     llm_model = llm_model_of(target)  # the checks refused a target without one
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
-    if paths.model_repository is None:
-        paths = dataclasses.replace(paths, model_repository=str(out_dir.resolve()))
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
     configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)
@@ -245,7 +244,9 @@ def _configs(
         return {"max_batch_size": max_batch_size, "serve": serve, **values}
 
     llm_parameters = backend_for(target).llm_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
-    tokenizer_info_path = f"{paths.model_repository}/tensorrt_llm/{TOKENIZER_INFO_FILE}"
+    tokenizer_info_path = f"tensorrt_llm/{TOKENIZER_INFO_FILE}"
+    if paths.model_repository is not None:
+        tokenizer_info_path = f"{paths.model_repository}/{tokenizer_info_path}"
     llm_parameters.update(guided_decoding_parameters(serve, tokenizer_dir=paths.tokenizer_dir, tokenizer_info_path=tokenizer_info_path))
     return {
         "preprocessing": (

@@ -27,7 +27,7 @@ def test_both_targets_render_the_backend_and_write_nvidias_tokenizer_info_file(t
     values = parameters(parse(repository / "tensorrt_llm" / "config.pbtxt"))
     info_path = repository / "tensorrt_llm" / "xgrammar_tokenizer_info.json"
     assert values["guided_decoding_backend"] == "xgrammar"
-    assert values["xgrammar_tokenizer_info_path"] == str(info_path.resolve())
+    assert values["xgrammar_tokenizer_info_path"] == "tensorrt_llm/xgrammar_tokenizer_info.json"  # relative to the repository
     document = json.loads(info_path.read_text())
     assert set(document) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}  # generate_xgrammar_tokenizer_info.py's keys
     assert len(document["encoded_vocab"]) == 4096 and document["stop_token_ids"] == [2]

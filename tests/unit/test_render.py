@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = REPO / "models" / "tiny-stdlib-llama"
 MODEL_CODE = REPO / "model_repo" / "python"
 GOLDEN = REPO / "tests" / "golden" / "model_repo_tiny_cpu"
-GOLDEN_PATHS = ConfigPaths(engine_dir="/models/tiny-cpu/engine", tokenizer_dir="/models/tiny-cpu/tokenizer", model_repository="/models/tiny-cpu/repository")
+GOLDEN_PATHS = ConfigPaths(engine_dir="/models/tiny-cpu/engine", tokenizer_dir="/models/tiny-cpu/tokenizer")
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 ALL_MODELS = ("ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls")
 
@@ -279,7 +279,7 @@ def test_engine_variant_fills_every_backend_parameter(tmp_path):
         "executor_worker_path", "guided_decoding_backend", "xgrammar_tokenizer_info_path", "tokenizer_dir",
     }
     assert values["guided_decoding_backend"] == "xgrammar" and values["tokenizer_dir"] == "/tok"
-    assert values["xgrammar_tokenizer_info_path"] == f"{repository.resolve()}/tensorrt_llm/xgrammar_tokenizer_info.json"
+    assert values["xgrammar_tokenizer_info_path"] == "tensorrt_llm/xgrammar_tokenizer_info.json"
     assert values["gpt_model_type"] == "inflight_fused_batching"
     assert values["gpt_model_path"] == "/engines/llama"
     assert values["kv_cache_free_gpu_mem_fraction"] == "0.85"

@@ -23,6 +23,7 @@ from pipeline.config.spec.choices import (
     GateEndpoint,
     GemmPlugin,
     GPUModel,
+    GuidedDecodingBackend,
     KVCacheQuant,
     KVCacheType,
     LoraAdapterSource,
@@ -32,7 +33,6 @@ from pipeline.config.spec.choices import (
     QuantAlgo,
     QuantDevice,
     SchedulerPolicy,
-    GuidedDecodingBackend,
     SpeculativeMode,
 )
 from pipeline.config.spec.deploy import DeploySpec
