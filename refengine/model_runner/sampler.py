@@ -41,7 +41,9 @@ def apply_logit_processors(logits: torch.Tensor, item: ScheduledSequence) -> tor
     allowed = item.allowed_tokens
     if allowed is not None:
         masked = logits.masked_fill(~allowed, float("-inf"))
-        logits = masked if bool(torch.isfinite(masked).any()) else raw.masked_fill(~allowed, float("-inf"))
+        # Only these processors set -inf: without them the grammar always leaves a token.
+        could_empty = params.logit_bias or params.bad_words or (params.end_id is not None and item.num_output_tokens < params.min_tokens)
+        logits = masked if not could_empty or bool(torch.isfinite(masked).any()) else raw.masked_fill(~allowed, float("-inf"))
     return logits
 
 

@@ -172,3 +172,10 @@ def test_a_guide_on_an_engine_without_guided_decoding_is_refused(small_checkpoin
     plain = LLMEngine.from_checkpoint(small_checkpoint)
     with pytest.raises(InvalidRequestError, match="guided_decoding_guide_type: guided decoding is off"):
         plain.add_request([3, 4], _guided("json"))
+
+
+def test_the_grammar_wins_when_other_processors_ban_every_token_it_allows(engine):
+    """bad_words bans the one token the grammar allows next: the grammar's token is drawn anyway."""
+    b = VOCAB.index("b")
+    [output] = engine.generate([[3, 4]], _guided("regex", "ab", temperature=0.0, bad_words=[[b]], max_tokens=8))
+    assert _text(output.outputs[0].token_ids) == "ab" and output.outputs[0].finish_reason == "stop"

@@ -58,7 +58,8 @@ def test_the_consistency_check_refuses_parameters_that_do_not_match_the_spec(tmp
     written.write_text("{}")
     with pytest.raises(StageError, match="not the file written"):
         check_guided_decoding(serve, {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": "/x/other.json", "tokenizer_dir": "/t"}, written)
-    check_guided_decoding(serve, {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": f"/m/{written.parent.name}/{written.name}", "tokenizer_dir": "/t"}, written)
+    named = f"/m/{written.parent.name}/{written.name}"
+    check_guided_decoding(serve, {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": named, "tokenizer_dir": "/t"}, written)
 
 
 def test_engine_repository_with_guided_decoding_matches_golden_files(tmp_path):

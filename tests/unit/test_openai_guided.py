@@ -65,3 +65,12 @@ def test_infer_guide_options(tmp_path):
         parser.parse_args(["p", "--regex", "a", "--json-schema", str(schema)])
     with pytest.raises(OSError):
         guide_options(parser.parse_args(["p", "--grammar", str(tmp_path / "missing.ebnf")]))
+
+
+def test_a_token_id_prompt_sends_the_guide_to_tensorrt_llm_as_strings(context, tokenizer):  # noqa: F811
+    from clients.openai_server.llm_path import llm_request
+
+    plan = plan_completion(completion(prompt=[5, 6, 7], guided_regex="[0-9]+"), context)
+    inputs, _ = llm_request(plan.choices[0], tokenizer)
+    sent = {tensor.name(): tensor for tensor in inputs}
+    assert sent["guided_decoding_guide_type"].datatype() == "BYTES" and sent["guided_decoding_guide"].shape() == [1, 1]
