@@ -136,9 +136,11 @@ class LLMEngine:
         """Serve guided requests, with the vocabulary of TensorRT-LLM's xgrammar tokenizer-info file
         (a path), or of an `xgrammar.TokenizerInfo` of the model's vocabulary size."""
         from refengine.guided.compiler import DEFAULT_CACHE_SIZE, GuidedDecoder
-        from refengine.guided.tokenizer_info import load_tokenizer_info
+        from refengine.guided.tokenizer_info import TokenizerInfoError, load_tokenizer_info
 
         info = load_tokenizer_info(tokenizer_info, self.vocab_size) if isinstance(tokenizer_info, (str, Path)) else tokenizer_info
+        if info.vocab_size != self.vocab_size:
+            raise TokenizerInfoError(f"the tokenizer info has {info.vocab_size} ids, the model's logits {self.vocab_size}")
         self._guided = GuidedDecoder(info, cache_size=cache_size or DEFAULT_CACHE_SIZE)
 
     @property
