@@ -31,7 +31,24 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds for the whole request (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--retries", type=int, default=2, help="retries while the server cannot be reached (default 2)")
     parser.add_argument("--json", action="store_true", help='print {"prompt", "text", "latency_s", "protocol"} as JSON')
+    guide = parser.add_mutually_exclusive_group()
+    guide.add_argument("--json-schema", metavar="FILE", default=None, help="guided decoding: the answer is JSON valid against this JSON schema file")
+    guide.add_argument("--regex", metavar="PATTERN", default=None, help="guided decoding: the answer matches this regular expression")
+    guide.add_argument("--grammar", metavar="FILE", default=None, help="guided decoding: the answer follows this EBNF grammar file (xgrammar's GBNF)")
     return parser
+
+
+def guide_options(args: argparse.Namespace) -> dict[str, str]:
+    """The guided_decoding_* request fields of --json-schema / --regex / --grammar (OSError: a file is unreadable)."""
+    if args.json_schema is not None:
+        with open(args.json_schema, encoding="utf-8") as schema:
+            return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": schema.read()}
+    if args.regex is not None:
+        return {"guided_decoding_guide_type": "regex", "guided_decoding_guide": args.regex}
+    if args.grammar is not None:
+        with open(args.grammar, encoding="utf-8") as grammar:
+            return {"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": grammar.read()}
+    return {}
 
 
 def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -40,6 +57,11 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     out = out or sys.stdout
     err = err or sys.stderr
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "stop": args.stop}
+    try:
+        sampling.update(guide_options(args))
+    except OSError as error:
+        err.write(f"error: cannot read the guide: {error}\n")
+        return 1
     try:
         with TritonLLMClient(args.url, args.protocol, args.model, timeout=args.timeout, retries=args.retries) as client:
             if args.stream:

@@ -110,7 +110,7 @@ class TritonLLMClient:
     ) -> Completion:
         """The whole answer at once. `options`: any other `GenerationRequest` field
         (repetition_penalty, presence_penalty, frequency_penalty, min_tokens, end_id, pad_id,
-        exclude_input_in_output, return_log_probs)."""
+        exclude_input_in_output, return_log_probs, guided_decoding_guide_type, guided_decoding_guide)."""
         request = GenerationRequest(
             prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
         )

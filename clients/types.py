@@ -35,6 +35,8 @@ INPUT_DATATYPES: dict[str, str] = {
     "return_log_probs": "BOOL",
     "exclude_input_in_output": "BOOL",
     "stream": "BOOL",
+    "guided_decoding_guide_type": "BYTES",
+    "guided_decoding_guide": "BYTES",
 }
 # The ensemble passes its sampling inputs straight to `tensorrt_llm`, under the same names but these
 # (for callers of that model itself: the OpenAI front end's token-level path; see llm_input_name).
@@ -129,6 +131,9 @@ class GenerationRequest:
     pad_id: int | None = None
     exclude_input_in_output: bool | None = None
     return_log_probs: bool = False
+    # guided decoding (TensorRT-LLM's guide types: json, json_schema, regex, ebnf_grammar, structural_tag)
+    guided_decoding_guide_type: str | None = None
+    guided_decoding_guide: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -159,6 +164,8 @@ class GenerationRequest:
             "return_log_probs": self.return_log_probs or None,
             "exclude_input_in_output": self.exclude_input_in_output,
             "stream": stream,
+            "guided_decoding_guide_type": self.guided_decoding_guide_type,
+            "guided_decoding_guide": self.guided_decoding_guide,
         }
         return check_inputs({name: value for name, value in values.items() if value is not None})
 

@@ -20,6 +20,7 @@ import torch
 from refengine.checkpoint import load_checkpoint, load_engine_dir
 from refengine.config import EngineConfig
 from refengine.errors import EngineConfigError, InvalidRequestError
+from refengine.guided.params import GUIDE_TYPE_FIELD
 from refengine.kv_cache import KVCacheUsage
 from refengine.model_runner import DecoderModel, ModelRunner, load_model, torch_dtype
 from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -138,7 +139,6 @@ class LLMEngine:
         self._lock = threading.RLock()
         self._num_steps = 0
         self._num_generated_tokens = 0
-        self._num_draft_tokens = [0, 0]  # speculative decoding: drafted, accepted
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -207,6 +207,7 @@ class LLMEngine:
         """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input."""
         params = params if params is not None else SamplingParams()
         prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size)
+        grammar = self._grammar_of(params)  # compiled outside the lock: the engine keeps stepping
         with self._lock:
             if request_id is None:
                 request_id = f"req-{next(self._request_numbers)}"
@@ -215,7 +216,7 @@ class LLMEngine:
             if request_id in self._requests:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-            self._scheduler.add_request(request_id, prompt, params, seed)
+            self._scheduler.add_request(request_id, prompt, params, seed, grammar)
             self._requests[request_id] = _RequestState(
                 request_id, prompt, params, [_CompletionState(i) for i in range(params.n)]
             )
@@ -295,6 +296,13 @@ class LLMEngine:
                     self._held_outputs = [o for o in self._held_outputs if o.request_id != request_id]
 
     # -- internals -------------------------------------------------------------------------
+    def _grammar_of(self, params: SamplingParams):
+        if params.guided_decoding is None:
+            return None
+        if self._guided is None:
+            raise InvalidRequestError(GUIDE_TYPE_FIELD, "guided decoding is off on this server (serve.guided_decoding: none)")
+        return self._guided.new_state(params.guided_decoding)
+
     def _run_step(self) -> list[RequestOutput]:
         if not self._scheduler.has_unfinished():
             return []

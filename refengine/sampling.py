@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refengine.errors import InvalidRequestError
+from refengine.guided.params import GUIDE_TYPE_FIELD, GuidedDecodingParams
 
 # TensorRT-LLM's executor only asks temperature >= 0. Past this bound sampling is close to uniform
 # for any model (logits 10 apart differ by 10% in probability at 100): a larger value is a typo or
@@ -45,6 +46,8 @@ class SamplingParams:
       token (TensorRT-LLM's `generation_logits`).
     - `num_draft_tokens`: speculative decoding's draft length for this request (TensorRT-LLM's
       `num_draft_tokens`): None is the engine's max_draft_len, 0 turns speculation off.
+    - `guided_decoding`: a grammar every output token must follow (refengine.guided); the engine
+      must have guided decoding on.
     """
 
     max_tokens: int = 16
@@ -66,6 +69,7 @@ class SamplingParams:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     num_draft_tokens: int | None = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -100,6 +104,8 @@ class SamplingParams:
         for field in ("return_context_logits", "return_generation_logits"):
             if not isinstance(getattr(self, field), bool):
                 raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")
+        if self.guided_decoding is not None and not isinstance(self.guided_decoding, GuidedDecodingParams):
+            raise InvalidRequestError(GUIDE_TYPE_FIELD, f"must be GuidedDecodingParams, got {type(self.guided_decoding).__name__}")
 
     @property
     def is_greedy(self) -> bool:

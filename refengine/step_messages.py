@@ -34,6 +34,8 @@ class ScheduledSequence:
     # model's distribution each was drawn from (None: a deterministic draft, n-gram or greedy).
     draft_token_ids: tuple[int, ...] = ()
     draft_probs: torch.Tensor | None = field(default=None, compare=False)
+    # guided decoding: bool [vocab], the tokens the sequence's grammar allows at the sampled position
+    allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def num_new_tokens(self) -> int:

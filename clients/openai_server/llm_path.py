@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # generation.py imports this module
     from clients.aio import AsyncTritonLLMClient
     from clients.openai_server.generation import ChoicePlan
 
-_NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+_NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 from clients.openai_server.defaults import DEFAULT_MAX_N
 from clients.openai_server.errors import bad_request, model_not_found, unsupported
 from clients.openai_server.generation import ChoicePlan
+from clients.openai_server.guided import guide_of
 from clients.openai_server.model import ServedModel
 from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from clients.openai_server.templating import chat_prompt
@@ -95,8 +96,6 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
     _check_common(request, context)
     if request.tools or request.functions or request.tool_choice not in (None, "none") or request.function_call not in (None, "none"):
         raise unsupported("tools", "tools and function calling are not supported")
-    if request.response_format is not None and request.response_format.type != "text":
-        raise unsupported("response_format", f"response_format {request.response_format.type!r} is not supported; only 'text'")
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
     top = request.top_logprobs or 0
@@ -248,6 +247,7 @@ def _choice(request: _Sampling, index: int, prompt: str, max_tokens: int, logpro
         value = getattr(request, name)
         if value is not None:
             sampling[name] = value
+    sampling.update(guide_of(request))
     choice = ChoicePlan(index, prompt, max_tokens, request.stop_sequences(), logprobs, sampling)
     try:
         choice.request()  # the client library's own checks (types, datatype ranges), before anything is sent

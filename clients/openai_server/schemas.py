@@ -61,6 +61,11 @@ AtLeastZero = Annotated[int, Field(ge=0), BeforeValidator(_whole)]
 Seed = Annotated[int, Field(ge=0, le=2**64 - 1), BeforeValidator(_whole)]
 
 
+class ResponseFormat(_Strict):
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
 class _Sampling(_Strict):
     """What completions and chat completions share."""
 
@@ -81,6 +86,11 @@ class _Sampling(_Strict):
     top_k: AtLeastZero | None = None
     min_tokens: AtLeastZero | None = None
     repetition_penalty: float | None = Field(default=None, gt=0.0)
+    # structured output: OpenAI's response_format, and vLLM's guided_* extensions (guided.py)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -166,11 +176,6 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Strict):
-    type: str
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
@@ -178,7 +183,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Integer | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), BeforeValidator(_whole)] | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     functions: list[dict[str, Any]] | None = None

@@ -25,6 +25,7 @@ import numpy as np
 from word_lists import WordListError, from_word_list
 
 from refengine import InvalidRequestError, SamplingParams
+from refengine.guided.params import GuidedDecodingParams, guided_params
 from refengine.sampling import check_temperature
 
 # refengine's field names → the contract's input names, for error messages clients can act on.
@@ -105,7 +106,6 @@ def parse_request(
     for name, reason in _UNSUPPORTED_PRESENT.items():
         if name in arrays:
             raise ContractError(f"{name}: {reason}")
-    _refuse_guided_decoding(arrays)
     length_penalty = scalars.get("len_penalty", float, 1.0)
     if not math.isfinite(length_penalty):
         raise ContractError(f"len_penalty: must be a finite number, got {length_penalty}")
@@ -147,6 +147,7 @@ def parse_request(
             return_context_logits=scalars.get("return_context_logits", bool, False),
             return_generation_logits=scalars.get("return_generation_logits", bool, False),
             num_draft_tokens=scalars.get("num_draft_tokens", int, None),
+            guided_decoding=_guide(arrays),
         )
     except InvalidRequestError as error:
         raise contract_error(error) from None
@@ -217,11 +218,14 @@ class _Scalars:
         return float(value)
 
 
-def _refuse_guided_decoding(arrays: Mapping[str, np.ndarray]) -> None:
+def _guide(arrays: Mapping[str, np.ndarray]) -> GuidedDecodingParams | None:
+    """guided_decoding_guide_type / guided_decoding_guide (STRING [1]); an empty type is no guide (NVIDIA's
+    ensemble sends the empty default)."""
+    values = {}
     for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
         array = arrays.get(name)
-        if array is not None and any(_text(value) for value in array.reshape(-1)):
-            raise ContractError(f"{name}: guided decoding is not done by the cpu reference engine yet")
+        values[name] = _text(array.reshape(-1)[0]) if array is not None and array.size else ""
+    return guided_params(values["guided_decoding_guide_type"], values["guided_decoding_guide"])
 
 
 def _text(value: Any) -> str:

@@ -18,6 +18,8 @@ by the project's reference engine (refengine) with inflight batching.
 - A request of batch B (NVIDIA's `--batch-inputs`) becomes B generations; each response carries
   its row's `batch_index` and the FINAL flag comes with the last row to finish (BatchChannel).
 - Bad requests get an INVALID_ARG error response; the model and the server stay up.
+- Guided decoding: with the `guided_decoding_backend` parameter `xgrammar`, the engine compiles each
+  request's guide against the vocabulary of the `xgrammar_tokenizer_info_path` file (refengine.guided).
 - Custom metrics (engine_metrics.py) report KV blocks, requests, engine iterations, tokens
   (generated; prompt tokens computed or reused), prefix-cache hits and preemptions.
 """
@@ -89,6 +91,8 @@ class TritonPythonModel:
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
         )
+        if parameters.string("guided_decoding_backend", "none") == "xgrammar":  # else a guide is refused by name
+            engine.enable_guided_decoding(parameters.path("xgrammar_tokenizer_info_path"))
         self._loop = EngineLoop(engine).start()
         self._in_flight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.backends.engine_facts import EngineFacts
-from pipeline.config.spec import ServeLoraSpec, ServeSpec, SpeculativeSpec
+from pipeline.config.spec import GuidedDecodingBackend, ServeLoraSpec, ServeSpec, SpeculativeSpec
 
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 CANCELLATION_CHECK_PERIOD_MS = 100
@@ -125,4 +125,17 @@ def cpu_parameters(serve: ServeSpec, *, engine_dir: str) -> dict[str, str]:
         "enable_chunked_context": _bool(serve.enable_chunked_context),
         "exclude_input_in_output": _bool(serve.exclude_input_in_output),
         "cancellation_check_period_ms": str(CANCELLATION_CHECK_PERIOD_MS),
+    }
+
+
+def guided_decoding_parameters(serve: ServeSpec, *, tokenizer_dir: str, tokenizer_info_path: str) -> dict[str, str]:
+    """TensorRT-LLM's guided-decoding parameters (both targets read the same names): the backend, the
+    tokenizer-info file the C++ backend needs and the tokenizer_dir the Python backend needs
+    (tensorrtllm_backend docs/guided_decoding.md). Nothing when serve.guided_decoding is none."""
+    if serve.guided_decoding is GuidedDecodingBackend.none:
+        return {}
+    return {
+        "guided_decoding_backend": serve.guided_decoding.value,
+        "xgrammar_tokenizer_info_path": tokenizer_info_path,
+        "tokenizer_dir": tokenizer_dir,
     }

@@ -70,7 +70,7 @@ def write_container_repository(
         target=spec.build.target.value,
         out_dir=repository,
         gpu_device_ids=tuple(range(len(spec.deploy.gpus))),  # the reserved GPUs, as the container numbers them
-        config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT),
+        config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT, layout.MODELS_MOUNT),
         dry_run=spec.dry_run,
         speculative=spec.build.speculative,
         draft_engine_dir=draft_engine_dir,

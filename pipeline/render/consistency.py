@@ -7,6 +7,7 @@ together in one StageError, so one run shows everything to fix.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import RuntimeAbilities, TargetBackend, TritonLlmModel
@@ -295,3 +296,23 @@ def _names(serve: ServeSpec) -> list[str]:
     if serve.model_name in FIXED_MODEL_NAMES:
         return [f"serve.model_name {serve.model_name!r} is the name of another model in the repository ({', '.join(FIXED_MODEL_NAMES)})"]
     return []
+
+
+def check_guided_decoding(serve: ServeSpec, parameters: Mapping[str, str], written: Path | None) -> None:
+    """The rendered tensorrt_llm parameters against serve.guided_decoding: the backend named, and the
+    tokenizer-info file it names (`written`: the file the package stage wrote, None if none)."""
+    problems = []
+    wanted = serve.guided_decoding.value
+    rendered = parameters.get("guided_decoding_backend", "none")
+    if rendered != wanted:
+        problems.append(f"serve.guided_decoding is {wanted}, but tensorrt_llm's guided_decoding_backend is {rendered}")
+    named = parameters.get("xgrammar_tokenizer_info_path")
+    if wanted != "none":
+        if written is None or not written.is_file():
+            problems.append(f"xgrammar_tokenizer_info_path names {named!r}, but no tokenizer-info file was written")
+        elif named is None or Path(named).parts[-2:] != (written.parent.name, written.name):
+            problems.append(f"xgrammar_tokenizer_info_path names {named!r}, not the file written ({written.parent.name}/{written.name})")
+        if not parameters.get("tokenizer_dir"):
+            problems.append("guided decoding needs tensorrt_llm's tokenizer_dir (the Python backend loads the tokenizer from it)")
+    if problems:
+        raise StageError("guided decoding would not work: " + "; ".join(problems))

@@ -25,16 +25,19 @@ from typing import Any
 from pipeline.backends.base import TritonLlmModel
 from pipeline.backends.cpu_speculative import SPECULATIVE_KEY
 from pipeline.backends.engine_facts import EngineFacts, engine_facts, read_engine_config
+from pipeline.backends.llm_parameters import guided_decoding_parameters
 from pipeline.backends.registry import backend_for
-from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
+from pipeline.config.spec import GuidedDecodingBackend, ServeSpec, SpeculativeSpec, Target
 from pipeline.errors import StageError
 from pipeline.render import contract
-from pipeline.render.consistency import check_consistency, llm_model_of
+from pipeline.render.consistency import check_consistency, check_guided_decoding, llm_model_of
 from pipeline.render.contract import TensorSpec
 from pipeline.render.contract_files import CONTRACT_FILE, bls_contract, llm_contract
 from pipeline.render.llmapi_repository import render_llmapi_repository
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
+from pipeline.render.xgrammar_tokenizer_info import FILE_NAME as TOKENIZER_INFO_FILE
+from pipeline.render.xgrammar_tokenizer_info import write_tokenizer_info
 from pipeline.sources import model_repo_sources
 
 CONFIG_FILE = "config.pbtxt"
@@ -70,6 +73,9 @@ class ConfigPaths:
 
     engine_dir: str
     tokenizer_dir: str
+    # Where the repository is served from (a container mount). None: files inside it are named relative to
+    # it, which the cpu model resolves; the engine target's C++ backend needs the absolute path deploy gives.
+    model_repository: str | None = None
 
 
 def render_model_repository(
@@ -147,7 +153,23 @@ def render_model_repository(
             (model_dir / VERSION_DIR / CONTRACT_FILE).write_text(contracts[model_name])
             code.append(model_dir / VERSION_DIR / CONTRACT_FILE)
         written += code
+    written += _guided_decoding_files(serve, tokenizer_dir, tokenizer, out_dir, configs["tensorrt_llm"][1]["parameters"], dry_run)
     return written
+
+
+def _guided_decoding_files(
+    serve: ServeSpec, tokenizer_dir: Path, tokenizer: TokenizerFacts, out_dir: Path, parameters: dict[str, str], dry_run: bool
+) -> list[Path]:
+    """The xgrammar tokenizer-info file, next to tensorrt_llm's config (a dry run without a tokenizer
+    writes none: like the engine, it must be in place before the server starts)."""
+    if serve.guided_decoding is GuidedDecodingBackend.none:
+        check_guided_decoding(serve, parameters, None)
+        return []
+    if dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
+        return []
+    info = write_tokenizer_info(tokenizer_dir, tokenizer.eos_id, out_dir / "tensorrt_llm" / TOKENIZER_INFO_FILE)
+    check_guided_decoding(serve, parameters, info)
+    return [info]
 
 
 def _copy_code(code_dir: Path, model_name: str, llm_model: TritonLlmModel, version_dir: Path) -> list[Path]:
@@ -248,6 +270,10 @@ def _configs(
         return {"max_batch_size": max_batch_size, "serve": serve, **values}
 
     llm_parameters = backend_for(target).llm_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
+    tokenizer_info_path = f"tensorrt_llm/{TOKENIZER_INFO_FILE}"
+    if paths.model_repository is not None:
+        tokenizer_info_path = f"{paths.model_repository}/{tokenizer_info_path}"
+    llm_parameters.update(guided_decoding_parameters(serve, tokenizer_dir=paths.tokenizer_dir, tokenizer_info_path=tokenizer_info_path))
     return {
         "preprocessing": (
             "preprocessing.pbtxt.j2",

@@ -1,7 +1,9 @@
 """Turning one logits row per sampling sequence into tokens.
 
 Order per row: logit bias → bad words → repetition / presence / frequency penalties → `min_tokens` (mask
-`end_id`) → greedy argmax, or temperature → top-k → top-p → a draw. Draws use a generator
+`end_id`) → the guided-decoding grammar mask → greedy argmax, or temperature → top-k → top-p → a draw.
+The grammar wins over the other processors: when they leave no allowed token (e.g. `min_tokens`
+masking the only allowed `end_id`), the allowed tokens keep their raw logits. Draws use a generator
 seeded from (request seed, sample index, position), so a sequence's tokens do not depend on
 its batch, on preemption, or on how its prompt was chunked.
 """
@@ -26,9 +28,9 @@ def draw_seed(request_seed: int, sample_index: int, position: int, purpose: str 
 
 
 def apply_logit_processors(logits: torch.Tensor, item: ScheduledSequence) -> torch.Tensor:
-    """Bad words, penalties and min_tokens applied to one float32 row (returns a new row)."""
+    """Bad words, penalties, min_tokens and the grammar mask applied to one float32 row (returns a new row)."""
     params = item.sampling_params
-    logits = logits.clone()
+    raw, logits = logits, logits.clone()
     history = item.token_history
     for token_id, bias in params.logit_bias:
         logits[token_id] += bias
@@ -38,6 +40,12 @@ def apply_logit_processors(logits: torch.Tensor, item: ScheduledSequence) -> tor
         _apply_penalties(logits, params, history)
     if params.end_id is not None and item.num_output_tokens < params.min_tokens:
         logits[params.end_id] = float("-inf")
+    allowed = item.allowed_tokens
+    if allowed is not None:
+        masked = logits.masked_fill(~allowed, float("-inf"))
+        # Only these processors set -inf: without them the grammar always leaves a token.
+        could_empty = params.logit_bias or params.bad_words or (params.end_id is not None and item.num_output_tokens < params.min_tokens)
+        logits = masked if not could_empty or bool(torch.isfinite(masked).any()) else raw.masked_fill(~allowed, float("-inf"))
     return logits
 
 

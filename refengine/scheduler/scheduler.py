@@ -21,16 +21,21 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as SequenceType
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
 from refengine.kv_cache import CachedPrefix, KVCacheManager
 from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
 from refengine.scheduler.queue import SequenceQueue
+from refengine.scheduler.scheduled import scheduled_sequence
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
 from refengine.scheduler.speculative_update import apply_verified
 from refengine.scheduler.static_batch import allocate_reserved, batch_slots, form_batch, padding_row, release_padding_rows
-from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
+from refengine.step_messages import RunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from refengine.guided.state import GrammarState
 
 
 @dataclass
@@ -125,8 +130,10 @@ class Scheduler:
         prompt_token_ids: SequenceType[int],
         params: SamplingParams,
         sampling_seed: int,
+        grammar: GrammarState | None = None,
     ) -> Sequence:
-        """Queue a request. It must already be validated (see `request_validation`)."""
+        """Queue a request. It must already be validated (see `request_validation`); `grammar` is its
+        guided-decoding state (the sequence owns it; forks of the sequence fork it)."""
         if request_id in self._seq_ids_by_request:
             raise KeyError(f"request {request_id!r} is already scheduled")
         sequence = Sequence(
@@ -138,6 +145,7 @@ class Scheduler:
             sampling_seed=sampling_seed,
             arrival_order=next(self._arrivals),
             num_pending_samples=params.n,
+            grammar=grammar,
         )
         self._sequences[sequence.seq_id] = sequence
         self._seq_ids_by_request[request_id] = [sequence.seq_id]
@@ -369,22 +377,7 @@ class Scheduler:
             start = sequence.num_computed_tokens
             end = start + choice.num_new_tokens
             self._num_prompt_tokens_computed += max(0, min(end, sequence.num_prompt_tokens) - start)
-            reaches_end = end == sequence.num_tokens
-            params = sequence.params
-            scheduled.append(
-                ScheduledSequence(
-                    seq_id=sequence.seq_id,
-                    new_token_ids=tuple(sequence.token_ids[start:end]),
-                    num_computed_tokens=start,
-                    block_table=choice.block_table,
-                    num_samples=sequence.num_pending_samples if reaches_end else 0,
-                    sampling_params=params,
-                    sampling_seed=sequence.sampling_seed,
-                    first_sample_index=sequence.sample_index,
-                    num_output_tokens=sequence.num_output_tokens,
-                    token_history=tuple(sequence.token_ids) if reaches_end and params.needs_token_history else (),
-                )
-            )
+            scheduled.append(scheduled_sequence(sequence, start, end, choice.block_table))
             sequence.num_computed_tokens = end
         finished, self._finished_since_last_step = self._finished_since_last_step, []
         return SchedulerOutput(

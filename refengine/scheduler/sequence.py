@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from refengine.sampling import SamplingParams
 from refengine.step_messages import SampledToken
+
+if TYPE_CHECKING:
+    from refengine.guided.state import GrammarState
 
 
 class SequenceStatus(enum.Enum):
@@ -42,6 +46,7 @@ class Sequence:
     num_accepted_draft_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
+    grammar: GrammarState | None = None  # guided decoding: this sequence's own grammar position
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,14 +105,22 @@ class Sequence:
             num_computed_tokens=self.num_computed_tokens,
             num_preemptions=self.num_preemptions,
             status=self.status,
+            grammar=self.grammar.fork() if self.grammar is not None else None,
         )
 
     def append_sample(self, sample: SampledToken) -> tuple[tuple[int, ...], FinishReason | None]:
         """Add a sampled token; returns (tokens added to the output, finish reason or None).
 
-        `end_id` ends the sequence without joining the output; a stop sequence joins it.
+        `end_id` ends the sequence without joining the output; a stop sequence joins it. Guided: a
+        grammar stop token (eos) ends it like `end_id`; a token after which the grammar allows
+        nothing else ends it with STOP, and joins the output.
         """
         params = self.params
+        grammar = self.grammar
+        if grammar is not None and not grammar.accept(sample.token_id):
+            raise RuntimeError(f"sequence {self.seq_id}: token {sample.token_id} was sampled against its grammar's mask")
+        if grammar is not None and grammar.is_terminated:
+            return (), FinishReason.STOP
         if params.end_id is not None and sample.token_id == params.end_id and (
             self.num_output_tokens >= params.min_tokens
         ):
@@ -115,6 +128,8 @@ class Sequence:
         self.output_token_ids.append(sample.token_id)
         self._token_ids.append(sample.token_id)
         if self.num_output_tokens >= params.min_tokens and self._ends_with_stop_sequence():
+            return (sample.token_id,), FinishReason.STOP
+        if grammar is not None and grammar.allows_only_stop():
             return (sample.token_id,), FinishReason.STOP
         if self.num_output_tokens >= params.max_tokens:
             return (sample.token_id,), FinishReason.LENGTH

@@ -63,6 +63,10 @@ class Speculator:
             sequence = scheduler.get_sequence(item.seq_id)
             if budget <= 0 or sequence is None or item.num_samples != 1 or item.sampling_params.return_context_logits:
                 continue
+            if item.allowed_tokens is not None:
+                # guided: the verifier does not advance the grammar per draft position, so a guided sequence
+                # decodes one token per step (its output stays valid; it gains no speed-up)
+                continue
             params = item.sampling_params
             wanted = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
             k = min(wanted, params.max_tokens - item.num_output_tokens - 1, budget)

@@ -137,7 +137,10 @@ def test_two_return_sequences_are_told_apart_by_sequence_index(served, model):
     "extra, message",
     [
         (dict(lora_task_id=np.array([[7]], dtype=np.uint64)), "lora_task_id: LoRA adapters are not run by the cpu reference engine"),
-        (dict(guided_decoding_guide_type=np.array([["json"]]).astype(object)), "guided_decoding_guide_type: guided decoding is not done"),
+        (
+            dict(guided_decoding_guide=np.array([["[0-9]+"]]).astype(object)),
+            "guided_decoding_guide_type: a guided_decoding_guide was given without a guide type",
+        ),
         (dict(decoder_text_input=np.array([["bonjour"]]).astype(object)), "decoder_text_input: the engine is decoder-only"),
         (
             dict(num_return_sequences=np.array([[2]], dtype=np.int32), return_num_output_tokens=np.array([[True]], dtype=bool)),

@@ -11,6 +11,7 @@ non-streamed request) frees the request's KV blocks; the `openai` command finds 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -23,12 +24,16 @@ import httpx
 import openai
 import pytest
 
-from clients import TritonLLMClient
+from clients import RequestError, TritonLLMClient
 from clients.openai_server import ServedModel, running_openai_server
 from clients.openai_server.templating import plain_chat_prompt
 from model_repo.python.hf_tokenizer import HFTokenizer
 from pipeline.serve import ServerState
 from pipeline.serve.process import start_time_ticks
+from tests.integration.guided_cases import MAX_TOKENS as GUIDED_MAX_TOKENS
+from tests.integration.guided_cases import PROMPTS as GUIDED_PROMPTS
+from tests.integration.guided_cases import SCHEMAS as GUIDED_SCHEMAS
+from tests.integration.guided_cases import validated
 from tests.integration.serving import CLI, REPO, free_ports, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -316,3 +321,87 @@ def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton
             process.wait()
         (state_dir / "server.json").unlink()
     assert triton.is_running()  # the command never stops a server it did not start
+
+
+# -- guided decoding (#16): the tiny model, which writes Python, answers JSON that validates ---------------
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_guided_answers_over_triton_grpc_and_http_validate_against_their_schemas(triton, protocol):
+    url = triton.options.grpc_url if protocol == "grpc" else triton.options.http_url
+    with TritonLLMClient(url, protocol, timeout=120) as client:
+        for name, schema in GUIDED_SCHEMAS.items():
+            for prompt in GUIDED_PROMPTS:
+                for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_p": 0.95, "seed": 3}):
+                    answer = client.generate(
+                        prompt, max_tokens=GUIDED_MAX_TOKENS, return_log_probs=True, **sampling,
+                        guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(schema),
+                    )
+                    assert answer.finish_reason == "stop", (name, prompt, answer.text)
+                    validated(answer.text, schema)
+
+
+def test_guided_answers_through_the_openai_front_end_validate(oai):
+    for name, schema in GUIDED_SCHEMAS.items():
+        response_format = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+        for prompt in GUIDED_PROMPTS:
+            completion = oai.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=GUIDED_MAX_TOKENS, temperature=0, extra_body={"response_format": response_format}
+            )
+            assert completion.choices[0].finish_reason == "stop"
+            validated(completion.choices[0].text, schema)
+            chat = oai.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=GUIDED_MAX_TOKENS,
+                temperature=1.0, seed=5, n=2, response_format=response_format,
+            )
+            for choice in chat.choices:
+                assert choice.finish_reason == "stop"
+                validated(choice.message.content, schema)
+    json_object = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=GUIDED_MAX_TOKENS, temperature=0, response_format={"type": "json_object"}
+    )
+    json_choice = json_object.choices[0]  # any object: the tiny model may keep adding keys until max_tokens
+    assert json_choice.message.content.startswith("{")
+    assert json_choice.finish_reason == "length" or isinstance(json.loads(json_choice.message.content), dict)
+    regex = oai.completions.create(model=MODEL, prompt="x = ", max_tokens=12, temperature=0, extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", regex.choices[0].text) and regex.choices[0].finish_reason == "stop"
+    grammar = oai.completions.create(model=MODEL, prompt="x = ", max_tokens=12, temperature=0, extra_body={"guided_grammar": 'root ::= "yes" | "no"'})
+    assert grammar.choices[0].text in ("yes", "no")
+
+
+def test_a_guide_that_cannot_finish_within_max_tokens_ends_with_length(oai):
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": GUIDED_SCHEMAS["person"]}}
+    completion = oai.completions.create(model=MODEL, prompt="x", max_tokens=5, temperature=0, extra_body={"response_format": response_format})
+    assert completion.choices[0].finish_reason == "length"
+    with pytest.raises(ValueError):
+        json.loads(completion.choices[0].text)
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}, "not a valid JSON schema"),
+        ({"guided_json": {"not": {"type": "string"}}}, "keyword 'not'"),
+        ({"guided_regex": "(unclosed"}, "xgrammar cannot compile the regex guide"),
+        ({"guided_grammar": 'root ::= ""'}, "accepts only the empty output"),
+        ({"guided_regex": "[0-9]", "guided_grammar": 'root ::= "a"'}, "give one guide"),
+    ],
+    ids=["invalid-schema", "unsupported-keyword", "bad-regex", "empty-grammar", "two-guides"],
+)
+def test_bad_guides_are_a_400_naming_the_guide_before_any_token(base_url, body, reason):
+    response = httpx.post(f"{base_url}/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4, **body}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert reason in response.json()["error"]["message"]
+
+
+def test_triton_refuses_a_guide_type_without_a_guide_and_a_1_mb_schema_by_name(triton):
+    megabyte_schema = json.dumps({"enum": ["a" * (1 << 20)]})
+    with TritonLLMClient(triton.options.grpc_url, "grpc", timeout=60) as client:
+        with pytest.raises(RequestError, match="guided_decoding_guide: guide type 'json_schema' needs a guide"):
+            client.generate("x", max_tokens=4, guided_decoding_guide_type="json_schema")
+        with pytest.raises(RequestError, match=r"guided_decoding_guide: is 10485\d\d bytes; at most 65536 bytes"):
+            client.generate("x", max_tokens=4, guided_decoding_guide_type="json_schema", guided_decoding_guide=megabyte_schema)
+
+
+def test_the_bls_passes_the_guide_to_tensorrt_llm(triton):
+    with TritonLLMClient(triton.options.grpc_url, "grpc", "tensorrt_llm_bls", timeout=60) as client:
+        answer = client.generate("x = ", max_tokens=12, guided_decoding_guide_type="regex", guided_decoding_guide="[0-9]{3}-[a-z]{2}")
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", answer.text)

@@ -237,7 +237,6 @@ def test_greedy_sends_only_temperature_zero_and_extensions_pass_through(context)
         (lambda: completion(best_of=3), "best_of"),
         (lambda: chat(logprobs=True, top_logprobs=2), "top_logprobs"),
         (lambda: chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        (lambda: chat(response_format={"type": "json_object"}), "response_format"),
         (lambda: chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages.0.role"),
     ],
 )

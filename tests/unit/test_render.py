@@ -282,8 +282,10 @@ def test_engine_variant_fills_every_backend_parameter(tmp_path):
         "speculative_decoding_fast_logits", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode",
         "cuda_graph_mode", "cuda_graph_cache_size", "num_nodes", "lora_cache_optimal_adapter_size",
         "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes",
-        "executor_worker_path",
+        "executor_worker_path", "guided_decoding_backend", "xgrammar_tokenizer_info_path", "tokenizer_dir",
     }
+    assert values["guided_decoding_backend"] == "xgrammar" and values["tokenizer_dir"] == "/tok"
+    assert values["xgrammar_tokenizer_info_path"] == "tensorrt_llm/xgrammar_tokenizer_info.json"
     assert values["gpt_model_type"] == "inflight_fused_batching"
     assert values["gpt_model_path"] == "/engines/llama"
     assert values["kv_cache_free_gpu_mem_fraction"] == "0.85"
@@ -774,7 +776,8 @@ def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
         (dict(input_lengths=9), True, "input_lengths: 9 must be between 1 and the 4 tokens of input_ids"),
         (dict(min_tokens=20), True, "min_tokens: 20 exceeds max_tokens 8"),
         (dict(lora_task_id=np.uint64(7)), True, "lora_task_id: LoRA adapters are not run by the cpu reference engine"),
-        (dict(guided_decoding_guide_type=b"json"), True, "guided_decoding_guide_type: guided decoding is not done"),
+        (dict(guided_decoding_guide=b"[0-9]+"), True, "guided_decoding_guide_type: a guided_decoding_guide was given without a guide type"),
+        (dict(guided_decoding_guide_type=b"regex"), True, "guided_decoding_guide: guide type 'regex' needs a guide"),
         (dict(lookahead_window_size=4), True, "lookahead_window_size: lookahead decoding is not done"),
         (dict(len_penalty=float("nan")), True, "len_penalty: must be a finite number"),
         (dict(return_num_output_tokens=True, num_return_sequences=2), True, "return_num_output_tokens: not available with num_return_sequences 2"),

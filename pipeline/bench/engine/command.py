@@ -8,6 +8,7 @@ from pathlib import Path
 from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, status_console, write_and_print
 
 RESULT_NAME = "bench-engine.json"
+GUIDED_RESULT_NAME = "bench-engine-guided.json"
 HELP = "refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse"
 CONFIG_HELP = "build config YAML (target cpu)"
 
@@ -17,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
+    parser.add_argument("--guided", action="store_true", help="instead: guided decoding (xgrammar) vs unguided per-token cost, compile time, cache hit rate")
 
 
 def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
@@ -27,6 +29,8 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
 
     _, store, results = build_for_bench(args, build_cpu_target, "bench engine", "build")
     status = status_console()
+    if args.guided:
+        return _run_guided(args, results, store, status)
     result = run_engine_bench(
         results["build"].ref.path / ENGINE_DIR,
         checkpoint_dir(results["prepare"].ref.path),
@@ -34,4 +38,17 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
         progress=dim_lines(status),
     )
     write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, render_markdown, status)
+    return 0
+
+
+def _run_guided(args: argparse.Namespace, results: dict, store, status) -> int:
+    from pipeline.bench.engine.guided import run_guided_bench
+    from pipeline.stages.build import ENGINE_DIR
+
+    result = run_guided_bench(results["build"].ref.path / ENGINE_DIR, results["prepare"].ref.path, quick=args.quick, progress=dim_lines(status))
+    out = args.out or store.build_dir / GUIDED_RESULT_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(result, indent=1, sort_keys=True))
+    status.print(f"wrote {out}")
     return 0

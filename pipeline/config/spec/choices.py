@@ -113,3 +113,8 @@ class GateEndpoint(str, Enum):
     grpc = "grpc"
     http = "http"
     openai = "openai"
+
+
+class GuidedDecodingBackend(str, Enum):
+    xgrammar = "xgrammar"
+    none = "none"

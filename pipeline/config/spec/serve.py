@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline.config.spec.choices import SchedulerPolicy
+from pipeline.config.spec.choices import GuidedDecodingBackend, SchedulerPolicy
 from pipeline.config.spec.strict import StrictModel
 
 
@@ -56,6 +56,13 @@ class ServeSpec(StrictModel):
     exclude_input_in_output: bool = Field(default=True, description="Return only generated tokens, not the prompt.")
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
     max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
+    guided_decoding: GuidedDecodingBackend = Field(
+        default=GuidedDecodingBackend.xgrammar,
+        description=(
+            "Structured output (JSON schema, regex, EBNF grammar guides): xgrammar, or none (a guided request is refused). "
+            "xgrammar renders guided_decoding_backend and the tokenizer-info file; unguided requests pay nothing for it."
+        ),
+    )
     lora: ServeLoraSpec | None = Field(
         default=None, description="LoRA cache sizes of the tensorrt_llm model (needs build.lora). Absent with build.lora: the defaults."
     )

@@ -1,0 +1,102 @@
+"""`GrammarState`: one sequence's position in its grammar.
+
+Owned by the scheduler's `Sequence` (one state per sequence, created when the request is queued):
+the scheduler asks it for the next-token mask when it schedules the sequence's sampling step and
+puts the mask in the `ScheduledSequence`; the sampler only applies the mask (it never sees
+xgrammar); `Sequence.append_sample` advances the state with the token drawn.
+
+Preemption by recompute keeps a sequence's output tokens, so its state stays valid: nothing is
+rolled back, and the recomputed sequence continues from the same mask.
+
+Hooks for the other decoders (call them; never reach into the matcher):
+- `n` > 1 (wired): the one sequence that draws n first tokens is forked before each sample is
+  accepted, so every sample gets `fork()` of the state the mask was computed from.
+- beam search: every beam owns a state; when beams are re-ranked, each surviving beam takes
+  `fork()` of its parent beam's state and then `accept(token)` of its new token. The mask of a
+  beam is `allowed_next()`, applied to that beam's logits row before the top-k over beams.
+- speculative decoding: draft tokens are checked with `accepts(token)` then `accept(token)`
+  one by one, stopping at the first the grammar refuses (that draft token is rejected, as a
+  mismatch with the target would be); after verification, `rollback(m)` undoes the m accepted
+  draft tokens the target model did not confirm. Bonus / corrected tokens are sampled with
+  `allowed_next()` like any other token.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+_BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """xgrammar's packed int32 bitmask [1, ceil(V / 32)] as a bool vector [vocab_size]."""
+    bits = (bitmask.reshape(-1, 1) >> _BIT_POSITIONS) & 1
+    return bits.reshape(-1)[:vocab_size].to(torch.bool)
+
+
+class GrammarState:
+    def __init__(self, matcher: Any, vocab_size: int, timing: Any) -> None:
+        import xgrammar
+
+        self._xgrammar = xgrammar
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._timing = timing  # shared counters of mask cost (compiler._MaskTiming)
+        self._stop_token_ids = tuple(matcher.stop_token_ids)
+        self._allowed: torch.Tensor | None = None  # mask of the next position, computed once per position
+
+    # -- queries ---------------------------------------------------------------------------
+    def allowed_next(self) -> torch.Tensor:
+        """Tokens the grammar allows at the next position: bool [vocab] (stop tokens included once
+        the grammar is complete). Computed once per position."""
+        vocab_size = self._vocab_size
+        if self._allowed is None:
+            started = time.perf_counter()
+            bitmask = self._xgrammar.allocate_token_bitmask(1, vocab_size)
+            self._matcher.fill_next_token_bitmask(bitmask)
+            self._allowed = allowed_tokens(bitmask, vocab_size)
+            self._timing.add(time.perf_counter() - started)
+        return self._allowed
+
+    def accepts(self, token_id: int) -> bool:
+        """Whether the grammar allows `token_id` next (the state does not change)."""
+        return bool(self.allowed_next()[token_id])
+
+    def is_stop_token(self, token_id: int) -> bool:
+        return token_id in self._stop_token_ids
+
+    @property
+    def is_terminated(self) -> bool:
+        """A stop token was accepted: the output is complete."""
+        return bool(self._matcher.is_terminated())
+
+    def allows_only_stop(self) -> bool:
+        """The output is complete and nothing may follow it: the generation ends here."""
+        if not self._matcher.is_completed():
+            return False
+        allowed = self.allowed_next().clone()
+        allowed[list(self._stop_token_ids)] = False
+        return not bool(allowed.any())
+
+    # -- changes ---------------------------------------------------------------------------
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar refuses it."""
+        accepted = bool(self._matcher.accept_token(token_id))
+        if accepted:
+            self._allowed = None
+        return accepted
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens (speculative drafts the target rejected)."""
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+            self._allowed = None
+
+    def fork(self) -> GrammarState:
+        """An independent copy at the same position (n > 1 samples, beams)."""
+        copy = GrammarState(self._matcher.fork(), self._vocab_size, self._timing)
+        copy._allowed = self._allowed
+        return copy
