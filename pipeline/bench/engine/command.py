@@ -47,8 +47,6 @@ def _run_guided(args: argparse.Namespace, results: dict, store, status) -> int:
 
     result = run_guided_bench(results["build"].ref.path / ENGINE_DIR, results["prepare"].ref.path, quick=args.quick, progress=dim_lines(status))
     out = args.out or store.build_dir / GUIDED_RESULT_NAME
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(json.dumps(result, indent=1, sort_keys=True))
+    write_and_print(result, out, True, str, status)  # the guided figures print as JSON only
     status.print(f"wrote {out}")
     return 0
