@@ -139,6 +139,24 @@ class LLMEngine:
         self._lock = threading.RLock()
         self._num_steps = 0
         self._num_generated_tokens = 0
+        self._num_draft_tokens = [0, 0]  # speculative decoding: drafted, accepted
+        self._guided: Any = None  # refengine.guided.compiler.GuidedDecoder once enabled
+
+    def enable_guided_decoding(self, tokenizer_info: str | Path | Any, *, cache_size: int | None = None) -> None:
+        """Serve guided requests, with the vocabulary of TensorRT-LLM's xgrammar tokenizer-info file
+        (a path), or of an `xgrammar.TokenizerInfo` of the model's vocabulary size."""
+        from refengine.guided.compiler import DEFAULT_CACHE_SIZE, GuidedDecoder
+        from refengine.guided.tokenizer_info import TokenizerInfoError, load_tokenizer_info
+
+        info = load_tokenizer_info(tokenizer_info, self.vocab_size) if isinstance(tokenizer_info, (str, Path)) else tokenizer_info
+        if info.vocab_size != self.vocab_size:
+            raise TokenizerInfoError(f"the tokenizer info has {info.vocab_size} ids, the model's logits {self.vocab_size}")
+        self._guided = GuidedDecoder(info, cache_size=cache_size or DEFAULT_CACHE_SIZE)
+
+    @property
+    def guided_decoder(self) -> Any:
+        """The `GuidedDecoder` (compile cache and its figures), or None when guided decoding is off."""
+        return self._guided
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
