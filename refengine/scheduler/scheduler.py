@@ -20,27 +20,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceType
-from dataclasses import dataclass
 
 from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
-from refengine.kv_cache import CachedPrefix, KVCacheManager
+from refengine.kv_cache import KVCacheManager
 from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
+from refengine.scheduler.choice import Choice
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
-from refengine.scheduler.static_batch import batch_slots, form_batch, padding_row
+from refengine.scheduler.static_batch import batch_slots, padding_row
+from refengine.scheduler.static_schedule import StaticScheduling
 from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 
-@dataclass
-class _Choice:
-    sequence: Sequence
-    num_new_tokens: int
-    block_table: tuple[int, ...]
-    padding: bool = False  # a finished row of a static batch, computed and discarded
-
-
-class Scheduler:
+class Scheduler(StaticScheduling):
     def __init__(self, config: EngineConfig) -> None:
         self._config = config
         self._kv = KVCacheManager(
@@ -156,7 +149,7 @@ class Scheduler:
         if self._static:
             return self._schedule_static()
         budget = self._config.max_num_tokens
-        choices: list[_Choice] = []
+        choices: list[Choice] = []
         preempted: list[Sequence] = []
         index = 0
         while index < len(self._running) and budget > 0:
@@ -168,7 +161,7 @@ class Scheduler:
             table = self._allocate_or_preempt(sequence, num_new, preempted)
             if table is None:
                 break  # the sequence itself was preempted: it was the newest one left
-            choices.append(_Choice(sequence, num_new, table))
+            choices.append(Choice(sequence, num_new, table))
             budget -= num_new
             index += 1
         if not preempted:
@@ -235,7 +228,7 @@ class Scheduler:
             if victim is sequence:
                 return None
 
-    def _admit_waiting(self, budget: int, choices: list[_Choice]) -> int:
+    def _admit_waiting(self, budget: int, choices: list[Choice]) -> int:
         policy = self._config.scheduler_policy
         while budget > 0 and self._waiting:
             sequence = self._waiting.peek_oldest()
@@ -258,64 +251,9 @@ class Scheduler:
             self._num_prefix_cache_hits += prefix.num_tokens > 0
             sequence.status = SequenceStatus.RUNNING
             self._running.insert(sequence)
-            choices.append(_Choice(sequence, num_new, table))
+            choices.append(Choice(sequence, num_new, table))
             budget -= num_new
         return budget
-
-    def _schedule_static(self) -> SchedulerOutput:
-        """One step of a held batch. Prompts first (whole, or chunked only as the budget
-        requires), so that rows held in the batch cannot starve a prompt still to run; then one
-        token for every decoding member and every padding row."""
-        if not self._running:
-            self._release_padding_rows()  # normally none left: the last finish released them
-            form_batch(self._kv, self._waiting, self._running, self._config.max_batch_size)
-        budget = self._config.max_num_tokens
-        choices: list[_Choice] = []
-        decoding = []
-        for sequence in self._running:
-            fresh = not self._kv.has_sequence(sequence.seq_id)
-            if sequence.num_uncomputed_tokens == 1 and not fresh:
-                decoding.append(sequence)
-                continue
-            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids) if fresh else CachedPrefix()
-            num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens - prefix.num_tokens, budget)
-            if num_new == 0:
-                continue
-            total = sequence.num_computed_tokens + prefix.num_tokens + num_new
-            table = self._allocate_reserved(sequence, total, prefix)
-            sequence.num_computed_tokens += prefix.num_tokens
-            self._num_prefix_cache_hit_tokens += prefix.num_tokens
-            self._num_prefix_cache_hits += prefix.num_tokens > 0
-            choices.append(_Choice(sequence, num_new, table))
-            budget -= num_new
-        for sequence in decoding:
-            if budget > 0:
-                choices.append(_Choice(sequence, 1, self._allocate_reserved(sequence, sequence.num_tokens)))
-                budget -= 1
-        for sequence in self._padding_rows:
-            if budget > 0:  # rewrites its slot after the frozen tokens: within its reservation
-                table = self._allocate_reserved(sequence, sequence.num_computed_tokens + 1)
-                choices.append(_Choice(sequence, 1, table, padding=True))
-                budget -= 1
-                self._num_padding_tokens += 1
-        choices.sort(key=lambda choice: choice.sequence.sort_key)
-        return self._make_output(choices, [])
-
-    def _allocate_reserved(
-        self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None
-    ) -> tuple[int, ...]:
-        owner = sequence.request_id if self.has_request(sequence.request_id) else None  # padding rows count for nobody
-        table = self._kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix, owner=owner)
-        if table is None:
-            raise RuntimeError(
-                f"static batch: no KV blocks for sequence {sequence.seq_id} despite its reservation"
-            )
-        return table
-
-    def _release_padding_rows(self) -> None:
-        for sequence in self._padding_rows:
-            self._kv.free(sequence.seq_id)
-            self._padding_rows.remove(sequence)
 
     def _num_batch_slots(self) -> int:
         return batch_slots(self._running)
@@ -363,7 +301,7 @@ class Scheduler:
             self._seq_ids_by_request.pop(sequence.request_id, None)
         self._finished_since_last_step.append(sequence.seq_id)
 
-    def _make_output(self, choices: list[_Choice], preempted: list[Sequence]) -> SchedulerOutput:
+    def _make_output(self, choices: list[Choice], preempted: list[Sequence]) -> SchedulerOutput:
         scheduled = []
         for choice in choices:
             sequence = choice.sequence
