@@ -38,6 +38,7 @@ class _CompletionState:
     generation_logits: list[torch.Tensor] = field(default_factory=list)  # rows not yet reported
     num_reported: int = 0
     finish_reason: str | None = None
+    cum_log_prob: float | None = None  # beam search
 
     def snapshot(self, with_logprobs: bool, with_logits: bool) -> CompletionOutput:
         new = tuple(self.token_ids[self.num_reported :])
@@ -53,6 +54,7 @@ class _CompletionState:
             finish_reason=self.finish_reason,
             logprobs=tuple(self.logprobs) if with_logprobs else None,
             new_generation_logits=logits,
+            cum_log_prob=self.cum_log_prob,
         )
 
 
@@ -85,6 +87,8 @@ class _RequestState:
             # An end_id sample joins no output (its logits row neither); a stop sequence's last token does.
             drawn = [s for s in update.new_samples if s.logits is not None]
             completion.generation_logits.extend(s.logits for s in drawn[: len(update.new_token_ids)])
+        if update.cum_log_prob is not None:
+            completion.cum_log_prob = update.cum_log_prob
         if update.finish_reason is not None:
             completion.finish_reason = update.finish_reason.value
 

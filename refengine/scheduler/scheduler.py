@@ -25,6 +25,7 @@ from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
 from refengine.kv_cache import KVCacheManager
 from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
+from refengine.scheduler.beams import BeamGroups, finish_beams, reassign_beams
 from refengine.scheduler.choice import Choice
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
@@ -45,6 +46,7 @@ class Scheduler(StaticScheduling):
         self._running = SequenceQueue()
         self._static = config.batching is BatchingMode.STATIC
         self._padding_rows = SequenceQueue()  # static batching: finished rows held until the batch ends
+        self._beams = BeamGroups()
         self._sequences: dict[int, Sequence] = {}
         self._seq_ids_by_request: dict[str, list[int]] = {}
         self._seq_ids = itertools.count()
@@ -129,8 +131,10 @@ class Scheduler(StaticScheduling):
             params=params,
             sampling_seed=sampling_seed,
             arrival_order=next(self._arrivals),
-            num_pending_samples=params.n,
+            num_pending_samples=params.num_sequences,
         )
+        if params.beam_width > 1:
+            self._beams.add(sequence)
         self._sequences[sequence.seq_id] = sequence
         self._seq_ids_by_request[request_id] = [sequence.seq_id]
         self._waiting.insert(sequence)
@@ -151,19 +155,23 @@ class Scheduler(StaticScheduling):
         budget = self._config.max_num_tokens
         choices: list[Choice] = []
         preempted: list[Sequence] = []
-        index = 0
-        while index < len(self._running) and budget > 0:
-            sequence = self._running[index]
+        skipped_group = None  # a beam group decodes all its beams in one step, or waits
+        for sequence in self._beams.scheduling_order(self._running):
+            if budget <= 0:
+                break
+            if sequence.status is not SequenceStatus.RUNNING or sequence.request_id == skipped_group:
+                continue  # preempted during this step, or its beam group does not fit the budget
+            if self._beams.group_size_at(sequence) > budget:
+                skipped_group = sequence.request_id
+                continue
             num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens, budget)
             if num_new == 0:
-                index += 1
                 continue
             table = self._allocate_or_preempt(sequence, num_new, preempted)
             if table is None:
                 break  # the sequence itself was preempted: it was the newest one left
             choices.append(Choice(sequence, num_new, table))
             budget -= num_new
-            index += 1
         if not preempted:
             budget = self._admit_waiting(budget, choices)
         return self._make_output(choices, preempted)
@@ -173,6 +181,7 @@ class Scheduler(StaticScheduling):
     ) -> list[SequenceUpdate]:
         """Apply the sampled tokens: extend, fork (n > 1), finish; returns what changed."""
         updates: list[SequenceUpdate] = []
+        beam_rows = {}
         for item in scheduler_output.scheduled:
             sequence = self._sequences.get(item.seq_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
@@ -181,6 +190,9 @@ class Scheduler(StaticScheduling):
             if item.num_samples == 0:
                 continue
             samples = runner_output.sampled.get(item.seq_id, ())
+            if self._beams.is_beam(item.seq_id):
+                beam_rows[item.seq_id] = samples[0].beam_log_probs
+                continue
             if len(samples) != item.num_samples:
                 raise ValueError(
                     f"runner returned {len(samples)} samples for sequence {item.seq_id}, "
@@ -201,6 +213,14 @@ class Scheduler(StaticScheduling):
                 )
                 if reason is not None:
                     self._finish(member, reason)
+        for group, step in self._beams.step(beam_rows):
+            if step.done:
+                updates += finish_beams(group, [self._sequences[i] for i in group.member_ids], self._finish)
+                continue
+            if len(group.member_ids) < group.width:  # the prompt's step: fork it into the beams
+                for child in self._fork(self._sequences[group.member_ids[0]], group.width - 1):
+                    self._beams.add_member(group, child.seq_id)
+            reassign_beams(self._kv, group, [self._sequences[i] for i in group.member_ids], step)
         return updates
 
     # -- internals -------------------------------------------------------------------------
@@ -222,7 +242,9 @@ class Scheduler(StaticScheduling):
             table = self._kv.allocate_slots(sequence.seq_id, sequence.num_computed_tokens + num_new, owner=sequence.request_id)
             if table is not None:
                 return table
-            victim = self._running.peek_newest()
+            victim = next((s for s in reversed(list(self._running)) if not self._beams.is_beam(s.seq_id)), None)
+            if victim is None:  # beams are admitted with a full reservation: this would be a bug
+                raise RuntimeError(f"no KV blocks for beam sequence {sequence.seq_id} and nothing to preempt")
             self._preempt(victim)
             preempted.append(victim)
             if victim is sequence:
@@ -293,6 +315,7 @@ class Scheduler(StaticScheduling):
             self._release_padding_rows()  # the batch's longest request has ended
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
+        self._beams.forget(sequence.seq_id)
         del self._sequences[sequence.seq_id]
         siblings = self._seq_ids_by_request.get(sequence.request_id, [])
         if sequence.seq_id in siblings:

@@ -100,6 +100,11 @@ class Sequence:
             status=self.status,
         )
 
+    def replace_output(self, output_token_ids: tuple[int, ...]) -> None:
+        """Beam search: this sequence now continues another beam (same length, other tokens)."""
+        self.output_token_ids = list(output_token_ids)
+        self._token_ids = list(self.prompt_token_ids) + self.output_token_ids
+
     def append_sample(self, sample: SampledToken) -> tuple[tuple[int, ...], FinishReason | None]:
         """Add a sampled token; returns (tokens added to the output, finish reason or None).
 
@@ -136,3 +141,4 @@ class SequenceUpdate:
     new_token_ids: tuple[int, ...] = ()
     new_samples: tuple[SampledToken, ...] = ()
     finish_reason: FinishReason | None = None
+    cum_log_prob: float | None = None  # beam search: the returned beam's summed log-probability
