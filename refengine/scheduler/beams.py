@@ -7,9 +7,10 @@ sequences that share the prompt's blocks; from then on each step all of them dec
 and the block table of its parent (`KVCacheManager.reparent`), so beams share every block up to
 where they diverge and copy-on-write splits the last partial one.
 
-Beams are scheduled as a unit, before the other running sequences, and never preempted (their
-admission reserved `beam_width` full-length sequences of blocks; a request without beams is the
-victim when blocks run out). Invariant: every live member of a group is in the running queue;
+Beams are scheduled as a unit, before the other running sequences, and never preempted: under
+either policy a beam request is admitted only if the free blocks cover `beam_width` full-length
+sequences on top of what the running beams may still take, and when blocks run out a request
+without beams is the victim (it is recomputed later). Invariant: every live member of a group is in the running queue;
 a group is dropped when its last member finishes.
 """
 
@@ -82,10 +83,13 @@ class BeamGroups:
         if not group.member_ids:
             del self._groups[request_id]
 
+    def members(self, running: Iterable[Sequence]) -> list[Sequence]:
+        return [s for s in running if self.is_beam(s.seq_id)]
+
     def scheduling_order(self, running: Iterable[Sequence]) -> list[Sequence]:
         """Beam members first (oldest group first), then the rest, each in queue order."""
         sequences = list(running)
-        return [s for s in sequences if self.is_beam(s.seq_id)] + [s for s in sequences if not self.is_beam(s.seq_id)]
+        return self.members(sequences) + [s for s in sequences if not self.is_beam(s.seq_id)]
 
     def group_size_at(self, sequence: Sequence) -> int:
         """Tokens a decoding beam group needs this step, at its first member (0 elsewhere)."""

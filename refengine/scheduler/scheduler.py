@@ -264,6 +264,10 @@ class Scheduler(StaticScheduling):
                 self._kv, self._running, sequence, prefix
             ):
                 break
+            if sequence.params.beam_width > 1 and not no_evict_allows(  # beams are never preempted:
+                self._kv, self._beams.members(self._running), sequence, prefix  # reserve them in any policy
+            ):
+                break
             table = self._kv.allocate_slots(sequence.seq_id, prefix.num_tokens + num_new, prefix, owner=sequence.request_id)
             if table is None:
                 break
