@@ -155,6 +155,11 @@ class LLMEngine:
     def config(self) -> EngineConfig:
         return self._config
 
+    def limit_beam_width(self, max_beam_width: int) -> None:
+        """Serve at most `max_beam_width` beams (Triton's max_beam_width, <= the engine's)."""
+        with self._lock:
+            self._config = self._config.replace(max_beam_width=min(max_beam_width, self._config.max_beam_width))
+
     @property
     def vocab_size(self) -> int:
         return self._model.vocab_size

@@ -115,7 +115,7 @@ class CpuBackend:
             weight_suffix=".safetensors",
             lora=False,
             speculative_decoding=False,
-            beam_search=False,
+            beam_search=True,  # refengine's beam search (#15), up to build.max_beam_width
             multiple_ranks=False,
         ),
     )
@@ -152,7 +152,7 @@ class CpuBackend:
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None
     ) -> dict[str, str]:
-        return cpu_parameters(serve, engine_dir=engine_dir)
+        return cpu_parameters(serve, engine_dir=engine_dir, max_beam_width=facts.max_beam_width)
 
     def server_image(self, spec: Spec) -> tuple[str, str] | None:
         return None
