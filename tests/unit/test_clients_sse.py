@@ -107,6 +107,12 @@ def test_log_probs_give_the_token_count():
     assert chunk_from_json({"text_output": "a"}).num_tokens is None
 
 
+def test_beam_search_answers_keep_every_beam():
+    chunk = chunk_from_json({"text_output": ["best", "second"], "cum_log_probs": [-1.0, -2.5]})
+    assert chunk.text == "best" and chunk.beams == ("best", "second") and chunk.beam_cum_log_probs == (-1.0, -2.5)
+    assert GenerationRequest("hi", 8, beam_width=2, length_penalty=0.5).inputs(stream=False)["beam_width"] == 2
+
+
 # -- requests ---------------------------------------------------------------------------------
 def test_generation_request_sends_only_what_is_set():
     request = GenerationRequest("hi", 8, top_k=40, seed=3, stop="\n", bad_words=[" sys", " os"])

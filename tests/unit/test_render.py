@@ -381,7 +381,7 @@ CONSISTENCY_CASES = {
     "logits dtype mismatch": (dict(logits_datatype="TYPE_FP32"), ["TYPE_FP32", "logits_dtype 'float16'", "TYPE_FP16"]),
     "tokenizer larger than engine vocab": (dict(vocab=5000), ["5000 token ids", "vocab_size is 4096"]),
     "eos outside the engine vocab": (dict(tokenizer_eos_id=4096), ["eos token id 4096", "vocab_size 4096"]),
-    "beam width above engine": (dict(max_beam_width=4), ["Triton max_beam_width 4", "max_beam_width 1"]),
+    "beam width above engine": (dict(max_beam_width=8), ["Triton max_beam_width 8", "max_beam_width 4"]),
     "gpu count must cover tp x pp x instances": (
         dict(config=llama_8b_engine_config(tp_size=2), target="engine", vocab=128256, gpu_device_ids=(0, 1, 2)),
         ["deploy.gpus lists 3 GPU(s)", "tp_size 2", "= 2 are needed"],
