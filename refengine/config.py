@@ -95,10 +95,6 @@ class EngineConfig:
             "max_beam_width",
         ):
             _require_positive_int(name, getattr(self, name))
-        if self.batching is BatchingMode.STATIC and self.max_beam_width > 1:
-            raise EngineConfigError(
-                "max_beam_width", f"{self.max_beam_width}: beam search runs with inflight batching only (batching static)"
-            )
         if self.num_kv_blocks is not None:
             _require_positive_int("num_kv_blocks", self.num_kv_blocks)
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:

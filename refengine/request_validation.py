@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refengine.config import EngineConfig, SchedulerPolicy
+from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
 from refengine.errors import InvalidRequestError
 from refengine.sampling import SamplingParams
 
@@ -65,6 +65,8 @@ def validate_request(
         raise InvalidRequestError(
             "beam_width", f"{params.beam_width} exceeds the engine's max_beam_width {config.max_beam_width}"
         )
+    if params.beam_width > 1 and config.batching is BatchingMode.STATIC:
+        raise InvalidRequestError("beam_width", f"{params.beam_width}: beam search runs with inflight batching only, not static")
     if params.beam_width > config.max_batch_size:
         raise InvalidRequestError("beam_width", f"{params.beam_width} exceeds max_batch_size {config.max_batch_size}")
     if params.logprobs is not None and params.logprobs > config.max_logprobs:

@@ -141,6 +141,12 @@ def test_beams_run_beside_other_requests_and_equal_running_alone(tiny_model):
     assert kv.num_free_blocks == kv.num_blocks
 
 
+def test_beams_are_refused_under_static_batching(tiny_model):
+    engine = _engine(tiny_model("llama_gqa").checkpoint_dir, batching="static")
+    with pytest.raises(InvalidRequestError, match="beam_width: 2: beam search runs with inflight batching only"):
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, beam_width=2))
+
+
 @pytest.mark.parametrize(
     "changes, field",
     [

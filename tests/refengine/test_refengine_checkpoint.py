@@ -165,8 +165,6 @@ def test_build_config_max_beam_width_is_read():
     assert EngineConfig.from_build_config({**BUILD_CONFIG, "max_beam_width": 4}).max_beam_width == 4
     with pytest.raises(EngineConfigError, match="max_beam_width"):
         EngineConfig.from_build_config({**BUILD_CONFIG, "max_beam_width": 0})
-    with pytest.raises(EngineConfigError, match="max_beam_width: 2: beam search runs with inflight batching only"):
-        EngineConfig.from_build_config({**BUILD_CONFIG, "max_beam_width": 2}, batching="static")
 
 
 @pytest.mark.parametrize(
