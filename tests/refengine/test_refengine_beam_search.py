@@ -190,3 +190,21 @@ def test_end_id_finishes_beams_as_transformers_does(tiny_model, search):
     stopped = [completion.finish_reason == "stop" for completion in output.outputs]
     assert stopped == [len(completion.token_ids) < 10 for completion in output.outputs]
     assert any(stopped) or search["early_stopping"] == "never"  # "never" with length_penalty 1.5 favours long beams
+
+
+def test_parallel_samples_run_one_prefill_share_the_prompt_and_reproduce_with_a_seed(tiny_model):
+    model = tiny_model("llama_gqa")
+    prompt = _prompt(5, 17)  # 4 full blocks + 1 token
+    params = SamplingParams(max_tokens=6, temperature=1.0, top_k=20, seed=42, n=4)
+    engine = _engine(model.checkpoint_dir)
+    engine.add_request(prompt, params)
+    engine.step()  # the prompt, its first tokens drawn, the fork
+    tables = [engine.scheduler.kv_cache.block_table(s.seq_id) for s in engine.scheduler.sequences_of("req-0")]
+    assert len(tables) == 4 and len({table[:4] for table in tables}) == 1
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats().num_prompt_tokens_computed == len(prompt)  # one prefill for the four samples
+    first = _engine(model.checkpoint_dir).generate([prompt], params)[0]
+    again = _engine(model.checkpoint_dir, max_batch_size=4).generate([prompt], params)[0]
+    assert [c.token_ids for c in first.outputs] == [c.token_ids for c in again.outputs]
+    assert len({c.token_ids for c in first.outputs}) > 1
