@@ -57,10 +57,6 @@ def validate_request(
             f"prompt length {prompt_len} + max_tokens {params.max_tokens} = "
             f"{prompt_len + params.max_tokens} exceeds max_seq_len {config.max_seq_len}",
         )
-    if params.n > config.max_num_samples:
-        raise InvalidRequestError("n", f"{params.n} exceeds the engine's max_num_samples {config.max_num_samples}")
-    if params.n > config.max_batch_size:
-        raise InvalidRequestError("n", f"{params.n} exceeds max_batch_size {config.max_batch_size}")
     if params.beam_width > config.max_beam_width:
         raise InvalidRequestError(
             "beam_width", f"{params.beam_width} exceeds the engine's max_beam_width {config.max_beam_width}"
@@ -69,6 +65,10 @@ def validate_request(
         raise InvalidRequestError("beam_width", f"{params.beam_width}: beam search runs with inflight batching only, not static")
     if params.beam_width > config.max_batch_size:
         raise InvalidRequestError("beam_width", f"{params.beam_width} exceeds max_batch_size {config.max_batch_size}")
+    if params.beam_width == 1 and params.n > config.max_num_samples:  # with beams n <= beam_width
+        raise InvalidRequestError("n", f"{params.n} exceeds the engine's max_num_samples {config.max_num_samples}")
+    if params.n > config.max_batch_size:
+        raise InvalidRequestError("n", f"{params.n} exceeds max_batch_size {config.max_batch_size}")
     if params.logprobs is not None and params.logprobs > config.max_logprobs:
         raise InvalidRequestError(
             "logprobs", f"{params.logprobs} exceeds the engine's max_logprobs {config.max_logprobs}"

@@ -208,3 +208,10 @@ def test_parallel_samples_run_one_prefill_share_the_prompt_and_reproduce_with_a_
     again = _engine(model.checkpoint_dir, max_batch_size=4).generate([prompt], params)[0]
     assert [c.token_ids for c in first.outputs] == [c.token_ids for c in again.outputs]
     assert len({c.token_ids for c in first.outputs}) > 1
+
+
+def test_beam_width_above_the_engine_is_named_even_with_every_beam_returned(tiny_model):
+    engine = _engine(tiny_model("llama_gqa").checkpoint_dir, max_num_samples=2)
+    with pytest.raises(InvalidRequestError, match="beam_width: 8 exceeds the engine's max_beam_width 4"):
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, beam_width=8, n=8))
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, beam_width=4, n=4))  # n is bounded by beam_width, not max_num_samples
