@@ -338,3 +338,28 @@ def test_cli_reports_an_unreachable_server_in_one_line(capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach Triton at http://127.0.0.1:1 (1 attempt)")
     assert "hint: is the server running?" in err
+
+
+def test_infer_beam_width_prints_every_beam(monkeypatch):
+    import argparse
+    import io
+
+    import clients.client
+    from clients.cli import add_infer_arguments, run_infer
+    from clients.types import Completion
+
+    sent = {}
+
+    class FakeClient:
+        def __init__(self, *args, **kwargs): ...
+        def __enter__(self): return self
+        def __exit__(self, *exc): return None
+        def generate(self, prompt, **options):
+            sent.update(options)
+            return Completion("best", 0.1, beams=("best", "second"))
+
+    monkeypatch.setattr(clients.client, "TritonLLMClient", FakeClient)
+    args = add_infer_arguments(argparse.ArgumentParser()).parse_args(["def f(", "--beam-width", "2"])
+    out = io.StringIO()
+    assert run_infer(args, out=out, err=io.StringIO()) == 0
+    assert sent["beam_width"] == 2 and out.getvalue() == "[beam 0] best\n[beam 1] second\n"
