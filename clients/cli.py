@@ -27,6 +27,7 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of tokens with this probability mass")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--beam-width", type=int, default=None, metavar="B", help="beam search with B beams: prints every beam, best first (not with --stream)")
     parser.add_argument("--stop", action="append", default=None, metavar="WORD", help="stop at this word or phrase (repeatable)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds for the whole request (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--retries", type=int, default=2, help="retries while the server cannot be reached (default 2)")
@@ -57,6 +58,8 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     out = out or sys.stdout
     err = err or sys.stderr
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "stop": args.stop}
+    if args.beam_width is not None:
+        sampling["beam_width"] = args.beam_width
     try:
         sampling.update(guide_options(args))
     except OSError as error:
@@ -75,10 +78,14 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
                     out.write("\n")
             else:
                 completion = client.generate(args.prompt, max_tokens=args.max_tokens, **sampling)
-                if not args.json:
+                if not args.json and completion.beams:
+                    out.write("".join(f"[beam {index}] {text}\n" for index, text in enumerate(completion.beams)))
+                elif not args.json:
                     out.write(completion.text + "\n")
             if args.json and completion is not None:
                 record = {"prompt": args.prompt, "text": completion.text, "latency_s": round(completion.latency_s, 6), "protocol": args.protocol}
+                if completion.beams:
+                    record["beams"] = list(completion.beams)
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
     except ServerUnavailableError as error:

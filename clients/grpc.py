@@ -82,9 +82,13 @@ def chunk_from_result(result: Any) -> Chunk:
     response = result.get_response()
     final = response.parameters["triton_final_response"].bool_param if "triton_final_response" in response.parameters else False
     text_array = result.as_numpy(TEXT_OUTPUT)
-    text = "".join(item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in text_array.reshape(-1)) if text_array is not None else ""
+    parts = [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in text_array.reshape(-1)] if text_array is not None else []
     log_probs = result.as_numpy("output_log_probs")
     cum = result.as_numpy("cum_log_probs")
+    if len(parts) > 1:  # beam search: one text per beam, best first
+        cums = tuple(float(value) for value in cum.reshape(-1)) if cum is not None else ()
+        return Chunk(text=parts[0], cum_log_prob=cums[0] if cums else None, final=final, beams=tuple(parts), beam_cum_log_probs=cums)
+    text = "".join(parts)
     return Chunk(
         text=text,
         num_tokens=int(log_probs.size) if log_probs is not None else (0 if text_array is None and final else None),

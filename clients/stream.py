@@ -49,6 +49,8 @@ class _Recorder:
         self.tokens: int | None = 0
         self.cum_log_prob: float | None = None
         self.log_probs: list[float] = []
+        self.beams: tuple[str, ...] = ()
+        self.beam_cum_log_probs: tuple[float, ...] = ()
         self.completion: Completion | None = None
 
     def add(self, chunk: Chunk) -> None:
@@ -61,6 +63,8 @@ class _Recorder:
             self.cum_log_prob = chunk.cum_log_prob
         if chunk.log_probs:
             self.log_probs.extend(chunk.log_probs)
+        if chunk.beams:
+            self.beams, self.beam_cum_log_probs = chunk.beams, chunk.beam_cum_log_probs
 
     def finish(self) -> Completion:
         tokens = self.tokens if self.responses else None
@@ -74,8 +78,10 @@ class _Recorder:
             num_responses=self.responses,
             num_tokens=tokens,
             cum_log_prob=self.cum_log_prob,
-            finish_reason=reason,
+            finish_reason=None if self.beams else reason,
             protocol=self.protocol,
+            beams=self.beams,
+            beam_cum_log_probs=self.beam_cum_log_probs,
         )
         return self.completion
 

@@ -32,6 +32,8 @@ INPUT_DATATYPES: dict[str, str] = {
     "frequency_penalty": "FP32",
     "min_tokens": "INT32",
     "seed": "UINT64",
+    "beam_width": "INT32",
+    "length_penalty": "FP32",
     "return_log_probs": "BOOL",
     "exclude_input_in_output": "BOOL",
     "stream": "BOOL",
@@ -40,7 +42,7 @@ INPUT_DATATYPES: dict[str, str] = {
 }
 # The ensemble passes its sampling inputs straight to `tensorrt_llm`, under the same names but these
 # (for callers of that model itself: the OpenAI front end's token-level path; see llm_input_name).
-LLM_INPUT_RENAMES: dict[str, str] = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "stream": "streaming"}
+LLM_INPUT_RENAMES: dict[str, str] = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "stream": "streaming", "length_penalty": "len_penalty"}
 TEXT_OUTPUT = "text_output"
 _INTEGER_RANGES: dict[str, tuple[int, int]] = {"INT32": (-(2**31), 2**31 - 1), "UINT64": (0, 2**64 - 1)}
 _FP32_MAX = 3.4028234663852886e38
@@ -112,7 +114,8 @@ class GenerationRequest:
     Decoding follows TensorRT-LLM: greedy unless `top_k` or `top_p` is set (and `temperature` > 0).
     `stop` and `bad_words` are words or phrases (text, not token ids). `return_log_probs` makes
     the server return per-token log-probs, from which `Completion.num_tokens` and
-    `Completion.finish_reason` are known.
+    `Completion.finish_reason` are known. `beam_width` > 1: beam search (greedy only; not streamed);
+    every beam comes back, best first (`Completion.beams`), `length_penalty` as TensorRT-LLM's.
     """
 
     prompt: str
@@ -134,6 +137,8 @@ class GenerationRequest:
     # guided decoding (TensorRT-LLM's guide types: json, json_schema, regex, ebnf_grammar, structural_tag)
     guided_decoding_guide_type: str | None = None
     guided_decoding_guide: str | None = None
+    beam_width: int | None = None
+    length_penalty: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -161,6 +166,8 @@ class GenerationRequest:
             "frequency_penalty": self.frequency_penalty,
             "min_tokens": self.min_tokens,
             "seed": self.seed,
+            "beam_width": self.beam_width,
+            "length_penalty": self.length_penalty,
             "return_log_probs": self.return_log_probs or None,
             "exclude_input_in_output": self.exclude_input_in_output,
             "stream": stream,
@@ -179,6 +186,8 @@ class Chunk:
     cum_log_prob: float | None = None
     final: bool = False
     log_probs: tuple[float, ...] | None = field(default=None, compare=False)  # per token, when asked for
+    beams: tuple[str, ...] = ()  # beam search: every beam's text, best first (`text` is the best)
+    beam_cum_log_probs: tuple[float, ...] = ()  # beam search with log-probs: each beam's
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,8 @@ class Completion:
     cum_log_prob: float | None = None
     finish_reason: str | None = None
     protocol: str = ""
+    beams: tuple[str, ...] = ()  # beam search: every beam's text, best first (`text` is the best)
+    beam_cum_log_probs: tuple[float, ...] = ()
 
 
 def chunk_from_json(payload: Mapping[str, Any], *, status: int | None = None, final: bool = False) -> Chunk:
@@ -205,7 +216,11 @@ def chunk_from_json(payload: Mapping[str, Any], *, status: int | None = None, fi
     if "error" in payload:
         raise RequestError(status, str(payload["error"]))
     text = payload.get(TEXT_OUTPUT)
-    if isinstance(text, list):  # an output of shape [n] comes back as a list
+    beams: tuple[str, ...] = ()
+    if isinstance(text, list) and len(text) > 1:  # beam search: one text per beam
+        beams = tuple(str(part) for part in text)
+        text = beams[0]
+    elif isinstance(text, list):  # an output of shape [n] comes back as a list
         text = "".join(str(part) for part in text)
     if not isinstance(text, str):
         raise ProtocolError(f"response has no {TEXT_OUTPUT!r} text: {dict(payload)!r:.300}")
@@ -213,10 +228,13 @@ def chunk_from_json(payload: Mapping[str, Any], *, status: int | None = None, fi
     num_tokens = None
     if log_probs is not None:
         num_tokens = len(_flatten(log_probs))
-    cum = payload.get("cum_log_probs")
-    cum_log_prob = float(_flatten(cum)[-1]) if cum is not None and _flatten(cum) else None
+    cum = _flatten(payload.get("cum_log_probs")) if payload.get("cum_log_probs") is not None else []
+    cum_log_prob = float(cum[0] if beams else cum[-1]) if cum else None
     values = None if log_probs is None else tuple(float(value) for value in _flatten(log_probs))
-    return Chunk(text=text, num_tokens=num_tokens, cum_log_prob=cum_log_prob, final=final, log_probs=values)
+    return Chunk(
+        text=text, num_tokens=None if beams else num_tokens, cum_log_prob=cum_log_prob, final=final, log_probs=None if beams else values,
+        beams=beams, beam_cum_log_probs=tuple(float(value) for value in cum) if beams else (),
+    )
 
 
 def json_object(body: bytes) -> dict[str, Any]:

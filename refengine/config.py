@@ -75,6 +75,7 @@ class EngineConfig:
     compute_dtype: str = "float32"
     batching: BatchingMode = BatchingMode.INFLIGHT
     max_draft_len: int = 0  # speculative decoding: draft tokens per step (0: built without it)
+    max_beam_width: int = 1  # upper bound of SamplingParams.beam_width
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
@@ -92,6 +93,7 @@ class EngineConfig:
             "max_num_tokens",
             "tokens_per_block",
             "max_num_samples",
+            "max_beam_width",
         ):
             _require_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None:
@@ -127,17 +129,11 @@ class EngineConfig:
         """Limits from an engine's `build_config`; `overrides` set runtime choices (or limits)."""
         plugin_config = build_config.get("plugin_config") or {}
         values: dict[str, Any] = {}
-        for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+        for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width"):
             if build_config.get(name) is not None:
                 values[name] = build_config[name]
         if plugin_config.get("tokens_per_block") is not None:
             values["tokens_per_block"] = plugin_config["tokens_per_block"]
-        max_beam_width = build_config.get("max_beam_width")
-        if max_beam_width not in (None, 1):
-            raise EngineConfigError(
-                "build_config.max_beam_width",
-                f"{max_beam_width}: beam search is not implemented by the reference engine (use 1)",
-            )
         values.update(overrides)
         return cls(**values)
 

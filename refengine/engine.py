@@ -41,6 +41,7 @@ class _CompletionState:
     generation_logits: list[torch.Tensor] = field(default_factory=list)  # rows not yet reported
     num_reported: int = 0
     finish_reason: str | None = None
+    cum_log_prob: float | None = None  # beam search
 
     def snapshot(self, with_logprobs: bool, with_logits: bool) -> CompletionOutput:
         new = tuple(self.token_ids[self.num_reported :])
@@ -56,6 +57,7 @@ class _CompletionState:
             finish_reason=self.finish_reason,
             logprobs=tuple(self.logprobs) if with_logprobs else None,
             new_generation_logits=logits,
+            cum_log_prob=self.cum_log_prob,
         )
 
 
@@ -91,6 +93,8 @@ class _RequestState:
             # An end_id sample joins no output (its logits row neither); a stop sequence's last token does.
             drawn = [s for s in update.new_samples if s.logits is not None]
             completion.generation_logits.extend(s.logits for s in drawn[: len(update.new_token_ids)])
+        if update.cum_log_prob is not None:
+            completion.cum_log_prob = update.cum_log_prob
         if update.finish_reason is not None:
             completion.finish_reason = update.finish_reason.value
 
@@ -182,6 +186,11 @@ class LLMEngine:
     @property
     def config(self) -> EngineConfig:
         return self._config
+
+    def limit_beam_width(self, max_beam_width: int) -> None:
+        """Serve at most `max_beam_width` beams (Triton's max_beam_width, <= the engine's)."""
+        with self._lock:
+            self._config = self._config.replace(max_beam_width=min(max_beam_width, self._config.max_beam_width))
 
     @property
     def vocab_size(self) -> int:

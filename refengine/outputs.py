@@ -22,6 +22,8 @@ class CompletionOutput:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per output token, when requested
     # return_generation_logits: [len(new_token_ids), vocab] float32, the raw logits each new token was drawn from
     new_generation_logits: torch.Tensor | None = field(default=None, compare=False)
+    # beam search: the beam's summed log-probability (its end token included); None otherwise
+    cum_log_prob: float | None = None
 
     @property
     def finished(self) -> bool:

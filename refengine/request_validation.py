@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refengine.config import EngineConfig, SchedulerPolicy
+from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
 from refengine.errors import InvalidRequestError
 from refengine.sampling import SamplingParams
 
@@ -57,7 +57,15 @@ def validate_request(
             f"prompt length {prompt_len} + max_tokens {params.max_tokens} = "
             f"{prompt_len + params.max_tokens} exceeds max_seq_len {config.max_seq_len}",
         )
-    if params.n > config.max_num_samples:
+    if params.beam_width > config.max_beam_width:
+        raise InvalidRequestError(
+            "beam_width", f"{params.beam_width} exceeds the engine's max_beam_width {config.max_beam_width}"
+        )
+    if params.beam_width > 1 and config.batching is BatchingMode.STATIC:
+        raise InvalidRequestError("beam_width", f"{params.beam_width}: beam search runs with inflight batching only, not static")
+    if params.beam_width > config.max_batch_size:
+        raise InvalidRequestError("beam_width", f"{params.beam_width} exceeds max_batch_size {config.max_batch_size}")
+    if params.beam_width == 1 and params.n > config.max_num_samples:  # with beams n <= beam_width
         raise InvalidRequestError("n", f"{params.n} exceeds the engine's max_num_samples {config.max_num_samples}")
     if params.n > config.max_batch_size:
         raise InvalidRequestError("n", f"{params.n} exceeds max_batch_size {config.max_batch_size}")
@@ -100,6 +108,12 @@ def _check_fits_cache(prompt_len: int, params: SamplingParams, config: EngineCon
             "max_tokens",
             f"prompt length {prompt_len} + max_tokens {params.max_tokens} needs {needed} KV-cache blocks "
             f"of {block_size} tokens, but the cache has only {total}",
+        )
+    if params.beam_width > 1 and params.beam_width * needed > total:
+        raise InvalidRequestError(
+            "beam_width",
+            f"{params.beam_width} beams of up to {prompt_len + params.max_tokens} tokens need "
+            f"{params.beam_width * needed} KV-cache blocks (beams are never preempted), but the cache has only {total}",
         )
     if config.scheduler_policy is SchedulerPolicy.GUARANTEED_NO_EVICT and params.n * needed > total:
         raise InvalidRequestError(

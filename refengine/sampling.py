@@ -32,7 +32,13 @@ class SamplingParams:
     - `min_tokens`: `end_id` is masked and stop sequences are ignored until this many tokens.
     - `bad_words`: token sequences that must not be produced (the last token is banned when the
       preceding ones match).
-    - `n`: independent samples from one prompt (the prompt's KV blocks are shared).
+    - `n`: independent samples from one prompt (the prompt's KV blocks are shared); with beams,
+      how many of the best beams are returned (TensorRT-LLM's `num_return_sequences`, <= beam_width).
+    - `beam_width` > 1: beam search (Hugging Face `generate(num_beams=..., do_sample=False)`);
+      `length_penalty` divides a finished beam's log-probability by length ** length_penalty;
+      `early_stopping` True / False / "never" as in Hugging Face. Beam search does not sample:
+      top_k, top_p and a temperature other than 0 or 1 are refused with it, and so are stop
+      sequences, top logprobs (> 0) and generation logits, which it does not implement.
     - `logprobs`: None for none; k ≥ 0 returns the sampled token's log-probability and the k most
       likely alternatives (from the model's raw distribution).
     - `pad_id`: the contract's padding id; not used in decoding, but like `end_id` it must be a
@@ -70,6 +76,9 @@ class SamplingParams:
     return_generation_logits: bool = False
     num_draft_tokens: int | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -106,6 +115,12 @@ class SamplingParams:
                 raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")
         if self.guided_decoding is not None and not isinstance(self.guided_decoding, GuidedDecodingParams):
             raise InvalidRequestError(GUIDE_TYPE_FIELD, f"must be GuidedDecodingParams, got {type(self.guided_decoding).__name__}")
+        _check_beam_params(self)
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences the request runs at once: its beams, else its n samples."""
+        return self.beam_width if self.beam_width > 1 else self.n
 
     @property
     def is_greedy(self) -> bool:
@@ -132,6 +147,38 @@ class SamplingParams:
                     yield field, token_id
         for token_id, _ in self.logit_bias:
             yield "logit_bias", token_id
+
+
+def _check_beam_params(params: SamplingParams) -> None:
+    _check_int("beam_width", params.beam_width, minimum=1)
+    _check_float("length_penalty", params.length_penalty)
+    if not (isinstance(params.early_stopping, bool) or params.early_stopping == "never"):
+        raise InvalidRequestError("early_stopping", f'must be true, false or "never", got {params.early_stopping!r}')
+    width = params.beam_width
+    if width == 1:
+        return
+    if params.n > width:
+        raise InvalidRequestError(
+            "n", f"{params.n} sequences exceed beam_width {width}: beam search returns at most beam_width sequences"
+        )
+    sampling = {
+        "top_k": params.top_k not in (0, 1),
+        "top_p": params.top_p != 1.0,
+        "temperature": params.temperature not in (0.0, 1.0),
+        "return_generation_logits": params.return_generation_logits,
+        "logprobs": bool(params.logprobs),
+        "stop_token_ids": bool(params.stop_token_ids),
+    }
+    for field, refused in sampling.items():
+        if refused:
+            raise InvalidRequestError(
+                field,
+                f"{getattr(params, field)!r} with beam_width {width}: beam search does not sample and returns only "
+                "each beam's tokens and log-probabilities (use the default)",
+            )
+    if params.guided_decoding is not None:
+        # beams are reassigned to other beams' tokens every step; the grammar state does not follow them yet
+        raise InvalidRequestError(GUIDE_TYPE_FIELD, f"guided decoding is not supported with beam_width {width} (use beam_width 1)")
 
 
 def _logit_bias(pairs: Any) -> tuple[tuple[int, float], ...]:

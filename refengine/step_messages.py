@@ -69,6 +69,8 @@ class SampledToken:
     logprob: float | None = None  # log-probability under the model's raw distribution
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (token id, log-probability), most likely first
     logits: torch.Tensor | None = field(default=None, compare=False)  # the raw row drawn from (return_generation_logits)
+    # beam search: the processed log-probabilities [vocab] of the whole row, for the scheduler's beam step
+    beam_log_probs: torch.Tensor | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ CONTRACT_NAMES = {
     "prompt_token_ids": "input_ids",
     "logprobs": "return_log_probs",
     "logit_bias": "embedding_bias",
+    "length_penalty": "len_penalty",
 }
 
 # Inputs this engine cannot honour at all: a request that carries one is refused, by name.
@@ -101,8 +102,8 @@ def parse_request(
     if streaming and not decoupled:
         raise ContractError("streaming: streaming is only supported if the model is deployed in decoupled mode")
     beam_width = scalars.get("beam_width", int, 1)
-    if beam_width != 1:
-        raise ContractError(f"beam_width: {beam_width} is not supported; the cpu reference engine does not do beam search (use 1)")
+    if beam_width > 1 and streaming:  # NVIDIA's BLS accumulates streamed tokens for beam width 1 only
+        raise ContractError(f"streaming: not supported with beam_width {beam_width} on the cpu engine (beams are returned together at the end)")
     for name, reason in _UNSUPPORTED_PRESENT.items():
         if name in arrays:
             raise ContractError(f"{name}: {reason}")
@@ -110,13 +111,15 @@ def parse_request(
     if not math.isfinite(length_penalty):
         raise ContractError(f"len_penalty: must be a finite number, got {length_penalty}")
     # len_penalty and early_stopping shape beam search only; at beam_width 1 they change nothing.
-    scalars.get("early_stopping", bool, False)
-    num_sequences = scalars.get("num_return_sequences", int, 1)
-    if num_sequences > 1 and not decoupled:
+    early_stopping = scalars.get("early_stopping", bool, False)
+    # Beam search returns its best num_return_sequences beams (all beam_width by default, as
+    # TensorRT-LLM's SamplingConfig) together in one response: output_ids [1, beams, T].
+    num_sequences = scalars.get("num_return_sequences", int, beam_width if beam_width > 1 else 1)
+    if num_sequences > 1 and beam_width == 1 and not decoupled:
         raise ContractError("num_return_sequences: more than one sequence needs the model in decoupled mode")
     return_log_probs = scalars.get("return_log_probs", bool, False)
     return_num_output_tokens = scalars.get("return_num_output_tokens", bool, False)
-    if return_num_output_tokens and num_sequences > 1:
+    if return_num_output_tokens and num_sequences > 1 and beam_width == 1:
         raise ContractError(
             f"return_num_output_tokens: not available with num_return_sequences {num_sequences}; each sequence's "
             "responses already carry its tokens (output_ids, sequence_length)"
@@ -148,6 +151,9 @@ def parse_request(
             return_generation_logits=scalars.get("return_generation_logits", bool, False),
             num_draft_tokens=scalars.get("num_draft_tokens", int, None),
             guided_decoding=_guide(arrays),
+            beam_width=beam_width,
+            length_penalty=length_penalty if beam_width > 1 else 1.0,
+            early_stopping=early_stopping if beam_width > 1 else False,
         )
     except InvalidRequestError as error:
         raise contract_error(error) from None

@@ -11,7 +11,10 @@ the tokens generated so far. TensorRT-LLM's logits, float32: context_logits [1, 
 generation_logits [1, beams, T, vocab] for the T output tokens the response carries.
 
 Streamed responses carry the tokens generated since the previous response; the final
-non-streamed response carries the whole output (prompt first unless excluded).
+non-streamed response carries the whole output (prompt first unless excluded). Beam search
+(`beam_arrays`): one response with every returned beam, best first, each padded to the longest
+with the pad id (else the end id, else 0) and its own sequence_length; cum_log_probs is the beam's
+summed log-probability (its end token included), not the length-normalised score.
 """
 
 from __future__ import annotations
@@ -62,6 +65,36 @@ def final_arrays(
         arrays = _arrays(request, completion, list(request.prompt_ids) + generated, [], len(generated), metrics)
     parts = [part for part in generation_logits if part is not None and part.numel()]
     return arrays | _logit_arrays(request, context_logits, np.concatenate([part.numpy() for part in parts]) if parts else None)
+
+
+def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None = None) -> Arrays:
+    """The single response of a beam-search request: output_ids [1, beams, T] and the rest per beam."""
+    prompt = [] if request.exclude_input_in_output else list(request.prompt_ids)
+    rows = [prompt + list(completion.token_ids) for completion in output.outputs]
+    width = max(len(row) for row in rows)
+    pad = next((value for value in (request.params.pad_id, request.params.end_id) if value is not None), 0)
+    preceding = list(request.prompt_ids)[-CONTEXT_TOKENS:] if request.exclude_input_in_output else []
+    arrays: Arrays = {
+        "output_ids": np.array([row + [pad] * (width - len(row)) for row in rows], dtype=np.int32).reshape(1, len(rows), width),
+        "sequence_length": np.array([[len(row) for row in rows]], dtype=np.int32),
+        "batch_index": np.array([[request.batch_index]], dtype=np.int32),
+        "sequence_index": np.array([[0]], dtype=np.int32),
+        "preceding_ids": np.array([preceding] * len(rows), dtype=np.int32).reshape(1, len(rows), len(preceding)),
+    }
+    if request.return_log_probs:
+        generated = max(len(completion.token_ids) for completion in output.outputs)
+        log_probs = [[s.logprob for s in completion.logprobs or ()] for completion in output.outputs]
+        arrays["cum_log_probs"] = np.array([[completion.cum_log_prob or 0.0 for completion in output.outputs]], dtype=np.float32)
+        arrays["output_log_probs"] = np.array([row + [0.0] * (generated - len(row)) for row in log_probs], dtype=np.float32)[None]
+    if request.return_num_input_tokens:
+        arrays["num_input_tokens"] = _one(len(request.prompt_ids), np.int32)
+    if request.return_num_output_tokens:
+        arrays["num_output_tokens"] = _one(max(len(c.token_ids) for c in output.outputs), np.int32)
+    if request.return_perf_metrics:
+        arrays.update(perf_metric_arrays(metrics))
+    if request.params.return_context_logits and output.context_logits is not None:
+        arrays["context_logits"] = output.context_logits.numpy().astype(np.float32, copy=False)[None]
+    return arrays
 
 
 def _logit_arrays(request: GenerateRequest, context_logits, generation_logits) -> Arrays:

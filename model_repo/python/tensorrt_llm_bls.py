@@ -274,6 +274,9 @@ class TritonPythonModel:
                     self._stop(llm_request_id)
                     self._watcher.forget(channel)
                     raise BadRequest(f"{refused}: the {self._llm} model returned none of these figures, so the BLS cannot either")
+                if tensors["output_ids"].ndim == 3 and tensors["output_ids"].shape[1] > 1:  # beam search: one response,
+                    pending.append(self._client_response(self._detokenize_beams(context, tensors), tensors, requested))
+                    continue  # every beam, never streamed; one text per beam, as NVIDIA's postprocessing
                 index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
                 tokens = history.setdefault(index, list(context))
                 length = int(tensors["sequence_length"].reshape(-1)[0])
@@ -308,9 +311,16 @@ class TritonPythonModel:
         value = result["OUTPUT"].reshape(-1)[0]
         return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
+    def _detokenize_beams(self, context, tensors):
+        ids, lengths = tensors["output_ids"], tensors["sequence_length"].reshape(1, -1)
+        preceding = np.array([context] * ids.shape[1], dtype=np.int32).reshape(1, ids.shape[1], len(context))
+        result = self._call(self._postprocessing, {"TOKENS_BATCH": ids, "SEQUENCE_LENGTH": lengths, "PRECEDING_IDS": preceding}, ["OUTPUT"])
+        return [value.decode("utf-8") if isinstance(value, bytes) else str(value) for value in result["OUTPUT"].reshape(-1)]
+
     def _client_response(self, text, llm_tensors, requested):
-        """Only the requested outputs: see triton_io.arrays_response for why."""
-        tensors = [string_tensor("text_output", [text])] if "text_output" in requested else []
+        """Only the requested outputs: see triton_io.arrays_response for why (`text`: a list for beams)."""
+        texts = text if isinstance(text, list) else [text]
+        tensors = [string_tensor("text_output", texts)] if "text_output" in requested else []
         for llm_name, client_name in self._wiring.llm_to_client.items():
             if llm_name in llm_tensors and client_name in requested:
                 tensors.append(pb_utils.Tensor(client_name, llm_tensors[llm_name]))

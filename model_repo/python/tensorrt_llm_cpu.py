@@ -34,7 +34,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 from engine_metrics import EngineMetrics
 from llm_request import ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
-from llm_response import final_arrays, streamed_arrays
+from llm_response import beam_arrays, final_arrays, streamed_arrays
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
@@ -93,6 +93,10 @@ class TritonPythonModel:
         )
         if parameters.string("guided_decoding_backend", "none") == "xgrammar":  # else a guide is refused by name
             engine.enable_guided_decoding(parameters.path("xgrammar_tokenizer_info_path"))
+        max_beam_width = parameters.integer("max_beam_width", engine.config.max_beam_width)
+        if not 1 <= max_beam_width <= engine.config.max_beam_width:  # TensorRT-LLM: at most the engine's
+            raise ValueError(f"max_beam_width {max_beam_width}: must be 1 to the engine's build_config.max_beam_width {engine.config.max_beam_width}")
+        engine.limit_beam_width(max_beam_width)
         self._loop = EngineLoop(engine).start()
         self._in_flight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()
@@ -257,6 +261,9 @@ class TritonPythonModel:
     def _send_final(self, request, output, entry, generation_logits):
         if entry.cancelled:
             self._end_cancelled(entry)
+            return
+        if request.params.beam_width > 1:  # every beam in one response, as TensorRT-LLM returns them
+            entry.send(arrays_response(beam_arrays(request, output, output.metrics), entry.requested), final=True)
             return
         completions = output.outputs
         for index, completion in enumerate(completions):

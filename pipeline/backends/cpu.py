@@ -125,7 +125,7 @@ class CpuBackend:
             weight_suffix=".safetensors",
             lora=False,
             speculative_decoding=True,  # refengine's: draft-target and prompt lookup (refengine_speculative)
-            beam_search=False,
+            beam_search=True,  # refengine's beam search (#15), up to build.max_beam_width
             multiple_ranks=False,
         ),
     )
@@ -139,13 +139,18 @@ class CpuBackend:
     )
 
     def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:
-        ranks = spec.build.tp_size * spec.build.pp_size
+        build = spec.build
+        issues: list[Issue] = []
+        if build.max_beam_width > build.max_batch_size:  # refengine runs each beam as a batch row
+            issues.append((("build", "max_beam_width"), f"build.max_beam_width {build.max_beam_width} exceeds build.max_batch_size "
+                           f"{build.max_batch_size}: the cpu engine runs each beam as a row of the batch"))
+        ranks = build.tp_size * build.pp_size
         if ranks == 1:
-            return []
-        return [(
+            return issues
+        return issues + [(
             ("build", "tp_size"),
-            f"build.target cpu runs one rank, but build.tp_size ({spec.build.tp_size}) × build.pp_size "
-            f"({spec.build.pp_size}) = {ranks}; use --until quantize to export a sharded checkpoint only",
+            f"build.target cpu runs one rank, but build.tp_size ({build.tp_size}) × build.pp_size "
+            f"({build.pp_size}) = {ranks}; use --until quantize to export a sharded checkpoint only",
         )]
 
     def build(self, job: BuildJob) -> dict[str, Any]:
@@ -163,7 +168,7 @@ class CpuBackend:
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None
     ) -> dict[str, str]:
-        return cpu_parameters(serve, engine_dir=engine_dir)
+        return cpu_parameters(serve, engine_dir=engine_dir, max_beam_width=facts.max_beam_width)
 
     def server_image(self, spec: Spec) -> tuple[str, str] | None:
         return None

@@ -117,9 +117,10 @@ def gpu_device_id_groups(gpu_device_ids: Sequence[int], per_instance: int) -> st
     return ";".join(",".join(str(gpu) for gpu in group) for group in groups)
 
 
-def cpu_parameters(serve: ServeSpec, *, engine_dir: str) -> dict[str, str]:
+def cpu_parameters(serve: ServeSpec, *, engine_dir: str, max_beam_width: int = 1) -> dict[str, str]:
     return {
         "engine_dir": engine_dir,
+        "max_beam_width": str(max_beam_width),  # NVIDIA's parameter: the engine's, as engine_parameters
         "batch_scheduler_policy": serve.batch_scheduler_policy.value,
         "enable_kv_cache_reuse": _bool(serve.enable_kv_cache_reuse),
         "enable_chunked_context": _bool(serve.enable_chunked_context),

@@ -251,6 +251,28 @@ class KVCacheManager:
             self._pool.forget_hash(slots.blocks[-1])
             slots.blocks[-1].num_filled_slots = partial
 
+    def reparent(self, assignments: Sequence[tuple[int, int]]) -> None:
+        """Beam search: each (sequence, source) pair gives `sequence` the block table `source` had
+        before the call (sharing its blocks, copy-on-write later), all at once. Every new reference
+        is taken before an old one is dropped, so a block another assignment still reads is never
+        freed in between."""
+        snapshot = {}
+        for _, source in assignments:
+            slots = self._sequences.get(source)
+            if slots is None:
+                raise KeyError(f"sequence {source} holds no KV blocks")
+            snapshot[source] = _SequenceSlots(list(slots.blocks), slots.num_slotted_tokens, list(slots.block_hashes))
+        old = []
+        for seq_id, source in assignments:
+            copied = snapshot[source]
+            for block in copied.blocks:
+                self._pool.touch(block)
+            old.append(self._sequences.get(seq_id))
+            self._sequences[seq_id] = _SequenceSlots(list(copied.blocks), copied.num_slotted_tokens, list(copied.block_hashes))
+        for slots in old:
+            for block in reversed(slots.blocks if slots is not None else []):
+                self._pool.release(block)
+
     def free(self, seq_id: int) -> None:
         """Release every block of the sequence (no-op for an unknown id)."""
         slots = self._sequences.pop(seq_id, None)

@@ -91,6 +91,9 @@ class Sampler:
         sampled: dict[int, tuple[SampledToken, ...]] = {}
         for row, item in zip(logits, items):
             params = item.sampling_params
+            if params.beam_width > 1:  # Hugging Face's order: log-softmax first, then the processors
+                sampled[item.seq_id] = (SampledToken(-1, beam_log_probs=apply_logit_processors(torch.log_softmax(row, dim=-1), item)),)
+                continue
             processed = apply_logit_processors(row, item)
             raw_logprobs = torch.log_softmax(row, dim=-1) if params.logprobs is not None else None
             position = item.num_total_tokens

@@ -20,33 +20,27 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceType
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
-from refengine.kv_cache import CachedPrefix, KVCacheManager
+from refengine.kv_cache import KVCacheManager
 from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
+from refengine.scheduler.beams import BeamGroups, finish_beams, reassign_beams
+from refengine.scheduler.choice import Choice
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.scheduled import scheduled_sequence
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
 from refengine.scheduler.speculative_update import apply_verified
-from refengine.scheduler.static_batch import allocate_reserved, batch_slots, form_batch, padding_row, release_padding_rows
+from refengine.scheduler.static_batch import batch_slots, padding_row, release_padding_rows
+from refengine.scheduler.static_schedule import StaticScheduling
 from refengine.step_messages import RunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from refengine.guided.state import GrammarState
 
 
-@dataclass
-class _Choice:
-    sequence: Sequence
-    num_new_tokens: int
-    block_table: tuple[int, ...]
-    padding: bool = False  # a finished row of a static batch, computed and discarded
-
-
-class Scheduler:
+class Scheduler(StaticScheduling):
     def __init__(self, config: EngineConfig) -> None:
         self._config = config
         self._kv = KVCacheManager(
@@ -58,6 +52,7 @@ class Scheduler:
         self._running = SequenceQueue()
         self._static = config.batching is BatchingMode.STATIC
         self._padding_rows = SequenceQueue()  # static batching: finished rows held until the batch ends
+        self._beams = BeamGroups()
         self._sequences: dict[int, Sequence] = {}
         self._seq_ids_by_request: dict[str, list[int]] = {}
         self._seq_ids = itertools.count()
@@ -144,9 +139,11 @@ class Scheduler:
             params=params,
             sampling_seed=sampling_seed,
             arrival_order=next(self._arrivals),
-            num_pending_samples=params.n,
+            num_pending_samples=params.num_sequences,
             grammar=grammar,
         )
+        if params.beam_width > 1:
+            self._beams.add(sequence)
         self._sequences[sequence.seq_id] = sequence
         self._seq_ids_by_request[request_id] = [sequence.seq_id]
         self._waiting.insert(sequence)
@@ -165,21 +162,25 @@ class Scheduler:
         if self._static:
             return self._schedule_static()
         budget = self._config.max_num_tokens
-        choices: list[_Choice] = []
+        choices: list[Choice] = []
         preempted: list[Sequence] = []
-        index = 0
-        while index < len(self._running) and budget > 0:
-            sequence = self._running[index]
+        skipped_group = None  # a beam group decodes all its beams in one step, or waits
+        for sequence in self._beams.scheduling_order(self._running):
+            if budget <= 0:
+                break
+            if sequence.status is not SequenceStatus.RUNNING or sequence.request_id == skipped_group:
+                continue  # preempted during this step, or its beam group does not fit the budget
+            if self._beams.group_size_at(sequence) > budget:
+                skipped_group = sequence.request_id
+                continue
             num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens, budget)
             if num_new == 0:
-                index += 1
                 continue
             table = self._allocate_or_preempt(sequence, num_new, preempted)
             if table is None:
                 break  # the sequence itself was preempted: it was the newest one left
-            choices.append(_Choice(sequence, num_new, table))
+            choices.append(Choice(sequence, num_new, table))
             budget -= num_new
-            index += 1
         if not preempted:
             budget = self._admit_waiting(budget, choices)
         return self._make_output(choices, preempted)
@@ -189,6 +190,7 @@ class Scheduler:
     ) -> list[SequenceUpdate]:
         """Apply the sampled tokens: extend, fork (n > 1), finish; returns what changed."""
         updates: list[SequenceUpdate] = []
+        beam_rows = {}
         for item in scheduler_output.scheduled:
             sequence = self._sequences.get(item.seq_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
@@ -201,6 +203,9 @@ class Scheduler:
                 updates.append(apply_verified(sequence, item, samples, self._kv))
                 if updates[-1].finish_reason is not None:
                     self._finish(sequence, updates[-1].finish_reason)
+                continue
+            if self._beams.is_beam(item.seq_id):
+                beam_rows[item.seq_id] = samples[0].beam_log_probs
                 continue
             if len(samples) != item.num_samples:
                 raise ValueError(
@@ -222,6 +227,14 @@ class Scheduler:
                 )
                 if reason is not None:
                     self._finish(member, reason)
+        for group, step in self._beams.step(beam_rows):
+            if step.done:
+                updates += finish_beams(group, [self._sequences[i] for i in group.member_ids], self._finish)
+                continue
+            if len(group.member_ids) < group.width:  # the prompt's step: fork it into the beams
+                for child in self._fork(self._sequences[group.member_ids[0]], group.width - 1):
+                    self._beams.add_member(group, child.seq_id)
+            reassign_beams(self._kv, group, [self._sequences[i] for i in group.member_ids], step)
         return updates
 
     # -- internals -------------------------------------------------------------------------
@@ -243,13 +256,15 @@ class Scheduler:
             table = self._kv.allocate_slots(sequence.seq_id, sequence.num_computed_tokens + num_new, owner=sequence.request_id)
             if table is not None:
                 return table
-            victim = self._running.peek_newest()
+            victim = next((s for s in reversed(list(self._running)) if not self._beams.is_beam(s.seq_id)), None)
+            if victim is None:  # beams are admitted with a full reservation: this would be a bug
+                raise RuntimeError(f"no KV blocks for beam sequence {sequence.seq_id} and nothing to preempt")
             self._preempt(victim)
             preempted.append(victim)
             if victim is sequence:
                 return None
 
-    def _admit_waiting(self, budget: int, choices: list[_Choice]) -> int:
+    def _admit_waiting(self, budget: int, choices: list[Choice]) -> int:
         policy = self._config.scheduler_policy
         while budget > 0 and self._waiting:
             sequence = self._waiting.peek_oldest()
@@ -263,6 +278,10 @@ class Scheduler:
                 self._kv, self._running, sequence, prefix
             ):
                 break
+            if sequence.params.beam_width > 1 and not no_evict_allows(  # beams are never preempted:
+                self._kv, self._beams.members(self._running), sequence, prefix  # reserve them in any policy
+            ):
+                break
             table = self._kv.allocate_slots(sequence.seq_id, prefix.num_tokens + num_new, prefix, owner=sequence.request_id)
             if table is None:
                 break
@@ -272,54 +291,9 @@ class Scheduler:
             self._num_prefix_cache_hits += prefix.num_tokens > 0
             sequence.status = SequenceStatus.RUNNING
             self._running.insert(sequence)
-            choices.append(_Choice(sequence, num_new, table))
+            choices.append(Choice(sequence, num_new, table))
             budget -= num_new
         return budget
-
-    def _schedule_static(self) -> SchedulerOutput:
-        """One step of a held batch. Prompts first (whole, or chunked only as the budget
-        requires), so that rows held in the batch cannot starve a prompt still to run; then one
-        token for every decoding member and every padding row."""
-        if not self._running:
-            release_padding_rows(self._kv, self._padding_rows)  # normally none left: the last finish released them
-            form_batch(self._kv, self._waiting, self._running, self._config.max_batch_size)
-        budget = self._config.max_num_tokens
-        choices: list[_Choice] = []
-        decoding = []
-        for sequence in self._running:
-            fresh = not self._kv.has_sequence(sequence.seq_id)
-            if sequence.num_uncomputed_tokens == 1 and not fresh:
-                decoding.append(sequence)
-                continue
-            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids) if fresh else CachedPrefix()
-            num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens - prefix.num_tokens, budget)
-            if num_new == 0:
-                continue
-            total = sequence.num_computed_tokens + prefix.num_tokens + num_new
-            table = self._allocate_reserved(sequence, total, prefix)
-            sequence.num_computed_tokens += prefix.num_tokens
-            self._num_prefix_cache_hit_tokens += prefix.num_tokens
-            self._num_prefix_cache_hits += prefix.num_tokens > 0
-            choices.append(_Choice(sequence, num_new, table))
-            budget -= num_new
-        for sequence in decoding:
-            if budget > 0:
-                choices.append(_Choice(sequence, 1, self._allocate_reserved(sequence, sequence.num_tokens)))
-                budget -= 1
-        for sequence in self._padding_rows:
-            if budget > 0:  # rewrites its slot after the frozen tokens: within its reservation
-                table = self._allocate_reserved(sequence, sequence.num_computed_tokens + 1)
-                choices.append(_Choice(sequence, 1, table, padding=True))
-                budget -= 1
-                self._num_padding_tokens += 1
-        choices.sort(key=lambda choice: choice.sequence.sort_key)
-        return self._make_output(choices, [])
-
-    def _allocate_reserved(
-        self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None
-    ) -> tuple[int, ...]:
-        owner = sequence.request_id if self.has_request(sequence.request_id) else None  # padding rows count for nobody
-        return allocate_reserved(self._kv, sequence, num_total_tokens, prefix, owner)
 
     def _num_batch_slots(self) -> int:
         return batch_slots(self._running)
@@ -359,6 +333,7 @@ class Scheduler:
             release_padding_rows(self._kv, self._padding_rows)  # the batch's longest request has ended
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
+        self._beams.forget(sequence.seq_id)
         del self._sequences[sequence.seq_id]
         siblings = self._seq_ids_by_request.get(sequence.request_id, [])
         if sequence.seq_id in siblings:
@@ -367,7 +342,7 @@ class Scheduler:
             self._seq_ids_by_request.pop(sequence.request_id, None)
         self._finished_since_last_step.append(sequence.seq_id)
 
-    def _make_output(self, choices: list[_Choice], preempted: list[Sequence]) -> SchedulerOutput:
+    def _make_output(self, choices: list[Choice], preempted: list[Sequence]) -> SchedulerOutput:
         scheduled = []
         for choice in choices:
             sequence = choice.sequence

@@ -108,6 +108,11 @@ class Sequence:
             grammar=self.grammar.fork() if self.grammar is not None else None,
         )
 
+    def replace_output(self, output_token_ids: tuple[int, ...]) -> None:
+        """Beam search: this sequence now continues another beam (same length, other tokens)."""
+        self.output_token_ids = list(output_token_ids)
+        self._token_ids = list(self.prompt_token_ids) + self.output_token_ids
+
     def append_sample(self, sample: SampledToken) -> tuple[tuple[int, ...], FinishReason | None]:
         """Add a sampled token; returns (tokens added to the output, finish reason or None).
 
@@ -155,3 +160,4 @@ class SequenceUpdate:
     finish_reason: FinishReason | None = None
     num_draft_tokens: int = 0  # speculative decoding: drafts verified in this step, and accepted
     num_accepted_draft_tokens: int = 0
+    cum_log_prob: float | None = None  # beam search: the returned beam's summed log-probability

@@ -63,6 +63,8 @@ class Speculator:
             sequence = scheduler.get_sequence(item.seq_id)
             if budget <= 0 or sequence is None or item.num_samples != 1 or item.sampling_params.return_context_logits:
                 continue
+            if item.sampling_params.beam_width > 1:
+                continue  # beam search scores B candidates per step itself; it is not drafted
             if item.allowed_tokens is not None:
                 # guided: the verifier does not advance the grammar per draft position, so a guided sequence
                 # decodes one token per step (its output stays valid; it gains no speed-up)

@@ -233,6 +233,50 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_text(server, reference,
         assert all("\ufffd" not in delta for delta in streamed)
 
 
+def _final_arrays(url: str, model: str, inputs, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named outputs of a request's last response that carries them (gRPC stream)."""
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        found: dict[str, np.ndarray] = {}
+        while True:
+            result, error = responses.get(timeout=120)
+            if error is not None:
+                raise error
+            found.update({name: result.as_numpy(name) for name in names if result.as_numpy(name) is not None})
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return found
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_beam_search_returns_every_beam_as_refengine_computes_them(server, reference, artifacts, model):
+    """The served spec builds max_beam_width 4: one answer with 4 texts, best first, equal to
+    refengine's beams decoded the way postprocessing decodes them, with each beam's cum_log_probs."""
+    from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+
+    from refengine import LLMEngine, SamplingParams
+
+    tokenizer, prompt = reference.tokenizer, PROMPTS[0]
+    prompt_ids = tokenizer.encode(prompt)
+    engine = LLMEngine.from_engine_dir(artifacts["engine"])
+    params = SamplingParams(max_tokens=12, temperature=0.0, end_id=tokenizer.eos_id, beam_width=4, n=4)
+    [expected] = engine.generate([prompt_ids], params)
+    inputs = client_inputs(
+        prompt, 12, stream=False,
+        beam_width=(np.array([[4]], dtype=np.int32), "INT32"), return_log_probs=(np.array([[True]]), "BOOL"),
+    )
+    got = _final_arrays(server.options.grpc_url, model, inputs, ("text_output", "cum_log_probs"))
+    texts = [value.decode("utf-8") for value in got["text_output"].reshape(-1)]
+    assert texts == [text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(c.token_ids)) for c in expected.outputs]
+    assert len(set(texts)) > 1
+    assert got["cum_log_probs"].reshape(-1).tolist() == pytest.approx([c.cum_log_prob for c in expected.outputs], abs=1e-4)
+
+
 def test_postprocessing_streams_multibyte_characters_whole(server, reference):
     """The tiny model writes ASCII Python; so drive postprocessing with tokens that split characters."""
     tokenizer = reference.tokenizer
@@ -456,8 +500,11 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
     unknown = client_inputs("x", 4, stream=False) + [grpcclient.InferInput("no_such_input", [1, 1], "INT32")]
     unknown[-1].set_data_from_numpy(np.array([[1]], dtype=np.int32))
     assert "no_such_input" in _grpc_error(server, unknown)
-    assert "beam_width: 4 is not supported" in _grpc_error(
-        server, client_inputs("x", 4, stream=False, beam_width=(np.array([[4]], dtype=np.int32), "INT32"))
+    assert "beam_width: 8 exceeds the engine's max_beam_width 4" in _grpc_error(
+        server, client_inputs("x", 4, stream=False, beam_width=(np.array([[8]], dtype=np.int32), "INT32"))
+    )
+    assert "streaming: not supported with beam_width 2" in _grpc_error(
+        server, client_inputs("x", 4, stream=True, beam_width=(np.array([[2]], dtype=np.int32), "INT32"))
     )
     assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
     drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))

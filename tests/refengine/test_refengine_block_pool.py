@@ -1,4 +1,5 @@
-"""Block pool / KV manager invariants under random allocate, append, fork, cache, free."""
+"""Block pool / KV manager invariants under random allocate, append, fork, reparent (beam search),
+preempt (free, then recompute), cache and free, in any order."""
 
 from __future__ import annotations
 
@@ -90,6 +91,30 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.kv.fork(parent, child)
         self.tokens[child] = list(self.tokens[parent])
         return child
+
+    @rule(data=st.data())
+    def reparent(self, data):
+        """Beam search's step: each chosen sequence takes the table another one had before it."""
+        live = sorted(self.tokens)
+        if not live:
+            return
+        targets = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+        sources = [data.draw(st.sampled_from(live)) for _ in targets]
+        before = {seq_id: list(tokens) for seq_id, tokens in self.tokens.items()}
+        self.kv.reparent(list(zip(targets, sources)))
+        for target, source in zip(targets, sources):
+            self.tokens[target] = list(before[source])
+
+    @rule(seq_id=sequences)
+    def preempt(self, seq_id):
+        """Preemption by recompute: the blocks go, later the whole sequence is written again."""
+        if seq_id is None or seq_id not in self.tokens:
+            return
+        self.kv.free(seq_id)
+        tokens = self.tokens.pop(seq_id)
+        if self.kv.allocate_slots(seq_id, len(tokens)) is not None:
+            self.tokens[seq_id] = tokens
+            self._write(seq_id, 0)
 
     @rule(seq_id=consumes(sequences))
     def free(self, seq_id):

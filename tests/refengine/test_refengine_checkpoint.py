@@ -161,9 +161,10 @@ def test_checkpoint_dir_is_not_an_engine_dir(small_checkpoint):
         load_engine_dir(small_checkpoint)
 
 
-def test_beam_search_engines_are_refused():
+def test_build_config_max_beam_width_is_read():
+    assert EngineConfig.from_build_config({**BUILD_CONFIG, "max_beam_width": 4}).max_beam_width == 4
     with pytest.raises(EngineConfigError, match="max_beam_width"):
-        EngineConfig.from_build_config({**BUILD_CONFIG, "max_beam_width": 4})
+        EngineConfig.from_build_config({**BUILD_CONFIG, "max_beam_width": 0})
 
 
 @pytest.mark.parametrize(

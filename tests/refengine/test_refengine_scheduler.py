@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -47,7 +48,10 @@ class FakeRunner:
             assert list(item.new_token_ids) == sequence.token_ids[item.num_computed_tokens : item.num_total_tokens]
             for offset, token in enumerate(item.new_token_ids):
                 self.slots[self.slot(item.block_table, item.num_computed_tokens + offset)] = token
-            if item.num_samples:
+            if item.num_samples and item.sampling_params.beam_width > 1:  # beam search: a log-prob row
+                row = torch.log_softmax(torch.tensor([self.rng.gauss(0, 2) for _ in range(VOCAB)]), dim=-1)
+                sampled[item.seq_id] = (SampledToken(-1, beam_log_probs=row),)
+            elif item.num_samples:
                 sampled[item.seq_id] = tuple(
                     SampledToken(self.rng.randrange(VOCAB)) for _ in range(item.num_samples)
                 )
@@ -76,17 +80,23 @@ def workloads(draw, under_pressure=False):
         enable_chunked_context=draw(st.booleans()),
         enable_prefix_caching=draw(st.booleans()),
         max_num_samples=3,
+        max_beam_width=3,
     )
     shared_prefix = draw(st.lists(st.integers(0, VOCAB - 1), min_size=4, max_size=12))
     requests = []
     for _ in range(draw(st.integers(1, 12))):
         own = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=14))
         prompt = (shared_prefix + own)[:24] if draw(st.booleans()) else own
+        beam_width = draw(st.sampled_from([1, 1, 1, 2, 3]))
         params = SamplingParams(
             max_tokens=draw(st.integers(1, 12)),
-            n=draw(st.integers(1, 3)),
+            n=draw(st.integers(1, 3 if beam_width == 1 else beam_width)),
             end_id=None if under_pressure else draw(st.one_of(st.none(), st.integers(0, VOCAB - 1))),
-            stop_token_ids=draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2), max_size=1)),
+            stop_token_ids=() if beam_width > 1 else draw(
+                st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2), max_size=1)
+            ),
+            beam_width=beam_width,
+            early_stopping=draw(st.sampled_from([False, True, "never"])),
         )
         try:
             validate_request(prompt, params, config, VOCAB)
@@ -149,6 +159,7 @@ def _run_workload(config, requests, seed):
     event(f"preempted: {scheduler.num_preemptions > 0}")
     event(f"prefix hits: {scheduler.num_prefix_cache_hit_tokens > 0}")
     event(f"forked: {any(params.n > 1 for _, _, params in requests)}")
+    event(f"beams: {any(params.beam_width > 1 for _, _, params in requests)}")
     kv = scheduler.kv_cache
     assert kv.num_free_blocks == kv.num_blocks
     assert all(block.ref_count == 0 for block in kv.pool.blocks())
@@ -238,3 +249,25 @@ def test_runner_must_return_every_sample():
     output = scheduler.schedule()
     with pytest.raises(ValueError, match="expected 2"):
         scheduler.update_from_output(output, RunnerOutput(output.step_id, {0: (SampledToken(1),)}))
+
+
+def test_beams_are_never_preempted_a_request_without_beams_is():
+    """Beam requests reserve their blocks and are not preemption victims (the decision of #15:
+    refuse to preempt rather than recompute beams); the request beside them is preempted instead."""
+    config = _decode_config(scheduler_policy="max_utilization", num_kv_blocks=10, max_beam_width=2)
+    scheduler = Scheduler(config)
+    runner = FakeRunner(scheduler, config.tokens_per_block, seed=3)
+    scheduler.add_request("beams", [1, 2], SamplingParams(max_tokens=14, beam_width=2, n=2), sampling_seed=0)
+    scheduler.add_request("other", list(range(9)), SamplingParams(max_tokens=20), sampling_seed=1)
+    beam_ids, preempted, finished = set(), [], {}
+    while scheduler.has_unfinished():
+        beam_ids |= {s.seq_id for s in scheduler.sequences_of("beams")}
+        output = scheduler.schedule()
+        preempted += output.preempted_seq_ids
+        for update in scheduler.update_from_output(output, runner.execute(output)):
+            if update.finish_reason is not None:
+                finished[(update.request_id, update.sample_index)] = update
+    assert preempted and not beam_ids & set(preempted)
+    assert set(finished) == {("beams", 0), ("beams", 1), ("other", 0)}
+    assert len(finished[("beams", 0)].new_token_ids) == 14 and finished[("beams", 0)].cum_log_prob is not None
+    assert scheduler.kv_cache.num_free_blocks == scheduler.kv_cache.num_blocks

@@ -107,6 +107,12 @@ def test_log_probs_give_the_token_count():
     assert chunk_from_json({"text_output": "a"}).num_tokens is None
 
 
+def test_beam_search_answers_keep_every_beam():
+    chunk = chunk_from_json({"text_output": ["best", "second"], "cum_log_probs": [-1.0, -2.5]})
+    assert chunk.text == "best" and chunk.beams == ("best", "second") and chunk.beam_cum_log_probs == (-1.0, -2.5)
+    assert GenerationRequest("hi", 8, beam_width=2, length_penalty=0.5).inputs(stream=False)["beam_width"] == 2
+
+
 # -- requests ---------------------------------------------------------------------------------
 def test_generation_request_sends_only_what_is_set():
     request = GenerationRequest("hi", 8, top_k=40, seed=3, stop="\n", bad_words=[" sys", " os"])
@@ -332,3 +338,28 @@ def test_cli_reports_an_unreachable_server_in_one_line(capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach Triton at http://127.0.0.1:1 (1 attempt)")
     assert "hint: is the server running?" in err
+
+
+def test_infer_beam_width_prints_every_beam(monkeypatch):
+    import argparse
+    import io
+
+    import clients.client
+    from clients.cli import add_infer_arguments, run_infer
+    from clients.types import Completion
+
+    sent = {}
+
+    class FakeClient:
+        def __init__(self, *args, **kwargs): ...
+        def __enter__(self): return self
+        def __exit__(self, *exc): return None
+        def generate(self, prompt, **options):
+            sent.update(options)
+            return Completion("best", 0.1, beams=("best", "second"))
+
+    monkeypatch.setattr(clients.client, "TritonLLMClient", FakeClient)
+    args = add_infer_arguments(argparse.ArgumentParser()).parse_args(["def f(", "--beam-width", "2"])
+    out = io.StringIO()
+    assert run_infer(args, out=out, err=io.StringIO()) == 0
+    assert sent["beam_width"] == 2 and out.getvalue() == "[beam 0] best\n[beam 1] second\n"

@@ -82,6 +82,7 @@ def refusal(call) -> OpenAIError:
         ({"seed": -1}, "seed", "invalid_value"),
         ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
         ({"temprature": 0.5}, "temprature", "unknown_parameter"),
+        ({"use_beam_search": True}, "use_beam_search", "unknown_parameter"),  # vLLM's beam flag: not served here (#15)
     ],
 )
 def test_wrong_types_and_values_are_named_400s(fields, param, code):

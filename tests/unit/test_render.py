@@ -389,8 +389,7 @@ CONSISTENCY_CASES = {
     "logits dtype mismatch": (dict(logits_datatype="TYPE_FP32"), ["TYPE_FP32", "logits_dtype 'float16'", "TYPE_FP16"]),
     "tokenizer larger than engine vocab": (dict(vocab=5000), ["5000 token ids", "vocab_size is 4096"]),
     "eos outside the engine vocab": (dict(tokenizer_eos_id=4096), ["eos token id 4096", "vocab_size 4096"]),
-    "beam width above engine": (dict(max_beam_width=4), ["Triton max_beam_width 4", "max_beam_width 1"]),
-    "cpu target cannot beam search": (dict(config=tiny_engine_config(max_beam_width=2)), ["build.target is cpu", "max_beam_width is 2"]),
+    "beam width above engine": (dict(max_beam_width=8), ["Triton max_beam_width 8", "max_beam_width 4"]),
     "gpu count must cover tp x pp x instances": (
         dict(config=llama_8b_engine_config(tp_size=2), target="engine", vocab=128256, gpu_device_ids=(0, 1, 2)),
         ["deploy.gpus lists 3 GPU(s)", "tp_size 2", "= 2 are needed"],
@@ -469,6 +468,7 @@ def test_each_consistency_check_names_both_sides(case):
 
 def test_consistent_engines_pass():
     _check()
+    _check(tiny_engine_config(max_beam_width=4), max_beam_width=4)  # the cpu engine does beam search (#15)
     _check(llama_8b_engine_config(), target="engine", vocab=128256, gpu_device_ids=(0,), rank_files=["rank0.engine"])
 
 
@@ -771,7 +771,10 @@ def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
     [
         (dict(request_output_len=0), True, "request_output_len: must be >= 1, got 0"),
         (dict(runtime_top_p=1.5), True, "runtime_top_p: must be in (0, 1], got 1.5"),
-        (dict(beam_width=2), True, "beam_width: 2 is not supported"),
+        (dict(beam_width=2, streaming=True), True, "streaming: not supported with beam_width 2"),
+        (dict(beam_width=2, num_return_sequences=3), True, "num_return_sequences: 3 sequences exceed beam_width 2"),
+        (dict(beam_width=2, runtime_top_k=5), True, "runtime_top_k: 5 with beam_width 2: beam search does not sample"),
+        (dict(beam_width=0), True, "beam_width: must be >= 1, got 0"),
         (dict(streaming=True), False, "streaming: streaming is only supported if the model is deployed in decoupled mode"),
         (dict(input_lengths=9), True, "input_lengths: 9 must be between 1 and the 4 tokens of input_ids"),
         (dict(min_tokens=20), True, "min_tokens: 20 exceeds max_tokens 8"),
@@ -802,3 +805,29 @@ def test_the_bls_names_a_figure_its_llm_model_did_not_return(model_code):
     assert figures_not_given(asked, {"output_ids": 1}, requested) == "return_perf_metrics"
     assert figures_not_given(asked, {"output_ids": 1, "kv_cache_alloc_new_blocks": 1}, requested) is None
     assert figures_not_given(asked, {"output_ids": 1}, {"text_output"}) is None  # not asked for as an output
+
+
+def test_beam_search_returns_every_beam_in_one_response(model_code):
+    """TensorRT-LLM's shapes: output_ids [1, beams, T] padded, sequence_length and cum_log_probs [1, beams]."""
+    from llm_request import parse_request
+    from llm_response import beam_arrays
+
+    from refengine import CompletionOutput, RequestOutput
+    from refengine.step_messages import SampledToken
+
+    arrays = {**_arrays(end_id=2), "beam_width": np.array([[3]], dtype=np.int32), "return_log_probs": np.array([[True]])}
+    request = parse_request(arrays, exclude_input_default=True, decoupled=False)  # beams need no decoupled mode
+    assert request.params.beam_width == 3 and request.params.n == 3  # every beam by default, as TensorRT-LLM
+    beams = [((5, 6, 7), -1.5, (-0.5, -0.5, -0.5)), ((5, 8), -1.75, (-0.5, -1.0)), ((9,), -2.0, (-2.0,))]
+    output = RequestOutput(
+        "r", request.prompt_ids,
+        tuple(CompletionOutput(i, t, t, "stop", logprobs=tuple(SampledToken(a, b) for a, b in zip(t, lp)), cum_log_prob=c)
+              for i, (t, c, lp) in enumerate(beams)),
+    )
+    got = beam_arrays(request, output)
+    assert got["output_ids"].tolist() == [[[5, 6, 7], [5, 8, 2], [9, 2, 2]]]  # padded with the end id
+    assert got["sequence_length"].tolist() == [[3, 2, 1]]
+    assert got["cum_log_probs"].tolist() == [[-1.5, -1.75, -2.0]] and got["cum_log_probs"].dtype == np.float32
+    assert got["output_log_probs"].shape == (1, 3, 3)
+    with_prompt = beam_arrays(parse_request(arrays, exclude_input_default=False, decoupled=False), output)
+    assert with_prompt["output_ids"][0, 1].tolist() == [1, 317, 289, 5, 8, 2]

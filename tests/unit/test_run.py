@@ -159,6 +159,13 @@ def test_cpu_build_of_a_sharded_checkpoint_is_refused_before_running(built, caps
     assert sorted(p.name for p in (artifacts / "tiny").iterdir()) == before
 
 
+def test_cpu_build_with_more_beams_than_batch_rows_is_refused_before_running(built, capsys: pytest.CaptureFixture[str]) -> None:
+    config, artifacts, _ = built
+    overrides = ["--set", "build.max_beam_width=8", "--set", "build.max_batch_size=4"]
+    assert main(["--artifacts", str(artifacts), "run", str(config), *overrides]) == 2
+    assert "build.max_beam_width 8 exceeds build.max_batch_size 4" in capsys.readouterr().err
+
+
 def test_tampered_artifact_is_rebuilt(built) -> None:
     config, artifacts, first = built
     weights = first["build"].ref.path / "engine" / "config.json"

@@ -16,6 +16,7 @@ CONFIG_HELP = "build config YAML (target cpu)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
     parser.add_argument("--requests", type=int, default=128, help="number of requests (default 128)")
+    parser.add_argument("--kv-sharing", action="store_true", help="only the KV blocks of beam search and n > 1 sampling vs independent requests")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
     parser.add_argument("--guided", action="store_true", help="instead: guided decoding (xgrammar) vs unguided per-token cost, compile time, cache hit rate")
@@ -31,6 +32,12 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
     status = status_console()
     if args.guided:
         return _run_guided(args, results, store, status)
+    if args.kv_sharing:
+        from pipeline.bench.engine.sharing import run_kv_sharing
+
+        out = args.out or store.build_dir / "bench-kv-sharing.json"
+        write_and_print(run_kv_sharing(results["build"].ref.path / ENGINE_DIR), out, True, str, status)  # JSON only
+        return 0
     result = run_engine_bench(
         results["build"].ref.path / ENGINE_DIR,
         checkpoint_dir(results["prepare"].ref.path),

@@ -113,7 +113,7 @@ class BuildSpec(StrictModel):
     )
     max_num_tokens: int = Field(default=8192, ge=1, description="Maximum packed tokens per iteration (the per-step token budget).")
     opt_num_tokens: int | None = Field(default=None, ge=1, description="TensorRT optimization-profile point; not allowed with plugins.multiple_profiles.")
-    max_beam_width: int = Field(default=1, ge=1, le=64, description="Maximum beams (also bounds n > 1 sampling on the cpu target).")
+    max_beam_width: int = Field(default=1, ge=1, le=64, description="Maximum beams of beam search (the cpu target runs beam search up to it).")
     tokens_per_block: int = Field(default=32, description="Tokens per paged KV-cache block: a power of two in 16..128.")
     kv_cache_type: KVCacheType = Field(default=KVCacheType.paged, description="paged (needed for inflight batching), continuous or disabled.")
     gather_context_logits: bool = Field(

@@ -1,0 +1,165 @@
+"""One request's beam search, step by step, as Hugging Face `generate(num_beams=B, do_sample=False)`.
+
+Each step takes the B running beams' processed log-probability rows [B, vocab] and returns which
+running beam each of the next B beams continues and with which token. The arithmetic is
+transformers' (`GenerationMixin._beam_search`, 4.50+ vectorised form), in float32 and with the
+same `torch.topk` calls on tensors of the same shapes, so ties break the same way:
+
+- candidates: the top K = max(2, 1 + number of end ids) * B of (beam score + log-prob) over all
+  B * vocab continuations; at the first step only beam 0 is live (the others start at -1e9);
+- a candidate "hits" if its token is `end_id` or the sequence reaches prompt + max_tokens;
+- running beams: the best B candidates that did not hit;
+- finished beams: the best B of (kept finished, candidates among the first B that hit), a
+  candidate scored cum_log_prob / generated_length ** length_penalty (its end token counted);
+- early_stopping True: done once B beams finished; False: done once the best running beam,
+  normalised at the current length, cannot beat the worst finished one; "never": the same test
+  with the longest possible length when length_penalty > 0.
+
+Invariant: `running_tokens` and `running_scores` have B entries; `finished` has B entries sorted
+by score, best first (entries not yet filled have score -1e9 and no tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_NEG = -1.0e9
+
+
+@dataclass(frozen=True)
+class Beam:
+    """A beam's generated tokens (an end id that finished it excluded), their log-probabilities,
+    the sum of those (end token included: `cum_log_prob`) and the normalised score."""
+
+    token_ids: tuple[int, ...]
+    token_log_probs: tuple[float, ...]
+    cum_log_prob: float
+    score: float
+    finished: bool
+    stopped: bool  # finished by end_id (else by length)
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    parents: tuple[int, ...]  # next running beam i continues running beam parents[i]
+    tokens: tuple[int, ...]  # ... with this token
+    done: bool
+
+
+class BeamSearch:
+    def __init__(
+        self,
+        beam_width: int,
+        *,
+        prompt_len: int,
+        max_new_tokens: int,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        end_id: int | None = None,
+    ) -> None:
+        self.beam_width = beam_width
+        self._prompt_len = prompt_len
+        self._max_length = prompt_len + max_new_tokens
+        self._length_penalty = length_penalty
+        self._early_stopping = early_stopping
+        self._end_id = end_id
+        self._num_candidates = max(2, 1 + (0 if end_id is None else 1)) * beam_width
+        self._cur_len = prompt_len
+        self.running_scores = torch.zeros((1, beam_width), dtype=torch.float32)
+        self.running_scores[:, 1:] = _NEG
+        self.running_tokens: list[tuple[int, ...]] = [() for _ in range(beam_width)]
+        self._running_log_probs: list[tuple[float, ...]] = [() for _ in range(beam_width)]
+        self._finished_scores = torch.full((1, beam_width), _NEG, dtype=torch.float32)
+        self._is_finished = torch.zeros((1, beam_width), dtype=torch.bool)
+        self._finished: list[tuple[tuple[int, ...], tuple[float, ...], float]] = [((), (), 0.0)] * beam_width
+        self._improvable = torch.ones((1, 1), dtype=torch.bool)
+        self.done = False
+
+    @property
+    def num_generated(self) -> int:
+        return self._cur_len - self._prompt_len
+
+    def step(self, log_probs: torch.Tensor) -> BeamStep:
+        """`log_probs`: [B, vocab] float32 processed log-probabilities of the running beams (at the
+        first step one row, the prompt's, which every beam shares)."""
+        if self.done:
+            raise RuntimeError("beam search already finished")
+        width = self.beam_width
+        if log_probs.shape[0] == 1 and width > 1:
+            log_probs = log_probs.expand(width, -1)
+        vocab = log_probs.shape[-1]
+        accumulated = (log_probs + self.running_scores[0, :, None]).reshape(1, width * vocab)
+        top_scores, top_indices = torch.topk(accumulated, k=min(self._num_candidates, width * vocab))
+        parents = top_indices // vocab
+        tokens = top_indices % vocab
+        hits = self._hits(tokens)
+        candidates = [self._extend(int(p), int(t), float(log_probs[int(p), int(t)])) for p, t in zip(parents[0], tokens[0])]
+
+        running = top_scores + hits.to(torch.float32) * _NEG
+        order = torch.topk(running, k=width)[1][0]
+        self.running_scores = running[:, order]
+        self.running_tokens = [candidates[int(i)][0] for i in order]
+        self._running_log_probs = [candidates[int(i)][1] for i in order]
+
+        self._update_finished(candidates, top_scores, hits)
+        self._cur_len += 1
+        self._update_improvable()
+        open_beam = not (bool(self._is_finished.all()) and self._early_stopping is True)
+        self.done = not (bool(self._improvable.any()) and open_beam and not bool(hits.all()))
+        return BeamStep(
+            parents=tuple(int(parents[0, i]) for i in order),
+            tokens=tuple(int(tokens[0, i]) for i in order),
+            done=self.done,
+        )
+
+    def best(self, num: int) -> list[Beam]:
+        """The `num` best finished beams, best first (after `done`)."""
+        beams = []
+        for index in range(num):
+            tokens, log_probs, cum = self._finished[index]
+            finished = bool(self._is_finished[0, index])
+            stopped = finished and self._end_id is not None and bool(tokens) and tokens[-1] == self._end_id
+            if stopped:
+                tokens, log_probs = tokens[:-1], log_probs[:-1]
+            beams.append(Beam(tokens, log_probs, cum, float(self._finished_scores[0, index]), finished, stopped))
+        return beams
+
+    # -- internals -------------------------------------------------------------------------
+    def _extend(self, parent: int, token: int, log_prob: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        return self.running_tokens[parent] + (token,), self._running_log_probs[parent] + (log_prob,)
+
+    def _hits(self, tokens: torch.Tensor) -> torch.Tensor:
+        at_length = self._cur_len + 1 >= self._max_length
+        hits = torch.full(tokens.shape, at_length, dtype=torch.bool)
+        if self._end_id is not None:
+            hits |= tokens == self._end_id
+        return hits
+
+    def _update_finished(self, candidates, top_scores: torch.Tensor, hits: torch.Tensor) -> None:
+        width = self.beam_width
+        top_mask = torch.zeros(hits.shape[-1], dtype=torch.bool)
+        top_mask[:width] = True
+        just_finished = hits & top_mask[None, :]
+        scores = top_scores / ((self._cur_len + 1 - self._prompt_len) ** self._length_penalty)
+        full = bool(self._is_finished.all()) and self._early_stopping is True
+        scores = scores + float(full) * _NEG
+        scores = scores + (~self._improvable).to(torch.float32) * _NEG
+        scores = scores + (~just_finished) * _NEG
+        merged_scores = torch.cat((self._finished_scores, scores), dim=1)
+        merged_finished = torch.cat((self._is_finished, just_finished), dim=1)
+        merged = self._finished + [(tokens, log_probs, float(top_scores[0, i])) for i, (tokens, log_probs) in enumerate(candidates)]
+        keep = torch.topk(merged_scores, k=width)[1][0]
+        self._finished_scores = merged_scores[:, keep]
+        self._is_finished = merged_finished[:, keep]
+        self._finished = [merged[int(i)] for i in keep]
+
+    def _update_improvable(self) -> None:
+        if self._early_stopping == "never" and self._length_penalty > 0.0:
+            length = self._max_length - self._prompt_len
+        else:
+            length = self._cur_len - self._prompt_len
+        best_running = self.running_scores[:, :1] / (length**self._length_penalty)
+        worst_finished = torch.where(self._is_finished, torch.min(self._finished_scores, dim=1, keepdim=True)[0], _NEG)
+        self._improvable = self._improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)

@@ -1,0 +1,141 @@
+"""The beam requests the scheduler runs: which sequences are a request's running beams.
+
+A beam request starts as one sequence (its prompt, counted as `beam_width` batch rows and KV
+reservations, like an n > 1 request). After the prompt's step it is forked into `beam_width`
+sequences that share the prompt's blocks; from then on each step all of them decode together and
+`BeamSearch` decides which beam each continues: the scheduler then gives sequence i the tokens
+and the block table of its parent (`KVCacheManager.reparent`), so beams share every block up to
+where they diverge and copy-on-write splits the last partial one.
+
+Beams are scheduled as a unit, before the other running sequences, and never preempted: under
+either policy a beam request is admitted only if the free blocks cover `beam_width` full-length
+sequences on top of what the running beams may still take, and when blocks run out a request
+without beams is the victim (it is recomputed later). Invariant: every live member of a group is in the running queue;
+a group is dropped when its last member finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from refengine.beam_search import BeamSearch, BeamStep
+from refengine.kv_cache import KVCacheManager
+from refengine.scheduler.sequence import FinishReason, Sequence, SequenceUpdate
+from refengine.step_messages import SampledToken
+
+
+@dataclass
+class BeamGroup:
+    request_id: str
+    search: BeamSearch
+    member_ids: list[int] = field(default_factory=list)  # running beams' sequence ids, in beam order
+
+    @property
+    def width(self) -> int:
+        return self.search.beam_width
+
+
+class BeamGroups:
+    def __init__(self) -> None:
+        self._groups: dict[str, BeamGroup] = {}
+        self._request_of: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def add(self, sequence: Sequence) -> BeamGroup:
+        params = sequence.params
+        search = BeamSearch(
+            params.beam_width,
+            prompt_len=sequence.num_prompt_tokens,
+            max_new_tokens=params.max_tokens,
+            length_penalty=params.length_penalty,
+            early_stopping=params.early_stopping,
+            end_id=params.end_id,
+        )
+        group = BeamGroup(sequence.request_id, search, [sequence.seq_id])
+        self._groups[sequence.request_id] = group
+        self._request_of[sequence.seq_id] = sequence.request_id
+        return group
+
+    def add_member(self, group: BeamGroup, seq_id: int) -> None:
+        group.member_ids.append(seq_id)
+        self._request_of[seq_id] = group.request_id
+
+    def group_of(self, seq_id: int) -> BeamGroup | None:
+        request_id = self._request_of.get(seq_id)
+        return None if request_id is None else self._groups.get(request_id)
+
+    def is_beam(self, seq_id: int) -> bool:
+        return seq_id in self._request_of
+
+    def forget(self, seq_id: int) -> None:
+        """A member finished (or was aborted); the group goes with its last member."""
+        request_id = self._request_of.pop(seq_id, None)
+        group = self._groups.get(request_id) if request_id is not None else None
+        if group is None:
+            return
+        if seq_id in group.member_ids:
+            group.member_ids.remove(seq_id)
+        if not group.member_ids:
+            del self._groups[request_id]
+
+    def members(self, running: Iterable[Sequence]) -> list[Sequence]:
+        return [s for s in running if self.is_beam(s.seq_id)]
+
+    def scheduling_order(self, running: Iterable[Sequence]) -> list[Sequence]:
+        """Beam members first (oldest group first), then the rest, each in queue order."""
+        sequences = list(running)
+        return self.members(sequences) + [s for s in sequences if not self.is_beam(s.seq_id)]
+
+    def group_size_at(self, sequence: Sequence) -> int:
+        """Tokens a decoding beam group needs this step, at its first member (0 elsewhere)."""
+        group = self.group_of(sequence.seq_id)
+        if group is None or len(group.member_ids) < 2 or group.member_ids[0] != sequence.seq_id:
+            return 0
+        return len(group.member_ids)
+
+    def step(self, rows: Mapping[int, torch.Tensor]) -> Iterator[tuple[BeamGroup, BeamStep]]:
+        """Run the beam step of every group that computed its beams' rows (seq id -> log-probs)."""
+        for request_id in list(dict.fromkeys(self._request_of[seq_id] for seq_id in rows)):
+            group = self._groups[request_id]
+            missing = [seq_id for seq_id in group.member_ids if seq_id not in rows]
+            if missing:
+                raise RuntimeError(f"beam request {request_id!r}: no logits for beams {missing} this step")
+            yield group, group.search.step(torch.stack([rows[seq_id] for seq_id in group.member_ids]))
+
+
+def reassign_beams(kv: KVCacheManager, group: BeamGroup, members: list[Sequence], step: BeamStep) -> None:
+    """Give member i the block table and the tokens of the beam it continues, plus its new token."""
+    kv.reparent([(member.seq_id, members[parent].seq_id) for member, parent in zip(members, step.parents)])
+    for member, tokens in zip(members, group.search.running_tokens):
+        member.replace_output(tokens)
+
+
+def finish_beams(
+    group: BeamGroup, members: list[Sequence], finish: Callable[[Sequence, FinishReason], None]
+) -> list[SequenceUpdate]:
+    """The request's best `n` beams as one update per returned sequence; every member finishes."""
+    params = members[0].params
+    updates = []
+    for index, beam in enumerate(group.search.best(params.n)):
+        samples = ()
+        if params.logprobs is not None:
+            samples = tuple(SampledToken(t, lp) for t, lp in zip(beam.token_ids, beam.token_log_probs))
+        updates.append(
+            SequenceUpdate(
+                seq_id=members[min(index, len(members) - 1)].seq_id,
+                request_id=group.request_id,
+                sample_index=index,
+                new_token_ids=beam.token_ids,
+                new_samples=samples,
+                finish_reason=FinishReason.STOP if beam.stopped else FinishReason.LENGTH,
+                cum_log_prob=beam.cum_log_prob,
+            )
+        )
+    for member in members:
+        finish(member, FinishReason.STOP)
+    return updates

@@ -1,0 +1,15 @@
+"""What the scheduler picked for one sequence this step, before it becomes a `ScheduledSequence`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from refengine.scheduler.sequence import Sequence
+
+
+@dataclass
+class Choice:
+    sequence: Sequence
+    num_new_tokens: int
+    block_table: tuple[int, ...]
+    padding: bool = False  # a finished row of a static batch, computed and discarded
