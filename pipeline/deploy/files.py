@@ -25,7 +25,7 @@ import yaml
 
 from pipeline.backends import engine_runtime
 from pipeline.config.spec import Spec
-from pipeline.deploy import dockerfile, images, layout, monitoring
+from pipeline.deploy import dockerfile, images, layout, monitoring, rule_tests, rules
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, render_model_repository
 
@@ -84,10 +84,12 @@ def link_upstream(out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, base:
 
 def write_monitoring(out_dir: Path, spec: Spec, target: str) -> list[Path]:
     def as_yaml(data: dict[str, Any]) -> str:
-        return "# Rendered by trtllm-pipeline (deploy stage). Do not edit.\n" + yaml.safe_dump(data, sort_keys=False)
+        return "# Rendered by trtllm-pipeline (deploy stage). Do not edit.\n" + yaml.safe_dump(data, sort_keys=False, width=4096)
 
     return [
         write_file(out_dir / layout.PROMETHEUS_CONFIG, as_yaml(monitoring.prometheus_config(spec, target))),
+        write_file(out_dir / rules.RULES_FILE, as_yaml(rules.rules_document(spec))),
+        write_file(out_dir / rules.RULES_TEST_FILE, as_yaml(rule_tests.rules_test_document(spec))),
         write_file(out_dir / layout.GRAFANA_DATASOURCES, as_yaml(monitoring.grafana_datasources())),
         write_file(out_dir / layout.GRAFANA_DASHBOARD_PROVIDERS, as_yaml(monitoring.grafana_dashboard_providers())),
         write_file(out_dir / layout.GRAFANA_DASHBOARD, json.dumps(monitoring.dashboard(spec, target), indent=2) + "\n"),

@@ -163,7 +163,7 @@ def test_compose_passes_the_compose_config_checks(name):
         (lambda d: d["services"]["triton"]["ports"].append("localhost:1:1"), "'localhost:1:1'"),
         (lambda d: d["services"]["triton"]["ports"].append("127.0.0.1:70000:1"), "1..65535"),
         (lambda d: d["services"]["triton"]["volumes"][0].update(source="model_repository"), "must start with ./"),
-        (lambda d: d["services"]["prometheus"]["volumes"][1].update(source="undeclared"), "not declared"),
+        (lambda d: next(v for v in d["services"]["prometheus"]["volumes"] if v["type"] == "volume").update(source="undeclared"), "not declared"),
         (lambda d: d["services"]["prometheus"].update(profiles=["other"]), "disabled under profile(s) cpu"),
         (lambda d: d["services"]["triton"].update(stop_grace_period="90 seconds"), "is not a duration"),
         (lambda d: d["services"]["triton"].update(shm_size="2 GB"), "is not a size"),
