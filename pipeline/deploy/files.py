@@ -103,14 +103,17 @@ def write_server_files(out_dir: Path, spec: Spec, target: str, source_root: Path
     if facts.checks_engine_in_container:
         written.append(write_file(out_dir / layout.ENGINE_CHECK_FILE, Path(engine_runtime.__file__).read_text(encoding="utf-8")))
     if facts.image_has_project:
-        base_image = images.server_image(spec, target)
-        text = dockerfile.render_dockerfile(
-            build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note, torch_index=spec.deploy.torch_index_url
-        )
-        written.append(write_file(out_dir / layout.DOCKERFILE, text))
-        written.append(write_file(out_dir / layout.DOCKERIGNORE, dockerfile.DOCKERIGNORE))
-        written += dockerfile.copy_project_source(out_dir / layout.SOURCE_DIR, source_root)
+        written += write_project_image(out_dir, spec, images.server_image(spec, target), source_root)
     return written
+
+
+def write_project_image(out_dir: Path, spec: Spec, base_image: images.ServerImage, source_root: Path | None = None) -> list[Path]:
+    """The build context of the image with the project installed (the cpu server; the OpenAI front end)."""
+    text = dockerfile.render_dockerfile(
+        build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note, torch_index=spec.deploy.torch_index_url
+    )
+    written = [write_file(out_dir / layout.DOCKERFILE, text), write_file(out_dir / layout.DOCKERIGNORE, dockerfile.DOCKERIGNORE)]
+    return written + dockerfile.copy_project_source(out_dir / layout.SOURCE_DIR, source_root)
 
 
 def write_file(path: Path, text: str, *, mode: int = 0o644) -> Path:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
+from pipeline.config.spec.choices import DeployKind
 from pipeline.config.spec.strict import StrictModel
 from pipeline.config.targets import traits_of
 
@@ -104,7 +105,7 @@ class KubernetesSpec(StrictModel):
 def check_placement(spec: Spec) -> None:
     """Refuse ranks no node shape can hold, or that do not divide into whole nodes."""
     deploy, build = spec.deploy, spec.build
-    kubernetes = deploy.kind.value == "kubernetes"
+    kubernetes = deploy.kind is DeployKind.kubernetes
     if kubernetes and deploy.gpus:
         raise ValueError("deploy.gpus lists host GPU ids, but deploy.kind is kubernetes: the scheduler assigns GPUs; remove deploy.gpus")
     if not traits_of(build.target).places_ranks_on_deploy_gpus:

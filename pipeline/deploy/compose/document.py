@@ -27,8 +27,6 @@ from typing import Any
 
 import yaml
 
-from pipeline.backends.engine_runtime import EngineRecord, mismatches
-from pipeline.backends.engine_target import declared_engine, image_runtime
 from pipeline.config.spec import Spec
 from pipeline.deploy import images, layout
 from pipeline.deploy.compose.layout import profile_for
@@ -166,7 +164,7 @@ def _triton_service(
         world_size = spec.build.tp_size * spec.build.pp_size
         service["image"] = images.server_image(spec, target).reference
         if facts.checks_engine_in_container:
-            service["entrypoint"] = engine_entrypoint(_engine_for_image(spec, service["image"]))
+            service["entrypoint"] = engine_entrypoint(images.engine_for_image(spec, service["image"]))
             volumes.append(bind_mount(deploy_dir / layout.ENGINE_CHECK_FILE, layout.ENGINE_CHECK_MOUNT))
         command = engine_server_command(world_size, ADMIN_KEY)
         health = ["CMD", "curl", "-fsS", "--max-time", "2", HEALTH_URL]
@@ -209,18 +207,6 @@ def _triton_service(
     if facts.reserves_gpus:
         service["deploy"] = {"resources": {"reservations": {"devices": [_gpu_reservation(spec)]}}}
     return service
-
-
-def _engine_for_image(spec: Spec, image: str) -> EngineRecord:
-    """The engine the spec builds, refused when deploy.image is a Triton TRT-LLM image of another version."""
-    engine = declared_engine(spec)
-    problems = mismatches(engine, image_runtime(image))
-    if problems:
-        raise SpecError(
-            f"deploy.image cannot serve this engine: {'; '.join(problems)}",
-            hint="use the image of build.trtllm_version's profile (leave deploy.image unset), or set build.trtllm_version to the image's version",
-        )
-    return engine
 
 
 def _gpu_reservation(spec: Spec) -> dict[str, Any]:
