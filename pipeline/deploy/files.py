@@ -97,14 +97,17 @@ def write_monitoring(out_dir: Path, spec: Spec, target: str) -> list[Path]:
 
 
 def write_server_files(out_dir: Path, spec: Spec, target: str, source_root: Path | None = None) -> list[Path]:
-    """The engine container's entrypoint check, or the cpu image's build context (Dockerfile and project source)."""
+    """The engine container's entrypoint check, and the build context (Dockerfile and project source) of the image with
+    the project installed: the cpu target's server, and on either target the OpenAI front end."""
     written = []
     facts = layout.container_facts(target)
     if facts.checks_engine_in_container:
         written.append(write_file(out_dir / layout.ENGINE_CHECK_FILE, Path(engine_runtime.__file__).read_text(encoding="utf-8")))
     if facts.image_has_project:
-        written += write_project_image(out_dir, spec, images.server_image(spec, target), source_root)
-    return written
+        base = images.server_image(spec, target)
+    else:  # the OpenAI front end's image (the engine target's Triton runs NGC's image)
+        base = images.ServerImage(images.PYTHON_BASE_IMAGE, True, "Python base of the OpenAI front end's image")
+    return written + write_project_image(out_dir, spec, base, source_root)
 
 
 def write_project_image(out_dir: Path, spec: Spec, base_image: images.ServerImage, source_root: Path | None = None) -> list[Path]:

@@ -30,7 +30,7 @@ from rich.console import Console
 from pipeline.artifacts import ArtifactRef
 from pipeline.backends.cpu import cpu_build_config
 from pipeline.config.spec import Spec
-from pipeline.deploy import layout, monitoring
+from pipeline.deploy import images, layout, monitoring
 from pipeline.deploy.compose import (
     COMPOSE_FILE,
     ENV_FILE,
@@ -530,7 +530,8 @@ def test_container_repository_numbers_the_reserved_gpus_from_zero(tmp_path):
     assert container["gpu_device_ids"] == "0,1" and container["gpt_model_path"] == "/engine"
     [device] = deployment.compose["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["device_ids"] == ["2", "3"]
-    assert not (out / layout.DOCKERFILE).exists() and not (out / "src").exists()
+    # the OpenAI front end's image: the project on the Python base (NGC's Triton image runs the server)
+    assert f"FROM {images.PYTHON_BASE_IMAGE}" in (out / layout.DOCKERFILE).read_text() and (out / "src" / "pyproject.toml").is_file()
     # the entrypoint's engine check, mounted at ENGINE_CHECK_MOUNT: a verbatim copy of the standalone module
     assert (out / layout.ENGINE_CHECK_FILE).read_text() == (REPO / "pipeline" / "backends" / "engine_runtime.py").read_text()
 

@@ -1,5 +1,5 @@
 """Render the docker compose file of a deployment: Triton (profile cpu or gpu), Prometheus, Grafana,
-and on the cpu profile the OpenAI-compatible front end (service `openai`, pipeline.deploy.compose.openai_service).
+and the OpenAI-compatible front end (service `openai`, pipeline.deploy.compose.openai_service).
 
 The document is built as a dict and written by a yaml SafeDumper in insertion order, so the
 same spec always gives the same bytes (golden-tested). Every host path in it is relative to the
@@ -68,11 +68,15 @@ def render_compose(
     _check_bind_address(spec.deploy.bind_address)
     facts = layout.container_facts(target)
     triton = _triton_service(spec, target, profile, model_repository, engine_dir, tokenizer_dir, deploy_dir)
-    services = {layout.TRITON_SERVICE: triton}
-    if facts.image_has_project:  # the OpenAI front end runs from it (NGC's engine image lacks the project)
-        services[layout.OPENAI_SERVICE] = openai_service(
-            spec, triton, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
-        )
+    # The OpenAI front end runs from the image with the project installed: Triton's own on the cpu profile; on the
+    # gpu profile (NGC's image lacks the project) the image built from the same Dockerfile on a Python base.
+    image = triton if facts.image_has_project else project_image(spec, deploy_dir)
+    services = {
+        layout.TRITON_SERVICE: triton,
+        layout.OPENAI_SERVICE: openai_service(
+            spec, triton, image, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
+        ),
+    }
     return {
         "services": {
             **services,
@@ -172,9 +176,7 @@ def _triton_service(
             # OpenMPI's shared-memory single-copy path (CMA) needs CAP_SYS_PTRACE, which cap_drop removes.
             environment["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
     else:
-        service["build"] = {"context": compose_path(deploy_dir), "dockerfile": layout.DOCKERFILE}
-        service["image"] = images.cpu_image_tag(spec.name)
-        service["pull_policy"] = "build"  # a local name: never look it up in a registry
+        service.update(project_image(spec, deploy_dir))
         command = cpu_server_command(ADMIN_KEY)
         probe = f"import urllib.request; urllib.request.urlopen({HEALTH_URL!r}, timeout=2)"
         health = ["CMD", "python", "-c", probe]
@@ -207,6 +209,15 @@ def _triton_service(
     if facts.reserves_gpus:
         service["deploy"] = {"resources": {"reservations": {"devices": [_gpu_reservation(spec)]}}}
     return service
+
+
+def project_image(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
+    """The image built from the deployment's Dockerfile (the project installed), never looked up in a registry."""
+    return {
+        "build": {"context": compose_path(deploy_dir), "dockerfile": layout.DOCKERFILE},
+        "image": images.cpu_image_tag(spec.name),
+        "pull_policy": "build",
+    }
 
 
 def _gpu_reservation(spec: Spec) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from pipeline.config.spec import Spec
-from pipeline.deploy import files, images, layout
+from pipeline.deploy import files, layout
 from pipeline.deploy.kubernetes import kustomize, names
 
 HEADER = "# Rendered by trtllm-pipeline (deploy stage) for build {name!r}, target {target}. Do not edit: change the build config.\n"
@@ -70,8 +70,5 @@ def write_deployment(
     written.append(files.write_file(out_dir / names.BASE_DIR / names.SECRET_ENV, secret_text, mode=0o600))
     written += files.write_monitoring(out_dir, spec, target)
     written += files.write_server_files(out_dir, spec, target, source_root)
-    if not layout.container_facts(target).image_has_project:  # the OpenAI front end's image
-        base = images.ServerImage(images.PYTHON_BASE_IMAGE, True, "Python base of the OpenAI front end's image")
-        written += files.write_project_image(out_dir, spec, base, source_root)
     workload = kustomize.manifests(spec)[f"{names.BASE_DIR}/triton.yaml"][-1]["kind"]
     return KubernetesDeployment(out_dir, kustomize.default_overlay(spec), workload, tuple(sorted(written)))
