@@ -23,16 +23,7 @@ class KubernetesDeployer:
     kind: DeployKind = DeployKind.kubernetes
 
     def render(self, spec: Spec, inputs: DeploymentInputs, out_dir: Path) -> Deployment:
-        written = write_deployment(
-            spec,
-            out_dir,
-            engine_dir=inputs.engine_dir,
-            tokenizer_dir=inputs.tokenizer_dir,
-            link_base=inputs.final_dir,
-            package_repository=inputs.package_repository,
-            secrets=inputs.secrets,
-            source_root=inputs.source_root,
-        )
+        written = write_deployment(spec, out_dir, inputs)
         final = inputs.final_dir or out_dir
         return Deployment(
             directory=out_dir,

@@ -84,6 +84,14 @@ def _template(spec: Spec, containers: list[dict[str, Any]], extra_labels: dict[s
     }
 
 
+def _head(spec: Spec, api_version: str, kind: str, component: str = names.TRITON) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": names.object_name(spec, component), "labels": names.labels(spec, component)},
+    }
+
+
 def triton_deployment(spec: Spec) -> dict[str, Any]:
     target = spec.build.target.value
     facts = layout.container_facts(target)
@@ -94,9 +102,7 @@ def triton_deployment(spec: Spec) -> dict[str, Any]:
     gpus = ranks(spec) * spec.serve.instances.tensorrt_llm if facts.reserves_gpus else 0
     container = _triton_container(spec, command, args, gpus, serves=True)
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": names.object_name(spec, names.TRITON), "labels": names.labels(spec, names.TRITON)},
+        **_head(spec, "apps/v1", "Deployment"),
         "spec": {
             "replicas": _replicas(spec),
             "selector": {"matchLabels": names.selector(spec, names.TRITON)},
@@ -122,9 +128,7 @@ def leader_worker_set(spec: Spec) -> dict[str, Any]:
     leader_template["spec"]["automountServiceAccountToken"] = True  # kubectl exec into its group (kubessh)
     worker_template = _template(spec, [worker], {"role": "worker"})
     return {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1",
-        "kind": "LeaderWorkerSet",
-        "metadata": {"name": names.object_name(spec, names.TRITON), "labels": names.labels(spec, names.TRITON)},
+        **_head(spec, "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
         "spec": {
             "replicas": _replicas(spec),
             "startupPolicy": "LeaderCreated",
@@ -158,9 +162,7 @@ def openai_deployment(spec: Spec) -> dict[str, Any]:
         "volumeMounts": [mount for mount in pods.model_mounts(shm=False) if mount["mountPath"] != layout.ENGINE_MOUNT],
     }
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": names.object_name(spec, names.OPENAI), "labels": names.labels(spec, names.OPENAI)},
+        **_head(spec, "apps/v1", "Deployment", names.OPENAI),
         "spec": {
             "replicas": spec.deploy.kubernetes_settings.openai_replicas,
             "selector": {"matchLabels": names.selector(spec, names.OPENAI)},

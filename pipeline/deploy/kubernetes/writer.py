@@ -4,7 +4,6 @@ project installed (the cpu server, and on either target the OpenAI front end).""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import yaml
 
 from pipeline.config.spec import Spec
 from pipeline.deploy import files, layout
+from pipeline.deploy.base import DeploymentInputs
 from pipeline.deploy.kubernetes import kustomize, names
 
 HEADER = "# Rendered by trtllm-pipeline (deploy stage) for build {name!r}, target {target}. Do not edit: change the build config.\n"
@@ -45,30 +45,22 @@ def rendered_files(spec: Spec) -> dict[str, str]:
     return dict(sorted(texts.items()))
 
 
-def write_deployment(
-    spec: Spec,
-    out_dir: Path,
-    *,
-    engine_dir: Path,
-    tokenizer_dir: Path,
-    link_base: Path | None = None,
-    package_repository: Path | None = None,
-    secrets: Mapping[str, str] | None = None,
-    source_root: Path | None = None,
-) -> KubernetesDeployment:
+def write_deployment(spec: Spec, out_dir: Path, inputs: DeploymentInputs) -> KubernetesDeployment:
+    """Render everything (refused before anything is written), then write it; links are relative to inputs.final_dir."""
     target = spec.build.target.value
     files.require_new_directory(out_dir)
-    texts = rendered_files(spec)  # everything is rendered (and refused) before anything is written
-    admin_key = files.secret_values(secrets)[layout.ADMIN_KEY_VARIABLE]
+    texts = rendered_files(spec)
+    admin_key = files.secret_values(inputs.secrets)[layout.ADMIN_KEY_VARIABLE]
     out_dir.mkdir(parents=True, exist_ok=True)
+    engine_dir, tokenizer_dir = inputs.engine_dir, inputs.tokenizer_dir
     written = files.write_container_repository(
-        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=package_repository
+        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=inputs.package_repository
     )
-    files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=link_base or out_dir)
+    files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=inputs.final_dir or out_dir)
     written += [files.write_file(out_dir / path, text) for path, text in texts.items()]
     secret_text = f"# The Triton admin APIs' '{layout.ADMIN_KEY_HEADER}' header. Keep this file private.\n{layout.ADMIN_KEY_VARIABLE}={admin_key}\n"
     written.append(files.write_file(out_dir / names.BASE_DIR / names.SECRET_ENV, secret_text, mode=0o600))
     written += files.write_monitoring(out_dir, spec, target)
-    written += files.write_server_files(out_dir, spec, target, source_root)
+    written += files.write_server_files(out_dir, spec, target, inputs.source_root)
     workload = kustomize.manifests(spec)[f"{names.BASE_DIR}/triton.yaml"][-1]["kind"]
     return KubernetesDeployment(out_dir, kustomize.default_overlay(spec), workload, tuple(sorted(written)))
