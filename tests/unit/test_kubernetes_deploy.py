@@ -100,18 +100,26 @@ def test_manifests_match_golden_file(name):
     check_golden(GOLDEN / f"{name}.kubernetes.yaml", golden_text(name))
 
 
+@pytest.fixture(scope="module")
+def kubernetes_validate():
+    """The package, its schema files read once (it re-reads the definitions, megabytes of JSON, per resource)."""
+    module = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the test extra)")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(module.utils, "schema_contents", cache(module.utils.schema_contents))
+    yield module
+    patch.undo()
+
+
 @pytest.mark.parametrize("version", [OLDEST, NEWEST])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_core_resources_pass_kubernetes_validate_strict(name, version):
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the test extra)")
+def test_core_resources_pass_kubernetes_validate_strict(name, version, kubernetes_validate):
     core = [document for document in documents(name) if (document["apiVersion"], document["kind"]) not in CRD_SCHEMAS]
     assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Namespace"} <= {d["kind"] for d in core}
     for document in core:
         kubernetes_validate.validate(document, version, strict=True)
 
 
-def test_kubernetes_validate_strict_refuses_an_unknown_field():
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the test extra)")
+def test_kubernetes_validate_strict_refuses_an_unknown_field(kubernetes_validate):
     deployment = json.loads(json.dumps(of_kind("tiny-cpu", "Deployment")[-1]))
     deployment["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFileSystem"] = True  # misspelt
     with pytest.raises(kubernetes_validate.ValidationError):
