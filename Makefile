@@ -8,7 +8,7 @@ CONFIG ?= build_configs/tiny-cpu.yaml
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench venv schema clean
+.PHONY: demo test lint bench venv schema clean compose-e2e
 
 demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
@@ -38,6 +38,10 @@ bench: $(STAMP)
 	$(CLI) bench engine $(CONFIG)
 	$(CLI) bench load $(CONFIG) --endpoint grpc,openai --concurrency 1,2,4,8 --requests 48 --warmup 4 \
 	  --input-tokens 128 --output-tokens 64 --slo-ttft-ms 250 --slo-itl-ms 40
+
+# Opt-in, not in CI: the cpu compose deployment on this Docker host without registry access (scripts/compose_e2e.sh).
+compose-e2e: $(STAMP)
+	CLI=$(CURDIR)/$(CLI) bash scripts/compose_e2e.sh
 
 venv: $(STAMP)
 

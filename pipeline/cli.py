@@ -78,9 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--detach", action="store_true", help="start in the background and return once every model is ready; end it with `stop`")
     serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
     with_config("stop", "stop a server started with `serve --detach`; after a crash, end the stubs it left and say so", _stop, writes=False)
-    deploy = with_config("deploy", "render the docker compose deployment (Triton, Prometheus, Grafana) and export it", _deploy)
+    deploy = with_config("deploy", "render the deployment of deploy.kind (compose, or kubernetes manifests) and export it", _deploy)
     deploy.add_argument("--out", type=Path, default=Path("deploy"), help="where to export the deployment (default ./deploy)")
-    deploy.add_argument("--up", action="store_true", help="then run `docker compose up -d` (needs a Docker engine)")
+    deploy.add_argument("--up", action="store_true", help="then start it: `docker compose up -d` (compose), `kubectl apply -k` (kubernetes)")
     deploy.add_argument("--service", dest="services", action="append", default=[], metavar="NAME", help="with --up: start only this service (repeatable)")
     deploy.add_argument(
         "--file", dest="extra_files", action="append", default=[], type=Path, metavar="PATH",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.config.spec import DeployKind, Spec
+from pipeline.config.spec import DeployKind, DeploySpec, Spec
 from pipeline.config.targets import traits_of
 from pipeline.spec_slice import SpecSlice
 
@@ -152,11 +152,19 @@ def _dump_speculative(speculative: dict[str, Any], draft_source: str) -> dict[st
     return dumped
 
 
+# deploy fields that came after digests were first published: left out while they hold their defaults.
+_LATER_DEPLOY_FIELDS = ("gpus_per_node", "alerts", "kubernetes")
+
+
 def _dump_deploy(spec: SpecSlice) -> dict[str, Any]:
     """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
     dumped = _dump(spec.deploy)
     if dumped["kind"] == DeployKind.compose.value:
         del dumped["kind"]
+    defaults = _dump(DeploySpec())
+    for key in _LATER_DEPLOY_FIELDS:
+        if dumped.get(key) == defaults[key]:
+            del dumped[key]
     return dumped
 
 

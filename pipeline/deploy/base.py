@@ -1,6 +1,6 @@
 """The deploy-kind interface: what the deploy stage and `trtllm-pipeline deploy` ask of a kind of deployment.
 
-A kind (deploy.kind: compose now) is one subpackage of pipeline/deploy/ implementing `Deployer`, entered in
+A kind (deploy.kind: compose, kubernetes) is one subpackage of pipeline/deploy/ implementing `Deployer`, entered in
 pipeline.deploy.registry. What every kind shares stays beside this module: the container paths and ports
 (layout), the images (images, dockerfile, image_setup), the server commands (server_command), the
 monitoring configuration (monitoring) and the files every deployment directory holds (files).

@@ -26,7 +26,7 @@ import yaml
 from pipeline.backends import engine_runtime
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
-from pipeline.deploy import dockerfile, images, layout, monitoring
+from pipeline.deploy import dockerfile, images, layout, monitoring, rule_tests, rules
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form
@@ -96,10 +96,12 @@ def link_upstream(out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, base:
 
 def write_monitoring(out_dir: Path, spec: Spec, target: str) -> list[Path]:
     def as_yaml(data: dict[str, Any]) -> str:
-        return "# Rendered by trtllm-pipeline (deploy stage). Do not edit.\n" + yaml.safe_dump(data, sort_keys=False)
+        return "# Rendered by trtllm-pipeline (deploy stage). Do not edit.\n" + yaml.safe_dump(data, sort_keys=False, width=4096)
 
     return [
         write_file(out_dir / layout.PROMETHEUS_CONFIG, as_yaml(monitoring.prometheus_config(spec, target))),
+        write_file(out_dir / rules.RULES_FILE, as_yaml(rules.rules_document(spec))),
+        write_file(out_dir / rules.RULES_TEST_FILE, as_yaml(rule_tests.rules_test_document(spec))),
         write_file(out_dir / layout.GRAFANA_DATASOURCES, as_yaml(monitoring.grafana_datasources())),
         write_file(out_dir / layout.GRAFANA_DASHBOARD_PROVIDERS, as_yaml(monitoring.grafana_dashboard_providers())),
         write_file(out_dir / layout.GRAFANA_DASHBOARD, json.dumps(monitoring.dashboard(spec, target), indent=2) + "\n"),
@@ -107,20 +109,26 @@ def write_monitoring(out_dir: Path, spec: Spec, target: str) -> list[Path]:
 
 
 def write_server_files(out_dir: Path, spec: Spec, target: str, source_root: Path | None = None) -> list[Path]:
-    """The engine container's entrypoint check, or the cpu image's build context (Dockerfile and project source)."""
+    """The engine container's entrypoint check, and the build context (Dockerfile and project source) of the image with
+    the project installed: the cpu target's server, and on either target the OpenAI front end."""
     written = []
     facts = layout.container_facts(target)
     if facts.checks_engine_in_container:
         written.append(write_file(out_dir / layout.ENGINE_CHECK_FILE, Path(engine_runtime.__file__).read_text(encoding="utf-8")))
     if facts.image_has_project:
-        base_image = images.server_image(spec, target)
-        text = dockerfile.render_dockerfile(
-            build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note, torch_index=spec.deploy.torch_index_url
-        )
-        written.append(write_file(out_dir / layout.DOCKERFILE, text))
-        written.append(write_file(out_dir / layout.DOCKERIGNORE, dockerfile.DOCKERIGNORE))
-        written += dockerfile.copy_project_source(out_dir / layout.SOURCE_DIR, source_root)
-    return written
+        base = images.server_image(spec, target)
+    else:  # the OpenAI front end's image (the engine target's Triton runs NGC's image)
+        base = images.ServerImage(images.PYTHON_BASE_IMAGE, True, "Python base of the OpenAI front end's image")
+    return written + write_project_image(out_dir, spec, base, source_root)
+
+
+def write_project_image(out_dir: Path, spec: Spec, base_image: images.ServerImage, source_root: Path | None = None) -> list[Path]:
+    """The build context of the image with the project installed (the cpu server; the OpenAI front end)."""
+    text = dockerfile.render_dockerfile(
+        build_name=spec.name, base_image=base_image.reference, base_image_note=base_image.note, torch_index=spec.deploy.torch_index_url
+    )
+    written = [write_file(out_dir / layout.DOCKERFILE, text), write_file(out_dir / layout.DOCKERIGNORE, dockerfile.DOCKERIGNORE)]
+    return written + dockerfile.copy_project_source(out_dir / layout.SOURCE_DIR, source_root)
 
 
 def write_file(path: Path, text: str, *, mode: int = 0o644) -> Path:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.backends.engine_runtime import EngineRecord, mismatches
+from pipeline.backends.engine_target import declared_engine, image_runtime
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec, Target
+from pipeline.errors import SpecError
 
 PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0@sha256:63805ebb8d2b3920190daf1cb14a60871b16fd38bed42b857a3182bc621f4996"
 GRAFANA_IMAGE = "grafana/grafana:12.1.1@sha256:a1701c2180249361737a99a01bc770db39381640e4d631825d38ff4535efa47d"
@@ -55,3 +58,15 @@ def server_image(spec: Spec, target: str) -> ServerImage:
 
 def cpu_image_tag(build_name: str) -> str:
     return f"{CPU_IMAGE_NAME}:{build_name.lower()}"
+
+
+def engine_for_image(spec: Spec, image: str) -> EngineRecord:
+    """The engine the spec builds, refused when deploy.image is a Triton TRT-LLM image of another version."""
+    engine = declared_engine(spec)
+    problems = mismatches(engine, image_runtime(image))
+    if problems:
+        raise SpecError(
+            f"deploy.image cannot serve this engine: {'; '.join(problems)}",
+            hint="use the image of build.trtllm_version's profile (leave deploy.image unset), or set build.trtllm_version to the image's version",
+        )
+    return engine

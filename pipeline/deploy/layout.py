@@ -6,7 +6,8 @@ own files (pipeline.deploy.compose.layout: docker-compose.yml and .env) and:
     model_repository/         the Triton repository rendered for the container (/engine, /tokenizer)
     engine -> …/build-<digest>/engine          symlinks to the upstream artifacts (nothing copied)
     tokenizer -> …/prepare-<digest>
-    prometheus/prometheus.yml
+    prometheus/prometheus.yml                  (rule_files: the rules below, mounted at /etc/prometheus/rules.yml)
+    prometheus/rules.yml, rules.test.yml       recording and alerting rules, their promtool test (pipeline.deploy.rules)
     grafana/provisioning/datasources/prometheus.yml
     grafana/provisioning/dashboards/trtllm-pipeline.yml
     grafana/dashboards/trtllm-pipeline.json

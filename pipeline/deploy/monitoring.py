@@ -19,10 +19,11 @@ carry TensorRT-LLM's backend names, so those panels read the engine target too):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pipeline.config.spec import Spec
-from pipeline.deploy import layout
+from pipeline.deploy import layout, rules
 
 DATASOURCE_UID = "prometheus"
 DASHBOARD_UID = "trtllm-pipeline"
@@ -35,14 +36,15 @@ RATE_WINDOW = "1m"
 def prometheus_config(spec: Spec, target: str) -> dict[str, Any]:
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "15s"},
+        "rule_files": [Path(rules.RULES_FILE).name],  # relative to prometheus.yml: beside it on the host and in the container
         "scrape_configs": [
             {
-                "job_name": "triton",
+                "job_name": rules.TRITON_JOB,
                 "metrics_path": "/metrics",
                 "static_configs": [
                     {
                         "targets": [f"{layout.TRITON_SERVICE}:{layout.CONTAINER_METRICS_PORT}"],
-                        "labels": {"build": spec.name, "target": target},
+                        "labels": {rules.BUILD_LABEL: spec.name, "target": target},
                     }
                 ],
             }

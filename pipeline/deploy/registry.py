@@ -5,10 +5,12 @@ from __future__ import annotations
 from pipeline.config.spec import DeployKind
 from pipeline.deploy.base import Deployer
 from pipeline.deploy.compose.deployer import ComposeDeployer
+from pipeline.deploy.kubernetes.deployer import KubernetesDeployer
 from pipeline.errors import SpecError
 
 DEPLOYERS: dict[DeployKind, type[Deployer]] = {
     DeployKind.compose: ComposeDeployer,
+    DeployKind.kubernetes: KubernetesDeployer,
 }
 
 

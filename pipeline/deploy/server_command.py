@@ -132,14 +132,14 @@ def world_size_of(command: list[str]) -> int:
     return sum(int(command[i + 1]) for i, token in enumerate(command[:-1]) if token == "-n")
 
 
-def openai_command(spec: Spec) -> list[str]:
-    """The OpenAI-compatible front end, next to Triton: it reads the served repository at /models."""
+def openai_command(spec: Spec, triton_url: str = f"{TRITON_SERVICE}:{CONTAINER_GRPC_PORT}") -> list[str]:
+    """The OpenAI-compatible front end, next to Triton (gRPC at `triton_url`): it reads the served repository at /models."""
     return [
         "trtllm-pipeline",
         "openai",
         MODELS_MOUNT,
         "--triton-url",
-        f"{TRITON_SERVICE}:{CONTAINER_GRPC_PORT}",
+        triton_url,
         "--host",
         "0.0.0.0",
         "--port",

@@ -1,4 +1,4 @@
-"""deploy: render the deployment of deploy.kind (compose: Triton, Prometheus, Grafana) for the packaged model.
+"""deploy: render the deployment of deploy.kind (compose: Triton, Prometheus, Grafana; kubernetes: manifests) for the packaged model.
 
 Reads: spec.deploy, spec.serve, spec.build (target, TensorRT-LLM version, tp/pp), spec.name;
 upstream prepare (the tokenizer), build (engine/) and package (model_repository/, whose file list

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -968,3 +969,71 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatc
     assert returncode == -signal.SIGKILL
     assert time.monotonic() - started < 10
     assert not process.group_alive(pid), "a process of the server's group survived"
+
+
+# -- the deployment's Prometheus rules, evaluated by a real Prometheus on this server -------------
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _prometheus_query(url: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{url}{path}", timeout=5) as response:
+        return json.loads(response.read())["data"]
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian: apt-get install prometheus)")
+def test_a_real_prometheus_evaluates_the_rendered_rules_on_this_server(server, tmp_path):
+    """pipeline.deploy.rules as the deployments render them, loaded by Prometheus scraping this tritonserver every
+    second: every rule evaluates without error, and the autoscaling ratio and the per-token time come out of the
+    families the server really exports."""
+    import yaml
+
+    from pipeline.config.spec import Spec
+    from pipeline.deploy import rules
+    from tests.unit.test_deploy import load_spec
+
+    spec: Spec = load_spec("tiny-cpu")
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules.rules_document(spec), sort_keys=False))
+    [port] = free_ports(1)
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": ["rules.yml"],
+        "scrape_configs": [
+            {
+                "job_name": rules.TRITON_JOB,
+                "static_configs": [{"targets": [f"127.0.0.1:{server.options.metrics_port}"], "labels": {rules.BUILD_LABEL: spec.name}}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    command = [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"]
+    url = f"http://127.0.0.1:{port}/api/v1"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"))
+    try:
+        up = f"/query?query=up%7Bjob%3D%22{rules.TRITON_JOB}%22%7D"
+        assert _wait_for(lambda: _answers(url, up) and float(_prometheus_query(url, up)["result"][0]["value"][1]) == 1, 20), "no scrape"
+        time.sleep(1.5)  # samples before the request
+        for prompt in PROMPTS[:1]:
+            assert http_generate(server.options.http_url, "ensemble", {"text_input": prompt, "max_tokens": MAX_TOKENS})[0] == 200
+
+        def recorded(name: str) -> list[dict]:
+            return _prometheus_query(url, f"/query?query={urllib.parse.quote(name)}")["result"]
+
+        assert _wait_for(lambda: recorded(rules.RATIO) and recorded(rules.MS_PER_TOKEN), 20), (tmp_path / "prometheus.log").read_text()[-2000:]
+        [ratio] = recorded(rules.RATIO)
+        assert ratio["metric"] == {"__name__": rules.RATIO, "build": spec.name, "model": "tensorrt_llm"} and float(ratio["value"][1]) >= 0
+        print(f"{rules.RATIO} = {ratio['value'][1]}; {rules.MS_PER_TOKEN} = {recorded(rules.MS_PER_TOKEN)[0]['value'][1]}")
+        assert float(recorded(rules.MS_PER_TOKEN)[0]["value"][1]) > 0
+        assert 0 <= float(recorded(rules.KV_UTILIZATION)[0]["value"][1]) <= 1
+        evaluated = [rule for group in _prometheus_query(url, "/rules")["groups"] for rule in group["rules"]]
+        assert len(evaluated) == 12 and all(rule["health"] == "ok" for rule in evaluated), [r.get("lastError") for r in evaluated]
+        assert not [rule["name"] for rule in evaluated if rule["type"] == "alerting" and rule["state"] == "firing"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _answers(url: str, path: str) -> bool:
+    try:
+        return bool(_prometheus_query(url, path)["result"])
+    except (OSError, ValueError, KeyError):
+        return False

@@ -30,7 +30,7 @@ from rich.console import Console
 from pipeline.artifacts import ArtifactRef
 from pipeline.backends.cpu import cpu_build_config
 from pipeline.config.spec import Spec
-from pipeline.deploy import layout, monitoring
+from pipeline.deploy import images, layout, monitoring
 from pipeline.deploy.compose import (
     COMPOSE_FILE,
     ENV_FILE,
@@ -163,7 +163,7 @@ def test_compose_passes_the_compose_config_checks(name):
         (lambda d: d["services"]["triton"]["ports"].append("localhost:1:1"), "'localhost:1:1'"),
         (lambda d: d["services"]["triton"]["ports"].append("127.0.0.1:70000:1"), "1..65535"),
         (lambda d: d["services"]["triton"]["volumes"][0].update(source="model_repository"), "must start with ./"),
-        (lambda d: d["services"]["prometheus"]["volumes"][1].update(source="undeclared"), "not declared"),
+        (lambda d: next(v for v in d["services"]["prometheus"]["volumes"] if v["type"] == "volume").update(source="undeclared"), "not declared"),
         (lambda d: d["services"]["prometheus"].update(profiles=["other"]), "disabled under profile(s) cpu"),
         (lambda d: d["services"]["triton"].update(stop_grace_period="90 seconds"), "is not a duration"),
         (lambda d: d["services"]["triton"].update(shm_size="2 GB"), "is not a size"),
@@ -525,7 +525,8 @@ def test_container_repository_numbers_the_reserved_gpus_from_zero(tmp_path):
     assert container["gpu_device_ids"] == "0,1" and container["gpt_model_path"] == "/engine"
     [device] = deployment.compose["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["device_ids"] == ["2", "3"]
-    assert not (out / layout.DOCKERFILE).exists() and not (out / "src").exists()
+    # the OpenAI front end's image: the project on the Python base (NGC's Triton image runs the server)
+    assert f"FROM {images.PYTHON_BASE_IMAGE}" in (out / layout.DOCKERFILE).read_text() and (out / "src" / "pyproject.toml").is_file()
     # the entrypoint's engine check, mounted at ENGINE_CHECK_MOUNT: a verbatim copy of the standalone module
     assert (out / layout.ENGINE_CHECK_FILE).read_text() == (REPO / "pipeline" / "backends" / "engine_runtime.py").read_text()
 

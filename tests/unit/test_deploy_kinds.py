@@ -11,6 +11,7 @@ from pipeline.config.spec import DeployKind
 from pipeline.deploy.base import DeploymentInputs
 from pipeline.deploy.compose import COMPOSE_FILE, ENV_FILE, ComposeDeployer
 from pipeline.deploy.registry import DEPLOYERS, deployer_for
+from pipeline.errors import SpecError
 from tests.unit.test_deploy import SECRETS, load_spec, package_repository, render_text, tiny_engine, tokenizer
 
 
@@ -62,3 +63,34 @@ def test_compose_exports_and_names_the_command_that_starts_the_copy(rendered, tm
     deployer.export(deployment.directory, out)
     assert deployer.check(out) == []
     assert deployer.start_command(spec, out) == f"docker compose --env-file {out}/.env --profile cpu -f {out}/docker-compose.yml up -d"
+
+
+def test_kubernetes_renders_checks_and_exports_through_the_interface(tmp_path: Path):
+    from pipeline.config.spec import Spec
+    from pipeline.deploy.kubernetes import KubernetesDeployer, rendered_files
+
+    data = load_spec("tiny-cpu").model_dump(mode="json")
+    data["deploy"]["kind"] = "kubernetes"
+    spec = Spec.model_validate(data)
+    engine = tiny_engine(tmp_path / "build" / "engine")
+    tokenizer_dir = tokenizer(tmp_path / "prepare")
+    package = package_repository(spec, engine, tokenizer_dir, tmp_path / "package" / "model_repository")
+    final = tmp_path / "deploy-d" / "deploy"
+    inputs = DeploymentInputs(engine, tokenizer_dir, package_repository=package, final_dir=final, secrets=SECRETS)
+    deployer = deployer_for(DeployKind.kubernetes)
+    deployment = deployer.render(spec, inputs, tmp_path / "tmp" / "deploy")
+    directory = deployment.directory
+    assert isinstance(deployer, KubernetesDeployer) and deployer.check(directory) == []
+    for path, text in rendered_files(spec).items():
+        assert (directory / path).read_text() == text
+    secret = directory / "kubernetes" / "base" / "secret.env"
+    assert (secret.stat().st_mode & 0o777) == 0o600 and f"TRITON_ADMIN_KEY={SECRETS['TRITON_ADMIN_KEY']}" in secret.read_text()
+    assert (directory / "prometheus" / "rules.yml").is_file() and (directory / "Dockerfile").is_file()
+    assert deployment.summary == "kubernetes deployment (Deployment, overlay monitoring)"
+    assert deployment.start == f"kubectl apply -k {final}/kubernetes/overlays/monitoring"
+    out = tmp_path / "checkout" / "deploy"
+    out.parent.mkdir()
+    deployer.export(directory, out)
+    assert deployer.check(out) == [] and deployer.start_command(spec, out) == f"kubectl apply -k {out}/kubernetes/overlays/monitoring"
+    with pytest.raises(SpecError, match="docker compose options"):
+        deployer.up(spec, out, services=["triton"])

@@ -37,8 +37,14 @@ def test_the_cpu_deployment_has_the_openai_service_before_triton():
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b-fp8", "llama-3.3-70b-fp8-tp2"])
-def test_the_gpu_deployment_has_none_yet(name):
-    assert "openai" not in render(name)["services"]  # NGC's image has no trtllm-pipeline
+def test_the_gpu_deployment_runs_it_from_the_project_image(name):
+    services = render(name)["services"]
+    assert list(services) == ["triton", "openai", "prometheus", "grafana"]
+    openai, triton = services["openai"], services["triton"]
+    assert triton["image"].startswith("nvcr.io/nvidia/tritonserver:")  # NGC's image has no trtllm-pipeline
+    assert openai["build"] == {"context": ".", "dockerfile": "Dockerfile"} and openai["pull_policy"] == "build"
+    assert openai["image"] == f"trtllm-pipeline-cpu:{name}" and openai["profiles"] == ["gpu"] and "deploy" not in openai  # no GPU
+    assert openai["depends_on"] == {"triton": {"condition": "service_healthy"}}
 
 
 def test_the_port_follows_the_bind_address_and_a_clash_is_caught():

@@ -63,6 +63,7 @@ class BuildRunnerKind(str, Enum):
 
 class DeployKind(str, Enum):
     compose = "compose"
+    kubernetes = "kubernetes"
 
 
 class GPUModel(str, Enum):

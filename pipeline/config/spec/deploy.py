@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import re
+
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.spec.choices import DeployKind, GPUModel
+from pipeline.config.spec.kubernetes import AlertBounds, KubernetesSpec
 from pipeline.config.spec.strict import StrictModel
+
+# An image reference: [registry[:port]/]path[:tag][@sha256:<64 hex>], with a tag or a digest (or both).
+_IMAGE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?P<tag>:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?P<digest>@sha256:[0-9a-f]{64})?$"
+)
 
 
 class DeploySpec(StrictModel):
     kind: DeployKind = Field(
-        default=DeployKind.compose, description="How the deployment is rendered and started: compose (docker compose: Triton, Prometheus, Grafana)."
+        default=DeployKind.compose, description="How the deployment is rendered and started: compose (docker compose: Triton, Prometheus, Grafana), "
+        "kubernetes (manifests with a kustomize base and overlays)."
     )
     image: str | None = Field(default=None, description="Container image. Default: the pinned Triton TRT-LLM image for engine, a Python slim image for cpu.")
     bind_address: str = Field(default="127.0.0.1", description="Address the published ports bind to (loopback by default).")
@@ -32,6 +42,23 @@ class DeploySpec(StrictModel):
         description="Package index the cpu image's Dockerfile installs the CPU build of torch from (a local mirror where the build host has no internet).",
     )
     shm_size: str = Field(default="2g", pattern=r"^[0-9]+[kmgKMG]?$", description="/dev/shm size of the server container (docker notation, e.g. 2g).")
+    gpus_per_node: int = Field(
+        default=8, ge=1, le=16, description="GPUs of one node: more ranks than this span nodes (deploy.kind kubernetes only: a LeaderWorkerSet)."
+    )
+    alerts: AlertBounds = Field(default_factory=AlertBounds, description="Bounds of the rendered Prometheus alerts.")
+    kubernetes: KubernetesSpec | None = Field(default=None, description="Settings of deploy.kind kubernetes (defaults when absent).")
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str | None) -> str | None:
+        match = _IMAGE.match(value) if value is not None else None
+        if value is not None and (match is None or not (match.group("tag") or match.group("digest"))):
+            raise ValueError(f"{value!r} is neither NAME:TAG nor NAME@sha256:<64 hex digits> (an image reference with a tag or a digest)")
+        return value
+
+    @property
+    def kubernetes_settings(self) -> KubernetesSpec:
+        return self.kubernetes or KubernetesSpec()
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> DeploySpec:

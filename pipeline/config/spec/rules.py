@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.config.format_rules import check_format_rules
+from pipeline.config.spec.kubernetes import check_placement
 from pipeline.config.spec.speculative_rules import check_speculative
 from pipeline.config.targets import Target, traits_of
 
@@ -51,6 +52,7 @@ def check_cross_section(spec: Spec) -> None:
             f"deploy.gpus lists {len(gpus)} GPU(s) but build.tp_size ({build.tp_size}) × build.pp_size "
             f"({build.pp_size}) × serve.instances.tensorrt_llm ({serve.instances.tensorrt_llm}) = {ranks}"
         )
+    check_placement(spec)
 
 
 def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:

@@ -1,5 +1,5 @@
 """Render the docker compose file of a deployment: Triton (profile cpu or gpu), Prometheus, Grafana,
-and on the cpu profile the OpenAI-compatible front end (service `openai`, pipeline.deploy.compose.openai_service).
+and the OpenAI-compatible front end (service `openai`, pipeline.deploy.compose.openai_service).
 
 The document is built as a dict and written by a yaml SafeDumper in insertion order, so the
 same spec always gives the same bytes (golden-tested). Every host path in it is relative to the
@@ -27,8 +27,6 @@ from typing import Any
 
 import yaml
 
-from pipeline.backends.engine_runtime import EngineRecord, mismatches
-from pipeline.backends.engine_target import declared_engine, image_runtime
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec, Target
 from pipeline.deploy import images, layout
@@ -82,9 +80,12 @@ def render_compose(
             spec, triton, llm_api, profile=facts.openai_server_profile, engine_dir=engine_dir, deploy_dir=deploy_dir,
             options_file=llm_api.openai_options_file,
         )
-    if facts.image_has_project:  # the OpenAI front end runs from it (NGC's engine image lacks the project)
+    if llm_api is None:  # the llmapi model speaks another contract: trtllm-serve is its OpenAI endpoint
+        # The OpenAI front end runs from the image with the project installed: Triton's own on the cpu profile; on the
+        # gpu profile (NGC's image lacks the project) the image built from the same Dockerfile on a Python base.
+        image = triton if facts.image_has_project else project_image(spec, deploy_dir)
         services[layout.OPENAI_SERVICE] = openai_service(
-            spec, triton, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
+            spec, triton, image, model_repository=model_repository, tokenizer_dir=tokenizer_dir, user=USER, environment=RUNTIME_ENVIRONMENT
         )
     return {
         "services": {
@@ -177,7 +178,7 @@ def _triton_service(
         world_size = spec.build.tp_size * spec.build.pp_size if facts.mpi_leader_ranks else 1
         service["image"] = images.server_image(spec, target).reference
         if facts.checks_engine_in_container:
-            service["entrypoint"] = engine_entrypoint(_engine_for_image(spec, service["image"]))
+            service["entrypoint"] = engine_entrypoint(images.engine_for_image(spec, service["image"]))
             volumes.append(bind_mount(deploy_dir / layout.ENGINE_CHECK_FILE, layout.ENGINE_CHECK_MOUNT))
         command = engine_server_command(world_size, ADMIN_KEY)
         health = ["CMD", "curl", "-fsS", "--max-time", "2", HEALTH_URL]
@@ -185,9 +186,7 @@ def _triton_service(
             # OpenMPI's shared-memory single-copy path (CMA) needs CAP_SYS_PTRACE, which cap_drop removes.
             environment["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
     else:
-        service["build"] = {"context": compose_path(deploy_dir), "dockerfile": layout.DOCKERFILE}
-        service["image"] = images.cpu_image_tag(spec.name)
-        service["pull_policy"] = "build"  # a local name: never look it up in a registry
+        service.update(project_image(spec, deploy_dir))
         command = cpu_server_command(ADMIN_KEY)
         probe = f"import urllib.request; urllib.request.urlopen({HEALTH_URL!r}, timeout=2)"
         health = ["CMD", "python", "-c", probe]
@@ -222,16 +221,13 @@ def _triton_service(
     return service
 
 
-def _engine_for_image(spec: Spec, image: str) -> EngineRecord:
-    """The engine the spec builds, refused when deploy.image is a Triton TRT-LLM image of another version."""
-    engine = declared_engine(spec)
-    problems = mismatches(engine, image_runtime(image))
-    if problems:
-        raise SpecError(
-            f"deploy.image cannot serve this engine: {'; '.join(problems)}",
-            hint="use the image of build.trtllm_version's profile (leave deploy.image unset), or set build.trtllm_version to the image's version",
-        )
-    return engine
+def project_image(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
+    """The image built from the deployment's Dockerfile (the project installed), never looked up in a registry."""
+    return {
+        "build": {"context": compose_path(deploy_dir), "dockerfile": layout.DOCKERFILE},
+        "image": images.cpu_image_tag(spec.name),
+        "pull_policy": "build",
+    }
 
 
 def _gpu_reservation(spec: Spec) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.deploy import images, layout
+from pipeline.deploy import images, layout, rules
 from pipeline.deploy.compose.parts import bind_mount, hardening, published, required_variable
 from pipeline.deploy.monitoring import RETENTION
 
@@ -26,6 +26,7 @@ def prometheus_service(profile: str, deploy_dir: Path, host_port: int) -> dict[s
         "ports": [published(layout.MONITORING_BIND_ADDRESS, host_port, layout.PROMETHEUS_PORT)],
         "volumes": [
             bind_mount(deploy_dir / layout.PROMETHEUS_CONFIG, "/etc/prometheus/prometheus.yml"),
+            bind_mount(deploy_dir / rules.RULES_FILE, rules.RULES_MOUNT),
             {"type": "volume", "source": PROMETHEUS_VOLUME, "target": "/prometheus"},
         ],
         **hardening(),

@@ -1,15 +1,13 @@
-"""The `openai` service of the cpu deployment: the OpenAI-compatible front end before the `triton` service.
+"""The `openai` service of the compose deployment: the OpenAI-compatible front end before the `triton` service.
 
-Same image as Triton's (the project is installed in it), running (pipeline.deploy.server_command)
+An image with the project installed (the cpu profile: Triton's own; the gpu profile: built from the same
+Dockerfile on a Python base, since NGC's Triton image lacks the project), running (pipeline.deploy.server_command)
 `trtllm-pipeline openai /models --triton-url triton:8001 --host 0.0.0.0 --port 9000 --model-name <name>`:
 it reads the served repository (mounted read-only at /models, as Triton's) for the preprocessing
 model's facts, and the tokenizer at /tokenizer, where that repository names it. Its port is
 published on `deploy.bind_address` (loopback by default); it starts once Triton is healthy, and
 its healthcheck asks `/v1/models`. Hardened like every service (non-root, read-only root file
 system, no capabilities).
-
-The gpu profile has no such service yet: NGC's Triton TRT-LLM image does not have the project
-installed. Run `trtllm-pipeline openai CONFIG --triton-url HOST:8001` where it is.
 """
 
 from __future__ import annotations
@@ -26,16 +24,23 @@ OPENAI_START_PERIOD = "30s"
 
 
 def openai_service(
-    spec: Spec, triton: dict[str, Any], *, model_repository: Path, tokenizer_dir: Path | None, user: str, environment: dict[str, str]
+    spec: Spec,
+    triton: dict[str, Any],
+    image: dict[str, Any],
+    *,
+    model_repository: Path,
+    tokenizer_dir: Path | None,
+    user: str,
+    environment: dict[str, str],
 ) -> dict[str, Any]:
-    """The service, built from the same image (and build section) as the `triton` service."""
+    """The service, in the profiles of `triton`, from `image` (its build, image and pull_policy keys)."""
     volumes = [bind_mount(model_repository, layout.MODELS_MOUNT)]
     if tokenizer_dir is not None:
         volumes.append(bind_mount(tokenizer_dir, layout.TOKENIZER_MOUNT))
     service: dict[str, Any] = {"profiles": list(triton["profiles"])}
     for key in ("build", "image", "pull_policy"):
-        if key in triton:
-            service[key] = triton[key]
+        if key in image:
+            service[key] = image[key]
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{layout.OPENAI_PORT}/v1/models', timeout=2)"
     service.update(
         {

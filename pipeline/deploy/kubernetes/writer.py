@@ -1,0 +1,66 @@
+"""Write a kubernetes deployment directory (layout in pipeline.deploy.kubernetes.names): what every kind holds
+(pipeline.deploy.files), the manifests and kustomizations, secret.env, and the build context of the image with the
+project installed (the cpu server, and on either target the OpenAI front end)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config.spec import Spec
+from pipeline.deploy import files, layout
+from pipeline.deploy.base import DeploymentInputs
+from pipeline.deploy.kubernetes import kustomize, names
+
+HEADER = "# Rendered by trtllm-pipeline (deploy stage) for build {name!r}, target {target}. Do not edit: change the build config.\n"
+
+
+class _PlainDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_documents(documents: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False, width=4096, explicit_start=True)
+
+
+@dataclass(frozen=True)
+class KubernetesDeployment:
+    directory: Path
+    overlay: str  # the kustomization `kubectl apply -k` is given
+    workload: str  # Deployment or LeaderWorkerSet
+    files: tuple[Path, ...]
+
+
+def rendered_files(spec: Spec) -> dict[str, str]:
+    """Every manifest and kustomization of the deployment, as text by path (the secret excluded)."""
+    header = HEADER.format(name=spec.name, target=spec.build.target.value)
+    rendered = kustomize.manifests(spec)
+    texts = {path: header + dump_documents(documents) for path, documents in rendered.items()}
+    for directory, kustomization in kustomize.kustomizations(spec, rendered).items():
+        texts[f"{directory}/{names.KUSTOMIZATION}"] = header + dump_documents([kustomization])[len("---\n") :]
+    return dict(sorted(texts.items()))
+
+
+def write_deployment(spec: Spec, out_dir: Path, inputs: DeploymentInputs) -> KubernetesDeployment:
+    """Render everything (refused before anything is written), then write it; links are relative to inputs.final_dir."""
+    target = spec.build.target.value
+    files.require_new_directory(out_dir)
+    texts = rendered_files(spec)
+    admin_key = files.secret_values(inputs.secrets)[layout.ADMIN_KEY_VARIABLE]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine_dir, tokenizer_dir = inputs.engine_dir, inputs.tokenizer_dir
+    written = files.write_container_repository(
+        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=inputs.package_repository
+    )
+    files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=inputs.final_dir or out_dir)
+    written += [files.write_file(out_dir / path, text) for path, text in texts.items()]
+    secret_text = f"# The Triton admin APIs' '{layout.ADMIN_KEY_HEADER}' header. Keep this file private.\n{layout.ADMIN_KEY_VARIABLE}={admin_key}\n"
+    written.append(files.write_file(out_dir / names.BASE_DIR / names.SECRET_ENV, secret_text, mode=0o600))
+    written += files.write_monitoring(out_dir, spec, target)
+    written += files.write_server_files(out_dir, spec, target, inputs.source_root)
+    workload = kustomize.manifests(spec)[f"{names.BASE_DIR}/triton.yaml"][-1]["kind"]
+    return KubernetesDeployment(out_dir, kustomize.default_overlay(spec), workload, tuple(sorted(written)))
