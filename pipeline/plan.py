@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.config.spec import DeployKind, DeploySpec, Spec
+from pipeline.config.spec import Spec
 from pipeline.config.targets import traits_of
+from pipeline.spec_dump import dump, dump_build, dump_deploy, dump_present, dump_speculative
 from pipeline.spec_slice import SpecSlice
 
 DIGEST_LENGTH = 16
@@ -115,65 +116,12 @@ def digest_of(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:DIGEST_LENGTH]
 
 
-def _dump(model: Any) -> dict[str, Any]:
-    return model.model_dump(mode="json")
-
-
-# Optional sections added after digests were first published: left out of a dump while absent, so the digests of
-# configs that do not use them stay what they were.
-_OPTIONAL_SECTIONS = ("lora", "speculative")
-
-
-def _dump_present(model: Any) -> dict[str, Any]:
-    dumped = _dump(model)
-    for key in _OPTIONAL_SECTIONS:
-        if key in dumped and dumped[key] is None:
-            del dumped[key]
-    return dumped
-
-
-def _dump_build(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    """build, with the contents of the directories it names instead of their (absolute) paths, and build.speculative
-    without the sections of other modes (so that sections added later leave the digests of earlier configs alone)."""
-    build = _dump_present(spec.build)
-    if "lora" in build:
-        build["lora"]["adapter_dirs"] = facts.lora_fingerprint
-    if "speculative" in build:
-        build["speculative"] = _dump_speculative(build["speculative"], facts.draft_fingerprint)
-    return build
-
-
-def _dump_speculative(speculative: dict[str, Any], draft_source: str) -> dict[str, Any]:
-    mode = speculative["mode"]
-    sections = {"lookahead_decoding": "lookahead", "prompt_lookup": "prompt_lookup", "draft_tokens_external": "draft"}
-    dumped = {key: value for key, value in speculative.items() if key not in sections.values() or sections.get(mode) == key}
-    if dumped.get("draft") is not None:
-        dumped["draft"]["source"] = draft_source
-    return dumped
-
-
-# deploy fields that came after digests were first published: left out while they hold their defaults.
-_LATER_DEPLOY_FIELDS = ("gpus_per_node", "alerts", "kubernetes")
-
-
-def _dump_deploy(spec: SpecSlice) -> dict[str, Any]:
-    """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
-    dumped = _dump(spec.deploy)
-    if dumped["kind"] == DeployKind.compose.value:
-        del dumped["kind"]
-    defaults = _dump(DeploySpec())
-    for key in _LATER_DEPLOY_FIELDS:
-        if dumped.get(key) == defaults[key]:
-            del dumped[key]
-    return dumped
-
-
 def _speculative(spec: SpecSlice) -> dict[str, Any]:
     """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
     if spec.build.speculative is None:
         return {}
     # the draft's content is hashed by the draft stage upstream
-    return {"speculative": _dump_speculative(_dump(spec.build.speculative), draft_source="")}
+    return {"speculative": dump_speculative(dump(spec.build.speculative), draft_source="")}
 
 
 def _prepare_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
@@ -182,7 +130,7 @@ def _prepare_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _quantize_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    quantize = _dump(spec.quantize)
+    quantize = dump(spec.quantize)
     # File contents, not their (absolute) paths: moving the checkout keeps the cache.
     quantize["calibration"]["files"] = facts.calibration_fingerprint
     return {
@@ -222,7 +170,7 @@ def _dry_run_flag(spec: SpecSlice) -> dict[str, Any]:
 
 
 def _build_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    inputs = {"build": _dump_build(spec, facts), "dtype": spec.model.dtype.value}
+    inputs = {"build": dump_build(spec, lora_fingerprint=facts.lora_fingerprint, draft_fingerprint=facts.draft_fingerprint), "dtype": spec.model.dtype.value}
     if traits_of(spec.build.target).build_reads_gpu:
         inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
         # trtllm-build's settings carry the serve switches that need paged context FMHA: the build refuses an
@@ -236,7 +184,7 @@ _ENGINE_SERVE_NEEDS = ("enable_kv_cache_reuse", "enable_chunked_context")
 
 def _draft_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     """What pipeline.config.spec.draft.draft_spec reads: the draft's spec is derived from the model's sections."""
-    quantize = _dump(spec.quantize)
+    quantize = dump(spec.quantize)
     quantize["calibration"]["files"] = facts.calibration_fingerprint
     inputs = _build_inputs(spec, facts)
     inputs.update(
@@ -255,14 +203,14 @@ def _has_draft(spec: Spec) -> bool:
 
 
 def _gate_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    accuracy = _dump(spec.gate.accuracy)
+    accuracy = dump(spec.gate.accuracy)
     accuracy["heldout_files"] = facts.heldout_fingerprint
     return {"accuracy": accuracy, "dtype": spec.model.dtype.value}
 
 
 def _package_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     return {
-        "serve": _dump_present(spec.serve),
+        "serve": dump_present(spec.serve),
         "target": spec.build.target.value,
         "gpus": list(spec.deploy.gpus),
         "model_repo_code": facts.model_repo_fingerprint,
@@ -271,14 +219,14 @@ def _package_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _slo_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    return {"performance": _dump(spec.gate.performance), "name": spec.name, "deploy": _dump_deploy(spec)}
+    return {"performance": dump(spec.gate.performance), "name": spec.name, "deploy": dump_deploy(spec)}
 
 
 def _deploy_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
-        "deploy": _dump_deploy(spec),
-        "serve": _dump_present(spec.serve),
+        "deploy": dump_deploy(spec),
+        "serve": dump_present(spec.serve),
         "target": spec.build.target.value,
         "trtllm_version": spec.build.trtllm_version,
         **_speculative(spec),

@@ -1018,7 +1018,13 @@ def test_a_real_prometheus_evaluates_the_rendered_rules_on_this_server(server, t
         def recorded(name: str) -> list[dict]:
             return _prometheus_query(url, f"/query?query={urllib.parse.quote(name)}")["result"]
 
-        assert _wait_for(lambda: recorded(rules.RATIO) and recorded(rules.MS_PER_TOKEN), 20), (tmp_path / "prometheus.log").read_text()[-2000:]
+        def ms_per_token_seen() -> bool:
+            # the series exists as soon as two scrapes are in, possibly both taken before the requests were counted: wait
+            # for the evaluation that sees them
+            series = recorded(rules.MS_PER_TOKEN)
+            return bool(recorded(rules.RATIO) and series and float(series[0]["value"][1]) > 0)
+
+        assert _wait_for(ms_per_token_seen, 30), (tmp_path / "prometheus.log").read_text()[-2000:]
         [ratio] = recorded(rules.RATIO)
         assert ratio["metric"] == {"__name__": rules.RATIO, "build": spec.name, "model": "tensorrt_llm"} and float(ratio["value"][1]) >= 0
         print(f"{rules.RATIO} = {ratio['value'][1]}; {rules.MS_PER_TOKEN} = {recorded(rules.MS_PER_TOKEN)[0]['value'][1]}")
