@@ -6,11 +6,7 @@ writes the rows of stage "build" (they are hashed with build.*), the package sta
 "serve". A field without an option on the PyTorch path is refused when it is set away from its default,
 naming the field, the target and why (ROWS' `why_not`).
 
-Places the coordinator fills in after merging the parallel branches (search for COORDINATOR):
-- SPECULATIVE_CONFIGS: build.speculative.mode prompt_lookup → NGramDecodingConfig, draft_tokens_external →
-  DraftTargetDecodingConfig (the "speceng" branch adds those modes and their fields);
-- GUIDED_DECODING_BACKENDS + its ROWS entry: serve.guided_decoding → guided_decoding_backend ("guided" branch).
-Their LLM() option types then go into pipeline/backends/llmapi_versions.py and tests/data/llmapi_1_2_1_llm_args.json.
+build.speculative.mode maps to one speculative_config (SPECULATIVE_CONFIGS) or is refused with the reason.
 """
 
 from __future__ import annotations
@@ -66,8 +62,8 @@ ROWS: tuple[Row, ...] = (
     Row("serve.enable_chunked_context", "enable_chunked_prefill", "serve", "enable_chunked_context"),
     Row("serve.batch_scheduler_policy", "scheduler_config.capacity_scheduler_policy", "serve", "batch_scheduler_policy",
         lambda v: _POLICIES[_plain(v)]),
-    # COORDINATOR (guided branch): Row("serve.guided_decoding", "guided_decoding_backend", "serve", "guided_decoding_backend",
-    #     lambda v: GUIDED_DECODING_BACKENDS[_plain(v)]),
+    Row("serve.guided_decoding", "guided_decoding_backend", "serve", "guided_decoding_backend",
+        lambda v: GUIDED_DECODING_BACKENDS[_plain(v)]),
     Row("build.kv_cache_type", None, "build", "--kv_cache_type",
         why_not="the PyTorch backend always runs a paged KV cache (KvCacheConfig has no cache type)"),
     Row("build.opt_num_tokens", None, "build", "--opt_num_tokens", why_not="it tunes a TensorRT optimization profile; there is no engine"),
@@ -92,12 +88,16 @@ SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
     "lookahead_decoding": "lookahead decoding does not run on TensorRT-LLM's PyTorch backend (LookaheadDecodingConfig."
     "supports_backend excludes 'pytorch'; NVIDIA lists Draft/Target, EAGLE 3, NGram, MTP and user-provided drafting "
     "for it): its draft-free counterpart is prompt lookup (NGramDecodingConfig)",
-    # COORDINATOR (speceng branch): "prompt_lookup": lambda s: {"decoding_type": "NGram", "max_draft_len": s.max_draft_len,
-    #     "max_matching_ngram_size": s.prompt_lookup.max_matching_ngram_size},
-    # COORDINATOR (speceng branch): "draft_tokens_external": lambda s: {"decoding_type": "Draft_Target",
-    #     "max_draft_len": s.max_draft_len, "speculative_model_dir": <the draft checkpoint of s.draft>},
+    "prompt_lookup": lambda s: {
+        "decoding_type": "NGram",  # NGramDecodingConfig
+        "max_draft_len": s.max_draft_len,
+        "max_matching_ngram_size": s.prompt_lookup.max_matching_ngram_size,
+    },
+    "draft_tokens_external": "draft-target on the PyTorch backend (DraftTargetDecodingConfig) loads the draft from "
+    "speculative_model_dir, a Hugging Face checkpoint; this version exports and mounts only the target's unified "
+    "checkpoint for llmapi, not the draft's: use prompt_lookup, or the engine target",
 }
-# COORDINATOR (guided branch): serve.guided_decoding -> guided_decoding_backend (None: the option is left out).
+# serve.guided_decoding -> guided_decoding_backend (None: the option is left out).
 GUIDED_DECODING_BACKENDS: Mapping[str, str | None] = {"xgrammar": "xgrammar", "none": None}
 
 

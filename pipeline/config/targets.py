@@ -83,11 +83,15 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         follows_trtllm_plugin_rules=False,
         runs_fp8_context_fmha=False,
         places_ranks_on_deploy_gpus=True,  # LLM() runs tp × pp ranks, one GPU each, on the GPUs the container gets
-        # Lookahead decoding does not run on the PyTorch backend (pipeline/backends/llmapi_options.py, SPECULATIVE_CONFIGS)
-        no_lora_or_speculative_because=(
-            "the llmapi target does not render {feature} into LLM() in this version (TensorRT-LLM's PyTorch backend "
-            "has no lookahead decoding: LookaheadDecodingConfig runs on the engine path only)"
-        ),
+        no_lora_or_speculative_because="the llmapi target does not render {feature} into LLM() in this version",
+        # speculative_config per mode, and the refusals' reasons: pipeline/backends/llmapi_options.py SPECULATIVE_CONFIGS
+        builds_speculative=True,
+        refused_speculative_modes={
+            "lookahead_decoding": "TensorRT-LLM's PyTorch backend has no lookahead decoding (LookaheadDecodingConfig runs on "
+            "the engine path only); its draft-free drafting is prompt_lookup (NGram)",
+            "draft_tokens_external": "the llmapi target does not export the draft model's Hugging Face checkpoint for "
+            "DraftTargetDecodingConfig in this version; use prompt_lookup, or the engine target",
+        },
     ),
 }
 

@@ -161,17 +161,20 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
         ("serve.model_name=llama", "serve.model_name has no LLM() option on build.target llmapi: NVIDIA's llmapi layout has one model"),
         ("build.trtllm_version=1.3.0rc5", "build.trtllm_version '1.3.0rc5' has no profile for build.target llmapi (release candidates are not profiled"),
         ("build.tp_size=3", "build.tp_size (3) must divide the model's number of KV heads (8)"),
-        ("build.speculative.mode=lookahead_decoding", "build.speculative is set, but build.target is llmapi"),
+        ("build.speculative.mode=lookahead_decoding", "build.speculative.mode lookahead_decoding is refused on build.target llmapi"),
+        ("build.speculative.mode=draft_tokens_external", "build.speculative.mode draft_tokens_external is refused on build.target llmapi"),
     ],
 )
 def test_validate_refuses_what_the_pytorch_path_does_not_run(tmp_path, capsys, override, message):
     gpus = ["--set", "deploy.gpus=[0,1,2]"] if override == "build.tp_size=3" else []  # so that only the heads are wrong
+    if override.endswith("draft_tokens_external"):  # a complete draft section, so that only the target refuses it
+        gpus = ["--set", "build.speculative.max_draft_len=4", "--set", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
     code = main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE), "--set", override, *gpus])
     err = capsys.readouterr().err
     assert code != 0 and message in " ".join(err.split())
     if override.startswith("build.tp_size"):
         assert "build.target llmapi shards the heads" in " ".join(err.split())
-    if override.startswith("build.speculative"):
+    if override.endswith("lookahead_decoding"):
         assert "no lookahead decoding" in " ".join(err.split())
     assert not (tmp_path / "llama-3.1-8b-fp8-llmapi").exists()
 
@@ -240,3 +243,17 @@ def test_the_project_clients_speak_the_ensemble_contract_not_the_llmapi_models()
     llmapi_inputs = {name for name, *_ in LLMAPI_INPUTS}
     assert set(INPUT_DATATYPES) & llmapi_inputs == {"text_input"}
     assert "max_tokens" in INPUT_DATATYPES and "sampling_param_max_tokens" in llmapi_inputs
+
+
+def test_prompt_lookup_renders_nvidias_ngram_speculative_config():
+    spec = load_config(EXAMPLE, ["build.speculative.mode=prompt_lookup", "build.speculative.max_draft_len=4",
+                                 "build.speculative.prompt_lookup.max_matching_ngram_size=2"]).spec
+    options = build_options(spec, load_config(EXAMPLE).model)
+    # NGramDecodingConfig (TensorRT-LLM 1.x llm_args.py): decoding_type "NGram", max_draft_len, max_matching_ngram_size
+    assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+
+
+@pytest.mark.parametrize("choice, backend", [("xgrammar", "xgrammar"), ("none", None)])
+def test_guided_decoding_sets_the_llm_backend_option_or_leaves_it_out(choice, backend):
+    spec = load_config(EXAMPLE, [f"serve.guided_decoding={choice}"]).spec
+    assert serve_options(spec.serve).get("guided_decoding_backend") == backend
