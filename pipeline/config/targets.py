@@ -40,6 +40,7 @@ class TargetTraits:
     builds_speculative: bool = False
     # build.speculative.mode values it does not build, and why (its other modes it builds)
     refused_speculative_modes: Mapping[str, str] = field(default_factory=dict)
+    no_kubernetes_because: str | None = None  # why deploy.kind kubernetes cannot render this target yet
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -92,6 +93,8 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "draft_tokens_external": "the llmapi target does not export the draft model's Hugging Face checkpoint for "
             "DraftTargetDecodingConfig in this version; use prompt_lookup, or the engine target",
         },
+        no_kubernetes_because="the kubernetes kind renders the project's OpenAI front end, which speaks the ensemble's "
+        "contract, not the llmapi model's, and has no trtllm-serve form yet; use deploy.kind compose (both forms)",
     ),
 }
 

@@ -108,6 +108,9 @@ def check_placement(spec: Spec) -> None:
     kubernetes = deploy.kind is DeployKind.kubernetes
     if kubernetes and deploy.gpus:
         raise ValueError("deploy.gpus lists host GPU ids, but deploy.kind is kubernetes: the scheduler assigns GPUs; remove deploy.gpus")
+    refusal = traits_of(build.target).no_kubernetes_because
+    if kubernetes and refusal is not None:
+        raise ValueError(f"deploy.kind kubernetes is refused for build.target {build.target.value}: {refusal}")
     if not traits_of(build.target).places_ranks_on_deploy_gpus:
         return
     ranks = build.tp_size * build.pp_size
