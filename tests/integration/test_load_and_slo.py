@@ -51,9 +51,12 @@ def test_the_performance_gate_passes_and_fails_on_purpose(tmp_path):
     ttft_p99 = measured["point"]["ttft_ms"]["p99"]
 
     # Thresholds well above the measured latency and below its throughput: passes, and is compared with the first run.
+    # The regression bound allows the same 5× as the thresholds: p99 of 24 requests is their maximum, and one slow
+    # request on a shared machine has measured 3.1× the first run's (a 208 % "regression" against the example's 200 %).
     passing = cli(root, "run", SLO_CONFIG, "--until", "slo",
                   "--set", f"gate.performance.max_ttft_ms.p99={ttft_p99 * 5:.1f}",
-                  "--set", f"gate.performance.min_output_tokens_per_s={throughput / 5:.1f}")
+                  "--set", f"gate.performance.min_output_tokens_per_s={throughput / 5:.1f}",
+                  "--set", "gate.performance.max_regression_pct=400")
     assert "performance gate: passed" in passing.stdout
     second = max(root.glob("tiny-cpu-slo/slo-*/performance.json"), key=lambda p: p.stat().st_mtime)
     report = json.loads(second.read_text())
