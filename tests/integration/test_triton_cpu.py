@@ -735,6 +735,27 @@ def llama_31_8b_engine(directory: Path, **build_config) -> Path:
     return directory
 
 
+def _lenient_options(repository: Path) -> ServerOptions:
+    """A server on fresh ports that starts with models failing to load (the engine target's missing backend)."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    return ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
+    )
+
+
+def _states_and_bls_metadata(repository: Path) -> tuple[dict, dict]:
+    """Every model's load state, and the loaded BLS's metadata, from one lenient server run."""
+    options = _lenient_options(repository)
+    server = TritonServer(options).start()
+    try:
+        states = server.wait_until_ready(timeout=60, require_all_ready=False)
+        bls = httpclient.InferenceServerClient(f"127.0.0.1:{options.http_port}").get_model_metadata("tensorrt_llm_bls")
+    finally:
+        server.stop()
+    return states, bls
+
+
 def test_engine_target_repository_fails_only_for_the_missing_tensorrtllm_backend(artifacts, tmp_path):
     repository = tmp_path / "model_repository"
     render_model_repository(
@@ -745,11 +766,7 @@ def test_engine_target_repository_fails_only_for_the_missing_tensorrtllm_backend
         out_dir=repository,
         config_paths=ConfigPaths(str(tmp_path / "engine"), str(artifacts["tokenizer"])),
     )
-    http_port, grpc_port, metrics_port = free_ports(3)
-    options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
-    )
+    options = _lenient_options(repository)
     state_dir = tmp_path / "serve-state"
     with pytest.raises(Exception, match="models not ready: .*tensorrt_llm: UNAVAILABLE"):
         start_detached(options, state_dir, timeout=60)  # the strict form refuses, naming the model
@@ -782,17 +799,7 @@ def test_lora_and_lookahead_repository_loads_up_to_the_missing_backend(artifacts
         engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(lora=ServeLoraSpec(cache_optimal_adapter_size=16)),
         target="engine", out_dir=repository, speculative=SpeculativeSpec(mode="lookahead_decoding"),
     )
-    http_port, grpc_port, metrics_port = free_ports(3)
-    options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
-    )
-    server = TritonServer(options).start()
-    try:
-        states = server.wait_until_ready(timeout=60, require_all_ready=False)
-        bls = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").get_model_metadata("tensorrt_llm_bls")
-    finally:
-        server.stop()
+    states, bls = _states_and_bls_metadata(repository)
     assert "unable to find backend library for backend 'tensorrtllm'" in states["tensorrt_llm"].reason
     assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
     inputs = {tensor["name"]: tensor["datatype"] for tensor in bls["inputs"]}
@@ -809,17 +816,7 @@ def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_
     speculative = SpeculativeSpec(mode="draft_tokens_external", max_draft_len=4, draft={"source": str(tmp_path / "unused")})
     render_model_repository(engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="engine",
                             out_dir=repository, speculative=speculative, draft_engine_dir=draft)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
-    )
-    server = TritonServer(options).start()
-    try:
-        states = server.wait_until_ready(timeout=60, require_all_ready=False)
-        bls = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").get_model_metadata("tensorrt_llm_bls")
-    finally:
-        server.stop()
+    states, bls = _states_and_bls_metadata(repository)
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
         assert "unable to find backend library for backend 'tensorrtllm'" in states[name].reason
     assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
