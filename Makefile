@@ -27,7 +27,7 @@ demo: $(STAMP)
 	exit $$status
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 # The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter]); `make test` runs them first.
 lint: $(STAMP)

@@ -4,7 +4,8 @@
 once per session, only when a test asks for it), saves a seeded random Llama (hidden 256,
 intermediate 768, 4 layers, 4 heads / 2 KV heads, vocab 512) as fp16 safetensors, then exports
 every format once through the pipeline's `export_trtllm_checkpoint` with one deterministic
-calibration set (8 batches × [4, 64] random tokens). ModelOpt's export changes the model in
+calibration set (8 batches × [4, 64] random tokens; the AWQ formats, whose
+scale search runs per batch and took 50 s each, see its first 2). ModelOpt's export changes the model in
 place (`preprocess_linear_fusion` averages AWQ/SmoothQuant pre-quant scales over q/k/v and
 re-quantizes, shares the qkv and FP8 fc/gate amax), so the fake-quant model is deep-copied just
 before `export_tensorrt_llm_checkpoint` runs; the model as the export left it is kept too.
@@ -32,6 +33,7 @@ from refengine.model_runner import LlamaModel, ModelRunner, build_attention_meta
 VOCAB_SIZE = 512
 TOKENS_PER_BLOCK = 8
 PREFILL_SHAPE = (2, 48)
+AWQ_CALIBRATION_BATCHES = 2
 
 # name -> (QuantRecipe algo, kv_cache)
 FORMATS: dict[str, tuple[str, str]] = {
@@ -127,13 +129,18 @@ def _build_suite(root: Path) -> QuantizedSuite:
         for batch in calibration:
             model(batch)
 
+    def short_forward_loop(model: Any) -> None:  # AWQ searches its scales per batch: 2 batches, not 8
+        for batch in calibration[:AWQ_CALIBRATION_BATCHES]:
+            model(batch)
+
     suite = QuantizedSuite(hf_dir, _load_float32(hf_dir), {}, None)
     for name, (algo, kv_cache) in FORMATS.items():
         start, captured = time.perf_counter(), {}
         with _capture_models(captured):
             config = export_trtllm_checkpoint(
                 hf_dir, root / name, dtype="float16", tp_size=1, pp_size=1,
-                quant=QuantRecipe(algo, kv_cache), forward_loop=forward_loop,
+                quant=QuantRecipe(algo, kv_cache),
+                forward_loop=short_forward_loop if "awq" in algo else forward_loop,
             )
         if algo == "int8_wo":  # no PTQ in the export: fake-quantize the same weights per channel
             model = _load_float32(hf_dir)
