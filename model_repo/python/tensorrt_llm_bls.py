@@ -13,6 +13,9 @@ forwards a client cancellation to tensorrt_llm as TensorRT-LLM's `stop` request 
 unique request id, which ends the generation and frees its KV cache. The response sender is owned
 by a `ResponseChannel`, which is never polled after the final response (response_channel.py).
 The tensor names it wires come from its contract.json (client_contract.py), written by the package stage.
+With a `tokenizer_dir` parameter (rendered by default) the deltas are decoded here with postprocessing's own
+function instead of one postprocessing call per response (a server round trip per streamed token, issue #18);
+without it, postprocessing decodes them as in NVIDIA's BLS.
 
 Draft-target speculative decoding (a request with num_draft_tokens > 0, in a repository whose tensorrt_llm engine is
 draft_tokens_external and that serves the draft as `tensorrt_llm_draft_model_name`) runs the draft loop of
@@ -31,7 +34,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from client_contract import BlsWiring, figures_not_given
 from deferred_release import DeferredRelease
-from incremental_detokenizer import CONTEXT_TOKENS
+from hf_tokenizer import HFTokenizer
+from incremental_detokenizer import CONTEXT_TOKENS, text_delta
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import CancellationWatcher, ResponseChannel, WorkerThreads
@@ -80,6 +84,10 @@ class TritonPythonModel:
         self._preprocessing = parameters.string("preprocessing_model_name", "preprocessing")
         self._llm = parameters.string("tensorrt_llm_model_name", "tensorrt_llm")
         self._postprocessing = parameters.string("postprocessing_model_name", "postprocessing")
+        # With tokenizer_dir the BLS decodes its deltas itself (postprocessing's function, so the same text): one
+        # round trip through the server per streamed token less. Without it, every delta is a postprocessing call.
+        self._tokenizer = HFTokenizer(parameters.path("tokenizer_dir")) if parameters.string("tokenizer_dir", "") else None
+        self._skip_special_tokens = parameters.boolean("skip_special_tokens", True)
         self._draft = parameters.string("tensorrt_llm_draft_model_name", "") or None
         self._max_draft_len = parameters.integer("max_draft_len", 0)
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", True)
@@ -298,7 +306,12 @@ class TritonPythonModel:
             channel.send(response)
         channel.send(pending[-1] if pending else None, final=True)
 
+    def _decode(self, token_ids):
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
+
     def _detokenize(self, preceding, new_ids):
+        if self._tokenizer is not None:
+            return text_delta(self._decode, preceding, new_ids)
         result = self._call(
             self._postprocessing,
             {
@@ -313,6 +326,8 @@ class TritonPythonModel:
 
     def _detokenize_beams(self, context, tensors):
         ids, lengths = tensors["output_ids"], tensors["sequence_length"].reshape(1, -1)
+        if self._tokenizer is not None:
+            return [self._detokenize(context, ids[0, beam, : int(lengths[0, beam])].tolist()) for beam in range(ids.shape[1])]
         preceding = np.array([context] * ids.shape[1], dtype=np.int32).reshape(1, ids.shape[1], len(context))
         result = self._call(self._postprocessing, {"TOKENS_BATCH": ids, "SEQUENCE_LENGTH": lengths, "PRECEDING_IDS": preceding}, ["OUTPUT"])
         return [value.decode("utf-8") if isinstance(value, bytes) else str(value) for value in result["OUTPUT"].reshape(-1)]

@@ -55,6 +55,7 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "client_contract.py",
             "deferred_release.py",
+            "hf_tokenizer.py",
             "incremental_detokenizer.py",
             "model_contract.py",
             "model_parameters.py",
@@ -319,6 +320,9 @@ def _configs(
                     "tensorrt_llm_model_name": "tensorrt_llm",
                     "postprocessing_model_name": "postprocessing",
                     "exclude_input_in_output": "true" if serve.exclude_input_in_output else "false",
+                    # the BLS decodes its deltas itself (tensorrt_llm_bls.py): one server round trip per token less
+                    "tokenizer_dir": paths.tokenizer_dir,
+                    "skip_special_tokens": "true",
                 },
             ),
         ),

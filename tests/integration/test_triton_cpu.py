@@ -182,12 +182,31 @@ def server(artifacts, tmp_path_factory):
     render_model_repository(
         engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="cpu", out_dir=repository
     )
+    _add_bls_decoding_through_postprocessing(repository)
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
         model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S
     )
     with running_server(options, tmp_path_factory.mktemp("serve")) as triton:
         yield triton
+
+
+BLS_VIA_POSTPROCESSING = "tensorrt_llm_bls_via_postprocessing"
+BLS_MODELS = ["tensorrt_llm_bls", BLS_VIA_POSTPROCESSING]
+
+
+def _add_bls_decoding_through_postprocessing(repository: Path) -> None:
+    """A second BLS without `tokenizer_dir`: it asks postprocessing for every delta, as NVIDIA's BLS does."""
+    import re
+    import shutil
+
+    copy = repository / BLS_VIA_POSTPROCESSING
+    shutil.copytree(repository / "tensorrt_llm_bls", copy)
+    config = (copy / "config.pbtxt").read_text()
+    config, renamed = re.subn(r'^name: "tensorrt_llm_bls"', f'name: "{BLS_VIA_POSTPROCESSING}"', config, flags=re.M)
+    config, dropped = re.subn(r'parameters: \{\n  key: "tokenizer_dir"\n  value: \{ string_value: "[^"]*" \}\n\}\n', "", config)
+    assert renamed == dropped == 1
+    (copy / "config.pbtxt").write_text(config)
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -224,7 +243,7 @@ def test_grpc_non_streamed_answer_matches_and_unary_infer_names_the_decoupled_po
             client.infer("ensemble", client_inputs(prompt, MAX_TOKENS, stream=False))
 
 
-@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+@pytest.mark.parametrize("model", ["ensemble", *BLS_MODELS])
 def test_streamed_deltas_concatenate_to_the_non_streamed_text(server, reference, model):
     for prompt in PROMPTS[:3]:
         streamed = stream_infer(server.options.grpc_url, model, client_inputs(prompt, MAX_TOKENS, stream=True))
@@ -254,7 +273,7 @@ def _final_arrays(url: str, model: str, inputs, names: tuple[str, ...]) -> dict[
         client.close()
 
 
-@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+@pytest.mark.parametrize("model", ["ensemble", *BLS_MODELS])
 def test_beam_search_returns_every_beam_as_refengine_computes_them(server, reference, artifacts, model):
     """The served spec builds max_beam_width 4: one answer with 4 texts, best first, equal to
     refengine's beams decoded the way postprocessing decodes them, with each beam's cum_log_probs."""
