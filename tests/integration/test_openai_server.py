@@ -339,6 +339,19 @@ def test_guided_answers_over_triton_grpc_and_http_validate_against_their_schemas
                     validated(answer.text, schema)
 
 
+def test_every_guided_beam_over_triton_validates_against_its_schema(triton):
+    """beam_width 4 (the served spec's max_beam_width): each beam follows its own grammar state."""
+    with TritonLLMClient(triton.options.grpc_url, "grpc", timeout=120) as client:
+        for name, schema in GUIDED_SCHEMAS.items():
+            answer = client.generate(
+                GUIDED_PROMPTS[0], max_tokens=GUIDED_MAX_TOKENS, beam_width=4, return_log_probs=True,
+                guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(schema),
+            )
+            assert len(answer.beams) == 4 and len(set(answer.beams)) > 1, (name, answer.beams)
+            for text in answer.beams:
+                validated(text, schema)
+
+
 def test_guided_answers_through_the_openai_front_end_validate(oai):
     for name, schema in GUIDED_SCHEMAS.items():
         response_format = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
