@@ -38,6 +38,7 @@ class DraftRequest:
     params: SamplingParams
     sampling_seed: int
     sample_index: int
+    grammar: GrammarState | None = None  # guided: a fork of the sequence's grammar state, the drafter's to advance
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ class Speculator:
             if k <= 0:
                 continue
             budget -= k
+            grammar = sequence.grammar.fork() if sequence.grammar is not None else None
             requests.append(
-                DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index)
+                DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index, grammar)
             )
         if not requests:
             return output

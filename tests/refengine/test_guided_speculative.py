@@ -76,7 +76,7 @@ def _engine(models, kind: str) -> LLMEngine:
         drafter = NGramDrafter(2)
     elif kind == "violating":
         drafter = FixedDrafter((VOCAB.index("<x3>"),) * 4)
-    else:  # "target": a draft that is the target, unguided; "other": an unrelated model
+    else:  # "target": a draft that is the target (drafting under the grammar); "other": an unrelated model
         drafter = DraftModelDrafter(models[kind], num_blocks=256, tokens_per_block=CONFIG.tokens_per_block)
     engine = LLMEngine(models["target"], CONFIG.replace(max_draft_len=4), drafter)
     engine.enable_guided_decoding(_info())
@@ -113,6 +113,8 @@ def test_greedy_guided_speculation_equals_greedy_guided_decoding(models, kind):
         assert engine._speculator.drafter.proposed > 0 and stats.num_draft_tokens == 0
     else:
         assert stats.num_draft_tokens > 0 and stats.num_accepted_draft_tokens > 0
+    if kind == "target":  # the draft model drafts under the grammar too: the target's own masked argmax
+        assert stats.num_accepted_draft_tokens == stats.num_draft_tokens
     assert engine.kv_cache_usage().num_used_blocks == 0
 
 
