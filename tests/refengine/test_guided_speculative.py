@@ -18,12 +18,8 @@ from refengine.model_runner import load_model
 from refengine.speculative.draft_model import DraftModelDrafter
 from refengine.speculative.ngram import NGramDrafter
 from refengine.speculative.planner import Draft
+from tests.refengine.test_refengine_guided import EOS, VOCAB, VOCAB_SIZE, _text
 
-VOCAB_SIZE = 128
-EOS = 1
-VOCAB = ["<unk>", "</s>"] + [chr(c) for c in range(32, 127)]
-VOCAB += ['{"', '":', '",', '"}', "true", "false", "null", "12", "00", "ab", "cd", "name", "age", "tags", "[]", "],"]
-VOCAB += [f"<x{i}>" for i in range(VOCAB_SIZE - len(VOCAB))]
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -36,10 +32,6 @@ SCHEMA = {
 REGEX = r"(ab|cd){2,6}-[0-9]{2}"
 PROMPTS = [[5, 6, 7, 5, 6, 7], [40, 41, 42, 43, 44], [3, 4]]
 CONFIG = EngineConfig(max_seq_len=160, max_input_len=16, num_kv_blocks=256, tokens_per_block=4, max_num_tokens=64)
-
-
-def _text(token_ids) -> str:
-    return "".join(VOCAB[token_id] for token_id in token_ids)
 
 
 def _info():

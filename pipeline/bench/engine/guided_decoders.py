@@ -12,7 +12,8 @@ interleaved over rounds (best round per figure; the machine is shared):
   a step yields K + 1 tokens.
 
 Per case: ms per token (wall and process CPU) of each arm, guided/unguided ×, and for drafts the
-acceptance (accepted / verified draft tokens) of each arm.
+acceptance (accepted / verified draft tokens) of each arm. Also what a beam reassignment costs per
+beam: forking a grammar state against rebuilding it by replaying the beam's tokens (`fork_vs_replay`).
 """
 
 from __future__ import annotations
@@ -99,3 +100,25 @@ def _timed(engine: Any, prompts: list[list[int]], params: Any, together: bool) -
     outputs = [output for group in groups for output in engine.generate(group, params)]
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return 1000 * (time.perf_counter() - started) / tokens, 1000 * (time.process_time() - started_cpu) / tokens, tokens
+
+
+def fork_vs_replay(decoder: Any, guide: Any, token_ids: list[int], repeats: int = 200) -> dict[str, float]:
+    """µs to copy a grammar state `len(token_ids)` tokens in: `fork()` vs a new matcher fed the tokens."""
+    state = decoder.new_state(guide)
+    for token_id in token_ids:
+        if not state.accept(token_id):
+            raise ValueError(f"token {token_id} does not follow the guide: not a guided output")
+    started = time.perf_counter()
+    for _ in range(repeats):
+        state.fork()
+    forked = time.perf_counter()
+    for _ in range(repeats):
+        replayed = decoder.new_state(guide)
+        for token_id in token_ids:
+            replayed.accept(token_id)
+    done = time.perf_counter()
+    return {
+        "tokens": len(token_ids),
+        "fork_us": round(1e6 * (forked - started) / repeats, 1),
+        "replay_us": round(1e6 * (done - forked) / repeats, 1),
+    }
