@@ -176,9 +176,6 @@ def _check_beam_params(params: SamplingParams) -> None:
                 f"{getattr(params, field)!r} with beam_width {width}: beam search does not sample and returns only "
                 "each beam's tokens and log-probabilities (use the default)",
             )
-    if params.guided_decoding is not None:
-        # beams are reassigned to other beams' tokens every step; the grammar state does not follow them yet
-        raise InvalidRequestError(GUIDE_TYPE_FIELD, f"guided decoding is not supported with beam_width {width} (use beam_width 1)")
 
 
 def _logit_bias(pairs: Any) -> tuple[tuple[int, float], ...]:

@@ -36,6 +36,8 @@ class ScheduledSequence:
     draft_probs: torch.Tensor | None = field(default=None, compare=False)
     # guided decoding: bool [vocab], the tokens the sequence's grammar allows at the sampled position
     allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
+    # guided + speculative: bool [k, vocab], row j the tokens allowed after draft tokens 0..j
+    draft_allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def num_new_tokens(self) -> int:

@@ -30,6 +30,7 @@ from clients.openai_server.bodies import parse, read_body
 from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
 from clients.openai_server.errors import OpenAIError
 from clients.openai_server.generation import ChoiceEvent, OpenStreams, Route, collect, merged
+from clients.openai_server.guided import in_request_terms
 from clients.openai_server.model import ServedModel
 from clients.openai_server.planning import Context, Plan, plan_chat, plan_completion
 from clients.openai_server.responses import DONE, Answer, sse
@@ -137,14 +138,16 @@ async def _answer(request: Request, plan: Plan, context: Context, *, chat: bool)
         first = await _until_disconnected(request, anext(events))
     except ClientError as error:
         streams.cancel()
-        raise errors.from_client_error(error) from None
+        raise in_request_terms(errors.from_client_error(error), plan.guide_param) from None
     except _ClientGone:
         streams.cancel()
         return Response(status_code=499)  # nobody reads it
-    return StreamingResponse(_stream(answer, first, events, streams), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(_stream(answer, first, events, streams, plan.guide_param), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _stream(answer: Answer, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent], streams: OpenStreams) -> AsyncIterator[bytes]:
+async def _stream(
+    answer: Answer, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent], streams: OpenStreams, guide_param: str | None
+) -> AsyncIterator[bytes]:
     try:
         for chunk in answer.chunks(first):
             yield chunk
@@ -154,7 +157,7 @@ async def _stream(answer: Answer, first: ChoiceEvent, events: AsyncIterator[Choi
         for chunk in answer.closing():
             yield chunk
     except ClientError as error:
-        yield sse(errors.from_client_error(error).body())
+        yield sse(in_request_terms(errors.from_client_error(error), guide_param).body())
         yield DONE
     finally:
         streams.cancel()  # synchronous: the client may be gone and this task cancelled

@@ -5,8 +5,9 @@
 - Extensions with vLLM's names: `guided_json` (a schema, as an object or a JSON string),
   `guided_regex` (a regular expression), `guided_grammar` (an EBNF grammar in xgrammar's GBNF dialect).
 
-At most one of them per request. Whether the guide compiles is the server's answer (a 400 naming
-`guided_decoding_guide` and xgrammar's reason), given before any token is generated.
+At most one of them per request. Whether the guide compiles is the server's answer (Triton's 400
+names its input `guided_decoding_guide` and xgrammar's reason, before any token is generated);
+`in_request_terms` names the request's own field instead, in the message and the error's `param`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,33 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clients.openai_server.errors import bad_request
+from clients.openai_server.errors import OpenAIError, bad_request
 from clients.openai_server.schemas import _Sampling
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
+TRITON_GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
+GUIDE_PARAMS = ("response_format", "guided_json", "guided_regex", "guided_grammar")
+
+
+def guide_param(request: _Sampling) -> str | None:
+    """The request field that carries its guide (None: no guide; `guide_of` refuses several)."""
+    response_format = request.response_format
+    for param in GUIDE_PARAMS:
+        value = getattr(request, param)
+        if value is not None and not (param == "response_format" and response_format.type == "text"):
+            return param
+    return None
+
+
+def in_request_terms(error: OpenAIError, param: str | None) -> OpenAIError:
+    """Triton's refusal of a guide ("guided_decoding_guide: <reason>") as a refusal of `param`."""
+    if param is None or error.status != 400:
+        return error
+    for name in TRITON_GUIDE_INPUTS:
+        if error.message.startswith(f"{name}: "):
+            reason = error.message[len(name) + 2 :]
+            return bad_request(f"{param}: {reason}", param=param, code=error.code or "invalid_value")
+    return error
 
 
 def guide_of(request: _Sampling) -> dict[str, str]:

@@ -26,7 +26,7 @@ from typing import Any
 from clients.openai_server.defaults import DEFAULT_MAX_N
 from clients.openai_server.errors import bad_request, model_not_found, unsupported
 from clients.openai_server.generation import ChoicePlan
-from clients.openai_server.guided import guide_of
+from clients.openai_server.guided import guide_of, guide_param
 from clients.openai_server.model import ServedModel
 from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from clients.openai_server.templating import chat_prompt
@@ -43,6 +43,7 @@ class Plan:
     include_usage: bool
     logprobs: bool
     echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
+    guide_param: str | None = None  # the request field of its guide, named in the server's refusal of it
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
                 choice = dataclasses.replace(choice, prompt_ids=tuple(ids), top_logprobs=top, prompt_logprobs=prompt_logprobs, logit_bias=bias)
             choices.append(choice)
     echoed = tuple(choice.prompt for choice in choices) if echo else ()
-    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed)
+    return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed, guide_param(request))
 
 
 def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
@@ -122,7 +123,7 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
     choices = tuple(_choice(request, index, prompt, max_tokens, bool(request.logprobs), index) for index in range(n))
     if top or bias:
         choices = tuple(dataclasses.replace(choice, prompt_ids=tuple(prompt_ids), top_logprobs=top, logit_bias=bias) for choice in choices)
-    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs))
+    return Plan(choices, prompt_tokens, bool(request.stream), _include_usage(request), bool(request.logprobs), guide_param=guide_param(request))
 
 
 # -- shared checks ----------------------------------------------------------------------------

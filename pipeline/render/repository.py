@@ -16,6 +16,7 @@ Triton on a private copy of the repository, so relative paths would not survive)
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ class ConfigPaths:
 
     engine_dir: str
     tokenizer_dir: str
-    # Where the repository is served from (a container mount). None: files inside it are named relative to
-    # it, which the cpu model resolves; the engine target's C++ backend needs the absolute path deploy gives.
+    # Where the repository is served from (a container mount). None: where it is written (the final directory);
+    # files inside it are named relative to it for a model that reads them there (the cpu model), else absolutely
+    # (the engine target's C++ backend opens xgrammar_tokenizer_info_path against tritonserver's working directory).
     model_repository: str | None = None
 
 
@@ -92,6 +94,7 @@ def render_model_repository(
     speculative: SpeculativeSpec | None = None,
     draft_engine_dir: Path | None = None,
     draft_config_dir: str | None = None,
+    final_out_dir: Path | None = None,
 ) -> list[Path]:
     """Check the engine against the serve spec, then write the repository; returns the files written.
 
@@ -101,7 +104,8 @@ def render_model_repository(
     `speculative` is the spec's build.speculative: the engine's speculative mode is read from its config, the
     runtime's lookahead (W, N, G) from here. `draft_engine_dir` is the draft stage's engine of draft_tokens_external
     (the engine target serves it as tensorrt_llm_draft, named `draft_config_dir` in its config); a cpu engine carries
-    its draft inside (<engine>/draft)."""
+    its draft inside (<engine>/draft). `final_out_dir`: where `out_dir` will be once the stage succeeds (the absolute
+    paths of files inside the repository name it)."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
@@ -128,6 +132,8 @@ def render_model_repository(
         draft_engine_config=draft_config,
     )
     llm_model = llm_model_of(target)  # the checks refused a target without one
+    if paths.model_repository is None and not llm_model.reads_paths_in_repository:
+        paths = dataclasses.replace(paths, model_repository=str((final_out_dir or out_dir).resolve()))
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
     configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)

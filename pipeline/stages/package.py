@@ -30,6 +30,7 @@ def run(ctx: StageContext) -> None:
         dry_run=spec.dry_run,
         speculative=spec.build.speculative,
         draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
+        final_out_dir=(ctx.final_dir or ctx.out_dir) / REPOSITORY_DIR,
     )
     llm_api = backend_for(spec.build.target).llm_api
     if llm_api is not None:  # its second form: trtllm-serve with the same LLM() options

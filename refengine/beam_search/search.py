@@ -7,7 +7,8 @@ same `torch.topk` calls on tensors of the same shapes, so ties break the same wa
 
 - candidates: the top K = max(2, 1 + number of end ids) * B of (beam score + log-prob) over all
   B * vocab continuations; at the first step only beam 0 is live (the others start at -1e9);
-- a candidate "hits" if its token is `end_id` or the sequence reaches prompt + max_tokens;
+- a candidate "hits" if its token is an end id (`end_id`, and with guided decoding the grammar's
+  stop tokens: `extra_end_ids`) or the sequence reaches prompt + max_tokens;
 - running beams: the best B candidates that did not hit;
 - finished beams: the best B of (kept finished, candidates among the first B that hit), a
   candidate scored cum_log_prob / generated_length ** length_penalty (its end token counted);
@@ -58,14 +59,15 @@ class BeamSearch:
         length_penalty: float = 1.0,
         early_stopping: bool | str = False,
         end_id: int | None = None,
+        extra_end_ids: tuple[int, ...] = (),
     ) -> None:
         self.beam_width = beam_width
         self._prompt_len = prompt_len
         self._max_length = prompt_len + max_new_tokens
         self._length_penalty = length_penalty
         self._early_stopping = early_stopping
-        self._end_id = end_id
-        self._num_candidates = max(2, 1 + (0 if end_id is None else 1)) * beam_width
+        self._end_ids = tuple(dict.fromkeys(((end_id,) if end_id is not None else ()) + tuple(extra_end_ids)))
+        self._num_candidates = max(2, 1 + len(self._end_ids)) * beam_width
         self._cur_len = prompt_len
         self.running_scores = torch.zeros((1, beam_width), dtype=torch.float32)
         self.running_scores[:, 1:] = _NEG
@@ -120,7 +122,7 @@ class BeamSearch:
         for index in range(num):
             tokens, log_probs, cum = self._finished[index]
             finished = bool(self._is_finished[0, index])
-            stopped = finished and self._end_id is not None and bool(tokens) and tokens[-1] == self._end_id
+            stopped = finished and bool(tokens) and tokens[-1] in self._end_ids
             if stopped:
                 tokens, log_probs = tokens[:-1], log_probs[:-1]
             beams.append(Beam(tokens, log_probs, cum, float(self._finished_scores[0, index]), finished, stopped))
@@ -133,8 +135,8 @@ class BeamSearch:
     def _hits(self, tokens: torch.Tensor) -> torch.Tensor:
         at_length = self._cur_len + 1 >= self._max_length
         hits = torch.full(tokens.shape, at_length, dtype=torch.bool)
-        if self._end_id is not None:
-            hits |= tokens == self._end_id
+        if self._end_ids:
+            hits |= torch.isin(tokens, torch.tensor(self._end_ids, dtype=tokens.dtype))
         return hits
 
     def _update_finished(self, candidates, top_scores: torch.Tensor, hits: torch.Tensor) -> None:

@@ -9,16 +9,19 @@ Preemption by recompute keeps a sequence's output tokens, so its state stays val
 rolled back, and the recomputed sequence continues from the same mask.
 
 Hooks for the other decoders (call them; never reach into the matcher):
-- `n` > 1 (wired): the one sequence that draws n first tokens is forked before each sample is
-  accepted, so every sample gets `fork()` of the state the mask was computed from.
-- beam search: every beam owns a state; when beams are re-ranked, each surviving beam takes
-  `fork()` of its parent beam's state and then `accept(token)` of its new token. The mask of a
-  beam is `allowed_next()`, applied to that beam's logits row before the top-k over beams.
-- speculative decoding: draft tokens are checked with `accepts(token)` then `accept(token)`
-  one by one, stopping at the first the grammar refuses (that draft token is rejected, as a
-  mismatch with the target would be); after verification, `rollback(m)` undoes the m accepted
-  draft tokens the target model did not confirm. Bonus / corrected tokens are sampled with
-  `allowed_next()` like any other token.
+- `n` > 1: the one sequence that draws n first tokens is forked before each sample is accepted,
+  so every sample gets `fork()` of the state the mask was computed from.
+- beam search (`guided.beams.follow_parents`): every beam owns a state; the mask of a beam is
+  `allowed_next()`, applied to that beam's row before the top-k over beams; when beams are
+  re-ranked, each beam takes its parent's state (`fork()` of it when several beams continue the
+  same parent: 13 us, against 192 us to replay a 48-token beam into a new matcher; BENCHMARKS.md)
+  and `accept`s its new token. A beam whose token the grammar refuses (only possible for a candidate scored -inf,
+  picked because fewer valid ones existed) becomes `dead()`: it allows nothing, so it stays -inf.
+- speculative decoding (`guided.drafts.constrain_draft`): draft tokens are accepted one by one,
+  the mask after each recorded, stopping at the first the grammar refuses (that draft token and
+  those after it are dropped, as a mismatch with the target would drop them); then `rollback`
+  undoes them all, and the tokens verification keeps are accepted as any sampled token. A draft
+  model drafts under `fork()` of the state (speculative/draft_model.py).
 """
 
 from __future__ import annotations
@@ -47,12 +50,15 @@ class GrammarState:
         self._timing = timing  # shared counters of mask cost (compiler._MaskTiming)
         self._stop_token_ids = tuple(matcher.stop_token_ids)
         self._allowed: torch.Tensor | None = None  # mask of the next position, computed once per position
+        self._dead = False  # a beam that took a token the grammar refuses (see `dead`)
 
     # -- queries ---------------------------------------------------------------------------
     def allowed_next(self) -> torch.Tensor:
         """Tokens the grammar allows at the next position: bool [vocab] (stop tokens included once
         the grammar is complete). Computed once per position."""
         vocab_size = self._vocab_size
+        if self._allowed is None and (self._dead or self._matcher.is_terminated()):
+            self._allowed = torch.zeros(vocab_size, dtype=torch.bool)  # nothing follows a stop token
         if self._allowed is None:
             started = time.perf_counter()
             bitmask = self._xgrammar.allocate_token_bitmask(1, vocab_size)
@@ -64,6 +70,10 @@ class GrammarState:
     def accepts(self, token_id: int) -> bool:
         """Whether the grammar allows `token_id` next (the state does not change)."""
         return bool(self.allowed_next()[token_id])
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self._stop_token_ids
 
     def is_stop_token(self, token_id: int) -> bool:
         return token_id in self._stop_token_ids
@@ -84,6 +94,8 @@ class GrammarState:
     # -- changes ---------------------------------------------------------------------------
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar refuses it."""
+        if self._dead or self._matcher.is_terminated():
+            return False
         accepted = bool(self._matcher.accept_token(token_id))
         if accepted:
             self._allowed = None
@@ -99,4 +111,11 @@ class GrammarState:
         """An independent copy at the same position (n > 1 samples, beams)."""
         copy = GrammarState(self._matcher.fork(), self._vocab_size, self._timing)
         copy._allowed = self._allowed
+        copy._dead = self._dead
         return copy
+
+    def dead(self) -> GrammarState:
+        """This state, allowing no token from now on (a beam that left the grammar; see beams.py)."""
+        self._dead = True
+        self._allowed = None
+        return self

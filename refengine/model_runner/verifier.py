@@ -15,6 +15,10 @@ non-speculative decoding would have drawn from the same position:
   deterministic draft (n-gram, or a greedy draft model) is q = one-hot(d_j): accept with
   probability p_j(d_j), else draw from p_j with d_j removed.
 
+Guided sequences: row j is masked with the grammar's mask after d_1..d_j (`draft_allowed_tokens`,
+computed by the planner, which also ends the draft at the first token the grammar refuses), so a
+verified token is always one the grammar allows, as in non-speculative guided decoding.
+
 Draws are seeded like the sampler's, from (request seed, sample index, position), with a purpose
 of their own, so a request's output does not depend on its batch or on preemption.
 """
@@ -56,7 +60,9 @@ def _at_offset(item: ScheduledSequence, offset: int) -> ScheduledSequence:
     if offset == 0:
         return item
     history = item.token_history + item.draft_token_ids[:offset] if item.token_history else ()
-    return dataclasses.replace(item, num_output_tokens=item.num_output_tokens + offset, token_history=history)
+    masks = item.draft_allowed_tokens
+    allowed = masks[offset - 1] if masks is not None else item.allowed_tokens
+    return dataclasses.replace(item, num_output_tokens=item.num_output_tokens + offset, token_history=history, allowed_tokens=allowed)
 
 
 def _rejection_sample(processed: torch.Tensor, item: ScheduledSequence, j: int, position: int) -> tuple[int, bool]:

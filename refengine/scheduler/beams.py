@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from refengine.beam_search import BeamSearch, BeamStep
+from refengine.guided.beams import follow_parents
 from refengine.kv_cache import KVCacheManager
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceUpdate
 from refengine.step_messages import SampledToken
@@ -55,6 +56,7 @@ class BeamGroups:
             length_penalty=params.length_penalty,
             early_stopping=params.early_stopping,
             end_id=params.end_id,
+            extra_end_ids=sequence.grammar.stop_token_ids if sequence.grammar is not None else (),
         )
         group = BeamGroup(sequence.request_id, search, [sequence.seq_id])
         self._groups[sequence.request_id] = group
@@ -109,8 +111,13 @@ class BeamGroups:
 
 
 def reassign_beams(kv: KVCacheManager, group: BeamGroup, members: list[Sequence], step: BeamStep) -> None:
-    """Give member i the block table and the tokens of the beam it continues, plus its new token."""
+    """Give member i the block table, the tokens and the grammar state of the beam it continues,
+    plus its new token."""
     kv.reparent([(member.seq_id, members[parent].seq_id) for member, parent in zip(members, step.parents)])
+    if members[0].grammar is not None:
+        states = follow_parents([member.grammar for member in members], step.parents, step.tokens)
+        for member, state in zip(members, states):
+            member.grammar = state
     for member, tokens in zip(members, group.search.running_tokens):
         member.replace_output(tokens)
 

@@ -10,6 +10,9 @@ tokens, batched over the step's sequences: k forward passes of the draft per tar
 
 Greedy requests take the draft's argmax (q is then one-hot). Sampled ones draw from the draft's
 own temperature / top-k / top-p distribution q, returned with the tokens for rejection sampling.
+Guided requests draft under their grammar (a fork of it, advanced token by token, as NVIDIA's
+draft loop advances the matcher): each row is masked before the choice, so q is the masked
+distribution; drafting stops after a stop token.
 """
 
 from __future__ import annotations
@@ -66,11 +69,15 @@ class DraftModelDrafter:
             for (request, feed, start), row in zip(active, logits):
                 self._cached[request.seq_id].extend(feed)
                 position = start + len(feed)
+                grammar = request.grammar
+                if grammar is not None:
+                    row = row.masked_fill(~grammar.allowed_next(), float("-inf"))
                 token, q = self._choose(row, request, position)
                 tokens[request.seq_id].append(token)
                 if q is not None:
                     probs[request.seq_id].append(q)
-                if len(tokens[request.seq_id]) < request.num_draft_tokens:
+                open_grammar = grammar is None or (not grammar.is_stop_token(token) and grammar.accept(token))
+                if open_grammar and len(tokens[request.seq_id]) < request.num_draft_tokens:
                     following.append((request, [token], position))
             active = following
         return {

@@ -7,7 +7,9 @@ cut to the step's remaining `max_num_tokens`, to `max_tokens` (a step yields at 
 tokens, so no draft is ever made past the request's end, nor past max_seq_len, which admission
 already checked against prompt + max_tokens) and to the KV blocks the sequence can get without
 preempting anyone (no blocks: no drafts this step). Not drafted: a step drawing the first
-tokens of n > 1 samples (they fork after it) and requests returning context logits.
+tokens of n > 1 samples (they fork after it) and requests returning context logits. A guided
+sequence's draft ends at the first token its grammar refuses, and carries the grammar's mask
+of each draft position (refengine.guided.drafts).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from refengine.guided.drafts import constrain_draft
 from refengine.sampling import SamplingParams
 from refengine.step_messages import ScheduledSequence, SchedulerOutput
 
 if TYPE_CHECKING:
+    from refengine.guided.state import GrammarState
     from refengine.scheduler import Scheduler
 
 
@@ -34,6 +38,7 @@ class DraftRequest:
     params: SamplingParams
     sampling_seed: int
     sample_index: int
+    grammar: GrammarState | None = None  # guided: a fork of the sequence's grammar state, the drafter's to advance
 
 
 @dataclass(frozen=True)
@@ -65,18 +70,15 @@ class Speculator:
                 continue
             if item.sampling_params.beam_width > 1:
                 continue  # beam search scores B candidates per step itself; it is not drafted
-            if item.allowed_tokens is not None:
-                # guided: the verifier does not advance the grammar per draft position, so a guided sequence
-                # decodes one token per step (its output stays valid; it gains no speed-up)
-                continue
             params = item.sampling_params
             wanted = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
             k = min(wanted, params.max_tokens - item.num_output_tokens - 1, budget)
             if k <= 0:
                 continue
             budget -= k
+            grammar = sequence.grammar.fork() if sequence.grammar is not None else None
             requests.append(
-                DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index)
+                DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index, grammar)
             )
         if not requests:
             return output
@@ -91,6 +93,11 @@ class Speculator:
         if draft is None or not draft.token_ids:
             return item
         sequence = scheduler.get_sequence(item.seq_id)
+        masks = None
+        if sequence is not None and sequence.grammar is not None:
+            draft, masks = _within_grammar(draft, sequence.grammar)
+            if not draft.token_ids:
+                return item
         owner = sequence.request_id if sequence is not None else None
         table = scheduler.kv_cache.allocate_slots(item.seq_id, item.num_total_tokens + len(draft.token_ids), owner=owner)
         if table is None:
@@ -101,4 +108,12 @@ class Speculator:
             block_table=table,
             draft_token_ids=draft.token_ids,
             draft_probs=draft.probs,
+            draft_allowed_tokens=masks,
         )
+
+
+def _within_grammar(draft: Draft, grammar: GrammarState) -> tuple[Draft, torch.Tensor | None]:
+    """The draft up to the first token the grammar refuses, and its masks (refengine.guided.drafts)."""
+    kept, masks = constrain_draft(grammar, draft.token_ids)
+    probs = draft.probs[:kept] if draft.probs is not None else None
+    return Draft(draft.token_ids[:kept], probs), masks

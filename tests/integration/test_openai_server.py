@@ -339,6 +339,19 @@ def test_guided_answers_over_triton_grpc_and_http_validate_against_their_schemas
                     validated(answer.text, schema)
 
 
+def test_every_guided_beam_over_triton_validates_against_its_schema(triton):
+    """beam_width 4 (the served spec's max_beam_width): each beam follows its own grammar state."""
+    with TritonLLMClient(triton.options.grpc_url, "grpc", timeout=120) as client:
+        for name, schema in GUIDED_SCHEMAS.items():
+            answer = client.generate(
+                GUIDED_PROMPTS[0], max_tokens=GUIDED_MAX_TOKENS, beam_width=4, return_log_probs=True,
+                guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(schema),
+            )
+            assert len(answer.beams) == 4 and len(set(answer.beams)) > 1, (name, answer.beams)
+            for text in answer.beams:
+                validated(text, schema)
+
+
 def test_guided_answers_through_the_openai_front_end_validate(oai):
     for name, schema in GUIDED_SCHEMAS.items():
         response_format = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
@@ -376,20 +389,25 @@ def test_a_guide_that_cannot_finish_within_max_tokens_ends_with_length(oai):
 
 
 @pytest.mark.parametrize(
-    "body, reason",
+    "body, param, reason",
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}, "not a valid JSON schema"),
-        ({"guided_json": {"not": {"type": "string"}}}, "keyword 'not'"),
-        ({"guided_regex": "(unclosed"}, "xgrammar cannot compile the regex guide"),
-        ({"guided_grammar": 'root ::= ""'}, "accepts only the empty output"),
-        ({"guided_regex": "[0-9]", "guided_grammar": 'root ::= "a"'}, "give one guide"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}, "response_format", "not a valid JSON schema"),
+        ({"guided_json": {"not": {"type": "string"}}}, "guided_json", "keyword 'not'"),
+        ({"guided_regex": "(unclosed"}, "guided_regex", "xgrammar cannot compile the regex guide"),
+        ({"guided_grammar": 'root ::= ""'}, "guided_grammar", "accepts only the empty output"),
+        ({"guided_regex": "[0-9]", "guided_grammar": 'root ::= "a"'}, "guided_grammar", "give one guide"),
     ],
     ids=["invalid-schema", "unsupported-keyword", "bad-regex", "empty-grammar", "two-guides"],
 )
-def test_bad_guides_are_a_400_naming_the_guide_before_any_token(base_url, body, reason):
-    response = httpx.post(f"{base_url}/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4, **body}, timeout=60)
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_guides_are_a_400_naming_the_guide_before_any_token(base_url, body, param, reason, stream):
+    """The error names the request's field (the `param` and the message), not Triton's input."""
+    payload = {"model": MODEL, "prompt": "x", "max_tokens": 4, "stream": stream, **body}
+    response = httpx.post(f"{base_url}/completions", json=payload, timeout=60)
     assert response.status_code == 400, response.text
-    assert reason in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert reason in error["message"] and error["param"] == param, error
+    assert "guided_decoding_guide" not in error["message"]
 
 
 def test_triton_refuses_a_guide_type_without_a_guide_and_a_1_mb_schema_by_name(triton):

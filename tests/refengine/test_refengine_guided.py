@@ -40,7 +40,7 @@ SCHEMAS = {
 @pytest.fixture(scope="module")
 def engine(checkpoint_writer, tmp_path_factory) -> LLMEngine:
     checkpoint = checkpoint_writer(tmp_path_factory.mktemp("guided_ckpt"), vocab_size=VOCAB_SIZE)
-    engine = LLMEngine.from_checkpoint(checkpoint, EngineConfig(max_seq_len=256, max_input_len=16, num_kv_blocks=512, tokens_per_block=4))
+    engine = LLMEngine.from_checkpoint(checkpoint, EngineConfig(max_seq_len=256, max_input_len=16, num_kv_blocks=512, tokens_per_block=4, max_beam_width=4))
     engine.enable_guided_decoding(xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[EOS]), cache_size=4)
     return engine
 
@@ -179,3 +179,30 @@ def test_the_grammar_wins_when_other_processors_ban_every_token_it_allows(engine
     b = VOCAB.index("b")
     [output] = engine.generate([[3, 4]], _guided("regex", "ab", temperature=0.0, bad_words=[[b]], max_tokens=8))
     assert _text(output.outputs[0].token_ids) == "ab" and output.outputs[0].finish_reason == "stop"
+
+
+# -- guided beams: every beam carries its own grammar state through reassignment ------------------
+@pytest.mark.parametrize("name", ["nested-object-enum-range", "array-of-numbers"])
+def test_every_returned_beam_validates_against_its_schema(engine, name):
+    schema = SCHEMAS[name]
+    params = _guided("json_schema", json.dumps(schema), beam_width=4, n=4, end_id=EOS)
+    outputs = engine.generate([[5, 6, 7], [40, 41, 42, 43, 44]], params)
+    for output in outputs:
+        assert len(output.outputs) == 4
+        texts = [_text(c.token_ids) for c in output.outputs]
+        assert len(set(texts)) == 4, texts  # four different beams, not one copied
+        for completion, text in zip(output.outputs, texts):
+            assert completion.finish_reason == "stop", text
+            jsonschema.validate(json.loads(text), schema)
+        scores = [c.cum_log_prob for c in output.outputs]
+        assert all(s > -1e8 for s in scores), scores
+
+
+def test_a_grammar_with_fewer_answers_than_beams_returns_only_valid_beams(engine):
+    """Two answers, four beams, no end_id (the grammar's stop token ends a beam): the two best are the
+    two answers; the rest are the placeholder beams (score -1e9, as Hugging Face's), valid too."""
+    [output] = engine.generate([[3, 4]], _guided("ebnf_grammar", 'root ::= "yes" | "no"', beam_width=4, n=4))
+    texts = [_text(c.token_ids) for c in output.outputs]
+    assert {texts[0], texts[1]} == {"yes", "no"} and set(texts) == {"yes", "no"}
+    assert all(c.finish_reason == "stop" for c in output.outputs)
+    assert [c.cum_log_prob > -1e8 for c in output.outputs] == [True, True, False, False]

@@ -167,7 +167,7 @@ def engine_repository(tmp_path_factory) -> Path:
         engine_dir=_engine_dir(root / "engine", target), tokenizer_dir=REPO / "models" / "tiny-stdlib-llama-tokenizer-absent",
         serve=spec.serve, target="engine", out_dir=out, gpu_device_ids=(0,), dry_run=True, speculative=spec.build.speculative,
         draft_engine_dir=_engine_dir(root / "draft", draft), draft_config_dir="/draft_engine",
-        config_paths=ConfigPaths("/engine", "/tokenizer"),  # as the deployment's container sees them
+        config_paths=ConfigPaths("/engine", "/tokenizer", "/models"),  # as the deployment's container sees them
     )
     return out
 

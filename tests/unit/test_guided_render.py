@@ -27,7 +27,10 @@ def test_both_targets_render_the_backend_and_write_nvidias_tokenizer_info_file(t
     values = parameters(parse(repository / "tensorrt_llm" / "config.pbtxt"))
     info_path = repository / "tensorrt_llm" / "xgrammar_tokenizer_info.json"
     assert values["guided_decoding_backend"] == "xgrammar"
-    assert values["xgrammar_tokenizer_info_path"] == "tensorrt_llm/xgrammar_tokenizer_info.json"  # relative to the repository
+    if target == "cpu":  # the cpu model resolves it against the repository: relocatable
+        assert values["xgrammar_tokenizer_info_path"] == "tensorrt_llm/xgrammar_tokenizer_info.json"
+    else:  # the C++ backend opens it against tritonserver's working directory: the written file, absolutely
+        assert values["xgrammar_tokenizer_info_path"] == str(info_path.resolve())
     document = json.loads(info_path.read_text())
     assert set(document) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}  # generate_xgrammar_tokenizer_info.py's keys
     assert len(document["encoded_vocab"]) == 4096 and document["stop_token_ids"] == [2]
@@ -60,6 +63,15 @@ def test_the_consistency_check_refuses_parameters_that_do_not_match_the_spec(tmp
         check_guided_decoding(serve, {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": "/x/other.json", "tokenizer_dir": "/t"}, written)
     named = f"/m/{written.parent.name}/{written.name}"
     check_guided_decoding(serve, {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": named, "tokenizer_dir": "/t"}, written)
+
+
+def test_the_engine_targets_path_names_where_the_repository_will_be_once_the_stage_succeeds(tmp_path):
+    """A stage writes into a temporary directory renamed at the end: the path names the final one."""
+    final = tmp_path / "store" / "model_repository"
+    repository = render(tmp_path, target="engine", final_out_dir=final)
+    values = parameters(parse(repository / "tensorrt_llm" / "config.pbtxt"))
+    assert values["xgrammar_tokenizer_info_path"] == f"{final.resolve()}/tensorrt_llm/xgrammar_tokenizer_info.json"
+    assert values["gpt_model_path"].startswith("/")  # as the engine directory is named
 
 
 def test_engine_repository_with_guided_decoding_matches_golden_files(tmp_path):

@@ -74,3 +74,34 @@ def test_a_token_id_prompt_sends_the_guide_to_tensorrt_llm_as_strings(context, t
     inputs, _ = llm_request(plan.choices[0], tokenizer)
     sent = {tensor.name(): tensor for tensor in inputs}
     assert sent["guided_decoding_guide_type"].datatype() == "BYTES" and sent["guided_decoding_guide"].shape() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}}, "response_format"),
+        ({"guided_json": SCHEMA}, "guided_json"),
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"guided_grammar": 'root ::= ""'}, "guided_grammar"),
+    ],
+)
+def test_tritons_refusal_of_a_guide_names_the_request_field(context, fields, param):  # noqa: F811
+    from clients.errors import RequestError
+    from clients.openai_server.errors import from_client_error
+    from clients.openai_server.guided import in_request_terms
+
+    for plan in (plan_completion(completion(**fields), context), plan_chat(chat(**fields), context)):
+        assert plan.guide_param == param
+        refused = RequestError("INVALID_ARGUMENT", "in ensemble 'ensemble', guided_decoding_guide: xgrammar cannot compile the guide")
+        error = in_request_terms(from_client_error(refused), plan.guide_param)
+        assert (error.status, error.param) == (400, param)
+        assert error.message == f"{param}: xgrammar cannot compile the guide"
+    off = in_request_terms(from_client_error(RequestError("INVALID_ARGUMENT", "guided_decoding_guide_type: guided decoding is off")), param)
+    assert off.param == param and off.message == f"{param}: guided decoding is off"
+    other = in_request_terms(from_client_error(RequestError("INVALID_ARGUMENT", "max_tokens: too many")), param)
+    assert other.param is None and other.message == "max_tokens: too many"
+
+
+def test_a_request_without_a_guide_has_no_guide_param(context):  # noqa: F811
+    assert plan_chat(chat(response_format={"type": "text"}), context).guide_param is None
+    assert plan_completion(completion(), context).guide_param is None

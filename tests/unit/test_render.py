@@ -285,7 +285,7 @@ def test_engine_variant_fills_every_backend_parameter(tmp_path):
         "executor_worker_path", "guided_decoding_backend", "xgrammar_tokenizer_info_path", "tokenizer_dir",
     }
     assert values["guided_decoding_backend"] == "xgrammar" and values["tokenizer_dir"] == "/tok"
-    assert values["xgrammar_tokenizer_info_path"] == "tensorrt_llm/xgrammar_tokenizer_info.json"
+    assert values["xgrammar_tokenizer_info_path"] == str((repository / "tensorrt_llm" / "xgrammar_tokenizer_info.json").resolve())
     assert values["gpt_model_type"] == "inflight_fused_batching"
     assert values["gpt_model_path"] == "/engines/llama"
     assert values["kv_cache_free_gpu_mem_fraction"] == "0.85"
@@ -576,6 +576,7 @@ def test_package_stage_writes_the_repository(tmp_path):
         spec=tiny_spec(),
         upstream={"build": SimpleNamespace(path=build_dir), "prepare": SimpleNamespace(path=TOKENIZER_DIR)},
         out_dir=tmp_path / "package-x",
+        final_dir=None,
         log=logged.append,
     )
     ctx.out_dir.mkdir()

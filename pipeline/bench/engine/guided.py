@@ -7,6 +7,7 @@ is shared). Reported: ms per generated token, wall clock and process CPU time (w
 the CPU time is the work done, which other jobs disturb far less), and guided/unguided × of each,
 the mask's own cost (ms per mask, xgrammar's fill plus unpacking), cold compile time of each schema,
 and the compile cache's hit rate over a workload that reuses a few distinct schemas. Greedy decoding.
+Then the same comparison under beam search and speculative drafts (guided_decoders.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pipeline.bench.engine.guided_decoders import fork_vs_replay, run_decoder_cases
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "flat-object": {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["id", "ok"]},
@@ -61,7 +64,7 @@ def run_guided_bench(
     guide = GuidedDecodingParams("json_schema", json.dumps(SCHEMAS[TIMED_SCHEMA]))
     plain = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     guided = SamplingParams(max_tokens=max_tokens, temperature=0.0, guided_decoding=guide)
-    engine.generate(prompts[:2], [plain, guided])  # warm-up (and the schema's compile)
+    warm_up = engine.generate(prompts[:2], [plain, guided])  # (and the schema's compile)
 
     def timed(batch_prompts: list[list[int]], params: Any, together: bool) -> tuple[float, float, int]:
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -94,10 +97,15 @@ def run_guided_bench(
         }
         for case, figures in best.items()
     }
+    decoders = run_decoder_cases(
+        engine_dir, decoder._tokenizer_info, prompts, guide, max_tokens=max_tokens, rounds=1 if quick else rounds, progress=progress
+    )
     return {
         "max_tokens": max_tokens,
         "schema": TIMED_SCHEMA,
         "per_token_ms": per_token,
+        "beams_and_drafts_ms": decoders,
+        "beam_state_copy": fork_vs_replay(decoder, guide, list(warm_up[1].outputs[0].token_ids)),
         "compile_ms": _compile_times(decoder, GuidedDecodingParams),
         "cache": _cache_hit_rate(engine, SamplingParams, GuidedDecodingParams, prompts[0]),
     }
