@@ -257,9 +257,3 @@ def test_prompt_lookup_renders_nvidias_ngram_speculative_config():
 def test_guided_decoding_sets_the_llm_backend_option_or_leaves_it_out(choice, backend):
     spec = load_config(EXAMPLE, [f"serve.guided_decoding={choice}"]).spec
     assert serve_options(spec.serve).get("guided_decoding_backend") == backend
-
-
-def test_the_kubernetes_kind_is_refused_for_llmapi_naming_why(tmp_path, capsys):
-    code = main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE), "--set", "deploy.kind=kubernetes", "--set", "deploy.gpus=[]"])
-    err = " ".join(capsys.readouterr().err.split())
-    assert code != 0 and "deploy.kind kubernetes is refused for build.target llmapi" in err and "trtllm-serve" in err
