@@ -92,8 +92,6 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         refused_speculative_modes={
             "lookahead_decoding": "TensorRT-LLM's PyTorch backend has no lookahead decoding (LookaheadDecodingConfig runs on "
             "the engine path only); its draft-free drafting is prompt_lookup (NGram)",
-            "draft_tokens_external": "the llmapi target does not export the draft model's Hugging Face checkpoint for "
-            "DraftTargetDecodingConfig in this version; use prompt_lookup, or the engine target",
         },
         no_multinode_because="NVIDIA launches the LLM API across nodes with trtllm-llmapi-launch under srun/mpirun, one MPI "
         "process per rank (examples/llm-api/llm_mgmn_trtllm_serve.sh: 'experimental and may not work on all systems'), not "

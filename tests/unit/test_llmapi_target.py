@@ -162,13 +162,15 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
         ("build.trtllm_version=1.3.0rc5", "build.trtllm_version '1.3.0rc5' has no profile for build.target llmapi (release candidates are not profiled"),
         ("build.tp_size=3", "build.tp_size (3) must divide the model's number of KV heads (8)"),
         ("build.speculative.mode=lookahead_decoding", "build.speculative.mode lookahead_decoding is refused on build.target llmapi"),
-        ("build.speculative.mode=draft_tokens_external", "build.speculative.mode draft_tokens_external is refused on build.target llmapi"),
+        ("build.speculative.draft.max_batch_size=8",
+         "build.speculative.draft.max_batch_size has no LLM() option on build.target llmapi: DraftTargetDecodingConfig loads the draft"),
     ],
 )
 def test_validate_refuses_what_the_pytorch_path_does_not_run(tmp_path, capsys, override, message):
     gpus = ["--set", "deploy.gpus=[0,1,2]"] if override == "build.tp_size=3" else []  # so that only the heads are wrong
-    if override.endswith("draft_tokens_external"):  # a complete draft section, so that only the target refuses it
-        gpus = ["--set", "build.speculative.max_draft_len=4", "--set", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
+    if override.startswith("build.speculative.draft"):  # a complete draft section, so that only the target refuses the limit
+        gpus = ["--set", "build.speculative.mode=draft_tokens_external", "--set", "build.speculative.max_draft_len=4",
+                "--set", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
     code = main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE), "--set", override, *gpus])
     err = capsys.readouterr().err
     assert code != 0 and message in " ".join(err.split())
