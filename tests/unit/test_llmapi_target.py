@@ -154,6 +154,7 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
     "override, message",
     [
         ("quantize.algo=int8_sq", "quantize.algo int8_sq does not run on build.target llmapi"),
+        ("quantize.algo=int8_wo", "quantize.algo int8_wo does not run on build.target llmapi"),
         ("quantize.kv_cache=int8", "quantize.kv_cache int8 does not run on build.target llmapi"),
         ("build.gather_context_logits=true",
          "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits"),
