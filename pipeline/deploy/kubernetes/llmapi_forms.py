@@ -66,20 +66,6 @@ def options_config_map(spec: Spec, options_text: str) -> dict[str, Any]:
     }
 
 
-def _probes(start_period: str) -> dict[str, Any]:
-    seconds = int(start_period.rstrip("s"))
-
-    def probe(failures: int) -> dict[str, Any]:
-        return {
-            "httpGet": {"path": HEALTH_PATH, "port": "http"},
-            "periodSeconds": pods.PROBE_PERIOD_SECONDS,
-            "timeoutSeconds": 5,
-            "failureThreshold": failures,
-        }
-
-    return {"startupProbe": probe(max(1, seconds // pods.PROBE_PERIOD_SECONDS)), "readinessProbe": probe(3), "livenessProbe": probe(3)}
-
-
 def _llm_api(spec: Spec) -> LlmApiRepository:
     llm_api = llm_api_of(spec)
     if llm_api is None:
@@ -107,7 +93,7 @@ def trtllm_serve_deployment(spec: Spec) -> dict[str, Any]:
         "args": argv[1:],
         "env": pods.environment({"HOME": "/tmp"}),
         "ports": [{"name": "http", "containerPort": llm_api.openai_port, "protocol": "TCP"}],
-        **_probes(facts.health_start_period),
+        **pods.health_probes(facts.health_start_period, ready=HEALTH_PATH, live=HEALTH_PATH),
         "resources": {"limits": {"nvidia.com/gpu": str(spec.build.tp_size * spec.build.pp_size)}},
         "securityContext": pods.container_security(),
         "volumeMounts": mounts,
