@@ -315,7 +315,7 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         "performance gate: load-test the served repository against gate.performance",
         applies=lambda spec: spec.gate.performance is not None,
         hashes=("gate.performance", "name", "deploy"),
-        via_upstream=("dry_run", "build.max_input_len"),
+        via_upstream=("dry_run", "build.max_input_len", "build.target"),  # build.target: which contract a gate.performance.url speaks
     ),
     # after a performance gate, a deployment is tied to the verdict it passed
     StageDef(

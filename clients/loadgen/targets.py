@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import httpx
 
 from clients.aio import AsyncTritonLLMClient
+from clients.loadgen.llmapi_target import LLMAPI_MODEL, LlmapiModelTarget
 from clients.loadgen.records import LoadRequest, RequestRecord
 
 ENDPOINTS = ("grpc", "http", "openai")
@@ -122,8 +123,18 @@ async def completion_events(response: httpx.Response) -> AsyncIterator[dict[str,
     raise RuntimeError("the stream ended without [DONE]")
 
 
-def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0) -> LoadTarget:
-    """`endpoint` grpc|http (Triton; `model` defaults to the ensemble) or openai (`model` = the served name)."""
+CONTRACTS = ("ensemble", "llmapi")  # the Triton tensors a grpc|http target speaks: the ensemble's or NVIDIA's llmapi model's
+
+
+def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0, contract: str = "ensemble") -> LoadTarget:
+    """`endpoint` grpc|http (Triton; `model` defaults to the ensemble, or with contract "llmapi" to NVIDIA's llmapi
+    model over http) or openai (`model` = the served name)."""
+    if contract == "llmapi" and endpoint in ("grpc", "http"):
+        if endpoint == "grpc":
+            raise ValueError("the llmapi model is measured over http (its generate_stream); grpc streaming of its contract is not implemented")
+        return LlmapiModelTarget(url, model or LLMAPI_MODEL, timeout_s)
+    if contract not in CONTRACTS:
+        raise ValueError(f"contract must be one of {', '.join(CONTRACTS)}, got {contract!r}")
     if endpoint in ("grpc", "http"):
         return TritonTarget(url, endpoint, model or "ensemble", timeout_s)
     if endpoint == "openai":

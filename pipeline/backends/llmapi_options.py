@@ -83,6 +83,7 @@ ROWS: tuple[Row, ...] = (
 )
 TRITON_ONLY = {"serve.decoupled": "triton_config.decoupled (model.yaml only: trtllm-serve streams over SSE)"}
 
+DRAFT_TARGET = "Draft_Target"
 # build.speculative.mode -> its speculative_config, or why the PyTorch path refuses it.
 SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
     "lookahead_decoding": "lookahead decoding does not run on TensorRT-LLM's PyTorch backend (LookaheadDecodingConfig."
@@ -93,10 +94,14 @@ SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
         "max_draft_len": s.max_draft_len,
         "max_matching_ngram_size": s.prompt_lookup.max_matching_ngram_size,
     },
-    "draft_tokens_external": "draft-target on the PyTorch backend (DraftTargetDecodingConfig) loads the draft from "
-    "speculative_model_dir, a Hugging Face checkpoint; this version exports and mounts only the target's unified "
-    "checkpoint for llmapi, not the draft's: use prompt_lookup, or the engine target",
+    # DraftTargetDecodingConfig: decoding_type is its discriminator Literal "Draft_Target" in 1.2's SpeculativeConfig
+    # union; speculative_model_dir (the draft's Hugging Face checkpoint; an alias of speculative_model there) is added
+    # where the served model directory is known (with_draft_model_dir)
+    "draft_tokens_external": lambda s: {"decoding_type": DRAFT_TARGET, "max_draft_len": s.max_draft_len},
 }
+DRAFT_MODEL_DIR = "draft"  # the draft's checkpoint inside the build's engine directory (draft_tokens_external)
+# build.speculative.draft fields the PyTorch path has no option for: the draft runs inside the target's LLM()
+DRAFT_LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 # serve.guided_decoding -> guided_decoding_backend (None: the option is left out).
 GUIDED_DECODING_BACKENDS: Mapping[str, str | None] = {"xgrammar": "xgrammar", "none": None}
 
@@ -154,6 +159,14 @@ def build_options(spec: Spec, model: ModelInfo) -> dict[str, Any]:
     return options
 
 
+def with_draft_model_dir(options: Mapping[str, Any], model_path: str) -> dict[str, Any]:
+    """The options with a draft-target speculative_config pointed at the draft's checkpoint under the served model."""
+    speculative = options.get("speculative_config")
+    if not isinstance(speculative, Mapping) or speculative.get("decoding_type") != DRAFT_TARGET:
+        return dict(options)
+    return {**options, "speculative_config": {**speculative, "speculative_model_dir": f"{model_path}/{DRAFT_MODEL_DIR}"}}
+
+
 def serve_options(serve: Any) -> dict[str, Any]:
     """The LLM() options of the serve rows, nested (`serve`: the spec's ServeSpec)."""
     return _nest({option: value for option, (_, value) in _flat_rows(serve, "serve", prefix="serve.").items()})
@@ -188,6 +201,13 @@ def option_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     speculative = spec.build.speculative
     if speculative is not None and not callable(SPECULATIVE_CONFIGS.get(speculative.mode.value)):
         issues.append((("build", "speculative", "mode"), _speculative_refusal(speculative.mode.value)))
+    draft = speculative.draft if speculative is not None else None
+    for name in DRAFT_LIMITS if draft is not None else ():
+        if getattr(draft, name) is not None:
+            issues.append((("build", "speculative", "draft", name), (
+                f"build.speculative.draft.{name} has no LLM() option on {TARGET}: DraftTargetDecodingConfig loads the draft "
+                "from speculative_model_dir and runs it inside the target's LLM(), with the target's limits; leave it unset"
+            )))
     if issues:
         return issues
     fields = {**_flat_rows(spec, "build"), **_flat_rows(spec, "serve")}

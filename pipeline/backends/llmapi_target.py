@@ -30,7 +30,14 @@ from pipeline.backends.llmapi_forms import (
     serve_command,
     serve_options_yaml,
 )
-from pipeline.backends.llmapi_options import build_options, merged_options, option_issues, serve_options
+from pipeline.backends.llmapi_options import (
+    DRAFT_MODEL_DIR,
+    build_options,
+    merged_options,
+    option_issues,
+    serve_options,
+    with_draft_model_dir,
+)
 from pipeline.backends.llmapi_versions import get_llmapi_version
 from pipeline.backends.quantize_dispatch import UNIFIED_HF_DIR
 from pipeline.config.model_checks import Issue
@@ -60,8 +67,12 @@ def read_build_options(engine_dir: Path) -> dict[str, Any]:
     return record["options"]
 
 
+def _served_options(engine_dir: Path, serve: ServeSpec, model_path: str) -> dict[str, Any]:
+    return with_draft_model_dir(merged_options(read_build_options(engine_dir), serve_options(serve)), model_path)
+
+
 def _triton_files(engine_dir: Path, serve: ServeSpec, model_path: str) -> dict[str, str]:
-    options = merged_options(read_build_options(engine_dir), serve_options(serve))
+    options = _served_options(engine_dir, serve, model_path)
     return {
         f"{LLM_MODEL}/config.pbtxt": config_pbtxt(decoupled=serve.decoupled),
         f"{LLM_MODEL}/1/{MODEL_YAML}": model_yaml(options, model_path=model_path, decoupled=serve.decoupled),
@@ -69,7 +80,7 @@ def _triton_files(engine_dir: Path, serve: ServeSpec, model_path: str) -> dict[s
 
 
 def _openai_files(engine_dir: Path, serve: ServeSpec, model_path: str) -> dict[str, str]:
-    options = merged_options(read_build_options(engine_dir), serve_options(serve))
+    options = _served_options(engine_dir, serve, model_path)
     command = serve_command(model_path=model_path, options_file=SERVE_OPTIONS_FILE)
     return {
         SERVE_OPTIONS_FILE: serve_options_yaml(options),
@@ -142,6 +153,10 @@ class LlmapiBackend:
         linked = 0 if dry_run else _link_checkpoint(checkpoint, job.engine_dir)
         if not dry_run and not (job.engine_dir / "config.json").is_file():
             raise StageError(f"{checkpoint} holds no unified Hugging Face checkpoint (config.json) for LLM() to load")
+        if job.draft_engine_dir is not None and not dry_run:  # draft-target: the draft stage's checkpoint, at <engine>/draft
+            if not (job.draft_engine_dir / "config.json").is_file():
+                raise StageError(f"{job.draft_engine_dir} holds no Hugging Face checkpoint (config.json) of the draft for speculative_model_dir")
+            linked += _link_checkpoint(job.draft_engine_dir, job.engine_dir / DRAFT_MODEL_DIR)
         what = "dry run: no checkpoint linked" if dry_run else f"{linked} checkpoint files linked from {checkpoint}"
         job.log(f"TensorRT-LLM {version.version} PyTorch backend: wrote the LLM() options ({what}); nothing is compiled")
         return dict(trtllm_version=version.version, image=version.triton_image, serve_image=version.serve_image,

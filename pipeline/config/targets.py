@@ -41,6 +41,8 @@ class TargetTraits:
     # build.speculative.mode values it does not build, and why (its other modes it builds)
     refused_speculative_modes: Mapping[str, str] = field(default_factory=dict)
     no_kubernetes_because: str | None = None  # why deploy.kind kubernetes cannot render this target yet
+    no_multinode_because: str | None = None  # why its ranks cannot span nodes (a LeaderWorkerSet); None: they can
+    has_llmapi_forms: bool = False  # it runs as Triton's llmapi model or as trtllm-serve (deploy.kubernetes.llmapi_form)
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -90,11 +92,11 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         refused_speculative_modes={
             "lookahead_decoding": "TensorRT-LLM's PyTorch backend has no lookahead decoding (LookaheadDecodingConfig runs on "
             "the engine path only); its draft-free drafting is prompt_lookup (NGram)",
-            "draft_tokens_external": "the llmapi target does not export the draft model's Hugging Face checkpoint for "
-            "DraftTargetDecodingConfig in this version; use prompt_lookup, or the engine target",
         },
-        no_kubernetes_because="the kubernetes kind renders the project's OpenAI front end, which speaks the ensemble's "
-        "contract, not the llmapi model's, and has no trtllm-serve form yet; use deploy.kind compose (both forms)",
+        no_multinode_because="NVIDIA launches the LLM API across nodes with trtllm-llmapi-launch under srun/mpirun, one MPI "
+        "process per rank (examples/llm-api/llm_mgmn_trtllm_serve.sh: 'experimental and may not work on all systems'), not "
+        "with the leader mode of one tritonserver per rank this version renders; keep tp × pp within one node",
+        has_llmapi_forms=True,
     ),
 }
 

@@ -29,6 +29,7 @@ class Endpoints:
     http: str | None = None  # http://host:port
     openai: str | None = None  # http://host:port/v1
     model_name: str = ""  # the name the OpenAI front end serves
+    triton_contract: str = "ensemble"  # the tensors grpc|http speak: "ensemble", or "llmapi" (NVIDIA's llmapi model)
     server_version: str | None = None
     server: Any = field(default=None, compare=False, repr=False)  # the TritonServer, when `serving.serving` started it
 
@@ -96,7 +97,9 @@ def run_load_sweep(
 async def _measure(
     endpoints: Endpoints, endpoint: str, workload: Sequence[LoadRequest], mode: Any, options: SweepOptions, label: str, progress: Progress | None
 ) -> dict[str, Any]:
-    target = make_target(endpoint, endpoints.url(endpoint), model=endpoints.model_name if endpoint == "openai" else None)
+    target = make_target(
+        endpoint, endpoints.url(endpoint), model=endpoints.model_name if endpoint == "openai" else None, contract=endpoints.triton_contract
+    )
     total = options.requests_per_point
     done = 0
 

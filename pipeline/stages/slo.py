@@ -82,8 +82,9 @@ def previous_report(ctx: StageContext) -> dict[str, Any] | None:
 
 def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     from clients.loadgen import SloLimits
+    from pipeline.loadtest.remote import remote_endpoints
     from pipeline.loadtest.serving import serving
-    from pipeline.loadtest.sweep import Endpoints, SweepOptions, run_load_sweep
+    from pipeline.loadtest.sweep import SweepOptions, run_load_sweep
     from pipeline.loadtest.workload import LengthDist, TextTokenizer, synthetic_requests
     from pipeline.stages.package import REPOSITORY_DIR
 
@@ -104,8 +105,7 @@ def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     )
     ctx.log(f"{gate.num_requests} requests of {gate.input_tokens}→{gate.output_tokens} tokens, {gate.concurrency} concurrent, over {gate.endpoint.value}")
     if gate.url is not None:
-        endpoints = Endpoints(**{gate.endpoint.value: gate.url}, model_name=spec.name)
-        return run_load_sweep(endpoints, requests, options)
+        return run_load_sweep(remote_endpoints(spec, gate.endpoint.value, gate.url), requests, options)
     repo = ctx.upstream["package"].path / REPOSITORY_DIR
     with serving(repo, spec.deploy, model_name=spec.name, openai=gate.endpoint.value == "openai", say=ctx.log) as endpoints:
         return run_load_sweep(endpoints, requests, options)

@@ -423,3 +423,22 @@ def test_the_bls_passes_the_guide_to_tensorrt_llm(triton):
     with TritonLLMClient(triton.options.grpc_url, "grpc", "tensorrt_llm_bls", timeout=60) as client:
         answer = client.generate("x = ", max_tokens=12, guided_decoding_guide_type="regex", guided_decoding_guide="[0-9]{3}-[a-z]{2}")
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", answer.text)
+
+
+def test_the_performance_gate_measures_an_openai_url_serving_another_name(triton, artifacts):
+    """gate.performance.url against an OpenAI-compatible server that serves its model under another name than the
+    build's, as trtllm-serve does (it serves the name of its model directory, `engine`). Stand-in for trtllm-serve
+    (not run here: no GPU): the project's own front end on this module's Triton, serving the name `engine`; the gate
+    reads the name from /v1/models and passes."""
+    from pipeline.cli import main
+
+    with running_openai_server(triton.options.grpc_url, model_name="engine", model_repository=artifacts["repository"]) as url:
+        gate = ["gate.performance.endpoint=openai", f"gate.performance.url={url}", "gate.performance.num_requests=4",
+                "gate.performance.warmup_requests=0", "gate.performance.concurrency=2", "gate.performance.input_tokens=16",
+                "gate.performance.output_tokens=4", "gate.performance.max_e2e_ms.p99=60000"]
+        code = main(["--artifacts", str(artifacts["root"]), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "slo",
+                     *(token for setting in gate for token in ("--set", setting))])
+    assert code == 0
+    [report_path] = sorted((artifacts["root"] / MODEL).glob("slo-*/performance.json"))
+    report = json.loads(report_path.read_text())
+    assert report["verdict"] == "passed" and report["point"]["completed"] == 4 and report["point"]["endpoint"] == "openai"

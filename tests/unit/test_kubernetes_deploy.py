@@ -82,9 +82,13 @@ def pod_templates(name: str) -> list[dict[str, Any]]:
 
 
 def golden_text(name: str) -> str:
+    return golden_of(texts(name))
+
+
+def golden_of(rendered: dict[str, str]) -> str:
     """Every file, one after another; the scripts' bodies (copies of project files) as their SHA-256."""
     parts = []
-    for path, text in texts(name).items():
+    for path, text in rendered.items():
         if path.endswith("/scripts.yaml"):
             document = yaml.safe_load_all(text)
             config_map = next(d for d in document if d)

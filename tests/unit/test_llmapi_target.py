@@ -154,6 +154,7 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
     "override, message",
     [
         ("quantize.algo=int8_sq", "quantize.algo int8_sq does not run on build.target llmapi"),
+        ("quantize.algo=int8_wo", "quantize.algo int8_wo does not run on build.target llmapi"),
         ("quantize.kv_cache=int8", "quantize.kv_cache int8 does not run on build.target llmapi"),
         ("build.gather_context_logits=true",
          "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits"),
@@ -162,13 +163,15 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
         ("build.trtllm_version=1.3.0rc5", "build.trtllm_version '1.3.0rc5' has no profile for build.target llmapi (release candidates are not profiled"),
         ("build.tp_size=3", "build.tp_size (3) must divide the model's number of KV heads (8)"),
         ("build.speculative.mode=lookahead_decoding", "build.speculative.mode lookahead_decoding is refused on build.target llmapi"),
-        ("build.speculative.mode=draft_tokens_external", "build.speculative.mode draft_tokens_external is refused on build.target llmapi"),
+        ("build.speculative.draft.max_batch_size=8",
+         "build.speculative.draft.max_batch_size has no LLM() option on build.target llmapi: DraftTargetDecodingConfig loads the draft"),
     ],
 )
 def test_validate_refuses_what_the_pytorch_path_does_not_run(tmp_path, capsys, override, message):
     gpus = ["--set", "deploy.gpus=[0,1,2]"] if override == "build.tp_size=3" else []  # so that only the heads are wrong
-    if override.endswith("draft_tokens_external"):  # a complete draft section, so that only the target refuses it
-        gpus = ["--set", "build.speculative.max_draft_len=4", "--set", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
+    if override.startswith("build.speculative.draft"):  # a complete draft section, so that only the target refuses the limit
+        gpus = ["--set", "build.speculative.mode=draft_tokens_external", "--set", "build.speculative.max_draft_len=4",
+                "--set", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
     code = main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE), "--set", override, *gpus])
     err = capsys.readouterr().err
     assert code != 0 and message in " ".join(err.split())
@@ -257,9 +260,3 @@ def test_prompt_lookup_renders_nvidias_ngram_speculative_config():
 def test_guided_decoding_sets_the_llm_backend_option_or_leaves_it_out(choice, backend):
     spec = load_config(EXAMPLE, [f"serve.guided_decoding={choice}"]).spec
     assert serve_options(spec.serve).get("guided_decoding_backend") == backend
-
-
-def test_the_kubernetes_kind_is_refused_for_llmapi_naming_why(tmp_path, capsys):
-    code = main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE), "--set", "deploy.kind=kubernetes", "--set", "deploy.gpus=[]"])
-    err = " ".join(capsys.readouterr().err.split())
-    assert code != 0 and "deploy.kind kubernetes is refused for build.target llmapi" in err and "trtllm-serve" in err

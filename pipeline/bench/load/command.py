@@ -165,9 +165,10 @@ def run_load_command(args: argparse.Namespace) -> int:
     from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.backends.registry import backend_for
     from pipeline.config.loader import load_config
+    from pipeline.loadtest.remote import remote_endpoints
     from pipeline.loadtest.report import render_load_markdown
     from pipeline.loadtest.serving import serving
-    from pipeline.loadtest.sweep import Endpoints, run_load_sweep
+    from pipeline.loadtest.sweep import run_load_sweep
     from pipeline.runner import run_pipeline
     from pipeline.stages.package import REPOSITORY_DIR
 
@@ -189,8 +190,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     say = dim_lines(status)
     with progress:
         if args.url:
-            endpoint = options.endpoints[0]
-            endpoints = Endpoints(**{endpoint: args.url}, model_name=spec.name)
+            endpoints = remote_endpoints(spec, options.endpoints[0], args.url)
             result = run_load_sweep(endpoints, workload, options, progress=update, recipe=recipe)
         else:
             repo = results["package"].ref.path / REPOSITORY_DIR

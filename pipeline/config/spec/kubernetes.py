@@ -12,7 +12,7 @@ the kubernetes kind renders (a LeaderWorkerSet), and only when they divide into 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -93,6 +93,10 @@ class KubernetesSpec(StrictModel):
     )
     openai_replicas: int = Field(default=1, ge=1, description="Replicas of the OpenAI-compatible front end.")
     storage: ModelStorageSpec = Field(default_factory=ModelStorageSpec, description="Where the pods read the model from.")
+    llmapi_form: Literal["triton", "trtllm-serve"] = Field(
+        default="triton",
+        description="build.target llmapi only: the form the manifests run: Triton with NVIDIA's llmapi model, or trtllm-serve (its OpenAI endpoint).",
+    )
 
     @field_validator("namespace")
     @classmethod
@@ -111,6 +115,8 @@ def check_placement(spec: Spec) -> None:
     refusal = traits_of(build.target).no_kubernetes_because
     if kubernetes and refusal is not None:
         raise ValueError(f"deploy.kind kubernetes is refused for build.target {build.target.value}: {refusal}")
+    if kubernetes:
+        _check_llmapi_form(spec)
     if not traits_of(build.target).places_ranks_on_deploy_gpus:
         return
     ranks = build.tp_size * build.pp_size
@@ -123,6 +129,12 @@ def check_placement(spec: Spec) -> None:
                 f"({ranks} × {instances} = {ranks * instances}) GPUs in one server; no node shape has that many"
             )
         return
+    multinode_refusal = traits_of(build.target).no_multinode_because
+    if kubernetes and multinode_refusal is not None:
+        raise ValueError(
+            f"build.tp_size × build.pp_size ({ranks}) > deploy.gpus_per_node ({per_node}) is refused for build.target "
+            f"{build.target.value} on deploy.kind kubernetes: {multinode_refusal}"
+        )
     if not kubernetes:
         raise ValueError(
             f"deploy.gpus_per_node ({per_node}) cannot hold build.tp_size × build.pp_size ({ranks}) GPUs, and deploy.kind "
@@ -136,4 +148,17 @@ def check_placement(spec: Spec) -> None:
     if instances > 1:
         raise ValueError(
             f"serve.instances.tensorrt_llm ({instances}) > 1 with a model spanning {ranks // per_node} nodes: one instance per group"
+        )
+
+
+def _check_llmapi_form(spec: Spec) -> None:
+    settings, target = spec.deploy.kubernetes_settings, spec.build.target.value
+    form = settings.llmapi_form
+    if form != "triton" and not traits_of(spec.build.target).has_llmapi_forms:
+        raise ValueError(f"deploy.kubernetes.llmapi_form {form} is for build.target llmapi; build.target {target} has one form (Triton)")
+    if form == "trtllm-serve" and settings.autoscaling is not None:
+        raise ValueError(
+            "deploy.kubernetes.autoscaling is refused with deploy.kubernetes.llmapi_form trtllm-serve (build.target llmapi): the "
+            "autoscaler's metric is Triton's queue-to-compute ratio (nv_inference_queue_duration_us), which trtllm-serve does "
+            "not expose; use deploy.kubernetes.replicas, or llmapi_form triton"
         )

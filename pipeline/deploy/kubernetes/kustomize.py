@@ -9,26 +9,41 @@ import os
 from typing import Any
 
 from pipeline.config.spec import Spec
-from pipeline.deploy.kubernetes import names, resources, workloads
+from pipeline.deploy.kubernetes import llmapi_forms, names, resources, workloads
 
 Manifests = dict[str, list[dict[str, Any]]]  # path in the deployment directory -> its documents
 
 
-def manifests(spec: Spec) -> Manifests:
+def manifests(spec: Spec, options_text: str | None = None) -> Manifests:
+    """`options_text`: the trtllm-serve form's --extra_llm_api_options YAML (deploy.kubernetes.llmapi_form trtllm-serve)."""
     base = names.BASE_DIR
-    triton = workloads.triton_workload(spec)
     found: Manifests = {f"{base}/namespace.yaml": [resources.namespace(spec)]}
     if spec.deploy.kubernetes_settings.storage.create:
         found[f"{base}/storage.yaml"] = [resources.claim(spec)]
     found[f"{base}/scripts.yaml"] = [resources.scripts(spec)]
-    found[f"{base}/triton.yaml"] = [*(resources.leader_access(spec) if workloads.spans_nodes(spec) else []), triton]
-    found[f"{base}/openai.yaml"] = [workloads.openai_deployment(spec)]
+    if llmapi_forms.runs_trtllm_serve(spec):
+        if options_text is None:
+            raise ValueError("the trtllm-serve form needs its --extra_llm_api_options YAML (options_text)")
+        found[workload_file(spec)] = [llmapi_forms.options_config_map(spec, options_text), llmapi_forms.trtllm_serve_deployment(spec)]
+    else:
+        triton = workloads.triton_workload(spec)
+        found[workload_file(spec)] = [*(resources.leader_access(spec) if workloads.spans_nodes(spec) else []), triton]
+    if names.OPENAI in llmapi_forms.front_components(spec):
+        found[f"{base}/openai.yaml"] = [workloads.openai_deployment(spec)]
     found[f"{base}/services.yaml"] = resources.services(spec)
     found[f"{base}/disruption.yaml"] = resources.disruption_budgets(spec)
+    if llmapi_forms.runs_trtllm_serve(spec):  # no Prometheus endpoint to monitor (pipeline.deploy.kubernetes.llmapi_forms)
+        return found
     found[f"{names.MONITORING_OVERLAY}/monitoring.yaml"] = [resources.pod_monitor(spec), resources.prometheus_rule(spec)]
     if spec.deploy.kubernetes_settings.autoscaling is not None:
         found[f"{names.AUTOSCALING_OVERLAY}/autoscaling.yaml"] = [resources.autoscaler(spec), resources.adapter_config_map(spec)]
     return found
+
+
+def workload_file(spec: Spec) -> str:
+    """The manifest holding the serving workload (its last document)."""
+    name = llmapi_forms.TRTLLM_SERVE if llmapi_forms.runs_trtllm_serve(spec) else names.TRITON
+    return f"{names.BASE_DIR}/{name}.yaml"
 
 
 def kustomizations(spec: Spec, rendered: Manifests) -> dict[str, dict[str, Any]]:
@@ -48,8 +63,10 @@ def kustomizations(spec: Spec, rendered: Manifests) -> dict[str, dict[str, Any]]
         names.BASE_DIR: kustomization(
             names.BASE_DIR, None, namespace=namespace, secretGenerator=[secret], generatorOptions={"disableNameSuffixHash": True}
         ),
-        names.MONITORING_OVERLAY: kustomization(names.MONITORING_OVERLAY, names.BASE_DIR, namespace=namespace),
     }
+    if llmapi_forms.runs_trtllm_serve(spec):
+        return found
+    found[names.MONITORING_OVERLAY] = kustomization(names.MONITORING_OVERLAY, names.BASE_DIR, namespace=namespace)
     if spec.deploy.kubernetes_settings.autoscaling is not None:
         found[names.AUTOSCALING_OVERLAY] = kustomization(names.AUTOSCALING_OVERLAY, names.MONITORING_OVERLAY, namespace=namespace)
     return found
@@ -57,4 +74,6 @@ def kustomizations(spec: Spec, rendered: Manifests) -> dict[str, dict[str, Any]]
 
 def default_overlay(spec: Spec) -> str:
     """The overlay `kubectl apply -k` is pointed at: everything the spec asks for."""
+    if llmapi_forms.runs_trtllm_serve(spec):
+        return names.BASE_DIR
     return names.AUTOSCALING_OVERLAY if spec.deploy.kubernetes_settings.autoscaling is not None else names.MONITORING_OVERLAY

@@ -104,8 +104,9 @@ def triton_ports() -> list[dict[str, Any]]:
     ]
 
 
-def health_probes(start_period: str) -> dict[str, Any]:
-    """Startup waits out the model load (the target's start period), then readiness and liveness take over."""
+def health_probes(start_period: str, *, ready: str = "/v2/health/ready", live: str = "/v2/health/live") -> dict[str, Any]:
+    """Startup waits out the model load (the target's start period), then readiness and liveness take over; the
+    paths are Triton's unless given."""
     seconds = int(start_period.rstrip("s"))
 
     def probe(path: str, failures: int) -> dict[str, Any]:
@@ -117,9 +118,9 @@ def health_probes(start_period: str) -> dict[str, Any]:
         }
 
     return {
-        "startupProbe": probe("/v2/health/ready", max(1, seconds // PROBE_PERIOD_SECONDS)),
-        "readinessProbe": probe("/v2/health/ready", 3),
-        "livenessProbe": probe("/v2/health/live", 3),
+        "startupProbe": probe(ready, max(1, seconds // PROBE_PERIOD_SECONDS)),
+        "readinessProbe": probe(ready, 3),
+        "livenessProbe": probe(live, 3),
     }
 
 

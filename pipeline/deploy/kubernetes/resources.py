@@ -12,7 +12,7 @@ import yaml
 from pipeline.backends import engine_runtime
 from pipeline.config.spec import Spec
 from pipeline.deploy import layout, rules
-from pipeline.deploy.kubernetes import names, verify_artifacts, workloads
+from pipeline.deploy.kubernetes import llmapi_forms, names, verify_artifacts, workloads
 from pipeline.deploy.monitoring import SCRAPE_INTERVAL
 from pipeline.deploy.server_command import LLM_MODEL
 
@@ -112,17 +112,19 @@ def services(spec: Spec) -> list[dict[str, Any]]:
         {"name": "metrics", "port": deploy.metrics_port, "targetPort": "metrics", "protocol": "TCP"},
     ]
     openai_ports = [{"name": "http", "port": deploy.openai_port, "targetPort": "http", "protocol": "TCP"}]
+    ports = {names.TRITON: triton_ports, names.OPENAI: openai_ports}
     return [
         {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": _meta(spec, names.object_name(spec, component), component),
-            "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+            "spec": {
+                "type": "ClusterIP",
+                "selector": _triton_selector(spec) if component == names.TRITON else names.selector(spec, component),
+                "ports": ports[component] if component in ports else llmapi_forms.service_ports(spec, component),
+            },
         }
-        for component, selector, ports in (
-            (names.TRITON, _triton_selector(spec), triton_ports),
-            (names.OPENAI, names.selector(spec, names.OPENAI), openai_ports),
-        )
+        for component in llmapi_forms.front_components(spec)
     ]
 
 
@@ -134,7 +136,7 @@ def disruption_budgets(spec: Spec) -> list[dict[str, Any]]:
             "metadata": _meta(spec, names.object_name(spec, component), component),
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(spec, component)}},
         }
-        for component in (names.TRITON, names.OPENAI)
+        for component in llmapi_forms.front_components(spec)
     ]
 
 

@@ -98,7 +98,9 @@ def triton_deployment(spec: Spec) -> dict[str, Any]:
     if facts.image_has_project:
         command, args = [], cpu_server_command(pods.ADMIN_KEY_REFERENCE)
     else:
-        command, args = _entrypoint(spec), engine_server_command(ranks(spec), pods.ADMIN_KEY_REFERENCE)
+        # one server process when the runtime starts its own ranks (the LLM API spawns its MPI workers)
+        world_size = ranks(spec) if facts.mpi_leader_ranks else 1
+        command, args = _entrypoint(spec), engine_server_command(world_size, pods.ADMIN_KEY_REFERENCE)
     gpus = ranks(spec) * spec.serve.instances.tensorrt_llm if facts.reserves_gpus else 0
     container = _triton_container(spec, command, args, gpus, serves=True)
     return {

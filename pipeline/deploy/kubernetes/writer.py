@@ -13,7 +13,7 @@ import yaml
 from pipeline.config.spec import Spec
 from pipeline.deploy import files, layout
 from pipeline.deploy.base import DeploymentInputs
-from pipeline.deploy.kubernetes import kustomize, names
+from pipeline.deploy.kubernetes import kustomize, llmapi_forms, names
 
 HEADER = "# Rendered by trtllm-pipeline (deploy stage) for build {name!r}, target {target}. Do not edit: change the build config.\n"
 
@@ -35,10 +35,11 @@ class KubernetesDeployment:
     files: tuple[Path, ...]
 
 
-def rendered_files(spec: Spec) -> dict[str, str]:
-    """Every manifest and kustomization of the deployment, as text by path (the secret excluded)."""
+def rendered_files(spec: Spec, options_text: str | None = None) -> dict[str, str]:
+    """Every manifest and kustomization of the deployment, as text by path (the secret excluded); `options_text`: the
+    trtllm-serve form's --extra_llm_api_options YAML (pipeline.deploy.kubernetes.llmapi_forms)."""
     header = HEADER.format(name=spec.name, target=spec.build.target.value)
-    rendered = kustomize.manifests(spec)
+    rendered = kustomize.manifests(spec, options_text)
     texts = {path: header + dump_documents(documents) for path, documents in rendered.items()}
     for directory, kustomization in kustomize.kustomizations(spec, rendered).items():
         texts[f"{directory}/{names.KUSTOMIZATION}"] = header + dump_documents([kustomization])[len("---\n") :]
@@ -49,7 +50,7 @@ def write_deployment(spec: Spec, out_dir: Path, inputs: DeploymentInputs) -> Kub
     """Render everything (refused before anything is written), then write it; links are relative to inputs.final_dir."""
     target = spec.build.target.value
     files.require_new_directory(out_dir)
-    texts = rendered_files(spec)
+    texts = rendered_files(spec, _trtllm_serve_options(spec, inputs))
     admin_key = files.secret_values(inputs.secrets)[layout.ADMIN_KEY_VARIABLE]
     out_dir.mkdir(parents=True, exist_ok=True)
     engine_dir, tokenizer_dir = inputs.engine_dir, inputs.tokenizer_dir
@@ -62,5 +63,13 @@ def write_deployment(spec: Spec, out_dir: Path, inputs: DeploymentInputs) -> Kub
     written.append(files.write_file(out_dir / names.BASE_DIR / names.SECRET_ENV, secret_text, mode=0o600))
     written += files.write_monitoring(out_dir, spec, target)
     written += files.write_server_files(out_dir, spec, target, inputs.source_root)
-    workload = kustomize.manifests(spec)[f"{names.BASE_DIR}/triton.yaml"][-1]["kind"]
+    workload = [document for document in yaml.safe_load_all(texts[kustomize.workload_file(spec)]) if document][-1]["kind"]
     return KubernetesDeployment(out_dir, kustomize.default_overlay(spec), workload, tuple(sorted(written)))
+
+
+def _trtllm_serve_options(spec: Spec, inputs: DeploymentInputs) -> str | None:
+    """The trtllm-serve form's options YAML, rendered from the build's LLM() options as the package stage renders it."""
+    llm_api = llmapi_forms.llm_api_of(spec)
+    if llm_api is None or not llmapi_forms.runs_trtllm_serve(spec):
+        return None
+    return llm_api.openai_files(inputs.engine_dir, spec.serve, layout.ENGINE_MOUNT)[llm_api.openai_options_file]
