@@ -5,7 +5,8 @@
 # pip installs (PyPI, or PIP_INDEX_URL). torch comes from the local wheel E2E_TORCH_WHEEL through a throw-away
 # index on the Docker bridge (deploy.torch_index_url).
 #
-#   1. base image from debootstrap (bookworm: Python 3.11), imported with `docker import`: no registry;
+#   1. base image from debootstrap (bookworm: Python 3.11, with libpython3.11: the Python-backend stub links it),
+#      imported with `docker import`: no registry;
 #      a Prometheus image from the host's /usr/bin/prometheus on it (Grafana has no offline image: not started)
 #   2. `trtllm-pipeline deploy` of the tiny cpu config with deploy.image = that base, deploy.torch_index_url = the index
 #   3. compose up of triton, openai and prometheus (an override file points prometheus at the local image)
@@ -17,7 +18,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CLI="${CLI:-$ROOT/.venv/bin/trtllm-pipeline}"
 WORK="${E2E_WORK:-$(mktemp -d /tmp/compose-e2e.XXXXXX)}"
+mkdir -p "$WORK"
 BASE_IMAGE="trtllm-pipeline-e2e/python-base:bookworm"
+# libpython3.11: Debian's python3 is linked statically, the stub needs the shared library (pipeline/deploy/image_setup.py)
+BASE_PACKAGES="python3,python3-venv,python-is-python3,libpython3.11,ca-certificates,wget"
+ROOTFS_IMAGE="$BASE_IMAGE-rootfs-$(printf %s "$BASE_PACKAGES" | sha256sum | cut -c1-8)"
 PROMETHEUS_IMAGE="trtllm-pipeline-e2e/prometheus:local"
 TORCH_WHEEL="${E2E_TORCH_WHEEL:-$(ls /opt/wheels/torch-2.13.0+cpu-*.whl 2>/dev/null | head -1)}"
 INDEX_PORT="${E2E_INDEX_PORT:-18765}"
@@ -35,11 +40,11 @@ trap cleanup EXIT
 
 # 1. images without a registry
 BRIDGE="$(docker network inspect bridge --format '{{(index .IPAM.Config 0).Gateway}}')"
-if ! docker image inspect "$BASE_IMAGE-rootfs" >/dev/null 2>&1; then
+if ! docker image inspect "$ROOTFS_IMAGE" >/dev/null 2>&1; then  # cached across runs (keyed by the package list)
   log "debootstrap bookworm into $WORK/rootfs"
-  debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates,wget \
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" \
     bookworm "$WORK/rootfs" "${E2E_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$WORK/debootstrap.log"
-  tar -C "$WORK/rootfs" -c . | docker import --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE-rootfs" >/dev/null
+  tar -C "$WORK/rootfs" -c . | docker import --change 'CMD ["/bin/bash"]' - "$ROOTFS_IMAGE" >/dev/null
 fi
 {
   # the host's trust store, for pip behind a TLS-intercepting proxy (pip reads PIP_CERT, not the system store)
@@ -47,7 +52,7 @@ fi
   cp "${E2E_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}" "$WORK/base-image/ca-certificates.crt"
   # the plain-HTTP torch index below (on the bridge address) and PyPI (or E2E_PIP_INDEX) for torch's dependencies
   printf 'FROM %s\nCOPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\nENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_TRUSTED_HOST=%s PIP_EXTRA_INDEX_URL=%s\n' \
-    "$BASE_IMAGE-rootfs" "$BRIDGE" "${E2E_PIP_INDEX:-https://pypi.org/simple}" >"$WORK/base-image/Dockerfile"
+    "$ROOTFS_IMAGE" "$BRIDGE" "${E2E_PIP_INDEX:-https://pypi.org/simple}" >"$WORK/base-image/Dockerfile"
   docker build -q -t "$BASE_IMAGE" "$WORK/base-image" >/dev/null
 }
 mkdir -p "$WORK/prometheus-image"
