@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         root = prepare(args.backend_directory, args.link)
     except PipelineError as error:
         print(f"error: {error.message}", file=sys.stderr)
+        if error.hint != error.default_hint:  # the CLI's default (--verbose) does not apply here
+            print(f"hint: {error.hint}", file=sys.stderr)
         return 1
     print(f"tritonserver {root} linked at {args.link}; backends in {args.backend_directory}")
     return 0

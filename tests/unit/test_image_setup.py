@@ -43,3 +43,14 @@ def test_the_bundled_stub_passes_the_probe_on_this_machine(tmp_path):
     from pipeline.deploy.image_setup import prepare
 
     prepare(tmp_path / "backends", tmp_path / "tritonserver")
+
+
+def test_the_image_build_step_prints_the_error_and_its_hint(tmp_path, monkeypatch, capsys):
+    from pipeline.deploy import image_setup
+
+    def refuse(backend_directory, link):
+        raise StageError("the stub exited 127", hint="install libpython")
+
+    monkeypatch.setattr(image_setup, "prepare", refuse)
+    assert image_setup.main(["--backend-directory", str(tmp_path / "b"), "--link", str(tmp_path / "t")]) == 1
+    assert capsys.readouterr().err == "error: the stub exited 127\nhint: install libpython\n"

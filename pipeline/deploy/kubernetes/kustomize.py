@@ -1,6 +1,6 @@
 """Which manifests the kubernetes kind writes where, and the kustomizations tying them together: a base (namespace,
 claim, scripts, workloads, Services, disruption budgets, the admin-key Secret from secret.env) and overlays adding
-what needs operators: `monitoring` (prometheus-operator's PodMonitor and PrometheusRule) and, with
+what needs operators: `monitoring` (prometheus-operator's PodMonitors of Triton and the OpenAI front end, and the PrometheusRule) and, with
 deploy.kubernetes.autoscaling, `autoscaling` (the HorizontalPodAutoscaler and the prometheus-adapter rule)."""
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ def manifests(spec: Spec) -> Manifests:
     found[f"{base}/openai.yaml"] = [workloads.openai_deployment(spec)]
     found[f"{base}/services.yaml"] = resources.services(spec)
     found[f"{base}/disruption.yaml"] = resources.disruption_budgets(spec)
-    found[f"{names.MONITORING_OVERLAY}/monitoring.yaml"] = [resources.pod_monitor(spec), resources.prometheus_rule(spec)]
+    found[f"{names.MONITORING_OVERLAY}/monitoring.yaml"] = [
+        resources.pod_monitor(spec),
+        resources.openai_pod_monitor(spec),
+        resources.prometheus_rule(spec),
+    ]
     if spec.deploy.kubernetes_settings.autoscaling is not None:
         found[f"{names.AUTOSCALING_OVERLAY}/autoscaling.yaml"] = [resources.autoscaler(spec), resources.adapter_config_map(spec)]
     return found
