@@ -16,10 +16,11 @@ The recording rules (pipeline/deploy/rules.py) take their TTFT / ITL quantiles f
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Protocol
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -91,17 +92,19 @@ class _Event(Protocol):
     completion_tokens: int  # cumulative per choice
 
 
-async def timed(events: AsyncIterator[_Event], metrics: FrontEndMetrics, started: float) -> AsyncIterator[_Event]:
-    """`events` unchanged, observing each choice's first-token time (from `started`, a time.monotonic()) and token gaps."""
+async def timed(events: AsyncGenerator[_Event, None], metrics: FrontEndMetrics, started: float) -> AsyncIterator[_Event]:
+    """`events` unchanged, observing each choice's first-token time (from `started`, a time.monotonic()) and token gaps.
+    Closing this closes `events` at once (its cleanup cancels the Triton requests of a client that went away)."""
     last: dict[int, tuple[float, int]] = {}  # choice -> (time of its last token, tokens so far)
-    async for event in events:
-        now = time.monotonic()
-        seen = last.get(event.index)
-        new_tokens = event.completion_tokens - (seen[1] if seen else 0)
-        if new_tokens > 0:
-            if seen is None:  # tokens of a first response beyond its first one have no gap to observe
-                metrics.ttft.observe(now - started)
-            else:
-                metrics.itl.observe((now - seen[0]) / new_tokens, new_tokens)
-            last[event.index] = (now, event.completion_tokens)
-        yield event
+    async with contextlib.aclosing(events):
+        async for event in events:
+            now = time.monotonic()
+            seen = last.get(event.index)
+            new_tokens = event.completion_tokens - (seen[1] if seen else 0)
+            if new_tokens > 0:
+                if seen is None:  # tokens of a first response beyond its first one have no gap to observe
+                    metrics.ttft.observe(now - started)
+                else:
+                    metrics.itl.observe((now - seen[0]) / new_tokens, new_tokens)
+                last[event.index] = (now, event.completion_tokens)
+            yield event
