@@ -17,6 +17,7 @@ carry TensorRT-LLM's backend names, so those panels read the engine target too):
     nv_trt_llm_general_metrics{general_type="iteration_counter"}
     trtllm_pipeline_tokens_total{token_type="generated|prompt_computed|prompt_reused"}   cpu target only
     trtllm_pipeline_prefix_cache_hits_total, trtllm_pipeline_preemptions_total          cpu target only
+    trtllm_pipeline_openai_time_to_first_token_seconds, _inter_token_latency_seconds     the OpenAI front end's histograms
 """
 
 from __future__ import annotations
@@ -112,6 +113,14 @@ def _tokens(kind: str) -> str:
     return _total_rate("trtllm_pipeline_tokens_total", f'{{token_type="{kind}"}}')
 
 
+def _front_end_quantile(histogram: str, quantile: float) -> str:
+    return f"1000 * histogram_quantile({quantile:g}, sum by (le) (rate({histogram}_bucket[{RATE_WINDOW}])))"
+
+
+def _front_end_latency(histogram: str) -> tuple[tuple[str, str], ...]:
+    return tuple((_front_end_quantile(histogram, q), name) for name, q in rules.QUANTILES)
+
+
 # (title, unit, [(expression, legend)]) — the dashboard's panels, in reading order.
 PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("Throughput", "reqps", ((_rate("nv_inference_request_success"), "{{model}}"),)),
@@ -160,6 +169,9 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         "short",
         ((_total_rate("nv_trt_llm_general_metrics", '{general_type="iteration_counter"}'), "iterations"),),
     ),
+    # the OpenAI front end's histograms (no panel data on the llmapi target, whose OpenAI endpoint is trtllm-serve)
+    ("Time to first token (OpenAI front end)", "ms", _front_end_latency(rules.TTFT_HISTOGRAM)),
+    ("Inter-token latency (OpenAI front end)", "ms", _front_end_latency(rules.ITL_HISTOGRAM)),
 )
 
 
