@@ -1,4 +1,5 @@
-"""The FastAPI application: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`.
+"""The FastAPI application: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`, `/metrics`
+(time to first token, inter-token latency and request counts, `metrics`).
 
 Requests are read and parsed by `bodies` (not by FastAPI's body handling) so that every refusal
 has OpenAI's error shape and status: a body over `max_body_bytes` is 413; malformed JSON, a body
@@ -31,6 +32,7 @@ from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_J
 from clients.openai_server.errors import OpenAIError
 from clients.openai_server.generation import ChoiceEvent, OpenStreams, Route, collect, merged
 from clients.openai_server.guided import in_request_terms
+from clients.openai_server.metrics import CONTENT_TYPE, FrontEndMetrics, timed
 from clients.openai_server.model import ServedModel
 from clients.openai_server.planning import Context, Plan, plan_chat, plan_completion
 from clients.openai_server.responses import DONE, Answer, sse
@@ -86,7 +88,9 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
                 app.state.triton = None  # a later startup makes a new one
 
     app = FastAPI(title="trtllm-pipeline OpenAI-compatible API", lifespan=lifespan)
+    app.state.metrics = FrontEndMetrics()
     _add_error_handlers(app)
+    _count_answers(app)
     openapi.install(app, (CompletionRequest, ChatCompletionRequest), context)
 
     @app.get("/v1/models", response_model=None, responses=openapi.answers(ModelList, "The served model."))
@@ -104,6 +108,10 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
         if not await request.app.state.triton.is_ready():
             raise OpenAIError(503, f"Triton at {settings.triton_url} is not ready to serve {settings.model.triton_model!r}", type=errors.UNAVAILABLE)
         return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.post(
         "/v1/completions",
@@ -130,7 +138,7 @@ async def _answer(request: Request, plan: Plan, context: Context, *, chat: bool)
     answer = Answer(plan, context.model.name, chat=chat)
     streams = OpenStreams()
     route = Route(request.app.state.triton, context.tokenizer, context.model.llm_model)
-    events = merged(route, plan.choices, streams)
+    events = timed(merged(route, plan.choices, streams), request.app.state.metrics, request.state.received)
     try:
         if not plan.stream:
             results = await _until_disconnected(request, collect(events, len(plan.choices)))
@@ -181,6 +189,34 @@ async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _count_answers(app: FastAPI) -> None:
+    """Every generation request's status into the metrics, and `received`, the clock TTFT counts from.
+    A plain ASGI middleware: it only watches `send`, so streaming and disconnect detection are untouched."""
+    metrics: FrontEndMetrics = app.state.metrics
+
+    class CountAnswers:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+                await self.inner(scope, receive, send)
+                return
+            scope.setdefault("state", {})["received"] = time.monotonic()
+
+            async def watch(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    metrics.count_request(scope["path"], message["status"])
+                await send(message)
+
+            await self.inner(scope, receive, watch)
+
+    app.add_middleware(CountAnswers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -1,7 +1,9 @@
 """Prometheus and Grafana: Prometheus' scrape config, Grafana's provisioning and dashboard (a deploy kind runs
 the services: pipeline.deploy.compose.monitoring_services).
 
-Prometheus scrapes the Triton service's metrics port on the deployment's network (`triton:8002`).
+Prometheus scrapes the Triton service's metrics port on the deployment's network (`triton:8002`), and
+the project's OpenAI front end (`openai:9000/metrics`: time to first token, inter-token latency) where the
+deployment runs it (not on the llmapi target, whose OpenAI endpoint is trtllm-serve).
 Grafana gets a provisioned Prometheus datasource and one dashboard: Triton's own families
 (triton-on-cpu.md §11), then the LLM model's (model_repo/python/engine_metrics.py; the gauges
 carry TensorRT-LLM's backend names, so those panels read the engine target too):
@@ -15,6 +17,7 @@ carry TensorRT-LLM's backend names, so those panels read the engine target too):
     nv_trt_llm_general_metrics{general_type="iteration_counter"}
     trtllm_pipeline_tokens_total{token_type="generated|prompt_computed|prompt_reused"}   cpu target only
     trtllm_pipeline_prefix_cache_hits_total, trtllm_pipeline_preemptions_total          cpu target only
+    trtllm_pipeline_openai_time_to_first_token_seconds, _inter_token_latency_seconds     the OpenAI front end's histograms
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.spec import Spec
+from pipeline.backends.registry import backend_for
+from pipeline.config.spec import Spec, Target
 from pipeline.deploy import layout, rules
 
 DATASOURCE_UID = "prometheus"
@@ -33,21 +37,25 @@ RATE_WINDOW = "1m"
 
 
 # -- files ---------------------------------------------------------------------------------------
+def runs_openai_front_end(target: str) -> bool:
+    """Whether the deployment runs the project's OpenAI front end (every target but llmapi, served by trtllm-serve)."""
+    return backend_for(Target(target)).llm_api is None
+
+
 def prometheus_config(spec: Spec, target: str) -> dict[str, Any]:
+    jobs = [(rules.TRITON_JOB, f"{layout.TRITON_SERVICE}:{layout.CONTAINER_METRICS_PORT}")]
+    if runs_openai_front_end(target):
+        jobs.append((rules.OPENAI_JOB, f"{layout.OPENAI_SERVICE}:{layout.OPENAI_PORT}"))
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "15s"},
         "rule_files": [Path(rules.RULES_FILE).name],  # relative to prometheus.yml: beside it on the host and in the container
         "scrape_configs": [
             {
-                "job_name": rules.TRITON_JOB,
+                "job_name": job,
                 "metrics_path": "/metrics",
-                "static_configs": [
-                    {
-                        "targets": [f"{layout.TRITON_SERVICE}:{layout.CONTAINER_METRICS_PORT}"],
-                        "labels": {rules.BUILD_LABEL: spec.name, "target": target},
-                    }
-                ],
+                "static_configs": [{"targets": [address], "labels": {rules.BUILD_LABEL: spec.name, "target": target}}],
             }
+            for job, address in jobs
         ],
     }
 
@@ -105,6 +113,14 @@ def _tokens(kind: str) -> str:
     return _total_rate("trtllm_pipeline_tokens_total", f'{{token_type="{kind}"}}')
 
 
+def _front_end_quantile(histogram: str, quantile: float) -> str:
+    return f"1000 * histogram_quantile({quantile:g}, sum by (le) (rate({histogram}_bucket[{RATE_WINDOW}])))"
+
+
+def _front_end_latency(histogram: str) -> tuple[tuple[str, str], ...]:
+    return tuple((_front_end_quantile(histogram, q), name) for name, q in rules.QUANTILES)
+
+
 # (title, unit, [(expression, legend)]) — the dashboard's panels, in reading order.
 PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("Throughput", "reqps", ((_rate("nv_inference_request_success"), "{{model}}"),)),
@@ -153,6 +169,9 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         "short",
         ((_total_rate("nv_trt_llm_general_metrics", '{general_type="iteration_counter"}'), "iterations"),),
     ),
+    # the OpenAI front end's histograms (no panel data on the llmapi target, whose OpenAI endpoint is trtllm-serve)
+    ("Time to first token (OpenAI front end)", "ms", _front_end_latency(rules.TTFT_HISTOGRAM)),
+    ("Inter-token latency (OpenAI front end)", "ms", _front_end_latency(rules.ITL_HISTOGRAM)),
 )
 
 

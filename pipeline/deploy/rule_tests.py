@@ -1,7 +1,9 @@
 """The `promtool test rules` file rendered beside prometheus/rules.yml: synthetic Triton series for two builds,
 `hot` (every bound of deploy.alerts exceeded twice over, and a scrape target down) and `calm` (half the bounds,
 no failures), and what must follow: each alert fires for `hot` only, once its `for` has passed, and the
-recording rules give the values the series imply (the queue-to-compute ratio is 10 by construction).
+recording rules give the values the series imply (the queue-to-compute ratio is 10 by construction; the
+OpenAI front end's TTFT and inter-token histograms put every observation in one bucket, so their medians are
+that bucket's midpoint).
 
 Run it where the deployment is: `promtool test rules prometheus/rules.test.yml`.
 """
@@ -48,6 +50,20 @@ def _series(build: str, queue_ms: float, failures: float, kv: float, samples: in
     ]
 
 
+# (histogram, bucket holding every observation, the median the rules must record in ms: the bucket's midpoint)
+FRONT_END_BUCKETS = ((rules.TTFT_HISTOGRAM, (0.5, 1.0), 750), (rules.ITL_HISTOGRAM, (0.25, 0.5), 375))
+
+
+def _front_end_series(build: str, samples: int) -> list[dict[str, str]]:
+    """The OpenAI front end of `build`: 4 observations/s of each histogram, all in its FRONT_END_BUCKETS bucket."""
+    target = f'build="{build}",instance="{build}:9000",job="{rules.OPENAI_JOB}"'
+    series = []
+    for histogram, (low, high), _ in FRONT_END_BUCKETS:
+        for bound, per_second in ((low, 0), (high, 4), ("+Inf", 4)):
+            series.append({"series": f'{histogram}_bucket{{{target},le="{bound}"}}', "values": _counter(per_second, samples)})
+    return series
+
+
 def _expected(alert: dict[str, Any], labels: dict[str, str], spec: Spec) -> dict[str, Any]:
     def fill(text: str) -> str:
         return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
@@ -68,6 +84,7 @@ def rules_test_document(spec: Spec) -> dict[str, Any]:
     series = _series("hot", bounds.queue_time_ms * 2, hot_failures, hot_kv, samples)
     series += _series("calm", bounds.queue_time_ms / 2, 0.0, bounds.kv_cache_utilization / 2, samples)
     series.append({"series": f'up{{build="hot",instance="hot-down:8002",job="{rules.TRITON_JOB}"}}', "values": f"0x{samples}"})
+    series += _front_end_series("hot", samples)
     by_name = {alert["alert"]: alert for alert in rules.alerting_rules(spec)}
     llm = {"build": "hot", "model": LLM_MODEL}
     fired = {
@@ -96,6 +113,14 @@ def rules_test_document(spec: Spec) -> dict[str, Any]:
                 for build, value in (("calm", bounds.kv_cache_utilization / 2), ("hot", hot_kv))
             ],
         },
+    ]
+    recording += [
+        {
+            "expr": f'{record}:p50_rate5m{{build="hot"}}',
+            "eval_time": f"{eval_seconds}s",
+            "exp_samples": [{"labels": f'{record}:p50_rate5m{{build="hot"}}', "value": median_ms}],
+        }
+        for record, (_, _, median_ms) in zip((rules.TTFT_MS, rules.ITL_MS), FRONT_END_BUCKETS)
     ]
     return {
         "rule_files": ["rules.yml"],

@@ -2,8 +2,8 @@
 
 Every kind renders the same groups: compose mounts prometheus/rules.yml into its Prometheus (rule_files
 in prometheus.yml), kubernetes wraps them in a PrometheusRule. Series carry a `build` label (compose: a
-static label of the scrape config; kubernetes: the pod label app.kubernetes.io/instance) and Triton's
-scrape job is `triton`.
+static label of the scrape config; kubernetes: the pod label app.kubernetes.io/instance); Triton's
+scrape job is `triton`, the project's OpenAI front end's `openai`.
 
 Recording rules (from Triton's own families, triton-on-cpu.md §11, and the LLM model's gauges, which have
 TensorRT-LLM's backend names on both targets: model_repo/python/engine_metrics.py):
@@ -14,10 +14,12 @@ TensorRT-LLM's backend names on both targets: model_repo/python/engine_metrics.p
     trtllm_pipeline:request_latency_ms:mean_rate5m     mean request time (a streamed request: until its last response)
     trtllm_pipeline:request_failure:ratio_rate5m       failed / (successful + failed) requests
     trtllm_pipeline:kv_cache_utilization:max           largest used/max KV-block fraction of any replica
-    trtllm_pipeline:time_to_first_response_ms:p50_rate5m / :p90_rate5m
-        TTFT from Triton's first-response histogram; only servers started with
-        `--metrics-config=histogram_latencies=true` that have it export it (the bundled tritonserver 2.51 has
-        no such family: its libtritonserver knows only summary_latencies), otherwise no series
+    trtllm_pipeline:time_to_first_token_ms:p50_rate5m / :p90_rate5m
+    trtllm_pipeline:inter_token_latency_ms:p50_rate5m / :p90_rate5m
+        TTFT and inter-token latency from the OpenAI front end's histograms (clients/openai_server/metrics.py),
+        as its clients see them, on both targets. Not from Triton: the bundled tritonserver 2.51 has no
+        first-response histogram (its libtritonserver knows only summary_latencies), and Triton's counters see
+        a decoupled request only whole. Requests sent to Triton directly are not in these.
     trtllm_pipeline:request_ms_per_generated_token:mean_rate5m
         an upper bound of the inter-token latency: the LLM's request time over its generated tokens (it includes
         prefill); cpu target only, whose model counts tokens (trtllm_pipeline_tokens_total)
@@ -34,6 +36,7 @@ RULES_FILE = "prometheus/rules.yml"
 RULES_TEST_FILE = "prometheus/rules.test.yml"
 RULES_MOUNT = "/etc/prometheus/rules.yml"
 TRITON_JOB = "triton"
+OPENAI_JOB = "openai"
 BUILD_LABEL = "build"
 NOT_READY_FOR = "2m"
 
@@ -42,7 +45,12 @@ QUEUE_MS = "trtllm_pipeline:queue_time_ms:mean_rate5m"
 LATENCY_MS = "trtllm_pipeline:request_latency_ms:mean_rate5m"
 FAILURE_RATIO = "trtllm_pipeline:request_failure:ratio_rate5m"
 KV_UTILIZATION = "trtllm_pipeline:kv_cache_utilization:max"
-TTFT_MS = "trtllm_pipeline:time_to_first_response_ms"
+TTFT_MS = "trtllm_pipeline:time_to_first_token_ms"
+ITL_MS = "trtllm_pipeline:inter_token_latency_ms"
+# The front end's histograms (seconds); the names are clients.openai_server.metrics' (not imported: deploy stays light).
+TTFT_HISTOGRAM = "trtllm_pipeline_openai_time_to_first_token_seconds"
+ITL_HISTOGRAM = "trtllm_pipeline_openai_inter_token_latency_seconds"
+QUANTILES = (("p50", 0.5), ("p90", 0.9))
 MS_PER_TOKEN = "trtllm_pipeline:request_ms_per_generated_token:mean_rate5m"
 
 _BY = f"sum by ({BUILD_LABEL}, model)"
@@ -64,7 +72,6 @@ def queue_to_compute_ratio(selector: str = _LLM, window: str = "1m", by: str = _
 def recording_rules() -> list[dict[str, Any]]:
     success = _rate("nv_inference_request_success", "5m")
     failure = _rate("nv_inference_request_failure", "5m")
-    histogram = f"sum by ({BUILD_LABEL}, model, le) (rate(nv_inference_first_response_histogram_ms_bucket[5m]))"
     tokens = f'sum by ({BUILD_LABEL}) (rate(trtllm_pipeline_tokens_total{{token_type="generated"}}[5m]))'
     llm_time = _rate("nv_inference_request_duration_us", "5m", _LLM, f"sum by ({BUILD_LABEL})")
     return [
@@ -76,10 +83,15 @@ def recording_rules() -> list[dict[str, Any]]:
             "record": KV_UTILIZATION,
             "expr": f'max by ({BUILD_LABEL}, instance) (nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="fraction"}})',
         },
-        {"record": f"{TTFT_MS}:p50_rate5m", "expr": f"histogram_quantile(0.5, {histogram})"},
-        {"record": f"{TTFT_MS}:p90_rate5m", "expr": f"histogram_quantile(0.9, {histogram})"},
+        *_quantile_rules(TTFT_MS, TTFT_HISTOGRAM),
+        *_quantile_rules(ITL_MS, ITL_HISTOGRAM),
         {"record": MS_PER_TOKEN, "expr": f"{llm_time} / clamp_min({tokens}, 1e-9) / 1000"},
     ]
+
+
+def _quantile_rules(record: str, histogram: str) -> list[dict[str, Any]]:
+    buckets = f"sum by ({BUILD_LABEL}, le) (rate({histogram}_bucket[5m]))"
+    return [{"record": f"{record}:{name}_rate5m", "expr": f"1000 * histogram_quantile({q:g}, {buckets})"} for name, q in QUANTILES]
 
 
 def alerting_rules(spec: Spec) -> list[dict[str, Any]]:

@@ -267,6 +267,22 @@ def test_an_unreachable_triton_is_503(artifacts):
             assert http.get(url.removesuffix("/v1") + "/health").status_code == 503 and http.get("/models").status_code == 200
 
 
+
+def _front_end_counts(base_url: str) -> dict[str, float]:
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return {name: float(value) for name, value in re.findall(r"^(trtllm_pipeline_openai_\w+_count) (\S+)$", text, re.M)}
+
+
+def test_the_front_ends_metrics_count_each_choices_first_token_and_gaps(base_url, oai):
+    """/metrics against the real server: one non-streamed request of k tokens adds one first token and k - 1 gaps."""
+    before = _front_end_counts(base_url)
+    completion = oai.completions.create(model=MODEL, prompt="def main(", max_tokens=8, temperature=0)
+    tokens = completion.usage.completion_tokens
+    after = _front_end_counts(base_url)
+    ttft, itl = "trtllm_pipeline_openai_time_to_first_token_seconds_count", "trtllm_pipeline_openai_inter_token_latency_seconds_count"
+    assert tokens > 1 and after[ttft] - before[ttft] == 1 and after[itl] - before[itl] == tokens - 1, (before, after, tokens)
+
+
 # -- cancellation -------------------------------------------------------------------------------------
 def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
     assert wait_for(lambda: kv_blocks_used(triton) == 0, 20.0), "the KV cache is not idle to begin with"

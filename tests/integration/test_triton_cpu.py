@@ -1047,7 +1047,7 @@ def test_a_real_prometheus_evaluates_the_rendered_rules_on_this_server(server, t
         assert float(recorded(rules.MS_PER_TOKEN)[0]["value"][1]) > 0
         assert 0 <= float(recorded(rules.KV_UTILIZATION)[0]["value"][1]) <= 1
         evaluated = [rule for group in _prometheus_query(url, "/rules")["groups"] for rule in group["rules"]]
-        assert len(evaluated) == 12 and all(rule["health"] == "ok" for rule in evaluated), [r.get("lastError") for r in evaluated]
+        assert len(evaluated) == 14 and all(rule["health"] == "ok" for rule in evaluated), [r.get("lastError") for r in evaluated]
         assert not [rule["name"] for rule in evaluated if rule["type"] == "alerting" and rule["state"] == "firing"]
     finally:
         process.terminate()

@@ -370,13 +370,19 @@ def test_multi_instance_multi_gpu_is_refused():
 
 # -- monitoring ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", CONFIGS)
-def test_prometheus_scrapes_the_triton_metrics_port(name):
+def test_prometheus_scrapes_the_triton_metrics_port_and_the_openai_front_end(name):
     spec = load_spec(name)
     config = monitoring.prometheus_config(spec, spec.build.target.value)
-    [job] = config["scrape_configs"]
-    assert job["static_configs"][0]["targets"] == ["triton:8002"]
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
+    assert targets == {"triton": ["triton:8002"], "openai": ["openai:9000"]}
     assert flag_values(triton(name)["command"], "--metrics-port")[0] == "8002"
-    assert "triton" in render(name)["services"]
+    services = render(name)["services"]
+    assert "triton" in services and "--port" in services["openai"]["command"]
+    assert services["openai"]["command"][services["openai"]["command"].index("--port") + 1] == "9000"
+
+
+def test_prometheus_has_no_openai_job_where_trtllm_serve_is_the_openai_endpoint():
+    assert [job["job_name"] for job in monitoring.prometheus_config(load_spec("tiny-cpu"), "llmapi")["scrape_configs"]] == ["triton"]
 
 
 def test_grafana_is_provisioned_with_the_dashboard():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clients.openai_server import metrics as front_end_metrics
 from pipeline.config.spec import Spec
 from pipeline.deploy import monitoring
 from refengine import EngineStats, KVCacheUsage
@@ -74,6 +75,9 @@ def dashboard_selectors() -> list[tuple[str, str, dict[str, str]]]:
     ]
 
 
+FRONT_END_BUCKETS = {f"{front_end_metrics.TTFT}_bucket", f"{front_end_metrics.ITL}_bucket"}
+
+
 def test_every_dashboard_query_names_a_published_series():
     families = {family.name: family for family in engine_metrics.FAMILIES}
     selectors = dashboard_selectors()
@@ -81,6 +85,9 @@ def test_every_dashboard_query_names_a_published_series():
     for title, name, labels in selectors:
         if name in TRITON_FAMILIES:
             assert set(labels) <= TRITON_LABELS, (title, name, labels)
+            continue
+        if name in FRONT_END_BUCKETS:  # the OpenAI front end's histograms (clients/openai_server/metrics.py)
+            assert not labels, (title, name, labels)
             continue
         assert name in families, f"panel {title!r} reads {name}, which neither Triton nor the cpu model publishes"
         family = families[name]
@@ -103,6 +110,8 @@ def test_the_dashboard_shows_engine_metrics_next_to_tritons():
         "Prefix hits and preemptions"
     ]
     assert ("nv_trt_llm_general_metrics", ("iteration_counter",)) in read["Engine iterations / s"]
+    assert (f"{front_end_metrics.TTFT}_bucket", ()) in read["Time to first token (OpenAI front end)"]
+    assert (f"{front_end_metrics.ITL}_bucket", ()) in read["Inter-token latency (OpenAI front end)"]
 
 
 def test_families_are_named_like_the_backend_or_as_counters():

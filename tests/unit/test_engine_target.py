@@ -87,7 +87,7 @@ def test_max_num_tokens_below_tokens_per_block() -> None:
 
 
 def test_docker_runner_without_a_docker_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    # no engine at this socket, also on a machine whose dockerd runs (with docker absent, the other refusal names it too)
+    # no engine here even where dockerd runs (the compose e2e starts one): `docker info` honours DOCKER_HOST
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     err = _refused(tmp_path, capsys, "mistral-7b-int8-sq", "--runner", "docker", "--set", "quantize.device=cpu")
     assert "build.runner docker:" in err

@@ -301,8 +301,14 @@ def test_prometheus_rule_carries_the_rules_every_kind_renders():
 
     [rule] = of_kind("tiny-cpu", "PrometheusRule")
     assert rule["spec"]["groups"] == rules.rule_groups(spec_of("tiny-cpu"))
-    [monitor] = of_kind("tiny-cpu", "PodMonitor")
-    assert monitor["spec"]["jobLabel"] == names.COMPONENT_LABEL and monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["targetLabel"] == "build"
+    monitors = {monitor["metadata"]["labels"][names.COMPONENT_LABEL]: monitor for monitor in of_kind("tiny-cpu", "PodMonitor")}
+    assert set(monitors) == {names.TRITON, names.OPENAI}  # the job labels the rules select: triton, openai (TTFT / ITL)
+    for component, port in ((names.TRITON, "metrics"), (names.OPENAI, "http")):
+        spec = monitors[component]["spec"]
+        assert spec["jobLabel"] == names.COMPONENT_LABEL and spec["podMetricsEndpoints"][0]["relabelings"][0]["targetLabel"] == "build"
+        assert spec["selector"]["matchLabels"][names.COMPONENT_LABEL] == component and spec["podMetricsEndpoints"][0]["port"] == port
+    [openai] = [d for d in of_kind("tiny-cpu", "Deployment") if d["metadata"]["labels"][names.COMPONENT_LABEL] == names.OPENAI]
+    assert {"name": "http", "containerPort": 9000, "protocol": "TCP"} in openai["spec"]["template"]["spec"]["containers"][0]["ports"]
 
 
 def test_kustomize_lists_what_is_rendered():

@@ -22,8 +22,8 @@ PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
 
 # Triton 2.51's families on a CPU-only server (triton-on-cpu.md §11), the LLM model's (engine_metrics.py, with the
-# TensorRT-LLM backend's names), and Triton's first-response histogram (not in 2.51: the TTFT rules yield no series there).
-EXPORTED = {
+# TensorRT-LLM backend's names), and the OpenAI front end's histograms (read from its own exposition below).
+TRITON_EXPORTED = {
     "up",
     "nv_inference_request_success",
     "nv_inference_request_failure",
@@ -32,8 +32,16 @@ EXPORTED = {
     "nv_inference_compute_infer_duration_us",
     "nv_trt_llm_kv_cache_block_metrics",
     "trtllm_pipeline_tokens_total",
-    "nv_inference_first_response_histogram_ms_bucket",
 }
+
+
+def front_end_exported() -> set[str]:
+    from clients.openai_server.metrics import FrontEndMetrics
+
+    return {line.split("{")[0].split(" ")[0] for line in FrontEndMetrics().exposition().splitlines() if not line.startswith("#")}
+
+
+EXPORTED = TRITON_EXPORTED | front_end_exported()
 
 
 def with_bounds(spec: Spec, **bounds: object) -> Spec:
@@ -65,6 +73,13 @@ def test_rules_read_only_families_the_servers_export():
             read |= names - recorded
     assert read <= EXPORTED, read - EXPORTED
     assert "nv_inference_queue_duration_us" in read and "nv_inference_compute_infer_duration_us" in read
+    assert {f"{rules.TTFT_HISTOGRAM}_bucket", f"{rules.ITL_HISTOGRAM}_bucket"} <= read  # TTFT / ITL: the front end's
+
+
+def test_the_ttft_and_itl_rules_name_the_front_ends_histograms():
+    from clients.openai_server import metrics
+
+    assert (rules.TTFT_HISTOGRAM, rules.ITL_HISTOGRAM) == (metrics.TTFT, metrics.ITL)
 
 
 def test_alert_bounds_come_from_the_spec():
@@ -94,7 +109,7 @@ def test_promtool_checks_and_tests_the_rendered_rules(tmp_path, bounds):
     for args in (("check", "config", "prometheus.yml"), ("check", "rules", "rules.yml"), ("test", "rules", "rules.test.yml")):
         result = promtool(*args, cwd=directory)
         assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
-    assert "SUCCESS: 12 rules found" in promtool("check", "rules", "rules.yml", cwd=directory).stdout
+    assert "SUCCESS: 14 rules found" in promtool("check", "rules", "rules.yml", cwd=directory).stdout
 
 
 @needs_promtool

@@ -1,6 +1,6 @@
 """Which manifests the kubernetes kind writes where, and the kustomizations tying them together: a base (namespace,
 claim, scripts, workloads, Services, disruption budgets, the admin-key Secret from secret.env) and overlays adding
-what needs operators: `monitoring` (prometheus-operator's PodMonitor and PrometheusRule) and, with
+what needs operators: `monitoring` (prometheus-operator's PodMonitors of Triton and the OpenAI front end, and the PrometheusRule) and, with
 deploy.kubernetes.autoscaling, `autoscaling` (the HorizontalPodAutoscaler and the prometheus-adapter rule)."""
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def manifests(spec: Spec, options_text: str | None = None) -> Manifests:
     found[f"{base}/disruption.yaml"] = resources.disruption_budgets(spec)
     if llmapi_forms.runs_trtllm_serve(spec):  # no Prometheus endpoint to monitor (pipeline.deploy.kubernetes.llmapi_forms)
         return found
-    found[f"{names.MONITORING_OVERLAY}/monitoring.yaml"] = [resources.pod_monitor(spec), resources.prometheus_rule(spec)]
+    monitors = [resources.pod_monitor(spec)]
+    if names.OPENAI in llmapi_forms.front_components(spec):
+        monitors.append(resources.openai_pod_monitor(spec))
+    found[f"{names.MONITORING_OVERLAY}/monitoring.yaml"] = [*monitors, resources.prometheus_rule(spec)]
     if spec.deploy.kubernetes_settings.autoscaling is not None:
         found[f"{names.AUTOSCALING_OVERLAY}/autoscaling.yaml"] = [resources.autoscaler(spec), resources.adapter_config_map(spec)]
     return found

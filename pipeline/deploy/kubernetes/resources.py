@@ -143,17 +143,26 @@ def disruption_budgets(spec: Spec) -> list[dict[str, Any]]:
 def pod_monitor(spec: Spec) -> dict[str, Any]:
     """Scrapes rank 0 of every replica; `job` is the pod's component label (triton) and `build` its instance label,
     the labels the rules select on."""
+    return _pod_monitor(spec, names.TRITON, _triton_selector(spec), "metrics")
+
+
+def openai_pod_monitor(spec: Spec) -> dict[str, Any]:
+    """Scrapes the OpenAI front end's /metrics (TTFT and inter-token histograms): job `openai`, the rules' source of TTFT / ITL."""
+    return _pod_monitor(spec, names.OPENAI, names.selector(spec, names.OPENAI), "http")
+
+
+def _pod_monitor(spec: Spec, component: str, selector: dict[str, str], port: str) -> dict[str, Any]:
     label = "__meta_kubernetes_pod_label_" + names.INSTANCE_LABEL.replace(".", "_").replace("/", "_").replace("-", "_")
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _meta(spec, names.object_name(spec, names.TRITON)),
+        "metadata": _meta(spec, names.object_name(spec, component), component),
         "spec": {
             "jobLabel": names.COMPONENT_LABEL,
-            "selector": {"matchLabels": _triton_selector(spec)},
+            "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [
                 {
-                    "port": "metrics",
+                    "port": port,
                     "path": "/metrics",
                     "interval": SCRAPE_INTERVAL,
                     "relabelings": [{"sourceLabels": [label], "targetLabel": rules.BUILD_LABEL, "action": "replace"}],
