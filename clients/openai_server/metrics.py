@@ -9,19 +9,18 @@ as it arrives, so it measures what a client measures (tokenization and the gRPC 
                                                            k tokens after a gap g observes g/k, k times)
     trtllm_pipeline_openai_requests_total{endpoint, status} counter: answered requests (status: HTTP status code)
 
-Written by hand (no prometheus_client dependency): a histogram is cumulative buckets, `_sum` and `_count`.
+Kept in a registry of their own (prometheus_client), one per application, without the `_created` series.
 The recording rules (pipeline/deploy/rules.py) take their TTFT / ITL quantiles from these histograms.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import math
-import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "trtllm_pipeline_openai"
@@ -32,59 +31,30 @@ REQUESTS = f"{PREFIX}_requests_total"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-
-def _number(value: float) -> str:
-    return "+Inf" if math.isinf(value) else repr(float(value))
-
-
-class Histogram:
-    def __init__(self, name: str, description: str, buckets: Sequence[float]) -> None:
-        if list(buckets) != sorted(set(buckets)) or not buckets:
-            raise ValueError(f"{name}: buckets must be increasing and distinct, got {buckets}")
-        self.name, self.description, self.buckets = name, description, tuple(buckets)
-        self._counts = [0] * (len(self.buckets) + 1)  # the last: above every bound
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, value: float, count: int = 1) -> None:
-        with self._lock:
-            self._counts[bisect.bisect_left(self.buckets, value)] += count
-            self._sum += value * count
-
-    @property
-    def count(self) -> int:
-        return sum(self._counts)
-
-    def exposition(self) -> list[str]:
-        with self._lock:
-            counts, total = list(self._counts), self._sum
-        lines = [f"# HELP {self.name} {self.description}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
-        for bound, count in zip((*self.buckets, math.inf), counts):
-            cumulative += count
-            lines.append(f'{self.name}_bucket{{le="{_number(bound)}"}} {cumulative}')
-        lines += [f"{self.name}_sum {_number(total)}", f"{self.name}_count {cumulative}"]
-        return lines
+disable_created_metrics()  # the `_created` gauges say when the process started, which `up` already tells
 
 
 class FrontEndMetrics:
     def __init__(self) -> None:
-        self.ttft = Histogram(TTFT, "Time from receiving a request to the first token of each of its choices.", TTFT_BUCKETS)
-        self.itl = Histogram(ITL, "Time between consecutive tokens of a choice.", ITL_BUCKETS)
-        self._requests: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.ttft = Histogram(
+            TTFT, "Time from receiving a request to the first token of each of its choices.", buckets=TTFT_BUCKETS, registry=self.registry
+        )
+        self.itl = Histogram(ITL, "Time between consecutive tokens of a choice.", buckets=ITL_BUCKETS, registry=self.registry)
+        self._requests = Counter(
+            REQUESTS.removesuffix("_total"), "Requests answered, by endpoint and HTTP status.", ("endpoint", "status"), registry=self.registry
+        )
 
     def count_request(self, endpoint: str, status: int) -> None:
-        with self._lock:
-            self._requests[(endpoint, status)] = self._requests.get((endpoint, status), 0) + 1
+        self._requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def observe_gap(self, seconds: float, tokens: int) -> None:
+        """`tokens` tokens arrived `seconds` after the choice's previous one: each observes its share."""
+        for _ in range(tokens):
+            self.itl.observe(seconds / tokens)
 
     def exposition(self) -> str:
-        lines = [*self.ttft.exposition(), *self.itl.exposition()]
-        lines += [f"# HELP {REQUESTS} Requests answered, by endpoint and HTTP status.", f"# TYPE {REQUESTS} counter"]
-        with self._lock:
-            requests = sorted(self._requests.items())
-        lines += [f'{REQUESTS}{{endpoint="{endpoint}",status="{status}"}} {count}' for (endpoint, status), count in requests]
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode("utf-8")
 
 
 class _Event(Protocol):
@@ -105,6 +75,6 @@ async def timed(events: AsyncGenerator[_Event, None], metrics: FrontEndMetrics, 
                 if seen is None:  # tokens of a first response beyond its first one have no gap to observe
                     metrics.ttft.observe(now - started)
                 else:
-                    metrics.itl.observe((now - seen[0]) / new_tokens, new_tokens)
+                    metrics.observe_gap(now - seen[0], new_tokens)
                 last[event.index] = (now, event.completion_tokens)
             yield event

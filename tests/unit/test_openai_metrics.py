@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from clients.openai_server import ServedModel, ServerSettings, create_app
-from clients.openai_server.metrics import ITL, REQUESTS, TTFT, Histogram
+from clients.openai_server.metrics import ITL, REQUESTS, TTFT, FrontEndMetrics
 from clients.openai_server.tokenizer import PromptTokenizer
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "models" / "tiny-stdlib-llama"
@@ -99,14 +99,11 @@ def test_requests_are_counted_by_endpoint_and_status(metrics_text):
     assert f'{REQUESTS}{{endpoint="/v1/completions",status="404"}} 1' in metrics_text
 
 
-def test_histogram_buckets_are_cumulative_and_end_at_inf():
-    histogram = Histogram("h", "test", (0.1, 1.0))
-    for value in (0.05, 0.1, 0.5, 7.0):
-        histogram.observe(value)
-    histogram.observe(0.5, count=2)
-    lines = histogram.exposition()
-    assert lines[:2] == ["# HELP h test", "# TYPE h histogram"]
-    assert lines[2:5] == ['h_bucket{le="0.1"} 2', 'h_bucket{le="1.0"} 5', 'h_bucket{le="+Inf"} 6'] and lines[-1] == "h_count 6"
-    assert math.isclose(float(lines[-2].split()[1]), 8.65)
-    with pytest.raises(ValueError, match="increasing"):
-        Histogram("h", "test", (1.0, 0.5))
+def test_a_gap_over_several_tokens_is_observed_once_per_token_and_nothing_else_is_exported():
+    metrics = FrontEndMetrics()
+    metrics.observe_gap(0.09, 3)  # three tokens in one response, 90 ms after the previous one: 30 ms each
+    itl = samples(metrics.exposition(), ITL)
+    assert itl["count"] == 3 and itl["0.025"] == 0 and itl["0.05"] == 3 and math.isclose(itl["sum"], 0.09)
+    text = metrics.exposition()
+    assert {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")} == {TTFT, ITL, REQUESTS}
+    assert "_created" not in text  # nor the process / platform collectors of the default registry
