@@ -900,11 +900,12 @@ def test_serve_foreground_prints_the_urls_and_stops_on_ctrl_c(artifacts, tmp_pat
 
 
 def test_a_repository_without_streaming_answers_unary_requests(artifacts, reference, tmp_path):
-    """serve.decoupled false: unary gRPC ModelInfer and HTTP /infer work; a stream request is refused."""
+    """serve.decoupled false: unary gRPC ModelInfer and HTTP /infer work; a stream request is refused. The same
+    server has serve.guided_decoding none: a guide is refused by name before any token."""
     repository = tmp_path / "model_repository"
     render_model_repository(
-        engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(streaming=False, decoupled=False),
-        target="cpu", out_dir=repository,
+        engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"],
+        serve=ServeSpec(streaming=False, decoupled=False, guided_decoding="none"), target="cpu", out_dir=repository,
     )
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5)
@@ -915,6 +916,12 @@ def test_a_repository_without_streaming_answers_unary_requests(artifacts, refere
             for model in ("ensemble", "tensorrt_llm_bls"):
                 result = client.infer(model, client_inputs(prompt, MAX_TOKENS, stream=False))
                 assert result.as_numpy("text_output").reshape(-1)[0].decode() == reference(prompt)
+                guided = client_inputs(
+                    prompt, MAX_TOKENS, stream=False,
+                    guided_decoding_guide_type=(np.array([[b"json"]], dtype=np.object_), "BYTES"),
+                )
+                with pytest.raises(InferenceServerException, match=r"guided_decoding_guide_type: guided decoding is off on this server"):
+                    client.infer(model, guided)
         http = httpclient.InferenceServerClient(options.http_url.removeprefix("http://"))
         try:
             def http_inputs(stream: bool):
