@@ -84,9 +84,14 @@ def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], b
 
 def check_draft_fits(
     target_dir: Path, target_vocab_size: int, target_max_seq_len: int, draft_dir: Path, draft_vocab_size: int,
-    draft_build_config: Mapping[str, Any], max_draft_len: int,
+    draft_build_config: Mapping[str, Any],
 ) -> None:
-    """The draft must speak the target's vocabulary and hold every position the target drafts at."""
+    """The draft must speak the target's vocabulary and hold every position the target drafts at.
+
+    Drafts never reach past a request's prompt + max_tokens (the planner cuts k to the tokens left),
+    which admission keeps within the target's max_seq_len: the draft needs that max_seq_len, no more
+    (a cpu build records the target's as trtllm-build does, max_draft_len included, and builds its
+    draft with the same)."""
     field = f"{SPECULATIVE_KEY}.draft_engine_dir"
     if draft_vocab_size != target_vocab_size:
         raise EngineConfigError(field, f"draft vocab_size {draft_vocab_size} differs from the target's {target_vocab_size}")
@@ -94,12 +99,11 @@ def check_draft_fits(
         target_file, draft_file = target_dir / name, draft_dir / name
         if target_file.is_file() and draft_file.is_file() and _digest(target_file) != _digest(draft_file):
             raise EngineConfigError(field, f"the draft's {name} differs from the target's: the draft must share the target's tokenizer")
-    needed = target_max_seq_len + max_draft_len
     draft_len = draft_build_config.get("max_seq_len")
-    if not isinstance(draft_len, int) or draft_len < needed:
+    if not isinstance(draft_len, int) or draft_len < target_max_seq_len:
         raise EngineConfigError(
             f"{field} build_config.max_seq_len",
-            f"{draft_len!r} cannot hold the target's max_seq_len {target_max_seq_len} + max_draft_len {max_draft_len} = {needed}",
+            f"{draft_len!r} cannot hold the target's max_seq_len {target_max_seq_len} (the longest sequence the draft extends)",
         )
 
 
