@@ -8,7 +8,8 @@
                               "draft_engine_dir": "draft", "max_matching_ngram_size": N}
 
 `draft_engine_dir` (draft_model only) is relative to the engine directory and is a CPU engine
-directory itself; `max_matching_ngram_size` (ngram only, default 3) is the longest suffix n-gram
+directory itself; optional `draft_vocab_size` (draft_model only) N drafts only the first N token ids
+(a cheaper draft lm_head: draft_model.py); `max_matching_ngram_size` (ngram only, default 3) is the longest suffix n-gram
 looked up in the prompt + output. Every inconsistency is an `EngineConfigError` naming the field.
 """
 
@@ -37,6 +38,7 @@ class SpeculativeSettings:
     max_draft_len: int
     draft_engine_dir: Path | None = None  # absolute (draft_model)
     max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE
+    draft_vocab_size: int | None = None  # draft_model: draft only the first N token ids (None: all)
 
 
 def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], build_config: Mapping[str, Any]) -> SpeculativeSettings | None:
@@ -79,7 +81,10 @@ def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], b
     draft_dir = (engine_dir / draft).resolve()
     if not (draft_dir / "config.json").is_file():
         raise EngineConfigError(f"{SPECULATIVE_KEY}.draft_engine_dir", f"{draft_dir} is not a CPU engine directory (no config.json)")
-    return SpeculativeSettings(kind, k, draft_dir)
+    vocab = section.get("draft_vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0):
+        raise EngineConfigError(f"{SPECULATIVE_KEY}.draft_vocab_size", f"must be a positive integer (the first N token ids), got {vocab!r}")
+    return SpeculativeSettings(kind, k, draft_dir, draft_vocab_size=vocab)
 
 
 def check_draft_fits(
@@ -113,7 +118,7 @@ def _digest(path: Path) -> str:
 
 def write_speculative_section(
     engine_dir: Path, kind: str, max_draft_len: int, draft_engine_dir: str | None = None,
-    max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE,
+    max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE, draft_vocab_size: int | None = None,
 ) -> None:
     """Mark a CPU engine directory as built for speculation (tests, benchmarks): the contract's
     `refengine_speculative` key plus TensorRT-LLM's build_config fields, as the cpu build writes them."""
@@ -126,6 +131,8 @@ def write_speculative_section(
     section: dict[str, Any] = {"kind": kind, "max_draft_len": max_draft_len}
     if kind == "draft_model":
         section["draft_engine_dir"] = draft_engine_dir
+        if draft_vocab_size is not None:
+            section["draft_vocab_size"] = draft_vocab_size
     else:
         section["max_matching_ngram_size"] = max_matching_ngram_size
     config[SPECULATIVE_KEY] = section

@@ -34,11 +34,18 @@ class SpeculativeBenchOptions:
         return max(self.min_requests, batch_size * self.rounds) if batch_size < 32 else batch_size
 
 
-def run_system(engine_dir: Path, prompts: Sequence[Sequence[int]], batch_size: int, max_tokens: int) -> dict[str, Any]:
+# A variant: an engine directory, or (engine directory, num_draft_tokens every request sends: a fixed draft length
+# instead of the engine's adaptive one).
+Variant = Path | tuple[Path, int]
+
+
+def run_system(
+    engine_dir: Path, prompts: Sequence[Sequence[int]], batch_size: int, max_tokens: int, num_draft_tokens: int | None = None
+) -> dict[str, Any]:
     from refengine import LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_dir(engine_dir, max_batch_size=batch_size, enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=num_draft_tokens)
     started = time.perf_counter()
     outputs = engine.generate(prompts, params)
     seconds = time.perf_counter() - started
@@ -57,12 +64,13 @@ def run_system(engine_dir: Path, prompts: Sequence[Sequence[int]], batch_size: i
 
 
 def run_speculative_bench(
-    variants: dict[str, Path],
+    variants: dict[str, Variant],
     prompts: Sequence[Sequence[int]],
     options: SpeculativeBenchOptions,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """`variants`: "plain" plus "draft_model" and/or "ngram" engine directories."""
+    """`variants`: "plain" plus speculative engine directories ("draft_model", "ngram", ...), each optionally with a
+    fixed per-request num_draft_tokens."""
     import torch
 
     previous_threads = torch.get_num_threads()
@@ -84,9 +92,10 @@ def run_speculative_bench(
 def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, progress) -> dict[str, Any]:
     workload = [prompts[i % len(prompts)] for i in range(options.requests_at(batch_size))]
     row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
-    for name, engine_dir in variants.items():
+    for name, variant in variants.items():
         progress(f"batch {batch_size}: {name} ({len(workload)} requests)")
-        row[name] = run_system(engine_dir, workload, batch_size, options.max_tokens)
+        engine_dir, num_draft_tokens = variant if isinstance(variant, tuple) else (variant, None)
+        row[name] = run_system(engine_dir, workload, batch_size, options.max_tokens, num_draft_tokens)
     plain = row["plain"]
     for name in variants:
         if name == "plain":
