@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import sys
 import uuid
 from pathlib import Path
 
@@ -23,11 +22,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.serving import REPO, serving_repository
+from tests.integration.serving import REPO, greedy_reference, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-MODEL_CODE = REPO / "model_repo" / "python"
 PROMPTS = ["def foo(x):\n    return", "import os\n", "for i in range("]
 MAX_TOKENS = 20
 DRAFT_LAYERS = 2
@@ -83,26 +81,10 @@ def server(tiny_cpu, tmp_path_factory):
 @pytest.fixture(scope="module")
 def plain_greedy(tiny_cpu):
     """The non-speculative build's greedy text (refengine in this process, the shared tiny-cpu engine)."""
-    import torch
-
-    sys.path.insert(0, str(MODEL_CODE))
-    try:
-        from hf_tokenizer import HFTokenizer
-        from incremental_detokenizer import CONTEXT_TOKENS, text_delta
-    finally:
-        sys.path.remove(str(MODEL_CODE))
-    from refengine import LLMEngine, SamplingParams
-
-    torch.set_num_threads(1)  # leave the cores to the server
-    tokenizer = HFTokenizer(tiny_cpu["tokenizer"])
-    engine = LLMEngine.from_engine_dir(tiny_cpu["engine"])
-    prompt_ids = [tokenizer.encode(prompt) for prompt in PROMPTS]
-    outputs = engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, end_id=tokenizer.eos_id))
-    assert engine.stats().num_draft_tokens == 0
-    return {
-        prompt: text_delta(tokenizer.decode, ids[-CONTEXT_TOKENS:], list(output.outputs[0].token_ids))
-        for prompt, ids, output in zip(PROMPTS, prompt_ids, outputs)
-    }
+    greedy_text = greedy_reference(tiny_cpu["engine"], tiny_cpu["tokenizer"], MAX_TOKENS)
+    texts = {prompt: greedy_text(prompt) for prompt in PROMPTS}
+    assert greedy_text.engine.stats().num_draft_tokens == 0
+    return texts
 
 
 def _infer(server, model: str, prompt: str, **extra) -> dict:
