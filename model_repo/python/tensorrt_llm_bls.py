@@ -21,7 +21,9 @@ Draft-target speculative decoding (a request with num_draft_tokens > 0, in a rep
 draft_tokens_external and that serves the draft as `tensorrt_llm_draft_model_name`) runs the draft loop of
 speculative_loop.py, as NVIDIA's BLS does: one prompt, not streamed, no context logits, one beam; draft tokens are
 accepted by comparing them with the target's (NVIDIA's use_draft_logits false). num_draft_tokens above the engine's
-max_draft_len, or on an engine built without speculation, is refused by name.
+max_draft_len, or on an engine built without speculation, is refused by name. A speculative engine with no draft model
+beside it (the cpu engine: its draft model or n-gram drafter is inside refengine) gets the request's num_draft_tokens
+passed on as its own input (0 turns speculation off for the request), streamed or not.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class TritonPythonModel:
         self._skip_special_tokens = parameters.boolean("skip_special_tokens", True)
         self._draft = parameters.string("tensorrt_llm_draft_model_name", "") or None
         self._max_draft_len = parameters.integer("max_draft_len", 0)
+        # a speculative engine without a draft model beside it drafts by itself (the cpu engine): it reads num_draft_tokens
+        self._drafts_inside = self._max_draft_len > 0 and self._draft is None
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", True)
         self._finished_calls = DeferredRelease()  # see deferred_release.py
         self._watcher = CancellationWatcher(
@@ -144,7 +148,10 @@ class TritonPythonModel:
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
         requested = requested_outputs(request)
         num_draft_tokens = self._num_draft_tokens(request, client, streaming)
-        if num_draft_tokens:
+        if self._drafts_inside and optional_input(request, "num_draft_tokens") is not None:
+            # the cpu engine drafts inside: the request's draft length (0: off) goes to it as it came
+            llm_inputs["num_draft_tokens"] = np.array([[num_draft_tokens]], dtype=np.int32)
+        elif num_draft_tokens:
             self._speculate(llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested)
             return
         outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
@@ -156,15 +163,17 @@ class TritonPythonModel:
         """num_draft_tokens of a draft-target request (0: decode without a draft), checked as NVIDIA's BLS checks it."""
         given = optional_input(request, "num_draft_tokens")
         wanted = int(given.reshape(-1)[0]) if given is not None and given.size else 0
-        if wanted <= 0:
+        if wanted < 0:
+            raise BadRequest(f"num_draft_tokens: must be 0 (no drafts) or more, got {wanted}")
+        if wanted == 0:
             return 0
         if self._max_draft_len <= 0:
             raise BadRequest("num_draft_tokens: the engine was built without draft-target speculative decoding "
                              "(build.speculative.mode draft_tokens_external, max_draft_len 0); send no num_draft_tokens")
         if wanted > self._max_draft_len:
             raise BadRequest(f"num_draft_tokens: {wanted} exceeds the engine's max_draft_len ({self._max_draft_len})")
-        if self._draft is None:
-            return 0  # the engine drafts inside (the cpu engine carries its draft model)
+        if self._drafts_inside:
+            return wanted  # the engine drafts inside (the cpu engine carries its draft model or drafts n-grams)
         use_logits = optional_input(request, "use_draft_logits")
         refusals = (
             (streaming, "stream: streaming is not supported with speculative decoding (num_draft_tokens)"),

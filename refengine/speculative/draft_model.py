@@ -13,6 +13,10 @@ own temperature / top-k / top-p distribution q, returned with the tokens for rej
 Guided requests draft under their grammar (a fork of it, advanced token by token, as NVIDIA's
 draft loop advances the matcher): each row is masked before the choice, so q is the masked
 distribution; drafting stops after a stop token.
+
+A dense Llama-family draft runs on the lean path (`lean_draft.py`: one contiguous KV slot per
+sequence instead of the paged cache, fewer operations per forward); `vocab_size` N keeps the draft
+to the first N token ids (both paths), a cheaper lm_head at some acceptance.
 """
 
 from __future__ import annotations
@@ -24,54 +28,65 @@ import torch
 from refengine.kv_cache import KVCacheManager
 from refengine.model_runner import DecoderModel, build_attention_metadata
 from refengine.model_runner.sampler import draw, draw_seed, sampling_probs
+from refengine.speculative.lean_draft import lean_draft_of
 from refengine.speculative.planner import Draft, DraftRequest
 
 
 class DraftModelDrafter:
-    def __init__(self, model: DecoderModel, num_blocks: int, tokens_per_block: int) -> None:
+    def __init__(
+        self, model: DecoderModel, num_blocks: int, tokens_per_block: int, *, vocab_size: int | None = None,
+        lean_slots: tuple[int, int] | None = None,
+    ) -> None:
+        """`lean_slots` (num_slots, max_seq_len): run a dense Llama draft on the lean path with that many
+        contiguous KV slots (None: the paged cache of `num_blocks` blocks)."""
         self.model = model
         self._tokens_per_block = tokens_per_block
-        self._kv = KVCacheManager(num_blocks, tokens_per_block)
-        self._kv_caches = model.kv_cache_layout.allocate(num_blocks, tokens_per_block)
+        self._vocab_size = min(vocab_size or model.vocab_size, model.vocab_size)
+        self._lean = None if lean_slots is None else lean_draft_of(model, *lean_slots, self._vocab_size)
+        if self._lean is None:
+            self._kv = KVCacheManager(num_blocks, tokens_per_block)
+            self._kv_caches = model.kv_cache_layout.allocate(num_blocks, tokens_per_block)
+        else:
+            self._slots: dict[int, int] = {}
+            self._free_slots = list(range(lean_slots[0]))[::-1]
         self._cached: dict[int, list[int]] = {}  # seq_id -> tokens whose K/V the draft cache holds
 
     @property
-    def kv_cache(self) -> KVCacheManager:
-        return self._kv
+    def is_lean(self) -> bool:
+        return self._lean is not None
 
     def release(self, seq_ids: Iterable[int]) -> None:
         for seq_id in seq_ids:
             self._cached.pop(seq_id, None)
-            self._kv.free(seq_id)
+            if self._lean is None:
+                self._kv.free(seq_id)
+            elif seq_id in self._slots:
+                self._free_slots.append(self._slots.pop(seq_id))
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> dict[int, Draft]:
         active: list[tuple[DraftRequest, list[int], int]] = []  # (request, tokens to feed, their first position)
         for request in requests:
             kept = self._roll_back(request.seq_id, request.token_ids)
-            if self._kv.allocate_slots(request.seq_id, len(request.token_ids) + request.num_draft_tokens - 1) is None:
+            if not self._reserve(request.seq_id, len(request.token_ids) + request.num_draft_tokens - 1):
                 self.release([request.seq_id])  # no room in the draft's cache: no draft this step
                 continue
             active.append((request, list(request.token_ids[kept:]), kept))
         tokens: dict[int, list[int]] = {request.seq_id: [] for request, _, _ in active}
         probs: dict[int, list[torch.Tensor]] = {request.seq_id: [] for request, _, _ in active}
         while active:
-            metadata = build_attention_metadata(
-                [len(feed) for _, feed, _ in active],
-                [start for _, _, start in active],
-                [self._kv.block_table(request.seq_id) for request, _, _ in active],
-                self._tokens_per_block,
-            )
-            input_ids = torch.tensor([t for _, feed, _ in active for t in feed], dtype=torch.int64)
-            hidden = self.model.forward(input_ids, self._kv_caches, metadata, last_token_of=list(range(len(active))))
-            logits = self.model.compute_logits(hidden)
+            logits = self._forward(active)
             following = []
             for (request, feed, start), row in zip(active, logits):
                 self._cached[request.seq_id].extend(feed)
                 position = start + len(feed)
+                row = row[: self._vocab_size]
                 grammar = request.grammar
                 if grammar is not None:
-                    row = row.masked_fill(~grammar.allowed_next(), float("-inf"))
+                    allowed = grammar.allowed_next()[: row.shape[0]]
+                    if not bool(allowed.any()):
+                        continue  # the grammar allows none of the draft's token ids: this draft ends here
+                    row = row.masked_fill(~allowed, float("-inf"))
                 token, q = self._choose(row, request, position)
                 tokens[request.seq_id].append(token)
                 if q is not None:
@@ -85,6 +100,31 @@ class DraftModelDrafter:
             for seq_id, drafted in tokens.items()
         }
 
+    def _reserve(self, seq_id: int, num_tokens: int) -> bool:
+        if self._lean is None:
+            return self._kv.allocate_slots(seq_id, num_tokens) is not None
+        if num_tokens > self._lean.max_seq_len:
+            return False
+        if seq_id not in self._slots:
+            if not self._free_slots:
+                return False
+            self._slots[seq_id] = self._free_slots.pop()
+        return True
+
+    def _forward(self, active: Sequence[tuple[DraftRequest, list[int], int]]) -> torch.Tensor:
+        """Logits of each active sequence's last fed token (its K/V written into the draft's cache)."""
+        if self._lean is not None:
+            return self._lean.forward([(self._slots[request.seq_id], feed, start) for request, feed, start in active])
+        metadata = build_attention_metadata(
+            [len(feed) for _, feed, _ in active],
+            [start for _, _, start in active],
+            [self._kv.block_table(request.seq_id) for request, _, _ in active],
+            self._tokens_per_block,
+        )
+        input_ids = torch.tensor([t for _, feed, _ in active for t in feed], dtype=torch.int64)
+        hidden = self.model.forward(input_ids, self._kv_caches, metadata, last_token_of=list(range(len(active))))
+        return self.model.compute_logits(hidden)
+
     def _roll_back(self, seq_id: int, token_ids: Sequence[int]) -> int:
         """Keep the cached tokens that still start the sequence (at least its last token is fed)."""
         cached = self._cached.setdefault(seq_id, [])
@@ -93,13 +133,17 @@ class DraftModelDrafter:
         while kept < limit and cached[kept] == token_ids[kept]:
             kept += 1
         del cached[kept:]
-        self._kv.truncate(seq_id, kept)
+        if self._lean is None:
+            self._kv.truncate(seq_id, kept)  # a lean slot simply overwrites the positions after `kept`
         return kept
 
-    @staticmethod
-    def _choose(row: torch.Tensor, request: DraftRequest, position: int) -> tuple[int, torch.Tensor | None]:
+    def _choose(self, row: torch.Tensor, request: DraftRequest, position: int) -> tuple[int, torch.Tensor | None]:
+        """`row`: logits of the draft's vocabulary (the first ids); a sampled draft's q covers the whole vocabulary."""
         params = request.params
         if params.is_greedy:
             return int(torch.argmax(row)), None
         q = sampling_probs(row, params)
-        return draw(q, draw_seed(request.sampling_seed, request.sample_index, position, "draft")), q
+        token = draw(q, draw_seed(request.sampling_seed, request.sample_index, position, "draft"))
+        if q.shape[0] < self.model.vocab_size:
+            q = torch.cat([q, q.new_zeros(self.model.vocab_size - q.shape[0])])
+        return token, q

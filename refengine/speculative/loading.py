@@ -17,7 +17,8 @@ def speculative_settings(engine: EngineDirectory) -> SpeculativeSettings | None:
 
 def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config: EngineConfig) -> Drafter:
     """The n-gram drafter, or the draft model loaded with a KV cache for max_batch_size sequences
-    of max_seq_len + max_draft_len tokens (the positions a draft can reach)."""
+    of max_seq_len tokens (drafts stay within a request's prompt + max_tokens): the lean path's
+    contiguous slots for a dense Llama draft, else paged blocks."""
     if settings.kind == "ngram":
         return NGramDrafter(settings.max_matching_ngram_size)
     if settings.draft_engine_dir is None:  # read_speculative_settings guarantees it for draft_model
@@ -30,8 +31,10 @@ def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config:
         draft.directory,
         draft.checkpoint.config.vocab_size,
         draft.build_config,
-        settings.max_draft_len,
     )
     model = load_model(draft.checkpoint, torch_dtype(config.compute_dtype))
-    blocks_per_sequence = -(-(config.max_seq_len + settings.max_draft_len) // config.tokens_per_block)
-    return DraftModelDrafter(model, config.max_batch_size * blocks_per_sequence, config.tokens_per_block)
+    blocks_per_sequence = -(-config.max_seq_len // config.tokens_per_block)
+    return DraftModelDrafter(
+        model, config.max_batch_size * blocks_per_sequence, config.tokens_per_block, vocab_size=settings.draft_vocab_size,
+        lean_slots=(config.max_batch_size, config.max_seq_len),
+    )

@@ -10,6 +10,13 @@ preempting anyone (no blocks: no drafts this step). Not drafted: a step drawing 
 tokens of n > 1 samples (they fork after it) and requests returning context logits. A guided
 sequence's draft ends at the first token its grammar refuses, and carries the grammar's mask
 of each draft position (refengine.guided.drafts).
+
+A request that leaves `num_draft_tokens` to the engine gets a draft length adapted to how its
+drafts fare (transformers' "heuristic" schedule, generation/candidate_generator.py: +2 after a
+step whose drafts were all accepted, else -1, at least 1), between 1 and max_draft_len, starting
+at max_draft_len: a draft that keeps missing costs fewer wasted draft forwards and verified rows
+(on a CPU every verified row costs GEMM work: BENCHMARKS.md). A request's own num_draft_tokens is
+used as given.
 """
 
 from __future__ import annotations
@@ -59,9 +66,12 @@ class Speculator:
         self.drafter = drafter
         self.max_draft_len = max_draft_len
         self._max_num_tokens = max_num_tokens
+        self._adaptive: dict[int, AdaptiveDraftLength] = {}  # seq_id -> its draft length schedule
 
     def add_drafts(self, output: SchedulerOutput, scheduler: Scheduler) -> SchedulerOutput:
         self.drafter.release(output.preempted_seq_ids + output.finished_seq_ids)
+        for seq_id in output.preempted_seq_ids + output.finished_seq_ids:
+            self._adaptive.pop(seq_id, None)
         budget = self._max_num_tokens - output.num_scheduled_tokens
         requests = []
         for item in output.scheduled:
@@ -71,7 +81,14 @@ class Speculator:
             if item.sampling_params.beam_width > 1:
                 continue  # beam search scores B candidates per step itself; it is not drafted
             params = item.sampling_params
-            wanted = self.max_draft_len if params.num_draft_tokens is None else params.num_draft_tokens
+            if params.num_draft_tokens is None:
+                schedule = self._adaptive.get(item.seq_id)
+                if schedule is None:  # from the counters it has now (a preempted sequence keeps them)
+                    schedule = self._adaptive[item.seq_id] = AdaptiveDraftLength(
+                        self.max_draft_len, sequence.num_draft_tokens, sequence.num_accepted_draft_tokens)
+                wanted = schedule.next_length(sequence.num_draft_tokens, sequence.num_accepted_draft_tokens)
+            else:
+                wanted = params.num_draft_tokens
             k = min(wanted, params.max_tokens - item.num_output_tokens - 1, budget)
             if k <= 0:
                 continue
@@ -117,3 +134,19 @@ def _within_grammar(draft: Draft, grammar: GrammarState) -> tuple[Draft, torch.T
     kept, masks = constrain_draft(grammar, draft.token_ids)
     probs = draft.probs[:kept] if draft.probs is not None else None
     return Draft(draft.token_ids[:kept], probs), masks
+
+
+class AdaptiveDraftLength:
+    """One sequence's draft length, updated from its draft counters (drafted / accepted so far)."""
+
+    def __init__(self, max_draft_len: int, num_drafted: int = 0, num_accepted: int = 0) -> None:
+        self.max_draft_len = max_draft_len
+        self.length = max_draft_len
+        self._seen = (num_drafted, num_accepted)
+
+    def next_length(self, num_drafted: int, num_accepted: int) -> int:
+        drafted, accepted = num_drafted - self._seen[0], num_accepted - self._seen[1]
+        self._seen = (num_drafted, num_accepted)
+        if drafted > 0:
+            self.length = min(self.max_draft_len, self.length + 2) if accepted == drafted else max(1, self.length - 1)
+        return self.length

@@ -8,7 +8,8 @@
                               "draft_engine_dir": "draft", "max_matching_ngram_size": N}
 
 `draft_engine_dir` (draft_model only) is relative to the engine directory and is a CPU engine
-directory itself; `max_matching_ngram_size` (ngram only, default 3) is the longest suffix n-gram
+directory itself; optional `draft_vocab_size` (draft_model only) N drafts only the first N token ids
+(a cheaper draft lm_head: draft_model.py); `max_matching_ngram_size` (ngram only, default 3) is the longest suffix n-gram
 looked up in the prompt + output. Every inconsistency is an `EngineConfigError` naming the field.
 """
 
@@ -37,6 +38,7 @@ class SpeculativeSettings:
     max_draft_len: int
     draft_engine_dir: Path | None = None  # absolute (draft_model)
     max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE
+    draft_vocab_size: int | None = None  # draft_model: draft only the first N token ids (None: all)
 
 
 def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], build_config: Mapping[str, Any]) -> SpeculativeSettings | None:
@@ -79,14 +81,22 @@ def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], b
     draft_dir = (engine_dir / draft).resolve()
     if not (draft_dir / "config.json").is_file():
         raise EngineConfigError(f"{SPECULATIVE_KEY}.draft_engine_dir", f"{draft_dir} is not a CPU engine directory (no config.json)")
-    return SpeculativeSettings(kind, k, draft_dir)
+    vocab = section.get("draft_vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0):
+        raise EngineConfigError(f"{SPECULATIVE_KEY}.draft_vocab_size", f"must be a positive integer (the first N token ids), got {vocab!r}")
+    return SpeculativeSettings(kind, k, draft_dir, draft_vocab_size=vocab)
 
 
 def check_draft_fits(
     target_dir: Path, target_vocab_size: int, target_max_seq_len: int, draft_dir: Path, draft_vocab_size: int,
-    draft_build_config: Mapping[str, Any], max_draft_len: int,
+    draft_build_config: Mapping[str, Any],
 ) -> None:
-    """The draft must speak the target's vocabulary and hold every position the target drafts at."""
+    """The draft must speak the target's vocabulary and hold every position the target drafts at.
+
+    Drafts never reach past a request's prompt + max_tokens (the planner cuts k to the tokens left),
+    which admission keeps within the target's max_seq_len: the draft needs that max_seq_len, no more
+    (a cpu build records the target's as trtllm-build does, max_draft_len included, and builds its
+    draft with the same)."""
     field = f"{SPECULATIVE_KEY}.draft_engine_dir"
     if draft_vocab_size != target_vocab_size:
         raise EngineConfigError(field, f"draft vocab_size {draft_vocab_size} differs from the target's {target_vocab_size}")
@@ -94,12 +104,11 @@ def check_draft_fits(
         target_file, draft_file = target_dir / name, draft_dir / name
         if target_file.is_file() and draft_file.is_file() and _digest(target_file) != _digest(draft_file):
             raise EngineConfigError(field, f"the draft's {name} differs from the target's: the draft must share the target's tokenizer")
-    needed = target_max_seq_len + max_draft_len
     draft_len = draft_build_config.get("max_seq_len")
-    if not isinstance(draft_len, int) or draft_len < needed:
+    if not isinstance(draft_len, int) or draft_len < target_max_seq_len:
         raise EngineConfigError(
             f"{field} build_config.max_seq_len",
-            f"{draft_len!r} cannot hold the target's max_seq_len {target_max_seq_len} + max_draft_len {max_draft_len} = {needed}",
+            f"{draft_len!r} cannot hold the target's max_seq_len {target_max_seq_len} (the longest sequence the draft extends)",
         )
 
 
@@ -109,7 +118,7 @@ def _digest(path: Path) -> str:
 
 def write_speculative_section(
     engine_dir: Path, kind: str, max_draft_len: int, draft_engine_dir: str | None = None,
-    max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE,
+    max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE, draft_vocab_size: int | None = None,
 ) -> None:
     """Mark a CPU engine directory as built for speculation (tests, benchmarks): the contract's
     `refengine_speculative` key plus TensorRT-LLM's build_config fields, as the cpu build writes them."""
@@ -122,6 +131,8 @@ def write_speculative_section(
     section: dict[str, Any] = {"kind": kind, "max_draft_len": max_draft_len}
     if kind == "draft_model":
         section["draft_engine_dir"] = draft_engine_dir
+        if draft_vocab_size is not None:
+            section["draft_vocab_size"] = draft_vocab_size
     else:
         section["max_matching_ngram_size"] = max_matching_ngram_size
     config[SPECULATIVE_KEY] = section

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+MODEL_CODE = REPO / "model_repo" / "python"
 CLI = Path(sys.executable).parent / "trtllm-pipeline"
 # tritonserver's --exit-timeout-secs for the module servers. A clean stop is immediate; the margin
 # is for unloading the Python-backend models on a loaded 2-core machine (seen taking over 5 s in
@@ -110,3 +112,34 @@ def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = Tru
     assert_stopped_cleanly(returncode, workspace / "tritonserver.log", allow_stuck_ensemble=allow_stuck_ensemble)
     assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
     assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"
+
+
+def greedy_reference(engine_dir: Path, tokenizer_dir: Path, default_max_tokens: int):
+    """refengine's greedy text for a prompt, run in this process on `engine_dir`, decoded the way postprocessing
+    decodes it: `greedy_text(prompt, max_tokens=default_max_tokens, stop_words=())` (cached)."""
+    import torch
+
+    sys.path.insert(0, str(MODEL_CODE))
+    try:
+        from hf_tokenizer import HFTokenizer
+        from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+    finally:
+        sys.path.remove(str(MODEL_CODE))
+    from refengine import LLMEngine, SamplingParams
+
+    torch.set_num_threads(1)  # leave the cores to the server
+    tokenizer = HFTokenizer(tokenizer_dir)
+    engine = LLMEngine.from_engine_dir(engine_dir)
+
+    @functools.cache
+    def greedy_text(prompt: str, max_tokens: int = default_max_tokens, stop_words: tuple = ()) -> str:
+        prompt_ids = tokenizer.encode(prompt)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, end_id=tokenizer.eos_id,
+            stop_token_ids=[tokenizer.encode(word, add_special_tokens=False) for word in stop_words],
+        )
+        [output] = engine.generate([prompt_ids], params)
+        return text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(output.outputs[0].token_ids))
+
+    greedy_text.engine = engine
+    return greedy_text

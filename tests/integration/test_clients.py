@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import io
 import json
 import subprocess
@@ -26,11 +25,10 @@ import pytest
 
 from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, RequestError, ServerUnavailableError, TritonLLMClient
 from clients.cli import add_infer_arguments, run_infer
-from tests.integration.serving import REPO, free_ports, serving_repository
+from tests.integration.serving import REPO, free_ports, greedy_reference, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-MODEL_CODE = REPO / "model_repo" / "python"
 PROTOCOLS = ["grpc", "http"]
 PROMPTS = [
     "def foo(x):\n    return",
@@ -56,31 +54,7 @@ def artifacts(tiny_cpu) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def reference(artifacts):
     """refengine's greedy text for a prompt, computed in this process on the same engine."""
-    import torch
-
-    sys.path.insert(0, str(MODEL_CODE))
-    try:
-        from hf_tokenizer import HFTokenizer
-        from incremental_detokenizer import CONTEXT_TOKENS, text_delta
-    finally:
-        sys.path.remove(str(MODEL_CODE))
-    from refengine import LLMEngine, SamplingParams
-
-    torch.set_num_threads(1)  # leave the cores to the server
-    tokenizer = HFTokenizer(artifacts["tokenizer"])
-    engine = LLMEngine.from_engine_dir(artifacts["engine"])
-
-    @functools.cache
-    def greedy_text(prompt: str, max_tokens: int = MAX_TOKENS, stop_words: tuple = ()) -> str:
-        prompt_ids = tokenizer.encode(prompt)
-        params = SamplingParams(
-            max_tokens=max_tokens, temperature=0.0, end_id=tokenizer.eos_id,
-            stop_token_ids=[tokenizer.encode(word, add_special_tokens=False) for word in stop_words],
-        )
-        [output] = engine.generate([prompt_ids], params)
-        return text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(output.outputs[0].token_ids))
-
-    return greedy_text
+    return greedy_reference(artifacts["engine"], artifacts["tokenizer"], MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

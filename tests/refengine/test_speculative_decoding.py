@@ -3,6 +3,7 @@ distributed as the target's, rejected drafts' KV is rolled back, bad settings ar
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -15,6 +16,7 @@ from refengine import EngineConfig, EngineConfigError, InvalidRequestError, LLME
 from refengine.model_runner import load_model
 from refengine.speculative.draft_model import DraftModelDrafter
 from refengine.speculative.ngram import NGramDrafter, propose_ngram
+from refengine.speculative.planner import AdaptiveDraftLength, DraftRequest
 from refengine.speculative.settings import write_speculative_section
 
 VOCAB = 48
@@ -52,9 +54,18 @@ def models(tmp_path_factory, checkpoint_writer, tensor_rewriter):
     }
 
 
+LEAN_SLOTS = (CONFIG.max_batch_size, CONFIG.max_seq_len)
+DRAFT_VOCAB = 32  # of VOCAB 48: the lean draft's lm_head keeps the first 32 ids
+
+
 def _drafter(models, kind: str):
     if kind == "ngram":
         return NGramDrafter(3)
+    if kind.startswith("noisy-lean"):
+        vocab = DRAFT_VOCAB if kind.endswith("vocab") else None
+        drafter = DraftModelDrafter(models["noisy"], 256, CONFIG.tokens_per_block, vocab_size=vocab, lean_slots=LEAN_SLOTS)
+        assert drafter.is_lean
+        return drafter
     return DraftModelDrafter(models[kind], num_blocks=256, tokens_per_block=CONFIG.tokens_per_block)
 
 
@@ -68,8 +79,10 @@ PREEMPTING = {"scheduler_policy": "max_utilization", "num_kv_blocks": 14}
 
 @pytest.mark.parametrize(
     "kind, changes",
-    [(kind, changes) for kind in ("ngram", "noisy") for changes in ({}, CHUNKED_PREFIX, PREEMPTING)] + [("other", PREEMPTING)],
-    ids=[f"{kind}-{name}" for kind in ("ngram", "noisy") for name in ("default", "chunked+prefix", "preempting")] + ["other-preempting"],
+    [(kind, changes) for kind in ("ngram", "noisy") for changes in ({}, CHUNKED_PREFIX, PREEMPTING)]
+    + [("other", PREEMPTING), ("noisy-lean", PREEMPTING), ("noisy-lean-vocab", CHUNKED_PREFIX)],
+    ids=[f"{kind}-{name}" for kind in ("ngram", "noisy") for name in ("default", "chunked+prefix", "preempting")]
+    + ["other-preempting", "noisy-lean-preempting", "noisy-lean-vocab-chunked+prefix"],
 )
 def test_greedy_speculation_equals_plain_greedy(models, kind, changes):
     config = CONFIG.replace(**changes)
@@ -85,7 +98,7 @@ def test_greedy_speculation_equals_plain_greedy(models, kind, changes):
         assert 0 <= output.metrics.total_accepted_draft_tokens <= output.metrics.total_draft_tokens
     stats = engine.stats()
     assert stats.num_draft_tokens == sum(o.metrics.total_draft_tokens for o in speculative) > 0
-    if kind == "noisy":
+    if kind.startswith("noisy"):
         assert 0.2 < stats.num_accepted_draft_tokens / stats.num_draft_tokens < 1.0
     if changes.get("scheduler_policy") == "max_utilization":
         assert engine.scheduler.num_preemptions > 0
@@ -127,6 +140,35 @@ def test_logprobs_of_accepted_tokens_match_plain_decoding(models):
     assert [t.logprob for t in got] == pytest.approx([t.logprob for t in plain], abs=1e-4)
 
 
+def test_lean_draft_proposes_what_the_general_path_proposes(models):
+    requests = [DraftRequest(i, tuple(prompt), 4, SamplingParams(temperature=0), 0, 0) for i, prompt in enumerate(PROMPTS)]
+    general = DraftModelDrafter(models["noisy"], 256, CONFIG.tokens_per_block).propose(requests)
+    lean = _drafter(models, "noisy-lean")
+    assert lean.propose(requests) == general
+    # a rolled-back continuation (the last two tokens replaced) drafts from the kept prefix, as the general path does
+    changed = [dataclasses.replace(r, token_ids=r.token_ids[:-2] + (7, 8)) for r in requests]
+    assert lean.propose(changed) == DraftModelDrafter(models["noisy"], 256, CONFIG.tokens_per_block).propose(changed)
+    cut = _drafter(models, "noisy-lean-vocab").propose(requests)
+    assert all(token < DRAFT_VOCAB for draft in cut.values() for token in draft.token_ids)
+
+
+def test_adaptive_draft_length_follows_the_drafts_fate():
+    schedule = AdaptiveDraftLength(4)
+    assert schedule.next_length(0, 0) == 4  # nothing drafted yet: max_draft_len
+    assert schedule.next_length(4, 1) == 3  # a miss: one fewer
+    assert schedule.next_length(7, 2) == 2
+    assert schedule.next_length(9, 4) == 4  # all accepted: two more (capped at max_draft_len)
+    assert schedule.next_length(9, 4) == 4  # no drafts in between: unchanged
+    assert [schedule.next_length(9 + 4 * i, 4) for i in range(1, 6)] == [3, 2, 1, 1, 1]  # at least 1
+
+
+def test_a_request_without_num_draft_tokens_drafts_less_with_a_poor_draft(models):
+    engine = LLMEngine(models["target"], CONFIG.replace(max_draft_len=4), _drafter(models, "other"))
+    adaptive, fixed = engine.generate([PROMPTS[5]] * 2, [SamplingParams(max_tokens=20, temperature=0, num_draft_tokens=n) for n in (None, 4)])
+    assert adaptive.outputs[0].token_ids == fixed.outputs[0].token_ids
+    assert 0 < adaptive.metrics.total_draft_tokens < fixed.metrics.total_draft_tokens
+
+
 def test_ngram_proposes_what_followed_the_latest_match():
     assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 8, 1, 2], 3, 2) == (3, 8)
     assert propose_ngram([4, 5, 6], 3, 2) == ()
@@ -165,7 +207,8 @@ def _edit(engine_dir: Path, change) -> None:
 
 def test_engine_directory_with_a_draft_model_loads_and_speculates(models):
     engine_dir = _engine_dir(models, "target")
-    _engine_dir_draft = _engine_dir(models, "noisy", {"max_seq_len": 100})
+    # the draft as the cpu build makes it: the target's max_seq_len (drafts stay within prompt + max_tokens)
+    _engine_dir_draft = _engine_dir(models, "noisy", {"max_seq_len": 96})
     (engine_dir / "draft").symlink_to(_engine_dir_draft)
     write_speculative_section(engine_dir, "draft_model", 4, "draft")
     engine = LLMEngine.from_engine_dir(engine_dir)
@@ -186,8 +229,9 @@ def test_engine_directory_with_a_draft_model_loads_and_speculates(models):
         (lambda c: c["build_config"].update(speculative_decoding_mode=4), "build_config.speculative_decoding_mode"),
         (lambda c: c.pop("refengine_speculative"), "refengine_speculative"),
         (lambda c: c["refengine_speculative"].update(draft_engine_dir="missing"), "refengine_speculative.draft_engine_dir"),
+        (lambda c: c["refengine_speculative"].update(draft_vocab_size=0), "refengine_speculative.draft_vocab_size"),
     ],
-    ids=["kind", "zero", "mismatch", "mode", "missing-section", "missing-draft"],
+    ids=["kind", "zero", "mismatch", "mode", "missing-section", "missing-draft", "draft-vocab"],
 )
 def test_bad_speculative_settings_are_refused_by_field(models, edit, field):
     engine_dir = _engine_dir(models, "target")
@@ -202,9 +246,9 @@ def test_bad_speculative_settings_are_refused_by_field(models, edit, field):
 def test_a_draft_that_does_not_fit_the_target_is_refused(models, checkpoint_writer):
     root = models["dirs"]["root"]
     engine_dir = _engine_dir(models, "target")
-    (engine_dir / "draft").symlink_to(_engine_dir(models, "noisy", {"max_seq_len": 98}))  # 96 + 4 needed
+    (engine_dir / "draft").symlink_to(_engine_dir(models, "noisy", {"max_seq_len": 95}))  # 96 needed
     write_speculative_section(engine_dir, "draft_model", 4, "draft")
-    with pytest.raises(EngineConfigError, match="cannot hold the target's max_seq_len 96 \\+ max_draft_len 4"):
+    with pytest.raises(EngineConfigError, match="95 cannot hold the target's max_seq_len 96"):
         LLMEngine.from_engine_dir(engine_dir)
     other_vocab = checkpoint_writer(root / "vocab64", seed=1, vocab_size=64)
     engine_dir = _engine_dir(models, "target")
@@ -283,7 +327,7 @@ def _chi_square(counts: dict, expected_probs: dict, total: int) -> tuple[float, 
     return statistic, cells - 1
 
 
-@pytest.mark.parametrize("kind", ["draft_model", "ngram"])
+@pytest.mark.parametrize("kind", ["draft_model", "ngram", "draft_model-lean-vocab"])
 def test_sampled_speculation_is_distributed_as_the_target(sample_models, kind):
     """Chi-square goodness of fit of the first 3 sampled tokens (6^3 cells, pooled where fewer than
     5 are expected; the sharp tiny model puts most mass on a few dozen) against the target's exact joint distribution.
@@ -301,6 +345,9 @@ def test_sampled_speculation_is_distributed_as_the_target(sample_models, kind):
         prompt = prompt + list(greedy.outputs[0].token_ids) + prompt
     temperature = 1.0
     drafter = NGramDrafter(3) if kind == "ngram" else DraftModelDrafter(draft, 512, 4)
+    if kind == "draft_model-lean-vocab":  # q is zero on ids 4 and 5, which the draft never proposes
+        drafter = DraftModelDrafter(draft, 512, 4, vocab_size=4, lean_slots=(100, 48))
+        assert drafter.is_lean
     config = EngineConfig(max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=2,
                           scheduler_policy="max_utilization")
     engine = LLMEngine(target, config, drafter)

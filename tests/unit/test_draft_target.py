@@ -265,6 +265,11 @@ def test_the_cpu_build_writes_the_draft_engine_and_the_refengine_contract(tiny_c
     carried = json.loads((engine / "draft" / "config.json").read_text())
     assert carried["build_config"]["max_seq_len"] >= 1028 and carried["build_config"]["speculative_decoding_mode"] == 1
     assert (engine / "draft" / "rank0.safetensors").is_file() and "refengine_speculative" not in carried
+    from refengine import LLMEngine, SamplingParams
+
+    # refengine serves what the cpu build wrote (the draft holds the target's max_seq_len, K included)
+    [output] = LLMEngine.from_engine_dir(engine).generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0))
+    assert output.metrics.total_draft_tokens > 0
 
 
 def test_the_cpu_build_records_prompt_lookup(tiny_checkpoint, tmp_path):

@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ngram", action="store_true", help="also measure n-gram (prompt-lookup) speculation")
     parser.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step for --draft / --ngram (default 4)")
     parser.add_argument("--ngram-size", type=int, default=3, help="max_matching_ngram_size for --ngram (default 3)")
+    parser.add_argument("--draft-vocab", type=int, help="also measure the --draft drafting only the first N token ids "
+                        "(refengine_speculative.draft_vocab_size)")
+    parser.add_argument("--fixed-draft-len", action="store_true", help="also measure each speculative variant with every "
+                        "request sending num_draft_tokens = --max-draft-len (a fixed draft length instead of the adaptive one)")
     parser.add_argument("--batch-sizes", default="1,4,32", help="comma-separated batch sizes (default 1,4,32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
     parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
@@ -51,6 +55,8 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         raise SpecError(f"--max-draft-len must be >= 1, got {args.max_draft_len}")
     if args.draft is not None and not (args.draft / "config.json").is_file():
         raise SpecError(f"--draft {args.draft}: no config.json there (a Hugging Face model or CPU engine directory)")
+    if args.draft_vocab is not None and (args.draft is None or args.draft_vocab < 1):
+        raise SpecError(f"--draft-vocab {args.draft_vocab}: needs --draft and a positive number of token ids")
     _, store, results = build_for_bench(args, build_cpu_target, "bench speculative", "build")
     engine_dir = results["build"].ref.path / ENGINE_DIR
     work = store.build_dir / "bench-speculative"
@@ -60,8 +66,14 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         variants[built] = engine_dir
     if args.draft is not None:
         variants["draft_model"] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len)
+    if args.draft_vocab is not None:
+        name = f"draft_vocab{args.draft_vocab}"
+        variants[name] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len, args.draft_vocab, name=name)
     if args.ngram:
         variants["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
+    if args.fixed_draft_len:
+        for name in [name for name in variants if name != "plain"]:
+            variants[f"{name}_k{args.max_draft_len}"] = (variants[name], args.max_draft_len)
     if len(variants) == 1:
         raise SpecError("bench speculative: nothing to compare; pass --draft DIR and/or --ngram (or build with a speculative section)")
     tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))

@@ -44,16 +44,19 @@ def ngram_variant(engine_dir: Path, work_dir: Path, max_draft_len: int, max_matc
     return out
 
 
-def draft_variant(engine_dir: Path, work_dir: Path, draft_source: Path, max_draft_len: int) -> Path:
-    """`draft_source`: a Hugging Face model directory (exported here as the target is) or a CPU engine directory."""
-    out = _linked_copy(engine_dir, work_dir / "draft_model")
+def draft_variant(
+    engine_dir: Path, work_dir: Path, draft_source: Path, max_draft_len: int, draft_vocab_size: int | None = None, name: str = "draft_model"
+) -> Path:
+    """`draft_source`: a Hugging Face model directory (exported here as the target is) or a CPU engine directory;
+    `draft_vocab_size`: refengine_speculative.draft_vocab_size (draft only the first N token ids)."""
+    out = _linked_copy(engine_dir, work_dir / name)
     draft_dir = out / DRAFT_DIR
     target_build = json.loads((engine_dir / "config.json").read_text())["build_config"]
     if (draft_source / "rank0.safetensors").is_file():
         _linked_copy(draft_source, draft_dir)
     else:
         _export_draft(draft_source, work_dir / "draft_checkpoint", draft_dir, target_build, max_draft_len)
-    write_speculative_section(out, "draft_model", max_draft_len, DRAFT_DIR)
+    write_speculative_section(out, "draft_model", max_draft_len, DRAFT_DIR, draft_vocab_size=draft_vocab_size)
     return out
 
 
