@@ -25,8 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends.registry import backend_for
-from pipeline.config.spec import Spec, Target
+from pipeline.config.spec import Spec
 from pipeline.deploy import layout, rules
 
 DATASOURCE_UID = "prometheus"
@@ -37,14 +36,9 @@ RATE_WINDOW = "1m"
 
 
 # -- files ---------------------------------------------------------------------------------------
-def runs_openai_front_end(target: str) -> bool:
-    """Whether the deployment runs the project's OpenAI front end (every target but llmapi, served by trtllm-serve)."""
-    return backend_for(Target(target)).llm_api is None
-
-
 def prometheus_config(spec: Spec, target: str) -> dict[str, Any]:
     jobs = [(rules.TRITON_JOB, f"{layout.TRITON_SERVICE}:{layout.CONTAINER_METRICS_PORT}")]
-    if runs_openai_front_end(target):
+    if rules.runs_openai_front_end(spec):
         jobs.append((rules.OPENAI_JOB, f"{layout.OPENAI_SERVICE}:{layout.OPENAI_PORT}"))
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "15s"},

@@ -84,7 +84,9 @@ def rules_test_document(spec: Spec) -> dict[str, Any]:
     series = _series("hot", bounds.queue_time_ms * 2, hot_failures, hot_kv, samples)
     series += _series("calm", bounds.queue_time_ms / 2, 0.0, bounds.kv_cache_utilization / 2, samples)
     series.append({"series": f'up{{build="hot",instance="hot-down:8002",job="{rules.TRITON_JOB}"}}', "values": f"0x{samples}"})
-    series += _front_end_series("hot", samples)
+    front_end = rules.runs_openai_front_end(spec)
+    if front_end:
+        series += _front_end_series("hot", samples)
     by_name = {alert["alert"]: alert for alert in rules.alerting_rules(spec)}
     llm = {"build": "hot", "model": LLM_MODEL}
     fired = {
@@ -121,6 +123,7 @@ def rules_test_document(spec: Spec) -> dict[str, Any]:
             "exp_samples": [{"labels": f'{record}:p50_rate5m{{build="hot"}}', "value": median_ms}],
         }
         for record, (_, _, median_ms) in zip((rules.TTFT_MS, rules.ITL_MS), FRONT_END_BUCKETS)
+        if front_end
     ]
     return {
         "rule_files": ["rules.yml"],

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.deploy.server_command import LLM_MODEL
 
@@ -69,7 +70,13 @@ def queue_to_compute_ratio(selector: str = _LLM, window: str = "1m", by: str = _
     )
 
 
-def recording_rules() -> list[dict[str, Any]]:
+def runs_openai_front_end(spec: Spec) -> bool:
+    """Whether the deployment runs the project's OpenAI front end (every target but llmapi, served by trtllm-serve):
+    the TTFT / ITL rules read its histograms, so they exist only where it does."""
+    return backend_for(spec.build.target).llm_api is None
+
+
+def recording_rules(spec: Spec) -> list[dict[str, Any]]:
     success = _rate("nv_inference_request_success", "5m")
     failure = _rate("nv_inference_request_failure", "5m")
     tokens = f'sum by ({BUILD_LABEL}) (rate(trtllm_pipeline_tokens_total{{token_type="generated"}}[5m]))'
@@ -83,8 +90,7 @@ def recording_rules() -> list[dict[str, Any]]:
             "record": KV_UTILIZATION,
             "expr": f'max by ({BUILD_LABEL}, instance) (nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="fraction"}})',
         },
-        *_quantile_rules(TTFT_MS, TTFT_HISTOGRAM),
-        *_quantile_rules(ITL_MS, ITL_HISTOGRAM),
+        *(_quantile_rules(TTFT_MS, TTFT_HISTOGRAM) + _quantile_rules(ITL_MS, ITL_HISTOGRAM) if runs_openai_front_end(spec) else []),
         {"record": MS_PER_TOKEN, "expr": f"{llm_time} / clamp_min({tokens}, 1e-9) / 1000"},
     ]
 
@@ -148,7 +154,7 @@ def alerting_rules(spec: Spec) -> list[dict[str, Any]]:
 
 def rule_groups(spec: Spec) -> list[dict[str, Any]]:
     return [
-        {"name": "trtllm-pipeline.recording", "rules": recording_rules()},
+        {"name": "trtllm-pipeline.recording", "rules": recording_rules(spec)},
         {"name": "trtllm-pipeline.alerts", "rules": alerting_rules(spec)},
     ]
 

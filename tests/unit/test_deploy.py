@@ -30,7 +30,7 @@ from rich.console import Console
 from pipeline.artifacts import ArtifactRef
 from pipeline.backends.cpu import cpu_build_config
 from pipeline.config.spec import Spec
-from pipeline.deploy import images, layout, monitoring
+from pipeline.deploy import images, layout, monitoring, rules
 from pipeline.deploy.compose import (
     COMPOSE_FILE,
     ENV_FILE,
@@ -382,7 +382,9 @@ def test_prometheus_scrapes_the_triton_metrics_port_and_the_openai_front_end(nam
 
 
 def test_prometheus_has_no_openai_job_where_trtllm_serve_is_the_openai_endpoint():
-    assert [job["job_name"] for job in monitoring.prometheus_config(load_spec("tiny-cpu"), "llmapi")["scrape_configs"]] == ["triton"]
+    spec = load_spec("llama-3.1-8b-fp8-llmapi")
+    assert [job["job_name"] for job in monitoring.prometheus_config(spec, "llmapi")["scrape_configs"]] == ["triton"]
+    assert not any("openai" in rule["expr"] for group in rules.rule_groups(spec) for rule in group["rules"])  # nothing to read
 
 
 def test_grafana_is_provisioned_with_the_dashboard():
