@@ -10,6 +10,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_CODE = REPO / "model_repo" / "python"
@@ -143,3 +144,16 @@ def greedy_reference(engine_dir: Path, tokenizer_dir: Path, default_max_tokens: 
 
     greedy_text.engine = engine
     return greedy_text
+
+
+def infer_inputs(arrays: dict[str, Any]) -> list[Any]:
+    """gRPC InferInputs as NVIDIA's scripts' prepare_tensor builds them: the numpy dtype decides the Triton type."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from clients.loadgen.chaos import ChaosPlan, ChaosTargets
 from clients.openai_server import running_openai_server
 from pipeline.bench.soak.bench import soak
-from tests.integration.serving import serving_repository
+from tests.integration.serving import infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,16 +54,11 @@ def test_cut_streams_on_every_endpoint_leave_the_server_as_it_was(served):
 def _stream(grpc_url: str, model: str, prompt: str, max_tokens: int, *, request_id: str, cancel_after_final: bool = False) -> str:
     """One greedy gRPC stream read to its final response; its text. `cancel_after_final`: then
     cancel it anyway, as a client that closes its stream late does."""
-    arrays = {
-        "text_input": (np.array([[prompt.encode()]], dtype=np.object_), "BYTES"),
-        "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
-        "stream": (np.array([[True]], dtype=np.bool_), "BOOL"),
-    }
-    inputs = []
-    for name, (array, datatype) in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = infer_inputs({
+        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+        "stream": np.array([[True]], dtype=np.bool_),
+    })
     client = grpcclient.InferenceServerClient(grpc_url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
-from tests.integration.serving import serving_repository
+from tests.integration.serving import infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,16 +58,6 @@ def batch_inputs(prompts: list[str], *, streaming: bool) -> dict[str, np.ndarray
     """--batch-inputs: every input of the prompts concatenated along the batch axis."""
     rows = [nvidia_inputs(prompt, streaming=streaming) for prompt in prompts]
     return {name: np.concatenate([row[name] for row in rows], axis=0) for name in rows[0]}
-
-
-def infer_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    """prepare_tensor of NVIDIA's scripts: the numpy dtype decides the Triton type."""
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
 
 
 def run(url: str, model: str, arrays: dict[str, np.ndarray], outputs: tuple[str, ...] = ("text_output",), extra_outputs: tuple[str, ...] = ()) -> list:

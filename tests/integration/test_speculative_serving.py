@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.serving import REPO, greedy_reference, serving_repository
+from tests.integration.serving import REPO, greedy_reference, infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -89,17 +89,12 @@ def plain_greedy(tiny_cpu):
 
 def _infer(server, model: str, prompt: str, **extra) -> dict:
     """One non-streamed request over a gRPC stream (the models are decoupled): its text and draft figures."""
-    arrays = {
-        "text_input": (np.array([[prompt.encode()]], dtype=np.object_), "BYTES"),
-        "max_tokens": (np.array([[MAX_TOKENS]], dtype=np.int32), "INT32"),
-        "return_perf_metrics": (np.array([[True]], dtype=np.bool_), "BOOL"),
-        **{name: (np.array([[value]], dtype=np.int32), "INT32") for name, value in extra.items()},
-    }
-    inputs = []
-    for name, (array, datatype) in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = infer_inputs({
+        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+        "max_tokens": np.array([[MAX_TOKENS]], dtype=np.int32),
+        "return_perf_metrics": np.array([[True]], dtype=np.bool_),
+        **{name: np.array([[value]], dtype=np.int32) for name, value in extra.items()},
+    })
     outputs = [grpcclient.InferRequestedOutput(name) for name in ("text_output", *DRAFT_FIGURES)]
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.options.grpc_url)
