@@ -76,6 +76,9 @@ class EngineConfig:
     batching: BatchingMode = BatchingMode.INFLIGHT
     max_draft_len: int = 0  # speculative decoding: draft tokens per step (0: built without it)
     max_beam_width: int = 1  # upper bound of SamplingParams.beam_width
+    # TensorRT-LLM's stream_interval (LlmArgs): a request's output on its first decoding step, on every
+    # stream_interval-th one after, and when it finishes; the steps between add their tokens to the next one.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
@@ -94,6 +97,7 @@ class EngineConfig:
             "tokens_per_block",
             "max_num_samples",
             "max_beam_width",
+            "stream_interval",
         ):
             _require_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None:

@@ -11,11 +11,8 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from refengine.checkpoint import load_checkpoint, load_engine_dir
 from refengine.config import EngineConfig
@@ -23,107 +20,14 @@ from refengine.errors import EngineConfigError, InvalidRequestError
 from refengine.guided.params import GUIDE_TYPE_FIELD
 from refengine.kv_cache import KVCacheUsage
 from refengine.model_runner import DecoderModel, ModelRunner, load_model, torch_dtype
-from refengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from refengine.outputs import RequestOutput
+from refengine.request_state import CompletionState, RequestState
 from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
-from refengine.scheduler import Scheduler, SequenceUpdate
+from refengine.scheduler import Scheduler
 from refengine.speculative.loading import load_drafter, speculative_settings
 from refengine.speculative.planner import Drafter, Speculator
 from refengine.stats import EngineStats
-from refengine.step_messages import SampledToken
-
-
-@dataclass
-class _CompletionState:
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[SampledToken] = field(default_factory=list)
-    generation_logits: list[torch.Tensor] = field(default_factory=list)  # rows not yet reported
-    num_reported: int = 0
-    finish_reason: str | None = None
-    cum_log_prob: float | None = None  # beam search
-
-    def snapshot(self, with_logprobs: bool, with_logits: bool) -> CompletionOutput:
-        new = tuple(self.token_ids[self.num_reported :])
-        self.num_reported = len(self.token_ids)
-        logits = None
-        if with_logits:
-            rows, self.generation_logits = self.generation_logits[: len(new)], self.generation_logits[len(new) :]
-            logits = torch.stack(rows) if rows else torch.zeros((0, 0), dtype=torch.float32)
-        return CompletionOutput(
-            index=self.index,
-            token_ids=tuple(self.token_ids),
-            new_token_ids=new,
-            finish_reason=self.finish_reason,
-            logprobs=tuple(self.logprobs) if with_logprobs else None,
-            new_generation_logits=logits,
-            cum_log_prob=self.cum_log_prob,
-        )
-
-
-@dataclass
-class _RequestState:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
-    completions: list[_CompletionState]
-    arrival_time_ns: int = field(default_factory=time.time_ns)
-    first_scheduled_time_ns: int | None = None
-    first_token_time_ns: int | None = None
-    last_token_time_ns: int | None = None
-    context_logits: torch.Tensor | None = None  # [prompt, vocab], filled as the prompt is computed
-    context_rows_filled: int = 0  # rows 0.. filled: the prompt is computed in order (no cached prefix)
-    draft_tokens: list[int] = field(default_factory=lambda: [0, 0])  # speculative: [drafted, accepted]
-
-    @property
-    def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.completions)
-
-    def apply(self, update: SequenceUpdate, now_ns: int) -> None:
-        completion = self.completions[update.sample_index]
-        if update.new_token_ids:
-            if self.first_token_time_ns is None:
-                self.first_token_time_ns = now_ns
-            self.last_token_time_ns = now_ns
-        completion.token_ids.extend(update.new_token_ids)
-        self.draft_tokens[0] += update.num_draft_tokens
-        self.draft_tokens[1] += update.num_accepted_draft_tokens
-        completion.logprobs.extend(s for s in update.new_samples if s.logprob is not None)
-        if self.params.return_generation_logits:
-            # An end_id sample joins no output (its logits row neither); a stop sequence's last token does.
-            drawn = [s for s in update.new_samples if s.logits is not None]
-            completion.generation_logits.extend(s.logits for s in drawn[: len(update.new_token_ids)])
-        if update.cum_log_prob is not None:
-            completion.cum_log_prob = update.cum_log_prob
-        if update.finish_reason is not None:
-            completion.finish_reason = update.finish_reason.value
-
-    def add_context_logits(self, first_position: int, rows: torch.Tensor) -> None:
-        """Logits of prompt positions from `first_position` on (a recompute after preemption
-        writes the same rows again; rows past the prompt are output tokens, not context)."""
-        prompt_length = len(self.prompt_token_ids)
-        if self.context_logits is None:
-            self.context_logits = torch.empty((prompt_length, rows.shape[-1]), dtype=torch.float32)
-        end = min(prompt_length, first_position + rows.shape[0])
-        if first_position < end:
-            self.context_logits[first_position:end] = rows[: end - first_position]
-            self.context_rows_filled = max(self.context_rows_filled, end)
-
-    def _complete_context_logits(self) -> torch.Tensor | None:
-        return self.context_logits if self.context_rows_filled == len(self.prompt_token_ids) else None
-
-    def snapshot(self, block_counts: tuple[int, int]) -> RequestOutput:
-        with_logprobs = self.params.logprobs is not None
-        metrics = RequestMetrics(
-            self.arrival_time_ns, self.first_scheduled_time_ns, self.first_token_time_ns, self.last_token_time_ns, *block_counts, *self.draft_tokens
-        )
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_token_ids,
-            outputs=tuple(c.snapshot(with_logprobs, self.params.return_generation_logits) for c in self.completions),
-            metrics=metrics,
-            context_logits=self._complete_context_logits(),
-        )
 
 
 class LLMEngine:
@@ -136,7 +40,7 @@ class LLMEngine:
         self._model = model
         self._scheduler = Scheduler(self._config)
         self._runner = ModelRunner(model, self._config.total_kv_blocks, self._config.tokens_per_block)
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: dict[str, RequestState] = {}
         self._held_outputs: list[RequestOutput] = []
         self._request_numbers = itertools.count()
         self._seeds = random.Random()
@@ -244,8 +148,8 @@ class LLMEngine:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
             self._scheduler.add_request(request_id, prompt, params, seed, grammar)
-            self._requests[request_id] = _RequestState(
-                request_id, prompt, params, [_CompletionState(i) for i in range(params.n)]
+            self._requests[request_id] = RequestState(
+                request_id, prompt, params, [CompletionState(i) for i in range(params.n)]
             )
         return request_id
 
@@ -347,7 +251,7 @@ class LLMEngine:
         updates = self._scheduler.update_from_output(scheduler_output, runner_output)
         self._num_steps += 1
         now_ns = time.time_ns()
-        advanced: dict[str, _RequestState] = {}
+        advanced: dict[str, RequestState] = {}
         for update in updates:
             self._num_generated_tokens += len(update.new_token_ids)
             self._num_draft_tokens[0] += update.num_draft_tokens
@@ -358,6 +262,8 @@ class LLMEngine:
                 advanced[update.request_id] = state
         outputs = []
         for request_id, state in advanced.items():
+            if not state.output_due(self._config.stream_interval):
+                continue
             if state.finished:
                 outputs.append(state.snapshot(self._scheduler.kv_cache.pop_blocks_given(request_id)))
                 del self._requests[request_id]

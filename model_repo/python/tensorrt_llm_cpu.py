@@ -7,7 +7,9 @@ by the project's reference engine (refengine) with inflight batching.
   source config.pbtxt is rendered from), validates and submits. The engine loop hands each output
   to one of a few relay threads started in `initialize` (a request's outputs always to the same
   one, so they stay in order), which turns it into responses: one per new token batch when
-  `streaming`, one final response otherwise. The last response carries the FINAL flag. No thread
+  `streaming` (the `stream_interval` parameter, TensorRT-LLM's LLM API option: a response on a request's
+  first decoding step, then on every stream_interval-th, and the last; 1 = every token), one final
+  response otherwise. The last response carries the FINAL flag. No thread
   is started per request: `Thread.start` waits until the new thread holds the GIL, which the
   engine loop's step holds for milliseconds (it was most of `execute`'s time, measured).
 - Cancellation: a watcher thread polls each in-flight request's `is_cancelled()` every
@@ -90,6 +92,7 @@ class TritonPythonModel:
             scheduler_policy=parameters.string("batch_scheduler_policy", "guaranteed_no_evict"),
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
+            stream_interval=parameters.integer("stream_interval", 1),
         )
         if parameters.string("guided_decoding_backend", "none") == "xgrammar":  # else a guide is refused by name
             engine.enable_guided_decoding(parameters.path("xgrammar_tokenizer_info_path"))

@@ -126,6 +126,7 @@ def cpu_parameters(serve: ServeSpec, *, engine_dir: str, max_beam_width: int = 1
         "enable_chunked_context": _bool(serve.enable_chunked_context),
         "exclude_input_in_output": _bool(serve.exclude_input_in_output),
         "cancellation_check_period_ms": str(CANCELLATION_CHECK_PERIOD_MS),
+        "stream_interval": str(serve.stream_interval),
     }
 
 

@@ -64,6 +64,7 @@ ROWS: tuple[Row, ...] = (
         lambda v: _POLICIES[_plain(v)]),
     Row("serve.guided_decoding", "guided_decoding_backend", "serve", "guided_decoding_backend",
         lambda v: GUIDED_DECODING_BACKENDS[_plain(v)]),
+    Row("serve.stream_interval", "stream_interval", "serve", "none: the tensorrtllm backend streams every token (refused above 1)"),
     Row("build.kv_cache_type", None, "build", "--kv_cache_type",
         why_not="the PyTorch backend always runs a paged KV cache (KvCacheConfig has no cache type)"),
     Row("build.opt_num_tokens", None, "build", "--opt_num_tokens", why_not="it tunes a TensorRT optimization profile; there is no engine"),

@@ -65,6 +65,7 @@ _OPTIONS_1_2: dict[str, OptionType] = {
     "scheduler_config.capacity_scheduler_policy": OptionType("str", choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION")),
     "cuda_graph_config.enable_padding": _BOOL,
     "guided_decoding_backend": OptionType("str", choices=("xgrammar", "llguidance")),
+    "stream_interval": _INT1,
 }
 
 

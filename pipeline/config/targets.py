@@ -43,6 +43,7 @@ class TargetTraits:
     no_kubernetes_because: str | None = None  # why deploy.kind kubernetes cannot render this target yet
     no_multinode_because: str | None = None  # why its ranks cannot span nodes (a LeaderWorkerSet); None: they can
     has_llmapi_forms: bool = False  # it runs as Triton's llmapi model or as trtllm-serve (deploy.kubernetes.llmapi_form)
+    no_stream_interval_because: str | None = None  # why serve.stream_interval must stay 1; None: its server honours it
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -62,6 +63,8 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "draft_tokens_external engine would never receive draft tokens; use draft_tokens_external with a draft "
             "model, or lookahead_decoding (the engine's own n-gram drafting)",
         },
+        no_stream_interval_because="the tensorrtllm C++ backend sends one response per generated token: its config.pbtxt "
+        "has no stream_interval parameter (that is an LLM API option of TensorRT-LLM's PyTorch backend: target llmapi)",
     ),
     Target.cpu: TargetTraits(
         builds_through_runner=False,

@@ -35,7 +35,7 @@ from tritonclient.utils import InferenceServerException
 from pipeline.config.spec import ServeSpec
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.serve import ServerOptions, TritonServer, leaks, read_state, start_detached, stop_detached
-from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, running_server
+from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, infer_inputs, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -182,7 +182,7 @@ def server(artifacts, tmp_path_factory):
     render_model_repository(
         engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="cpu", out_dir=repository
     )
-    _add_bls_decoding_through_postprocessing(repository)
+    _add_variants(repository)
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
         model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S
@@ -193,20 +193,29 @@ def server(artifacts, tmp_path_factory):
 
 BLS_VIA_POSTPROCESSING = "tensorrt_llm_bls_via_postprocessing"
 BLS_MODELS = ["tensorrt_llm_bls", BLS_VIA_POSTPROCESSING]
+LLM_EVERY_THIRD_STEP = "tensorrt_llm_stream_interval_3"
 
 
-def _add_bls_decoding_through_postprocessing(repository: Path) -> None:
-    """A second BLS without `tokenizer_dir`: it asks postprocessing for every delta, as NVIDIA's BLS does."""
+def _add_model_copy(repository: Path, source: str, name: str, parameter: str, value: str | None) -> None:
+    """A copy of model `source` named `name`, with its `parameter` set to `value` (None: removed)."""
     import re
-    import shutil
 
-    copy = repository / BLS_VIA_POSTPROCESSING
-    shutil.copytree(repository / "tensorrt_llm_bls", copy)
+    copy = repository / name
+    shutil.copytree(repository / source, copy)
     config = (copy / "config.pbtxt").read_text()
-    config, renamed = re.subn(r'^name: "tensorrt_llm_bls"', f'name: "{BLS_VIA_POSTPROCESSING}"', config, flags=re.M)
-    config, dropped = re.subn(r'parameters: \{\n  key: "tokenizer_dir"\n  value: \{ string_value: "[^"]*" \}\n\}\n', "", config)
-    assert renamed == dropped == 1
+    config, renamed = re.subn(rf'^name: "{source}"', f'name: "{name}"', config, flags=re.M)
+    block = rf'parameters: \{{\n  key: "{parameter}"\n  value: \{{ string_value: "[^"]*" \}}\n\}}\n'
+    replacement = "" if value is None else f'parameters: {{\n  key: "{parameter}"\n  value: {{ string_value: "{value}" }}\n}}\n'
+    config, replaced = re.subn(block, replacement, config)
+    assert renamed == replaced == 1
     (copy / "config.pbtxt").write_text(config)
+
+
+def _add_variants(repository: Path) -> None:
+    # a second BLS without `tokenizer_dir`: it asks postprocessing for every delta, as NVIDIA's BLS does
+    _add_model_copy(repository, "tensorrt_llm_bls", BLS_VIA_POSTPROCESSING, "tokenizer_dir", None)
+    # a second LLM model that streams a response every third decoding step (serve.stream_interval 3)
+    _add_model_copy(repository, "tensorrt_llm", LLM_EVERY_THIRD_STEP, "stream_interval", "3")
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -565,11 +574,11 @@ def test_streaming_over_plain_http_infer_is_refused_clearly(server):
 
 # -- cancellation -----------------------------------------------------------------------------
 def _kv_blocks_used(server) -> float:
-    return metric(metrics(server.options.metrics_url), "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used")
+    return metric(metrics(server.options.metrics_url), "nv_trt_llm_kv_cache_block_metrics", model="tensorrt_llm", kv_cache_block_type="used")
 
 
 def _active_requests(server) -> float:
-    return metric(metrics(server.options.metrics_url), "nv_trt_llm_request_metrics", request_type="active")
+    return metric(metrics(server.options.metrics_url), "nv_trt_llm_request_metrics", model="tensorrt_llm", request_type="active")
 
 
 def _wait_for(condition, timeout: float) -> bool:
@@ -621,35 +630,45 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model):
 def _llm_output_ids(server, prompt_ids: list[int], output_len: int) -> list[int]:
     """The tokens of one streamed request to the `tensorrt_llm` model itself. Without `end_id`
     nothing ends it early: exactly `output_len` tokens."""
+    return [token for response in _llm_streamed_responses(server, prompt_ids, output_len) for token in response]
+
+
+def _llm_streamed_responses(server, prompt_ids: list[int], output_len: int, model: str = "tensorrt_llm") -> list[list[int]]:
+    """The output_ids of each response of one streamed request to an LLM model itself (the final empty one left out)."""
     arrays = {
-        "input_ids": (np.array([prompt_ids], dtype=np.int32), "INT32"),
-        "input_lengths": (np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
-        "request_output_len": (np.array([[output_len]], dtype=np.int32), "INT32"),
-        "streaming": (np.array([[True]], dtype=np.bool_), "BOOL"),
+        "input_ids": np.array([prompt_ids], dtype=np.int32),
+        "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
+        "request_output_len": np.array([[output_len]], dtype=np.int32),
+        "streaming": np.array([[True]], dtype=np.bool_),
     }
-    inputs = []
-    for name, (array, datatype) in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
     client = grpcclient.InferenceServerClient(server.options.grpc_url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
-        client.async_stream_infer("tensorrt_llm", inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-        tokens: list[int] = []
+        client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        tokens: list[list[int]] = []
         while True:
             result, error = responses.get(timeout=60)
             if error is not None:
                 raise error
             ids = result.as_numpy("output_ids")
             if ids is not None:
-                tokens += ids.reshape(-1).tolist()
+                tokens.append(ids.reshape(-1).tolist())
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return tokens
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_stream_interval_sends_every_third_steps_tokens_together(server, reference):
+    prompt_ids = reference.tokenizer.encode(PROMPTS[0])
+    every_token = _llm_streamed_responses(server, prompt_ids, 10)
+    every_third = _llm_streamed_responses(server, prompt_ids, 10, model=LLM_EVERY_THIRD_STEP)
+    assert [len(ids) for ids in every_token] == [1] * 10
+    # the first decoding step, steps 3, 6, 9, then the last (TensorRT-LLM's stream_interval)
+    assert [len(ids) for ids in every_third] == [1, 2, 3, 3, 1]
+    assert sum(every_third, []) == sum(every_token, [])
 
 
 ENGINE_SERIES = {

@@ -72,9 +72,9 @@ def test_logit_flags_must_be_booleans():
 
 
 def test_a_recomputed_chunk_does_not_count_twice_towards_complete_context_logits():
-    from refengine.engine import _RequestState
+    from refengine.request_state import RequestState
 
-    state = _RequestState("r", tuple(range(32)), SamplingParams(return_context_logits=True), [])
+    state = RequestState("r", tuple(range(32)), SamplingParams(return_context_logits=True), [])
     rows = torch.ones((16, 8))
     state.add_context_logits(0, rows)
     state.add_context_logits(0, rows)  # the same chunk again, after a preemption

@@ -369,3 +369,12 @@ def test_serve_lora_needs_build_lora_and_room_for_its_ranks(tmp_path: Path) -> N
     path = write_config(tmp_path, ENGINE + LORA_SECTION + "serve:\n  lora:\n    cache_max_adapter_size: 8\n")
     message = spec_error(path)
     assert f"{path}:14: serve.lora.cache_max_adapter_size (8) is below build.lora.max_rank (16)" in message
+
+
+@pytest.mark.parametrize("interval, message", [
+    ("4", "serve.stream_interval: 4 cannot be served on build.target engine: the tensorrtllm C++ backend sends one response"),
+    ("0", "serve.stream_interval: Input should be greater than or equal to 1"),
+])
+def test_stream_interval_is_refused_where_no_server_honours_it(tmp_path: Path, interval: str, message: str) -> None:
+    """The engine target's C++ backend streams every token (no stream_interval parameter); below 1 means nothing."""
+    assert message in spec_error(write_config(tmp_path, ENGINE + f"serve:\n  stream_interval: {interval}\n"))

@@ -260,3 +260,8 @@ def test_prompt_lookup_renders_nvidias_ngram_speculative_config():
 def test_guided_decoding_sets_the_llm_backend_option_or_leaves_it_out(choice, backend):
     spec = load_config(EXAMPLE, [f"serve.guided_decoding={choice}"]).spec
     assert serve_options(spec.serve).get("guided_decoding_backend") == backend
+
+
+def test_stream_interval_is_the_llm_option_of_the_same_name():
+    spec = load_config(EXAMPLE, ["serve.stream_interval=4"]).spec
+    assert serve_options(spec.serve)["stream_interval"] == 4

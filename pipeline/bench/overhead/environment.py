@@ -56,6 +56,7 @@ def engine_settings(repo: Path) -> dict[str, Any]:
         "scheduler_policy": parameters.get("batch_scheduler_policy", "guaranteed_no_evict"),
         "enable_chunked_context": boolean("enable_chunked_context"),
         "enable_prefix_caching": boolean("enable_kv_cache_reuse"),
+        "stream_interval": int(parameters.get("stream_interval", "1")),
     }
 
 

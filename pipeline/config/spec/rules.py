@@ -29,6 +29,9 @@ def check_cross_section(spec: Spec) -> None:
                 "(and build.plugins.context_fmha: true) in the engine"
             )
     check_format_rules(spec.quantize, build, serve)
+    why_every_token = traits_of(build.target).no_stream_interval_because
+    if serve.stream_interval > 1 and why_every_token is not None:
+        raise ValueError(f"serve.stream_interval: {serve.stream_interval} cannot be served on build.target {build.target.value}: {why_every_token}")
     _check_lora_and_speculative(build, serve)
     from pipeline.config.spec.draft import draft_spec  # it builds a Spec: imported when the Spec is being checked
 

@@ -54,6 +54,17 @@ class ServeSpec(StrictModel):
     enable_chunked_context: bool = Field(default=True, description="Split long prompts across iterations; needs paged context FMHA in the engine.")
     batch_scheduler_policy: SchedulerPolicy = Field(default=SchedulerPolicy.guaranteed_no_evict, description="guaranteed_no_evict or max_utilization.")
     exclude_input_in_output: bool = Field(default=True, description="Return only generated tokens, not the prompt.")
+    stream_interval: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description=(
+            "Streamed requests get a response on their first decoding step, then every stream_interval-th step, and the last "
+            "(TensorRT-LLM's LLM API stream_interval). 1: every token. Larger values cut the serving stack's CPU per streamed "
+            "token about that many times (BENCHMARKS.md); time to first token is unchanged. cpu and llmapi targets; the "
+            "engine target's tensorrtllm C++ backend has no such parameter and streams every token."
+        ),
+    )
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
     max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
     guided_decoding: GuidedDecodingBackend = Field(
