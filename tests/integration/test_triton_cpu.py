@@ -61,14 +61,14 @@ MAX_TOKENS = 24
 
 # -- helpers ----------------------------------------------------------------------------------
 def client_inputs(prompt: str, max_tokens: int, *, stream: bool, **extra) -> list[grpcclient.InferInput]:
+    """`extra`: name -> (array, Triton datatype), the datatype given explicitly (some tests send a wrong one on purpose)."""
     arrays = {
-        "text_input": (np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES"),
-        "max_tokens": (np.array([[max_tokens]], dtype=np.int32), "INT32"),
-        "stream": (np.array([[stream]], dtype=np.bool_), "BOOL"),
-        **extra,
+        "text_input": np.array([[prompt.encode("utf-8")]], dtype=np.object_),
+        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+        "stream": np.array([[stream]], dtype=np.bool_),
     }
-    inputs = []
-    for name, (array, datatype) in arrays.items():
+    inputs = infer_inputs(arrays)
+    for name, (array, datatype) in extra.items():
         tensor = grpcclient.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -320,12 +320,7 @@ def test_postprocessing_streams_multibyte_characters_whole(server, reference):
             "SEQUENCE_LENGTH": np.array([[1]], dtype=np.int32),
             "PRECEDING_IDS": np.array([[history[-8:]]], dtype=np.int32),
         }
-        inputs = []
-        for name, array in arrays.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        result = client.infer("postprocessing", inputs)
+        result = client.infer("postprocessing", infer_inputs(arrays))
         deltas.append(result.as_numpy("OUTPUT").reshape(-1)[0].decode("utf-8"))
         history.append(token_id)
     client.close()
@@ -595,17 +590,12 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model):
     assert _wait_for(lambda: _kv_blocks_used(server) == 0, 10), "KV cache not idle before the test"
     if model == "tensorrt_llm":
         prompt_ids = reference.tokenizer.encode(PROMPTS[0])
-        arrays = {
-            "input_ids": (np.array([prompt_ids], dtype=np.int32), "INT32"),
-            "input_lengths": (np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
-            "request_output_len": (np.array([[600]], dtype=np.int32), "INT32"),
-            "streaming": (np.array([[True]], dtype=np.bool_), "BOOL"),
-        }
-        inputs = []
-        for name, (array, datatype) in arrays.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = infer_inputs({
+            "input_ids": np.array([prompt_ids], dtype=np.int32),
+            "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
+            "request_output_len": np.array([[600]], dtype=np.int32),
+            "streaming": np.array([[True]], dtype=np.bool_),
+        })
     else:
         inputs = client_inputs(PROMPTS[0], 600, stream=True)
     client = grpcclient.InferenceServerClient(server.options.grpc_url)
