@@ -230,8 +230,9 @@ def test_engine_directory_with_a_draft_model_loads_and_speculates(models):
         (lambda c: c.pop("refengine_speculative"), "refengine_speculative"),
         (lambda c: c["refengine_speculative"].update(draft_engine_dir="missing"), "refengine_speculative.draft_engine_dir"),
         (lambda c: c["refengine_speculative"].update(draft_vocab_size=0), "refengine_speculative.draft_vocab_size"),
+        (lambda c: c["refengine_speculative"].update(draft_vocab_size=10**6), "refengine_speculative.draft_vocab_size"),
     ],
-    ids=["kind", "zero", "mismatch", "mode", "missing-section", "missing-draft", "draft-vocab"],
+    ids=["kind", "zero", "mismatch", "mode", "missing-section", "missing-draft", "draft-vocab", "draft-vocab-above"],
 )
 def test_bad_speculative_settings_are_refused_by_field(models, edit, field):
     engine_dir = _engine_dir(models, "target")
