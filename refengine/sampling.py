@@ -52,6 +52,11 @@ class SamplingParams:
       token (TensorRT-LLM's `generation_logits`).
     - `num_draft_tokens`: speculative decoding's draft length for this request (TensorRT-LLM's
       `num_draft_tokens`): None is the engine's max_draft_len, 0 turns speculation off.
+    - `use_draft_logits` (TensorRT-LLM BLS's `use_draft_logits`): how a sampled request accepts a draft
+      model's tokens. True: by the draft's distribution q (accept d with probability min(1, p(d)/q(d)));
+      False: by comparing tokens (q taken as one-hot(d): accepted with probability p(d), TensorRT-LLM's
+      `use_logits False`). Both keep the output distributed as the target's; q accepts at least as often.
+      None: the engine's default, q. True needs a draft model (not n-gram drafts) and drafts.
     - `guided_decoding`: a grammar every output token must follow (refengine.guided); the engine
       must have guided decoding on.
     """
@@ -75,6 +80,7 @@ class SamplingParams:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     num_draft_tokens: int | None = None
+    use_draft_logits: bool | None = None
     guided_decoding: GuidedDecodingParams | None = None
     beam_width: int = 1
     length_penalty: float = 1.0
@@ -110,6 +116,8 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, minimum=0)
         if self.num_draft_tokens is not None:
             _check_int("num_draft_tokens", self.num_draft_tokens, minimum=0)
+        if self.use_draft_logits is not None and not isinstance(self.use_draft_logits, bool):
+            raise InvalidRequestError("use_draft_logits", f"must be true, false or unset, got {self.use_draft_logits!r}")
         for field in ("return_context_logits", "return_generation_logits"):
             if not isinstance(getattr(self, field), bool):
                 raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")
