@@ -150,6 +150,7 @@ def parse_request(
             return_context_logits=scalars.get("return_context_logits", bool, False),
             return_generation_logits=scalars.get("return_generation_logits", bool, False),
             num_draft_tokens=scalars.get("num_draft_tokens", int, None),
+            use_draft_logits=scalars.get("use_draft_logits", bool, None),
             guided_decoding=_guide(arrays),
             beam_width=beam_width,
             length_penalty=length_penalty if beam_width > 1 else 1.0,

@@ -530,6 +530,8 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
     drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))
     assert "num_draft_tokens: the engine was built without draft-target speculative decoding" in _grpc_error(
         server, drafted, model="tensorrt_llm_bls")
+    by_logits = client_inputs("x", 4, stream=False, use_draft_logits=(np.array([[True]], dtype=np.bool_), "BOOL"))
+    assert "use_draft_logits: true needs draft-target speculative decoding" in _grpc_error(server, by_logits, model="tensorrt_llm_bls")
     not_utf8 = client_inputs("x", 4, stream=False)
     not_utf8[0].set_data_from_numpy(np.array([[b"ab\xff\xfe"]], dtype=np.object_))
     assert "input 'text_input' is not valid UTF-8 (invalid start byte at byte 2)" in _grpc_error(server, not_utf8)
