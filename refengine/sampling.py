@@ -37,8 +37,9 @@ class SamplingParams:
     - `beam_width` > 1: beam search (Hugging Face `generate(num_beams=..., do_sample=False)`);
       `length_penalty` divides a finished beam's log-probability by length ** length_penalty;
       `early_stopping` True / False / "never" as in Hugging Face. Beam search does not sample:
-      top_k, top_p and a temperature other than 0 or 1 are refused with it, and so are stop
-      sequences, top logprobs (> 0) and generation logits, which it does not implement.
+      top_k, top_p and a temperature other than 0 or 1 are refused with it, and so are top logprobs
+      (> 0) and generation logits, which it does not implement. A stop sequence ends the beam that
+      produces it (kept in its output), as transformers' stopping criteria end a beam candidate.
     - `logprobs`: None for none; k ≥ 0 returns the sampled token's log-probability and the k most
       likely alternatives (from the model's raw distribution).
     - `pad_id`: the contract's padding id; not used in decoding, but like `end_id` it must be a
@@ -175,7 +176,6 @@ def _check_beam_params(params: SamplingParams) -> None:
         "temperature": params.temperature not in (0.0, 1.0),
         "return_generation_logits": params.return_generation_logits,
         "logprobs": bool(params.logprobs),
-        "stop_token_ids": bool(params.stop_token_ids),
     }
     for field, refused in sampling.items():
         if refused:
