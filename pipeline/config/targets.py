@@ -43,6 +43,8 @@ class TargetTraits:
     no_kubernetes_because: str | None = None  # why deploy.kind kubernetes cannot render this target yet
     no_multinode_because: str | None = None  # why its ranks cannot span nodes (a LeaderWorkerSet); None: they can
     has_llmapi_forms: bool = False  # it runs as Triton's llmapi model or as trtllm-serve (deploy.kubernetes.llmapi_form)
+    # why it refuses build.speculative.draft_vocab_size (a draft proposing only the first N token ids); None: it builds it
+    no_draft_vocab_size_because: str | None = None
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -62,6 +64,9 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "draft_tokens_external engine would never receive draft tokens; use draft_tokens_external with a draft "
             "model, or lookahead_decoding (the engine's own n-gram drafting)",
         },
+        no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (trtllm-build builds the "
+        "draft's whole lm_head, and the draft engine is served as is; a reduced draft vocabulary exists there only inside "
+        "trained EAGLE-3 heads)",
     ),
     Target.cpu: TargetTraits(
         builds_through_runner=False,
@@ -97,6 +102,9 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         "process per rank (examples/llm-api/llm_mgmn_trtllm_serve.sh: 'experimental and may not work on all systems'), not "
         "with the leader mode of one tritonserver per rank this version renders; keep tp × pp within one node",
         has_llmapi_forms=True,
+        no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (LLM() loads the whole "
+        "draft checkpoint named by speculative_config's speculative_model_dir; a reduced draft vocabulary exists there "
+        "only inside trained EAGLE-3 heads)",
     ),
 }
 

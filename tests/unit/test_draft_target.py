@@ -74,6 +74,8 @@ REFUSED = {
                                             "build.speculative.draft_vocab_size applies to mode draft_tokens_external only"),
     "draft_vocab_size on the engine": (ENGINE_DRAFT, ("build.speculative.draft_vocab_size=1024",),
                                        "build.speculative.draft_vocab_size is refused on build.target engine: TensorRT-LLM 1.2's draft-target has no"),
+    "draft_vocab_size on llmapi": (ENGINE_DRAFT, ("build.target=llmapi", "build.speculative.draft_vocab_size=1024"),
+                                   "build.speculative.draft_vocab_size is refused on build.target llmapi: TensorRT-LLM 1.2's draft-target has no"),
     "context logits": (ENGINE_DRAFT, ("build.gather_context_logits=true",), "build.gather_context_logits: true cannot be combined with build.speculative"),
 }
 
