@@ -78,6 +78,19 @@ def _ends_with_stop_word(tokens: Sequence[int], stop_words: Sequence[Sequence[in
     return any(word and len(tokens) >= len(word) and list(tokens[-len(word):]) == list(word) for word in stop_words)
 
 
+def use_draft_logits_refusal(wanted: bool | None, *, max_draft_len: int, drafts: bool) -> str | None:
+    """Why a request's use_draft_logits cannot be served (None: it can, or it is false or unset): true asks the target
+    to accept draft tokens by the draft's logits, so it needs a draft-target engine and a request that drafts."""
+    if not wanted:
+        return None
+    if max_draft_len <= 0:
+        return ("use_draft_logits: true needs draft-target speculative decoding (build.speculative.mode "
+                "draft_tokens_external); the engine was built without it")
+    if not drafts:
+        return "use_draft_logits: true needs num_draft_tokens > 0 (the draft whose logits the target gets)"
+    return None
+
+
 class DraftLogits:
     """use_draft_logits: the draft call's generation logits (one row per draft token, the row it was drawn from), kept
     until the target call that verifies those tokens and sent with them as `draft_logits` (NVIDIA's BLS sends the last

@@ -43,7 +43,7 @@ from incremental_detokenizer import CONTEXT_TOKENS, text_delta
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import CancellationWatcher, ResponseChannel, WorkerThreads
-from speculative_loop import DraftLogits, draft_target_generate
+from speculative_loop import DraftLogits, draft_target_generate, use_draft_logits_refusal
 from triton_io import BadRequest, error_response, input_arrays, log_error, optional_input, requested_outputs, send_stop, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -150,7 +150,12 @@ class TritonPythonModel:
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
         requested = requested_outputs(request)
         num_draft_tokens = self._num_draft_tokens(request, client, streaming)
-        use_logits = self._use_draft_logits(request, num_draft_tokens)
+        given = optional_input(request, "use_draft_logits")
+        use_logits = bool(given.reshape(-1)[0]) if given is not None and given.size else None
+        # a cpu engine drafts by default when num_draft_tokens is unset (and checks its drafter itself)
+        drafts = bool(num_draft_tokens) or (self._drafts_inside and optional_input(request, "num_draft_tokens") is None)
+        if refusal := use_draft_logits_refusal(use_logits, max_draft_len=self._max_draft_len, drafts=drafts):
+            raise BadRequest(refusal)
         if self._drafts_inside:  # the cpu engine drafts inside: the request's draft length (0: off) and acceptance go to it
             if optional_input(request, "num_draft_tokens") is not None:
                 llm_inputs["num_draft_tokens"] = np.array([[num_draft_tokens]], dtype=np.int32)
@@ -188,20 +193,6 @@ class TritonPythonModel:
         for refused, message in refusals:
             if refused:
                 raise BadRequest(message)
-        return wanted
-
-    def _use_draft_logits(self, request, num_draft_tokens):
-        """use_draft_logits as sent (None: unset); true needs draft-target drafts (a cpu engine checks its drafter itself)."""
-        given = optional_input(request, "use_draft_logits")
-        if given is None or not given.size:
-            return None
-        wanted = bool(given.reshape(-1)[0])
-        unset_inside = self._drafts_inside and optional_input(request, "num_draft_tokens") is None  # the engine's default
-        if wanted and self._max_draft_len <= 0:
-            raise BadRequest("use_draft_logits: true needs draft-target speculative decoding (build.speculative.mode "
-                             "draft_tokens_external); the engine was built without it")
-        if wanted and not num_draft_tokens and not unset_inside:
-            raise BadRequest("use_draft_logits: true needs num_draft_tokens > 0 (the draft whose logits the target gets)")
         return wanted
 
     def _speculate(self, llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested, use_logits=False):

@@ -97,3 +97,11 @@ def test_draft_logits_go_to_the_target_with_the_tokens_they_drew(loop):
     relay.keep([5, 6], None)  # a draft model that returned no generation_logits: refused by name
     with pytest.raises(ValueError, match="use_draft_logits: the draft model returned 0 generation_logits rows"):
         relay.for_target([5, 6])
+
+
+def test_use_draft_logits_true_needs_a_draft_target_engine_and_drafts(loop):
+    refusal = loop.use_draft_logits_refusal
+    assert refusal(None, max_draft_len=0, drafts=False) is None and refusal(False, max_draft_len=0, drafts=False) is None
+    assert refusal(True, max_draft_len=4, drafts=True) is None
+    assert refusal(True, max_draft_len=0, drafts=True).startswith("use_draft_logits: true needs draft-target speculative decoding")
+    assert refusal(True, max_draft_len=4, drafts=False).startswith("use_draft_logits: true needs num_draft_tokens > 0")
