@@ -26,7 +26,7 @@ from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
 from refengine.scheduler import Scheduler
 from refengine.speculative.loading import load_drafter, speculative_settings
-from refengine.speculative.planner import Drafter, Speculator
+from refengine.speculative.planner import Drafter, Speculator, check_draft_logits
 from refengine.stats import EngineStats
 
 
@@ -138,6 +138,7 @@ class LLMEngine:
         """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input."""
         params = params if params is not None else SamplingParams()
         prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size)
+        check_draft_logits(params, self._speculator)
         grammar = self._grammar_of(params)  # compiled outside the lock: the engine keeps stepping
         with self._lock:
             if request_id is None:

@@ -37,8 +37,9 @@ class SamplingParams:
     - `beam_width` > 1: beam search (Hugging Face `generate(num_beams=..., do_sample=False)`);
       `length_penalty` divides a finished beam's log-probability by length ** length_penalty;
       `early_stopping` True / False / "never" as in Hugging Face. Beam search does not sample:
-      top_k, top_p and a temperature other than 0 or 1 are refused with it, and so are stop
-      sequences, top logprobs (> 0) and generation logits, which it does not implement.
+      top_k, top_p and a temperature other than 0 or 1 are refused with it, and so are top logprobs
+      (> 0) and generation logits, which it does not implement. A stop sequence ends the beam that
+      produces it (kept in its output), as transformers' stopping criteria end a beam candidate.
     - `logprobs`: None for none; k ≥ 0 returns the sampled token's log-probability and the k most
       likely alternatives (from the model's raw distribution).
     - `pad_id`: the contract's padding id; not used in decoding, but like `end_id` it must be a
@@ -52,6 +53,11 @@ class SamplingParams:
       token (TensorRT-LLM's `generation_logits`).
     - `num_draft_tokens`: speculative decoding's draft length for this request (TensorRT-LLM's
       `num_draft_tokens`): None is the engine's max_draft_len, 0 turns speculation off.
+    - `use_draft_logits` (TensorRT-LLM BLS's `use_draft_logits`): how a sampled request accepts a draft
+      model's tokens. True: by the draft's distribution q (accept d with probability min(1, p(d)/q(d)));
+      False: by comparing tokens (q taken as one-hot(d): accepted with probability p(d), TensorRT-LLM's
+      `use_logits False`). Both keep the output distributed as the target's; q accepts at least as often.
+      None: the engine's default, q. True needs a draft model (not n-gram drafts) and drafts.
     - `guided_decoding`: a grammar every output token must follow (refengine.guided); the engine
       must have guided decoding on.
     """
@@ -75,6 +81,7 @@ class SamplingParams:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     num_draft_tokens: int | None = None
+    use_draft_logits: bool | None = None
     guided_decoding: GuidedDecodingParams | None = None
     beam_width: int = 1
     length_penalty: float = 1.0
@@ -110,6 +117,8 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, minimum=0)
         if self.num_draft_tokens is not None:
             _check_int("num_draft_tokens", self.num_draft_tokens, minimum=0)
+        if self.use_draft_logits is not None and not isinstance(self.use_draft_logits, bool):
+            raise InvalidRequestError("use_draft_logits", f"must be true, false or unset, got {self.use_draft_logits!r}")
         for field in ("return_context_logits", "return_generation_logits"):
             if not isinstance(getattr(self, field), bool):
                 raise InvalidRequestError(field, f"must be true or false, got {getattr(self, field)!r}")
@@ -167,7 +176,6 @@ def _check_beam_params(params: SamplingParams) -> None:
         "temperature": params.temperature not in (0.0, 1.0),
         "return_generation_logits": params.return_generation_logits,
         "logprobs": bool(params.logprobs),
-        "stop_token_ids": bool(params.stop_token_ids),
     }
     for field, refused in sampling.items():
         if refused:

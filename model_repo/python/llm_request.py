@@ -102,8 +102,9 @@ def parse_request(
     if streaming and not decoupled:
         raise ContractError("streaming: streaming is only supported if the model is deployed in decoupled mode")
     beam_width = scalars.get("beam_width", int, 1)
-    if beam_width > 1 and streaming:  # NVIDIA's BLS accumulates streamed tokens for beam width 1 only
-        raise ContractError(f"streaming: not supported with beam_width {beam_width} on the cpu engine (beams are returned together at the end)")
+    if beam_width > 1 and streaming:  # TensorRT-LLM streams the full beams each step (LlmRequest: returnAllGeneratedTokens)
+        raise ContractError(f"streaming: not supported with beam_width {beam_width} on the cpu engine (beams are returned together "
+                            "at the end; TensorRT-LLM would resend every beam in full at each step)")
     for name, reason in _UNSUPPORTED_PRESENT.items():
         if name in arrays:
             raise ContractError(f"{name}: {reason}")
@@ -150,6 +151,7 @@ def parse_request(
             return_context_logits=scalars.get("return_context_logits", bool, False),
             return_generation_logits=scalars.get("return_generation_logits", bool, False),
             num_draft_tokens=scalars.get("num_draft_tokens", int, None),
+            use_draft_logits=scalars.get("use_draft_logits", bool, None),
             guided_decoding=_guide(arrays),
             beam_width=beam_width,
             length_penalty=length_penalty if beam_width > 1 else 1.0,

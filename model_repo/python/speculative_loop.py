@@ -76,3 +76,44 @@ def _common_prefix(proposal: Sequence[int], emitted: Sequence[int]) -> int:
 
 def _ends_with_stop_word(tokens: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:
     return any(word and len(tokens) >= len(word) and list(tokens[-len(word):]) == list(word) for word in stop_words)
+
+
+def use_draft_logits_refusal(wanted: bool | None, *, max_draft_len: int, drafts: bool) -> str | None:
+    """Why a request's use_draft_logits cannot be served (None: it can, or it is false or unset): true asks the target
+    to accept draft tokens by the draft's logits, so it needs a draft-target engine and a request that drafts."""
+    if not wanted:
+        return None
+    if max_draft_len <= 0:
+        return ("use_draft_logits: true needs draft-target speculative decoding (build.speculative.mode "
+                "draft_tokens_external); the engine was built without it")
+    if not drafts:
+        return "use_draft_logits: true needs num_draft_tokens > 0 (the draft whose logits the target gets)"
+    return None
+
+
+class DraftLogits:
+    """use_draft_logits: the draft call's generation logits (one row per draft token, the row it was drawn from), kept
+    until the target call that verifies those tokens and sent with them as `draft_logits` (NVIDIA's BLS sends the last
+    len(draft tokens) rows of the draft's generation_logits). The loop may cut a draft to the tokens left: the rows are
+    cut with it."""
+
+    def __init__(self) -> None:
+        self._ids: list[int] = []
+        self._rows = None
+
+    def keep(self, ids: Sequence[int], rows) -> None:
+        """`rows` [len(ids), vocab] (an array), or None when the draft model returned no generation_logits."""
+        self._ids, self._rows = list(ids), rows
+
+    def for_target(self, draft_ids: Sequence[int]):
+        """The rows of `draft_ids` ([k, vocab]), or None for no draft; ValueError when the draft gave none for them."""
+        ids, rows = self._ids, self._rows
+        self._ids, self._rows = [], None
+        if not draft_ids:
+            return None
+        if rows is None or len(rows) < len(draft_ids) or ids[: len(draft_ids)] != list(draft_ids):
+            raise ValueError(
+                f"use_draft_logits: the draft model returned {0 if rows is None else len(rows)} generation_logits rows "
+                f"for {len(draft_ids)} draft tokens (the draft's tensorrt_llm must return generation_logits)"
+            )
+        return rows[: len(draft_ids)]

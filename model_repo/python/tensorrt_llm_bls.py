@@ -20,10 +20,12 @@ without it, postprocessing decodes them as in NVIDIA's BLS.
 Draft-target speculative decoding (a request with num_draft_tokens > 0, in a repository whose tensorrt_llm engine is
 draft_tokens_external and that serves the draft as `tensorrt_llm_draft_model_name`) runs the draft loop of
 speculative_loop.py, as NVIDIA's BLS does: one prompt, not streamed, no context logits, one beam; draft tokens are
-accepted by comparing them with the target's (NVIDIA's use_draft_logits false). num_draft_tokens above the engine's
-max_draft_len, or on an engine built without speculation, is refused by name. A speculative engine with no draft model
-beside it (the cpu engine: its draft model or n-gram drafter is inside refengine) gets the request's num_draft_tokens
-passed on as its own input (0 turns speculation off for the request), streamed or not.
+accepted by comparing them with the target's, or with use_draft_logits true by the draft's distribution: the draft call
+returns its generation_logits and the target gets them as draft_logits. num_draft_tokens above the engine's
+max_draft_len, or on an engine built without speculation, is refused by name, and so is use_draft_logits true without
+drafts. A speculative engine with no draft model beside it (the cpu engine: its draft model or n-gram drafter is inside
+refengine) gets the request's num_draft_tokens and use_draft_logits passed on as its own inputs (0 turns speculation off
+for the request), streamed or not.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from incremental_detokenizer import CONTEXT_TOKENS, text_delta
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import CancellationWatcher, ResponseChannel, WorkerThreads
-from speculative_loop import draft_target_generate
+from speculative_loop import DraftLogits, draft_target_generate, use_draft_logits_refusal
 from triton_io import BadRequest, error_response, input_arrays, log_error, optional_input, requested_outputs, send_stop, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -148,11 +150,19 @@ class TritonPythonModel:
         context = prompt[-CONTEXT_TOKENS:] if (streaming or exclude_input) else []
         requested = requested_outputs(request)
         num_draft_tokens = self._num_draft_tokens(request, client, streaming)
-        if self._drafts_inside and optional_input(request, "num_draft_tokens") is not None:
-            # the cpu engine drafts inside: the request's draft length (0: off) goes to it as it came
-            llm_inputs["num_draft_tokens"] = np.array([[num_draft_tokens]], dtype=np.int32)
+        given = optional_input(request, "use_draft_logits")
+        use_logits = bool(given.reshape(-1)[0]) if given is not None and given.size else None
+        # a cpu engine drafts by default when num_draft_tokens is unset (and checks its drafter itself)
+        drafts = bool(num_draft_tokens) or (self._drafts_inside and optional_input(request, "num_draft_tokens") is None)
+        if refusal := use_draft_logits_refusal(use_logits, max_draft_len=self._max_draft_len, drafts=drafts):
+            raise BadRequest(refusal)
+        if self._drafts_inside:  # the cpu engine drafts inside: the request's draft length (0: off) and acceptance go to it
+            if optional_input(request, "num_draft_tokens") is not None:
+                llm_inputs["num_draft_tokens"] = np.array([[num_draft_tokens]], dtype=np.int32)
+            if use_logits is not None:
+                llm_inputs["use_draft_logits"] = np.array([[use_logits]], dtype=np.bool_)
         elif num_draft_tokens:
-            self._speculate(llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested)
+            self._speculate(llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested, bool(use_logits))
             return
         outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
         # What else the client asked for that tensorrt_llm gives (perf metrics, token counts, batch_index)
@@ -174,21 +184,18 @@ class TritonPythonModel:
             raise BadRequest(f"num_draft_tokens: {wanted} exceeds the engine's max_draft_len ({self._max_draft_len})")
         if self._drafts_inside:
             return wanted  # the engine drafts inside (the cpu engine carries its draft model or drafts n-grams)
-        use_logits = optional_input(request, "use_draft_logits")
         refusals = (
             (streaming, "stream: streaming is not supported with speculative decoding (num_draft_tokens)"),
             (_flag(client, "return_context_logits"), "return_context_logits: context logits are not supported with speculative decoding"),
             (_flag(client, "return_generation_logits"), "return_generation_logits: generation logits are not returned with speculative decoding"),
             ("beam_width" in client and int(client["beam_width"].reshape(-1)[0]) > 1, "beam_width: speculative decoding runs one beam"),
-            (use_logits is not None and bool(use_logits.reshape(-1)[0]),
-             "use_draft_logits: this BLS accepts draft tokens by comparing them with the target's; send use_draft_logits false"),
         )
         for refused, message in refusals:
             if refused:
                 raise BadRequest(message)
         return wanted
 
-    def _speculate(self, llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested):
+    def _speculate(self, llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested, use_logits=False):
         """The draft loop over two non-streamed calls per step; one response at the end."""
         shared = {name: array for name, array in llm_inputs.items() if name not in _PER_STEP_INPUTS}
         shared["streaming"] = np.array([[False]], dtype=np.bool_)
@@ -196,21 +203,34 @@ class TritonPythonModel:
         cancelled = threading.Event()
         self._watcher.watch(channel, cancelled.set)
 
-        def step(model, sequence, output_len, draft_ids=None):
+        relay = DraftLogits()
+
+        def step(model, sequence, output_len, draft_ids=None, with_logits=False):
             if cancelled.is_set():
-                return []
+                return ([], None) if with_logits else []
             inputs = dict(shared, input_ids=np.array([sequence], dtype=np.int32),
                           input_lengths=np.array([[len(sequence)]], dtype=np.int32),
                           request_output_len=np.array([[output_len]], dtype=np.int32))
             if draft_ids:
                 inputs["draft_input_ids"] = np.array([draft_ids], dtype=np.int32)
-            return self._generated_ids(model, inputs)
+                if use_logits:  # [1, k, vocab], as NVIDIA's BLS sends them
+                    inputs["draft_logits"] = relay.for_target(draft_ids)[None]
+            if with_logits:
+                inputs["return_generation_logits"] = np.array([[True]], dtype=np.bool_)
+            return self._generated_ids(model, inputs, with_logits)
+
+        def draft(sequence, n):
+            if not use_logits:
+                return step(self._draft, sequence, n)
+            ids, rows = step(self._draft, sequence, n, with_logits=True)
+            relay.keep(ids, rows)
+            return ids
 
         max_tokens = int(llm_inputs["request_output_len"].reshape(-1)[0])
         end_id = int(llm_inputs["end_id"].reshape(-1)[0]) if "end_id" in llm_inputs else None
         result = draft_target_generate(
             prompt, max_tokens, num_draft_tokens,
-            draft=lambda sequence, n: step(self._draft, sequence, n),
+            draft=draft,
             target=lambda sequence, draft_ids: step(self._llm, sequence, len(draft_ids) + 1, draft_ids),
             end_id=end_id, stop_words=_stop_words(llm_inputs.get("stop_words_list")),
         )
@@ -228,10 +248,12 @@ class TritonPythonModel:
             }
         channel.send(self._client_response(self._detokenize(preceding, new_ids), figures, requested), final=True)
 
-    def _generated_ids(self, model_name, inputs):
-        """The tokens one non-streamed call of an LLM model generates (the prompt excluded)."""
+    def _generated_ids(self, model_name, inputs, with_logits=False):
+        """The tokens one non-streamed call of an LLM model generates (the prompt excluded); with_logits: and their
+        generation_logits rows ([tokens, vocab], None if the model returned none)."""
+        rows = []
         request = pb_utils.InferenceRequest(
-            model_name=model_name, requested_output_names=["output_ids", "sequence_length"],
+            model_name=model_name, requested_output_names=["output_ids", "sequence_length"] + (["generation_logits"] if with_logits else []),
             inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
         )
         tokens = []
@@ -244,9 +266,13 @@ class TritonPythonModel:
                 if "output_ids" in tensors:
                     length = int(tensors["sequence_length"].reshape(-1)[0])
                     tokens.extend(tensors["output_ids"].reshape(-1)[:length].tolist())
+                if with_logits and tensors.get("generation_logits") is not None:  # [1, beams, tokens, vocab]: beam 0
+                    rows.append(tensors["generation_logits"][0][0])
         finally:
             self._finished_calls.hold(responses)
             del responses
+        if with_logits:
+            return tokens, (np.concatenate(rows) if rows else None)
         return tokens
 
     def _client_inputs(self, request):

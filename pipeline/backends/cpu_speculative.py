@@ -6,6 +6,7 @@ The contract with refengine (which reads it):
                  and at the top level
                  "refengine_speculative": {"kind": "draft_model" | "ngram", "max_draft_len": K,
                                            "draft_engine_dir": "draft",            (draft_model only)
+                                           "draft_vocab_size": N,                  (draft_model, if the spec sets it)
                                            "max_matching_ngram_size": N}           (ngram only)
     draft/       (draft_model) the draft's own cpu engine directory, relative to the engine directory
 """
@@ -35,6 +36,8 @@ def speculative_record(speculative: SpeculativeSpec) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": kind, "max_draft_len": speculative.draft_len}
     if kind == "draft_model":
         record["draft_engine_dir"] = DRAFT_ENGINE_DIR
+        if speculative.draft_vocab_size is not None:
+            record["draft_vocab_size"] = speculative.draft_vocab_size
     else:
         record["max_matching_ngram_size"] = speculative.prompt_lookup.max_matching_ngram_size
     return record

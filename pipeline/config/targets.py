@@ -44,6 +44,8 @@ class TargetTraits:
     no_multinode_because: str | None = None  # why its ranks cannot span nodes (a LeaderWorkerSet); None: they can
     has_llmapi_forms: bool = False  # it runs as Triton's llmapi model or as trtllm-serve (deploy.kubernetes.llmapi_form)
     no_stream_interval_because: str | None = None  # why serve.stream_interval must stay 1; None: its server honours it
+    # why it refuses build.speculative.draft_vocab_size (a draft proposing only the first N token ids); None: it builds it
+    no_draft_vocab_size_because: str | None = None
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -65,6 +67,9 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         },
         no_stream_interval_because="the tensorrtllm C++ backend sends one response per generated token: its config.pbtxt "
         "has no stream_interval parameter (that is an LLM API option of TensorRT-LLM's PyTorch backend: target llmapi)",
+        no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (trtllm-build builds the "
+        "draft's whole lm_head, and the draft engine is served as is; a reduced draft vocabulary exists there only inside "
+        "trained EAGLE-3 heads)",
     ),
     Target.cpu: TargetTraits(
         builds_through_runner=False,
@@ -100,6 +105,9 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         "process per rank (examples/llm-api/llm_mgmn_trtllm_serve.sh: 'experimental and may not work on all systems'), not "
         "with the leader mode of one tritonserver per rank this version renders; keep tp × pp within one node",
         has_llmapi_forms=True,
+        no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (LLM() loads the whole "
+        "draft checkpoint named by speculative_config's speculative_model_dir; a reduced draft vocabulary exists there "
+        "only inside trained EAGLE-3 heads)",
     ),
 }
 

@@ -135,9 +135,10 @@ LLM_LORA_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
 )
 
-# The cpu model's input addition: speculative decoding's draft length per request (TensorRT-LLM has
-# it on the BLS model, `num_draft_tokens`; 0 turns speculation off, at most the engine's max_draft_len).
-CPU_LLM_EXTRA_INPUTS: tuple[TensorSpec, ...] = (_scalar("num_draft_tokens", "TYPE_INT32"),)
+# The cpu model's input addition: speculative decoding's draft length per request and how a draft model's tokens are
+# accepted (TensorRT-LLM has both on the BLS model, `num_draft_tokens` / `use_draft_logits`; 0 turns speculation off,
+# at most the engine's max_draft_len). The cpu engine drafts inside, so the BLS passes them on (refengine SamplingParams).
+CPU_LLM_EXTRA_INPUTS: tuple[TensorSpec, ...] = (_scalar("num_draft_tokens", "TYPE_INT32"), _scalar("use_draft_logits", "TYPE_BOOL"))
 
 # The cpu model's addition: context tokens for incremental, UTF-8-safe detokenization.
 CPU_LLM_EXTRA_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("preceding_ids", "TYPE_INT32", (-1, -1)),)

@@ -8,7 +8,10 @@ same `torch.topk` calls on tensors of the same shapes, so ties break the same wa
 - candidates: the top K = max(2, 1 + number of end ids) * B of (beam score + log-prob) over all
   B * vocab continuations; at the first step only beam 0 is live (the others start at -1e9);
 - a candidate "hits" if its token is an end id (`end_id`, and with guided decoding the grammar's
-  stop tokens: `extra_end_ids`) or the sequence reaches prompt + max_tokens;
+  stop tokens: `extra_end_ids`), its generated tokens end with a stop sequence (`stop_sequences`,
+  TensorRT-LLM's stop words; once `min_new_tokens` are generated, as without beams; transformers
+  checks a stopping criterion per candidate the same way, and it does not widen K) or the sequence
+  reaches prompt + max_tokens;
 - running beams: the best B candidates that did not hit;
 - finished beams: the best B of (kept finished, candidates among the first B that hit), a
   candidate scored cum_log_prob / generated_length ** length_penalty (its end token counted);
@@ -31,15 +34,15 @@ _NEG = -1.0e9
 
 @dataclass(frozen=True)
 class Beam:
-    """A beam's generated tokens (an end id that finished it excluded), their log-probabilities,
-    the sum of those (end token included: `cum_log_prob`) and the normalised score."""
+    """A beam's generated tokens (an end id that finished it excluded; a stop sequence kept), their
+    log-probabilities, the sum of those (end token included: `cum_log_prob`) and the normalised score."""
 
     token_ids: tuple[int, ...]
     token_log_probs: tuple[float, ...]
     cum_log_prob: float
     score: float
     finished: bool
-    stopped: bool  # finished by end_id (else by length)
+    stopped: bool  # finished by an end id or a stop sequence (else by length)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class BeamSearch:
         early_stopping: bool | str = False,
         end_id: int | None = None,
         extra_end_ids: tuple[int, ...] = (),
+        stop_sequences: tuple[tuple[int, ...], ...] = (),
+        min_new_tokens: int = 0,
     ) -> None:
         self.beam_width = beam_width
         self._prompt_len = prompt_len
@@ -68,6 +73,8 @@ class BeamSearch:
         self._early_stopping = early_stopping
         self._end_ids = tuple(dict.fromkeys(((end_id,) if end_id is not None else ()) + tuple(extra_end_ids)))
         self._num_candidates = max(2, 1 + len(self._end_ids)) * beam_width
+        self._stop_sequences = tuple(tuple(stop) for stop in stop_sequences if stop)
+        self._min_new_tokens = min_new_tokens
         self._cur_len = prompt_len
         self.running_scores = torch.zeros((1, beam_width), dtype=torch.float32)
         self.running_scores[:, 1:] = _NEG
@@ -96,8 +103,8 @@ class BeamSearch:
         top_scores, top_indices = torch.topk(accumulated, k=min(self._num_candidates, width * vocab))
         parents = top_indices // vocab
         tokens = top_indices % vocab
-        hits = self._hits(tokens)
         candidates = [self._extend(int(p), int(t), float(log_probs[int(p), int(t)])) for p, t in zip(parents[0], tokens[0])]
+        hits = self._hits(tokens, candidates)
 
         running = top_scores + hits.to(torch.float32) * _NEG
         order = torch.topk(running, k=width)[1][0]
@@ -122,9 +129,10 @@ class BeamSearch:
         for index in range(num):
             tokens, log_probs, cum = self._finished[index]
             finished = bool(self._is_finished[0, index])
-            stopped = finished and bool(tokens) and tokens[-1] in self._end_ids
-            if stopped:
+            ended = finished and bool(tokens) and tokens[-1] in self._end_ids
+            if ended:
                 tokens, log_probs = tokens[:-1], log_probs[:-1]
+            stopped = ended or (finished and self._ends_with_stop(tokens))
             beams.append(Beam(tokens, log_probs, cum, float(self._finished_scores[0, index]), finished, stopped))
         return beams
 
@@ -132,12 +140,17 @@ class BeamSearch:
     def _extend(self, parent: int, token: int, log_prob: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
         return self.running_tokens[parent] + (token,), self._running_log_probs[parent] + (log_prob,)
 
-    def _hits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _hits(self, tokens: torch.Tensor, candidates: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> torch.Tensor:
         at_length = self._cur_len + 1 >= self._max_length
         hits = torch.full(tokens.shape, at_length, dtype=torch.bool)
         if self._end_ids:
             hits |= torch.isin(tokens, torch.tensor(self._end_ids, dtype=tokens.dtype))
+        if self._stop_sequences and self._cur_len + 1 - self._prompt_len >= self._min_new_tokens:
+            hits |= torch.tensor([[self._ends_with_stop(generated) for generated, _ in candidates]], dtype=torch.bool)
         return hits
+
+    def _ends_with_stop(self, tokens: tuple[int, ...]) -> bool:
+        return any(len(stop) <= len(tokens) and tokens[-len(stop):] == stop for stop in self._stop_sequences)
 
     def _update_finished(self, candidates, top_scores: torch.Tensor, hits: torch.Tensor) -> None:
         width = self.beam_width

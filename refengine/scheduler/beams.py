@@ -57,6 +57,8 @@ class BeamGroups:
             early_stopping=params.early_stopping,
             end_id=params.end_id,
             extra_end_ids=sequence.grammar.stop_token_ids if sequence.grammar is not None else (),
+            stop_sequences=params.stop_token_ids,
+            min_new_tokens=params.min_tokens,
         )
         group = BeamGroup(sequence.request_id, search, [sequence.seq_id])
         self._groups[sequence.request_id] = group

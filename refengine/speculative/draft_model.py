@@ -33,6 +33,8 @@ from refengine.speculative.planner import Draft, DraftRequest
 
 
 class DraftModelDrafter:
+    has_draft_distribution = True  # a sampled draft carries q (Draft.probs)
+
     def __init__(
         self, model: DecoderModel, num_blocks: int, tokens_per_block: int, *, vocab_size: int | None = None,
         lean_slots: tuple[int, int] | None = None,

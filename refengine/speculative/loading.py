@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from refengine.checkpoint import EngineDirectory, load_engine_dir
 from refengine.config import EngineConfig
+from refengine.errors import EngineConfigError
 from refengine.model_runner import load_model, torch_dtype
 from refengine.speculative.draft_model import DraftModelDrafter
 from refengine.speculative.ngram import NGramDrafter
 from refengine.speculative.planner import Drafter
-from refengine.speculative.settings import SpeculativeSettings, check_draft_fits, read_speculative_settings
+from refengine.speculative.settings import SPECULATIVE_KEY, SpeculativeSettings, check_draft_fits, read_speculative_settings
 
 
 def speculative_settings(engine: EngineDirectory) -> SpeculativeSettings | None:
@@ -32,6 +33,11 @@ def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config:
         draft.checkpoint.config.vocab_size,
         draft.build_config,
     )
+    if settings.draft_vocab_size is not None and settings.draft_vocab_size > draft.checkpoint.config.vocab_size:
+        raise EngineConfigError(
+            f"{SPECULATIVE_KEY}.draft_vocab_size",
+            f"{settings.draft_vocab_size} exceeds the draft's vocab_size {draft.checkpoint.config.vocab_size} (it keeps the first N token ids)",
+        )
     model = load_model(draft.checkpoint, torch_dtype(config.compute_dtype))
     blocks_per_sequence = -(-config.max_seq_len // config.tokens_per_block)
     return DraftModelDrafter(

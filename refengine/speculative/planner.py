@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from refengine.errors import InvalidRequestError
 from refengine.guided.drafts import constrain_draft
 from refengine.sampling import SamplingParams
 from refengine.step_messages import ScheduledSequence, SchedulerOutput
@@ -55,6 +56,9 @@ class Draft:
 
 
 class Drafter(Protocol):
+    # whether its drafts come with the distributions they were drawn from (a draft model; n-grams: no)
+    has_draft_distribution: bool
+
     def propose(self, requests: Sequence[DraftRequest]) -> dict[int, Draft]: ...
 
     def release(self, seq_ids: Iterable[int]) -> None:
@@ -124,9 +128,22 @@ class Speculator:
             new_token_ids=item.new_token_ids + draft.token_ids,
             block_table=table,
             draft_token_ids=draft.token_ids,
-            draft_probs=draft.probs,
+            # use_draft_logits false: accepted by comparing tokens (verifier.py: q = one-hot of the draft)
+            draft_probs=None if item.sampling_params.use_draft_logits is False else draft.probs,
             draft_allowed_tokens=masks,
         )
+
+
+def check_draft_logits(params: SamplingParams, speculator: Speculator | None) -> None:
+    """use_draft_logits true asks for draft-target acceptance by the draft's distribution: it needs a draft model
+    and drafts (TensorRT-LLM's BLS sends draft logits only with a draft model and num_draft_tokens > 0)."""
+    if not params.use_draft_logits:
+        return
+    if speculator is None or not getattr(speculator.drafter, "has_draft_distribution", False):
+        how = "built without speculative decoding" if speculator is None else "drafting n-grams (no draft distribution)"
+        raise InvalidRequestError("use_draft_logits", f"true needs a draft model (draft-target mode); the engine is {how}")
+    if params.num_draft_tokens == 0:
+        raise InvalidRequestError("use_draft_logits", "true with num_draft_tokens 0 (no drafts): send num_draft_tokens > 0 or unset")
 
 
 def _within_grammar(draft: Draft, grammar: GrammarState) -> tuple[Draft, torch.Tensor | None]:

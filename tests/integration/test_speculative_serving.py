@@ -6,7 +6,7 @@ checkpoint, so no second export runs: the draft is the target's first two layers
 (an early-exit draft: same tokenizer, cheap, agrees with the target often, not always — so drafts are both
 accepted and rolled back). Greedy answers through the ensemble and the BLS equal the non-speculative engine's
 (refengine in this process, on the shared build), the perf-metric outputs and the Prometheus draft-token counter
-count drafts, and the BLS passes the request's num_draft_tokens on (0: no drafts; above max_draft_len: refused).
+count drafts, and the BLS passes the request's num_draft_tokens (0: no drafts; above max_draft_len: refused) and use_draft_logits on.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _infer(server, model: str, prompt: str, **extra) -> dict:
         "text_input": np.array([[prompt.encode()]], dtype=np.object_),
         "max_tokens": np.array([[MAX_TOKENS]], dtype=np.int32),
         "return_perf_metrics": np.array([[True]], dtype=np.bool_),
-        **{name: np.array([[value]], dtype=np.int32) for name, value in extra.items()},
+        **{name: value if isinstance(value, np.ndarray) else np.array([[value]], dtype=np.int32) for name, value in extra.items()},
     })
     outputs = [grpcclient.InferRequestedOutput(name) for name in ("text_output", *DRAFT_FIGURES)]
     answers: queue.Queue = queue.Queue()
@@ -153,6 +153,20 @@ def test_bls_passes_num_draft_tokens_on(server, plain_greedy):
 def test_bls_refuses_a_bad_num_draft_tokens_by_name(server, value, message):
     with pytest.raises(InferenceServerException, match=message.replace("(", r"\(").replace(")", r"\)")):
         _infer(server, "tensorrt_llm_bls", PROMPTS[0], num_draft_tokens=value)
+
+
+def test_bls_passes_use_draft_logits_on(server, plain_greedy):
+    """Greedy: either way the answer is plain greedy's. Sampled (seeded, so reproducible): accepting by comparing tokens
+    (false) keeps fewer drafts than accepting by the draft's distribution (true), so the engine got the setting."""
+    flag = lambda value: np.array([[value]], dtype=np.bool_)  # noqa: E731
+    for value in (True, False):
+        assert _infer(server, "tensorrt_llm_bls", PROMPTS[0], use_draft_logits=flag(value))["text"] == plain_greedy[PROMPTS[0]]
+    sampled = {"temperature": np.array([[1.0]], dtype=np.float32), "top_p": np.array([[1.0]], dtype=np.float32)}  # top_p 0 is greedy
+    accepted = {value: sum(_infer(server, "tensorrt_llm_bls", prompt, use_draft_logits=flag(value), seed=np.array([[7 + i]], dtype=np.uint64),
+                                  **sampled)["accepted"] for i, prompt in enumerate(PROMPTS)) for value in (True, False)}
+    assert accepted[False] < accepted[True]
+    with pytest.raises(InferenceServerException, match=r"use_draft_logits: true needs num_draft_tokens > 0"):
+        _infer(server, "tensorrt_llm_bls", PROMPTS[0], num_draft_tokens=0, use_draft_logits=flag(True))
 
 
 def test_prometheus_counts_drafted_and_accepted_tokens(server):

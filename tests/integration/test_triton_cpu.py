@@ -282,10 +282,12 @@ def _final_arrays(url: str, model: str, inputs, names: tuple[str, ...]) -> dict[
         client.close()
 
 
+@pytest.mark.parametrize("stop_words", [(), ("\n",)], ids=["", "stop-words"])
 @pytest.mark.parametrize("model", ["ensemble", *BLS_MODELS])
-def test_beam_search_returns_every_beam_as_refengine_computes_them(server, reference, artifacts, model):
+def test_beam_search_returns_every_beam_as_refengine_computes_them(server, reference, artifacts, model, stop_words):
     """The served spec builds max_beam_width 4: one answer with 4 texts, best first, equal to
-    refengine's beams decoded the way postprocessing decodes them, with each beam's cum_log_probs."""
+    refengine's beams decoded the way postprocessing decodes them, with each beam's cum_log_probs;
+    with a stop word, each beam that produces it ends there (and keeps it)."""
     from incremental_detokenizer import CONTEXT_TOKENS, text_delta
 
     from refengine import LLMEngine, SamplingParams
@@ -293,16 +295,19 @@ def test_beam_search_returns_every_beam_as_refengine_computes_them(server, refer
     tokenizer, prompt = reference.tokenizer, PROMPTS[0]
     prompt_ids = tokenizer.encode(prompt)
     engine = LLMEngine.from_engine_dir(artifacts["engine"])
-    params = SamplingParams(max_tokens=12, temperature=0.0, end_id=tokenizer.eos_id, beam_width=4, n=4)
+    stops = [tokenizer.encode(word, add_special_tokens=False) for word in stop_words]
+    params = SamplingParams(max_tokens=12, temperature=0.0, end_id=tokenizer.eos_id, beam_width=4, n=4, stop_token_ids=stops)
     [expected] = engine.generate([prompt_ids], params)
+    words = {"stop_words": _words(*stop_words)} if stop_words else {}
     inputs = client_inputs(
         prompt, 12, stream=False,
-        beam_width=(np.array([[4]], dtype=np.int32), "INT32"), return_log_probs=(np.array([[True]]), "BOOL"),
+        beam_width=(np.array([[4]], dtype=np.int32), "INT32"), return_log_probs=(np.array([[True]]), "BOOL"), **words,
     )
     got = _final_arrays(server.options.grpc_url, model, inputs, ("text_output", "cum_log_probs"))
     texts = [value.decode("utf-8") for value in got["text_output"].reshape(-1)]
     assert texts == [text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(c.token_ids)) for c in expected.outputs]
     assert len(set(texts)) > 1
+    assert not stop_words or any(c.finish_reason == "stop" and text.endswith("\n") for c, text in zip(expected.outputs, texts))
     assert got["cum_log_probs"].reshape(-1).tolist() == pytest.approx([c.cum_log_prob for c in expected.outputs], abs=1e-4)
 
 
@@ -534,6 +539,8 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
     drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))
     assert "num_draft_tokens: the engine was built without draft-target speculative decoding" in _grpc_error(
         server, drafted, model="tensorrt_llm_bls")
+    by_logits = client_inputs("x", 4, stream=False, use_draft_logits=(np.array([[True]], dtype=np.bool_), "BOOL"))
+    assert "use_draft_logits: true needs draft-target speculative decoding" in _grpc_error(server, by_logits, model="tensorrt_llm_bls")
     not_utf8 = client_inputs("x", 4, stream=False)
     not_utf8[0].set_data_from_numpy(np.array([[b"ab\xff\xfe"]], dtype=np.object_))
     assert "input 'text_input' is not valid UTF-8 (invalid start byte at byte 2)" in _grpc_error(server, not_utf8)

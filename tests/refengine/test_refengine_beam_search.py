@@ -192,6 +192,49 @@ def test_end_id_finishes_beams_as_transformers_does(tiny_model, search):
     assert any(stopped) or search["early_stopping"] == "never"  # "never" with length_penalty 1.5 favours long beams
 
 
+def hf_beams_with_stop_sequences(model, prompt, stops, *, beams, max_new_tokens, **search):
+    """transformers' beam search with a stopping criterion that ends a candidate whose generated tokens end with one of
+    `stops` (what StopStringCriteria does for strings): [generated tokens, stop sequence kept], best first."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class EndsWithStop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor([_stop_end(row[len(prompt):].tolist(), stops) is not None for row in input_ids])
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+                             num_beams=beams, num_return_sequences=beams, max_new_tokens=max_new_tokens, pad_token_id=0,
+                             stopping_criteria=StoppingCriteriaList([EndsWithStop()]), return_dict_in_generate=True, **search)
+    results = []
+    for row in out.sequences:
+        tokens = row[len(prompt):].tolist()
+        end = next((i + 1 for i in range(len(tokens)) if _stop_end(tokens[: i + 1], stops) is not None), max_new_tokens)
+        results.append(tuple(tokens[:end]))
+    return results
+
+
+def _stop_end(tokens, stops):
+    return next((stop for stop in stops if len(stop) <= len(tokens) and tuple(tokens[-len(stop):]) == stop), None)
+
+
+@pytest.mark.parametrize("stop_len, search", [(1, dict(early_stopping=False)), (2, dict(early_stopping=True)),
+                                              (2, dict(early_stopping="never", length_penalty=0.5))], ids=["one-token", "two-tokens", "never"])
+def test_stop_sequences_finish_beams_as_transformers_stopping_criteria_do(tiny_model, stop_len, search):
+    """Stop sequences the beams produce early (tokens 2.. of the best unconstrained beam), so stopped and running beams
+    compete; each stopped beam keeps its stop sequence (TensorRT-LLM's stop words) and says finish_reason stop."""
+    model = tiny_model("llama_mqa")
+    engine = _engine(model.checkpoint_dir)
+    prompt = _prompt(11, 4)
+    [(best, _)] = hf_beams(model.hf_model, prompt, beams=4, max_new_tokens=10, num_return=1)
+    stops = (tuple(best[2 : 2 + stop_len]),)
+    expected = hf_beams_with_stop_sequences(model.hf_model, prompt, stops, beams=4, max_new_tokens=10, **search)
+    params = SamplingParams(max_tokens=10, beam_width=4, n=4, temperature=0, stop_token_ids=stops, **search)
+    [output] = engine.generate([prompt], params)
+    assert [completion.token_ids for completion in output.outputs] == expected
+    assert [completion.finish_reason == "stop" for completion in output.outputs] == [_stop_end(t, stops) is not None for t in expected]
+    assert any(completion.finish_reason == "stop" for completion in output.outputs)
+
+
 def test_parallel_samples_run_one_prefill_share_the_prompt_and_reproduce_with_a_seed(tiny_model):
     model = tiny_model("llama_gqa")
     prompt = _prompt(5, 17)  # 4 full blocks + 1 token

@@ -92,9 +92,7 @@ def workloads(draw, under_pressure=False):
             max_tokens=draw(st.integers(1, 12)),
             n=draw(st.integers(1, 3 if beam_width == 1 else beam_width)),
             end_id=None if under_pressure else draw(st.one_of(st.none(), st.integers(0, VOCAB - 1))),
-            stop_token_ids=() if beam_width > 1 else draw(
-                st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2), max_size=1)
-            ),
+            stop_token_ids=draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2), max_size=1)),
             beam_width=beam_width,
             early_stopping=draw(st.sampled_from([False, True, "never"])),
         )

@@ -205,6 +205,27 @@ def _edit(engine_dir: Path, change) -> None:
     (engine_dir / "config.json").write_text(json.dumps(config))
 
 
+def test_use_draft_logits_needs_a_draft_model_and_drafts(models):
+    target, draft = models["target"], models["noisy"]
+    config = CONFIG.replace(max_draft_len=2)
+    cases = [
+        (LLMEngine(target, CONFIG), SamplingParams(use_draft_logits=True), "built without speculative decoding"),
+        (LLMEngine(target, config, NGramDrafter(3)), SamplingParams(use_draft_logits=True), "drafting n-grams"),
+        (LLMEngine(target, config, DraftModelDrafter(draft, 256, CONFIG.tokens_per_block)),
+         SamplingParams(use_draft_logits=True, num_draft_tokens=0), "num_draft_tokens 0"),
+    ]
+    for engine, params, message in cases:
+        with pytest.raises(InvalidRequestError, match=message) as error:
+            engine.add_request([1, 2, 3], params)
+        assert error.value.field == "use_draft_logits"
+    with pytest.raises(InvalidRequestError) as error:
+        SamplingParams(use_draft_logits=1)
+    assert error.value.field == "use_draft_logits"
+    engine = LLMEngine(target, config, DraftModelDrafter(draft, 256, CONFIG.tokens_per_block))
+    [output] = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, use_draft_logits=True))
+    assert output.metrics.total_draft_tokens > 0
+
+
 def test_engine_directory_with_a_draft_model_loads_and_speculates(models):
     engine_dir = _engine_dir(models, "target")
     # the draft as the cpu build makes it: the target's max_seq_len (drafts stay within prompt + max_tokens)
@@ -230,8 +251,9 @@ def test_engine_directory_with_a_draft_model_loads_and_speculates(models):
         (lambda c: c.pop("refengine_speculative"), "refengine_speculative"),
         (lambda c: c["refengine_speculative"].update(draft_engine_dir="missing"), "refengine_speculative.draft_engine_dir"),
         (lambda c: c["refengine_speculative"].update(draft_vocab_size=0), "refengine_speculative.draft_vocab_size"),
+        (lambda c: c["refengine_speculative"].update(draft_vocab_size=10**6), "refengine_speculative.draft_vocab_size"),
     ],
-    ids=["kind", "zero", "mismatch", "mode", "missing-section", "missing-draft", "draft-vocab"],
+    ids=["kind", "zero", "mismatch", "mode", "missing-section", "missing-draft", "draft-vocab", "draft-vocab-above"],
 )
 def test_bad_speculative_settings_are_refused_by_field(models, edit, field):
     engine_dir = _engine_dir(models, "target")
@@ -327,7 +349,7 @@ def _chi_square(counts: dict, expected_probs: dict, total: int) -> tuple[float, 
     return statistic, cells - 1
 
 
-@pytest.mark.parametrize("kind", ["draft_model", "ngram", "draft_model-lean-vocab"])
+@pytest.mark.parametrize("kind", ["draft_model", "ngram", "draft_model-lean-vocab", "draft_model-token-compare"])
 def test_sampled_speculation_is_distributed_as_the_target(sample_models, kind):
     """Chi-square goodness of fit of the first 3 sampled tokens (6^3 cells, pooled where fewer than
     5 are expected; the sharp tiny model puts most mass on a few dozen) against the target's exact joint distribution.
@@ -351,13 +373,20 @@ def test_sampled_speculation_is_distributed_as_the_target(sample_models, kind):
     config = EngineConfig(max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=2,
                           scheduler_policy="max_utilization")
     engine = LLMEngine(target, config, drafter)
-    outputs = engine.generate([prompt] * NUM_SAMPLES, [SamplingParams(max_tokens=3, temperature=temperature, seed=i) for i in range(NUM_SAMPLES)])
+    use_draft_logits = False if kind == "draft_model-token-compare" else None  # accepted by comparing tokens, q one-hot
+    outputs = engine.generate([prompt] * NUM_SAMPLES, [
+        SamplingParams(max_tokens=3, temperature=temperature, seed=i, use_draft_logits=use_draft_logits) for i in range(NUM_SAMPLES)])
     counts: dict[tuple[int, ...], int] = {}
     for output in outputs:
         cell = tuple(output.outputs[0].token_ids)
         counts[cell] = counts.get(cell, 0) + 1
     stats = engine.stats()
     assert 0 < stats.num_accepted_draft_tokens < stats.num_draft_tokens  # both accept and reject paths ran
+    if kind == "draft_model-token-compare":  # the setting took effect: q accepts more often (min(p, q) >= p q)
+        by_q = LLMEngine(target, config, DraftModelDrafter(draft, 512, 4))
+        by_q.generate([prompt] * NUM_SAMPLES, [SamplingParams(max_tokens=3, temperature=temperature, seed=i) for i in range(NUM_SAMPLES)])
+        q_stats = by_q.stats()
+        assert stats.num_accepted_draft_tokens / stats.num_draft_tokens < q_stats.num_accepted_draft_tokens / q_stats.num_draft_tokens
     statistic, dof = _chi_square(counts, _exact_joint(target, prompt, 3, temperature), NUM_SAMPLES)
     bound = chi2.ppf(1 - 1e-4, dof)
     assert statistic < bound, f"chi-square {statistic:.1f} >= {bound:.1f} ({dof} dof)"

@@ -69,7 +69,7 @@ def test_unknown_top_level_section(tmp_path: Path) -> None:
 def test_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
     message = spec_error(write_config(tmp_path, VALID), ("build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_ln=2"))
     assert ("build.speculative.max_draft_ln: unknown key 'max_draft_ln'; did you mean 'max_draft_len'? "
-            "(valid keys: mode, max_draft_len, lookahead, prompt_lookup, draft)") in message
+            "(valid keys: mode, max_draft_len, lookahead, prompt_lookup, draft, draft_vocab_size)") in message
 
 
 @pytest.mark.parametrize("overrides, field", [

@@ -155,13 +155,15 @@ def test_the_clients_llm_input_names_are_the_ensembles_wiring():
     assert set(LLM_INPUT_RENAMES) <= set(passed_through)
 
 
-def test_the_cpu_model_reads_num_draft_tokens(model_code):
-    """Speculative decoding's per-request draft length (the cpu model's extra input)."""
+def test_the_cpu_model_reads_num_draft_tokens_and_use_draft_logits(model_code):
+    """Speculative decoding's per-request draft length and acceptance (the cpu model's extra inputs)."""
     import numpy as np
     from llm_request import parse_request
 
-    assert [spec.name for spec in contract.CPU_LLM_EXTRA_INPUTS] == ["num_draft_tokens"]
+    assert [spec.name for spec in contract.CPU_LLM_EXTRA_INPUTS] == ["num_draft_tokens", "use_draft_logits"]
     base = dict(input_ids=np.array([[5, 6]], dtype=np.int32), input_lengths=np.array([[2]]), request_output_len=np.array([[3]]))
     assert parse_request(base, exclude_input_default=True, decoupled=True).params.num_draft_tokens is None
     request = parse_request(base | {"num_draft_tokens": np.array([[2]], dtype=np.int32)}, exclude_input_default=True, decoupled=True)
-    assert request.params.num_draft_tokens == 2
+    assert request.params.num_draft_tokens == 2 and request.params.use_draft_logits is None
+    request = parse_request(base | {"use_draft_logits": np.array([[False]])}, exclude_input_default=True, decoupled=True)
+    assert request.params.use_draft_logits is False

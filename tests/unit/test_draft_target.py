@@ -66,6 +66,16 @@ REFUSED = {
                           "serve.enable_kv_cache_reuse must be true with build.speculative.mode draft_tokens_external"),
     "a draft format the target cannot run": (CPU_DRAFT, ("build.speculative.draft.quantize.algo=nvfp4",),
                                              "build.speculative.draft: as a model of its own, quantize.algo nvfp4"),
+    "draft_vocab_size 0": (CPU_DRAFT, ("build.speculative.draft_vocab_size=0",),
+                           "build.speculative.draft_vocab_size: Input should be greater than or equal to 1"),
+    "draft_vocab_size above the draft's vocabulary": (CPU_DRAFT, ("build.speculative.draft_vocab_size=5000",),
+                                                      "build.speculative.draft_vocab_size (5000) exceeds the draft's vocab_size (4096"),
+    "draft_vocab_size with prompt_lookup": (CPU_NGRAM, ("build.speculative.draft_vocab_size=1024",),
+                                            "build.speculative.draft_vocab_size applies to mode draft_tokens_external only"),
+    "draft_vocab_size on the engine": (ENGINE_DRAFT, ("build.speculative.draft_vocab_size=1024",),
+                                       "build.speculative.draft_vocab_size is refused on build.target engine: TensorRT-LLM 1.2's draft-target has no"),
+    "draft_vocab_size on llmapi": (ENGINE_DRAFT, ("build.target=llmapi", "build.speculative.draft_vocab_size=1024"),
+                                   "build.speculative.draft_vocab_size is refused on build.target llmapi: TensorRT-LLM 1.2's draft-target has no"),
     "context logits": (ENGINE_DRAFT, ("build.gather_context_logits=true",), "build.gather_context_logits: true cannot be combined with build.speculative"),
 }
 
@@ -245,8 +255,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return out
 
 
-def _cpu_build(path: Path, checkpoint: Path, out: Path, draft_engine_dir: Path | None = None) -> Path:
-    loaded = load_config(path)
+def _cpu_build(path: Path, checkpoint: Path, out: Path, draft_engine_dir: Path | None = None, overrides: tuple[str, ...] = ()) -> Path:
+    loaded = load_config(path, overrides)
     engine = out / "engine"
     CPU.build(BuildJob(loaded.spec, loaded.model, checkpoint, engine, engine, log=lambda message: None, draft_engine_dir=draft_engine_dir))
     return engine
@@ -268,6 +278,22 @@ def test_the_cpu_build_writes_the_draft_engine_and_the_refengine_contract(tiny_c
     from refengine import LLMEngine, SamplingParams
 
     # refengine serves what the cpu build wrote (the draft holds the target's max_seq_len, K included)
+    [output] = LLMEngine.from_engine_dir(engine).generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0))
+    assert output.metrics.total_draft_tokens > 0
+
+
+def test_the_cpu_build_writes_the_specs_draft_vocab_size(tiny_checkpoint, tmp_path):
+    draft_engine = tmp_path / "draft-stage" / "engine"
+    draft = draft_spec(load_config(CPU_DRAFT).spec)
+    CPU.build(BuildJob(draft, read_model_info(draft.model.source), tiny_checkpoint, draft_engine, draft_engine, log=lambda m: None))
+    engine = _cpu_build(CPU_DRAFT, tiny_checkpoint, tmp_path / "build", draft_engine, ("build.speculative.draft_vocab_size=32",))
+    record = json.loads((engine / "config.json").read_text())["refengine_speculative"]
+    assert record == {"kind": "draft_model", "max_draft_len": 4, "draft_engine_dir": "draft", "draft_vocab_size": 32}
+    from refengine import LLMEngine, SamplingParams
+    from refengine.checkpoint import load_engine_dir
+    from refengine.speculative.loading import speculative_settings
+
+    assert speculative_settings(load_engine_dir(engine)).draft_vocab_size == 32  # what refengine reads from it
     [output] = LLMEngine.from_engine_dir(engine).generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0))
     assert output.metrics.total_draft_tokens > 0
 

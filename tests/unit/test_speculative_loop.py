@@ -74,3 +74,34 @@ def test_end_id_and_stop_words_end_the_loop(loop):
 def test_a_target_that_adds_nothing_ends_the_loop(loop):
     result = loop.draft_target_generate([1], 10, 4, greedy, lambda s, d: [])
     assert result.tokens == [] and result.target_steps == 1
+
+
+def test_draft_logits_go_to_the_target_with_the_tokens_they_drew(loop):
+    import numpy as np
+
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)  # 4 draft tokens, vocabulary 3
+    relay, sent = loop.DraftLogits(), []
+
+    def draft(sequence, n):
+        ids = [next_token(sequence + list(range(i)), salt=1) for i in range(4)]  # the draft model made 4 tokens
+        relay.keep(ids, rows)
+        return ids
+
+    def target(sequence, draft_ids):
+        sent.append((list(draft_ids), relay.for_target(draft_ids)))
+        return [next_token(sequence)]
+
+    loop.draft_target_generate([1, 2, 3], 3, 4, draft, target)  # max_tokens 3: the first draft is cut to 2 tokens
+    assert len(sent[0][0]) == 2 and np.array_equal(sent[0][1], rows[:2])
+    assert all(logits is None or len(logits) == len(ids) for ids, logits in sent)
+    relay.keep([5, 6], None)  # a draft model that returned no generation_logits: refused by name
+    with pytest.raises(ValueError, match="use_draft_logits: the draft model returned 0 generation_logits rows"):
+        relay.for_target([5, 6])
+
+
+def test_use_draft_logits_true_needs_a_draft_target_engine_and_drafts(loop):
+    refusal = loop.use_draft_logits_refusal
+    assert refusal(None, max_draft_len=0, drafts=False) is None and refusal(False, max_draft_len=0, drafts=False) is None
+    assert refusal(True, max_draft_len=4, drafts=True) is None
+    assert refusal(True, max_draft_len=0, drafts=True).startswith("use_draft_logits: true needs draft-target speculative decoding")
+    assert refusal(True, max_draft_len=4, drafts=False).startswith("use_draft_logits: true needs num_draft_tokens > 0")

@@ -122,6 +122,14 @@ class SpeculativeSpec(StrictModel):
     lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
     prompt_lookup: PromptLookupSpec = Field(default_factory=PromptLookupSpec, description="N-gram matching for mode prompt_lookup.")
     draft: DraftModelSpec | None = Field(default=None, description="The draft model; required for mode draft_tokens_external, only there.")
+    draft_vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="draft_tokens_external, cpu target: the draft proposes only the first N token ids (its lm_head keeps "
+        "those rows: a cheaper draft step; byte-level BPE numbers frequent merges first). 1..the draft's vocab_size; "
+        "costs acceptance, never correctness (the model verifies every draft). Default: the whole vocabulary. The engine "
+        "and llmapi targets refuse it: TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut.",
+    )
 
     @model_validator(mode="after")
     def _mode_fields(self) -> SpeculativeSpec:
@@ -132,6 +140,8 @@ class SpeculativeSpec(StrictModel):
                                ("draft", SpeculativeMode.draft_tokens_external)):
             if section in self.model_fields_set and getattr(self, section) is not None and self.mode is not owner:
                 raise ValueError(f"build.speculative.{section} applies to mode {owner.value} only, not {mode}")
+        if self.draft_vocab_size is not None and self.mode is not SpeculativeMode.draft_tokens_external:
+            raise ValueError(f"build.speculative.draft_vocab_size applies to mode draft_tokens_external only (the draft model's vocabulary), not {mode}")
         if self.mode is SpeculativeMode.draft_tokens_external and self.draft is None:
             raise ValueError(
                 "build.speculative.draft is required for mode draft_tokens_external: the draft model (source, and "
