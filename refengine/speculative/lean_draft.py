@@ -28,10 +28,12 @@ import torch.nn.functional as F
 from refengine.model_runner.layers import rope_inverse_frequencies
 from refengine.model_runner.linear import DenseLinear
 from refengine.model_runner.llama import LlamaModel
+from refengine.speculative.packed_linear import PackedLinear
 
 
 class LeanDraft:
-    def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int, vocab_size: int | None) -> None:
+    def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int, vocab_size: int | None, *, fp16_gemm: bool = True) -> None:
+        """`fp16_gemm`: run the Linears on fbgemm's fp16-weight GEMM where the weights are fp16 values (packed_linear.py)."""
         config = model.config
         self.num_heads, self.num_kv_heads, self.head_size = config.num_heads, config.num_kv_heads, config.head_size
         self.hidden_size, self.epsilon = config.hidden_size, config.norm_epsilon
@@ -41,24 +43,27 @@ class LeanDraft:
         self._qk_size = (self.num_heads + self.num_kv_heads) * self.head_size
         pairs = _interleaved_halves(self.num_heads + self.num_kv_heads, self.head_size, self._qk_size + self.num_kv_heads * self.head_size)
 
-        def dense(linear: DenseLinear, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def weights(linear: DenseLinear, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
             weight = linear.weight.to(torch.float32)
             bias = None if linear.bias is None else linear.bias.to(torch.float32)
             if rows is not None:
                 weight, bias = weight[rows], None if bias is None else bias[rows]
-            return weight.contiguous(), bias
+            return weight, bias
+
+        def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear:
+            return PackedLinear(weight, bias, allow_fp16=fp16_gemm)
 
         self.layers = []
         for layer in model.layers:
-            fc, gate = dense(layer.fc), dense(layer.gate)
+            fc, gate = weights(layer.fc), weights(layer.gate)
             fused_bias = None if fc[1] is None else torch.cat([fc[1], gate[1]])
             self.layers.append((
-                layer.input_norm.to(torch.float32), dense(layer.qkv, pairs), dense(layer.dense), layer.post_norm.to(torch.float32),
-                (torch.cat([fc[0], gate[0]]), fused_bias), dense(layer.proj),
+                layer.input_norm.to(torch.float32), packed(*weights(layer.qkv, pairs)), packed(*weights(layer.dense)),
+                layer.post_norm.to(torch.float32), packed(torch.cat([fc[0], gate[0]]), fused_bias), packed(*weights(layer.proj)),
             ))
         self.embedding = model.embedding.to(torch.float32)
         self.final_norm = model.final_norm.to(torch.float32)
-        self.lm_head = model.lm_head.to(torch.float32)[: self.vocab_size].contiguous()
+        self.lm_head = packed(model.lm_head.to(torch.float32)[: self.vocab_size], None)
         inverse = rope_inverse_frequencies(config.head_size, config.rotary_base, config.rope_scaling)
         angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inverse)
         self._rotations = torch.polar(torch.ones_like(angles), angles)  # [max_seq_len, head_size / 2] complex64
@@ -90,7 +95,7 @@ class LeanDraft:
         hidden = F.embedding(ids, self.embedding)
         shape = (self.hidden_size,)
         for index, (norm1, qkv_w, dense_w, norm2, fused_w, proj_w) in enumerate(self.layers):
-            qkv = F.linear(F.rms_norm(hidden, shape, norm1, self.epsilon), *qkv_w)
+            qkv = qkv_w(F.rms_norm(hidden, shape, norm1, self.epsilon))
             # RoPE in place as one complex product: the q / k rows were reordered at load so that each rotated pair is adjacent
             torch.view_as_complex(qkv[:, :qk_size].reshape(num_tokens, heads + kv_heads, head_size // 2, 2)).mul_(rotations)
             cache = self.cache[index]
@@ -100,25 +105,23 @@ class LeanDraft:
                 cache[slot, start:end] = qkv[row : row + n, q_size:]
                 keys = cache[slot, :end, :kv_size].view(end, kv_heads, head_size).transpose(0, 1)  # [kv_heads, end, head_size]
                 values = cache[slot, :end, kv_size:].view(end, kv_heads, head_size).transpose(0, 1)
-                query = qkv[row : row + n, :q_size]
-                if n == 1:  # a decode step: the query's heads grouped by the kv head they read (HF's repeat_kv order)
-                    scores = torch.matmul(query.view(kv_heads, group, head_size), keys.transpose(1, 2)).mul_(scale)
-                    out = torch.matmul(torch.softmax(scores, dim=-1), values).view(1, q_size)
-                else:
-                    mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
-                    out = F.scaled_dot_product_attention(
-                        query.view(n, heads, head_size).transpose(0, 1), keys, values, attn_mask=mask, scale=scale, enable_gqa=True,
-                    ).transpose(0, 1).reshape(n, q_size)
-                outputs.append(out)
+                # the query heads grouped by the kv head they read (HF's repeat_kv order): [kv_heads, group * n, head_size]
+                query = qkv[row : row + n, :q_size].reshape(n, kv_heads, group, head_size).permute(1, 2, 0, 3).reshape(kv_heads, -1, head_size)
+                scores = torch.matmul(query, keys.transpose(1, 2)).mul_(scale)
+                if n > 1:  # query j (position start + j) sees positions up to its own
+                    future = torch.arange(end).unsqueeze(0) > torch.arange(start, end).unsqueeze(1)
+                    scores.masked_fill_(future.repeat(group, 1), float("-inf"))
+                out = torch.matmul(torch.softmax(scores, dim=-1), values)
+                outputs.append(out.view(kv_heads, group, n, head_size).permute(2, 0, 1, 3).reshape(n, q_size))
                 row += n
             attention = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-            hidden = F.linear(attention, *dense_w).add_(hidden)
-            gate_up = F.linear(F.rms_norm(hidden, shape, norm2, self.epsilon), *fused_w)
+            hidden = dense_w(attention).add_(hidden)
+            gate_up = fused_w(F.rms_norm(hidden, shape, norm2, self.epsilon))
             inner = self.intermediate_size
-            hidden = F.linear(F.silu(gate_up[:, :inner]).mul_(gate_up[:, inner:]), *proj_w).add_(hidden)
+            hidden = proj_w(F.silu(gate_up[:, :inner]).mul_(gate_up[:, inner:])).add_(hidden)
         if not one_each:
             hidden = hidden[torch.tensor(lengths).cumsum(0) - 1]
-        return F.linear(F.rms_norm(hidden, shape, self.final_norm, self.epsilon), self.lm_head)
+        return self.lm_head(F.rms_norm(hidden, shape, self.final_norm, self.epsilon))
 
 
 def _interleaved_halves(num_heads: int, head_size: int, width: int) -> torch.Tensor:
@@ -131,11 +134,11 @@ def _interleaved_halves(num_heads: int, head_size: int, width: int) -> torch.Ten
     return torch.cat([heads, torch.arange(num_heads * head_size, width)])
 
 
-def lean_draft_of(model: object, num_slots: int, max_seq_len: int, vocab_size: int | None) -> LeanDraft | None:
+def lean_draft_of(model: object, num_slots: int, max_seq_len: int, vocab_size: int | None, *, fp16_gemm: bool = True) -> LeanDraft | None:
     """The lean path for a dense Llama-family model with an unquantized KV cache; None for anything else."""
     if type(model) is not LlamaModel:
         return None
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)]
     if not all(isinstance(linear, DenseLinear) for linear in linears) or any(layer.kv_quant is not None for layer in model.layers):
         return None
-    return LeanDraft(model, num_slots, max_seq_len, vocab_size)
+    return LeanDraft(model, num_slots, max_seq_len, vocab_size, fp16_gemm=fp16_gemm)
