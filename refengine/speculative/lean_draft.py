@@ -5,15 +5,22 @@ Why (profile of one batch-1 draft-target step, BENCHMARKS.md): a draft forward o
 overhead (paged block gathers, masks built per sequence, separate norms and projections) that does not shrink with
 the layer count, and the 4096 × hidden lm_head is most of the draft's arithmetic. Here, for drafts only:
 
-- each sequence owns a contiguous KV slot ([layers, 2, slots, kv_heads, max_seq_len, head_size]): attention reads a
-  view, a rollback only forgets positions, and single-token steps need no mask (`scaled_dot_product_attention`);
-- weights are float32 once at load, gate and up projections fused into one GEMM, fused RMSNorm;
+- each sequence owns a contiguous KV slot ([layers, slots, max_seq_len, keys and values of every kv head]): a token's
+  rotated key and value go in with one copy, attention reads a view, a rollback only forgets positions, and a
+  single-token step needs no mask (attention is two small matmuls per kv head group, not SDPA's grouped-query path,
+  which repeats K/V on the CPU);
+- RoPE is one in-place complex product: the q / k rows of the qkv weight are reordered at load so that the halves
+  each rotation pairs are adjacent (queries and keys alike, so q·k is unchanged);
+- the Linears run on fbgemm's fp16-weight GEMM when the weights are fp16 values (`packed_linear.py`: half the weight
+  bytes, a forward at batch 1 is bound by reading them), else float32 once at load; gate and up projections fused
+  into one GEMM, fused RMSNorm;
 - `vocab_size` (optional) keeps the lm_head rows of the first N token ids only: byte-level BPE numbers its merges in
   the order it learned them, most frequent first, so the first N ids cover most text (97 % of the default model's
   greedy output on held-out code is below id 1024). Tokens outside are never drafted; that costs acceptance, never
   correctness: the target verifies every draft, and a sampled draft's q is still a distribution (zero outside).
 
-Numerics differ from the engine's path by float rounding only (fused norm, SDPA); a draft's proposals need not be
+Numerics differ from the engine's path by float rounding only (fused norm, summation order of the GEMMs, test:
+tests/refengine/test_lean_draft.py); a draft's proposals need not be
 bit-identical to anything, since the target decides. `lean_draft_of` returns None for what this path does not
 implement (quantized Linears, a quantized KV cache, another model class): the drafter then uses the general path.
 """
@@ -78,12 +85,7 @@ class LeanDraft:
         Returns float32 logits [len(feeds), vocab_size] of each sequence's last token."""
         lengths = [len(tokens) for _, tokens, _ in feeds]
         one_each = all(n == 1 for n in lengths)  # the draft's decode steps: no mask, no row selection
-        if one_each:
-            ids = torch.tensor([tokens[0] for _, tokens, _ in feeds], dtype=torch.int64)
-            positions = torch.tensor([start for _, _, start in feeds], dtype=torch.int64)
-        else:
-            ids = torch.tensor([t for _, tokens, _ in feeds for t in tokens], dtype=torch.int64)
-            positions = torch.cat([torch.arange(start, start + n) for (_, _, start), n in zip(feeds, lengths)])
+        ids = torch.tensor([t for _, tokens, _ in feeds for t in tokens], dtype=torch.int64)
         heads, kv_heads, head_size = self.num_heads, self.num_kv_heads, self.head_size
         num_tokens, qk_size, q_size, kv_size = ids.shape[0], self._qk_size, heads * head_size, kv_heads * head_size
         group, scale = heads // kv_heads, head_size**-0.5
@@ -91,7 +93,8 @@ class LeanDraft:
             start = feeds[0][2]
             rotations = self._rotations[start : start + num_tokens].unsqueeze(1)  # [tokens, 1, head_size / 2]
         else:
-            rotations = self._rotations[positions].unsqueeze(1)
+            positions = [position for (_, _, start), n in zip(feeds, lengths) for position in range(start, start + n)]
+            rotations = self._rotations[torch.tensor(positions)].unsqueeze(1)
         hidden = F.embedding(ids, self.embedding)
         shape = (self.hidden_size,)
         for index, (norm1, qkv_w, dense_w, norm2, fused_w, proj_w) in enumerate(self.layers):
