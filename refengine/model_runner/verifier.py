@@ -37,6 +37,10 @@ def verify_drafts(logits: torch.Tensor, item: ScheduledSequence) -> tuple[Sample
     """`logits` [k + 1, vocab] float32: the accepted drafts and the token after them (1..k+1)."""
     drafts = item.draft_token_ids
     params = item.sampling_params
+    if _plain_greedy(item):  # no processor changes a row: the argmax of every row at once
+        best = torch.argmax(logits, dim=-1).tolist()
+        accepted = next((j for j, (token, draft) in enumerate(zip(best, drafts)) if token != draft), len(drafts))
+        return tuple(SampledToken(token) for token in best[: accepted + 1])
     first_position = item.num_total_tokens - len(drafts)  # where the token drawn from row 0 goes
     raw_logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs is not None else None
     tokens: list[SampledToken] = []
@@ -53,6 +57,17 @@ def verify_drafts(logits: torch.Tensor, item: ScheduledSequence) -> tuple[Sample
         if not accepted:
             break
     return tuple(tokens)
+
+
+def _plain_greedy(item: ScheduledSequence) -> bool:
+    """Greedy, and nothing (apply_logit_processors, logprobs, generation logits) to do per row."""
+    params = item.sampling_params
+    return (
+        params.is_greedy and params.logprobs is None and not params.return_generation_logits and not params.logit_bias
+        and not params.bad_words and params.repetition_penalty == 1.0 and not params.presence_penalty
+        and not params.frequency_penalty and (params.end_id is None or item.num_output_tokens >= params.min_tokens)
+        and item.allowed_tokens is None and item.draft_allowed_tokens is None
+    )
 
 
 def _at_offset(item: ScheduledSequence, offset: int) -> ScheduledSequence:

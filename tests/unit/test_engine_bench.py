@@ -195,3 +195,14 @@ def test_speculative_bench_matches_plain_greedy_on_heldout_code(built_default: t
             assert 0 < row[name]["acceptance_rate"] < 1
     assert result["rows"][1]["requests"] == 8  # every held-out prompt at batch 8
     assert "draft_model speed-up" in render_markdown(result)
+
+
+def test_speculative_bench_reports_each_systems_best_round() -> None:
+    from pipeline.bench.speculative.bench import _best_of
+
+    def run(cpu: float, wall: float, outputs: list[list[int]]) -> dict:
+        return {"tokens_per_cpu_second": cpu, "tokens_per_second": wall, "seconds": 64 / wall, "outputs": outputs}
+
+    best = _best_of([run(100.0, 90.0, [[1, 2]]), run(120.0, 80.0, [[1, 2]]), run(110.0, 95.0, [[1, 2]])])
+    assert (best["tokens_per_cpu_second"], best["tokens_per_second"], best["rounds"], best["outputs_stable"]) == (120.0, 95.0, 3, True)
+    assert not _best_of([run(1.0, 1.0, [[1]]), run(1.0, 1.0, [[2]])])["outputs_stable"]

@@ -2,12 +2,15 @@
 
 For each batch size B (1, 4, 32) the same greedy workload (held-out code prompts, B x
 `rounds` requests with max_batch_size B, so B run concurrently) is run on the plain target and
-on each speculative variant, one after the other; outputs must equal the plain target's token
+on each speculative variant, one after the other (`repeats` times, interleaved: the best round of
+each is reported); outputs must equal the plain target's token
 for token (greedy speculation changes speed, not text), and the report says whether they did.
+Each engine first decodes one untimed request (warm-up); its counters are left out of the figures.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 BATCH_SIZES = (1, 4, 32)
+WARMUP_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class SpeculativeBenchOptions:
     max_draft_len: int = 4
     quick: bool = False
     num_threads: int = 1  # torch threads for every system (small matmuls on shared cores: one is fastest)
+    repeats: int = 1  # interleaved rounds over the systems; each system's best round is reported
 
     def requests_at(self, batch_size: int) -> int:
         if self.quick:
@@ -39,31 +44,54 @@ class SpeculativeBenchOptions:
 Variant = Path | tuple[Path, int]
 
 
-def run_system(
-    engine_dir: Path, prompts: Sequence[Sequence[int]], batch_size: int, max_tokens: int, num_draft_tokens: int | None = None
-) -> dict[str, Any]:
-    from refengine import LLMEngine, SamplingParams
+class _System:
+    """One variant's engine at one batch size, loaded once and warmed up, timed once per round."""
 
-    engine = LLMEngine.from_engine_dir(engine_dir, max_batch_size=batch_size, enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=num_draft_tokens)
-    started, started_cpu = time.perf_counter(), time.process_time()
-    outputs = engine.generate(prompts, params)
-    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - started_cpu
-    stats = engine.stats()
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {
-        "seconds": round(seconds, 3),
-        "generated_tokens": generated,
-        "tokens_per_second": round(generated / seconds, 2),
-        # the work done: on a shared machine wall time swings with other jobs, this process's CPU time much less
-        "cpu_seconds": round(cpu_seconds, 3),
-        "tokens_per_cpu_second": round(generated / cpu_seconds, 2),
-        "engine_steps": stats.num_steps,
-        "draft_tokens": stats.num_draft_tokens,
-        "accepted_draft_tokens": stats.num_accepted_draft_tokens,
-        "acceptance_rate": round(stats.num_accepted_draft_tokens / stats.num_draft_tokens, 4) if stats.num_draft_tokens else None,
-        "outputs": [list(o.outputs[0].token_ids) for o in outputs],
-    }
+    def __init__(self, engine_dir: Path, batch_size: int, max_tokens: int, num_draft_tokens: int | None, warmup_prompt: Sequence[int]) -> None:
+        from refengine import LLMEngine, SamplingParams
+
+        self.engine = LLMEngine.from_engine_dir(engine_dir, max_batch_size=batch_size, enable_prefix_caching=False)
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=num_draft_tokens)
+        # One untimed request first: the first forwards of a process or an engine pay one-time costs (allocator, BLAS
+        # set-up, first touch of the KV tensors); without it the system measured first (plain) was ~25 % slower.
+        self.engine.generate([warmup_prompt], dataclasses.replace(self.params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
+
+    def run(self, prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+        before = self.engine.stats()
+        started, started_cpu = time.perf_counter(), time.process_time()
+        outputs = self.engine.generate(prompts, self.params)
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - started_cpu
+        stats = _difference(self.engine.stats(), before)
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        return {
+            "seconds": round(seconds, 3),
+            "generated_tokens": generated,
+            "tokens_per_second": round(generated / seconds, 2),
+            # the work done: on a shared machine wall time swings with other jobs, this process's CPU time much less
+            "cpu_seconds": round(cpu_seconds, 3),
+            "tokens_per_cpu_second": round(generated / cpu_seconds, 2),
+            "engine_steps": stats.num_steps,
+            "draft_tokens": stats.num_draft_tokens,
+            "accepted_draft_tokens": stats.num_accepted_draft_tokens,
+            "acceptance_rate": round(stats.num_accepted_draft_tokens / stats.num_draft_tokens, 4) if stats.num_draft_tokens else None,
+            "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+        }
+
+
+def _best_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the most tokens per CPU-second, its wall figures replaced by the best round's wall figures
+    (the load of other jobs only ever slows a round down); greedy outputs are the same in every round."""
+    best = dict(max(runs, key=lambda run: run["tokens_per_cpu_second"]))
+    fastest = max(runs, key=lambda run: run["tokens_per_second"])
+    best.update(seconds=fastest["seconds"], tokens_per_second=fastest["tokens_per_second"], rounds=len(runs))
+    best["outputs_stable"] = all(run["outputs"] == runs[0]["outputs"] for run in runs)
+    return best
+
+
+def _difference(after: Any, before: Any) -> Any:
+    """Engine counters of the timed run only (the warm-up request excluded)."""
+    return dataclasses.replace(after, **{field.name: getattr(after, field.name) - getattr(before, field.name)
+                                         for field in dataclasses.fields(after)})
 
 
 def run_speculative_bench(
@@ -88,6 +116,7 @@ def run_speculative_bench(
         "prompt_tokens": options.prompt_tokens,
         "max_tokens": options.max_tokens,
         "torch_threads": options.num_threads,
+        "repeats": options.repeats,
         "rows": rows,
     }
 
@@ -95,10 +124,18 @@ def run_speculative_bench(
 def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, progress) -> dict[str, Any]:
     workload = [prompts[i % len(prompts)] for i in range(options.requests_at(batch_size))]
     row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
+    systems = {}
     for name, variant in variants.items():
-        progress(f"batch {batch_size}: {name} ({len(workload)} requests)")
         engine_dir, num_draft_tokens = variant if isinstance(variant, tuple) else (variant, None)
-        row[name] = run_system(engine_dir, workload, batch_size, options.max_tokens, num_draft_tokens)
+        systems[name] = _System(engine_dir, batch_size, options.max_tokens, num_draft_tokens, workload[0])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for round_index in range(options.repeats):  # interleaved: every system sees the same spells of machine load
+        for name, system in systems.items():
+            progress(f"batch {batch_size}: {name} ({len(workload)} requests, round {round_index + 1}/{options.repeats})")
+            runs[name].append(system.run(workload))
+    del systems  # the engines' KV caches, before the next batch size allocates its own
+    for name in variants:
+        row[name] = _best_of(runs[name])
     plain = row["plain"]
     for name in variants:
         if name == "plain":
@@ -106,7 +143,8 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
         result = row[name]
         result["speedup"] = round(result["tokens_per_second"] / plain["tokens_per_second"], 3)
         result["cpu_speedup"] = round(result["tokens_per_cpu_second"] / plain["tokens_per_cpu_second"], 3)
-        result["same_output_as_plain"] = result["outputs"] == plain["outputs"]
+        # every round of both equal (greedy: the rounds cannot differ unless something is wrong)
+        result["same_output_as_plain"] = result["outputs"] == plain["outputs"] and result["outputs_stable"] and plain["outputs_stable"]
         result["tokens_per_target_step"] = round(result["generated_tokens"] / result["engine_steps"], 3)
     for name in variants:
         row[name].pop("outputs")

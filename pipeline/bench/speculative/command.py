@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "request sending num_draft_tokens = --max-draft-len (a fixed draft length instead of the adaptive one)")
     parser.add_argument("--batch-sizes", default="1,4,32", help="comma-separated batch sizes (default 1,4,32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the systems, each system's best round "
+                        "reported (default 1; more steadies the figures on a loaded machine)")
     parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
@@ -51,6 +53,8 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     from pipeline.stages.prepare import checkpoint_dir
 
     batch_sizes = _batch_sizes(args.batch_sizes)  # before building: a typo should not cost a build
+    if args.repeats < 1:
+        raise SpecError(f"--repeats must be >= 1, got {args.repeats}")
     if args.max_draft_len < 1:
         raise SpecError(f"--max-draft-len must be >= 1, got {args.max_draft_len}")
     if args.draft is not None and not (args.draft / "config.json").is_file():
@@ -77,7 +81,8 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     if len(variants) == 1:
         raise SpecError("bench speculative: nothing to compare; pass --draft DIR and/or --ngram (or build with a speculative section)")
     tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))
-    options = SpeculativeBenchOptions(batch_sizes=batch_sizes, max_tokens=args.max_tokens, max_draft_len=args.max_draft_len, quick=args.quick)
+    options = SpeculativeBenchOptions(batch_sizes=batch_sizes, max_tokens=args.max_tokens, max_draft_len=args.max_draft_len, quick=args.quick,
+                                       repeats=args.repeats)
     prompts = heldout_code_prompts(
         lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.bos_token_id, 8, options.prompt_tokens
     )
