@@ -21,10 +21,10 @@ def cli(root, *argv, check=True) -> subprocess.CompletedProcess:
     return result
 
 
-def test_a_concurrency_sweep_over_grpc_and_http_writes_json_and_a_plot(tmp_path):
+def test_a_concurrency_sweep_over_grpc_and_http_writes_json_and_a_plot(private_tiny_cpu, tmp_path):
     out = tmp_path / "results"
-    result = cli(
-        tmp_path / "artifacts", "bench", "load", str(REPO / "build_configs" / "tiny-cpu.yaml"),
+    result = cli(  # on a copy of the session's build: the stages are cached, only the bench runs
+        private_tiny_cpu["root"], "bench", "load", str(REPO / "build_configs" / "tiny-cpu.yaml"),
         "--endpoint", "grpc,http", "--concurrency", "1,3", "--requests", "6", "--warmup", "1",
         "--input-tokens", "24", "--output-tokens", "8", "--slo-ttft-ms", "60000", "--json", "--out", str(out),
     )

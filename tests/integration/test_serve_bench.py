@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,24 +14,11 @@ from pipeline.serve import leaks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-CLI = Path(sys.executable).parent / "trtllm-pipeline"
-
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory) -> dict[str, Path]:
-    """The default config built by the pipeline itself, up to the model repository."""
-    root = tmp_path_factory.mktemp("artifacts")
-    subprocess.run(
-        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "package"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    [build] = root.glob("tiny-cpu/build-*")
-    [prepare] = root.glob("tiny-cpu/prepare-*")
-    [package] = root.glob("tiny-cpu/package-*")
-    return {"repo": package / "model_repository", "engine": build / "engine", "tokenizer": prepare}
+def package(tiny_cpu) -> dict[str, Path]:
+    """The session's shared build of the default config (read only: the bench serves a copy in its own workspace)."""
+    return {"repo": tiny_cpu["repository"], "engine": tiny_cpu["engine"], "tokenizer": tiny_cpu["tokenizer"]}
 
 
 def _quick(package, **overrides) -> dict:
