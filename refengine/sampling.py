@@ -7,7 +7,7 @@ need the engine (vocabulary size, `max_seq_len`, the `n` limit) live in `request
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +156,11 @@ class SamplingParams:
                     yield field, token_id
         for token_id, _ in self.logit_bias:
             yield "logit_bias", token_id
+
+
+def ends_with_stop_sequence(tokens: Sequence[int], stop_sequences: Iterable[tuple[int, ...]]) -> bool:
+    """Whether `tokens` (a sequence's generated tokens) end with one of `stop_sequences` (`stop_token_ids`)."""
+    return any(len(stop) <= len(tokens) and tuple(tokens[-len(stop) :]) == stop for stop in stop_sequences)
 
 
 def _check_beam_params(params: SamplingParams) -> None:

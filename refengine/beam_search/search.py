@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from refengine.sampling import ends_with_stop_sequence
+
 _NEG = -1.0e9
 
 
@@ -132,7 +134,7 @@ class BeamSearch:
             ended = finished and bool(tokens) and tokens[-1] in self._end_ids
             if ended:
                 tokens, log_probs = tokens[:-1], log_probs[:-1]
-            stopped = ended or (finished and self._ends_with_stop(tokens))
+            stopped = ended or (finished and ends_with_stop_sequence(tokens, self._stop_sequences))
             beams.append(Beam(tokens, log_probs, cum, float(self._finished_scores[0, index]), finished, stopped))
         return beams
 
@@ -146,11 +148,8 @@ class BeamSearch:
         if self._end_ids:
             hits |= torch.isin(tokens, torch.tensor(self._end_ids, dtype=tokens.dtype))
         if self._stop_sequences and self._cur_len + 1 - self._prompt_len >= self._min_new_tokens:
-            hits |= torch.tensor([[self._ends_with_stop(generated) for generated, _ in candidates]], dtype=torch.bool)
+            hits |= torch.tensor([[ends_with_stop_sequence(generated, self._stop_sequences) for generated, _ in candidates]], dtype=torch.bool)
         return hits
-
-    def _ends_with_stop(self, tokens: tuple[int, ...]) -> bool:
-        return any(len(stop) <= len(tokens) and tokens[-len(stop):] == stop for stop in self._stop_sequences)
 
     def _update_finished(self, candidates, top_scores: torch.Tensor, hits: torch.Tensor) -> None:
         width = self.beam_width

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from refengine.sampling import SamplingParams
+from refengine.sampling import SamplingParams, ends_with_stop_sequence
 from refengine.step_messages import SampledToken
 
 if TYPE_CHECKING:
@@ -132,20 +132,13 @@ class Sequence:
             return (), FinishReason.STOP
         self.output_token_ids.append(sample.token_id)
         self._token_ids.append(sample.token_id)
-        if self.num_output_tokens >= params.min_tokens and self._ends_with_stop_sequence():
+        if self.num_output_tokens >= params.min_tokens and ends_with_stop_sequence(self.output_token_ids, params.stop_token_ids):
             return (sample.token_id,), FinishReason.STOP
         if grammar is not None and grammar.allows_only_stop():
             return (sample.token_id,), FinishReason.STOP
         if self.num_output_tokens >= params.max_tokens:
             return (sample.token_id,), FinishReason.LENGTH
         return (sample.token_id,), None
-
-    def _ends_with_stop_sequence(self) -> bool:
-        outputs = self.output_token_ids
-        for stop in self.params.stop_token_ids:
-            if len(stop) <= len(outputs) and tuple(outputs[-len(stop) :]) == stop:
-                return True
-        return False
 
 
 @dataclass(frozen=True)
