@@ -64,8 +64,7 @@ def _plain_greedy(item: ScheduledSequence) -> bool:
     params = item.sampling_params
     return (
         params.is_greedy and params.logprobs is None and not params.return_generation_logits and not params.logit_bias
-        and not params.bad_words and params.repetition_penalty == 1.0 and not params.presence_penalty
-        and not params.frequency_penalty and (params.end_id is None or item.num_output_tokens >= params.min_tokens)
+        and not params.needs_token_history and (params.end_id is None or item.num_output_tokens >= params.min_tokens)
         and item.allowed_tokens is None and item.draft_allowed_tokens is None
     )
 
