@@ -96,13 +96,14 @@ class RequestState:
 
     def output_due(self, stream_interval: int) -> bool:
         """Whether this step reports the request: always when stream_interval is 1 (every step, as before),
-        else when it finished, on its first decoding step and on every stream_interval-th one."""
-        if self.gained_tokens:
+        else when it finished, or when this step gave it tokens and is its first decoding step or a
+        stream_interval-th one."""
+        gained, self.gained_tokens = self.gained_tokens, False
+        if gained:
             self.decoding_steps += 1
-            self.gained_tokens = False
-        elif stream_interval > 1:
-            return self.finished
-        return stream_interval == 1 or self.finished or self.decoding_steps == 1 or self.decoding_steps % stream_interval == 0
+        if stream_interval == 1 or self.finished:
+            return True
+        return gained and (self.decoding_steps == 1 or self.decoding_steps % stream_interval == 0)
 
     def _complete_context_logits(self) -> torch.Tensor | None:
         return self.context_logits if self.context_rows_filled == len(self.prompt_token_ids) else None
