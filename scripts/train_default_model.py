@@ -363,6 +363,12 @@ def main(argv=None):
     ap.add_argument(
         "--distill-weight", type=float, default=0.8, help="weight of KL(target || draft) against next-token CE"
     )
+    ap.add_argument(
+        "--self-distill", type=float, default=0.0,
+        help="fraction of each draft batch taken from the target's own greedy continuations (--draft-of)",
+    )
+    ap.add_argument("--generated", type=int, default=256, help="greedy continuations to generate (--self-distill)")
+    ap.add_argument("--draft-init", default=None, help="start the draft from this earlier draft (--draft-of)")
     args = ap.parse_args(argv)
     if args.draft_of:
         import train_draft_model
