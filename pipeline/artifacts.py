@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,8 @@ class ArtifactStore:
                 "inputs": stage.inputs,
                 "upstream": stage.upstream,
                 "tools": stage.tools,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                # microseconds: history() orders by this, and a cached rerun can seal within the same second
+                "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                 "duration_s": round(time.monotonic() - started, 3),
                 "files": _describe_files(tmp),
                 "notes": notes if notes is not None else {},
