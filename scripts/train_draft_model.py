@@ -51,8 +51,13 @@ def _initial_draft(args, target):
         return _draft_model(target, args.draft_layers, args.draft_intermediate)
     from transformers import AutoModelForCausalLM
 
-    draft = AutoModelForCausalLM.from_pretrained(args.draft_init, local_files_only=True, dtype=torch.float32)
-    return draft.float(), 0
+    return AutoModelForCausalLM.from_pretrained(args.draft_init, local_files_only=True, dtype=torch.float32), 0
+
+
+def heldout_stream(tok, data_dir: Path, bos_id: int) -> torch.Tensor:
+    """The held-out split (``<data-out>/heldout/stdlib_heldout.txt``) as one token stream after a BOS."""
+    text = (data_dir / "heldout" / "stdlib_heldout.txt").read_text(encoding="utf-8")
+    return torch.tensor([bos_id] + tok.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def target_continuations(target, stream, count: int, seq_len: int, prompt_len: int, seed: int) -> torch.Tensor:
@@ -92,20 +97,21 @@ def train_draft(args, recipe) -> dict:
     target_dir, out_dir = Path(args.draft_of), Path(args.out)
     if out_dir.resolve() == target_dir.resolve():
         raise SystemExit("--out must differ from --draft-of")
+    if not 0.0 <= args.self_distill <= 1.0:
+        raise SystemExit(f"--self-distill must be a fraction from 0 to 1, got {args.self_distill:g}")
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), local_files_only=True, dtype=torch.float32).eval()
-    previous = Path(args.draft_init or "", "training_stats.json")
-    previous_stats = json.loads(previous.read_text()) if args.draft_init and previous.is_file() else None
+    previous = Path(args.draft_init, "training_stats.json") if args.draft_init else None
+    previous_stats = json.loads(previous.read_text()) if previous and previous.is_file() else None
     draft, copied = _initial_draft(args, target)
     num_params = sum(p.numel() for p in draft.parameters())
-    recipe.log(f"draft: {args.draft_layers} layer(s), {num_params:,} params, {copied} tensors from the target")
+    recipe.log(f"draft: {draft.config.num_hidden_layers} layer(s), {num_params:,} params, {copied} tensors from the target")
 
     stdlib = Path(args.stdlib).resolve() if args.stdlib else recipe.base_stdlib_dir()
     train_docs, _ = recipe.collect_corpus(stdlib)
     train_stream = recipe.encode_docs(tok, train_docs)
-    held_text = (Path(args.data_out) / "heldout" / "stdlib_heldout.txt").read_text(encoding="utf-8")
-    held_stream = torch.tensor([recipe.BOS_ID] + tok.backend_tokenizer.encode(held_text, add_special_tokens=False).ids)
+    held_stream = heldout_stream(tok, Path(args.data_out), recipe.BOS_ID)
     seq_len = recipe.SEQ_LEN
     before = greedy_agreement(draft, target, held_stream, seq_len)
     held_own = target_continuations(target, held_stream, 32, seq_len, 64, recipe.SEED)[:, :seq_len].reshape(-1)

@@ -32,10 +32,10 @@ def _model(path: Path):
 
 @pytest.fixture(scope="module")
 def setting():
+    script = _training_script()
     tok = transformers.AutoTokenizer.from_pretrained(str(TARGET_DIR), local_files_only=True)
-    text = (REPO / "data" / "heldout" / "stdlib_heldout.txt").read_text(encoding="utf-8")
-    stream = torch.tensor([1] + tok.backend_tokenizer.encode(text, add_special_tokens=False).ids)
-    return _training_script(), _model(TARGET_DIR), _model(DRAFT_DIR), stream
+    stream = script.heldout_stream(tok, REPO / "data", bos_id=1)
+    return script, _model(TARGET_DIR), _model(DRAFT_DIR), stream
 
 
 def test_target_continuations_are_the_targets_greedy_output(setting):
