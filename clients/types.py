@@ -114,7 +114,7 @@ class GenerationRequest:
     Decoding follows TensorRT-LLM: greedy unless `top_k` or `top_p` is set (and `temperature` > 0).
     `stop` and `bad_words` are words or phrases (text, not token ids). `return_log_probs` makes
     the server return per-token log-probs, from which `Completion.num_tokens` and
-    `Completion.finish_reason` are known. `beam_width` > 1: beam search (greedy only; not streamed);
+    `Completion.finish_reason` are known. `beam_width` > 1: beam search (greedy only; not streamed by this client, whose streams are text deltas);
     every beam comes back, best first (`Completion.beams`), `length_penalty` as TensorRT-LLM's.
     """
 
@@ -151,6 +151,13 @@ class GenerationRequest:
 
     def inputs(self, *, stream: bool) -> dict[str, Any]:
         """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate."""
+        if stream and self.beam_width is not None and self.beam_width > 1:
+            raise InvalidRequestError(
+                "beam_width",
+                f"beam_width {self.beam_width} is not streamed by this client: streamed beams come whole at every step "
+                "(as TensorRT-LLM streams them), not as text deltas; use complete(), or read each response's text_output "
+                "with a Triton client",
+            )
         values: dict[str, Any] = {
             "text_input": self.prompt,
             "max_tokens": self.max_tokens,

@@ -254,7 +254,8 @@ class LLMEngine:
         now_ns = time.time_ns()
         advanced: dict[str, RequestState] = {}
         for update in updates:
-            self._num_generated_tokens += len(update.new_token_ids)
+            if not update.replaces_output or update.finish_reason is not None:  # a beam's tokens count once, at its end
+                self._num_generated_tokens += len(update.new_token_ids)
             self._num_draft_tokens[0] += update.num_draft_tokens
             self._num_draft_tokens[1] += update.num_accepted_draft_tokens
             state = self._requests.get(update.request_id)

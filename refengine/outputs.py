@@ -17,7 +17,9 @@ class CompletionOutput:
 
     index: int
     token_ids: tuple[int, ...]
-    new_token_ids: tuple[int, ...]  # added since this request's previous output
+    # added since this request's previous output; beam search: the whole beam in every output (from
+    # one step to the next a returned beam may continue another, so its tokens are replaced, not extended)
+    new_token_ids: tuple[int, ...]
     finish_reason: str | None = None  # "length", "stop", "aborted"
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per output token, when requested
     # return_generation_logits: [len(new_token_ids), vocab] float32, the raw logits each new token was drawn from

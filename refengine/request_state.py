@@ -70,6 +70,8 @@ class RequestState:
             if self.first_token_time_ns is None:
                 self.first_token_time_ns = now_ns
             self.last_token_time_ns = now_ns
+        if update.replaces_output:  # beam search: the beam whole; it may continue another beam than before
+            completion.token_ids, completion.logprobs, completion.num_reported = [], [], 0
         completion.token_ids.extend(update.new_token_ids)
         self.draft_tokens[0] += update.num_draft_tokens
         self.draft_tokens[1] += update.num_accepted_draft_tokens

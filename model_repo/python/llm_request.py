@@ -11,6 +11,7 @@ Semantics kept from TensorRT-LLM:
 - `stop` true cancels the in-flight requests that carry the same Triton request id.
 - `exclude_input_in_output` (request input, else the model parameter) drops the prompt from
   non-streamed `output_ids`; streamed responses never contain the prompt.
+- Streamed beam search: each response carries every returned beam whole, not the step's new tokens.
 """
 
 from __future__ import annotations
@@ -102,9 +103,6 @@ def parse_request(
     if streaming and not decoupled:
         raise ContractError("streaming: streaming is only supported if the model is deployed in decoupled mode")
     beam_width = scalars.get("beam_width", int, 1)
-    if beam_width > 1 and streaming:  # TensorRT-LLM streams the full beams each step (LlmRequest: returnAllGeneratedTokens)
-        raise ContractError(f"streaming: not supported with beam_width {beam_width} on the cpu engine (beams are returned together "
-                            "at the end; TensorRT-LLM would resend every beam in full at each step)")
     for name, reason in _UNSUPPORTED_PRESENT.items():
         if name in arrays:
             raise ContractError(f"{name}: {reason}")
@@ -114,7 +112,9 @@ def parse_request(
     # len_penalty and early_stopping shape beam search only; at beam_width 1 they change nothing.
     early_stopping = scalars.get("early_stopping", bool, False)
     # Beam search returns its best num_return_sequences beams (all beam_width by default, as
-    # TensorRT-LLM's SamplingConfig) together in one response: output_ids [1, beams, T].
+    # TensorRT-LLM's SamplingConfig) together in one response: output_ids [1, beams, T]; streamed,
+    # one such response per step with every beam whole (TensorRT-LLM's LlmRequest sets
+    # returnAllGeneratedTokens for streamed beams: a beam may continue another from step to step).
     num_sequences = scalars.get("num_return_sequences", int, beam_width if beam_width > 1 else 1)
     if num_sequences > 1 and beam_width == 1 and not decoupled:
         raise ContractError("num_return_sequences: more than one sequence needs the model in decoupled mode")

@@ -14,7 +14,10 @@ Streamed responses carry the tokens generated since the previous response; the f
 non-streamed response carries the whole output (prompt first unless excluded). Beam search
 (`beam_arrays`): one response with every returned beam, best first, each padded to the longest
 with the pad id (else the end id, else 0) and its own sequence_length; cum_log_probs is the beam's
-summed log-probability (its end token included), not the length-normalised score.
+summed log-probability (its end token included), not the length-normalised score. Streamed, every
+response is such a response for the beams so far, generated tokens only, as TensorRT-LLM streams
+beams (whole, since a beam may continue another from one step to the next); while the search runs
+they are its best running beams and cum_log_probs their running sums.
 """
 
 from __future__ import annotations
@@ -67,13 +70,15 @@ def final_arrays(
     return arrays | _logit_arrays(request, context_logits, np.concatenate([part.numpy() for part in parts]) if parts else None)
 
 
-def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None = None) -> Arrays:
-    """The single response of a beam-search request: output_ids [1, beams, T] and the rest per beam."""
-    prompt = [] if request.exclude_input_in_output else list(request.prompt_ids)
+def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None = None, with_context_logits: bool = True) -> Arrays:
+    """A beam-search response (the single one, or one per step when streamed): output_ids [1, beams, T]
+    and the rest per beam."""
+    without_prompt = request.exclude_input_in_output or request.streaming
+    prompt = [] if without_prompt else list(request.prompt_ids)
     rows = [prompt + list(completion.token_ids) for completion in output.outputs]
     width = max(len(row) for row in rows)
     pad = next((value for value in (request.params.pad_id, request.params.end_id) if value is not None), 0)
-    preceding = list(request.prompt_ids)[-CONTEXT_TOKENS:] if request.exclude_input_in_output else []
+    preceding = list(request.prompt_ids)[-CONTEXT_TOKENS:] if without_prompt else []
     arrays: Arrays = {
         "output_ids": np.array([row + [pad] * (width - len(row)) for row in rows], dtype=np.int32).reshape(1, len(rows), width),
         "sequence_length": np.array([[len(row) for row in rows]], dtype=np.int32),
@@ -92,7 +97,7 @@ def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None
         arrays["num_output_tokens"] = _one(max(len(c.token_ids) for c in output.outputs), np.int32)
     if request.return_perf_metrics:
         arrays.update(perf_metric_arrays(metrics))
-    if request.params.return_context_logits and output.context_logits is not None:
+    if with_context_logits and request.params.return_context_logits and output.context_logits is not None:
         arrays["context_logits"] = output.context_logits.numpy().astype(np.float32, copy=False)[None]
     return arrays
 

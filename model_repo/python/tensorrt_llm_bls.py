@@ -304,6 +304,8 @@ class TritonPythonModel:
 
         self._watcher.watch(channel, cancel)
         history: dict[int, list[int]] = {}  # sequence_index → context + tokens so far
+        beams = "beam_width" in llm_inputs and int(llm_inputs["beam_width"].reshape(-1)[0]) > 1
+        first = True
         pending = []
         llm_responses = llm_request.exec(decoupled=True)
         try:
@@ -313,19 +315,15 @@ class TritonPythonModel:
                 tensors = {t.name(): t.as_numpy() for t in llm_response.output_tensors()}
                 if "output_ids" not in tensors or cancelled.is_set():
                     continue
-                if not history and (refused := figures_not_given(llm_inputs, tensors, requested)):
+                if first and (refused := figures_not_given(llm_inputs, tensors, requested)):
                     self._stop(llm_request_id)
                     self._watcher.forget(channel)
                     raise BadRequest(f"{refused}: the {self._llm} model returned none of these figures, so the BLS cannot either")
-                if tensors["output_ids"].ndim == 3 and tensors["output_ids"].shape[1] > 1:  # beam search: one response,
-                    pending.append(self._client_response(self._detokenize_beams(context, tensors), tensors, requested))
-                    continue  # every beam, never streamed; one text per beam, as NVIDIA's postprocessing
-                index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
-                tokens = history.setdefault(index, list(context))
-                length = int(tensors["sequence_length"].reshape(-1)[0])
-                new_ids = tensors["output_ids"].reshape(-1)[:length].tolist()
-                response = self._client_response(self._detokenize(tokens[-CONTEXT_TOKENS:], new_ids), tensors, requested)
-                tokens.extend(new_ids)
+                first = False
+                if beams:  # every returned beam whole in each response (one per step when streamed): one text per beam
+                    response = self._client_response(self._detokenize_beams(context, tensors), tensors, requested)
+                else:
+                    response = self._text_response(history, context, tensors, requested)
                 if streaming:
                     channel.send(response)
                 else:
@@ -340,6 +338,16 @@ class TritonPythonModel:
         for response in pending[:-1]:
             channel.send(response)
         channel.send(pending[-1] if pending else None, final=True)
+
+    def _text_response(self, history, context, tensors, requested):
+        """One sequence's response: its new tokens detokenized against what it held before (`history`)."""
+        index = int(tensors["sequence_index"].reshape(-1)[0]) if "sequence_index" in tensors else 0
+        tokens = history.setdefault(index, list(context))
+        length = int(tensors["sequence_length"].reshape(-1)[0])
+        new_ids = tensors["output_ids"].reshape(-1)[:length].tolist()
+        response = self._client_response(self._detokenize(tokens[-CONTEXT_TOKENS:], new_ids), tensors, requested)
+        tokens.extend(new_ids)
+        return response
 
     def _decode(self, token_ids):
         return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)

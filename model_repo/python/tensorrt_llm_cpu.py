@@ -247,6 +247,12 @@ class TritonPythonModel:
         if output.finished and entry.cancelled:
             self._end_cancelled(entry)
             return
+        if request.params.beam_width > 1:  # every beam whole, in one response per step, as TensorRT-LLM streams beams
+            with_context_logits = not entry.context_logits_sent or output.finished  # first and final, as below
+            entry.context_logits_sent = entry.context_logits_sent or output.context_logits is not None
+            arrays = beam_arrays(request, output, output.metrics, with_context_logits)
+            entry.send(arrays_response(arrays, entry.requested), final=output.finished)
+            return
         completions = [completion for completion in output.outputs if completion.new_token_ids]
         responses = []
         for index, completion in enumerate(completions):

@@ -125,6 +125,11 @@ class BeamSearch:
             done=self.done,
         )
 
+    @property
+    def running_log_probs(self) -> list[tuple[float, ...]]:
+        """Each running beam's token log-probabilities, in `running_tokens` order."""
+        return self._running_log_probs
+
     def best(self, num: int) -> list[Beam]:
         """The `num` best finished beams, best first (after `done`)."""
         beams = []

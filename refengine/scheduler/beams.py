@@ -124,6 +124,31 @@ def reassign_beams(kv: KVCacheManager, group: BeamGroup, members: list[Sequence]
         member.replace_output(tokens)
 
 
+def running_beam_updates(group: BeamGroup, members: list[Sequence]) -> list[SequenceUpdate]:
+    """After a step that did not end the search: the best `n` running beams, whole, one update per
+    returned sequence (TensorRT-LLM streams every beam in full at each step)."""
+    params = members[0].params
+    search = group.search
+    updates = []
+    for index in range(params.n):
+        tokens = search.running_tokens[index]
+        samples = ()
+        if params.logprobs is not None:
+            samples = tuple(SampledToken(t, lp) for t, lp in zip(tokens, search.running_log_probs[index]))
+        updates.append(
+            SequenceUpdate(
+                seq_id=members[index].seq_id,
+                request_id=group.request_id,
+                sample_index=index,
+                new_token_ids=tokens,
+                new_samples=samples,
+                cum_log_prob=float(search.running_scores[0, index]),
+                replaces_output=True,
+            )
+        )
+    return updates
+
+
 def finish_beams(
     group: BeamGroup, members: list[Sequence], finish: Callable[[Sequence, FinishReason], None]
 ) -> list[SequenceUpdate]:
@@ -143,6 +168,7 @@ def finish_beams(
                 new_samples=samples,
                 finish_reason=FinishReason.STOP if beam.stopped else FinishReason.LENGTH,
                 cum_log_prob=beam.cum_log_prob,
+                replaces_output=True,
             )
         )
     for member in members:

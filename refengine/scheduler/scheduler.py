@@ -26,7 +26,7 @@ from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
 from refengine.kv_cache import KVCacheManager
 from refengine.sampling import SamplingParams
 from refengine.scheduler.admission import no_evict_allows
-from refengine.scheduler.beams import BeamGroups, finish_beams, reassign_beams
+from refengine.scheduler.beams import BeamGroups, finish_beams, reassign_beams, running_beam_updates
 from refengine.scheduler.choice import Choice
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.scheduled import scheduled_sequence
@@ -234,7 +234,9 @@ class Scheduler(StaticScheduling):
             if len(group.member_ids) < group.width:  # the prompt's step: fork it into the beams
                 for child in self._fork(self._sequences[group.member_ids[0]], group.width - 1):
                     self._beams.add_member(group, child.seq_id)
-            reassign_beams(self._kv, group, [self._sequences[i] for i in group.member_ids], step)
+            members = [self._sequences[i] for i in group.member_ids]
+            reassign_beams(self._kv, group, members, step)
+            updates += running_beam_updates(group, members)
         return updates
 
     # -- internals -------------------------------------------------------------------------

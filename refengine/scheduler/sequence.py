@@ -154,3 +154,6 @@ class SequenceUpdate:
     num_draft_tokens: int = 0  # speculative decoding: drafts verified in this step, and accepted
     num_accepted_draft_tokens: int = 0
     cum_log_prob: float | None = None  # beam search: the returned beam's summed log-probability
+    # Beam search: new_token_ids (and new_samples) are the beam's whole output so far, replacing what
+    # the returned sequence held (a beam may continue another one from one step to the next).
+    replaces_output: bool = False

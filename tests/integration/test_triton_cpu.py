@@ -262,24 +262,33 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_text(server, reference,
         assert all("\ufffd" not in delta for delta in streamed)
 
 
-def _final_arrays(url: str, model: str, inputs, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The named outputs of a request's last response that carries them (gRPC stream)."""
+def _responses(url: str, model: str, inputs, names: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    """The named outputs of each response of one request that carries any (gRPC stream)."""
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
         client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-        found: dict[str, np.ndarray] = {}
+        found: list[dict[str, np.ndarray]] = []
         while True:
             result, error = responses.get(timeout=120)
             if error is not None:
                 raise error
-            found.update({name: result.as_numpy(name) for name in names if result.as_numpy(name) is not None})
+            if arrays := {name: result.as_numpy(name) for name in names if result.as_numpy(name) is not None}:
+                found.append(arrays)
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return found
     finally:
         client.stop_stream()
         client.close()
+
+
+def _final_arrays(url: str, model: str, inputs, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named outputs of a request's last response that carries them (gRPC stream)."""
+    found: dict[str, np.ndarray] = {}
+    for arrays in _responses(url, model, inputs, names):
+        found.update(arrays)
+    return found
 
 
 @pytest.mark.parametrize("stop_words", [(), ("\n",)], ids=["", "stop-words"])
@@ -309,6 +318,31 @@ def test_beam_search_returns_every_beam_as_refengine_computes_them(server, refer
     assert len(set(texts)) > 1
     assert not stop_words or any(c.finish_reason == "stop" and text.endswith("\n") for c, text in zip(expected.outputs, texts))
     assert got["cum_log_probs"].reshape(-1).tolist() == pytest.approx([c.cum_log_prob for c in expected.outputs], abs=1e-4)
+
+
+@pytest.mark.parametrize("model", ["ensemble", *BLS_MODELS])
+def test_streamed_beams_come_whole_each_step_as_refengine_streams_them(server, reference, artifacts, model):
+    """Streamed beam search, as TensorRT-LLM streams it: one response per step with every returned beam
+    whole (best first, the prompt left out), equal step by step to refengine's stream, then its final beams."""
+    from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+
+    from refengine import LLMEngine, SamplingParams
+
+    tokenizer, prompt = reference.tokenizer, PROMPTS[0]
+    prompt_ids = tokenizer.encode(prompt)
+    engine = LLMEngine.from_engine_dir(artifacts["engine"])
+    params = SamplingParams(max_tokens=10, temperature=0.0, end_id=tokenizer.eos_id, beam_width=3, n=2, logprobs=0)
+    expected = list(engine.stream(prompt_ids, params))
+    inputs = client_inputs(
+        prompt, 10, stream=True, beam_width=(np.array([[3]], dtype=np.int32), "INT32"),
+        num_return_sequences=(np.array([[2]], dtype=np.int32), "INT32"), return_log_probs=(np.array([[True]]), "BOOL"),
+    )
+    got = _responses(server.options.grpc_url, model, inputs, ("text_output", "cum_log_probs"))
+    assert len(got) == len(expected) > 2
+    for response, output in zip(got, expected):
+        texts = [value.decode("utf-8") for value in response["text_output"].reshape(-1)]
+        assert texts == [text_delta(tokenizer.decode, prompt_ids[-CONTEXT_TOKENS:], list(c.token_ids)) for c in output.outputs]
+        assert response["cum_log_probs"].reshape(-1).tolist() == pytest.approx([c.cum_log_prob for c in output.outputs], abs=1e-4)
 
 
 def test_postprocessing_streams_multibyte_characters_whole(server, reference):
@@ -531,9 +565,6 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
     assert "no_such_input" in _grpc_error(server, unknown)
     assert "beam_width: 8 exceeds the engine's max_beam_width 4" in _grpc_error(
         server, client_inputs("x", 4, stream=False, beam_width=(np.array([[8]], dtype=np.int32), "INT32"))
-    )
-    assert "streaming: not supported with beam_width 2" in _grpc_error(
-        server, client_inputs("x", 4, stream=True, beam_width=(np.array([[2]], dtype=np.int32), "INT32"))
     )
     assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
     drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))

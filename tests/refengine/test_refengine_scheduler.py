@@ -141,6 +141,8 @@ def _run_workload(config, requests, seed):
             assert not output.preempted_seq_ids
         for update in scheduler.update_from_output(output, runner.execute(output)):
             key = (update.request_id, update.sample_index)
+            if update.replaces_output:  # a beam, whole: it may now continue another beam
+                outputs[key] = []
             outputs.setdefault(key, []).extend(update.new_token_ids)
             if update.finish_reason is not None:
                 reasons[key] = update.finish_reason

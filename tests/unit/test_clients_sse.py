@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clients import ClientError, GenerationRequest, RequestError, RetryPolicy, ServerUnavailableError, TextStream
-from clients.errors import ClientTimeoutError, ProtocolError
+from clients.errors import ClientTimeoutError, InvalidRequestError, ProtocolError
 from clients.grpc import infer_inputs
 from clients.http import http_base_url
 from clients.sse import SSEEvent, SSEParser, chunk_from_event, error_message
@@ -111,6 +111,9 @@ def test_beam_search_answers_keep_every_beam():
     chunk = chunk_from_json({"text_output": ["best", "second"], "cum_log_probs": [-1.0, -2.5]})
     assert chunk.text == "best" and chunk.beams == ("best", "second") and chunk.beam_cum_log_probs == (-1.0, -2.5)
     assert GenerationRequest("hi", 8, beam_width=2, length_penalty=0.5).inputs(stream=False)["beam_width"] == 2
+    with pytest.raises(InvalidRequestError, match="beam_width 2 is not streamed by this client") as refused:
+        GenerationRequest("hi", 8, beam_width=2).inputs(stream=True)  # the server streams them whole: not deltas
+    assert refused.value.field == "beam_width"
 
 
 # -- requests ---------------------------------------------------------------------------------

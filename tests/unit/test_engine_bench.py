@@ -194,7 +194,7 @@ def test_speculative_bench_matches_plain_greedy_on_heldout_code(built_default: t
             assert row[name]["same_output_as_plain"], (row["batch_size"], name)
             assert 0 < row[name]["acceptance_rate"] < 1
     assert result["rows"][1]["requests"] == 8  # every held-out prompt at batch 8
-    assert "draft_model speed-up" in render_markdown(result)
+    assert "draft_model speed-up" in render_markdown(result) and "draft_model CPU speed-up, median of rounds" in render_markdown(result)
 
 
 def test_speculative_bench_reports_each_systems_best_round() -> None:
@@ -206,3 +206,11 @@ def test_speculative_bench_reports_each_systems_best_round() -> None:
     best = _best_of([run(100.0, 90.0, [[1, 2]]), run(120.0, 80.0, [[1, 2]]), run(110.0, 95.0, [[1, 2]])])
     assert (best["tokens_per_cpu_second"], best["tokens_per_second"], best["rounds"], best["outputs_stable"]) == (120.0, 95.0, 3, True)
     assert not _best_of([run(1.0, 1.0, [[1]]), run(1.0, 1.0, [[2]])])["outputs_stable"]
+
+
+def test_speculative_bench_pairs_each_round_with_the_same_rounds_plain_run() -> None:
+    from pipeline.bench.speculative.bench import _paired_cpu_speedups
+
+    plain = [{"tokens_per_cpu_second": cpu} for cpu in (100.0, 80.0, 100.0)]  # round 2 ran under load
+    speculative = [{"tokens_per_cpu_second": cpu} for cpu in (150.0, 96.0, 160.0)]
+    assert _paired_cpu_speedups(speculative, plain) == {"cpu_speedup_per_round": [1.5, 1.2, 1.6], "cpu_speedup_median": 1.5}

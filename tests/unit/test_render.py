@@ -773,7 +773,6 @@ def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
     [
         (dict(request_output_len=0), True, "request_output_len: must be >= 1, got 0"),
         (dict(runtime_top_p=1.5), True, "runtime_top_p: must be in (0, 1], got 1.5"),
-        (dict(beam_width=2, streaming=True), True, "streaming: not supported with beam_width 2"),
         (dict(beam_width=2, num_return_sequences=3), True, "num_return_sequences: 3 sequences exceed beam_width 2"),
         (dict(beam_width=2, runtime_top_k=5), True, "runtime_top_k: 5 with beam_width 2: beam search does not sample"),
         (dict(beam_width=0), True, "beam_width: must be >= 1, got 0"),
@@ -833,3 +832,10 @@ def test_beam_search_returns_every_beam_in_one_response(model_code):
     assert got["output_log_probs"].shape == (1, 3, 3)
     with_prompt = beam_arrays(parse_request(arrays, exclude_input_default=False, decoupled=False), output)
     assert with_prompt["output_ids"][0, 1].tolist() == [1, 317, 289, 5, 8, 2]
+    # Streamed (TensorRT-LLM streams beams whole each step): the generated tokens only, whatever
+    # exclude_input_in_output says; the prompt's tail precedes every beam for the detokenizer.
+    streamed = parse_request({**arrays, "streaming": np.array([[True]])}, exclude_input_default=False, decoupled=True)
+    assert streamed.params.beam_width == 3
+    step = beam_arrays(streamed, output)
+    assert step["output_ids"].tolist() == got["output_ids"].tolist() and step["sequence_length"].tolist() == [[3, 2, 1]]
+    assert step["preceding_ids"].tolist() == [[[1, 317, 289]] * 3]

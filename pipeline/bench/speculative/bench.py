@@ -3,7 +3,9 @@
 For each batch size B (1, 4, 32) the same greedy workload (held-out code prompts, B x
 `rounds` requests with max_batch_size B, so B run concurrently) is run on the plain target and
 on each speculative variant, one after the other (`repeats` times, interleaved: the best round of
-each is reported); outputs must equal the plain target's token
+each is reported, and each variant's CPU speed-up is also taken round by round against the plain
+run of the same round, whose median is the steadier figure: adjacent runs share the machine's
+load); outputs must equal the plain target's token
 for token (greedy speculation changes speed, not text), and the report says whether they did.
 Each engine first decodes one untimed request (warm-up); its counters are left out of the figures.
 """
@@ -11,6 +13,7 @@ Each engine first decodes one untimed request (warm-up); its counters are left o
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -88,6 +91,12 @@ def _best_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
+def _paired_cpu_speedups(runs: Sequence[dict[str, Any]], plain_runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each round's CPU speed-up against the plain run of the same round, and their median."""
+    paired = [run["tokens_per_cpu_second"] / base["tokens_per_cpu_second"] for run, base in zip(runs, plain_runs, strict=True)]
+    return {"cpu_speedup_per_round": [round(ratio, 3) for ratio in paired], "cpu_speedup_median": round(statistics.median(paired), 3)}
+
+
 def _difference(after: Any, before: Any) -> Any:
     """Engine counters of the timed run only (the warm-up request excluded)."""
     return dataclasses.replace(after, **{field.name: getattr(after, field.name) - getattr(before, field.name)
@@ -146,6 +155,7 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
         # every round of both equal (greedy: the rounds cannot differ unless something is wrong)
         result["same_output_as_plain"] = result["outputs"] == plain["outputs"] and result["outputs_stable"] and plain["outputs_stable"]
         result["tokens_per_target_step"] = round(result["generated_tokens"] / result["engine_steps"], 3)
+        result.update(_paired_cpu_speedups(runs[name], runs["plain"]))
     for name in variants:
         row[name].pop("outputs")
     return row
@@ -154,15 +164,18 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
 def render_markdown(result: dict[str, Any]) -> str:
     names = [name for name in result["variants"] if name != "plain"]
     header = "| batch | requests | plain tok/s | " + " | ".join(
-        f"{n} tok/s | {n} speed-up (wall) | {n} speed-up (CPU) | {n} acceptance | {n} tokens/step | {n} = plain" for n in names
+        f"{n} tok/s | {n} speed-up (wall) | {n} speed-up (CPU) | {n} CPU speed-up, median of rounds | {n} acceptance | "
+        f"{n} tokens/step | {n} = plain" for n in names
     ) + " |"
-    lines = [header, "|" + "---|" * (3 + 6 * len(names))]
+    lines = [header, "|" + "---|" * (3 + 7 * len(names))]
     for row in result["rows"]:
         cells = [str(row["batch_size"]), str(row["requests"]), f"{row['plain']['tokens_per_second']:.1f}"]
         for name in names:
             r = row[name]
             rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
-            cells += [f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x", f"{r['cpu_speedup']:.2f}x", rate, f"{r['tokens_per_target_step']:.2f}",
-                      "yes" if r["same_output_as_plain"] else "NO"]
+            rounds = r["cpu_speedup_per_round"]
+            median = f"{r['cpu_speedup_median']:.2f}x" + (f" ({min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else "")
+            cells += [f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x", f"{r['cpu_speedup']:.2f}x", median, rate,
+                      f"{r['tokens_per_target_step']:.2f}", "yes" if r["same_output_as_plain"] else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

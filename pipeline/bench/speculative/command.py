@@ -30,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "request sending num_draft_tokens = --max-draft-len (a fixed draft length instead of the adaptive one)")
     parser.add_argument("--batch-sizes", default="1,4,32", help="comma-separated batch sizes (default 1,4,32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the systems, each system's best round "
-                        "reported (default 1; more steadies the figures on a loaded machine)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the systems: each system's best round "
+                        "is reported, and the median over rounds of each variant's CPU speed-up against the same round's plain run "
+                        "(default 1; more steadies the figures on a loaded machine)")
     parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
