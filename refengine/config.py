@@ -79,6 +79,10 @@ class EngineConfig:
     # TensorRT-LLM's stream_interval (LlmArgs): a request's output on its first decoding step, on every
     # stream_interval-th one after, and when it finishes; the steps between add their tokens to the next one.
     stream_interval: int = 1
+    # fp16 weights computed in float32 run on fbgemm's fp16-weight GEMM (products accumulated in float32: the same
+    # weights, another summation order; about half the decode step's cost). False: float32 GEMMs, results bit for bit
+    # those of F.linear on the float32 weights (model_runner/linear.py, DenseLinear).
+    fp16_weight_gemm: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
@@ -113,6 +117,8 @@ class EngineConfig:
                 "max_input_len",
                 f"{self.max_input_len} exceeds max_seq_len {self.max_seq_len}",
             )
+        if not isinstance(self.fp16_weight_gemm, bool):
+            raise EngineConfigError("fp16_weight_gemm", f"must be true or false, got {self.fp16_weight_gemm!r}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise EngineConfigError(
                 "compute_dtype", f"{self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}"

@@ -71,7 +71,7 @@ class LLMEngine:
     def from_checkpoint(cls, checkpoint_dir: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         """An engine over a TensorRT-LLM checkpoint directory, with `config` (or default) limits."""
         config = config or EngineConfig()
-        model = load_model(load_checkpoint(checkpoint_dir), torch_dtype(config.compute_dtype))
+        model = load_model(load_checkpoint(checkpoint_dir), torch_dtype(config.compute_dtype), config.fp16_weight_gemm)
         return cls(model, config)
 
     @classmethod
@@ -82,7 +82,7 @@ class LLMEngine:
         if speculative is not None:
             overrides = {"max_draft_len": speculative.max_draft_len, **overrides}
         config = EngineConfig.from_build_config(engine.build_config, **overrides)
-        model = load_model(engine.checkpoint, torch_dtype(config.compute_dtype))
+        model = load_model(engine.checkpoint, torch_dtype(config.compute_dtype), config.fp16_weight_gemm)
         drafter = load_drafter(engine, speculative, config) if speculative is not None and config.max_draft_len else None
         return cls(model, config, drafter)
 

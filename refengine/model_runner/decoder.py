@@ -36,8 +36,9 @@ class KVCacheLayout:
 
 class DecoderModel(Protocol):
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> DecoderModel:
-        """The model with its weights in the compute `dtype`; ModelLoadError naming a bad tensor or option."""
+    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, fp16_gemm: bool = False) -> DecoderModel:
+        """The model with its weights in the compute `dtype` (`fp16_gemm`: fp16 values on fbgemm's fp16-weight GEMM);
+        ModelLoadError naming a bad tensor or option."""
         ...
 
     @property
@@ -62,7 +63,7 @@ class DecoderModel(Protocol):
         ...
 
 
-def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> DecoderModel:
-    """The model class of the checkpoint's architecture, loaded from it."""
+def load_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, fp16_gemm: bool = False) -> DecoderModel:
+    """The model class of the checkpoint's architecture, loaded from it (`fp16_gemm`: see `DenseLinear`)."""
     model_class = architecture_for_checkpoint(checkpoint.config.architecture).load_model_class()
-    return model_class.from_checkpoint(checkpoint, dtype)
+    return model_class.from_checkpoint(checkpoint, dtype, fp16_gemm)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from refengine.checkpoint import TensorStore
 from refengine.model_config import QuantizationConfig
+from refengine.model_runner.packed_linear import Fp16Gemm
 from refengine.model_runner.quantized_linear import QuantizedLinearSpec, load_quantized_linear
 
 
@@ -76,12 +77,16 @@ class WeightScratch(threading.local):
 class DenseLinear:
     """y = x Wᵀ + b with W [out, in] (TensorRT-LLM stores Linear weights as (out, in)).
 
-    W may be stored narrower than the compute dtype when it widens exactly (`weight_storage`):
-    fp16 checkpoint weights computed in float32 stay fp16 and are widened right before the GEMM
-    (into `scratch` when given). The GEMM then sees the same float32 values as with a float32
-    copy, so results are identical, while each step streams half the weight bytes: a decode step
-    reads every weight once for a few rows, and the GEMM reading a cold float32 weight is slower
-    than a widening copy plus the same GEMM on a cache-hot buffer.
+    With `fp16_gemm` (`EngineConfig.fp16_weight_gemm`, the default), a W whose values are all fp16
+    (an fp16 checkpoint's) computed in float32 runs on fbgemm's fp16-weight GEMM (packed_linear.py):
+    W packed as fp16, products accumulated in float32, so results differ from `F.linear` on the
+    float32 weights by summation order only, at about half the decode step's cost. W is then kept
+    as fp16 beside the packed copy (the float32 copy is not kept).
+
+    Otherwise W may be stored narrower than the compute dtype when it widens exactly
+    (`weight_storage`): fp16 checkpoint weights computed in float32 stay fp16 and are widened right
+    before the GEMM (into `scratch` when given). The GEMM then sees the same float32 values as with
+    a float32 copy, so results are identical, while each step streams half the weight bytes.
     """
 
     def __init__(
@@ -90,14 +95,22 @@ class DenseLinear:
         bias: torch.Tensor | None,
         compute_dtype: torch.dtype | None = None,
         scratch: WeightScratch | None = None,
+        fp16_gemm: bool = False,
     ) -> None:
-        self.weight = weight
         self.bias = bias
         self.compute_dtype = weight.dtype if compute_dtype is None else compute_dtype
         self.scratch = scratch
         self.out_features, self.in_features = weight.shape
+        self._fp16 = Fp16Gemm.of(weight, bias) if fp16_gemm and self.compute_dtype == torch.float32 else None
+        self.weight = weight.half() if self._fp16 is not None and weight.dtype != torch.float16 else weight
+
+    @property
+    def uses_fp16_gemm(self) -> bool:
+        return self._fp16 is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fp16 is not None:
+            return self._fp16(x)
         weight = self.weight
         if weight.dtype != self.compute_dtype:
             if self.scratch is None:
@@ -119,12 +132,14 @@ def load_linear(
     dtype: torch.dtype,
     checkpoint_dtype: torch.dtype = torch.float16,
     scratch: WeightScratch | None = None,
+    fp16_gemm: bool = False,
 ) -> Linear:
     """The Linear at `spec.prefix`; `dtype` is the compute dtype, `checkpoint_dtype` config.json's.
-    `scratch`: where a dense weight kept in a narrower dtype is widened (see `DenseLinear`)."""
+    `scratch`: where a dense weight kept in a narrower dtype is widened; `fp16_gemm`: fbgemm's
+    fp16-weight GEMM for fp16 values (see `DenseLinear`)."""
     if quantization.quant_algo is None or is_excluded(spec.prefix, quantization):
         weight = store.get(f"{spec.prefix}.weight", (spec.out_features, spec.in_features))
-        return DenseLinear(weight_storage(weight, dtype), _load_bias(store, spec, dtype), dtype, scratch)
+        return DenseLinear(weight_storage(weight, dtype), _load_bias(store, spec, dtype), dtype, scratch, fp16_gemm)
     quantized_spec = QuantizedLinearSpec(
         spec.prefix, spec.in_features, spec.out_features, quantization, checkpoint_dtype
     )

@@ -48,13 +48,14 @@ class LlamaModel:
         final_norm: torch.Tensor,
         lm_head: torch.Tensor,
         scratch: WeightScratch | None = None,
+        fp16_gemm: bool = False,
     ) -> None:
         self.config = config
         self.embedding = embedding
         self.layers = layers
         self.final_norm = final_norm
         # The output projection; may be stored narrower than the compute dtype (see DenseLinear).
-        self._logits = DenseLinear(lm_head, None, embedding.dtype, scratch)
+        self._logits = DenseLinear(lm_head, None, embedding.dtype, scratch, fp16_gemm)
         self.rotary = RotaryEmbedding(config.head_size, config.rotary_base, config.rope_scaling)
         self.scale = config.head_size**-0.5
 
@@ -83,7 +84,8 @@ class LlamaModel:
         return self.config.vocab_size
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, fp16_gemm: bool = False) -> LlamaModel:
+        """`fp16_gemm`: dense Linears holding fp16 values run on fbgemm's fp16-weight GEMM (see `DenseLinear`)."""
         config = checkpoint.config
         check_quantization(config.quantization)
         store = checkpoint.tensors
@@ -93,9 +95,9 @@ class LlamaModel:
         # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
         lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
-        layers = [_load_layer(store, config, index, dtype, scratch) for index in range(config.num_layers)]
+        layers = [_load_layer(store, config, index, dtype, scratch, fp16_gemm) for index in range(config.num_layers)]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
-        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch)
+        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch, fp16_gemm)
 
     def forward(
         self,
@@ -148,7 +150,7 @@ class LlamaModel:
 
 
 def _load_layer(
-    store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None
+    store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None, fp16_gemm: bool = False
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -156,7 +158,7 @@ def _load_layer(
 
     def linear(name: str, in_features: int, out_features: int, bias_required: bool) -> Linear:
         spec = LinearSpec(f"{prefix}.{name}", in_features, out_features, bias_required)
-        return load_linear(store, spec, config.quantization, dtype, checkpoint_dtype, scratch)
+        return load_linear(store, spec, config.quantization, dtype, checkpoint_dtype, scratch, fp16_gemm)
 
     return DecoderLayer(
         input_norm=store.get(f"{prefix}.input_layernorm.weight", (hidden,)).to(dtype),

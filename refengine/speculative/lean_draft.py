@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from refengine.model_runner.layers import rope_inverse_frequencies
 from refengine.model_runner.linear import DenseLinear
 from refengine.model_runner.llama import LlamaModel
-from refengine.speculative.packed_linear import PackedLinear
+from refengine.model_runner.packed_linear import PackedLinear
 
 
 class LeanDraft:

@@ -9,8 +9,8 @@ import torch
 
 from refengine import load_checkpoint
 from refengine.model_runner import build_attention_metadata, load_model
+from refengine.model_runner.packed_linear import PackedLinear, fp16_gemm_available
 from refengine.speculative.lean_draft import lean_draft_of
-from refengine.speculative.packed_linear import PackedLinear, fp16_gemm_available
 
 TOKENS_PER_BLOCK = 4
 SEQUENCES = [[3, 17, 9, 40, 2, 2, 8, 51, 11], [5, 6, 7], [60, 1, 33, 33, 33, 12, 4]]

@@ -35,6 +35,7 @@ class SpeculativeBenchOptions:
     quick: bool = False
     num_threads: int = 1  # torch threads for every system (small matmuls on shared cores: one is fastest)
     repeats: int = 1  # interleaved rounds over the systems; each system's best round is reported
+    fp16_weight_gemm: bool = True  # EngineConfig.fp16_weight_gemm of every system that does not set its own
 
     def requests_at(self, batch_size: int) -> int:
         if self.quick:
@@ -42,19 +43,28 @@ class SpeculativeBenchOptions:
         return max(self.min_requests, batch_size * self.rounds) if batch_size < 32 else batch_size
 
 
-# A variant: an engine directory, or (engine directory, num_draft_tokens every request sends: a fixed draft length
-# instead of the engine's adaptive one).
-Variant = Path | tuple[Path, int]
+@dataclass(frozen=True)
+class System:
+    """A variant's engine directory and how it is run."""
+
+    engine_dir: Path
+    num_draft_tokens: int | None = None  # sent by every request: a fixed draft length instead of the engine's adaptive one
+    fp16_weight_gemm: bool | None = None  # EngineConfig.fp16_weight_gemm; None: the bench's option
+
+
+Variant = Path | System
 
 
 class _System:
     """One variant's engine at one batch size, loaded once and warmed up, timed once per round."""
 
-    def __init__(self, engine_dir: Path, batch_size: int, max_tokens: int, num_draft_tokens: int | None, warmup_prompt: Sequence[int]) -> None:
+    def __init__(self, system: System, batch_size: int, max_tokens: int, warmup_prompt: Sequence[int]) -> None:
         from refengine import LLMEngine, SamplingParams
 
-        self.engine = LLMEngine.from_engine_dir(engine_dir, max_batch_size=batch_size, enable_prefix_caching=False)
-        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=num_draft_tokens)
+        self.engine = LLMEngine.from_engine_dir(
+            system.engine_dir, max_batch_size=batch_size, enable_prefix_caching=False, fp16_weight_gemm=system.fp16_weight_gemm
+        )
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=system.num_draft_tokens)
         # One untimed request first: the first forwards of a process or an engine pay one-time costs (allocator, BLAS
         # set-up, first touch of the KV tensors); without it the system measured first (plain) was ~25 % slower.
         self.engine.generate([warmup_prompt], dataclasses.replace(self.params, max_tokens=min(max_tokens, WARMUP_TOKENS)))
@@ -109,8 +119,8 @@ def run_speculative_bench(
     options: SpeculativeBenchOptions,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """`variants`: "plain" plus speculative engine directories ("draft_model", "ngram", ...), each optionally with a
-    fixed per-request num_draft_tokens."""
+    """`variants`: "plain" plus speculative engine directories ("draft_model", "ngram", ...), each optionally a `System`
+    (a fixed per-request num_draft_tokens, its own fp16_weight_gemm)."""
     import torch
 
     previous_threads = torch.get_num_threads()
@@ -126,6 +136,7 @@ def run_speculative_bench(
         "max_tokens": options.max_tokens,
         "torch_threads": options.num_threads,
         "repeats": options.repeats,
+        "fp16_weight_gemm": options.fp16_weight_gemm,
         "rows": rows,
     }
 
@@ -135,8 +146,10 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
     row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
     systems = {}
     for name, variant in variants.items():
-        engine_dir, num_draft_tokens = variant if isinstance(variant, tuple) else (variant, None)
-        systems[name] = _System(engine_dir, batch_size, options.max_tokens, num_draft_tokens, workload[0])
+        system = variant if isinstance(variant, System) else System(variant)
+        if system.fp16_weight_gemm is None:
+            system = dataclasses.replace(system, fp16_weight_gemm=options.fp16_weight_gemm)
+        systems[name] = _System(system, batch_size, options.max_tokens, workload[0])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for round_index in range(options.repeats):  # interleaved: every system sees the same spells of machine load
         for name, system in systems.items():

@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the systems: each system's best round "
                         "is reported, and the median over rounds of each variant's CPU speed-up against the same round's plain run "
                         "(default 1; more steadies the figures on a loaded machine)")
+    parser.add_argument("--fp32-gemm", action="store_true", help="run every system with float32 GEMMs (EngineConfig.fp16_weight_gemm "
+                        "false: bit for bit F.linear) instead of fbgemm's fp16-weight GEMM")
+    parser.add_argument("--with-fp32-gemm-plain", action="store_true", help="also measure the plain target on float32 GEMMs "
+                        "(plain_fp32_gemm), beside the plain target on the fp16-weight GEMM")
     parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
@@ -46,7 +50,7 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
-    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, render_markdown, run_speculative_bench
+    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, System, render_markdown, run_speculative_bench
     from pipeline.bench.speculative.engines import draft_variant, ngram_variant, plain_variant, speculative_kind
     from pipeline.bench.speculative.prompts import heldout_code_prompts
     from pipeline.calibration import load_tokenizer
@@ -78,12 +82,14 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         variants["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
     if args.fixed_draft_len:
         for name in [name for name in variants if name != "plain"]:
-            variants[f"{name}_k{args.max_draft_len}"] = (variants[name], args.max_draft_len)
+            variants[f"{name}_k{args.max_draft_len}"] = System(variants[name], args.max_draft_len)
+    if args.with_fp32_gemm_plain:
+        variants["plain_fp32_gemm"] = System(variants["plain"], fp16_weight_gemm=False)
     if len(variants) == 1:
         raise SpecError("bench speculative: nothing to compare; pass --draft DIR and/or --ngram (or build with a speculative section)")
     tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))
     options = SpeculativeBenchOptions(batch_sizes=batch_sizes, max_tokens=args.max_tokens, max_draft_len=args.max_draft_len, quick=args.quick,
-                                       repeats=args.repeats)
+                                       repeats=args.repeats, fp16_weight_gemm=not args.fp32_gemm)
     prompts = heldout_code_prompts(
         lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.bos_token_id, 8, options.prompt_tokens
     )
