@@ -155,8 +155,8 @@ class GenerationRequest:
             raise InvalidRequestError(
                 "beam_width",
                 f"beam_width {self.beam_width} is not streamed by this client: streamed beams come whole at every step "
-                "(as TensorRT-LLM streams them), not as text deltas; use complete(), or read each response's text_output "
-                "with a Triton client",
+                "(as TensorRT-LLM streams them), not as text deltas; ask without streaming (generate(), or infer without "
+                "--stream), or read each response's text_output with a Triton client",
             )
         values: dict[str, Any] = {
             "text_input": self.prompt,
