@@ -13,19 +13,21 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import urllib.request
+import uuid
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from clients.loadgen.chaos import ChaosPlan, ChaosTargets
+from clients.loadgen.chaos import ChaosOutcome, ChaosPlan, ChaosTargets
 from clients.openai_server import running_openai_server
-from pipeline.bench.soak.bench import soak
+from pipeline.bench.soak.bench import greedy_answer, judge, read_vitals, soak, wait_until_idle
 from tests.integration.serving import infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "tiny-cpu"
+PROMPTS_FOR_BEAMS = ("def __init__(self", "import", "class Parser", "for line in")
 PLAN = ChaosPlan(requests=160, concurrency=8, cut_fraction=0.5, max_tokens=(8, 64), cut_after=(0, 8), seed=11)
 
 
@@ -94,3 +96,56 @@ def test_the_same_request_id_twice_and_a_cancel_after_the_final_response(served,
     with urllib.request.urlopen(f"{server.options.http_url}/v2/health/ready", timeout=5) as response:
         assert response.status == 200
     assert _stream(url, model, "import", 16, request_id="after") == expected
+
+
+def _beam_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, beam_width: int, cut_after: int | None) -> int:
+    """One streamed beam-search request over gRPC; cut (cancelled) after `cut_after` responses, else read to its
+    final response. The number of responses read; every response carries one text per returned beam."""
+    inputs = infer_inputs({
+        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+        "stream": np.array([[True]], dtype=np.bool_),
+        "beam_width": np.array([[beam_width]], dtype=np.int32),
+    })
+    client = grpcclient.InferenceServerClient(grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer(model, inputs, request_id=f"beams-{uuid.uuid4().hex}", enable_empty_final_response=True)
+    count = 0
+    try:
+        while cut_after is None or count < cut_after:
+            result, error = responses.get(timeout=60)
+            if error is not None:
+                raise error
+            texts = result.as_numpy("text_output")
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if texts is not None:
+                assert texts.size == beam_width, texts
+                count += 1
+            if final:
+                return count
+        return count
+    finally:
+        client.stop_stream(cancel_requests=cut_after is not None)
+        client.close()
+
+
+def test_cut_beam_streams_leave_the_server_as_it_was(served):
+    """Streamed beam search (every beam whole in each response) under the same abuse: 24 streams, 6 at a time,
+    over the ensemble and the BLS, half cut after 0-5 responses; then the server is as it was."""
+    server, _ = served
+    vitals = lambda: read_vitals(server.pid, server.options.http_url, server.options.metrics_url, server.log_path)  # noqa: E731
+    before = wait_until_idle(vitals)
+    greedy_before = greedy_answer(server.options.grpc_url)
+    plans = [
+        (("ensemble", "tensorrt_llm_bls")[i % 2], PROMPTS_FOR_BEAMS[i % len(PROMPTS_FOR_BEAMS)], 8 + 8 * (i % 6), 2 + i % 3, (i % 6) if i % 2 else None)
+        for i in range(24)
+    ]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        counts = list(pool.map(lambda plan: _beam_stream(server.options.grpc_url, *plan), plans))
+    for (model, _, max_tokens, _, cut_after), count in zip(plans, counts):
+        assert count >= 1 if cut_after is None else count <= cut_after, (model, max_tokens, cut_after, count)
+    after = wait_until_idle(vitals)
+    problems = judge(ChaosOutcome(), before, after, greedy_before, greedy_answer(server.options.grpc_url))
+    assert not problems, problems
+    assert sum(count for (*_, cut_after), count in zip(plans, counts) if cut_after is None) > 12  # the uncut ones streamed
