@@ -656,7 +656,7 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model, beam_w
     cancelled_at = time.monotonic()
     client.stop_stream(cancel_requests=True)
     client.close()
-    # 600 tokens take far longer than this; only the cancellation can free the blocks so soon.
+    # Freed soon after the cancellation; the generated-token count below shows the request did not just end.
     assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 5.0), (
         f"KV blocks still used {time.monotonic() - cancelled_at:.1f} s after the cancellation"
     )
