@@ -5,6 +5,8 @@
         print(client.generate("def fib(n):", max_tokens=32).text)
         for delta in client.stream("import os\\n", max_tokens=32):
             print(delta, end="", flush=True)
+        for beams in client.stream_beams("def fib(n):", max_tokens=32, beam_width=4):
+            print(beams[0])  # every beam whole at each step, best first
 
 `AsyncTritonLLMClient` is the asyncio form. Errors: `RequestError` (Triton refused the request;
 never retried), `ServerUnavailableError` (retried with backoff, then raised),
@@ -28,7 +30,9 @@ _EXPORTS = {
     "RequestError": "clients.errors",
     "ServerUnavailableError": "clients.errors",
     "RetryPolicy": "clients.retry",
+    "AsyncBeamStream": "clients.stream",
     "AsyncTextStream": "clients.stream",
+    "BeamStream": "clients.stream",
     "TextStream": "clients.stream",
     "Completion": "clients.types",
     "GenerationRequest": "clients.types",
@@ -48,13 +52,15 @@ if TYPE_CHECKING:
     from clients.client import DEFAULT_URLS, TritonLLMClient
     from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
     from clients.retry import RetryPolicy
-    from clients.stream import AsyncTextStream, TextStream
+    from clients.stream import AsyncBeamStream, AsyncTextStream, BeamStream, TextStream
     from clients.types import Completion, GenerationRequest
 
 __all__ = [
     "DEFAULT_URLS",
+    "AsyncBeamStream",
     "AsyncTextStream",
     "AsyncTritonLLMClient",
+    "BeamStream",
     "ClientError",
     "ClientTimeoutError",
     "Completion",

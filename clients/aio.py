@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from clients.aio_transport import AioGrpcCall, AioHttpCall
 from clients.client import DEFAULT_TIMEOUT_S, ProtocolName, configure
 from clients.errors import ClientError
-from clients.stream import AsyncTextStream
+from clients.stream import AsyncBeamStream, AsyncTextStream
 from clients.types import Completion, GenerationRequest
 
 
@@ -90,6 +90,13 @@ class AsyncTritonLLMClient:
     def stream_request(self, request: GenerationRequest) -> AsyncTextStream:
         return self._text_stream(request, stream=True)
 
+    def stream_beams(self, prompt: str, *, max_tokens: int, beam_width: int, stop: str | Sequence[str] | None = None, **options: Any) -> AsyncBeamStream:
+        """Streamed beam search (see TritonLLMClient.stream_beams): each item every beam's text so far, whole, best first."""
+        return self.stream_beams_request(GenerationRequest(prompt, max_tokens, stop=stop, beam_width=beam_width, **options))
+
+    def stream_beams_request(self, request: GenerationRequest) -> AsyncBeamStream:
+        return self._text_stream(request, stream=True, whole_beams=True)
+
     def model_stream(self, model: str, inputs: list[Any], outputs: list[Any], parse: Callable[[Any], Any]) -> AioGrpcCall:
         """One streamed gRPC request to any model of the server (`inputs` and `outputs` as tritonclient's
         grpc.aio InferInput / InferRequestedOutput), its results turned into chunks by `parse`; no retries."""
@@ -136,8 +143,8 @@ class AsyncTritonLLMClient:
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
         return self._http
 
-    def _text_stream(self, request: GenerationRequest, *, stream: bool) -> AsyncTextStream:
-        values = request.inputs(stream=stream)
+    def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: bool = False) -> AsyncTextStream:
+        values = request.inputs(stream=stream, whole_beams=whole_beams)
 
         async def open_call() -> AioGrpcCall | AioHttpCall:
             if self.protocol == "grpc":
@@ -146,6 +153,7 @@ class AsyncTritonLLMClient:
 
         if self._closed:
             raise ClientError("the client is closed")
-        text_stream = AsyncTextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
+        stream_class = AsyncBeamStream if whole_beams else AsyncTextStream
+        text_stream = stream_class(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
         self._streams.add(text_stream)
         return text_stream

@@ -16,7 +16,7 @@ from clients.errors import ClientError
 from clients.grpc import ClientPool, GrpcCall, grpc_target
 from clients.http import HttpCall, http_base_url
 from clients.retry import RetryPolicy
-from clients.stream import TextStream
+from clients.stream import BeamStream, TextStream
 from clients.types import Completion, GenerationRequest
 
 ProtocolName = Literal["grpc", "http"]
@@ -150,6 +150,15 @@ class TritonLLMClient:
     def stream_request(self, request: GenerationRequest) -> TextStream:
         return self._text_stream(request, stream=True)
 
+    def stream_beams(self, prompt: str, *, max_tokens: int, beam_width: int, stop: str | Sequence[str] | None = None, **options: Any) -> BeamStream:
+        """Streamed beam search: each item is every returned beam's text so far, whole and best first (TensorRT-LLM
+        streams beams whole, since a beam may continue another from one step to the next); `completion.beams` at
+        the end. Stops early as `stream` does. `options`: other `GenerationRequest` fields (length_penalty, ...)."""
+        return self.stream_beams_request(GenerationRequest(prompt, max_tokens, stop=stop, beam_width=beam_width, **options))
+
+    def stream_beams_request(self, request: GenerationRequest) -> BeamStream:
+        return self._text_stream(request, stream=True, whole_beams=True)
+
     # -- server -----------------------------------------------------------------------------
     def is_ready(self) -> bool:
         """Whether the model is ready (False when the server cannot be reached)."""
@@ -191,8 +200,8 @@ class TritonLLMClient:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
-    def _text_stream(self, request: GenerationRequest, *, stream: bool) -> TextStream:
-        values = request.inputs(stream=stream)
+    def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: bool = False) -> TextStream:
+        values = request.inputs(stream=stream, whole_beams=whole_beams)
         pool, session = self._pool, self._session
 
         def open_call() -> GrpcCall | HttpCall:
@@ -204,7 +213,8 @@ class TritonLLMClient:
                 return HttpCall(session, self.url, self.model, values, timeout=self.timeout)
             raise ClientError("the client has no transport")  # pragma: no cover - one of the two exists
 
-        text_stream = TextStream(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
+        stream_class = BeamStream if whole_beams else TextStream
+        text_stream = stream_class(open_call, self.retry, protocol=self.protocol, max_tokens=request.max_tokens)
         with self._streams_lock:
             if self._closed:
                 raise ClientError("the client is closed")

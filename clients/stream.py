@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from clients.errors import ClientError
+from clients.record import Recorder, beam_texts, delta_text
 from clients.retry import RetryPolicy
 from clients.types import Chunk, Completion
 
@@ -34,56 +34,6 @@ class AsyncCall(Protocol):
 
 class _Cancelled(Exception):
     pass
-
-
-class _Recorder:
-    """The parts of a Completion seen so far."""
-
-    def __init__(self, protocol: str, max_tokens: int | None) -> None:
-        self.protocol = protocol
-        self.max_tokens = max_tokens
-        self.started = time.monotonic()
-        self.first_response: float | None = None
-        self.texts: list[str] = []
-        self.responses = 0
-        self.tokens: int | None = 0
-        self.cum_log_prob: float | None = None
-        self.log_probs: list[float] = []
-        self.beams: tuple[str, ...] = ()
-        self.beam_cum_log_probs: tuple[float, ...] = ()
-        self.completion: Completion | None = None
-
-    def add(self, chunk: Chunk) -> None:
-        if self.first_response is None:
-            self.first_response = time.monotonic() - self.started
-        self.responses += 1
-        self.texts.append(chunk.text)
-        self.tokens = None if self.tokens is None or chunk.num_tokens is None else self.tokens + chunk.num_tokens
-        if chunk.cum_log_prob is not None:
-            self.cum_log_prob = chunk.cum_log_prob
-        if chunk.log_probs:
-            self.log_probs.extend(chunk.log_probs)
-        if chunk.beams:
-            self.beams, self.beam_cum_log_probs = chunk.beams, chunk.beam_cum_log_probs
-
-    def finish(self) -> Completion:
-        tokens = self.tokens if self.responses else None
-        reason = None
-        if tokens is not None and self.max_tokens is not None:
-            reason = "length" if tokens >= self.max_tokens else "stop"
-        self.completion = Completion(
-            text="".join(self.texts),
-            latency_s=time.monotonic() - self.started,
-            time_to_first_response_s=self.first_response,
-            num_responses=self.responses,
-            num_tokens=tokens,
-            cum_log_prob=self.cum_log_prob,
-            finish_reason=None if self.beams else reason,
-            protocol=self.protocol,
-            beams=self.beams,
-            beam_cum_log_probs=self.beam_cum_log_probs,
-        )
-        return self.completion
 
 
 class _StreamState:
@@ -114,12 +64,14 @@ class _StreamState:
 class TextStream(Iterator[str]):
     """The text deltas of one request. `completion` is set once the final response arrived."""
 
+    _whole_beams = False
+
     def __init__(self, open_call: Callable[[], Call], policy: RetryPolicy, *, protocol: str, max_tokens: int | None) -> None:
         self._state = _StreamState()
-        self._record = _Recorder(protocol, max_tokens)
+        self._record = Recorder(protocol, max_tokens, self._whole_beams)
         # The generator must not reference this object: a dropped stream is then freed (and its
         # call cancelled) at once by reference counting, not by a later garbage collection.
-        self._deltas = _deltas(open_call, policy, self._state, self._record)
+        self._deltas = _deltas(open_call, policy, self._state, self._record, beam_texts if self._whole_beams else delta_text)
 
     @property
     def completion(self) -> Completion | None:
@@ -164,10 +116,13 @@ class TextStream(Iterator[str]):
 class AsyncTextStream(AsyncIterator[str]):
     """The asyncio form of TextStream (`async for`, `async with`, `aclose()`, `cancel()`)."""
 
+    _whole_beams = False
+
     def __init__(self, open_call: Callable[[], Awaitable[AsyncCall]], policy: RetryPolicy, *, protocol: str, max_tokens: int | None) -> None:
         self._state = _StreamState()
-        self._record = _Recorder(protocol, max_tokens)
-        self._deltas = _async_deltas(open_call, policy, self._state, self._record)  # no reference to self
+        self._record = Recorder(protocol, max_tokens, self._whole_beams)
+        item = beam_texts if self._whole_beams else delta_text
+        self._deltas = _async_deltas(open_call, policy, self._state, self._record, item)  # no reference to self
 
     @property
     def completion(self) -> Completion | None:
@@ -210,7 +165,28 @@ class AsyncTextStream(AsyncIterator[str]):
         self.cancel()  # synchronous: a gRPC call's cancel() and closing an HTTP response need no loop
 
 
-def _deltas(open_call: Callable[[], Call], policy: RetryPolicy, state: _StreamState, record: _Recorder) -> Iterator[str]:
+class BeamStream(TextStream):
+    """A streamed beam-search request: each item is every returned beam's text so far, whole and best first (a beam
+    may continue another from one step to the next, so each item replaces the last); `completion.beams` at the end."""
+
+    _whole_beams = True
+
+    def __next__(self) -> tuple[str, ...]:  # type: ignore[override]
+        return next(self._deltas)
+
+
+class AsyncBeamStream(AsyncTextStream):
+    """The asyncio form of BeamStream."""
+
+    _whole_beams = True
+
+    async def __anext__(self) -> tuple[str, ...]:  # type: ignore[override]
+        return await self._deltas.__anext__()
+
+
+def _deltas(
+    open_call: Callable[[], Call], policy: RetryPolicy, state: _StreamState, record: Recorder, item: Callable[[Chunk], Any]
+) -> Iterator[Any]:
     def open_first() -> tuple[Call, Iterator[Chunk], Chunk | None]:
         call = open_call()
         state.attach(call)
@@ -232,8 +208,8 @@ def _deltas(open_call: Callable[[], Call], policy: RetryPolicy, state: _StreamSt
     try:
         for chunk in itertools.chain([first] if first is not None else [], chunks):
             record.add(chunk)
-            if chunk.text:
-                yield chunk.text
+            if value := item(chunk):
+                yield value
         _finish(state, record)
     except ClientError:
         if not state.cancelled:
@@ -243,8 +219,8 @@ def _deltas(open_call: Callable[[], Call], policy: RetryPolicy, state: _StreamSt
 
 
 async def _async_deltas(
-    open_call: Callable[[], Awaitable[AsyncCall]], policy: RetryPolicy, state: _StreamState, record: _Recorder
-) -> AsyncIterator[str]:
+    open_call: Callable[[], Awaitable[AsyncCall]], policy: RetryPolicy, state: _StreamState, record: Recorder, item: Callable[[Chunk], Any]
+) -> AsyncIterator[Any]:
     async def open_first() -> tuple[AsyncCall, AsyncIterator[Chunk], Chunk | None]:
         call = await open_call()
         state.attach(call)
@@ -266,12 +242,12 @@ async def _async_deltas(
     try:
         if first is not None:
             record.add(first)
-            if first.text:
-                yield first.text
+            if value := item(first):
+                yield value
             async for chunk in chunks:
                 record.add(chunk)
-                if chunk.text:
-                    yield chunk.text
+                if value := item(chunk):
+                    yield value
         _finish(state, record)
     except ClientError:
         if not state.cancelled:
@@ -280,7 +256,7 @@ async def _async_deltas(
         call.close() if state.finished else call.cancel()
 
 
-def _finish(state: _StreamState, record: _Recorder) -> None:
+def _finish(state: _StreamState, record: Recorder) -> None:
     with state.lock:
         state.finished = not state.cancelled
     if state.finished:

@@ -114,7 +114,7 @@ class GenerationRequest:
     Decoding follows TensorRT-LLM: greedy unless `top_k` or `top_p` is set (and `temperature` > 0).
     `stop` and `bad_words` are words or phrases (text, not token ids). `return_log_probs` makes
     the server return per-token log-probs, from which `Completion.num_tokens` and
-    `Completion.finish_reason` are known. `beam_width` > 1: beam search (greedy only; not streamed by this client, whose streams are text deltas);
+    `Completion.finish_reason` are known. `beam_width` > 1: beam search (greedy only; streamed by `stream_beams`, not as text deltas);
     every beam comes back, best first (`Completion.beams`), `length_penalty` as TensorRT-LLM's.
     """
 
@@ -149,14 +149,15 @@ class GenerationRequest:
             raise InvalidRequestError("return_log_probs", f"return_log_probs must be true or false, got {_shown(self.return_log_probs)}")
         self.inputs(stream=False)  # every other field
 
-    def inputs(self, *, stream: bool) -> dict[str, Any]:
-        """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate."""
-        if stream and self.beam_width is not None and self.beam_width > 1:
+    def inputs(self, *, stream: bool, whole_beams: bool = False) -> dict[str, Any]:
+        """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate.
+        `whole_beams`: a beam stream (`stream_beams`), whose every response holds the beams whole."""
+        if stream and not whole_beams and self.beam_width is not None and self.beam_width > 1:
             raise InvalidRequestError(
                 "beam_width",
-                f"beam_width {self.beam_width} is not streamed by this client: streamed beams come whole at every step "
-                "(as TensorRT-LLM streams them), not as text deltas; ask without streaming (generate(), or infer without "
-                "--stream), or read each response's text_output with a Triton client",
+                f"beam_width {self.beam_width} is not streamed as text deltas: streamed beams come whole at every step "
+                "(as TensorRT-LLM streams them); use stream_beams(), or ask without streaming (generate(), or infer "
+                "without --stream)",
             )
         values: dict[str, Any] = {
             "text_input": self.prompt,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, RequestError, ServerUnavailableError, TritonLLMClient
+from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, InvalidRequestError, RequestError, ServerUnavailableError, TritonLLMClient
 from clients.cli import add_infer_arguments, run_infer
 from tests.integration.serving import REPO, free_ports, greedy_reference, serving_repository
 
@@ -141,6 +141,21 @@ def test_log_probs_give_token_count_and_finish_reason(client, reference):
     assert streamed.completion.cum_log_prob == pytest.approx(whole.cum_log_prob, rel=1e-4)
 
 
+def test_stream_beams_gives_every_beam_whole_each_step_and_ends_at_the_generated_beams(client):
+    """Beams whole at every step (each item replaces the last), the last item the beams generate() returns, with their
+    cum_log_probs; the delta stream refuses beams by name."""
+    expected = client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, beam_width=3, return_log_probs=True)
+    stream = client.stream_beams(PROMPTS[0], max_tokens=MAX_TOKENS, beam_width=3, return_log_probs=True)
+    steps = list(stream)
+    assert len(steps) > 2 and all(len(beams) == 3 for beams in steps)
+    assert steps[-1] == stream.completion.beams == expected.beams and len(set(expected.beams)) > 1
+    assert stream.completion.text == expected.text == expected.beams[0]
+    assert stream.completion.beam_cum_log_probs == pytest.approx(expected.beam_cum_log_probs, abs=1e-4)
+    with pytest.raises(InvalidRequestError, match="beam_width 3 is not streamed as text deltas") as refused:
+        client.stream(PROMPTS[0], max_tokens=MAX_TOKENS, beam_width=3)
+    assert refused.value.field == "beam_width"
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_async_client(server, reference, protocol):
     async def main():
@@ -151,6 +166,9 @@ def test_async_client(server, reference, protocol):
             many = await asyncio.gather(*(client.generate(prompt, max_tokens=MAX_TOKENS) for prompt in PROMPTS[:4]))
             with pytest.raises(RequestError, match="max_tokens must be at least 1, got 0"):
                 await client.generate("x", max_tokens=0)
+            beams = client.stream_beams(PROMPTS[0], max_tokens=MAX_TOKENS, beam_width=2)
+            steps = [step async for step in beams]
+            assert steps[-1] == beams.completion.beams == (await client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, beam_width=2)).beams
             return single.text, deltas, [completion.text for completion in many]
 
     single, deltas, many = asyncio.run(main())

@@ -111,9 +111,27 @@ def test_beam_search_answers_keep_every_beam():
     chunk = chunk_from_json({"text_output": ["best", "second"], "cum_log_probs": [-1.0, -2.5]})
     assert chunk.text == "best" and chunk.beams == ("best", "second") and chunk.beam_cum_log_probs == (-1.0, -2.5)
     assert GenerationRequest("hi", 8, beam_width=2, length_penalty=0.5).inputs(stream=False)["beam_width"] == 2
-    with pytest.raises(InvalidRequestError, match="beam_width 2 is not streamed by this client") as refused:
+    with pytest.raises(InvalidRequestError, match="beam_width 2 is not streamed as text deltas") as refused:
         GenerationRequest("hi", 8, beam_width=2).inputs(stream=True)  # the server streams them whole: not deltas
     assert refused.value.field == "beam_width"
+
+
+def test_a_beam_stream_keeps_the_last_whole_beams_and_ignores_the_empty_final_response():
+    from clients.record import Recorder, beam_texts
+
+    record = Recorder("grpc", 8, whole_beams=True)
+    steps = [Chunk(text="a", beams=("a", "b"), beam_cum_log_probs=(-1.0, -1.5)),
+             Chunk(text="bc", beams=("bc", "ad"), beam_cum_log_probs=(-1.2, -1.4)),  # beam 0 now continues "b"
+             Chunk(text="", final=True)]  # the empty final response
+    assert [beam_texts(chunk) for chunk in steps] == [("a", "b"), ("bc", "ad"), ()]
+    for chunk in steps:
+        record.add(chunk)
+    completion = record.finish()
+    assert (completion.text, completion.beams, completion.beam_cum_log_probs) == ("bc", ("bc", "ad"), (-1.2, -1.4))
+    single = Recorder("http", 8, whole_beams=True)  # one beam returned: each text is the whole beam, not a delta
+    for text in ("x", "xy", "xz"):
+        single.add(Chunk(text=text))
+    assert single.finish().text == "xz"
 
 
 # -- requests ---------------------------------------------------------------------------------
