@@ -70,9 +70,9 @@ def final_arrays(
     return arrays | _logit_arrays(request, context_logits, np.concatenate([part.numpy() for part in parts]) if parts else None)
 
 
-def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None = None, with_context_logits: bool = True) -> Arrays:
+def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None = None, context_logits=None) -> Arrays:
     """A beam-search response (the single one, or one per step when streamed): output_ids [1, beams, T]
-    and the rest per beam."""
+    and the rest per beam (`context_logits`: the request's, when this response carries them)."""
     without_prompt = request.exclude_input_in_output or request.streaming
     prompt = [] if without_prompt else list(request.prompt_ids)
     rows = [prompt + list(completion.token_ids) for completion in output.outputs]
@@ -97,9 +97,7 @@ def beam_arrays(request: GenerateRequest, output, metrics: RequestMetrics | None
         arrays["num_output_tokens"] = _one(max(len(c.token_ids) for c in output.outputs), np.int32)
     if request.return_perf_metrics:
         arrays.update(perf_metric_arrays(metrics))
-    if with_context_logits and request.params.return_context_logits and output.context_logits is not None:
-        arrays["context_logits"] = output.context_logits.numpy().astype(np.float32, copy=False)[None]
-    return arrays
+    return arrays | _logit_arrays(request, context_logits, None)  # beam search refuses generation logits
 
 
 def _logit_arrays(request: GenerateRequest, context_logits, generation_logits) -> Arrays:

@@ -248,19 +248,13 @@ class TritonPythonModel:
             self._end_cancelled(entry)
             return
         if request.params.beam_width > 1:  # every beam whole, in one response per step, as TensorRT-LLM streams beams
-            with_context_logits = not entry.context_logits_sent or output.finished  # first and final, as below
-            entry.context_logits_sent = entry.context_logits_sent or output.context_logits is not None
-            arrays = beam_arrays(request, output, output.metrics, with_context_logits)
+            arrays = beam_arrays(request, output, output.metrics, _context_logits_due(entry, output, output.finished))
             entry.send(arrays_response(arrays, entry.requested), final=output.finished)
             return
         completions = [completion for completion in output.outputs if completion.new_token_ids]
         responses = []
         for index, completion in enumerate(completions):
-            # Context logits go with the first response and again with the final one (NVIDIA's
-            # inflight_batcher_llm_client.py keeps the last response's).
-            last = output.finished and index == len(completions) - 1
-            context_logits = output.context_logits if not entry.context_logits_sent or last else None
-            entry.context_logits_sent = entry.context_logits_sent or context_logits is not None
+            context_logits = _context_logits_due(entry, output, output.finished and index == len(completions) - 1)
             responses.append(arrays_response(streamed_arrays(request, completion, output.metrics, context_logits), entry.requested))
         for index, response in enumerate(responses):
             entry.send(response, final=output.finished and index == len(responses) - 1)
@@ -272,7 +266,7 @@ class TritonPythonModel:
             self._end_cancelled(entry)
             return
         if request.params.beam_width > 1:  # every beam in one response, as TensorRT-LLM returns them
-            entry.send(arrays_response(beam_arrays(request, output, output.metrics), entry.requested), final=True)
+            entry.send(arrays_response(beam_arrays(request, output, output.metrics, output.context_logits), entry.requested), final=True)
             return
         completions = output.outputs
         for index, completion in enumerate(completions):
@@ -281,3 +275,9 @@ class TritonPythonModel:
             entry.send(arrays_response(arrays, entry.requested), final=index == len(completions) - 1)
 
 
+def _context_logits_due(entry, output, last):
+    """A streamed request's context logits go with its first response that can carry them and again with the final
+    one (NVIDIA's inflight_batcher_llm_client.py keeps the last response's)."""
+    context_logits = output.context_logits if not entry.context_logits_sent or last else None
+    entry.context_logits_sent = entry.context_logits_sent or context_logits is not None
+    return context_logits

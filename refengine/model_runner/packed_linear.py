@@ -4,12 +4,12 @@ Why: a decode step at small batch is bound by reading the weights, and this torc
 GEMM is slow for few rows. Measured on the 2-core AVX2 VM (one thread, BENCHMARKS.md, issue #15):
 [1, 256] × [256, 768] takes 9 µs instead of 15 (float32) or 27 (widen fp16 → float32, then the
 GEMM); at 5 rows, a speculative verify step, 12 µs instead of 51; [1, 256] × [256, 4096] 39 µs
-instead of 88. The target (`DenseLinear`, `EngineConfig.fp16_weight_gemm`) and the lean draft use it.
+instead of 88. `DenseLinear` runs on it with `fp16_gemm` (the target: `EngineConfig.fp16_weight_gemm`; the lean draft).
 
 Only used when every weight survives the round trip float32 → fp16 → float32 unchanged (an fp16
 checkpoint, the default), so the layer computes with exactly its checkpoint's weights; results
 then differ from `F.linear` by summation order only. Anything else, or a torch without these
-(deprecated) fbgemm entry points, uses `F.linear` on float32 weights.
+(deprecated) fbgemm entry points, stays on `F.linear` (`Fp16Gemm.of` gives None).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 
 def fp16_gemm_available() -> bool:
@@ -46,21 +45,3 @@ class Fp16Gemm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.fbgemm_linear_fp16_weight(x, self._packed, self._bias)
-
-
-class PackedLinear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, allow_fp16: bool = True) -> None:
-        """`weight` [out, in] and `bias` [out] in float32."""
-        self.weight = weight.contiguous()
-        self.bias = bias
-        self.out_features = weight.shape[0]
-        self._fp16 = Fp16Gemm.of(self.weight, bias) if allow_fp16 else None
-
-    @property
-    def is_fp16(self) -> bool:
-        return self._fp16 is not None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._fp16 is None:
-            return F.linear(x, self.weight, self.bias)
-        return self._fp16(x)

@@ -35,12 +35,11 @@ import torch.nn.functional as F
 from refengine.model_runner.layers import rope_inverse_frequencies
 from refengine.model_runner.linear import DenseLinear
 from refengine.model_runner.llama import LlamaModel
-from refengine.model_runner.packed_linear import PackedLinear
 
 
 class LeanDraft:
     def __init__(self, model: LlamaModel, num_slots: int, max_seq_len: int, vocab_size: int | None, *, fp16_gemm: bool = True) -> None:
-        """`fp16_gemm`: run the Linears on fbgemm's fp16-weight GEMM where the weights are fp16 values (packed_linear.py)."""
+        """`fp16_gemm`: run the Linears on fbgemm's fp16-weight GEMM where the weights are fp16 values (DenseLinear)."""
         config = model.config
         self.num_heads, self.num_kv_heads, self.head_size = config.num_heads, config.num_kv_heads, config.head_size
         self.hidden_size, self.epsilon = config.hidden_size, config.norm_epsilon
@@ -57,8 +56,8 @@ class LeanDraft:
                 weight, bias = weight[rows], None if bias is None else bias[rows]
             return weight, bias
 
-        def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear:
-            return PackedLinear(weight, bias, allow_fp16=fp16_gemm)
+        def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> DenseLinear:
+            return DenseLinear(weight.contiguous(), bias, torch.float32, fp16_gemm=fp16_gemm)
 
         self.layers = []
         for layer in model.layers:

@@ -38,13 +38,17 @@ def test_the_target_packs_fp16_weights_and_keeps_them_as_fp16(small_checkpoint):
         torch.testing.assert_close(fast(x), reference, rtol=1e-5, atol=1e-5)  # on: summation order only
 
 
-@needs_fbgemm
-def test_weights_that_are_not_fp16_values_stay_on_the_float32_gemm():
-    weight = torch.randn(8, 16).half().float() + 1e-4  # float32 values fp16 cannot hold
-    linear = DenseLinear(weight, None, torch.float32, fp16_gemm=True)
-    assert not linear.uses_fp16_gemm and linear.weight.dtype == torch.float32
-    x = torch.randn(3, 16)
-    assert torch.equal(linear(x), F.linear(x, weight))
+def test_the_fp16_gemm_is_used_only_for_weights_that_are_fp16_values():
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.randn(24, 16, generator=generator).half().float()
+    bias = torch.randn(24, generator=generator)
+    x = torch.randn(3, 16, generator=generator)
+    packed = DenseLinear(exact, bias, torch.float32, fp16_gemm=True)
+    assert packed.uses_fp16_gemm == fp16_gemm_available()
+    torch.testing.assert_close(packed(x), F.linear(x, exact, bias), rtol=1e-5, atol=1e-5)
+    not_fp16 = DenseLinear(exact + 1e-4, None, torch.float32, fp16_gemm=True)  # float32 values fp16 cannot hold
+    assert not not_fp16.uses_fp16_gemm and not_fp16.weight.dtype == torch.float32
+    assert torch.equal(not_fp16(x), F.linear(x, exact + 1e-4))  # the float32 GEMM, exactly
 
 
 def test_greedy_output_is_the_same_with_either_gemm(small_checkpoint):

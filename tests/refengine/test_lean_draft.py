@@ -9,7 +9,7 @@ import torch
 
 from refengine import load_checkpoint
 from refengine.model_runner import build_attention_metadata, load_model
-from refengine.model_runner.packed_linear import PackedLinear, fp16_gemm_available
+from refengine.model_runner.packed_linear import fp16_gemm_available
 from refengine.speculative.lean_draft import lean_draft_of
 
 TOKENS_PER_BLOCK = 4
@@ -34,7 +34,7 @@ def test_lean_logits_equal_the_general_paths(tmp_path, checkpoint_writer, fp16_g
     model = load_model(load_checkpoint(checkpoint_writer(tmp_path / "draft", seed=5, num_key_value_heads=kv_heads)))
     lean = lean_draft_of(model, len(SEQUENCES), 32, None, fp16_gemm=fp16_gemm)
     assert lean is not None
-    assert all(linear.is_fp16 == (fp16_gemm and fp16_gemm_available()) for layer in lean.layers for linear in layer[1:3] + layer[4:])
+    assert all(linear.uses_fp16_gemm == (fp16_gemm and fp16_gemm_available()) for layer in lean.layers for linear in layer[1:3] + layer[4:])
     kv_caches = model.kv_cache_layout.allocate(8 * len(SEQUENCES), TOKENS_PER_BLOCK)
     steps = [
         [(slot, tokens[:-2], 0) for slot, tokens in enumerate(SEQUENCES)],  # prompts, batched
@@ -46,15 +46,3 @@ def test_lean_logits_equal_the_general_paths(tmp_path, checkpoint_writer, fp16_g
     for feeds in steps:
         torch.testing.assert_close(lean.forward(feeds), _general_logits(model, kv_caches, feeds), rtol=1e-4, atol=1e-4)
 
-
-def test_packed_linear_uses_fp16_only_for_weights_that_are_fp16_values():
-    generator = torch.Generator().manual_seed(0)
-    exact = torch.randn(24, 16, generator=generator).half().float()
-    bias = torch.randn(24, generator=generator)
-    x = torch.randn(3, 16, generator=generator)
-    packed = PackedLinear(exact, bias)
-    assert packed.is_fp16 == fp16_gemm_available()
-    torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, exact, bias), rtol=1e-5, atol=1e-5)
-    not_fp16 = PackedLinear(exact + 1e-4, None)  # float32 values fp16 cannot hold: the float32 GEMM, exactly
-    assert not not_fp16.is_fp16
-    assert torch.equal(not_fp16(x), torch.nn.functional.linear(x, exact + 1e-4))

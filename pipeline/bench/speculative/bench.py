@@ -55,7 +55,7 @@ class System:
 Variant = Path | System
 
 
-class _System:
+class _LoadedSystem:
     """One variant's engine at one batch size, loaded once and warmed up, timed once per round."""
 
     def __init__(self, system: System, batch_size: int, max_tokens: int, warmup_prompt: Sequence[int]) -> None:
@@ -149,7 +149,7 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
         system = variant if isinstance(variant, System) else System(variant)
         if system.fp16_weight_gemm is None:
             system = dataclasses.replace(system, fp16_weight_gemm=options.fp16_weight_gemm)
-        systems[name] = _System(system, batch_size, options.max_tokens, workload[0])
+        systems[name] = _LoadedSystem(system, batch_size, options.max_tokens, workload[0])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for round_index in range(options.repeats):  # interleaved: every system sees the same spells of machine load
         for name, system in systems.items():
