@@ -34,9 +34,18 @@ def print_capacity(loaded: LoadedConfig, *, gpu: str, tp: int | None, console: C
         group_size=spec.quantize.group_size,
         draft=_draft_for_capacity(spec),
         reserve_gb=reserve_gb,
+        windows=_runtime_windows(loaded),
     )
     console.print(capacity_table(capacity))
     console.print(f"memory model: {memory_model}", markup=False)
+
+
+def _runtime_windows(loaded: LoadedConfig) -> tuple[int | None, ...]:
+    """The model's per-layer windows where the target's runtime keeps them (else every layer holds every token)."""
+    from pipeline.config.families import family_of
+
+    family = family_of(loaded.model.model_type)
+    return loaded.model.layer_windows if family is not None and family.runtime_windows(loaded.spec.build.target) else ()
 
 
 def _draft_for_capacity(spec: Spec) -> DraftModel | None:

@@ -18,9 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.backends.model_size import (
+    ParamCount,
+    count_params,
+    kv_bytes_per_layer_token,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    weight_bytes_per_param,
+)
 from pipeline.config.model_info import ModelInfo
 from pipeline.errors import SpecError
 from pipeline.quant_formats import FP8_MIN_SM, KV_CACHE_FORMATS, WEIGHT_FORMATS
+
+__all__ = [
+    "GB", "GPUS", "CapacityError", "CapacityPlan", "DraftModel", "ParamCount", "capacity_table", "count_params", "get_gpu",
+    "kv_bytes_per_sequence", "kv_bytes_per_token", "plan_capacity", "weight_bytes_per_param",
+]
 
 GB = 1e9
 KIB = 1024
@@ -32,7 +45,6 @@ ENGINE_MEMORY_MODEL = (
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build default (trtllm.md §1.2)
 MAX_BATCH_SIZE_CAP = 2048  # trtllm-build default max_batch_size
 _SIXTEEN_BIT = 2.0
-SIXTEEN_BIT_KV_DTYPES = ("float16", "bfloat16")  # an unquantized KV cache named by its dtype
 
 
 @dataclass(frozen=True)
@@ -81,45 +93,6 @@ def get_gpu(name: str | GpuSpec) -> GpuSpec:
 
 
 @dataclass(frozen=True)
-class ParamCount:
-    decoder: int  # every decoder-layer parameter (linear layers and their norms)
-    embedding: int  # vocab_embedding
-    lm_head: int  # 0 when tied to the embedding
-    final_norm: int
-
-    @property
-    def total(self) -> int:
-        return self.decoder + self.embedding + self.lm_head + self.final_norm
-
-
-def count_params(model: ModelInfo, *, tied_embeddings: bool = False) -> ParamCount:
-    h, hd = model.hidden_size, model.head_dim
-    per_layer = (h * model.num_heads * hd + 2 * h * model.num_kv_heads * hd + model.num_heads * hd * h
-                 + 3 * h * model.intermediate_size + 2 * h)
-    embedding = model.vocab_size * h
-    return ParamCount(model.num_layers * per_layer, embedding, 0 if tied_embeddings else embedding, h)
-
-
-def weight_bytes_per_param(quant_algo: str, group_size: int = 128) -> float:
-    if quant_algo not in WEIGHT_FORMATS:
-        raise SpecError(f"quantize.algo {quant_algo!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    return WEIGHT_FORMATS[quant_algo].bytes_per_param(group_size)
-
-
-def kv_bytes_per_token(model: ModelInfo, kv_cache_dtype: str, tp: int = 1) -> int:
-    """KV-cache bytes of one token on one GPU: 2 × layers × kv_heads/tp × head_dim × bytes (§A2)."""
-    if kv_cache_dtype in SIXTEEN_BIT_KV_DTYPES:
-        element = _SIXTEEN_BIT
-    elif kv_cache_dtype in KV_CACHE_FORMATS:
-        element = KV_CACHE_FORMATS[kv_cache_dtype].bytes_per_element
-    else:
-        known = ", ".join([*KV_CACHE_FORMATS, *SIXTEEN_BIT_KV_DTYPES])
-        raise SpecError(f"KV-cache dtype {kv_cache_dtype!r} is not one of {known}")
-    kv_heads = max(1, model.num_kv_heads // tp)
-    return int(2 * model.num_layers * kv_heads * model.head_dim * element)
-
-
-@dataclass(frozen=True)
 class CapacityPlan:
     model: str
     gpu: GpuSpec
@@ -144,6 +117,8 @@ class CapacityPlan:
     decode_tokens_per_s_b1: float | None  # bandwidth bound at batch 1 (datasheet bandwidth)
     notes: tuple[str, ...]
     draft: DraftCapacity | None = None  # the draft engine of draft-target decoding, on the same GPUs
+    kv_bytes_per_sequence: int = 0  # per GPU, one max_seq_len-token sequence, block-rounded (windowed layers capped)
+    windowed_layers: int = 0  # layers that keep only their attention window
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k not in ("gpu", "params", "draft")}
@@ -184,18 +159,23 @@ def plan_capacity(
     tokens_per_block: int = 32,
     group_size: int = 128,
     reserve_gb: float = RUNTIME_RESERVE_GB,
-    tied_embeddings: bool = False,
+    tied_embeddings: bool | None = None,
     draft: DraftModel | None = None,
+    windows: tuple[int | None, ...] = (),
 ) -> CapacityPlan:
     """How `model` in `quant_algo` with a `kv_cache_dtype` KV cache fits `tp` × `gpu`; CapacityError if it cannot run.
 
     With a `draft` (draft-target decoding) both engines' weights stay on the GPUs and every sequence has KV in both
     caches. Each tensorrt_llm model takes kv_cache_free_gpu_mem_fraction of the memory free when it loads: the target is
-    taken to load first, the draft then gets the fraction of what the target left."""
+    taken to load first, the draft then gets the fraction of what the target left.
+
+    `windows` (one per layer, None: full attention) are the per-layer attention windows the target's runtime keeps
+    (pipeline.config.families.Family.runtime_windows): a windowed layer holds at most its window per sequence."""
     gpu = get_gpu(gpu)
     quant_algo, kv_cache_dtype = str(getattr(quant_algo, "value", quant_algo)), str(getattr(kv_cache_dtype, "value", kv_cache_dtype))
     _check_inputs(model, tp, max_seq_len, max_batch_size, kv_cache_free_gpu_mem_fraction, tokens_per_block)
     params = count_params(model, tied_embeddings=tied_embeddings)
+    windows = tuple(windows)
     sixteen_bit = (params.embedding + params.lm_head + params.final_norm) * _SIXTEEN_BIT
     weights = params.decoder * weight_bytes_per_param(quant_algo, group_size) + sixteen_bit
     per_gpu = weights / tp
@@ -211,18 +191,18 @@ def plan_capacity(
             f"{label} needs {per_gpu / GB:.1f} GB of weights per GPU (tp {tp}) plus a {reserve_gb:g} GB runtime reserve, "
             f"but {gpu.name} has {gpu.memory_gb:g} GB: {(per_gpu - budget) / GB:.1f} GB missing{_tp_hint(weights, gpu, reserve_gb, model, tp)}"
         )
-    kv_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
+    kv_token = kv_bytes_per_token(model, kv_cache_dtype, tp, windows)
     kv_space = kv_cache_free_gpu_mem_fraction * (budget - per_gpu_all)
-    blocks_per_seq = -(-max_seq_len // tokens_per_block)
-    one_sequence = blocks_per_seq * tokens_per_block * kv_token
+    one_sequence = kv_bytes_per_sequence(model, kv_cache_dtype, tp, max_seq_len, tokens_per_block, windows)
     if kv_space < one_sequence:
         missing = one_sequence / kv_cache_free_gpu_mem_fraction - (budget - per_gpu_all)
         raise CapacityError(
             f"{label} on {tp} × {gpu.name}: the KV cache gets {kv_space / GB:.2f} GB but one {max_seq_len}-token sequence "
             f"needs {one_sequence / GB:.2f} GB ({_kv_label(kv_cache_dtype)} KV): {missing / GB:.2f} GB missing"
         )
-    kv_tokens = int(kv_space // kv_token)
-    full_sequences = (kv_tokens // tokens_per_block) // blocks_per_seq
+    # Tokens the cache holds at the full-attention layers' rate (windowed layers add a fixed cost per sequence).
+    kv_tokens = int(kv_space // kv_token) if kv_token else int(kv_space // kv_bytes_per_layer_token(model, kv_cache_dtype, tp))
+    full_sequences = int(kv_space // one_sequence)
     draft_capacity = None
     if draft is not None:
         draft_capacity = _draft_capacity(draft, tp, draft_weights, (budget - per_gpu_all - kv_space) * kv_cache_free_gpu_mem_fraction,
@@ -231,7 +211,9 @@ def plan_capacity(
     batch = min(max_batch_size, full_sequences)
     num_tokens = min(DEFAULT_MAX_NUM_TOKENS, batch * max_seq_len)
     num_tokens = max(tokens_per_block, num_tokens // tokens_per_block * tokens_per_block)
-    read_per_step = (weights - params.embedding * _SIXTEEN_BIT) / tp
+    # a step reads the decoder (a MoE's top-k experts only) and the output projection (the embedding when tied)
+    read_per_step = (params.read_per_token * weight_bytes_per_param(quant_algo, group_size)
+                     + (params.embedding + params.final_norm) * _SIXTEEN_BIT) / tp
     decode = gpu.bandwidth_tbps * 1e12 / read_per_step if gpu.bandwidth_tbps else None
     notes = _notes(gpu, full_sequences, max_batch_size, quant_algo, kv_cache_dtype)
     return CapacityPlan(
@@ -240,7 +222,8 @@ def plan_capacity(
         tokens_per_block=tokens_per_block, reserve_gb=reserve_gb, params=params, weight_bytes=weights, weight_bytes_per_gpu=per_gpu,
         kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, kv_tokens=kv_tokens, full_sequences=full_sequences,
         recommended_max_batch_size=batch, recommended_max_num_tokens=num_tokens, fits=full_sequences >= max_batch_size,
-        decode_tokens_per_s_b1=decode, notes=notes, draft=draft_capacity,
+        decode_tokens_per_s_b1=decode, notes=notes, draft=draft_capacity, kv_bytes_per_sequence=one_sequence,
+        windowed_layers=sum(w is not None for w in windows),
     )
 
 
@@ -320,7 +303,9 @@ def capacity_table(plan: CapacityPlan) -> Any:
         ("weights per GPU", f"{plan.weight_bytes_per_gpu / GB:.1f} GB"),
         ("GPU memory / runtime reserve", f"{plan.gpu.memory_gb:g} GB / {plan.reserve_gb:g} GB"),
         (f"KV space per GPU (× {plan.kv_cache_free_gpu_mem_fraction:g})", f"{plan.kv_space_bytes / GB:.1f} GB"),
-        ("KV bytes per token per GPU", f"{plan.kv_bytes_per_token / KIB:g} KiB"),
+        ("KV bytes per token per GPU" + (" (full-attention layers)" if plan.windowed_layers else ""), f"{plan.kv_bytes_per_token / KIB:g} KiB"),
+        (f"KV per {plan.max_seq_len}-token sequence per GPU"
+         + (f" ({plan.windowed_layers} windowed layers capped)" if plan.windowed_layers else ""), f"{plan.kv_bytes_per_sequence / 2**20:,.1f} MiB"),
         ("tokens in the KV cache", f"{plan.kv_tokens:,}"),
         (f"full {plan.max_seq_len}-token sequences", f"{plan.full_sequences:,}"),
         ("recommended max_batch_size", f"{plan.recommended_max_batch_size:,}"),

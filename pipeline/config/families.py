@@ -55,6 +55,9 @@ class Family:
     refused_formats: Mapping[str, str] = field(default_factory=dict)
     engine_max_seq_len: int | None = None  # trtllm-build's own limit on build.max_seq_len for this family
     engine_rule: str = ""  # why engine_max_seq_len
+    # trtllm-build's engine keeps the HF config's sliding windows (through the runtime's per-layer window vector,
+    # which the checkpoint config's keys give): Gemma 3 only; the PyTorch backend takes them for every family
+    engine_windows: bool = False
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -75,6 +78,12 @@ class Family:
         """Why `algo` cannot be built for this family on `target`, or None."""
         backend = traits_of(target).model_backend
         return self.refused_formats.get(f"{backend}:{algo}") or self.refused_formats.get(f"*:{algo}")
+
+    def runtime_windows(self, target: Target) -> bool:
+        """Whether `target`'s runtime keeps only each sliding layer's window in the KV cache (the capacity planner's
+        question); refengine attends over whole sequences."""
+        backend = traits_of(target).model_backend
+        return backend == "pytorch" or (backend == "trtllm-build" and self.engine_windows)
 
     def max_seq_len_on(self, target: Target) -> int | None:
         return self.engine_max_seq_len if traits_of(target).model_backend == "trtllm-build" else None
@@ -124,7 +133,7 @@ FAMILIES: tuple[Family, ...] = (
            "to 4096 tokens, its local layers' window",
            notes="soft-capping, pre/post feed-forward norms, alternating 4096-token local layers"),
     Family("gemma3_text", ("gemma3_text",), ("Gemma3ForCausalLM",), "GemmaForCausalLM", True,
-           refused_formats={"*:w4a8_awq": _GEMMA_W4A8},
+           refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, engine_windows=True,
            notes="Gemma 3 text (1B; the text part of larger ones): local layers windowed through the runtime's "
            "per-layer max_attention_window_size"),
     Family("phi3", ("phi3",), ("Phi3ForCausalLM",), "Phi3ForCausalLM", True,

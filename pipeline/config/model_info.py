@@ -109,6 +109,8 @@ _LIMITS = {
     "kv_lora_rank": (1, 1 << 16),
     "qk_rope_head_dim": (1, 4096),
 }
+# transformers' config classes that tie the output projection to the embeddings when config.json does not say
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
 # The config.json keys that count a model's routed experts, by family (the first present is read).
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
@@ -167,10 +169,14 @@ def read_model_info(path: Path) -> ModelInfo:
         layer_windows=_layer_windows(text, layers, where),
         moe=_moe_info(text, where),
         mla=_mla_info(text, where),
-        tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", _tied_by_default(config)))),
         has_architectures=bool(config.get("architectures")),
         text_config=text,
     )
+
+
+def _tied_by_default(config: dict[str, Any]) -> bool:
+    return config.get("model_type") in _TIED_BY_DEFAULT
 
 
 def _layer_windows(text: dict[str, Any], layers: int, where: str) -> tuple[int | None, ...]:

@@ -240,3 +240,44 @@ def test_llmapi_dry_run_renders_llm_options(checkpoints, model_type, tmp_path):
     windows = options["kv_cache_config"].get("max_attention_window")
     expected = {"gemma3_text": [512, 512, 2048], "gpt_oss": [128, 2048]}.get(model_type)
     assert windows == expected
+
+
+# -- the examples (config.json of the real models, no weights) -----------------------------------------------------------
+ENGINE_EXAMPLES = ("qwen3-8b-fp8", "qwen3-30b-a3b-fp8", "mixtral-8x7b-fp8", "gemma-3-1b", "phi-4-fp8")
+LLMAPI_EXAMPLES = ("gpt-oss-20b-fp8-llmapi", "deepseek-v3-fp8-llmapi-tp8")
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("examples")
+    for name in (*ENGINE_EXAMPLES, *LLMAPI_EXAMPLES):
+        assert main(["--artifacts", str(store), "run", str(BUILD_CONFIGS / f"{name}.yaml"), "--runner", "dry-run"]) == 0, name
+    return store
+
+
+def test_engine_examples_render_the_window_vector_only_where_the_model_has_windows(examples):
+    from pipeline.render.pbtxt import parse_config
+
+    for name in ENGINE_EXAMPLES:
+        [pbtxt] = (examples / name).glob("package-*/model_repository/tensorrt_llm/config.pbtxt")
+        config = parse_config(pbtxt.read_text(), str(pbtxt))
+        window = config.parameters["max_attention_window_size"].string_value
+        if name == "gemma-3-1b":  # 26 layers: five local (512) then one global (max_seq_len 8192), repeated
+            assert window.split(",") == (["512"] * 5 + ["8192"]) * 4 + ["512", "512"]
+        else:
+            engine = json.loads(next((examples / name).glob("build-*/engine/config.json")).read_text())
+            assert window == str(engine["build_config"]["max_seq_len"])
+
+
+def test_llmapi_examples_render_options_nvidias_torchllmargs_accept(examples):
+    from pipeline.backends.llmapi_options import flatten
+    from tests.unit.test_llmapi_target import _fits
+
+    for name in LLMAPI_EXAMPLES:
+        [options_file] = (examples / name).glob("build-*/engine/llm_api_options.json")
+        options = json.loads(options_file.read_text())["options"]
+        assert [p for option, value in flatten(options).items() for p in _fits(option, value)] == [], name
+    gpt_oss = json.loads(next((examples / "gpt-oss-20b-fp8-llmapi").glob("build-*/engine/llm_api_options.json")).read_text())
+    assert gpt_oss["options"]["kv_cache_config"]["max_attention_window"] == [128, 16384] * 12
+    deepseek = json.loads(next((examples / "deepseek-v3-fp8-llmapi-tp8").glob("build-*/engine/llm_api_options.json")).read_text())
+    assert deepseek["options"]["tensor_parallel_size"] == 8 and "max_attention_window" not in deepseek["options"]["kv_cache_config"]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# trtllm-build for gemma-3-1b: TensorRT-LLM 1.2.1, TensorRT 10.14.1.48, CUDA 13.0
+# image: nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3 (tag inferred, verify the TensorRT-LLM version inside)
+# rendered by trtllm-pipeline. --build_config is authoritative: with it trtllm-build
+# ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
+# decisions (what differs from the build config, and why):
+#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got none) (§1.10)
+set -euo pipefail
+trtllm-build \
+  --checkpoint_dir /artifacts/gemma-3-1b/quantize/trtllm_checkpoint \
+  --output_dir /artifacts/gemma-3-1b/build/engine \
+  --build_config /artifacts/gemma-3-1b/build/engine/build_config.json \
+  --max_batch_size 64 \
+  --max_input_len 4096 \
+  --max_seq_len 8192 \
+  --max_num_tokens 8192 \
+  --max_beam_width 1 \
+  --kv_cache_type paged \
+  --tokens_per_block 32 \
+  --gpt_attention_plugin auto \
+  --gemm_plugin disable \
+  --context_fmha enable \
+  --use_paged_context_fmha enable \
+  --use_fp8_context_fmha disable \
+  --use_fused_mlp enable \
+  --reduce_fusion disable \
+  --multiple_profiles disable \
+  --remove_input_padding enable \
+  --output_timing_cache /artifacts/gemma-3-1b/build/engine/model.cache \
+  --workers 1 \
+  --log_level info
