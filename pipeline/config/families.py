@@ -178,3 +178,22 @@ def model_types_on(target: Target) -> tuple[str, ...]:
     """The Hugging Face model types `target` builds."""
     backend = traits_of(target).model_backend
     return tuple(model_type for model_type, family in _BY_MODEL_TYPE.items() if family.runs_on(backend))
+
+
+def support_markdown() -> str:
+    """The README's family × target table: which targets take each family, and in which quantize.algo formats."""
+    from pipeline.quant_formats import WEIGHT_FORMATS
+
+    header = "| family | Hugging Face model_type | engine (trtllm-build) | llmapi (PyTorch backend) | cpu (refengine) |"
+    lines = [header, "| --- | --- | --- | --- | --- |"]
+    for family in FAMILIES:
+        cells = []
+        for target in (Target.engine, Target.llmapi, Target.cpu):
+            if not family.runs_on(traits_of(target).model_backend):
+                cells.append("—")
+                continue
+            taken = [f.name for f in WEIGHT_FORMATS.values() if f.runs_on(target.value) and not family.format_refusal(target, f.name)]
+            cells.append("✓ " + " ".join(taken))
+        types = ", ".join(f"`{t}`" for t in family.hf_model_types)
+        lines.append(f"| {family.name} | {types} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"

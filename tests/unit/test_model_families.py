@@ -17,7 +17,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config.families import FAMILIES, family_of
-from tests.conftest import BUILD_CONFIGS
+from pipeline.config.targets import Target
+from tests.conftest import BUILD_CONFIGS, REPO
 from tests.family_models import FAMILY_CONFIGS, make_family_checkpoint
 
 CONFIGS = {"cpu": "tiny-cpu.yaml", "engine": "llama-3.1-8b-fp8.yaml", "llmapi": "llama-3.1-8b-fp8-llmapi.yaml"}
@@ -107,6 +108,42 @@ def test_gemma2_on_the_engine_target_is_limited_to_4096_tokens(checkpoints, caps
     code, output = _validate(checkpoints["gemma2"], "engine", "--set", "build.max_seq_len=8192", capsys=capsys)
     assert code == 2
     assert "build.max_seq_len: gemma2 on build.target engine takes at most 4096 tokens, got 8192 from build.max_seq_len" in output
+
+
+# Every cell of the README's table: each quantize.algo on each target that takes the family is accepted or refused as
+# the family row says (kv cache off and FP8 context attention off so that only the weight format speaks; NVFP4 on a
+# Blackwell GPU, the only one that runs it).
+FORMAT_BASES = {"cpu": "tiny-cpu-fp8.yaml", "engine": "llama-3.1-8b-fp8.yaml", "llmapi": "llama-3.1-8b-fp8-llmapi.yaml"}
+
+
+@pytest.mark.parametrize("target", ["engine", "llmapi", "cpu"])
+@pytest.mark.parametrize("model_type", sorted(EXPECTED))
+def test_every_format_cell_of_the_table(checkpoints, model_type, target, capsys):
+    from pipeline.quant_formats import WEIGHT_FORMATS
+
+    family = family_of(model_type)
+    if target not in family.targets():
+        pytest.skip(f"{target} does not take {model_type} (the refusal is tested above)")
+    refused_here = []
+    for algo, record in WEIGHT_FORMATS.items():
+        if not record.runs_on(target):
+            continue
+        overrides = ["--set", f"quantize.algo={algo}", "--set", "quantize.kv_cache=none", "--set", f"model.source={checkpoints[model_type]}",
+                     *LENGTHS]
+        if target == "engine":
+            overrides += ["--set", "build.plugins.use_fp8_context_fmha=false", "--set", f"deploy.gpu={'B200' if algo == 'nvfp4' else 'H200'}"]
+        code = main(["validate", str(BUILD_CONFIGS / FORMAT_BASES[target]), *overrides])
+        output = capsys.readouterr()
+        if code != 0:
+            assert f"quantize.algo {algo} is not built for {family.name} on build.target {target}" in output.out + output.err, output
+            refused_here.append(algo)
+    assert refused_here == [a for a in WEIGHT_FORMATS if WEIGHT_FORMATS[a].runs_on(target) and family.format_refusal(Target(target), a)]
+
+
+def test_the_readme_table_is_the_family_table():
+    from pipeline.config.families import support_markdown
+
+    assert support_markdown() in (REPO / "README.md").read_text(encoding="utf-8")
 
 
 # -- bad checkpoints -------------------------------------------------------------------------------------------------
