@@ -128,7 +128,11 @@ def _quantization(unified_dir: Path, requested: dict[str, Any], layout: Layout) 
     path = unified_dir / HF_QUANT_CONFIG
     found = (_read_json(path).get("quantization") or {}) if path.is_file() else {}
     block: dict[str, Any] = {"quant_algo": found.get("quant_algo"), "kv_cache_quant_algo": found.get("kv_cache_quant_algo")}
+    if found.get("quantized_layers"):  # MIXED_PRECISION (AutoQuant): per-layer formats, a GPU-only path
+        raise StageError(f"{path}: per-layer mixed precision (quantized_layers) is not converted")
     for key, value in found.items():
+        if key == "quantized_layers":  # written empty when only the KV cache is quantized
+            continue
         if key == "exclude_modules":
             block[key] = [m for m in (layout.hf_to_trtllm(name) for name in value) if m is not None]
         elif key not in block:

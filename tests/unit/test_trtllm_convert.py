@@ -1,0 +1,234 @@
+"""The project's converter (unified HF checkpoint -> TensorRT-LLM checkpoint) against ModelOpt 0.47's own TRT export.
+
+For tiny random Llama and Qwen2 models and every CPU weight format, one calibrated model is exported twice: with
+ModelOpt's deprecated `export_tensorrt_llm_checkpoint` (the reference) and, from a copy taken before that export (it
+changes the model: `preprocess_linear_fusion` shares the q/k/v scales), with `unified_export.export_unified_checkpoint`
+(what the quantize job now runs), which `convert_unified_checkpoint` turns into a TensorRT-LLM checkpoint.
+
+What must agree: config.json as a whole, and per rank the tensor names, shapes and dtypes; values bit for bit, except
+  * FP8 weights: the unified export rounds (weight / scale) in another order, and q/k/v, gate/up are re-quantized to
+    their shared (max) scale here, so codes may differ by one FP8 step;
+  * AWQ: the unified export folds the q/k/v and gate/up pre-quant scale into the norm before them: compared as the
+    product norm weight × pre-quant scale (fp16 rounding); and it also averages gate/up's AWQ scales (ModelOpt's TRT
+    export leaves them apart: layer_utils.build_mlp_config fuses gate/up only for FP8/NVFP4), so their codes and
+    scales are a different quantization of the same weights: compared as effective weights (cosine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
+from pipeline.backends.trtllm_convert import convert_unified_checkpoint
+from pipeline.errors import StageError
+
+VOCAB = 500  # not a multiple of 64: the AWQ formats pad it
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", "llama", {"tie_word_embeddings": False}),
+    "qwen2": ("Qwen2ForCausalLM", "qwen", {"tie_word_embeddings": True}),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    algo: str  # a quantize.algo value
+    kv: str = "none"
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}-{self.algo}-kv_{self.kv}-tp{self.tp}-pp{self.pp}"
+
+
+CASES = [
+    Case("llama", "none", tp=2, pp=2),
+    Case("llama", "fp8", "fp8", tp=2),
+    Case("llama", "int8_sq", "int8", pp=2),
+    Case("llama", "int8_wo"),
+    Case("llama", "int4_awq", tp=2),
+    Case("llama", "w4a8_awq", "fp8"),
+    Case("llama", "fp8", tp=4),  # tp > num_key_value_heads: K/V heads repeated
+    Case("qwen2", "none", "int8"),
+    Case("qwen2", "fp8"),
+    Case("qwen2", "int8_sq", tp=2),
+    Case("qwen2", "int8_wo", "fp8", pp=2),
+    Case("qwen2", "int4_awq", pp=2),
+    Case("qwen2", "w4a8_awq", tp=2),
+]
+
+
+@dataclass
+class Exported:
+    reference: Path  # ModelOpt's TensorRT-LLM export
+    unified: Path
+    converted: Path
+    config: dict
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("convert")
+    made: dict[Case, Exported] = {}
+
+    def get(case: Case) -> Exported:
+        if case not in made:
+            made[case] = _export(case, root / case.id)
+        return made[case]
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield get
+    torch.set_num_threads(previous)
+
+
+def _tiny_model(family: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    architecture, _, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        family, vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, architectures=[architecture], **extra,
+    )
+    return AutoModelForCausalLM.from_config(config).to(torch.float16).eval()
+
+
+def _export(case: Case, root: Path) -> Exported:
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    from pipeline.backends.modelopt_export import QuantRecipe, _mtq_config, _needs_ptq
+    from pipeline.backends.unified_export import export_unified_checkpoint
+
+    model = _tiny_model(case.family)
+    recipe = QuantRecipe(case.algo, case.kv)
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, VOCAB, (2, 64), generator=generator) for _ in range(2)]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if _needs_ptq(recipe):
+            model = mtq.quantize(model, _mtq_config(recipe), lambda m: [m(b) for b in batches])
+        unified_model = copy.deepcopy(model)
+        export_tensorrt_llm_checkpoint(
+            model, FAMILIES[case.family][1], dtype=torch.float16, export_dir=root / "reference",
+            inference_tensor_parallel=case.tp, inference_pipeline_parallel=case.pp,
+        )
+        export_unified_checkpoint(unified_model, root / "unified", dtype=torch.float16)
+    reference_config = json.loads((root / "reference" / "config.json").read_text())
+    config = {k: v for k, v in reference_config.items() if k not in ("quantization", "mapping")}
+    if case.algo == "int8_wo":  # exported unquantized; trtllm-build quantizes (quant_formats.WEIGHT_FORMATS)
+        config["quantization"] = {"quant_algo": "W8A16"}
+    written = convert_unified_checkpoint(root / "unified", root / "converted", config=config, tp_size=case.tp, pp_size=case.pp)
+    return Exported(root / "reference", root / "unified", root / "converted", written)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_the_converter_writes_what_modelopts_trtllm_export_wrote(case: Case, exports) -> None:
+    exported = exports(case)
+    expected = json.loads((exported.reference / "config.json").read_text())
+    if case.algo == "int8_wo":
+        expected["quantization"]["quant_algo"] = "W8A16"  # what modelopt_export patched in
+    assert exported.config == expected
+    assert json.loads((exported.converted / "config.json").read_text()) == expected
+    ranks = sorted(p.name for p in exported.reference.glob("rank*.safetensors"))
+    assert sorted(p.name for p in exported.converted.glob("rank*.safetensors")) == ranks
+    assert len(ranks) == case.tp * case.pp
+    for rank in ranks:
+        reference, converted = load_file(exported.reference / rank), load_file(exported.converted / rank)
+        assert sorted(converted) == sorted(reference), rank
+        for name in reference:
+            assert (converted[name].dtype, converted[name].shape) == (reference[name].dtype, reference[name].shape), name
+        _assert_values(case, reference, converted, rank)
+
+
+def _assert_values(case: Case, reference: dict, converted: dict, rank: str) -> None:
+    awq = case.algo in ("int4_awq", "w4a8_awq")
+    checked = set()
+    if awq:
+        checked |= _assert_awq(reference, converted)
+    for name, ref in reference.items():
+        if name in checked:
+            continue
+        got = converted[name]
+        if ref.dtype == torch.float8_e4m3fn:
+            assert _fp8_code_distance(ref, got) <= 1, f"{rank}: {name}"
+        else:
+            assert torch.equal(ref, got), f"{rank}: {name} differs"
+
+
+def _assert_awq(reference: dict, converted: dict) -> set[str]:
+    """The AWQ tensors the unified export folds or re-smooths (see the module doc); returns the names it checked."""
+    checked = set()
+    layers = sorted({n.split(".")[2] for n in reference if n.startswith("transformer.layers.")})
+    for layer in layers:
+        p = f"transformer.layers.{layer}."
+        for norm, linears in (("input_layernorm", ["attention.qkv"]), ("post_layernorm", ["mlp.fc", "mlp.gate"])):
+            for linear in linears:
+                pre = f"{p}{linear}.prequant_scaling_factor"
+                assert torch.equal(converted[pre], torch.ones_like(converted[pre])), pre
+                want = reference[f"{p}{norm}.weight"].float() * reference[pre].float()
+                if linear == "attention.qkv":  # same averaged scale in both exports: only the fold's fp16 rounding
+                    torch.testing.assert_close(converted[f"{p}{norm}.weight"].float(), want, rtol=2e-3, atol=1e-5)
+                else:
+                    cosine = torch.nn.functional.cosine_similarity(
+                        _int4_effective(converted, p + linear, converted[f"{p}{norm}.weight"].float()).flatten(),
+                        _int4_effective(reference, p + linear, want).flatten(), dim=0,
+                    )
+                    assert cosine > 0.97, f"{p}{linear}: cosine {cosine:.4f}"
+                    checked |= {n for n in reference if n.startswith(f"{p}{linear}.")}
+                checked |= {pre, f"{p}{norm}.weight"}
+    return checked
+
+
+def _int4_effective(tensors: dict, prefix: str, column_scale: torch.Tensor) -> torch.Tensor:
+    """Dequantized INT4 weight [out, in] times the per-input factor in front of it."""
+    packed = tensors[f"{prefix}.weight"].view(torch.uint8).int()
+    low, high = packed & 0xF, packed >> 4
+    codes = torch.stack([low, high], dim=1).flatten(0, 1)  # byte row r holds output rows 2r (low) and 2r+1 (high)
+    codes = torch.where(codes >= 8, codes - 16, codes).float()
+    scale = tensors[f"{prefix}.weights_scaling_factor"]
+    group = codes.shape[1] // scale.shape[1]
+    return codes * scale.repeat_interleave(group, dim=1) * column_scale
+
+
+def _fp8_code_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    def ordinal(t: torch.Tensor) -> torch.Tensor:  # E4M3 codes are ordered by magnitude within a sign
+        bits = t.view(torch.uint8).int()
+        return torch.where(bits >= 128, -(bits & 0x7F), bits)
+
+    return int((ordinal(a) - ordinal(b)).abs().max())
+
+
+def test_unquantized_weights_round_trip_exactly(exports) -> None:
+    """TP 2 × PP 2 shards read back (trtllm_checkpoint) into the Hugging Face tensors bit for bit."""
+    exported = exports(CASES[0])
+    _, state = trtllm_to_hf_state_dict(exported.converted)
+    original = load_file(exported.unified / "model.safetensors")
+    assert sorted(state) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(state[name], tensor), name
+
+
+def test_a_recipe_the_unified_checkpoint_does_not_hold_is_refused(exports, tmp_path: Path) -> None:
+    exported = exports(Case("qwen2", "fp8"))
+    config = {**exported.config, "quantization": {"quant_algo": "W4A16_AWQ"}}
+    with pytest.raises(StageError, match=r"hf_quant_config.json: quant_algo is 'FP8', but the TensorRT-LLM config asks for 'W4A16_AWQ'"):
+        convert_unified_checkpoint(exported.unified, tmp_path / "out", config=config, tp_size=1, pp_size=1)
+
+
+def test_per_channel_kv_scales_are_not_repeated_over_tp_ranks(exports, tmp_path: Path) -> None:
+    exported = exports(Case("qwen2", "int8_sq", tp=2))
+    with pytest.raises(StageError, match=r"self_attn.k_proj: per-channel scales of KV heads cannot be repeated"):
+        convert_unified_checkpoint(exported.unified, tmp_path / "out", config=exported.config, tp_size=4, pp_size=1)
