@@ -41,6 +41,7 @@ from pipeline.backends.trtllm_convert_linear import (
     repeat_heads,
     row_shard,
     share_scalar_scales,
+    split_rows,
     trtllm_tensors,
 )
 from pipeline.errors import StageError
@@ -181,15 +182,26 @@ def _layer_tensors(
             lin = replace(lin, pre_quant_scale=torch.ones(lin.weight.shape[1], dtype=dtype))
         return lin
 
-    q, k, v = share_scalar_scales([linear(layout.q), linear(layout.k), linear(layout.v)])
+    if layout.qkv_fused:
+        heads = int(config["num_attention_heads"])
+        head_size = int(config.get("head_size") or int(config["hidden_size"]) // heads)
+        kv_rows = int(config.get("num_key_value_heads") or heads) * head_size
+        q, k, v = split_rows(linear(layout.qkv_fused), [heads * head_size, kv_rows, kv_rows], [layout.q, layout.k, layout.v])
+    else:
+        q, k, v = linear(layout.q), linear(layout.k), linear(layout.v)
+    q, k, v = share_scalar_scales([q, k, v])
     out.update(_qkv(q, k, v, config, f"{prefix}.attention.qkv", tp, rank, dtype))
     out.update(trtllm_tensors(row_shard(linear(layout.dense), tp, rank), f"{prefix}.attention.dense", dtype))
-    mlp = [linear(layout.fc)] + ([linear(layout.gate)] if layout.gate else [])
+    if layout.gate_up_fused:
+        fused = linear(layout.gate_up_fused)
+        mlp = split_rows(fused, [fused.out_features // 2] * 2, [layout.fc, str(layout.gate)])
+    else:
+        mlp = [linear(layout.fc)] + ([linear(layout.gate)] if layout.gate else [])
     for trt_name, lin in zip(("mlp.fc", "mlp.gate"), share_scalar_scales(mlp)):
         out.update(trtllm_tensors(column_shard(lin, tp, rank), f"{prefix}.{trt_name}", dtype))
     out.update(trtllm_tensors(row_shard(linear(layout.proj), tp, rank), f"{prefix}.mlp.proj", dtype))
     for trt_name, hf_name in layout.norms.items():
-        out.update(_norm(tensors, f"{hf}.{hf_name}", f"{prefix}.{trt_name}", dtype))
+        out.update(_norm(tensors, f"{hf}.{hf_name}", f"{prefix}.{trt_name}", dtype, layout.norm_plus_one))
     out.update(_kv_cache_scales(tensors, hf, layout, config, f"{prefix}.attention"))
     return out
 
@@ -204,10 +216,13 @@ def _qkv(q: Linear, k: Linear, v: Linear, config: dict[str, Any], prefix: str, t
     return trtllm_tensors(concat_rows(shards, prefix), prefix, dtype)
 
 
-def _norm(tensors: dict[str, torch.Tensor], hf_name: str, trt_name: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _norm(
+    tensors: dict[str, torch.Tensor], hf_name: str, trt_name: str, dtype: torch.dtype, plus_one: bool = False
+) -> dict[str, torch.Tensor]:
     if f"{hf_name}.weight" not in tensors:
         raise StageError(f"unified checkpoint: tensor {hf_name}.weight is missing")
-    out = {f"{trt_name}.weight": tensors[f"{hf_name}.weight"].to(dtype).contiguous()}
+    weight = tensors[f"{hf_name}.weight"]
+    out = {f"{trt_name}.weight": (weight.float() + 1.0 if plus_one else weight).to(dtype).contiguous()}
     if f"{hf_name}.bias" in tensors:
         out[f"{trt_name}.bias"] = tensors[f"{hf_name}.bias"].to(dtype).contiguous()
     return out
@@ -252,7 +267,7 @@ def _top_tensors(
                 table = table.chunk(tp, dim=1)[rank]
         out["transformer.vocab_embedding.weight"] = table.to(dtype).contiguous()
     if pp_rank == pp - 1:
-        out.update(_norm(tensors, layout.final_norm, "transformer.ln_f", dtype))
+        out.update(_norm(tensors, layout.final_norm, "transformer.ln_f", dtype, layout.norm_plus_one))
         if not config.get("share_embedding_table", False):
             head = read_linear(tensors, "lm_head") if "lm_head.weight" in tensors else Linear("lm_head", embedding)
             if head.weight_scale is not None:
