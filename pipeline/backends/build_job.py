@@ -18,9 +18,9 @@ from typing import Any
 
 from pipeline.backends.container_jobs import ContainerJob, JobRunner, Mount, RunnerUnavailable, Which
 from pipeline.backends.trtllm_build import ENGINE_LORA_DIR, SCRIPT_FILE, TrtllmBuild, render_script
+from pipeline.backends.trtllm_pretrained import pretrained_config
 from pipeline.config.lora_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from pipeline.errors import StageError
-from refengine.architectures import architecture_for_hf_model_type
 
 ENGINE_CONFIG_FILE = "config.json"
 DRY_RUN_FILE = "dry_run.json"
@@ -181,55 +181,7 @@ def _read_hf_config(hf_dir: Path) -> dict[str, Any]:
 
 
 def derive_pretrained_config(hf: dict[str, Any], build: TrtllmBuild) -> dict[str, Any]:
-    """The TensorRT-LLM checkpoint `config.json` ModelOpt 0.47 would export for this model (trtllm.md §2.2), from HF config only."""
-    text = hf.get("text_config") or hf
-    heads, hidden = int(text["num_attention_heads"]), int(text["hidden_size"])
-    model_type = str(hf.get("model_type", "llama"))
-    architecture = architecture_for_hf_model_type(model_type)
-    if architecture is None:  # validation refuses these before any stage runs
-        raise StageError(f"model_type {model_type!r} has no TensorRT-LLM checkpoint layout here")
-    s = build.settings
-    config: dict[str, Any] = {
-        "producer": {"name": "trtllm-pipeline", "note": "dry run: derived from the Hugging Face config.json, no weights"},
-        "architecture": s.architecture,
-        "dtype": s.dtype,
-        "logits_dtype": s.dtype,  # as ModelOpt 0.47 exports it
-        "num_hidden_layers": int(text["num_hidden_layers"]),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(text.get("num_key_value_heads") or heads),
-        "hidden_size": hidden,
-        "norm_epsilon": float(text.get("rms_norm_eps", 1e-5)),
-        "vocab_size": int(text["vocab_size"]),
-        "max_position_embeddings": int(text.get("max_position_embeddings") or 2048),
-        "hidden_act": str(text.get("hidden_act", "silu")),
-        "use_parallel_embedding": True,
-        "embedding_sharding_dim": 0,
-        "head_size": int(text.get("head_dim") or hidden // heads),
-        "intermediate_size": int(text.get("intermediate_size") or 0),
-        "position_embedding_type": "rope_gpt_neox",
-        "share_embedding_table": bool(text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))),
-        "residual_mlp": False,
-        "bias": bool(text.get("attention_bias", architecture.qkv_bias)),
-        "rotary_pct": 1.0,
-        "rank": 0,
-        "decoder": architecture.checkpoint_decoder,
-        "rmsnorm": True,
-        "lm_head_bias": False,
-        "mapping": build.mapping,
-        "quantization": build.quantization,
-    }
-    if architecture.variant_key:
-        config[architecture.variant_key] = model_type
-    config.update(_rope_fields(text))
-    return config
-
-
-def _rope_fields(text: dict[str, Any]) -> dict[str, Any]:
-    """`rotary_base` / `rotary_scaling` as modelopt_export.rope_config_fields writes them, from a plain dict."""
-    params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", None) or text.get("rope_theta") or 10000.0
-    fields: dict[str, Any] = {"rotary_base": float(theta)}
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type != "default":
-        fields["rotary_scaling"] = {**params, "type": rope_type, "rope_type": rope_type}
-    return fields
+    """The TensorRT-LLM checkpoint `config.json` the quantize stage would write for this model, from HF config only."""
+    config = pretrained_config(hf, dtype=build.settings.dtype, mapping=build.mapping, quantization=build.quantization)
+    return {"producer": {"name": "trtllm-pipeline", "note": "dry run: derived from the Hugging Face config.json, no weights"},
+            **config, "architecture": build.settings.architecture}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends.attention_windows import checkpoint_layer_windows
 from pipeline.errors import StageError
 
 CPU_ENGINE_VERSION_PREFIX = "refengine-"
@@ -57,6 +58,7 @@ class EngineFacts:
     lora_target_modules: tuple[str, ...] = ()
     speculative_decoding_mode: str | None = None  # a --speculative_decoding_mode name, None without
     max_draft_len: int = 0
+    layer_windows: tuple[int | None, ...] = ()  # per layer, its attention window (None: whole sequence); () none windowed
 
     @property
     def usable_seq_len(self) -> int:
@@ -122,6 +124,7 @@ def engine_facts(config: Mapping[str, Any], source: str = "engine config.json") 
         lora_target_modules=tuple(str(m) for m in lora.get("lora_target_modules") or ()),
         speculative_decoding_mode=_speculative_mode(build.get("speculative_decoding_mode", 1), source),
         max_draft_len=int(build.get("max_draft_len") or 0),
+        layer_windows=checkpoint_layer_windows(pretrained),
     )
 
 

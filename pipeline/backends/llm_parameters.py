@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipeline.backends.attention_windows import window_vector
 from pipeline.backends.engine_facts import EngineFacts
 from pipeline.config.spec import GuidedDecodingBackend, ServeLoraSpec, ServeSpec, SpeculativeSpec
 
@@ -67,7 +68,7 @@ def engine_parameters(
         "kv_cache_free_gpu_mem_fraction": repr(float(serve.kv_cache_free_gpu_mem_fraction)),
         "kv_cache_host_memory_bytes": "0",
         "kv_cache_onboard_blocks": "true",
-        "max_attention_window_size": str(facts.max_seq_len),
+        "max_attention_window_size": ",".join(map(str, window_vector(facts.layer_windows, facts.max_seq_len))) or str(facts.max_seq_len),
         "sink_token_length": "0",
         "enable_kv_cache_reuse": _bool(serve.enable_kv_cache_reuse),
         "enable_chunked_context": _bool(serve.enable_chunked_context),

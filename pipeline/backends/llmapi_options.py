@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.backends.attention_windows import window_vector
 from pipeline.backends.llmapi_versions import LlmapiVersion, check_value, get_llmapi_version
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
@@ -149,6 +150,9 @@ def build_options(spec: Spec, model: ModelInfo) -> dict[str, Any]:
     """The LLM() options of the build rows, the recorded decisions and the speculative config, nested."""
     flat = {option: value for option, (_, value) in _flat_rows(spec, "build").items()}
     flat["max_seq_len"] = spec.build.max_seq_len or model.default_max_seq_len()
+    windows = window_vector(model.layer_windows, flat["max_seq_len"])
+    if windows:  # the PyTorch backend keeps each sliding layer's window only when told (architectures.md §4)
+        flat["kv_cache_config.max_attention_window"] = windows
     flat.update(FIXED_OPTIONS)
     options = _nest(flat)
     speculative = spec.build.speculative

@@ -36,7 +36,7 @@ ARGS_CLASS = "tensorrt_llm.llmapi.llm_args.TorchLlmArgs"
 class OptionType:
     """What NVIDIA's pydantic field accepts: a Python type name, its choices, its bounds."""
 
-    kind: str  # "str" | "int" | "float" | "bool" | "path"
+    kind: str  # "str" | "int" | "float" | "bool" | "path" | "list[int]"
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     maximum: float | None = None
@@ -62,6 +62,7 @@ _OPTIONS_1_2: dict[str, OptionType] = {
     "kv_cache_config.free_gpu_memory_fraction": OptionType("float", minimum=0.0, maximum=1.0),
     "kv_cache_config.dtype": OptionType("str", choices=("auto", "fp8")),  # a free str upstream; these two are what we set
     "kv_cache_config.tokens_per_block": _INT1,
+    "kv_cache_config.max_attention_window": OptionType("list[int]", minimum=1),
     "scheduler_config.capacity_scheduler_policy": OptionType("str", choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION")),
     "cuda_graph_config.enable_padding": _BOOL,
     "guided_decoding_backend": OptionType("str", choices=("xgrammar", "llguidance")),
@@ -118,6 +119,11 @@ def get_llmapi_version(version: str) -> LlmapiVersion:
 
 def check_value(option: str, value: object, kind: OptionType) -> str | None:
     """Why `value` does not fit NVIDIA's field `option` (None when it does)."""
+    if kind.kind == "list[int]":
+        if not isinstance(value, list) or not value:
+            return f"{option}: expects a non-empty list of integers, got {value!r}"
+        problems = [check_value(option, item, OptionType("int", minimum=kind.minimum)) for item in value]
+        return next((p for p in problems if p is not None), None)
     expected = {"str": str, "path": str, "int": int, "float": (int, float), "bool": bool}[kind.kind]
     if isinstance(value, bool) and kind.kind != "bool":
         return f"{option}: expects {kind.kind}, got a boolean"

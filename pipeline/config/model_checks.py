@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.config.families import family_of, known_model_types
 from pipeline.config.lora_adapters import AdapterError, read_adapter
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.spec import Spec
+from pipeline.config.weight_checks import WeightHeaderError, weight_issues, weight_shapes
 from pipeline.quant_formats import weight_format
-
-# The model types every target builds are the rows of refengine's architecture table (torch-free):
-# the export and the cpu target's engine read the same rows.
-from refengine.architectures import HF_MODEL_TYPES
 
 Issue = tuple[tuple[str | int, ...], str]
 
@@ -73,14 +71,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
                 "(convert with `transformers`: model.save_pretrained(dir, safe_serialization=True))",
             )
         )
-    if info.model_type not in HF_MODEL_TYPES:
-        issues.append(
-            (
-                ("model", "source"),
-                f"model_type {info.model_type!r} ({info.architecture}) is not supported; "
-                f"supported: {', '.join(HF_MODEL_TYPES)}",
-            )
-        )
+    issues += family_issues(spec, info)
     build = spec.build
     tp = build.tp_size
     kv_heads_split = info.num_kv_heads % tp == 0 or tp % info.num_kv_heads == 0  # KV heads may be replicated
@@ -101,6 +92,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
             )
         )
     issues += _check_awq_group_size(spec, info)
+    issues += [(("model", "source"), message) for message in _weight_issues(info)]
     issues += check_globs(spec)
     issues += check_lora_adapters(spec)
     if build.max_seq_len is None:
@@ -114,6 +106,46 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
                 )
             )
     return issues
+
+
+def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
+    """The family table's word on this model: known, taken by build.target, in quantize.algo, within its limits."""
+    config_file = info.path / "config.json"
+    if not info.has_architectures:
+        return [(("model", "source"), f"{config_file}: architectures is missing; a Hugging Face checkpoint names its "
+                                      "model class there (e.g. [\"LlamaForCausalLM\"])")]
+    family = family_of(info.model_type)
+    if family is None:
+        return [(("model", "source"), f"{config_file}: model_type {info.model_type!r} ({info.architecture}) is not a family "
+                                      f"this tool knows; known: {', '.join(known_model_types())}")]
+    target, algo = spec.build.target, spec.quantize.algo.value
+    refusal = family.target_refusal(target, info.architecture)
+    if refusal is not None:
+        return [(("build", "target"), f"{refusal} (model_type {info.model_type!r} in {config_file})")]
+    issues: list[Issue] = []
+    why = family.format_refusal(target, algo)
+    if why is not None:
+        issues.append((("quantize", "algo"), f"quantize.algo {algo} is not built for {family.name} on build.target "
+                                             f"{target.value}: {why}"))
+    max_seq_len, limit = spec.build.max_seq_len or info.default_max_seq_len(), family.max_seq_len_on(target)
+    if limit is not None and max_seq_len > limit:
+        origin = "build.max_seq_len" if spec.build.max_seq_len else f"max_position_embeddings in {config_file} (build.max_seq_len unset)"
+        issues.append((("build", "max_seq_len"), f"{family.name} on build.target {target.value} takes at most {limit} "
+                                                 f"tokens, got {max_seq_len} from {origin}: {family.engine_rule}"))
+    window = max((w for w in info.layer_windows if w is not None), default=None)
+    if window is not None and window > info.max_position_embeddings:
+        issues.append((("model", "source"), f"{config_file}: sliding_window {window} is larger than max_position_embeddings "
+                                            f"{info.max_position_embeddings}: no sequence is long enough to fill it"))
+    return issues
+
+
+def _weight_issues(info: ModelInfo) -> list[str]:
+    try:
+        return weight_issues(info, weight_shapes(info))
+    except WeightHeaderError as exc:
+        return [str(exc)]
+    except OSError as exc:
+        return [f"{info.path}: cannot read the safetensors headers ({type(exc).__name__}: {exc})"]
 
 
 def _check_awq_group_size(spec: Spec, info: ModelInfo) -> list[Issue]:

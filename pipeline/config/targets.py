@@ -21,6 +21,9 @@ class Target(str, Enum):
 
 @dataclass(frozen=True)
 class TargetTraits:
+    # the column of the model-family table (pipeline.config.families) that says which models it builds:
+    # trtllm-build (TensorRT-LLM's MODEL_MAP), pytorch (the PyTorch backend's registry) or refengine
+    model_backend: str
     # build.runner (local / docker / dry-run) runs its build, and its quantize job on quantize.device cuda
     builds_through_runner: bool
     # the build's choices depend on deploy.gpu (SM-dependent kernels), so the build digest hashes it
@@ -50,6 +53,7 @@ class TargetTraits:
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
     Target.engine: TargetTraits(
+        model_backend="trtllm-build",
         builds_through_runner=True,
         build_reads_gpu=True,
         exports_unified_hf=False,
@@ -72,6 +76,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         "trained EAGLE-3 heads)",
     ),
     Target.cpu: TargetTraits(
+        model_backend="refengine",
         builds_through_runner=False,
         build_reads_gpu=False,
         exports_unified_hf=False,
@@ -87,6 +92,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         },
     ),
     Target.llmapi: TargetTraits(
+        model_backend="pytorch",
         # dry-run writes the LLM() options without weights; docker runs the quantize job (cuda) in the pinned image
         builds_through_runner=True,
         build_reads_gpu=False,
@@ -114,3 +120,8 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
 
 def traits_of(target: Target) -> TargetTraits:
     return TARGET_TRAITS[target]
+
+
+def targets_on(model_backend: str) -> tuple[str, ...]:
+    """The build.target values whose models `model_backend` runs."""
+    return tuple(t.value for t, traits in TARGET_TRAITS.items() if traits.model_backend == model_backend)

@@ -35,8 +35,17 @@ def _fits(option: str, value) -> list[str]:
     field = RECORDED["fields"].get(option)
     if field is None:
         return [f"{option}: not a TorchLlmArgs field"]
+    if field["type"] == "list[int]":
+        if not isinstance(value, list) or not value:
+            return [f"{option}: {value!r} is not a non-empty list"]
+        return [p for item in value for p in _fits_item(option, item, field)]
+    return _fits_item(option, value, field)
+
+
+def _fits_item(option: str, value, field: dict) -> list[str]:
     problems = []
-    if isinstance(value, bool) != (field["type"] == "bool") or not isinstance(value, _TYPES[field["type"]]):
+    kind = "int" if field["type"] == "list[int]" else field["type"]
+    if isinstance(value, bool) != (kind == "bool") or not isinstance(value, _TYPES[kind]):
         problems.append(f"{option}: {value!r} is not {field['type']}")
     if "choices" in field and value not in field["choices"]:
         problems.append(f"{option}: {value!r} not in {field['choices']}")
