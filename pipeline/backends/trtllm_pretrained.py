@@ -22,6 +22,11 @@ LONG_ROPE_MIN_POSITIONS = 128000  # Phi-3's config switches to long_rope from he
 _MOE_NORMALIZATION = {"none": 0, "renormalize": 1, "sparse_mixer": 2}
 
 
+def checkpoint_mapping(tp_size: int, pp_size: int) -> dict[str, int]:
+    """The checkpoint's `mapping` as ModelOpt 0.47 wrote it (TensorRT-LLM then takes moe_tp_size = tp_size)."""
+    return {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size}
+
+
 def pretrained_config(hf: Mapping[str, Any], *, dtype: str, mapping: dict[str, Any], quantization: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint config.json body for the Hugging Face config `hf` (its text part for multimodal configs)."""
     model_type = str(hf.get("model_type", ""))

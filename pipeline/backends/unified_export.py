@@ -8,6 +8,11 @@ weights under the unified names (`<attention>.k_proj.k_scale`, `<attention>.v_pr
 hf_quant_config.json says `kv_cache_quant_algo: INT8`. Only pipeline.backends.trtllm_convert reads that case (the
 PyTorch backend has no INT8 KV cache, quant_formats.KV_CACHE_FORMATS).
 
+A model without quantizers (quantize.algo none or int8_wo, no KV quantization) is written with `save_pretrained`:
+the unified checkpoint of an unquantized model is its Hugging Face checkpoint, and `export_hf_checkpoint` refuses
+transformers 5's fused MoE experts that no quantizer wraps ("MoE model with experts type 'MixtralExperts' is not
+supported in export"); `save_pretrained` writes them per expert under the hub's names.
+
 ModelOpt is imported inside the function.
 """
 
@@ -31,6 +36,11 @@ def export_unified_checkpoint(model: torch.nn.Module, export_dir: Path, *, dtype
     from modelopt.torch.export import export_hf_checkpoint
 
     export_dir = Path(export_dir)
+    if not _has_quantizers(model):
+        if any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
+            model = model.to(dtype)
+        model.save_pretrained(export_dir, safe_serialization=True)
+        return
     held = _int8_kv_quantizers(model)
     scales = {name: (quantizer.amax.float() / quantizer.maxbound).reshape(()) for name, quantizer in held.items()}
     amaxes = {name: quantizer.amax.clone() for name, quantizer in held.items()}
@@ -46,6 +56,12 @@ def export_unified_checkpoint(model: torch.nn.Module, export_dir: Path, *, dtype
     if scales:
         save_file({name: scale.contiguous() for name, scale in scales.items()}, str(export_dir / INT8_KV_SCALES_FILE))
         _mark_int8_kv_cache(export_dir / "hf_quant_config.json")
+
+
+def _has_quantizers(model: torch.nn.Module) -> bool:
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    return any(isinstance(module, TensorQuantizer) for module in model.modules())
 
 
 def _int8_kv_quantizers(model: torch.nn.Module) -> dict[str, Any]:
