@@ -1,15 +1,19 @@
-"""Hugging Face Llama-family checkpoint -> (optional ModelOpt PTQ) -> TensorRT-LLM checkpoint.
+"""Hugging Face checkpoint -> (optional ModelOpt PTQ) -> unified HF checkpoint -> TensorRT-LLM checkpoint.
 
-Uses `modelopt.torch.export.export_tensorrt_llm_checkpoint` (ModelOpt 0.47, deprecated from 0.48 and
-removed in 0.49; quantization.md §1, §7). In one CPU process ModelOpt writes every rank: with a
-single calibration process it splits the model itself (`postprocess_model_config` ->
-`_split_model_config_for_tp/_pp`) and the export loop saves `rank{N}.safetensors` for
-N = tp_rank + pp_rank * tp_size; `config.json` is written once (by the last rank).
+ModelOpt calibrates the model and `unified_export.export_unified_checkpoint` writes its unified Hugging Face
+checkpoint (`export_hf_checkpoint`, what TensorRT-LLM's PyTorch backend loads); `trtllm_convert` turns that into
+the TensorRT-LLM checkpoint (config.json + rank{N}.safetensors, N = tp_rank + pp_rank * tp_size) trtllm-build
+reads. ModelOpt's own `export_tensorrt_llm_checkpoint` (deprecated in 0.48, removed in 0.49; quantization.md §1,
+§7) is no longer called. The checkpoint's config.json body is `trtllm_pretrained.pretrained_config` (the family's
+keys), its quantization block what hf_quant_config.json says.
 
 `device` is where the model is loaded and calibrated: `cpu`, or `cuda` (this host's GPU, or the GPU
 of NVIDIA's TensorRT-LLM image when `pipeline.backends.quantize_job` runs there). Those images ship an
 older ModelOpt (TensorRT-LLM 1.1/1.2 pin `nvidia-modelopt~=0.37`), whose `quant_cfg` is a dict of
-pattern -> quantizer config instead of 0.47's list of entries; `_mtq_config` writes either shape.
+pattern -> quantizer config instead of 0.47's list of entries; `_mtq_config` writes either shape. Inside that
+image only `pipeline/` is importable, so the job passes the checkpoint config it was given
+(`checkpoint_config`); the family table (`pipeline.config.families`, which reads refengine's table) is
+imported only when the caller did not.
 
 ModelOpt is imported inside the functions (`import modelopt` takes ~6 s).
 """
@@ -31,11 +35,14 @@ from typing import Any
 import torch
 
 from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
+from pipeline.backends.trtllm_convert import HF_QUANT_CONFIG, convert_unified_checkpoint
+from pipeline.backends.trtllm_convert_layout import LAYOUTS, layout_for
+from pipeline.backends.unified_export import export_unified_checkpoint
 from pipeline.errors import StageError
 from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, needs_calibration, weight_format
-from refengine.architectures import HF_MODEL_TYPES, Architecture, architecture_for_hf_model_type
 
-__all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields", "trtllm_to_hf_state_dict"]
+__all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields",
+           "trtllm_to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +58,10 @@ class QuantRecipe:
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "chat_template.jinja")
 _BENIGN_WARNINGS = (
-    "Cannot export tensorrt_llm checkpoint config",  # no tensorrt_llm here: ModelOpt writes config.json itself
     "Enable lm_head quantization",  # printed although lm_head stays unquantized (exclude_modules lists it)
     "lm_head is not calibrated, skip smoothing",  # int8_sq: lm_head is excluded on purpose
 )
+UNIFIED_SCRATCH_SUFFIX = ".unified-hf"  # <out_dir><suffix>: the unified export converted, then removed
 
 
 def export_trtllm_checkpoint(
@@ -68,12 +75,17 @@ def export_trtllm_checkpoint(
     forward_loop: Callable[[torch.nn.Module], Any] | None = None,
     unified_hf_dir: Path | None = None,
     device: str = "cpu",
+    checkpoint_config: dict[str, Any] | None = None,
+    unified_only: bool = False,
 ) -> dict[str, Any]:
     """Export `hf_dir` as a TensorRT-LLM checkpoint into `out_dir`; return the written config.json.
 
-    With `unified_hf_dir`, the same calibrated model is also exported as ModelOpt's unified Hugging
-    Face checkpoint (what TensorRT-LLM's PyTorch backend loads), after the TRT-LLM export because
-    `export_hf_checkpoint` changes the model in place (quantization.md §7).
+    The calibrated model is exported as ModelOpt's unified Hugging Face checkpoint into `unified_hf_dir` (kept,
+    with the tokenizer: the llmapi target's checkpoint) or into a scratch directory beside `out_dir` (removed),
+    and converted from there. `checkpoint_config` is the TensorRT-LLM config.json body (default:
+    `pretrained_config` of the family); its `quantization` must agree with the recipe. With `unified_only`
+    (families outside TensorRT-LLM's MODEL_MAP, llmapi target) only `unified_hf_dir` is written and the result is
+    `{"quantization": <hf_quant_config.json's quant_algo and kv_cache_quant_algo>}`.
 
     `dtype` (float16 | bfloat16) is the dtype of the model while loading/calibrating and of the
     unquantized tensors in the checkpoint. `forward_loop(model)` runs the calibration batches; it is
@@ -83,11 +95,11 @@ def export_trtllm_checkpoint(
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     quant = quant or QuantRecipe("none")
     hf_config = _read_hf_config(hf_dir)
-    # ModelOpt's `decoder_type` from the architecture table (ModelOpt's own `MODEL_NAME_TO_TYPE` maps
-    # the classes Llama*/Mistral* -> "llama" and QWen*/Qwen2* -> "qwen").
-    architecture = architecture_for_hf_model_type(hf_config["model_type"])
-    decoder_type = architecture.checkpoint_decoder
-    _check_request(hf_config, out_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
+    if unified_only and unified_hf_dir is None:
+        raise StageError("export: unified_only needs unified_hf_dir (the unified checkpoint is all it writes)")
+    _check_request(hf_config, out_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant, convert=not unified_only)
+    if not unified_only and checkpoint_config is None:
+        checkpoint_config = _family_checkpoint_config(hf_config, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
     mtq_config = _mtq_config(quant) if _needs_ptq(quant) else None
     if mtq_config is not None and forward_loop is None:
         raise StageError(
@@ -106,28 +118,55 @@ def export_trtllm_checkpoint(
         with _step("quantize", f"mtq.quantize ({quant.algo}, kv_cache {quant.kv_cache})"):
             model = mtq.quantize(model, mtq_config, forward_loop)
 
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint as modelopt_export
+    unified_dir = Path(unified_hf_dir) if unified_hf_dir is not None else out_dir.with_name(out_dir.name + UNIFIED_SCRATCH_SUFFIX)
+    if unified_hf_dir is None:
+        shutil.rmtree(unified_dir, ignore_errors=True)  # a scratch copy left by a killed run
+    try:
+        with _step("export", "export_hf_checkpoint (unified Hugging Face checkpoint)"), torch.no_grad():
+            export_unified_checkpoint(model, unified_dir, dtype=TORCH_DTYPES[dtype])
+        del model
+        if unified_hf_dir is not None:
+            for name in _TOKENIZER_FILES:  # the unified export does not copy the tokenizer
+                if (hf_dir / name).is_file():
+                    shutil.copy2(hf_dir / name, unified_dir / name)
+        if unified_only:
+            return {"quantization": _unified_quantization(unified_dir, quant)}
+        config = convert_unified_checkpoint(unified_dir, out_dir, config=checkpoint_config, tp_size=tp_size, pp_size=pp_size)
+    finally:
+        if unified_hf_dir is None:
+            shutil.rmtree(unified_dir, ignore_errors=True)
+    return _finish_config(out_dir, config, quant)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with _step("export", "export_tensorrt_llm_checkpoint"), torch.no_grad():
-        modelopt_export(
-            model,
-            decoder_type,
-            dtype=TORCH_DTYPES[dtype],
-            export_dir=out_dir,
-            inference_tensor_parallel=tp_size,  # the default 0 -> ZeroDivisionError (quantization.md §7)
-            inference_pipeline_parallel=pp_size,
-        )
-    config = _finish_config(out_dir, model.config, hf_config, architecture, quant)
-    if unified_hf_dir is not None:
-        from modelopt.torch.export import export_hf_checkpoint
 
-        with _step("export", "export_hf_checkpoint"), torch.no_grad():
-            export_hf_checkpoint(model, dtype=TORCH_DTYPES[dtype], export_dir=unified_hf_dir)
-        for name in _TOKENIZER_FILES:  # the unified export does not copy the tokenizer
-            if (hf_dir / name).is_file():
-                shutil.copy2(hf_dir / name, Path(unified_hf_dir) / name)
-    return config
+def _family_checkpoint_config(hf: dict[str, Any], *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe) -> dict[str, Any]:
+    from pipeline.backends.trtllm_pretrained import checkpoint_mapping, pretrained_config
+    from pipeline.config.families import family_of
+
+    family = family_of(str(hf.get("model_type")))
+    if family is None or family.trtllm_class is None:
+        where = "it is not in the family table" if family is None else (
+            "it is not in TensorRT-LLM 1.2's MODEL_MAP; build.target llmapi takes its unified checkpoint")
+        raise StageError(f"model_type {hf.get('model_type')!r} has no TensorRT-LLM checkpoint: {where}")
+    return pretrained_config(hf, dtype=dtype, mapping=checkpoint_mapping(tp_size, pp_size),
+                             quantization=recipe_quantization(quant.algo, quant.kv_cache))
+
+
+def recipe_quantization(algo: str, kv_cache: str) -> dict[str, Any]:
+    """The checkpoint's quant_algo / kv_cache_quant_algo for a quantize.algo and quantize.kv_cache."""
+    return {"quant_algo": weight_format(algo).trtllm_quant_algo, "kv_cache_quant_algo": kv_cache_format(kv_cache).trtllm_kv_quant_algo}
+
+
+def _unified_quantization(unified_dir: Path, quant: QuantRecipe) -> dict[str, Any]:
+    """hf_quant_config.json's algorithms (none when the export wrote none: an unquantized model), checked."""
+    path = unified_dir / HF_QUANT_CONFIG
+    found = json.loads(path.read_text()).get("quantization", {}) if path.is_file() else {}
+    block = {"quant_algo": found.get("quant_algo"), "kv_cache_quant_algo": found.get("kv_cache_quant_algo")}
+    expected = recipe_quantization(quant.algo, quant.kv_cache)
+    if weight_format(quant.algo).modelopt_config is None:  # int8_wo: 16-bit weights, quantized at load
+        expected["quant_algo"] = None
+    if block != expected:
+        raise StageError(f"export: {path} says {block}, the recipe {quant.algo}/{quant.kv_cache} expects {expected}")
+    return block
 
 
 def resolve_device(device: str) -> torch.device:
@@ -166,21 +205,17 @@ def _read_hf_config(hf_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         hint = "model.path must be a local HF checkpoint directory"
         raise StageError(f"load: cannot read {path}: {exc}", hint=hint) from exc
-    model_type = config.get("model_type")
-    if model_type not in HF_MODEL_TYPES:
-        arch = " (" + ", ".join(config["architectures"]) + ")" if config.get("architectures") else ""
-        raise StageError(
-            f"model_type {model_type!r}{arch} is not supported by the TensorRT-LLM checkpoint export; "
-            f"supported: {', '.join(HF_MODEL_TYPES)}",
-            hint="use a Llama, Mistral or Qwen2 checkpoint",
-        )
+    if not isinstance(config, dict):
+        raise StageError(f"load: {path} is not a JSON object")
     return config
 
 
 def _check_request(
-    hf: dict[str, Any], out_dir: Path, *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe
+    hf: dict[str, Any], out_dir: Path, *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe, convert: bool = True
 ) -> None:
-    """Reject what ModelOpt would reject with a bare AssertionError, or silently export wrongly."""
+    """Reject, before any weights load, what the export or the conversion would reject later or do wrongly."""
+    if convert:
+        _check_convertible(hf)
     problems = []
     if dtype not in TORCH_DTYPES:
         problems.append(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
@@ -213,6 +248,20 @@ def _check_request(
             f"export: {out_dir} already holds a checkpoint ({', '.join(sorted(stale))})",
             hint="export into a fresh directory",
         )
+
+
+def _check_convertible(hf: dict[str, Any]) -> None:
+    model_type = hf.get("model_type")
+    try:
+        layout_for(str(model_type))
+    except StageError as exc:
+        arch = " (" + ", ".join(hf["architectures"]) + ")" if hf.get("architectures") else ""
+        supported = ", ".join(t for layout in LAYOUTS for t in layout.model_types)
+        raise StageError(
+            f"model_type {model_type!r}{arch} is not supported by the TensorRT-LLM checkpoint export ({exc.message}); "
+            f"supported: {supported}",
+            hint="the llmapi target loads the unified Hugging Face checkpoint of more families (pipeline.config.families)",
+        ) from None
 
 
 def _needs_ptq(quant: QuantRecipe) -> bool:
@@ -282,28 +331,16 @@ def _step(step: str, what: str, hint: str = "re-run with --verbose for the Model
             log.debug("%s output:\n%s", step, printed.getvalue().rstrip())
 
 
-def _finish_config(
-    out_dir: Path, model_config: Any, hf: dict[str, Any], architecture: Architecture, quant: QuantRecipe
-) -> dict[str, Any]:
-    """Patch what ModelOpt 0.47 leaves out of config.json (as TRT-LLM's quantize.py does) and check it."""
-    path = out_dir / "config.json"
-    config = json.loads(path.read_text())
-    config.update(rope_config_fields(model_config))
-    if architecture.variant_key:  # e.g. qwen_type: TRT-LLM's QWenConfig defaults to qwen (v1)
-        config[architecture.variant_key] = hf["model_type"]
+def _finish_config(out_dir: Path, config: dict[str, Any], quant: QuantRecipe) -> dict[str, Any]:
+    """Check the converted checkpoint: the recipe's quant_algo/kv_cache_quant_algo and one rank file per rank."""
     weights = weight_format(quant.algo)
-    quantization = config.setdefault("quantization", {})
-    if weights.modelopt_config is None:
-        quantization["quant_algo"] = weights.trtllm_quant_algo  # none -> null, int8_wo -> W8A16
     expected = (weights.trtllm_quant_algo, kv_cache_format(quant.kv_cache).trtllm_kv_quant_algo)
+    quantization = config.get("quantization") or {}
     found = (quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo"))
     if found != expected:
-        raise StageError(f"export: config.json has quant_algo/kv_cache_quant_algo {found}, expected {expected}")
-    if quantization.get("quant_algo") != "MIXED_PRECISION":
-        (out_dir / "quant_cfg.json").unlink(missing_ok=True)  # TRT-LLM reads it only for MIXED_PRECISION
+        raise StageError(f"export: {out_dir / 'config.json'} has quant_algo/kv_cache_quant_algo {found}, expected {expected}")
     world = int(config["mapping"]["world_size"])
     missing = [f"rank{r}.safetensors" for r in range(world) if not (out_dir / f"rank{r}.safetensors").is_file()]
     if missing:
-        raise StageError(f"export: ModelOpt did not write {', '.join(missing)} (world_size {world})")
-    path.write_text(json.dumps(config, indent=4) + "\n")
+        raise StageError(f"export: the conversion did not write {', '.join(missing)} (world_size {world})")
     return config

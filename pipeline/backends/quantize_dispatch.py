@@ -26,6 +26,7 @@ from typing import Any
 
 from pipeline.backends.container_jobs import ContainerJob, JobRunner, Mount, RunnerUnavailable, Which
 from pipeline.backends.quantize_job import (
+    HF_QUANT_CONFIG,
     JOB_MODULE,
     REQUEST_FILE,
     RESULT_FILE,
@@ -33,7 +34,9 @@ from pipeline.backends.quantize_job import (
     QuantizeRequest,
     run_job,
 )
+from pipeline.backends.trtllm_pretrained import checkpoint_mapping, pretrained_config
 from pipeline.backends.trtllm_versions import TrtllmVersion, get_version
+from pipeline.config.families import family_of
 from pipeline.config.format_rules import needs_calibration
 from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
 from pipeline.config.targets import traits_of
@@ -72,6 +75,7 @@ def request_from_spec(spec: Spec, hf_dir: Path, artifact_dir: Path, *, result_fi
         files = tuple(f.resolve() for f in calibration_files(c))
         calibration = CalibrationRequest(files, c.num_samples, c.max_seq_len, c.batch_size, c.seed)
     artifact_dir = Path(artifact_dir).resolve()
+    checkpoint_config, unified_only = checkpoint_request(spec, Path(hf_dir))
     return QuantizeRequest(
         hf_dir=Path(hf_dir).resolve(),
         output_dir=artifact_dir / CHECKPOINT_DIR,
@@ -85,7 +89,35 @@ def request_from_spec(spec: Spec, hf_dir: Path, artifact_dir: Path, *, result_fi
         calibration=calibration,
         unified_hf_dir=artifact_dir / UNIFIED_HF_DIR if traits_of(spec.build.target).exports_unified_hf else None,
         result_file=artifact_dir / RESULT_FILE if result_file else None,
+        checkpoint_config=checkpoint_config,
+        unified_only=unified_only,
     )
+
+
+def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None, bool]:
+    """(the TensorRT-LLM checkpoint config the job converts to, whether it writes only the unified checkpoint).
+
+    The llmapi target takes families outside TensorRT-LLM's MODEL_MAP (DeepSeek-V3, GPT-OSS, Llama 4) as their
+    unified checkpoint alone; every other case converts, with the family's config (the job cannot read the family
+    table inside NVIDIA's image). No readable config.json: (None, False), and the job reports it when it loads.
+    """
+    try:
+        hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, False
+    family = family_of(str(hf.get("model_type")))
+    if family is None or family.trtllm_class is None:
+        if traits_of(spec.build.target).exports_unified_hf:
+            return None, True
+        what = "is not in the family table" if family is None else f"({family.name}) is not in TensorRT-LLM 1.2's MODEL_MAP"
+        raise StageError(f"{hf_dir / 'config.json'}: model_type {hf.get('model_type')!r} {what}, so it has no TensorRT-LLM "
+                         "checkpoint to quantize into", hint="build.target llmapi takes its unified checkpoint")
+    quantize = spec.quantize
+    quantization = {"quant_algo": weight_format(quantize.algo.value).trtllm_quant_algo,
+                    "kv_cache_quant_algo": kv_cache_format(quantize.kv_cache.value).trtllm_kv_quant_algo}
+    config = pretrained_config(hf, dtype=spec.model.dtype.value, mapping=checkpoint_mapping(spec.build.tp_size, spec.build.pp_size),
+                               quantization=quantization)
+    return config, False
 
 
 @dataclass(frozen=True)
@@ -216,7 +248,10 @@ def render_script(job: QuantizeJob, docker_command: Sequence[str] | None = None)
 
 
 def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
-    """After a real job: config.json with the requested quantization and mapping, and one rank file per rank."""
+    """After a real job: config.json with the requested quantization and mapping, and one rank file per rank (or, for a
+    unified-only job, the unified checkpoint's config.json and its hf_quant_config.json's algorithms)."""
+    if request.unified_only:
+        return _check_unified_output(request)
     path = request.output_dir / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -239,6 +274,24 @@ def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
     if missing:
         raise StageError(f"the quantize job finished but {request.output_dir} lacks {', '.join(missing)} (world size {world})")
     return config
+
+
+def _check_unified_output(request: QuantizeRequest) -> dict[str, Any]:
+    directory = Path(request.unified_hf_dir)
+    if not (directory / "config.json").is_file():
+        raise StageError(f"the quantize job finished but {directory} holds no config.json (the unified checkpoint)")
+    path = directory / HF_QUANT_CONFIG
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("quantization") or {} if path.is_file() else {}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise StageError(f"the quantize job finished but {path} is unreadable ({exc})") from None
+    weights = weight_format(request.algo)
+    want = {"quant_algo": weights.trtllm_quant_algo if weights.modelopt_config else None,
+            "kv_cache_quant_algo": kv_cache_format(request.kv_cache).trtllm_kv_quant_algo}
+    got = {key: found.get(key) for key in want}
+    if got != want:
+        raise StageError(f"the quantize job wrote {path} that does not match its request: {got}, expected {want}")
+    return got
 
 
 def read_result(request: QuantizeRequest) -> dict[str, Any]:

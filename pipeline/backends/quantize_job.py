@@ -13,12 +13,15 @@ What the job assumes about the image (the tensorrt_llm wheel installed there pul
   * Python >= 3.10, and `python3` on PATH;
   * torch built with CUDA, and a GPU given to the container (`docker run --gpus`);
   * transformers >= 4.56 (`from_pretrained(dtype=...)`; TensorRT-LLM 1.2 pins 4.57.1) and tokenizers;
-  * nvidia-modelopt < 0.49, which still has `export_tensorrt_llm_checkpoint` (TensorRT-LLM 1.1/1.2 pin
-    ~=0.37; `modelopt_export` writes its dict-shaped quant configs as well as 0.47's lists);
+  * nvidia-modelopt with `export_hf_checkpoint` (TensorRT-LLM 1.1/1.2 pin ~=0.37; `modelopt_export` writes its
+    dict-shaped quant configs as well as 0.47's lists); the TensorRT-LLM checkpoint is converted from the
+    unified checkpoint by this project (pipeline.backends.trtllm_convert), not by ModelOpt;
   * safetensors.
-Nothing else outside the standard library is imported: not pydantic, PyYAML or rich. Of this project
-only pipeline.errors, pipeline.calibration, pipeline.backends.modelopt_export and
-pipeline.backends.trtllm_checkpoint are imported (tests/unit/test_quantize_job.py checks the list).
+Nothing else outside the standard library is imported: not pydantic, PyYAML or rich. Of this project only
+pipeline.errors, pipeline.quant_formats, pipeline.calibration and pipeline.backends' modelopt_export,
+unified_export, trtllm_convert(_layout, _linear) and trtllm_checkpoint are imported (tests/unit/test_quantize_job.py
+checks the list): not pipeline.config, so the request carries the checkpoint config (`checkpoint_config`, from
+the family table) and whether only the unified checkpoint is written (`unified_only`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ JOB_MODULE = "pipeline.backends.quantize_job"
 REQUEST_FILE = "quantize_request.json"
 RESULT_FILE = "quantize_result.json"
 REQUEST_FORMAT = "trtllm-pipeline quantize request 1"
+HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's quantization record in a unified checkpoint
 DEVICES = ("cpu", "cuda")
 _VERSIONED = {"torch": "torch", "transformers": "transformers", "modelopt": "nvidia-modelopt", "safetensors": "safetensors"}
 
@@ -65,8 +69,12 @@ class QuantizeRequest:
     group_size: int
     device: str  # cpu | cuda
     calibration: CalibrationRequest | None  # None: the recipe needs no calibration
-    unified_hf_dir: Path | None = None  # also export ModelOpt's unified HF checkpoint (llmapi target)
+    unified_hf_dir: Path | None = None  # keep ModelOpt's unified HF checkpoint there (llmapi target)
     result_file: Path | None = None  # where the job writes what it did (quantize_result.json)
+    # the TensorRT-LLM config.json body (trtllm_pretrained.pretrained_config); None: the job derives it itself
+    # (in this project's environment only: the family table is not importable in NVIDIA's image)
+    checkpoint_config: dict[str, Any] | None = None
+    unified_only: bool = False  # write only unified_hf_dir (a family outside TensorRT-LLM's MODEL_MAP), no output_dir
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -98,6 +106,11 @@ class QuantizeRequest:
         if values["device"] not in DEVICES:
             raise StageError(f"{source}: device {values['device']!r} is not one of {', '.join(DEVICES)}")
         values["calibration"] = _calibration(values["calibration"], f"{source}: calibration")
+        if values.get("checkpoint_config") is not None:
+            _expect(values["checkpoint_config"], dict, f"{source}: checkpoint_config")
+        _expect(values.setdefault("unified_only", False), bool, f"{source}: unified_only")
+        if values["unified_only"] and values.get("unified_hf_dir") is None:
+            raise StageError(f"{source}: unified_only is true but unified_hf_dir is not set")
         return cls(**values)
 
     def write(self, path: Path) -> None:
@@ -161,7 +174,9 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
         )
     recipe = QuantRecipe(request.algo, request.kv_cache, request.group_size)
     what = "unquantized" if recipe.algo == "none" and recipe.kv_cache == "none" else f"{recipe.algo} weights, {recipe.kv_cache} KV cache"
-    log(f"{what} → {request.dtype} TensorRT-LLM checkpoint (tp={request.tp_size}, pp={request.pp_size}) with ModelOpt on {device}")
+    target = (f"unified Hugging Face checkpoint only ({request.unified_hf_dir})" if request.unified_only
+              else f"TensorRT-LLM checkpoint (tp={request.tp_size}, pp={request.pp_size})")
+    log(f"{what} → {request.dtype} {target} with ModelOpt on {device}")
     config = export_trtllm_checkpoint(
         request.hf_dir,
         request.output_dir,
@@ -172,6 +187,8 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
         forward_loop=forward_loop,
         unified_hf_dir=request.unified_hf_dir,
         device=str(device),
+        checkpoint_config=request.checkpoint_config,
+        unified_only=request.unified_only,
     )
     quantization = config.get("quantization", {})
     result = {
@@ -255,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quantize job failed: {exc.message}\n  hint: {exc.hint}", file=sys.stderr)
         return 1
     q = result["quantization"]
-    log(f"wrote {', '.join(q['ranks'])} to {request.output_dir} (quant_algo {q['quant_algo']}, kv {q['kv_cache_quant_algo']})")
+    wrote = f"the unified checkpoint to {request.unified_hf_dir}" if request.unified_only else f"{', '.join(q['ranks'])} to {request.output_dir}"
+    log(f"wrote {wrote} (quant_algo {q['quant_algo']}, kv {q['kv_cache_quant_algo']})")
     print(json.dumps(result, sort_keys=True))
     return 0
 

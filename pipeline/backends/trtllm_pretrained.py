@@ -22,6 +22,11 @@ LONG_ROPE_MIN_POSITIONS = 128000  # Phi-3's config switches to long_rope from he
 _MOE_NORMALIZATION = {"none": 0, "renormalize": 1, "sparse_mixer": 2}
 
 
+def checkpoint_mapping(tp_size: int, pp_size: int) -> dict[str, int]:
+    """The checkpoint's `mapping` as ModelOpt 0.47 wrote it (TensorRT-LLM then takes moe_tp_size = tp_size)."""
+    return {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size}
+
+
 def pretrained_config(hf: Mapping[str, Any], *, dtype: str, mapping: dict[str, Any], quantization: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint config.json body for the Hugging Face config `hf` (its text part for multimodal configs)."""
     model_type = str(hf.get("model_type", ""))
@@ -55,7 +60,8 @@ def _common(hf: Mapping[str, Any], text: Mapping[str, Any], family: Family, *, d
         "head_size": int(text.get("head_dim") or hidden // heads),
         "intermediate_size": int(text.get("intermediate_size") or 0),
         "position_embedding_type": "rope_gpt_neox",
-        "share_embedding_table": bool(text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))),
+        # ModelOpt 0.47 writes the lm_head out (and False here) whenever the model has an lm_head Linear, tied or not
+        "share_embedding_table": False,
         "residual_mlp": False,
         "bias": bool(text.get("attention_bias", False)),
         "rotary_pct": 1.0,
@@ -68,6 +74,10 @@ def _common(hf: Mapping[str, Any], text: Mapping[str, Any], family: Family, *, d
     }
     config.update(rope_fields(text))
     return config
+
+
+def _tied(text: Mapping[str, Any]) -> bool:
+    return bool(text.get("tie_word_embeddings", False))
 
 
 def rope_fields(text: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,7 +116,7 @@ def _qwen_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) 
     keys: dict[str, Any] = {
         "qwen_type": family.name,
         "attn_bias": not qwen3,  # QWenConfig: no attention bias for qwen3 / qwen3_moe, a q/k/v bias before
-        "bias": not qwen3,
+        "bias": False,  # ModelOpt's `bias` is o_proj's bias, which no Qwen has (QWen's dense_bias is False)
         "mlp_bias": False,
         "qk_layernorm": qwen3,
         "seq_length": int(text.get("seq_length", 8192)),
@@ -115,7 +125,7 @@ def _qwen_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) 
         "moe_shared_expert_intermediate_size": int(text.get("shared_expert_intermediate_size") or 0),
         "moe": _moe(text, "none"),  # QWenConfig writes NONE for every Qwen MoE
         "disable_weight_only_quant_plugin": False,
-        "tie_word_embeddings": common["share_embedding_table"],
+        "tie_word_embeddings": _tied(text),
     }
     if family.moe:
         keys["hidden_act"] = "swiglu"
@@ -158,7 +168,7 @@ def _local_rope_theta(text: Mapping[str, Any]) -> float | None:
 
 def _phi3_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) -> dict[str, Any]:
     keys: dict[str, Any] = {"rotary_pct": float(text.get("partial_rotary_factor", 1.0)),
-                            "tie_word_embeddings": common["share_embedding_table"]}
+                            "tie_word_embeddings": _tied(text)}
     scaling = common.get("rotary_scaling") or {}
     if common["max_position_embeddings"] >= LONG_ROPE_MIN_POSITIONS and scaling:
         keys.update(position_embedding_type="long_rope",

@@ -88,7 +88,7 @@ def _record_dry_run(ctx: StageContext, request: QuantizeRequest, job, docker_com
         "image": job.version.image,
         "docker_command": None if docker_command is None else list(docker_command),
         "call": "pipeline.backends.quantize_job.run_job → modelopt_export.export_trtllm_checkpoint "
-        "(ModelOpt mtq.quantize + export_tensorrt_llm_checkpoint)",
+        "(ModelOpt mtq.quantize + export_hf_checkpoint, then trtllm_convert)",
     }
     (ctx.out_dir / "quantize.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     ctx.notes.update(dry_run=True, quantization={"quant_algo": request.algo, "kv_cache": request.kv_cache})

@@ -5,10 +5,10 @@ once per session, only when a test asks for it), saves a seeded random Llama (hi
 intermediate 768, 4 layers, 4 heads / 2 KV heads, vocab 512) as fp16 safetensors, then exports
 every format once through the pipeline's `export_trtllm_checkpoint` with one deterministic
 calibration set (8 batches × [4, 64] random tokens; the AWQ formats, whose
-scale search runs per batch and took 50 s each, see its first 2). ModelOpt's export changes the model in
-place (`preprocess_linear_fusion` averages AWQ/SmoothQuant pre-quant scales over q/k/v and
-re-quantizes, shares the qkv and FP8 fc/gate amax), so the fake-quant model is deep-copied just
-before `export_tensorrt_llm_checkpoint` runs; the model as the export left it is kept too.
+scale search runs per batch and took 50 s each, see its first 2). ModelOpt's unified export changes the model
+in place (`requantize_resmooth_fused_llm_layers` averages AWQ/SmoothQuant pre-quant scales over q/k/v and gate/up
+and re-quantizes, shares their FP8 amax), so the fake-quant model is deep-copied just before
+`export_hf_checkpoint` runs; a copy after ModelOpt's own pre-export step is kept too.
 
 int8_wo is exported unquantized (quant_algo W8A16; the engine quantizes at load), so its
 reference is ModelOpt's INT8_WEIGHT_ONLY_CFG fake-quant (per-channel int8) of the same weights.
@@ -95,19 +95,23 @@ def _load_float32(hf_dir: Path) -> Any:
 
 @contextlib.contextmanager
 def _capture_models(captured: dict[str, Any]):
-    """Wrap ModelOpt's export: keep a copy of the model before it, and the model after it."""
+    """Wrap ModelOpt's unified export: keep a copy of the model before it, and a copy after ModelOpt's own pre-export
+    step (`requantize_resmooth_fused_llm_layers`: averaged AWQ/SmoothQuant pre-quant scales, folded into the norms).
+    The export itself then packs the weights in place, which leaves no runnable model."""
     import modelopt.torch.export as modelopt_export
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
-    original = modelopt_export.export_tensorrt_llm_checkpoint
+    original = modelopt_export.export_hf_checkpoint
 
     def export(model, *args, **kwargs):
         captured["before"] = copy.deepcopy(model)
-        result = original(model, *args, **kwargs)
-        captured["after"] = model
-        return result
+        captured["after"] = copy.deepcopy(model)
+        with torch.no_grad():
+            requantize_resmooth_fused_llm_layers(captured["after"])
+        return original(model, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(modelopt_export, "export_tensorrt_llm_checkpoint", export)
+        patch.setattr(modelopt_export, "export_hf_checkpoint", export)
         yield
 
 
@@ -145,7 +149,7 @@ def _build_suite(root: Path) -> QuantizedSuite:
         if algo == "int8_wo":  # no PTQ in the export: fake-quantize the same weights per channel
             model = _load_float32(hf_dir)
             captured["before"] = mtq.quantize(model, copy.deepcopy(mtq.INT8_WEIGHT_ONLY_CFG), forward_loop)
-            captured.pop("after")  # the export saw the plain model
+            captured.pop("after", None)  # no quantizers: the model was saved as it is
         suite.exports[name] = QuantizedExport(
             name, root / name, config, _float32(captured["before"]), _float32(captured.get("after")),
             time.perf_counter() - start,

@@ -38,14 +38,17 @@ MIN_COSINE_VS_FAKE_QUANT = {
     "int4_awq": 0.97,
     "w4a8_awq": 0.97,
 }
-# Against the fake-quant model as the export left it (scales already averaged / shared), the
-# engine must agree closely (measured: 0.9998-0.99996; W4A8 0.9988, its fp8 roundings of weight
-# and activation both see float-order differences). FP8 KV is looser (measured 0.9968): the export
+# Against the fake-quant model as the unified export prepares it (AWQ/SmoothQuant pre-quant scales averaged
+# and folded), the engine must agree closely (measured: 0.9999-0.99997; W4A8 0.9988, its fp8 roundings of weight
+# and activation both see float-order differences). FP8 is looser (measured 0.9977): the unified export shares
+# the q/k/v and gate/up FP8 scales only while packing, so that model keeps their separate scales, while the
+# checkpoint (and ModelOpt's old TRT export, measured 0.9998 against its shared-scale model) shares the max.
+# FP8 KV is looser still (measured 0.9965): the export
 # clamps the FP8 KV scale to >= 1.0 (ModelOpt `get_kv_cache_scaling_factor`) and TensorRT-LLM
 # shares max(k, v), while the fake-quant model keeps separate amax / 448 scales, so the fp8 grids
 # differ; with the fake-quant model's own k/v scales the engine agrees at 0.9999.
 MIN_COSINE_VS_EXPORTED_MODEL = {
-    "fp8": 0.999,
+    "fp8": 0.997,
     "fp8_kv_fp8": 0.995,
     "int8_sq": 0.999,
     "int8_sq_kv_int8": 0.999,

@@ -49,6 +49,8 @@ def test_request_round_trips_through_json_and_a_file(tmp_path: Path) -> None:
     for request in (
         _request(tmp_path),
         _request(tmp_path, calibration=None, algo="int8_wo", kv_cache="none", unified_hf_dir=tmp_path / "hf", result_file=None),
+        _request(tmp_path, unified_hf_dir=tmp_path / "hf", unified_only=True),
+        _request(tmp_path, checkpoint_config={"architecture": "LlamaForCausalLM", "mapping": {"tp_size": 2}}),
     ):
         data = json.loads(json.dumps(request.to_json()))
         assert QuantizeRequest.from_json(data) == request
@@ -69,6 +71,8 @@ def test_request_round_trips_through_json_and_a_file(tmp_path: Path) -> None:
         ({"tp_size": "2"}, "tp_size: expected int, got '2'"),
         ({"extra": 1}, "unknown fields ['extra']"),
         ({"calibration": {"files": []}}, "calibration: expected an object with files, num_samples"),
+        ({"unified_only": True}, "unified_only is true but unified_hf_dir is not set"),
+        ({"checkpoint_config": ["LlamaForCausalLM"]}, "checkpoint_config: expected dict"),
     ],
 )
 def test_bad_requests_name_the_field(tmp_path: Path, change: dict, message: str) -> None:
@@ -103,8 +107,12 @@ def test_the_job_imports_only_what_nvidias_image_has() -> None:
     seen = json.loads(done.stdout)
     assert seen["others"] == []
     assert seen["ours"] == ["pipeline", "pipeline.backends", "pipeline.backends.modelopt_export", "pipeline.backends.quantize_job",
-                            "pipeline.backends.trtllm_checkpoint", "pipeline.calibration", "pipeline.errors",
+                            "pipeline.backends.trtllm_checkpoint", "pipeline.backends.trtllm_convert",
+                            "pipeline.backends.trtllm_convert_layout", "pipeline.backends.trtllm_convert_linear",
+                            "pipeline.backends.unified_export", "pipeline.calibration", "pipeline.errors",
                             "pipeline.quant_formats"]  # the format registry: standard library only
+    # not pipeline.config (the family table reads refengine's, which NVIDIA's image does not have): the request
+    # carries the checkpoint config instead
 
 
 def test_quant_configs_of_the_older_modelopt_in_nvidias_image(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -302,6 +302,29 @@ def test_missing_safetensors_is_a_load_error(hf_dir, tmp_path):
         export_trtllm_checkpoint(tmp_path, tmp_path / "out", dtype="float16", tp_size=1, pp_size=1)
 
 
+def test_the_unified_export_is_converted_from_a_scratch_directory_it_removes(export):
+    out, _ = export()
+    assert not out.with_name(out.name + ".unified-hf").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "rank0.safetensors"]
+
+
+def test_unified_only_writes_the_unified_checkpoint_alone(tmp_path):
+    """The llmapi target's families outside TensorRT-LLM's MODEL_MAP (here GPT-OSS) get their unified checkpoint only;
+    converting them is refused before any weights load."""
+    from tests.family_models import make_family_checkpoint
+
+    hf = make_family_checkpoint("gpt_oss", tmp_path / "hf")
+    with pytest.raises(StageError, match=r"model_type 'gpt_oss' \(GptOssForCausalLM\) is not supported by the TensorRT-LLM"):
+        export_trtllm_checkpoint(hf, tmp_path / "trt", dtype="bfloat16", tp_size=1, pp_size=1)
+    result = export_trtllm_checkpoint(hf, tmp_path / "trt", dtype="bfloat16", tp_size=1, pp_size=1,
+                                      unified_hf_dir=tmp_path / "unified", unified_only=True)
+    assert result == {"quantization": {"quant_algo": None, "kv_cache_quant_algo": None}}
+    assert not (tmp_path / "trt").exists()
+    assert (tmp_path / "unified" / "config.json").is_file() and (tmp_path / "unified" / "tokenizer.json").is_file()
+    saved, unified = load_file(hf / "model.safetensors"), load_file(tmp_path / "unified" / "model.safetensors")
+    assert sorted(saved) == sorted(unified) and all(torch.equal(saved[k], unified[k]) for k in saved)
+
+
 def test_refuses_to_overwrite_a_checkpoint(export, hf_dir):
     out, _ = export()
     with pytest.raises(StageError, match="already holds a checkpoint"):
