@@ -51,7 +51,8 @@ class Layout:
     # Fused Hugging Face Linears split before conversion (Phi-3): rows [q; k; v] and [gate; up]
     qkv_fused: str | None = None
     gate_up_fused: str | None = None
-    # Gemma's RMSNorm multiplies by (1 + weight); TensorRT-LLM's by weight, so 1 is added (layer_utils._weights_plus_one)
+    # Gemma's RMSNorm and Nemotron's LayerNorm1P multiply by (1 + weight); TensorRT-LLM's norms by weight, so 1 is
+    # added (ModelOpt's layer_utils._weights_plus_one; TensorRT-LLM's gpt/convert.py apply_layernorm_1p)
     norm_plus_one: bool = False
     embedding: str = "model.embed_tokens"
     final_norm: str = "model.norm"
@@ -101,6 +102,10 @@ LAYOUTS = (
     Layout(model_types=("gemma2",), norms=MappingProxyType(_GEMMA2_NORMS), norm_plus_one=True),
     Layout(model_types=("gemma3_text",), norms=MappingProxyType({**_GEMMA2_NORMS, **_QK_NORMS}), norm_plus_one=True),
     Layout(model_types=("phi3",), qkv_fused="self_attn.qkv_proj", gate_up_fused="mlp.gate_up_proj"),
+    # GPTForCausalLM (models/gpt/convert.py): no gate; LayerNorm with a bias; Nemotron's LayerNorm1P multiplies by
+    # (1 + weight), and TensorRT-LLM's convert adds the 1 to the input, post and final norms
+    Layout(model_types=("starcoder2",), fc="mlp.c_fc", gate=None, proj="mlp.c_proj"),
+    Layout(model_types=("nemotron",), fc="mlp.up_proj", gate=None, proj="mlp.down_proj", norm_plus_one=True),
     Layout(model_types=("mixtral",), moe=MoeLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")),
     Layout(model_types=("qwen2_moe",),
            moe=MoeLayout(block="mlp", shared_expert="shared_expert", shared_expert_gate="shared_expert_gate")),
