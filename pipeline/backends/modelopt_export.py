@@ -139,14 +139,23 @@ def export_trtllm_checkpoint(
 
 
 def _family_checkpoint_config(hf: dict[str, Any], *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe) -> dict[str, Any]:
+    """The family's config.json body, read from the family table (this process only: a job in NVIDIA's image is
+    given `checkpoint_config`, and quantize_dispatch.checkpoint_request has refused there what the table refuses).
+    A format the table refuses for the family on trtllm-build (the consumer of this checkpoint) is refused here,
+    before any weights load."""
     from pipeline.backends.trtllm_pretrained import checkpoint_mapping, pretrained_config
     from pipeline.config.families import family_of
+    from pipeline.config.targets import Target
 
     family = family_of(str(hf.get("model_type")))
     if family is None or family.trtllm_class is None:
         where = "it is not in the family table" if family is None else (
             "it is not in TensorRT-LLM 1.2's MODEL_MAP; build.target llmapi takes its unified checkpoint")
         raise StageError(f"model_type {hf.get('model_type')!r} has no TensorRT-LLM checkpoint: {where}")
+    why = family.format_refusal(Target.engine, quant.algo)
+    if why:
+        raise StageError(f"export: {family.name} in quantize.algo {quant.algo} is refused for the TensorRT-LLM checkpoint "
+                         f"(trtllm-build): {why}", hint="pick a format the family table takes (README: Model families)")
     return pretrained_config(hf, dtype=dtype, mapping=checkpoint_mapping(tp_size, pp_size),
                              quantization=recipe_quantization(quant.algo, quant.kv_cache))
 

@@ -99,13 +99,19 @@ def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None,
 
     The llmapi target takes families outside TensorRT-LLM's MODEL_MAP (DeepSeek-V3, GPT-OSS, Llama 4) as their
     unified checkpoint alone; every other case converts, with the family's config (the job cannot read the family
-    table inside NVIDIA's image). No readable config.json: (None, False), and the job reports it when it loads.
+    table inside NVIDIA's image). A quantize.algo the family table refuses for the family on build.target is refused
+    (StageError naming both). No readable config.json: (None, False), and the job reports it when it loads.
     """
     try:
         hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None, False
     family = family_of(str(hf.get("model_type")))
+    algo = spec.quantize.algo.value
+    why = family.format_refusal(spec.build.target, algo) if family is not None else None
+    if why:  # validate refuses it first; the job in NVIDIA's image cannot read the table, so it is refused here too
+        raise StageError(f"{family.name} in quantize.algo {algo} is refused on build.target {spec.build.target.value}: {why}",
+                         hint="pick a format the family table takes (README: Model families)")
     if family is None or family.trtllm_class is None:
         if traits_of(spec.build.target).exports_unified_hf:
             return None, True

@@ -14,6 +14,8 @@ scale tensors ModelOpt 0.47's own TensorRT-LLM export writes (tests/unit/test_tr
     unified export keeps one scale per projection for FP8 while TensorRT-LLM runs one GEMM;
   * AWQ: the unified export folds the pre-quant scale of q/k/v and gate/up into the preceding norm weight; those
     norms are written folded, with a pre-quant scale of ones (the same product, so the same model);
+  * mixture-of-experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE; unquantized or FP8) are stacked per expert by
+    `trtllm_convert_moe`, in TensorRT-LLM's own layout (ModelOpt 0.47's TRT export cannot write them);
   * KV cache: FP8 scales are clamped to at least 1.0 as ModelOpt's TRT export does; `kv_cache_scaling_factor` is
     the max of the K and V scales.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ from pipeline.backends.trtllm_convert_linear import (
     split_rows,
     trtllm_tensors,
 )
+from pipeline.backends.trtllm_convert_moe import check_moe_quantization, moe_layer_tensors, moe_mapping
 from pipeline.errors import StageError
 
 __all__ = ["convert_unified_checkpoint", "HF_QUANT_CONFIG"]
@@ -70,7 +74,9 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
     config = json.loads(json.dumps(config))  # a deep copy the caller keeps unchanged
     config["quantization"] = _quantization(unified_dir, config.get("quantization") or {}, layout)
     _check_mapping(config, tp_size, pp_size)
-    config["mapping"] = {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size}
+    config["mapping"] = {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size, **moe_mapping(config, tp_size)}
+    if layout.moe is not None:
+        check_moe_quantization(config, str(model_type))
     dtype = _DTYPES.get(config.get("dtype", ""))
     if dtype is None:
         raise StageError(f"config dtype {config.get('dtype')!r} is not one of {', '.join(_DTYPES)}")
@@ -192,6 +198,18 @@ def _layer_tensors(
     q, k, v = share_scalar_scales([q, k, v])
     out.update(_qkv(q, k, v, config, f"{prefix}.attention.qkv", tp, rank, dtype))
     out.update(trtllm_tensors(row_shard(linear(layout.dense), tp, rank), f"{prefix}.attention.dense", dtype))
+    if layout.moe is not None:
+        out.update(moe_layer_tensors(tensors, layout.moe, config, hf, prefix, tp, rank, dtype))
+    else:
+        out.update(_dense_mlp(linear, layout, prefix, tp, rank, dtype))
+    for trt_name, hf_name in layout.norms.items():
+        out.update(_norm(tensors, f"{hf}.{hf_name}", f"{prefix}.{trt_name}", dtype, layout.norm_plus_one))
+    out.update(_kv_cache_scales(tensors, hf, layout, config, f"{prefix}.attention"))
+    return out
+
+
+def _dense_mlp(linear: Callable[[str], Linear], layout: Layout, prefix: str, tp: int, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
     if layout.gate_up_fused:
         fused = linear(layout.gate_up_fused)
         mlp = split_rows(fused, [fused.out_features // 2] * 2, [layout.fc, str(layout.gate)])
@@ -200,9 +218,6 @@ def _layer_tensors(
     for trt_name, lin in zip(("mlp.fc", "mlp.gate"), share_scalar_scales(mlp)):
         out.update(trtllm_tensors(column_shard(lin, tp, rank), f"{prefix}.{trt_name}", dtype))
     out.update(trtllm_tensors(row_shard(linear(layout.proj), tp, rank), f"{prefix}.mlp.proj", dtype))
-    for trt_name, hf_name in layout.norms.items():
-        out.update(_norm(tensors, f"{hf}.{hf_name}", f"{prefix}.{trt_name}", dtype, layout.norm_plus_one))
-    out.update(_kv_cache_scales(tensors, hf, layout, config, f"{prefix}.attention"))
     return out
 
 

@@ -18,6 +18,20 @@ from pipeline.errors import StageError
 
 
 @dataclass(frozen=True)
+class MoeLayout:
+    """A mixture-of-experts block: per-expert Linears `<block>.experts.<e>.<name>` (transformers' hub names, which
+    ModelOpt's unified export and save_pretrained write), the router and Qwen2-MoE's shared expert."""
+
+    block: str  # "block_sparse_moe" (Mixtral) or "mlp" (Qwen MoE)
+    gate: str = "gate_proj"  # the activated branch: the second half of TensorRT-LLM's fused mlp.fc
+    up: str = "up_proj"  # the linear branch: the first half of mlp.fc
+    down: str = "down_proj"  # TensorRT-LLM's mlp.proj
+    router: str = "gate"
+    shared_expert: str | None = None  # Qwen2-MoE: <block>.shared_expert.{gate,up,down}_proj
+    shared_expert_gate: str | None = None  # Qwen2-MoE: <block>.shared_expert_gate, [1, hidden]
+
+
+@dataclass(frozen=True)
 class Layout:
     """One family's weight layout. Linear names are relative to a decoder layer; `None` means the family has none."""
 
@@ -37,11 +51,13 @@ class Layout:
     # Fused Hugging Face Linears split before conversion (Phi-3): rows [q; k; v] and [gate; up]
     qkv_fused: str | None = None
     gate_up_fused: str | None = None
-    # Gemma's RMSNorm multiplies by (1 + weight); TensorRT-LLM's by weight, so 1 is added (layer_utils._weights_plus_one)
+    # Gemma's RMSNorm and Nemotron's LayerNorm1P multiply by (1 + weight); TensorRT-LLM's norms by weight, so 1 is
+    # added (ModelOpt's layer_utils._weights_plus_one; TensorRT-LLM's gpt/convert.py apply_layernorm_1p)
     norm_plus_one: bool = False
     embedding: str = "model.embed_tokens"
     final_norm: str = "model.norm"
     layers: str = "model.layers"
+    moe: MoeLayout | None = None  # experts instead of the dense gate/up/down
 
     def hf_to_trtllm(self, hf_name: str) -> str | None:
         """The TensorRT-LLM module a Hugging Face module name (or `*` pattern) of hf_quant_config's exclude list
@@ -60,6 +76,12 @@ class Layout:
 
     def _linear_names(self) -> dict[str, str]:
         names = {"attention.dense": self.dense, "mlp.fc": self.fc, "mlp.proj": self.proj}
+        if self.moe is not None:  # the router and the shared expert's gate stay 16-bit (ModelOpt excludes them)
+            block = self.moe.block
+            names = {"attention.dense": self.dense, "mlp.router": f"{block}.{self.moe.router}"}
+            if self.moe.shared_expert_gate:
+                names["mlp.shared_expert_gate"] = f"{block}.{self.moe.shared_expert_gate}"
+            return names
         if self.gate:
             names["mlp.gate"] = self.gate
         return names
@@ -80,9 +102,17 @@ LAYOUTS = (
     Layout(model_types=("gemma2",), norms=MappingProxyType(_GEMMA2_NORMS), norm_plus_one=True),
     Layout(model_types=("gemma3_text",), norms=MappingProxyType({**_GEMMA2_NORMS, **_QK_NORMS}), norm_plus_one=True),
     Layout(model_types=("phi3",), qkv_fused="self_attn.qkv_proj", gate_up_fused="mlp.gate_up_proj"),
+    # GPTForCausalLM (models/gpt/convert.py): no gate; LayerNorm with a bias; Nemotron's LayerNorm1P multiplies by
+    # (1 + weight), and TensorRT-LLM's convert adds the 1 to the input, post and final norms
+    Layout(model_types=("starcoder2",), fc="mlp.c_fc", gate=None, proj="mlp.c_proj"),
+    Layout(model_types=("nemotron",), fc="mlp.up_proj", gate=None, proj="mlp.down_proj", norm_plus_one=True),
+    Layout(model_types=("mixtral",), moe=MoeLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")),
+    Layout(model_types=("qwen2_moe",),
+           moe=MoeLayout(block="mlp", shared_expert="shared_expert", shared_expert_gate="shared_expert_gate")),
+    Layout(model_types=("qwen3_moe",), norms=MappingProxyType({**_LLAMA_NORMS, **_QK_NORMS}), moe=MoeLayout(block="mlp")),
 )
-# Families whose experts this converter does not stack yet (transformers 5 stores them fused, architectures.md §3.2b)
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe")
+# Mixture-of-experts families this converter does not stack yet (no family row builds them on the engine target)
+MOE_MODEL_TYPES = ("granitemoe", "phimoe")
 
 
 def layout_for(model_type: str) -> Layout:
