@@ -41,8 +41,7 @@ from pipeline.backends.unified_export import export_unified_checkpoint
 from pipeline.errors import StageError
 from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, needs_calibration, weight_format
 
-__all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "rope_config_fields",
-           "trtllm_to_hf_state_dict"]
+__all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "trtllm_to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -189,22 +188,6 @@ def resolve_device(device: str) -> torch.device:
             hint="run on a GPU host, use build.runner docker (the GPU is in the container), or set quantize.device: cpu",
         )
     return torch.device(device)
-
-
-def rope_config_fields(hf_config: Any) -> dict[str, Any]:
-    """`rotary_base` / `rotary_scaling` for config.json from a loaded HF config.
-
-    ModelOpt 0.47 reads `rope_theta` / `rope_scaling` attributes, which transformers 5 folded into
-    `rope_parameters`; without this patch config.json has no rotary_base and TRT-LLM silently uses
-    10000 (wrong for Llama 3's 500000, Qwen2's 1e6) and drops any RoPE scaling.
-    """
-    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
-    theta = params.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0
-    fields: dict[str, Any] = {"rotary_base": float(theta)}
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type != "default":
-        fields["rotary_scaling"] = {**params, "type": rope_type, "rope_type": rope_type}
-    return fields
 
 
 def _read_hf_config(hf_dir: Path) -> dict[str, Any]:

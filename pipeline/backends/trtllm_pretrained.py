@@ -83,12 +83,21 @@ def _tied(text: Mapping[str, Any]) -> bool:
 def rope_fields(text: Mapping[str, Any]) -> dict[str, Any]:
     """`rotary_base` / `rotary_scaling` from a Hugging Face config (transformers 5's rope_parameters or 4.x's keys)."""
     params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    params.pop("partial_rotary_factor", None)  # TensorRT-LLM's rotary_pct (transformers >= 5.2x keeps it here)
     theta = params.pop("rope_theta", None) or text.get("rope_theta") or 10000.0
     fields: dict[str, Any] = {"rotary_base": float(theta)}
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type != "default":
         fields["rotary_scaling"] = {**params, "type": rope_type, "rope_type": rope_type}
     return fields
+
+
+def _rope_value(text: Mapping[str, Any], key: str, default: Any) -> Any:
+    """A RoPE key at the config's top level (transformers 4.x, early 5.x) or inside rope_parameters (later 5.x)."""
+    value = text.get(key)
+    if value is None:
+        value = (text.get("rope_parameters") or text.get("rope_scaling") or {}).get(key)
+    return default if value is None else value
 
 
 def _moe(text: Mapping[str, Any], normalization: str) -> dict[str, Any]:
@@ -167,12 +176,12 @@ def _local_rope_theta(text: Mapping[str, Any]) -> float | None:
 
 
 def _phi3_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) -> dict[str, Any]:
-    keys: dict[str, Any] = {"rotary_pct": float(text.get("partial_rotary_factor", 1.0)),
+    keys: dict[str, Any] = {"rotary_pct": float(_rope_value(text, "partial_rotary_factor", 1.0)),
                             "tie_word_embeddings": _tied(text)}
     scaling = common.get("rotary_scaling") or {}
     if common["max_position_embeddings"] >= LONG_ROPE_MIN_POSITIONS and scaling:
         keys.update(position_embedding_type="long_rope",
-                    original_max_position_embeddings=int(text.get("original_max_position_embeddings") or 4096),
+                    original_max_position_embeddings=int(_rope_value(text, "original_max_position_embeddings", 4096)),
                     longrope_scaling_short_factors=scaling.get("short_factor"),
                     longrope_scaling_long_factors=scaling.get("long_factor"))
     return keys
@@ -184,7 +193,7 @@ def _gpt_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) -
         "gpt_variant": family.name,
         "bias": bias,
         "rmsnorm": False,  # LayerNorm (with a bias for StarCoder2; Nemotron's is LayerNorm1P)
-        "rotary_pct": float(text.get("partial_rotary_factor", 1.0)),
+        "rotary_pct": float(_rope_value(text, "partial_rotary_factor", 1.0)),
         "norm_epsilon": float(text.get("norm_epsilon", text.get("norm_eps", common["norm_epsilon"]))),
         "hidden_act": "squared-relu" if family.name == "nemotron" else "gelu",
         "q_scaling": 1.0,

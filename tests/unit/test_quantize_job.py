@@ -109,6 +109,7 @@ def test_the_job_imports_only_what_nvidias_image_has() -> None:
     assert seen["ours"] == ["pipeline", "pipeline.backends", "pipeline.backends.modelopt_export", "pipeline.backends.quantize_job",
                             "pipeline.backends.trtllm_checkpoint", "pipeline.backends.trtllm_convert",
                             "pipeline.backends.trtllm_convert_layout", "pipeline.backends.trtllm_convert_linear",
+                            "pipeline.backends.trtllm_convert_moe",
                             "pipeline.backends.unified_export", "pipeline.calibration", "pipeline.errors",
                             "pipeline.quant_formats"]  # the format registry: standard library only
     # not pipeline.config (the family table reads refengine's, which NVIDIA's image does not have): the request

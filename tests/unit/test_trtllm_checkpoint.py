@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint, rope_config_fields
+from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
 from pipeline.backends.trtllm_checkpoint import trtllm_to_hf_state_dict
+from pipeline.backends.trtllm_pretrained import rope_fields
 from pipeline.errors import ArtifactError, StageError
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 768, 4, 4, 2, 512
@@ -343,7 +344,7 @@ def test_rope_fields_from_transformers_5_rope_parameters():
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 1024}
     config = _tiny_llama_config(rope_scaling=dict(llama3))  # transformers adds rope_theta to the dict
-    fields = rope_config_fields(config)
+    fields = rope_fields(config.to_dict())
     assert fields["rotary_base"] == ROPE_THETA
     assert fields["rotary_scaling"] == {**llama3, "type": "llama3"}
-    assert rope_config_fields(_tiny_llama_config()) == {"rotary_base": ROPE_THETA}
+    assert rope_fields(_tiny_llama_config().to_dict()) == {"rotary_base": ROPE_THETA}
