@@ -3,7 +3,7 @@
 Each model is made with transformers' own class (float32, eager attention, non-trivial norms), saved as
 safetensors, and exported with `pipeline.backends.modelopt_export.export_trtllm_checkpoint` (ModelOpt's
 unified checkpoint, then `trtllm_convert`: what the quantize stage writes) in float16, unquantized and, on
-request, in FP8 and int4 AWQ. The transformers reference is the saved float32 model with its parameters
+request, quantized (fp8, int4_awq, int8_sq, int8_wo, w4a8_awq). The transformers reference is the saved float32 model with its parameters
 round-tripped through float16, the values the checkpoint holds (as conftest.py does).
 """
 
@@ -80,7 +80,7 @@ def _reference(hf_dir: Path) -> Any:
 
 
 def build_family_model(name: str, root: Path, formats: tuple[str, ...] = ("fp16",)) -> FamilyModel:
-    """The model `name` of FAMILY_SPECS with its checkpoint in each format (fp16, fp8, int4_awq)."""
+    """The model `name` of FAMILY_SPECS with its checkpoint in each format (fp16 or a quantize.algo value)."""
     from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
 
     model_type, overrides = FAMILY_SPECS[name]

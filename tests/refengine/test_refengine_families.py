@@ -2,8 +2,9 @@
 
 Tiny random transformers models of each family (tests/refengine/family_fixtures.py) are exported through the
 project's converter and run by the engine: greedy output equals transformers' `generate` token for token
-(unquantized, 32 tokens, several prompts); FP8 and int4 AWQ checkpoints of every family load and agree with the
-unquantized run (top-1 agreement on a fixed teacher-forced batch, thresholds below); every engine mechanism
+(unquantized, 32 tokens, several prompts); FP8, int4 AWQ and INT8 weight-only checkpoints of every family load and agree with the
+unquantized run (top-1 agreement on a fixed teacher-forced batch, thresholds below; INT8 SmoothQuant and W4A8 AWQ
+load and run, agreement not yet established); every engine mechanism
 (paged KV with prefix reuse, chunked prefill, inflight batching, beams) runs each family unchanged; long-RoPE
 switches tables by prompt length; options refengine does not implement are refused by name.
 """
@@ -24,13 +25,20 @@ from tests.refengine.family_fixtures import FAMILY_SPECS, LONG_ROPE_ORIGINAL, VO
 from tests.refengine.quant_fixtures import paged_prefill
 
 MAX_NEW_TOKENS = 32
-QUANTIZED = ("fp8", "int4_awq")
+QUANTIZED = ("fp8", "int4_awq", "int8_sq", "int8_wo", "w4a8_awq")
 # Against the unquantized checkpoint on a [2, 48] teacher-forced batch (96 positions): top-1 agreement and the
 # minimum per-position cosine of the logits. These random tiny models have flat distributions (logit std ~0.65 over
 # 256 tokens), so near-ties flip often; a Llama of the same shape through the same path measures fp8 0.82 / 0.975,
 # int4_awq 0.69 / 0.933. Measured here: fp8 0.77-0.99 / 0.939-0.9999, int4_awq 0.53-0.96 / 0.862-0.9997 (Granite
 # highest: its residual multiplier keeps the logits near the embedding's).
-MIN_AGREEMENT = {"fp8": (0.72, 0.92), "int4_awq": (0.5, 0.82)}
+# int8_wo measures 0.96-1.0 / 0.9993-1.0. int8_sq and w4a8_awq load and run for every family, but their agreement is
+# not established yet (None: only checked finite): Phi-3 int8_sq measures a min cosine of 0.67 (others 0.89-0.998),
+# long-RoPE Phi-3 w4a8_awq a top-1 agreement of 0.44; that needs a comparison with ModelOpt's fake-quant model, as
+# test_quantized_exports.py does for Llama, before a threshold is stated.
+MIN_AGREEMENT: dict[str, tuple[float, float] | None] = {
+    "fp8": (0.72, 0.92), "int4_awq": (0.5, 0.82), "int8_wo": (0.95, 0.999), "int8_sq": None, "w4a8_awq": None,
+}
+QUANT_ALGOS = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "w4a8_awq": "W4A8_AWQ"}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +82,7 @@ def test_greedy_matches_transformers(families, name):
 def test_quantized_checkpoints_load_and_agree(families, name, fmt):
     family = families[name]
     config = json.loads((family.checkpoints[fmt] / "config.json").read_text())
-    assert config["quantization"]["quant_algo"] == {"fp8": "FP8", "int4_awq": "W4A16_AWQ"}[fmt]
+    assert config["quantization"]["quant_algo"] == QUANT_ALGOS[fmt]
     tokens = torch.randint(3, VOCAB_SIZE, (2, 48), generator=torch.Generator().manual_seed(3)).tolist()
     reference, _ = paged_prefill(load_model(load_checkpoint(family.checkpoints["fp16"])), tokens)
     quantized, _ = paged_prefill(load_model(load_checkpoint(family.checkpoints[fmt])), tokens)
@@ -83,8 +91,10 @@ def test_quantized_checkpoints_load_and_agree(families, name, fmt):
     agreement = (reference.argmax(-1) == quantized.argmax(-1)).float().mean().item()
     cosine = torch.nn.functional.cosine_similarity(reference.double(), quantized.double(), dim=-1).min().item()
     print(f"{name} {fmt}: top-1 agreement {agreement:.3f} over {reference.shape[0]} positions, min cosine {cosine:.4f}")
-    min_agreement, min_cosine = MIN_AGREEMENT[fmt]
-    assert agreement >= min_agreement and cosine >= min_cosine
+    assert bool(torch.isfinite(quantized).all())
+    if MIN_AGREEMENT[fmt] is not None:
+        min_agreement, min_cosine = MIN_AGREEMENT[fmt]
+        assert agreement >= min_agreement and cosine >= min_cosine
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_SPECS))
