@@ -24,27 +24,102 @@ from typing import Any
 
 from refengine.errors import ModelLoadError
 
+# Options of TensorRT-LLM's Phi-3 class that only Phi-3-small (block-sparse attention, muP, GeGeLU) or the
+# MoE / small long-RoPE variants (their own mscales) write; none is implemented here.
+_PHI3_SMALL_OPTIONS = (
+    "blocksparse_block_size", "blocksparse_homo_head_pattern", "blocksparse_num_local_blocks",
+    "blocksparse_vertical_stride", "dense_attention_every_n_layers", "gegelu_limit", "mup_attn_multiplier",
+    "mup_embedding_multiplier", "mup_use_scaling", "mup_width_multiplier", "longrope_long_mscale",
+    "longrope_short_mscale",
+)
+# Granite's multipliers (TensorRT-LLM's LLaMA class; 1.0 leaves a Llama unchanged). attention_multiplier is
+# 1 / q_scaling: the softmax scale is attention_multiplier / sqrt(head_size).
+GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "output_multiplier_scale")
 
-def check_llama_options(raw: Mapping[str, Any]) -> None:
-    """Refuse the options of a TensorRT-LLM config that `LlamaModel` does not implement."""
+
+def _check_decoder_options(
+    raw: Mapping[str, Any], *, qk_layernorm: bool = False, partial_rotary: bool = False,
+    long_rope: bool = False, multipliers: bool = False,
+) -> None:
+    """Refuse what the Llama decoder does not implement; the keyword flags name the options a family adds."""
     hidden_act = raw.get("hidden_act", "silu")
     if hidden_act not in ("silu", "swiglu"):
         raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported (supported: silu)")
     position_embedding = raw.get("position_embedding_type", "rope_gpt_neox")
-    if position_embedding != "rope_gpt_neox":
+    allowed = ("rope_gpt_neox", "long_rope") if long_rope else ("rope_gpt_neox",)
+    if position_embedding not in allowed:
         raise ModelLoadError(
-            f"position_embedding_type {position_embedding!r} is not supported (supported: rope_gpt_neox)"
+            f"position_embedding_type {position_embedding!r} is not supported (supported: {', '.join(allowed)})"
         )
     rotary_pct = raw.get("rotary_pct", 1.0)
-    if rotary_pct != 1.0:
+    if partial_rotary:
+        if isinstance(rotary_pct, bool) or not isinstance(rotary_pct, (int, float)) or not 0 < rotary_pct <= 1:
+            raise ModelLoadError(f"rotary_pct {rotary_pct!r} must be a number in (0, 1]")
+    elif rotary_pct != 1.0:
         raise ModelLoadError(f"rotary_pct {rotary_pct} is not supported (partial rotary); expected 1.0")
     if raw.get("rmsnorm", True) is not True:
         raise ModelLoadError("rmsnorm is false; the Llama family needs RMSNorm")
-    for flag in ("residual_mlp", "qk_layernorm"):
-        if raw.get(flag):
-            raise ModelLoadError(f"{flag} is true; this Llama variant is not supported")
+    if raw.get("residual_mlp"):
+        raise ModelLoadError("residual_mlp is true; this Llama variant is not supported")
+    if raw.get("qk_layernorm") and not qk_layernorm:
+        raise ModelLoadError("qk_layernorm is true; this Llama variant is not supported")
+    if not multipliers:
+        for key in GRANITE_MULTIPLIERS:
+            if raw.get(key) not in (None, 1.0):
+                raise ModelLoadError(f"{key} {raw[key]} is not supported by this family (Granite's multipliers)")
     if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
         raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
+
+
+def check_llama_options(raw: Mapping[str, Any]) -> None:
+    """Refuse the options of a TensorRT-LLM config that `LlamaModel` does not implement."""
+    _check_decoder_options(raw)
+
+
+def check_qwen3_options(raw: Mapping[str, Any]) -> None:
+    """Qwen3 dense: the Llama decoder with per-head q/k RMSNorm (`qk_layernorm`, required)."""
+    if raw.get("qk_layernorm") is not True:
+        raise ModelLoadError("qk_layernorm must be true for qwen_type 'qwen3' (Qwen3 normalizes q and k per head)")
+    _check_decoder_options(raw, qk_layernorm=True)
+
+
+def check_granite_options(raw: Mapping[str, Any]) -> None:
+    """Granite 3 dense: the Llama decoder with embedding, attention, residual and logits multipliers."""
+    _check_decoder_options(raw, multipliers=True)
+    for key in GRANITE_MULTIPLIERS:
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ModelLoadError(f"{key} must be a positive number, got {value!r}")
+
+
+def check_phi3_options(raw: Mapping[str, Any]) -> None:
+    """Phi-3 / Phi-4 dense: partial rotary and long-RoPE; Phi-3-small's and PhiMoE's options are refused by name."""
+    for key in _PHI3_SMALL_OPTIONS:
+        if raw.get(key) is not None:
+            what = "block-sparse attention (Phi-3-small)" if key.startswith(("blocksparse", "dense_attention")) else "Phi-3-small / PhiMoE"
+            raise ModelLoadError(f"{key} is set: {what} is not supported by the reference engine")
+    _check_decoder_options(raw, partial_rotary=True, long_rope=True)
+    if raw.get("position_embedding_type") == "long_rope":
+        _check_long_rope(raw)
+
+
+def _check_long_rope(raw: Mapping[str, Any]) -> None:
+    original = raw.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original <= 1:
+        raise ModelLoadError(f"original_max_position_embeddings must be an integer > 1 for long_rope, got {original!r}")
+    for key in ("longrope_scaling_short_factors", "longrope_scaling_long_factors"):
+        factors = raw.get(key)
+        if not isinstance(factors, list) or not factors or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors
+        ):
+            raise ModelLoadError(f"{key} must be a non-empty list of positive numbers for long_rope, got {factors!r}")
+    scaling = raw.get("rotary_scaling") or {}
+    # TensorRT-LLM scales cos/sin by sqrt(1 + ln(max_position_embeddings / original) / ln(original)) and
+    # reads neither of these; transformers would use them instead.
+    for key in ("factor", "attention_factor"):
+        if scaling.get(key) is not None:
+            raise ModelLoadError(f"rotary_scaling.{key} is not supported with long_rope (TensorRT-LLM derives the scale "
+                                 "from max_position_embeddings / original_max_position_embeddings)")
 
 
 @dataclass(frozen=True)
@@ -95,6 +170,38 @@ ARCHITECTURES = (
         variant_key="qwen_type",
         variants=("qwen2",),
         notes="Qwen2-style biases: the Llama decoder with a bias on q/k/v",
+    ),
+    Architecture(
+        family="qwen3",
+        checkpoint_architectures=("Qwen3ForCausalLM",),
+        hf_model_types=("qwen3",),
+        checkpoint_decoder="qwen",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_qwen3_options,
+        variant_key="qwen_type",
+        variants=("qwen3",),
+        notes="Qwen3 dense: the Llama decoder with per-head q/k RMSNorm, head_dim independent of hidden / heads, no bias",
+    ),
+    Architecture(
+        family="granite",
+        checkpoint_architectures=("GraniteForCausalLM",),
+        hf_model_types=("granite",),
+        checkpoint_decoder="llama",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_granite_options,
+        notes="Granite 3 dense: the Llama decoder with embedding, attention, residual and logits multipliers",
+    ),
+    Architecture(
+        family="phi3",
+        # TensorRT-LLM's Phi3ForCausalLM class also covers Phi-3-small and PhiMoE: their checkpoints are
+        # refused by their options (block-sparse attention, muP, MoE), named.
+        checkpoint_architectures=("Phi3ForCausalLM", "Phi3SmallForCausalLM", "PhiMoEForCausalLM"),
+        hf_model_types=("phi3",),
+        checkpoint_decoder="phi3",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_phi3_options,
+        notes="Phi-3 / 3.5 / Phi-4 / Phi-4-mini: the Llama decoder (fused qkv / gate_up split by the converter), "
+        "partial rotary, long-RoPE short/long factors for the 128k variants",
     ),
 )
 # In the order messages list them.

@@ -38,7 +38,7 @@ class LLMEngine:
             raise EngineConfigError("max_draft_len", f"{self._config.max_draft_len} needs a drafter, and a drafter max_draft_len > 0")
         self._speculator = None if drafter is None else Speculator(drafter, self._config.max_draft_len, self._config.max_num_tokens)
         self._model = model
-        self._scheduler = Scheduler(self._config)
+        self._scheduler = Scheduler(self._config, model.kv_cache_layout.long_prompt_threshold)
         self._runner = ModelRunner(model, self._config.total_kv_blocks, self._config.tokens_per_block)
         self._requests: dict[str, RequestState] = {}
         self._held_outputs: list[RequestOutput] = []

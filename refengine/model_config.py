@@ -187,7 +187,9 @@ class ModelConfig:
             intermediate_size=_positive_int(raw, "intermediate_size"),
             norm_epsilon=float(raw.get("norm_epsilon", 1e-5)),
             rotary_base=float(raw.get("rotary_base", 10000.0)),
-            rope_scaling=RopeScaling.from_config(raw.get("rotary_scaling")),
+            # long_rope's rotary_scaling repeats the short/long factors the model reads from their own keys
+            rope_scaling=RopeScaling() if raw.get("position_embedding_type") == "long_rope"
+            else RopeScaling.from_config(raw.get("rotary_scaling")),
             max_position_embeddings=raw.get("max_position_embeddings"),
             qkv_bias_required=family.qkv_bias or attn_bias,
             dense_bias_required=attn_bias,

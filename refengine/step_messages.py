@@ -28,6 +28,7 @@ class ScheduledSequence:
     sampling_seed: int
     first_sample_index: int  # sample i of this step draws as sample (first_sample_index + i) of the request
     num_output_tokens: int  # tokens generated so far (for min_tokens)
+    num_prompt_tokens: int = 0  # the request's prompt length (0: unknown); a long-RoPE model picks its table by it
     token_history: tuple[int, ...] = ()  # prompt + output so far, only when sampling needs it
     # Speculative decoding: the last len(draft_token_ids) of new_token_ids are proposed tokens
     # that the runner verifies (refengine/speculative); draft_probs [k, vocab] is the draft

@@ -116,8 +116,8 @@ class KVCacheManager:
         return slots is not None and self._needs_copy_on_write(slots, slots.num_slotted_tokens + 1)
 
     # -- prefix reuse ----------------------------------------------------------------------
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> CachedPrefix:
-        """The longest run of computed full blocks equal to the start of `token_ids`.
+    def find_cached_prefix(self, token_ids: Sequence[int], salt: bytes = b"") -> CachedPrefix:
+        """The longest run of computed full blocks equal to the start of `token_ids` (registered with the same `salt`).
 
         At least one token is left out, so the sequence still computes the logits it samples from.
         """
@@ -126,7 +126,7 @@ class KVCacheManager:
         max_blocks = (len(token_ids) - 1) // self._tokens_per_block
         blocks: list[KVBlock] = []
         hashes: list[bytes] = []
-        for block_hash in hash_full_blocks(token_ids, self._tokens_per_block, max_blocks):
+        for block_hash in hash_full_blocks(token_ids, self._tokens_per_block, max_blocks, salt=salt):
             block = self._pool.lookup(block_hash)
             if block is None:
                 break
@@ -134,7 +134,7 @@ class KVCacheManager:
             hashes.append(block_hash)
         return CachedPrefix(tuple(blocks), tuple(hashes), len(blocks) * self._tokens_per_block)
 
-    def cache_computed_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+    def cache_computed_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int, salt: bytes = b"") -> None:
         """Register the sequence's full blocks whose K/V are computed, for later prefix reuse."""
         slots = self._sequences.get(seq_id)
         if not self._enable_prefix_caching or slots is None:
@@ -142,7 +142,7 @@ class KVCacheManager:
         num_full = min(num_computed_tokens // self._tokens_per_block, len(slots.blocks))
         if num_full <= len(slots.block_hashes):
             return
-        slots.block_hashes = hash_full_blocks(token_ids, self._tokens_per_block, num_full, slots.block_hashes)
+        slots.block_hashes = hash_full_blocks(token_ids, self._tokens_per_block, num_full, slots.block_hashes, salt)
         for block, block_hash in zip(slots.blocks, slots.block_hashes):
             self._pool.register(block, block_hash)
 

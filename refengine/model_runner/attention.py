@@ -34,6 +34,8 @@ class AttentionMetadata:
     # The same figures as Python lists, read by every layer's attention (None: from the tensors).
     query_start_list: tuple[int, ...] | None = None
     context_len_list: tuple[int, ...] | None = None
+    # Each sequence's prompt length, where the caller knows it (the engine's steps): long-RoPE picks its table by it.
+    prompt_lens: tuple[int, ...] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -64,6 +66,7 @@ class AttentionMetadata:
             tokens_per_block=self.tokens_per_block,
             query_start_list=tuple(range(len(rows) + 1)),
             context_len_list=kept_context_lens,
+            prompt_lens=None if self.prompt_lens is None else tuple(self.prompt_lens[i] for i in seq_indices),
         )
 
 
@@ -72,9 +75,11 @@ def build_attention_metadata(
     num_computed_tokens: Sequence[int],
     block_tables: Sequence[Sequence[int]],
     tokens_per_block: int,
+    prompt_lens: Sequence[int] | None = None,
 ) -> AttentionMetadata:
     """Metadata for a flat batch: sequence i computes `query_lens[i]` tokens after
-    `num_computed_tokens[i]` cached ones, stored in the blocks `block_tables[i]`."""
+    `num_computed_tokens[i]` cached ones, stored in the blocks `block_tables[i]` (`prompt_lens[i]`: its prompt's
+    length, where known)."""
     positions: list[int] = []
     slots: list[int] = []
     for query_len, start, table in zip(query_lens, num_computed_tokens, block_tables):
@@ -102,6 +107,7 @@ def build_attention_metadata(
         tokens_per_block=tokens_per_block,
         query_start_list=tuple(starts),
         context_len_list=tuple(context_lens),
+        prompt_lens=None if prompt_lens is None else tuple(prompt_lens),
     )
 
 

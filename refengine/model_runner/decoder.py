@@ -27,6 +27,9 @@ class KVCacheLayout:
     num_kv_heads: int
     head_size: int
     dtype: torch.dtype  # float8_e4m3fn / int8 codes when the checkpoint's KV cache is quantized
+    # Long-RoPE: a sequence whose prompt is longer than this rotates its keys with other factors, so its cached
+    # blocks must not serve a shorter prompt's prefix, nor the reverse (None: K/V depend on the tokens alone).
+    long_prompt_threshold: int | None = None
 
     def allocate(self, num_blocks: int, tokens_per_block: int) -> list[torch.Tensor]:
         """Zeroed [2 (keys, values), num_blocks, tokens_per_block, num_kv_heads, head_size] per layer."""

@@ -1,4 +1,5 @@
-"""Llama building blocks: RMSNorm, rotary position embedding (incl. llama3 scaling), SwiGLU.
+"""Llama building blocks: RMSNorm, rotary position embedding (incl. llama3 scaling, partial rotary and
+Phi-3's long-RoPE), SwiGLU.
 
 Numerics follow Hugging Face transformers' Llama implementation, so that float32 runs agree.
 """
@@ -6,6 +7,7 @@ Numerics follow Hugging Face transformers' Llama implementation, so that float32
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -80,3 +82,54 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x * cos).add_(rotated.mul_(sin))
+
+
+def rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """`rotate` on the first `rotary_dim` features of each head only (partial rotary); the rest pass through."""
+    if rotary_dim == x.shape[-1]:
+        return rotate(x, cos, sin)
+    return torch.cat((rotate(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+
+
+@dataclass(frozen=True)
+class LongRope:
+    """Phi-3's long-RoPE (TensorRT-LLM `position_embedding_type: long_rope`): per-frequency short and long
+    factors divide the inverse frequencies; a sequence longer than `original_max_position_embeddings` uses the
+    long ones. Both scale cos/sin by sqrt(1 + ln(s) / ln(original)), s = max_position_embeddings / original
+    (1 when s <= 1), as TensorRT-LLM's `create_sinusoidal_positions_long_rope` and transformers' longrope do."""
+
+    original_max_position_embeddings: int
+    max_position_embeddings: int
+    short_factors: tuple[float, ...]
+    long_factors: tuple[float, ...]
+
+    @property
+    def attention_factor(self) -> float:
+        scale = self.max_position_embeddings / self.original_max_position_embeddings
+        if scale <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(scale) / math.log(self.original_max_position_embeddings))
+
+
+class LongRopeEmbedding:
+    """Both tables of a long-RoPE model; `cos_sin` picks the long one for the rows flagged in `long_rows`."""
+
+    def __init__(self, rotary_dim: int, base: float, long_rope: LongRope) -> None:
+        shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+        self._short = 1.0 / (torch.tensor(long_rope.short_factors, dtype=torch.float32) * base**shape)
+        self._long = 1.0 / (torch.tensor(long_rope.long_factors, dtype=torch.float32) * base**shape)
+        self._factor = long_rope.attention_factor
+
+    def _table(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos() * self._factor, angles.sin() * self._factor
+
+    def cos_sin(self, positions: torch.Tensor, long_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [num_tokens, rotary_dim]; `long_rows` bool [num_tokens]: rows of long sequences."""
+        cos, sin = self._table(positions, self._short)
+        if bool(long_rows.any()):
+            long_cos, long_sin = self._table(positions, self._long)
+            rows = long_rows.unsqueeze(1)
+            cos, sin = torch.where(rows, long_cos, cos), torch.where(rows, long_sin, sin)
+        return cos, sin

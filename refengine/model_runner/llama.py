@@ -1,4 +1,7 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache: a `DecoderModel`.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4) over a paged KV cache: a `DecoderModel`.
+
+The families beyond Llama are its options (`decoder_options.DecoderOptions`, read from config.json): q/k
+RMSNorm, partial rotary, long-RoPE, Granite's multipliers; with none set the computation is Llama's.
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
 computed in the compute dtype (float32 by default, so results match transformers in float32);
@@ -21,8 +24,9 @@ from refengine.checkpoint import Checkpoint, TensorStore
 from refengine.model_config import ModelConfig
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
 from refengine.model_runner.decoder import KVCacheLayout
+from refengine.model_runner.decoder_options import DecoderOptions, plain_options
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
-from refengine.model_runner.layers import RotaryEmbedding, rms_norm, rotate, swiglu
+from refengine.model_runner.layers import LongRopeEmbedding, RotaryEmbedding, rms_norm, rotate_partial, swiglu
 from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
 from refengine.model_runner.quantized_linear import check_quantization
 
@@ -37,6 +41,8 @@ class DecoderLayer:
     gate: Linear  # up projection (HF up_proj)
     proj: Linear  # down projection (HF down_proj)
     kv_quant: KVCacheQuantizer | None = None  # set when the KV cache is quantized
+    q_norm: torch.Tensor | None = None  # qk_layernorm: RMSNorm weights [head_size] of each q / k head
+    k_norm: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -49,15 +55,18 @@ class LlamaModel:
         lm_head: torch.Tensor,
         scratch: WeightScratch | None = None,
         fp16_gemm: bool = False,
+        options: DecoderOptions | None = None,
     ) -> None:
         self.config = config
+        self.options = options = options or plain_options(config.head_size)
         self.embedding = embedding
         self.layers = layers
         self.final_norm = final_norm
         # The output projection; may be stored narrower than the compute dtype (see DenseLinear).
         self._logits = DenseLinear(lm_head, None, embedding.dtype, scratch, fp16_gemm)
-        self.rotary = RotaryEmbedding(config.head_size, config.rotary_base, config.rope_scaling)
-        self.scale = config.head_size**-0.5
+        self.rotary = RotaryEmbedding(options.rotary_dim, config.rotary_base, config.rope_scaling)
+        self.long_rotary = None if options.long_rope is None else LongRopeEmbedding(options.rotary_dim, config.rotary_base, options.long_rope)
+        self.scale = options.attention_scale
 
     @property
     def dtype(self) -> torch.dtype:
@@ -77,7 +86,9 @@ class LlamaModel:
     @property
     def kv_cache_layout(self) -> KVCacheLayout:
         config = self.config
-        return KVCacheLayout(config.num_layers, config.num_kv_heads, config.head_size, self.kv_cache_dtype)
+        long_rope = self.options.long_rope
+        threshold = None if long_rope is None else long_rope.original_max_position_embeddings
+        return KVCacheLayout(config.num_layers, config.num_kv_heads, config.head_size, self.kv_cache_dtype, threshold)
 
     @property
     def vocab_size(self) -> int:
@@ -87,6 +98,7 @@ class LlamaModel:
     def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, fp16_gemm: bool = False) -> LlamaModel:
         """`fp16_gemm`: dense Linears holding fp16 values run on fbgemm's fp16-weight GEMM (see `DenseLinear`)."""
         config = checkpoint.config
+        options = DecoderOptions.from_config(checkpoint.raw_config, config)
         check_quantization(config.quantization)
         store = checkpoint.tensors
         table_shape = (config.vocab_size, config.hidden_size)
@@ -95,9 +107,9 @@ class LlamaModel:
         # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
         lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
-        layers = [_load_layer(store, config, index, dtype, scratch, fp16_gemm) for index in range(config.num_layers)]
+        layers = [_load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm) for index in range(config.num_layers)]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
-        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch, fp16_gemm)
+        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch, fp16_gemm, options)
 
     def forward(
         self,
@@ -115,21 +127,26 @@ class LlamaModel:
         returned: nothing reads the other rows' outputs (a prompt's earlier tokens are never
         sampled from). This skips about a quarter of a prompt's compute.
         """
-        config = self.config
+        config, options = self.config, self.options
         eps, num_heads, head_size = config.norm_epsilon, config.num_heads, config.head_size
-        qk_size = config.q_size + config.kv_size
+        qk_size, rotary_dim, residual_multiplier = config.q_size + config.kv_size, options.rotary_dim, options.residual_multiplier
         hidden = F.embedding(input_ids, self.embedding)
-        cos, sin = self.rotary.cos_sin(metadata.positions)
-        # Broadcast over heads and cast once per step, not per layer and per q / k.
-        cos, sin = cos.unsqueeze(1).to(hidden.dtype), sin.unsqueeze(1).to(hidden.dtype)
+        if options.embedding_multiplier != 1.0:
+            hidden = hidden * options.embedding_multiplier
+        cos, sin = self._cos_sin(metadata)
         num_tokens = input_ids.shape[0]
         last = len(self.layers) - 1
         # Nothing to prune when every row is already the one token of a sequence asked for.
         prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             qkv = layer.qkv(rms_norm(hidden, layer.input_norm, eps))
+            query_key = qkv[:, :qk_size].reshape(num_tokens, -1, head_size)
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: RMSNorm over each head, before RoPE
+                query_key = torch.cat(
+                    (rms_norm(query_key[:, :num_heads], layer.q_norm, eps), rms_norm(query_key[:, num_heads:], layer.k_norm, eps)), dim=1
+                )
             # RoPE on query and key heads together: one elementwise pass instead of two.
-            query_key = rotate(qkv[:, :qk_size].reshape(num_tokens, -1, head_size), cos, sin)
+            query_key = rotate_partial(query_key, cos, sin, rotary_dim)
             query, key = query_key[:, :num_heads], query_key[:, num_heads:]
             value = qkv[:, qk_size:].reshape(num_tokens, config.num_kv_heads, head_size)
             write_kv_cache(kv_cache, key, value, metadata.slot_mapping, layer.kv_quant)
@@ -140,17 +157,47 @@ class LlamaModel:
             else:
                 attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant, key, value)
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
-            hidden = layer.dense(attention.reshape(num_tokens, config.q_size)).add_(hidden)
+            hidden = _scaled(layer.dense(attention.reshape(num_tokens, config.q_size)), residual_multiplier).add_(hidden)
             normed = rms_norm(hidden, layer.post_norm, eps)
-            hidden = layer.proj(swiglu(layer.fc(normed), layer.gate(normed))).add_(hidden)
+            hidden = _scaled(layer.proj(swiglu(layer.fc(normed), layer.gate(normed))), residual_multiplier).add_(hidden)
         return rms_norm(hidden, self.final_norm, eps)
 
+    def _cos_sin(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin [num_tokens, 1, rotary_dim] in the compute dtype: broadcast over heads and cast once per step,
+        not per layer and per q / k. Long-RoPE picks each sequence's table by its length (`_long_rope_rows`)."""
+        if self.long_rotary is None:
+            cos, sin = self.rotary.cos_sin(metadata.positions)
+        else:
+            cos, sin = self.long_rotary.cos_sin(metadata.positions, self._long_rope_rows(metadata))
+        return cos.unsqueeze(1).to(self.dtype), sin.unsqueeze(1).to(self.dtype)
+
+    def _long_rope_rows(self, metadata: AttentionMetadata) -> torch.Tensor:
+        """bool [num_tokens]: the rows of sequences longer than original_max_position_embeddings, which use the long
+        factors. As TensorRT-LLM decides (its attention plugin compares the context length, i.e. the prompt), a
+        sequence is long when its prompt is: the choice holds for the request's whole life, so chunked prefill, prefix
+        reuse and every decode step rotate its keys alike. Without the prompt length (metadata built by hand), the
+        tokens in the cache after this step decide, as transformers does per forward call."""
+        original = self.options.long_rope.original_max_position_embeddings if self.options.long_rope else 0
+        lengths = metadata.prompt_lens or metadata.context_lengths()
+        starts = metadata.query_starts()
+        flags = torch.tensor([length > original for length in lengths], dtype=torch.bool)
+        counts = torch.tensor([end - begin for begin, end in zip(starts, starts[1:])], dtype=torch.int64)
+        return flags.repeat_interleave(counts)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._logits(hidden).to(torch.float32)
+        logits = self._logits(hidden).to(torch.float32)
+        scale = self.options.output_multiplier_scale
+        return logits if scale == 1.0 else logits.mul_(scale)  # Granite: 1 / logits_scaling
+
+
+def _scaled(output: torch.Tensor, multiplier: float) -> torch.Tensor:
+    """A block's fresh output times Granite's residual multiplier (in place; untouched at 1.0)."""
+    return output if multiplier == 1.0 else output.mul_(multiplier)
 
 
 def _load_layer(
-    store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None, fp16_gemm: bool = False
+    store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None,
+    fp16_gemm: bool = False, qk_layernorm: bool = False,
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -169,4 +216,6 @@ def _load_layer(
         gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required),
         proj=linear("mlp.proj", inner, hidden, config.mlp_bias_required),
         kv_quant=load_kv_cache_quantizer(store, f"{prefix}.attention", config.kv_cache_quant_algo),
+        q_norm=store.get(f"{prefix}.attention.q_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
+        k_norm=store.get(f"{prefix}.attention.k_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
     )

@@ -37,6 +37,7 @@ class ModelRunner:
             [item.num_computed_tokens for item in items],
             [item.block_table for item in items],
             self.tokens_per_block,
+            [item.num_prompt_tokens or item.num_total_tokens for item in items],
         )
         input_ids = torch.tensor([t for item in items for t in item.new_token_ids], dtype=torch.int64)
         sampling = [index for index, item in enumerate(items) if item.num_samples > 0]

@@ -41,8 +41,11 @@ if TYPE_CHECKING:
 
 
 class Scheduler(StaticScheduling):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, long_prompt_threshold: int | None = None) -> None:
+        """`long_prompt_threshold`: the model fills the KV cache differently for prompts longer than this
+        (`KVCacheLayout.long_prompt_threshold`); their cached prefixes are kept apart."""
         self._config = config
+        self._long_prompt_threshold = long_prompt_threshold
         self._kv = KVCacheManager(
             num_blocks=config.total_kv_blocks,
             tokens_per_block=config.tokens_per_block,
@@ -64,6 +67,9 @@ class Scheduler(StaticScheduling):
         self._num_prefix_cache_hit_tokens = 0
         self._num_prefix_cache_hits = 0  # admissions that reused at least one cached block
         self._num_prompt_tokens_computed = 0  # prompt tokens scheduled; recompute after preemption included
+
+    def _is_long_prompt(self, prompt_len: int) -> bool:
+        return self._long_prompt_threshold is not None and prompt_len > self._long_prompt_threshold
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -141,6 +147,7 @@ class Scheduler(StaticScheduling):
             arrival_order=next(self._arrivals),
             num_pending_samples=params.num_sequences,
             grammar=grammar,
+            prefix_salt=b"long-prompt" if self._is_long_prompt(len(prompt_token_ids)) else b"",
         )
         if params.beam_width > 1:
             self._beams.add(sequence)
@@ -195,7 +202,7 @@ class Scheduler(StaticScheduling):
             sequence = self._sequences.get(item.seq_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
                 continue
-            self._kv.cache_computed_blocks(sequence.seq_id, sequence.token_ids, sequence.num_computed_tokens)
+            self._kv.cache_computed_blocks(sequence.seq_id, sequence.token_ids, sequence.num_computed_tokens, sequence.prefix_salt)
             if item.num_samples == 0:
                 continue
             samples = runner_output.sampled.get(item.seq_id, ())
@@ -272,7 +279,7 @@ class Scheduler(StaticScheduling):
             sequence = self._waiting.peek_oldest()
             if self._num_batch_slots() + sequence.num_pending_samples > self._config.max_batch_size:
                 break
-            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids)
+            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids, sequence.prefix_salt)
             num_new = self._num_tokens_to_schedule(sequence.num_tokens - prefix.num_tokens, budget)
             if num_new == 0:
                 break

@@ -47,6 +47,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     grammar: GrammarState | None = None  # guided decoding: this sequence's own grammar position
+    # Mixed into its prefix-cache hashes: sequences whose K/V differ for the same tokens (a long-RoPE model's long
+    # prompts) never share cached blocks with the others.
+    prefix_salt: bytes = b""
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +109,7 @@ class Sequence:
             num_preemptions=self.num_preemptions,
             status=self.status,
             grammar=self.grammar.fork() if self.grammar is not None else None,
+            prefix_salt=self.prefix_salt,
         )
 
     def replace_output(self, output_token_ids: tuple[int, ...]) -> None:

@@ -43,7 +43,7 @@ def form_batch(kv: KVCacheManager, waiting: SequenceQueue, running: SequenceQueu
         sequence = waiting.peek_oldest()
         if batch_slots(running) + sequence.num_pending_samples > max_batch_size:
             break
-        if not no_evict_allows(kv, running, sequence, kv.find_cached_prefix(sequence.token_ids)):
+        if not no_evict_allows(kv, running, sequence, kv.find_cached_prefix(sequence.token_ids, sequence.prefix_salt)):
             break
         waiting.remove(sequence)
         sequence.status = SequenceStatus.RUNNING
@@ -69,6 +69,7 @@ def padding_row(sequence: Sequence, block_table: tuple[int, ...]) -> ScheduledSe
         sampling_seed=sequence.sampling_seed,
         first_sample_index=sequence.sample_index,
         num_output_tokens=sequence.num_output_tokens,
+        num_prompt_tokens=sequence.num_prompt_tokens,
         token_history=tuple(sequence.token_ids) if params.needs_token_history else (),
     )
 

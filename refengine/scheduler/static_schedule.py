@@ -30,7 +30,7 @@ class StaticScheduling:
             if sequence.num_uncomputed_tokens == 1 and not fresh:
                 decoding.append(sequence)
                 continue
-            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids) if fresh else CachedPrefix()
+            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids, sequence.prefix_salt) if fresh else CachedPrefix()
             num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens - prefix.num_tokens, budget)
             if num_new == 0:
                 continue

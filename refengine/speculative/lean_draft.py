@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from refengine.model_runner.decoder_options import plain_options
 from refengine.model_runner.layers import rope_inverse_frequencies
 from refengine.model_runner.linear import DenseLinear
 from refengine.model_runner.llama import LlamaModel
@@ -138,8 +139,8 @@ def _interleaved_halves(num_heads: int, head_size: int, width: int) -> torch.Ten
 
 def lean_draft_of(model: object, num_slots: int, max_seq_len: int, vocab_size: int | None, *, fp16_gemm: bool = True) -> LeanDraft | None:
     """The lean path for a dense Llama-family model with an unquantized KV cache; None for anything else."""
-    if type(model) is not LlamaModel:
-        return None
+    if type(model) is not LlamaModel or model.options != plain_options(model.config.head_size):
+        return None  # another class, or a family option (q/k norm, partial / long RoPE, multipliers)
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.dense, layer.fc, layer.gate, layer.proj)]
     if not all(isinstance(linear, DenseLinear) for linear in linears) or any(layer.kv_quant is not None for layer in model.layers):
         return None

@@ -1,0 +1,113 @@
+"""Tiny random Qwen3, Granite and Phi-3 models, exported to TensorRT-LLM checkpoints by the project's converter.
+
+Each model is made with transformers' own class (float32, eager attention, non-trivial norms), saved as
+safetensors, and exported with `pipeline.backends.modelopt_export.export_trtllm_checkpoint` (ModelOpt's
+unified checkpoint, then `trtllm_convert`: what the quantize stage writes) in float16, unquantized and, on
+request, quantized (fp8, int4_awq, int8_sq, int8_wo, w4a8_awq). The transformers reference is the saved float32 model with its parameters
+round-tripped through float16, the values the checkpoint holds (as conftest.py does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB_SIZE = 256
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": False,
+    "initializer_range": 0.08, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
+LONG_ROPE_ORIGINAL = 64  # original_max_position_embeddings of the long-RoPE model: prompts cross it
+# name -> (model_type, config overrides)
+FAMILY_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    # head_dim 32 while hidden / heads is 16
+    "qwen3": ("qwen3", {"head_dim": 32}),
+    # Granite 3's multipliers, none of them 1 (attention_multiplier is not 1 / sqrt(head_dim) = 0.25)
+    "granite": ("granite", {"embedding_multiplier": 12.0, "attention_multiplier": 0.05, "residual_multiplier": 0.22,
+                            "logits_scaling": 8.0}),
+    # Phi-3-mini-4k style: fused qkv / gate_up, full rotary, no scaling
+    "phi3": ("phi3", {"sliding_window": None}),
+    # Phi-4-mini / Phi-3.5 128k style: partial rotary 0.75 and long-RoPE (the converter writes long_rope from 128000)
+    "phi3_longrope": ("phi3", {
+        "sliding_window": None, "max_position_embeddings": 131072, "original_max_position_embeddings": LONG_ROPE_ORIGINAL,
+        "partial_rotary_factor": 0.75,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0], "long_factor": [1.2, 1.8, 3.0, 6.0, 12.0, 24.0],
+        },
+    }),
+}
+
+
+@dataclass
+class FamilyModel:
+    name: str
+    hf_dir: Path
+    hf_model: Any  # transformers, float32 with the checkpoint's fp16 values, EOS disabled
+    checkpoints: dict[str, Path] = field(default_factory=dict)  # format -> TensorRT-LLM checkpoint
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _save_hf(model_type: str, overrides: dict[str, Any], directory: Path, seed: int) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{**_COMMON, **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    model.config.architectures = [type(model).__name__]
+    with torch.no_grad():  # non-trivial norms (q/k norms included), so a mapping mistake shows
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    model.save_pretrained(directory)
+
+
+def _reference(hf_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():  # the exported fp16 values; buffers (RoPE inv_freq) stay float32
+        for parameter in model.parameters():
+            parameter.copy_(parameter.half().float())
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def build_family_model(name: str, root: Path, formats: tuple[str, ...] = ("fp16",)) -> FamilyModel:
+    """The model `name` of FAMILY_SPECS with its checkpoint in each format (fp16 or a quantize.algo value)."""
+    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
+
+    model_type, overrides = FAMILY_SPECS[name]
+    hf_dir = root / name / "hf"
+    _save_hf(model_type, overrides, hf_dir, seed=sorted(FAMILY_SPECS).index(name))
+    family = FamilyModel(name, hf_dir, _reference(hf_dir))
+    generator = torch.Generator().manual_seed(7)
+    calibration = [torch.randint(0, VOCAB_SIZE, (2, 32), generator=generator) for _ in range(2)]
+
+    def forward_loop(model: Any) -> None:
+        for batch in calibration:
+            model(batch.to(next(model.parameters()).device))
+
+    for fmt in formats:
+        start = time.perf_counter()
+        recipe = QuantRecipe("none" if fmt == "fp16" else fmt, group_size=32)
+        export_trtllm_checkpoint(hf_dir, root / name / fmt, dtype="float16", tp_size=1, pp_size=1, quant=recipe,
+                                 forward_loop=None if fmt == "fp16" else forward_loop)
+        family.checkpoints[fmt] = root / name / fmt
+        family.seconds[fmt] = time.perf_counter() - start
+    return family
+
+
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> tuple[int, ...]:
+    with torch.no_grad():
+        generated = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False, max_new_tokens=max_new_tokens,
+        )
+    return tuple(generated[0, len(prompt):].tolist())
