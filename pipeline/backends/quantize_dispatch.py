@@ -244,7 +244,7 @@ def render_script(job: QuantizeJob, docker_command: Sequence[str] | None = None)
          f"TensorRT-LLM checkpoint (tp={r.tp_size}, pp={r.pp_size}) for TensorRT-LLM {v.version}"),
         f"# request: {job.request_path}",
         "# rendered by trtllm-pipeline. Needs this project's pipeline/ package importable, with torch (CUDA),",
-        "# transformers and nvidia-modelopt < 0.49, as in NVIDIA's image:",
+        "# transformers and nvidia-modelopt (export_hf_checkpoint), as in NVIDIA's image:",
         f"#   {v.image}",
     ]
     if docker_command is not None:
