@@ -117,9 +117,9 @@ def _compare(cpu_dir: Path, cuda_dir: Path, *, unified: bool) -> dict:
 
 
 def _versions() -> dict:
-    from pipeline.backends.quantize_job import package_versions
-
     import torch
+
+    from pipeline.backends.quantize_job import package_versions
 
     return {**package_versions(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 

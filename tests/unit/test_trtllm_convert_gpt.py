@@ -9,18 +9,13 @@ and `transformer.ln_f` weight + bias, Nemotron's LayerNorm1P stored with 1 added
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.backends.trtllm_convert import convert_unified_checkpoint
-from pipeline.backends.trtllm_pretrained import pretrained_config
+from tests.unified_exports import cached_exports, convert, quantize_and_export
 
 VOCAB, HIDDEN, INTER, HEADS, KV_HEADS = 500, 128, 512, 4, 2
 HEAD = HIDDEN // HEADS
@@ -33,26 +28,12 @@ HF_MLP = {"starcoder2": ("mlp.c_fc", "mlp.c_proj"), "nemotron": ("mlp.up_proj", 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("gpt")
-    made: dict[tuple[str, str], Path] = {}
-
-    def get(family: str, algo: str) -> Path:
-        if (family, algo) not in made:
-            made[family, algo] = _export(family, algo, root / f"{family}-{algo}")
-        return made[family, algo]
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield get
-    torch.set_num_threads(previous)
+    with cached_exports(tmp_path_factory.mktemp("gpt"), _export) as get:
+        yield get
 
 
 def _export(family: str, algo: str, directory: Path) -> Path:
-    import modelopt.torch.quantization as mtq
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from pipeline.backends.modelopt_export import QuantRecipe, _mtq_config
-    from pipeline.backends.unified_export import export_unified_checkpoint
 
     architecture, extra = FAMILIES[family]
     torch.manual_seed(0)
@@ -66,19 +47,7 @@ def _export(family: str, algo: str, directory: Path) -> Path:
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.normal_(0.0, 0.1)
-    batches = [torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1)) for _ in range(2)]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
-        warnings.simplefilter("ignore")
-        if algo == "fp8":
-            model = mtq.quantize(model, _mtq_config(QuantRecipe("fp8", "fp8")), lambda m: [m(b) for b in batches])
-        export_unified_checkpoint(model, directory, dtype=torch.float16)
-    return directory
-
-
-def _convert(unified: Path, out: Path, tp: int) -> dict:
-    hf = json.loads((unified / "config.json").read_text())
-    config = pretrained_config(hf, dtype="float16", mapping={"world_size": tp, "tp_size": tp, "pp_size": 1}, quantization={})
-    return convert_unified_checkpoint(unified, out, config=config, tp_size=tp, pp_size=1)
+    return quantize_and_export(model, algo, VOCAB, directory)
 
 
 def _norm(hf: dict, name: str, family: str) -> torch.Tensor:
@@ -89,7 +58,7 @@ def _norm(hf: dict, name: str, family: str) -> torch.Tensor:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_unquantized_weights_round_trip_exactly_over_tp_ranks(family: str, exports, tmp_path: Path) -> None:
     unified = exports(family, "none")
-    written = _convert(unified, tmp_path / "out", 2)
+    written = convert(unified, tmp_path / "out", 2)
     hf = load_file(unified / "model.safetensors")
     ranks = [load_file(tmp_path / "out" / f"rank{r}.safetensors") for r in range(2)]
     fc_name, proj_name = HF_MLP[family]
@@ -133,7 +102,7 @@ def test_unquantized_weights_round_trip_exactly_over_tp_ranks(family: str, expor
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_fp8_structure(family: str, tp: int, exports, tmp_path: Path) -> None:
-    written = _convert(exports(family, "fp8"), tmp_path / "out", tp)
+    written = convert(exports(family, "fp8"), tmp_path / "out", tp)
     biased = family == "starcoder2"
     shapes = {"attention.qkv": ((HEADS + 2 * KV_HEADS) * HEAD // tp, HIDDEN), "attention.dense": (HIDDEN, HIDDEN // tp),
               "mlp.fc": (INTER // tp, HIDDEN), "mlp.proj": (HIDDEN, INTER // tp)}

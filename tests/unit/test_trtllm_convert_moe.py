@@ -9,11 +9,8 @@ over experts); Qwen2-MoE's shared expert under `mlp.shared_expert.{fc,proj}` and
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.backends.trtllm_convert import convert_unified_checkpoint
 from pipeline.backends.trtllm_pretrained import pretrained_config
 from pipeline.errors import StageError
+from tests.unified_exports import cached_exports, convert, quantize_and_export
 
 VOCAB, HIDDEN, EXPERTS, TOP_K, INTER, SHARED = 500, 128, 4, 2, 128, 256
 FAMILIES = {
@@ -43,26 +41,12 @@ FP8 = torch.float8_e4m3fn
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory):
     """(family, algo) -> the unified export's directory; conversions are made by the tests (cheap)."""
-    root = tmp_path_factory.mktemp("moe")
-    made: dict[tuple[str, str], Path] = {}
-
-    def get(family: str, algo: str) -> Path:
-        if (family, algo) not in made:
-            made[family, algo] = _export(family, algo, root / f"{family}-{algo}")
-        return made[family, algo]
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield get
-    torch.set_num_threads(previous)
+    with cached_exports(tmp_path_factory.mktemp("moe"), _export) as get:
+        yield get
 
 
 def _export(family: str, algo: str, directory: Path) -> Path:
-    import modelopt.torch.quantization as mtq
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from pipeline.backends.modelopt_export import QuantRecipe, _mtq_config
-    from pipeline.backends.unified_export import export_unified_checkpoint
 
     architecture, extra = FAMILIES[family]
     torch.manual_seed(0)
@@ -72,21 +56,7 @@ def _export(family: str, algo: str, directory: Path) -> Path:
         **extra,
     )
     model = AutoModelForCausalLM.from_config(config).to(torch.float16).eval()
-    generator = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, VOCAB, (2, 32), generator=generator) for _ in range(2)]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
-        warnings.simplefilter("ignore")
-        if algo == "fp8":
-            model = mtq.quantize(model, _mtq_config(QuantRecipe("fp8", "fp8")), lambda m: [m(b) for b in batches])
-        export_unified_checkpoint(model, directory, dtype=torch.float16)
-    return directory
-
-
-def _convert(unified: Path, out: Path, tp: int, pp: int = 1) -> dict:
-    hf = json.loads((unified / "config.json").read_text())
-    mapping = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
-    config = pretrained_config(hf, dtype="float16", mapping=mapping, quantization={})
-    return convert_unified_checkpoint(unified, out, config=config, tp_size=tp, pp_size=pp)
+    return quantize_and_export(model, algo, VOCAB, directory)
 
 
 def _unified(directory: Path) -> dict[str, torch.Tensor]:
@@ -105,7 +75,7 @@ CASES = [(family, algo, tp) for family in FAMILIES for algo in ("none", "fp8") f
 
 @pytest.mark.parametrize(("family", "algo", "tp"), CASES, ids=lambda v: str(v))
 def test_names_shapes_and_dtypes_are_tensorrt_llms(family: str, algo: str, tp: int, exports, tmp_path: Path) -> None:
-    written = _convert(exports(family, algo), tmp_path / "out", tp)
+    written = convert(exports(family, algo), tmp_path / "out", tp)
     wdtype = FP8 if algo == "fp8" else torch.float16
     for tensors in _ranks(tmp_path / "out", tp):
         p = "transformer.layers.0."
@@ -137,7 +107,7 @@ def test_names_shapes_and_dtypes_are_tensorrt_llms(family: str, algo: str, tp: i
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_moe_config_block(family: str, exports, tmp_path: Path) -> None:
-    written = _convert(exports(family, "none"), tmp_path / "out", 1)
+    written = convert(exports(family, "none"), tmp_path / "out", 1)
     assert written["moe"] == {"num_experts": EXPERTS, "top_k": TOP_K, "normalization_mode": 1 if family == "mixtral" else 0}
     assert written["hidden_act"] == "swiglu"
     if family == "mixtral":
@@ -151,7 +121,7 @@ def test_the_moe_config_block(family: str, exports, tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_unquantized_experts_round_trip_exactly_over_tp_ranks(family: str, exports, tmp_path: Path) -> None:
     unified = exports(family, "none")
-    _convert(unified, tmp_path / "out", 2)
+    convert(unified, tmp_path / "out", 2)
     hf, ranks = _unified(unified), _ranks(tmp_path / "out", 2)
     block, gate, up, down, router = HF_NAMES[family]
     for layer in (0, 1):
@@ -206,7 +176,7 @@ def test_fp8_experts_share_one_gate_up_scale_and_requantize_within_one_step(fami
     unified = exports(family, "fp8")
     if variant == "gate-up-apart":
         unified = _scales_apart(unified, tmp_path / "unified", HF_NAMES[family][2])
-    written = _convert(unified, tmp_path / "out", tp)
+    written = convert(unified, tmp_path / "out", tp)
     hf, ranks = _unified(unified), _ranks(tmp_path / "out", tp)
     block, gate, up, down, router = HF_NAMES[family]
     rows, moved = INTER // tp, 0
