@@ -14,8 +14,8 @@ differences (refengine/gemma_options.py reads them from the checkpoint config):
 - Gemma 3: q and k RMSNorm per head before RoPE; local layers use `rope_local_base_freq` (no scaling);
 - sliding-window layers attend to the keys in (p − W, p] (attention.causal_attention).
 
-The KV cache is the Llama one: every layer holds the whole sequence (see gemma_options / the KV notes in
-`kv_cache/manager.py`); a windowed layer masks what lies outside its window.
+The KV cache is the Llama one: every layer holds the whole sequence, and a windowed layer masks what lies outside
+its window (kv_cache/windows.py says why, and what TensorRT-LLM's per-window pools hold instead).
 """
 
 from __future__ import annotations

@@ -218,3 +218,28 @@ def test_gemma3_checkpoint_keeps_the_global_and_local_rope(gemmas):
     config = json.loads((gemmas["gemma3_text"].checkpoint_dir / "config.json").read_text())
     assert config["rotary_base"] == 1000000.0 and config["rotary_scaling"]["type"] == "linear"
     assert config["rotary_scaling"]["factor"] == 8.0 and config["rope_local_base_freq"] == 10000.0
+
+
+def test_kv_blocks_of_a_4k_token_gemma3_sequence(gemmas, checkpoint_writer, tmp_path):
+    """refengine: a 4096-token Gemma 3 sequence holds as many blocks as one of a full-attention model of the same size
+    (one block table for every layer, kv_cache/windows.py); per-window pools (TensorRT-LLM) would hold far fewer."""
+    from refengine.kv_cache.windows import layer_blocks_held
+
+    # the same KV per token: 4 layers, 2 KV heads of 32 (the writer takes head_size = hidden / heads)
+    llama = checkpoint_writer(tmp_path / "llama", vocab_size=VOCAB_SIZE, hidden_size=128, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=8192)
+    prompt = [random.Random(4).randrange(3, VOCAB_SIZE) for _ in range(4096)]
+    held = {}
+    for name, directory in (("gemma3_text", gemmas["gemma3_text"].checkpoint_dir), ("llama", llama)):
+        engine = _engine(directory, tokens_per_block=32, max_seq_len=4200, max_input_len=4096, max_num_tokens=4096,
+                         max_batch_size=1, enable_chunked_context=True)
+        engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0))
+        engine.step()  # the prompt's prefill; its one sampled token has no slot yet
+        held[name] = engine.kv_cache_usage().num_used_blocks
+    assert held == {"gemma3_text": 128, "llama": 128}
+    windows = gemmas["gemma3_text"].hf_model.config.layer_types  # tiny model: 16-token windows on 3 of 4 layers
+    assert layer_blocks_held(4096, 32, [WINDOW if t == "sliding_attention" else None for t in windows]) == (512, 131)
+    # Gemma 3 1B's layout: 26 layers, every sixth global, 512-token windows
+    gemma3_1b = [None if (i + 1) % 6 == 0 else 512 for i in range(26)]
+    assert layer_blocks_held(4096, 32, gemma3_1b) == (3328, 4 * 128 + 22 * 16)
+    assert layer_blocks_held(4100, 32, gemma3_1b) == (26 * 129, 4 * 129 + 22 * 17)
