@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refengine.errors import ModelLoadError
+from refengine.gemma_options import check_gemma_options
 
 # Options of TensorRT-LLM's Phi-3 class that only Phi-3-small (block-sparse attention, muP, GeGeLU) or the
 # MoE / small long-RoPE variants (their own mscales) write; none is implemented here.
@@ -136,6 +137,8 @@ class Architecture:
     variant_key: str | None = None
     variants: tuple[str, ...] = ()
     notes: str = ""
+    # Checkpoint `architecture` values of this family that refengine refuses, with why (naming the option).
+    refused_architectures: tuple[tuple[str, str], ...] = ()
 
     def check_variant(self, raw: Mapping[str, Any]) -> None:
         value = raw.get(self.variant_key) if self.variant_key else None
@@ -203,6 +206,38 @@ ARCHITECTURES = (
         notes="Phi-3 / 3.5 / Phi-4 / Phi-4-mini: the Llama decoder (fused qkv / gate_up split by the converter), "
         "partial rotary, long-RoPE short/long factors for the 128k variants",
     ),
+    Architecture(
+        family="gemma",
+        checkpoint_architectures=("GemmaForCausalLM",),
+        hf_model_types=("gemma",),
+        checkpoint_decoder="gemma",
+        model_class="refengine.model_runner.gemma:GemmaModel",
+        check_options=check_gemma_options,
+        notes="Gemma 1: (1 + w) RMSNorm, √hidden-scaled embeddings, GeGLU (tanh GELU), tied embeddings",
+    ),
+    Architecture(
+        family="gemma2",
+        checkpoint_architectures=("Gemma2ForCausalLM",),
+        hf_model_types=("gemma2",),
+        checkpoint_decoder="gemma",
+        model_class="refengine.model_runner.gemma:GemmaModel",
+        check_options=check_gemma_options,
+        notes="Gemma 2: pre/post feed-forward norms, query_pre_attn_scalar, attention and final logit soft-capping; "
+        "requests up to its 4096-token window (gemma_options.py)",
+    ),
+    Architecture(
+        family="gemma3_text",
+        checkpoint_architectures=("Gemma3ForCausalLM",),
+        hf_model_types=("gemma3_text",),
+        checkpoint_decoder="gemma",
+        model_class="refengine.model_runner.gemma:GemmaModel",
+        check_options=check_gemma_options,
+        refused_architectures=(
+            ("Gemma3ForConditionalGeneration", "Gemma 3's vision tower (vision_config) is not supported: "
+             "refengine runs the text model, Gemma3ForCausalLM"),
+        ),
+        notes="Gemma 3 text: Gemma 2's layer plus q/k norms, sliding-window local layers with their own RoPE base",
+    ),
 )
 # In the order messages list them.
 HF_MODEL_TYPES = tuple(model_type for row in ARCHITECTURES for model_type in row.hf_model_types)
@@ -213,6 +248,9 @@ def architecture_for_checkpoint(name: str) -> Architecture:
     for row in ARCHITECTURES:
         if name in row.checkpoint_architectures:
             return row
+        refused = dict(row.refused_architectures).get(name)
+        if refused is not None:
+            raise ModelLoadError(f"architecture {name!r} is not supported by the reference engine: {refused}")
     supported = ", ".join(sorted(known for row in ARCHITECTURES for known in row.checkpoint_architectures))
     raise ModelLoadError(f"architecture {name!r} is not supported by the reference engine (supported: {supported})")
 

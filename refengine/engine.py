@@ -137,7 +137,9 @@ class LLMEngine:
     ) -> str:
         """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input."""
         params = params if params is not None else SamplingParams()
-        prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size)
+        # A model may limit a request's length (`max_request_tokens`, e.g. Gemma 2's window); most have no such attribute.
+        model_limit = getattr(self._model, "max_request_tokens", None)
+        prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size, model_limit)
         check_draft_logits(params, self._speculator)
         grammar = self._grammar_of(params)  # compiled outside the lock: the engine keeps stepping
         with self._lock:

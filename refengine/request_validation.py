@@ -36,9 +36,12 @@ def validate_prompt(prompt_token_ids: Any, vocab_size: int) -> tuple[int, ...]:
 
 
 def validate_request(
-    prompt_token_ids: Any, params: SamplingParams, config: EngineConfig, vocab_size: int
+    prompt_token_ids: Any, params: SamplingParams, config: EngineConfig, vocab_size: int, model_limit: int | None = None
 ) -> tuple[int, ...]:
-    """The prompt as a tuple, if the request can be served; raises `InvalidRequestError` otherwise."""
+    """The prompt as a tuple, if the request can be served; raises `InvalidRequestError` otherwise.
+
+    `model_limit`: the most tokens (prompt + max_tokens) the model computes exactly, where it has such a limit
+    (the model's `max_request_tokens`: Gemma 2 without its window in the checkpoint, refengine/gemma_options.py)."""
     if not isinstance(params, SamplingParams):
         raise InvalidRequestError("sampling_params", f"must be SamplingParams, got {type(params).__name__}")
     prompt = validate_prompt(prompt_token_ids, vocab_size)
@@ -56,6 +59,13 @@ def validate_request(
             "max_tokens",
             f"prompt length {prompt_len} + max_tokens {params.max_tokens} = "
             f"{prompt_len + params.max_tokens} exceeds max_seq_len {config.max_seq_len}",
+        )
+    if model_limit is not None and prompt_len + params.max_tokens > model_limit:
+        raise InvalidRequestError(
+            "max_tokens",
+            f"prompt length {prompt_len} + max_tokens {params.max_tokens} = {prompt_len + params.max_tokens} exceeds "
+            f"{model_limit} tokens, this model's window limit (its local layers' sliding window, which the checkpoint "
+            "does not give: longer sequences would need it)",
         )
     if params.beam_width > config.max_beam_width:
         raise InvalidRequestError(

@@ -83,6 +83,8 @@ def _tied(text: Mapping[str, Any]) -> bool:
 def rope_fields(text: Mapping[str, Any]) -> dict[str, Any]:
     """`rotary_base` / `rotary_scaling` from a Hugging Face config (transformers 5's rope_parameters or 4.x's keys)."""
     params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    if isinstance(params.get("full_attention"), Mapping):  # per layer type (Gemma 3): the global layers' RoPE
+        params = dict(params["full_attention"])
     params.pop("partial_rotary_factor", None)  # TensorRT-LLM's rotary_pct (transformers >= 5.2x keeps it here)
     theta = params.pop("rope_theta", None) or text.get("rope_theta") or 10000.0
     fields: dict[str, Any] = {"rotary_base": float(theta)}

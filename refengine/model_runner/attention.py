@@ -142,10 +142,20 @@ def gather_sequence_kv(
     return keys, values
 
 
-def causal_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """Attention of the last L tokens of a sequence over all S of its tokens (GQA/MQA aware).
 
     query [L, H, D], keys/values [S, H_kv, D] -> [L, H, D]; query j sits at position S - L + j.
+    `window` W (sliding-window layers): the query at position p attends to the keys at positions
+    (p - W, p], W of them with itself, as transformers' sliding-window mask (`kv_idx > q_idx - W`).
+    `softcap` c (Gemma 2): scores become c * tanh(scores / c) before the mask.
     """
     query_len, num_heads, head_size = query.shape
     context_len, num_kv_heads, _ = keys.shape
@@ -155,9 +165,14 @@ def causal_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     k = keys.permute(1, 0, 2).unsqueeze(1)
     v = values.permute(1, 0, 2).unsqueeze(1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H_kv, G, L, S]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
-    future = torch.arange(context_len).unsqueeze(0) > query_positions
-    scores = scores.masked_fill(future, float("-inf"))
+    key_positions = torch.arange(context_len).unsqueeze(0)
+    masked = key_positions > query_positions
+    if window is not None:
+        masked |= key_positions <= query_positions - window
+    scores = scores.masked_fill(masked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [H_kv, G, L, D]
     return out.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_size)
@@ -171,8 +186,12 @@ def paged_attention(
     kv_quant: KVCacheQuantizer | None = None,
     keys: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention for a flat batch [num_tokens, H, D] whose K/V are already in `kv_cache`.
+
+    `window` / `softcap`: a sliding-window layer's window and the scores' soft cap (`causal_attention`).
 
     `keys` / `values` [num_tokens, H_kv, D] (optional) are this step's K/V as written: a sequence
     whose tokens are all new this step (a whole prompt) then attends over them directly instead
@@ -193,5 +212,5 @@ def paged_attention(
             if kv_quant is not None:
                 seq_keys = kv_quant.dequantize(seq_keys, query.dtype)
                 seq_values = kv_quant.dequantize(seq_values, query.dtype)
-        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale)
+        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap)
     return output

@@ -1,5 +1,5 @@
 """Llama building blocks: RMSNorm, rotary position embedding (incl. llama3 scaling, partial rotary and
-Phi-3's long-RoPE), SwiGLU.
+Phi-3's long-RoPE), SwiGLU (and Gemma's GeGLU).
 
 Numerics follow Hugging Face transformers' Llama implementation, so that float32 runs agree.
 """
@@ -34,6 +34,11 @@ def swiglu(gate_out: torch.Tensor, up_out: torch.Tensor) -> torch.Tensor:
 
     Overwrites `gate_out` (a temporary of the caller's)."""
     return F.silu(gate_out, inplace=True).mul_(up_out)
+
+
+def geglu(gate_out: torch.Tensor, up_out: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(x W_fc) * (x W_gate), Gemma's MLP (transformers' gelu_pytorch_tanh). Overwrites `gate_out`."""
+    return F.gelu(gate_out, approximate="tanh").mul_(up_out)
 
 
 def rope_inverse_frequencies(head_size: int, base: float, scaling: RopeScaling) -> torch.Tensor:
