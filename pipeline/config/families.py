@@ -53,8 +53,10 @@ class Family:
     moe: bool = False
     # "backend:algo" (or "*:algo" for every backend) -> why that quantize.algo is refused for this family
     refused_formats: Mapping[str, str] = field(default_factory=dict)
-    engine_max_seq_len: int | None = None  # trtllm-build's own limit on build.max_seq_len for this family
-    engine_rule: str = ""  # why engine_max_seq_len
+    # a limit on build.max_seq_len where the model runs without its sliding windows (trtllm-build's engine, and
+    # refengine reading the checkpoint that engine is built from); the PyTorch backend keeps the windows
+    max_seq_len_without_windows: int | None = None
+    max_seq_len_rule: str = ""  # why
     # trtllm-build's engine keeps the HF config's sliding windows (through the runtime's per-layer window vector,
     # which the checkpoint config's keys give): Gemma 3 only; the PyTorch backend takes them for every family
     engine_windows: bool = False
@@ -86,7 +88,7 @@ class Family:
         return backend == "pytorch" or (backend == "trtllm-build" and self.engine_windows)
 
     def max_seq_len_on(self, target: Target) -> int | None:
-        return self.engine_max_seq_len if traits_of(target).model_backend == "trtllm-build" else None
+        return self.max_seq_len_without_windows if traits_of(target).model_backend in ("trtllm-build", "refengine") else None
 
     def target_refusal(self, target: Target, architecture: str) -> str | None:
         """Why `target` does not take this family (naming where it runs instead), or None."""
@@ -128,8 +130,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma", ("gemma",), ("GemmaForCausalLM",), "GemmaForCausalLM", False,
            refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, notes="Gemma 1"),
     Family("gemma2", ("gemma2",), ("Gemma2ForCausalLM",), "GemmaForCausalLM", False,
-           refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, engine_max_seq_len=4096,
-           engine_rule="TensorRT-LLM's Gemma 2 engine has no sliding-window attention; NVIDIA's Gemma README limits it "
+           refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, max_seq_len_without_windows=4096,
+           max_seq_len_rule="the TensorRT-LLM Gemma 2 checkpoint and engine have no sliding-window attention; NVIDIA's Gemma "
+           "README limits it "
            "to 4096 tokens, its local layers' window",
            notes="soft-capping, pre/post feed-forward norms, alternating 4096-token local layers"),
     Family("gemma3_text", ("gemma3_text",), ("Gemma3ForCausalLM",), "GemmaForCausalLM", True,

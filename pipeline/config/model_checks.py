@@ -131,7 +131,7 @@ def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     if limit is not None and max_seq_len > limit:
         origin = "build.max_seq_len" if spec.build.max_seq_len else f"max_position_embeddings in {config_file} (build.max_seq_len unset)"
         issues.append((("build", "max_seq_len"), f"{family.name} on build.target {target.value} takes at most {limit} "
-                                                 f"tokens, got {max_seq_len} from {origin}: {family.engine_rule}"))
+                                                 f"tokens, got {max_seq_len} from {origin}: {family.max_seq_len_rule}"))
     window = max((w for w in info.layer_windows if w is not None), default=None)
     if window is not None and window > info.max_position_embeddings:
         issues.append((("model", "source"), f"{config_file}: sliding_window {window} is larger than max_position_embeddings "

@@ -104,10 +104,12 @@ def test_int8_smoothquant_stays_refused_on_llmapi_for_every_family(checkpoints, 
     assert code == 2 and "quantize.algo int8_sq does not run on build.target llmapi" in output
 
 
-def test_gemma2_on_the_engine_target_is_limited_to_4096_tokens(checkpoints, capsys):
-    code, output = _validate(checkpoints["gemma2"], "engine", "--set", "build.max_seq_len=8192", capsys=capsys)
+@pytest.mark.parametrize("target", ["engine", "cpu"])
+def test_gemma2_is_limited_to_4096_tokens_where_its_checkpoint_has_no_window(checkpoints, target, capsys):
+    code, output = _validate(checkpoints["gemma2"], target, "--set", "build.max_seq_len=8192", "--set", "build.max_input_len=4096",
+                             capsys=capsys)
     assert code == 2
-    assert "build.max_seq_len: gemma2 on build.target engine takes at most 4096 tokens, got 8192 from build.max_seq_len" in output
+    assert f"build.max_seq_len: gemma2 on build.target {target} takes at most 4096 tokens, got 8192 from build.max_seq_len" in output
 
 
 # Every cell of the README's table: each quantize.algo on each target that takes the family is accepted or refused as
