@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from refengine.errors import ModelLoadError
@@ -123,6 +124,41 @@ def _check_long_rope(raw: Mapping[str, Any]) -> None:
                                  "from max_position_embeddings / original_max_position_embeddings)")
 
 
+# TensorRT-LLM's GPT class (GPTConfig) options that other gpt_variants use; none is implemented here.
+_GPT_UNUSED_OPTIONS = MappingProxyType({
+    "q_scaling": 1.0, "embedding_scale": None, "apply_query_key_layer_scaling": False, "inner_layernorm": False,
+    "norm_before_bmm1": False, "qk_layernorm": False, "residual_mlp": False,
+})
+
+
+def check_gpt_options(raw: Mapping[str, Any]) -> None:
+    """TensorRT-LLM's GPT class as StarCoder2 and Nemotron use it: LayerNorm, rotary (partial for Nemotron), an ungated
+    MLP (gelu: its tanh approximation; squared-relu), biases per `bias`. GPT-2's learned positions, Persimmon's q/k
+    norm, Kosmos-2's inner LayerNorm, query-key layer scaling and MoE are refused by name."""
+    if raw.get("gpt_variant") is None:
+        raise ModelLoadError("gpt_variant is missing: TensorRT-LLM's GPT class then runs GPT-2 (learned absolute "
+                             "positions), which the reference engine does not (supported: starcoder2, nemotron)")
+    hidden_act = raw.get("hidden_act")
+    if hidden_act not in ("gelu", "squared-relu"):
+        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here (supported: gelu, squared-relu)")
+    position_embedding = raw.get("position_embedding_type", "learned_absolute")  # GPTConfig's default
+    if position_embedding != "rope_gpt_neox":
+        raise ModelLoadError(f"position_embedding_type {position_embedding!r} is not supported (supported: rope_gpt_neox)")
+    rotary_pct = raw.get("rotary_pct", 1.0)
+    if isinstance(rotary_pct, bool) or not isinstance(rotary_pct, (int, float)) or not 0 < rotary_pct <= 1:
+        raise ModelLoadError(f"rotary_pct {rotary_pct!r} must be a number in (0, 1]")
+    if raw.get("rmsnorm"):
+        raise ModelLoadError("rmsnorm is true; the GPT class here runs LayerNorm")
+    for key, neutral in _GPT_UNUSED_OPTIONS.items():
+        if raw.get(key) not in (None, neutral):
+            raise ModelLoadError(f"{key} {raw[key]!r} is not supported by the GPT class here (expected {neutral})")
+    for key in GRANITE_MULTIPLIERS:
+        if raw.get(key) not in (None, 1.0):
+            raise ModelLoadError(f"{key} {raw[key]} is not supported by this family (Granite's multipliers)")
+    if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
+        raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
+
+
 @dataclass(frozen=True)
 class Architecture:
     family: str
@@ -132,6 +168,7 @@ class Architecture:
     model_class: str  # "module:Class" implementing DecoderModel
     check_options: Callable[[Mapping[str, Any]], None]  # raises ModelLoadError naming the option
     qkv_bias: bool = False  # q/k/v carry a bias whatever the checkpoint's `attn_bias` says
+    bias_key: str | None = None  # the config key that, when true, gives every decoder Linear a bias (GPT's `bias`)
     # When one TensorRT-LLM class covers several layouts, the config key that names the layout
     # (the Hugging Face model_type is its value) and the layouts the model class runs.
     variant_key: str | None = None
@@ -237,6 +274,22 @@ ARCHITECTURES = (
              "refengine runs the text model, Gemma3ForCausalLM"),
         ),
         notes="Gemma 3 text: Gemma 2's layer plus q/k norms, sliding-window local layers with their own RoPE base",
+    ),
+    Architecture(
+        family="gpt",
+        # TensorRT-LLM's GPTForCausalLM (its own converter writes that name) also covers GPT-2, StarCoder 1,
+        # Persimmon, Kosmos-2 and JAIS: refused by gpt_variant, named.
+        checkpoint_architectures=("GPTForCausalLM", "Starcoder2ForCausalLM", "NemotronForCausalLM"),
+        hf_model_types=("starcoder2", "nemotron"),
+        checkpoint_decoder="gpt",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_gpt_options,
+        bias_key="bias",
+        variant_key="gpt_variant",
+        variants=("starcoder2", "nemotron"),
+        notes="StarCoder2 and Nemotron-3/4 / Minitron (TensorRT-LLM's GPT class): the Llama decoder with LayerNorm "
+        "(+ bias), an ungated GELU (tanh) or squared-ReLU MLP, biases per `bias`, partial rotary (Nemotron); "
+        "StarCoder2's sliding window is not applied (as trtllm-build's engine)",
     ),
 )
 # In the order messages list them.

@@ -175,6 +175,7 @@ class ModelConfig:
         if head_size % 2:
             raise ModelLoadError(f"head_size ({head_size}) must be even for rotary embeddings")
         attn_bias = bool(raw.get("attn_bias", False))
+        every_bias = bool(family.bias_key and raw.get(family.bias_key, False))  # GPT's `bias`: every decoder Linear
         return cls(
             architecture=architecture,
             dtype=dtype,
@@ -191,9 +192,9 @@ class ModelConfig:
             rope_scaling=RopeScaling() if raw.get("position_embedding_type") == "long_rope"
             else RopeScaling.from_config(raw.get("rotary_scaling")),
             max_position_embeddings=raw.get("max_position_embeddings"),
-            qkv_bias_required=family.qkv_bias or attn_bias,
-            dense_bias_required=attn_bias,
-            mlp_bias_required=bool(raw.get("mlp_bias", False)),
+            qkv_bias_required=family.qkv_bias or attn_bias or every_bias,
+            dense_bias_required=attn_bias or every_bias,
+            mlp_bias_required=bool(raw.get("mlp_bias", False)) or every_bias,
             quantization=quantization,
         )
 

@@ -2,8 +2,8 @@
 
 Each is a small difference from Llama that a row of `refengine.architectures` allows (its options check refuses
 the rest, by name): Qwen3's per-head q/k RMSNorm (`qk_layernorm`), Phi-3's partial rotary (`rotary_pct`) and
-long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers. With none of them set, `LlamaModel` runs
-exactly the Llama computation.
+long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers, the GPT class's LayerNorm and ungated MLP
+(StarCoder2, Nemotron). With none of them set, `LlamaModel` runs exactly the Llama computation.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from refengine.architectures import architecture_for_checkpoint
 from refengine.errors import ModelLoadError
 from refengine.model_config import ModelConfig
-from refengine.model_runner.layers import LongRope
+from refengine.model_runner.layers import UNGATED_ACTIVATIONS, LongRope
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class DecoderOptions:
     residual_multiplier: float = 1.0  # Granite: each block's output, before it is added to the residual
     output_multiplier_scale: float = 1.0  # Granite: 1 / logits_scaling, multiplies the logits
     long_rope: LongRope | None = None  # Phi-3 128k: short / long factors
+    layer_norm: bool = False  # GPT class: LayerNorm (with the checkpoint's biases) instead of RMSNorm, every norm
+    ungated_activation: str | None = None  # GPT class: the MLP is proj(act(fc(x))), act a key of UNGATED_ACTIVATIONS
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], config: ModelConfig) -> DecoderOptions:
@@ -46,12 +49,25 @@ class DecoderOptions:
             residual_multiplier=float(raw.get("residual_multiplier") or 1.0),
             output_multiplier_scale=float(raw.get("output_multiplier_scale") or 1.0),
             long_rope=_long_rope(raw, config, rotary_dim),
+            **_gpt_block(raw, config),
         )
 
 
 def plain_options(head_size: int) -> DecoderOptions:
     """Llama's options: full rotary, 1 / sqrt(head_size), no norm on q / k, no multipliers."""
     return DecoderOptions(rotary_dim=head_size, attention_scale=head_size**-0.5)
+
+
+def _gpt_block(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """TensorRT-LLM's GPT class (its rows' options check has accepted the config): LayerNorm and an MLP without gate,
+    gated only for a gated activation, which this engine does not run there."""
+    if architecture_for_checkpoint(config.architecture).family != "gpt":
+        return {}
+    hidden_act = raw.get("hidden_act")
+    if hidden_act not in UNGATED_ACTIVATIONS:
+        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here "
+                             f"(supported: {', '.join(UNGATED_ACTIVATIONS)})")
+    return {"layer_norm": True, "ungated_activation": hidden_act}
 
 
 def _long_rope(raw: Mapping[str, Any], config: ModelConfig, rotary_dim: int) -> LongRope | None:

@@ -1,5 +1,6 @@
 """Llama building blocks: RMSNorm, rotary position embedding (incl. llama3 scaling, partial rotary and
-Phi-3's long-RoPE), SwiGLU (and Gemma's GeGLU).
+Phi-3's long-RoPE), SwiGLU (and Gemma's GeGLU); the GPT class's LayerNorm and ungated activations (StarCoder2,
+Nemotron).
 
 Numerics follow Hugging Face transformers' Llama implementation, so that float32 runs agree.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +41,31 @@ def swiglu(gate_out: torch.Tensor, up_out: torch.Tensor) -> torch.Tensor:
 def geglu(gate_out: torch.Tensor, up_out: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(x W_fc) * (x W_gate), Gemma's MLP (transformers' gelu_pytorch_tanh). Overwrites `gate_out`."""
     return F.gelu(gate_out, approximate="tanh").mul_(up_out)
+
+
+def layer_norm(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epsilon: float) -> torch.Tensor:
+    """LayerNorm over the last dimension, in float32 (TensorRT-LLM's LayerNorm, transformers' nn.LayerNorm; Nemotron's
+    LayerNorm1P is this with weight + 1, which the converter stores)."""
+    normed = F.layer_norm(
+        hidden.to(torch.float32), hidden.shape[-1:], weight.to(torch.float32),
+        None if bias is None else bias.to(torch.float32), epsilon,
+    )
+    return normed.to(hidden.dtype)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """TensorRT-LLM's `gelu` (its ACT2FN maps gelu, gelu_new and gelu_pytorch_tanh to it): the tanh approximation,
+    transformers' gelu_pytorch_tanh (StarCoder2)."""
+    return F.gelu(x, approximate="tanh")
+
+
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)², TensorRT-LLM's `squared-relu` and transformers' relu2 (Nemotron). Overwrites `x` (a temporary)."""
+    return F.relu(x, inplace=True).square_()
+
+
+# The GPT class's ungated MLP activations: proj(act(fc(x))), by the checkpoint's `hidden_act`.
+UNGATED_ACTIVATIONS = MappingProxyType({"gelu": gelu_tanh, "squared-relu": squared_relu})
 
 
 def rope_inverse_frequencies(head_size: int, base: float, scaling: RopeScaling) -> torch.Tensor:

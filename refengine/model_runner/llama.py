@@ -1,7 +1,9 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4) over a paged KV cache: a `DecoderModel`.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4, and TensorRT-LLM's GPT class for
+StarCoder2 and Nemotron) over a paged KV cache: a `DecoderModel`.
 
 The families beyond Llama are its options (`decoder_options.DecoderOptions`, read from config.json): q/k
-RMSNorm, partial rotary, long-RoPE, Granite's multipliers; with none set the computation is Llama's.
+RMSNorm, partial rotary, long-RoPE, Granite's multipliers, LayerNorm and an ungated MLP (GPT); with none set the
+computation is Llama's.
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
 computed in the compute dtype (float32 by default, so results match transformers in float32);
@@ -26,7 +28,15 @@ from refengine.model_runner.attention import AttentionMetadata, paged_attention,
 from refengine.model_runner.decoder import KVCacheLayout
 from refengine.model_runner.decoder_options import DecoderOptions, plain_options
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
-from refengine.model_runner.layers import LongRopeEmbedding, RotaryEmbedding, rms_norm, rotate_partial, swiglu
+from refengine.model_runner.layers import (
+    UNGATED_ACTIVATIONS,
+    LongRopeEmbedding,
+    RotaryEmbedding,
+    layer_norm,
+    rms_norm,
+    rotate_partial,
+    swiglu,
+)
 from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
 from refengine.model_runner.quantized_linear import check_quantization
 
@@ -37,12 +47,14 @@ class DecoderLayer:
     qkv: Linear
     dense: Linear
     post_norm: torch.Tensor
-    fc: Linear  # gate projection (HF gate_proj)
-    gate: Linear  # up projection (HF up_proj)
+    fc: Linear  # gate projection (HF gate_proj); the GPT class's only input projection (c_fc / up_proj)
+    gate: Linear | None  # up projection (HF up_proj); None for the GPT class's ungated MLP
     proj: Linear  # down projection (HF down_proj)
     kv_quant: KVCacheQuantizer | None = None  # set when the KV cache is quantized
     q_norm: torch.Tensor | None = None  # qk_layernorm: RMSNorm weights [head_size] of each q / k head
     k_norm: torch.Tensor | None = None
+    input_norm_bias: torch.Tensor | None = None  # LayerNorm's (GPT class), when the checkpoint has one
+    post_norm_bias: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -56,12 +68,14 @@ class LlamaModel:
         scratch: WeightScratch | None = None,
         fp16_gemm: bool = False,
         options: DecoderOptions | None = None,
+        final_norm_bias: torch.Tensor | None = None,
     ) -> None:
         self.config = config
         self.options = options = options or plain_options(config.head_size)
         self.embedding = embedding
         self.layers = layers
         self.final_norm = final_norm
+        self.final_norm_bias = final_norm_bias
         # The output projection; may be stored narrower than the compute dtype (see DenseLinear).
         self._logits = DenseLinear(lm_head, None, embedding.dtype, scratch, fp16_gemm)
         self.rotary = RotaryEmbedding(options.rotary_dim, config.rotary_base, config.rope_scaling)
@@ -107,9 +121,14 @@ class LlamaModel:
         # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
         lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
-        layers = [_load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm) for index in range(config.num_layers)]
+        layers = [
+            _load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm, options.layer_norm,
+                        gated_mlp=options.ungated_activation is None)
+            for index in range(config.num_layers)
+        ]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
-        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch, fp16_gemm, options)
+        final_bias = _norm_bias(store, "transformer.ln_f", config.hidden_size, dtype, options.layer_norm)
+        return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch, fp16_gemm, options, final_bias)
 
     def forward(
         self,
@@ -139,7 +158,7 @@ class LlamaModel:
         # Nothing to prune when every row is already the one token of a sequence asked for.
         prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            qkv = layer.qkv(rms_norm(hidden, layer.input_norm, eps))
+            qkv = layer.qkv(self._norm(hidden, layer.input_norm, layer.input_norm_bias))
             query_key = qkv[:, :qk_size].reshape(num_tokens, -1, head_size)
             if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: RMSNorm over each head, before RoPE
                 query_key = torch.cat(
@@ -158,9 +177,22 @@ class LlamaModel:
                 attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant, key, value)
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
             hidden = _scaled(layer.dense(attention.reshape(num_tokens, config.q_size)), residual_multiplier).add_(hidden)
-            normed = rms_norm(hidden, layer.post_norm, eps)
-            hidden = _scaled(layer.proj(swiglu(layer.fc(normed), layer.gate(normed))), residual_multiplier).add_(hidden)
-        return rms_norm(hidden, self.final_norm, eps)
+            normed = self._norm(hidden, layer.post_norm, layer.post_norm_bias)
+            hidden = _scaled(layer.proj(self._mlp_inner(layer, normed)), residual_multiplier).add_(hidden)
+        return self._norm(hidden, self.final_norm, self.final_norm_bias)
+
+    def _norm(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """RMSNorm, or the GPT class's LayerNorm (with its bias when the checkpoint has one)."""
+        if self.options.layer_norm:
+            return layer_norm(hidden, weight, bias, self.config.norm_epsilon)
+        return rms_norm(hidden, weight, self.config.norm_epsilon)
+
+    def _mlp_inner(self, layer: DecoderLayer, normed: torch.Tensor) -> torch.Tensor:
+        """What mlp.proj multiplies: SwiGLU of fc / gate, or the GPT class's ungated act(fc(x))."""
+        activation = self.options.ungated_activation
+        if activation is None or layer.gate is not None:
+            return swiglu(layer.fc(normed), layer.gate(normed))
+        return UNGATED_ACTIVATIONS[activation](layer.fc(normed))
 
     def _cos_sin(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [num_tokens, 1, rotary_dim] in the compute dtype: broadcast over heads and cast once per step,
@@ -197,7 +229,7 @@ def _scaled(output: torch.Tensor, multiplier: float) -> torch.Tensor:
 
 def _load_layer(
     store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None,
-    fp16_gemm: bool = False, qk_layernorm: bool = False,
+    fp16_gemm: bool = False, qk_layernorm: bool = False, layer_norm: bool = False, *, gated_mlp: bool = True,
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -213,9 +245,17 @@ def _load_layer(
         dense=linear("attention.dense", config.q_size, hidden, config.dense_bias_required),
         post_norm=store.get(f"{prefix}.post_layernorm.weight", (hidden,)).to(dtype),
         fc=linear("mlp.fc", hidden, inner, config.mlp_bias_required),
-        gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required),
+        gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required) if gated_mlp else None,
         proj=linear("mlp.proj", inner, hidden, config.mlp_bias_required),
         kv_quant=load_kv_cache_quantizer(store, f"{prefix}.attention", config.kv_cache_quant_algo),
         q_norm=store.get(f"{prefix}.attention.q_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
         k_norm=store.get(f"{prefix}.attention.k_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
+        input_norm_bias=_norm_bias(store, f"{prefix}.input_layernorm", hidden, dtype, layer_norm),
+        post_norm_bias=_norm_bias(store, f"{prefix}.post_layernorm", hidden, dtype, layer_norm),
     )
+
+
+def _norm_bias(store: TensorStore, prefix: str, hidden: int, dtype: torch.dtype, layer_norm: bool) -> torch.Tensor | None:
+    """A LayerNorm's bias when the checkpoint has one (RMSNorm has none)."""
+    bias = store.get_optional(f"{prefix}.bias", (hidden,)) if layer_norm else None
+    return None if bias is None else bias.to(dtype)

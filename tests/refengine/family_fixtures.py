@@ -1,14 +1,19 @@
-"""Tiny random Qwen3, Granite and Phi-3 models, exported to TensorRT-LLM checkpoints by the project's converter.
+"""Tiny random Qwen3, Granite, Phi-3, StarCoder2 and Nemotron models, exported to TensorRT-LLM checkpoints by the
+project's converter.
 
 Each model is made with transformers' own class (float32, eager attention, non-trivial norms), saved as
 safetensors, and exported with `pipeline.backends.modelopt_export.export_trtllm_checkpoint` (ModelOpt's
-unified checkpoint, then `trtllm_convert`: what the quantize stage writes) in float16, unquantized and, on
-request, quantized (fp8, int4_awq, int8_sq, int8_wo, w4a8_awq). The transformers reference is the saved float32 model with its parameters
-round-tripped through float16, the values the checkpoint holds (as conftest.py does).
+unified checkpoint, then `trtllm_convert`: what the quantize stage writes for build.target cpu, whose checkpoint
+config it passes) in float16, unquantized and, on request, quantized (fp8, int4_awq, int8_sq, int8_wo, w4a8_awq;
+fp8 / int8_sq with an FP8 / INT8 KV cache), keeping ModelOpt's calibrated fake-quant model of each. The transformers
+reference is the saved float32 model with its parameters round-tripped through float16, the values the checkpoint
+holds (as conftest.py does); Nemotron's LayerNorm1P weights w are stored as fp16(w + 1), so its reference holds
+fp16(w + 1) - 1.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +46,16 @@ FAMILY_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
             "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0], "long_factor": [1.2, 1.8, 3.0, 6.0, 12.0, 24.0],
         },
     }),
+    # TensorRT-LLM's GPT class: LayerNorm with bias, biased attention and MLP, GELU (tanh), no sliding window
+    "starcoder2": ("starcoder2", {"sliding_window": None, "norm_epsilon": 1e-5}),
+    # LayerNorm1P (stored as weight + 1), squared-ReLU MLP without bias, partial rotary 0.5
+    "nemotron": ("nemotron", {"partial_rotary_factor": 0.5, "norm_eps": 1e-5}),
 }
+
+# Formats with a quantized KV cache: name -> (quantize.algo, quantize.kv_cache)
+KV_CACHE_FORMATS = {"fp8_kv_fp8": ("fp8", "fp8"), "int8_sq_kv_int8": ("int8_sq", "int8")}
+# Each model's weight seed, fixed per name: adding a model leaves the others' weights (and measured numbers) unchanged.
+SEEDS = {"granite": 0, "phi3": 1, "phi3_longrope": 2, "qwen3": 3, "starcoder2": 4, "nemotron": 5}
 
 
 @dataclass
@@ -50,6 +64,10 @@ class FamilyModel:
     hf_dir: Path
     hf_model: Any  # transformers, float32 with the checkpoint's fp16 values, EOS disabled
     checkpoints: dict[str, Path] = field(default_factory=dict)  # format -> TensorRT-LLM checkpoint
+    # format -> ModelOpt's calibrated fake-quant model as the export received it, and as its pre-export step (averaged,
+    # folded pre-quant scales; shared amax) left it; float32 (quant_fixtures._capture_models)
+    fake_quant: dict[str, Any] = field(default_factory=dict)
+    fake_quant_exported: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -60,9 +78,9 @@ def _save_hf(model_type: str, overrides: dict[str, Any], directory: Path, seed: 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model.config.architectures = [type(model).__name__]
-    with torch.no_grad():  # non-trivial norms (q/k norms included), so a mapping mistake shows
+    with torch.no_grad():  # non-trivial norms (q/k norms and LayerNorm biases included), so a mapping mistake shows
         for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", "norm.bias")):
                 parameter.add_(0.2 * torch.randn_like(parameter))
     model.save_pretrained(directory)
 
@@ -70,10 +88,16 @@ def _save_hf(model_type: str, overrides: dict[str, Any], directory: Path, seed: 
 def _reference(hf_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
+    from pipeline.backends.trtllm_convert_layout import layout_for
+
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    plus_one = layout_for(model.config.model_type).norm_plus_one
     with torch.no_grad():  # the exported fp16 values; buffers (RoPE inv_freq) stay float32
-        for parameter in model.parameters():
-            parameter.copy_(parameter.half().float())
+        for name, parameter in model.named_parameters():
+            value = parameter.half().float()
+            if plus_one and name.endswith("norm.weight"):  # the checkpoint holds fp16(w + 1)
+                value = (value + 1).half().float() - 1
+            parameter.copy_(value)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -81,11 +105,13 @@ def _reference(hf_dir: Path) -> Any:
 
 def build_family_model(name: str, root: Path, formats: tuple[str, ...] = ("fp16",)) -> FamilyModel:
     """The model `name` of FAMILY_SPECS with its checkpoint in each format (fp16 or a quantize.algo value)."""
-    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
+    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint, recipe_quantization
+    from pipeline.backends.trtllm_pretrained import checkpoint_mapping, pretrained_config
+    from tests.refengine.quant_fixtures import _capture_models
 
     model_type, overrides = FAMILY_SPECS[name]
     hf_dir = root / name / "hf"
-    _save_hf(model_type, overrides, hf_dir, seed=sorted(FAMILY_SPECS).index(name))
+    _save_hf(model_type, overrides, hf_dir, seed=SEEDS[name])
     family = FamilyModel(name, hf_dir, _reference(hf_dir))
     generator = torch.Generator().manual_seed(7)
     calibration = [torch.randint(0, VOCAB_SIZE, (2, 32), generator=generator) for _ in range(2)]
@@ -94,11 +120,22 @@ def build_family_model(name: str, root: Path, formats: tuple[str, ...] = ("fp16"
         for batch in calibration:
             model(batch.to(next(model.parameters()).device))
 
+    hf_config = json.loads((hf_dir / "config.json").read_text())
     for fmt in formats:
         start = time.perf_counter()
-        recipe = QuantRecipe("none" if fmt == "fp16" else fmt, group_size=32)
-        export_trtllm_checkpoint(hf_dir, root / name / fmt, dtype="float16", tp_size=1, pp_size=1, quant=recipe,
-                                 forward_loop=None if fmt == "fp16" else forward_loop)
+        algo, kv_cache = KV_CACHE_FORMATS.get(fmt, ("none" if fmt == "fp16" else fmt, "none"))
+        recipe = QuantRecipe(algo, kv_cache, group_size=32)
+        # The checkpoint config the quantize stage passes for build.target cpu (the family table's cpu cells: StarCoder2
+        # takes formats there that trtllm-build does not, which the export's own default would refuse).
+        config = pretrained_config(hf_config, dtype="float16", mapping=checkpoint_mapping(1, 1),
+                                   quantization=recipe_quantization(recipe.algo, recipe.kv_cache))
+        captured: dict[str, Any] = {}
+        with _capture_models(captured):
+            export_trtllm_checkpoint(hf_dir, root / name / fmt, dtype="float16", tp_size=1, pp_size=1, quant=recipe,
+                                     forward_loop=None if fmt == "fp16" else forward_loop, checkpoint_config=config)
+        if fmt not in ("fp16", "int8_wo"):  # int8_wo is exported unquantized (the engine quantizes at load)
+            family.fake_quant[fmt] = captured["before"].float().eval()
+            family.fake_quant_exported[fmt] = captured["after"].float().eval()
         family.checkpoints[fmt] = root / name / fmt
         family.seconds[fmt] = time.perf_counter() - start
     return family

@@ -29,8 +29,8 @@ def test_no_name_belongs_to_two_rows():
     assert len(checkpoint_names) == len(set(checkpoint_names))
     assert len(HF_MODEL_TYPES) == len(set(HF_MODEL_TYPES))
     assert architecture_for_hf_model_type("gpt2") is None
-    with pytest.raises(ModelLoadError, match="'GPTForCausalLM' is not supported by the reference engine"):
-        architecture_for_checkpoint("GPTForCausalLM")
+    with pytest.raises(ModelLoadError, match="'FalconForCausalLM' is not supported by the reference engine"):
+        architecture_for_checkpoint("FalconForCausalLM")
 
 
 def test_load_model_builds_the_class_of_the_checkpoint_architecture(small_checkpoint):

@@ -29,7 +29,7 @@ EXPECTED = {
     "llama": "engine llmapi cpu", "mistral": "engine llmapi cpu", "mixtral": "engine llmapi", "qwen2": "engine llmapi cpu",
     "qwen2_moe": "engine llmapi", "qwen3": "engine llmapi cpu", "qwen3_moe": "engine llmapi", "gemma": "engine cpu",
     "gemma2": "engine cpu", "gemma3_text": "engine llmapi cpu", "phi3": "engine llmapi cpu", "granite": "engine cpu",
-    "starcoder2": "engine llmapi", "nemotron": "engine llmapi", "deepseek_v3": "llmapi", "gpt_oss": "llmapi",
+    "starcoder2": "engine llmapi cpu", "nemotron": "engine llmapi cpu", "deepseek_v3": "llmapi", "gpt_oss": "llmapi",
     "llama4_text": "llmapi", "olmo2": "",
 }
 
