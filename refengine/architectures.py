@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from refengine.errors import ModelLoadError
@@ -39,7 +40,7 @@ GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual
 
 def _check_decoder_options(
     raw: Mapping[str, Any], *, qk_layernorm: bool = False, partial_rotary: bool = False,
-    long_rope: bool = False, multipliers: bool = False,
+    long_rope: bool = False, multipliers: bool = False, moe: bool = False,
 ) -> None:
     """Refuse what the Llama decoder does not implement; the keyword flags name the options a family adds."""
     hidden_act = raw.get("hidden_act", "silu")
@@ -67,7 +68,7 @@ def _check_decoder_options(
         for key in GRANITE_MULTIPLIERS:
             if raw.get(key) not in (None, 1.0):
                 raise ModelLoadError(f"{key} {raw[key]} is not supported by this family (Granite's multipliers)")
-    if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
+    if not moe and raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
         raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
 
 
@@ -101,6 +102,68 @@ def check_phi3_options(raw: Mapping[str, Any]) -> None:
     _check_decoder_options(raw, partial_rotary=True, long_rope=True)
     if raw.get("position_embedding_type") == "long_rope":
         _check_long_rope(raw)
+
+
+def check_mixtral_options(raw: Mapping[str, Any]) -> None:
+    """Mixtral: the Llama decoder whose MLP is a mixture of experts (`moe`, experts of intermediate_size)."""
+    _check_decoder_options(raw, moe=True)
+    check_moe_options(raw)
+
+
+def check_qwen_moe_options(raw: Mapping[str, Any]) -> None:
+    """Qwen2-MoE (q/k/v bias, a shared expert behind a sigmoid gate) and Qwen3-MoE (q/k RMSNorm): experts of
+    moe_intermediate_size."""
+    qwen3 = raw.get("qwen_type") == "qwen3_moe"
+    if qwen3 and raw.get("qk_layernorm") is not True:
+        raise ModelLoadError("qk_layernorm must be true for qwen_type 'qwen3_moe' (Qwen3 normalizes q and k per head)")
+    _check_decoder_options(raw, qk_layernorm=qwen3, moe=True)
+    check_moe_options(raw)
+    for key in ("moe_intermediate_size", "moe_shared_expert_intermediate_size"):
+        value = raw.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelLoadError(f"{key} must be a non-negative integer, got {value!r}")
+    if not raw.get("moe_intermediate_size"):
+        raise ModelLoadError("moe_intermediate_size must be a positive integer for a Qwen MoE checkpoint")
+    shared = raw.get("moe_shared_expert_intermediate_size") or 0
+    if qwen3 and shared:
+        raise ModelLoadError(f"moe_shared_expert_intermediate_size {shared}: Qwen3-MoE has no shared expert")
+    if not qwen3 and not shared:
+        raise ModelLoadError("moe_shared_expert_intermediate_size must be positive for qwen_type 'qwen2_moe' (its shared expert)")
+
+
+# TensorRT-LLM's MoeConfig.ExpertScaleNormalizationMode: the routing weights of the top-k experts are the softmax over
+# all experts (NONE) or renormalised to sum to 1 over the top k (RENORMALIZE, the default when the key is absent).
+# SPARSE_MIXER (Phi-3.5-MoE) and the group-limited DeepSeek-V2 modes are not implemented.
+MOE_NORMALIZATION_MODES = MappingProxyType({0: "NONE", 1: "RENORMALIZE"})
+_MOE_UNIMPLEMENTED_MODES = MappingProxyType({2: "SPARSE_MIXER", 3: "DEVICE_LIMITED", 4: "DEVICE_LIMITED_RENORM"})
+
+
+def check_moe_options(raw: Mapping[str, Any]) -> None:
+    """The `moe` block of a mixture-of-experts checkpoint: softmax top-k routing over every layer's experts."""
+    moe = raw.get("moe")
+    if not isinstance(moe, Mapping):
+        raise ModelLoadError(f"moe must be an object with num_experts and top_k for {raw.get('architecture')}, got {moe!r}")
+    experts, top_k = moe.get("num_experts"), moe.get("top_k")
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 2:
+        raise ModelLoadError(f"moe.num_experts must be an integer >= 2, got {experts!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise ModelLoadError(f"moe.top_k must be an integer in [1, moe.num_experts = {experts}], got {top_k!r}")
+    mode = moe.get("normalization_mode", 1)
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode not in MOE_NORMALIZATION_MODES:
+        name = f" ({_MOE_UNIMPLEMENTED_MODES[mode]})" if isinstance(mode, int) and mode in _MOE_UNIMPLEMENTED_MODES else ""
+        supported = ", ".join(f"{value} {label}" for value, label in MOE_NORMALIZATION_MODES.items())
+        raise ModelLoadError(f"moe.normalization_mode {mode!r}{name} is not supported (supported: {supported})")
+    if moe.get("shared_expert_intermediate_size"):
+        raise ModelLoadError("moe.shared_expert_intermediate_size is set: shared experts inside the MoE block "
+                             "(DeepSeek) are not supported")
+    for key in ("device_limited_n_group", "device_limited_topk_group"):
+        if moe.get(key):
+            raise ModelLoadError(f"moe.{key} is set: group-limited routing (DeepSeek-V2) is not supported")
+    if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
+        raise ModelLoadError("mlp_only_layers / decoder_sparse_step: dense layers between the MoE layers are not "
+                             "supported (every layer's MLP is the mixture of experts)")
+    if raw.get("mlp_bias"):
+        raise ModelLoadError("mlp_bias is true: MoE experts with a bias are not supported")
 
 
 def _check_long_rope(raw: Mapping[str, Any]) -> None:
@@ -202,6 +265,38 @@ ARCHITECTURES = (
         check_options=check_phi3_options,
         notes="Phi-3 / 3.5 / Phi-4 / Phi-4-mini: the Llama decoder (fused qkv / gate_up split by the converter), "
         "partial rotary, long-RoPE short/long factors for the 128k variants",
+    ),
+    Architecture(
+        family="mixtral",
+        checkpoint_architectures=("MixtralForCausalLM",),
+        hf_model_types=(),
+        checkpoint_decoder="llama",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_mixtral_options,
+        notes="Mixtral: the Llama decoder with a mixture of experts (softmax top-k, renormalised) as its MLP",
+    ),
+    Architecture(
+        family="qwen2_moe",
+        checkpoint_architectures=("Qwen2MoeForCausalLM",),
+        hf_model_types=(),
+        checkpoint_decoder="qwen",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_qwen_moe_options,
+        qkv_bias=True,
+        variant_key="qwen_type",
+        variants=("qwen2_moe",),
+        notes="Qwen1.5/Qwen2-MoE: Qwen2's decoder with routed experts plus a shared expert behind a sigmoid gate",
+    ),
+    Architecture(
+        family="qwen3_moe",
+        checkpoint_architectures=("Qwen3MoeForCausalLM",),
+        hf_model_types=(),
+        checkpoint_decoder="qwen",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_qwen_moe_options,
+        variant_key="qwen_type",
+        variants=("qwen3_moe",),
+        notes="Qwen3-MoE: Qwen3's decoder (q/k RMSNorm) with routed experts of moe_intermediate_size",
     ),
 )
 # In the order messages list them.

@@ -2,7 +2,8 @@
 
 Each is a small difference from Llama that a row of `refengine.architectures` allows (its options check refuses
 the rest, by name): Qwen3's per-head q/k RMSNorm (`qk_layernorm`), Phi-3's partial rotary (`rotary_pct`) and
-long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers. With none of them set, `LlamaModel` runs
+long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers, a mixture of experts as the MLP
+(`moe`). With none of them set, `LlamaModel` runs
 exactly the Llama computation.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from refengine.errors import ModelLoadError
 from refengine.model_config import ModelConfig
 from refengine.model_runner.layers import LongRope
+from refengine.model_runner.moe import MoeSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class DecoderOptions:
     residual_multiplier: float = 1.0  # Granite: each block's output, before it is added to the residual
     output_multiplier_scale: float = 1.0  # Granite: 1 / logits_scaling, multiplies the logits
     long_rope: LongRope | None = None  # Phi-3 128k: short / long factors
+    moe: MoeSpec | None = None  # Mixtral / Qwen MoE: every layer's MLP is a mixture of experts (moe.py)
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], config: ModelConfig) -> DecoderOptions:
@@ -46,6 +49,7 @@ class DecoderOptions:
             residual_multiplier=float(raw.get("residual_multiplier") or 1.0),
             output_multiplier_scale=float(raw.get("output_multiplier_scale") or 1.0),
             long_rope=_long_rope(raw, config, rotary_dim),
+            moe=MoeSpec.from_config(raw, config),
         )
 
 

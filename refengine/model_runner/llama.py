@@ -1,7 +1,9 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4) over a paged KV cache: a `DecoderModel`.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4; Mixtral, Qwen2/3-MoE) over a paged KV
+cache: a `DecoderModel`.
 
 The families beyond Llama are its options (`decoder_options.DecoderOptions`, read from config.json): q/k
-RMSNorm, partial rotary, long-RoPE, Granite's multipliers; with none set the computation is Llama's.
+RMSNorm, partial rotary, long-RoPE, Granite's multipliers, a mixture of experts as the MLP (`moe.py`); with none set
+the computation is Llama's.
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
 computed in the compute dtype (float32 by default, so results match transformers in float32);
@@ -28,6 +30,7 @@ from refengine.model_runner.decoder_options import DecoderOptions, plain_options
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
 from refengine.model_runner.layers import LongRopeEmbedding, RotaryEmbedding, rms_norm, rotate_partial, swiglu
 from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
+from refengine.model_runner.moe import MoeBlock, MoeSpec, load_moe
 from refengine.model_runner.quantized_linear import check_quantization
 
 
@@ -37,12 +40,13 @@ class DecoderLayer:
     qkv: Linear
     dense: Linear
     post_norm: torch.Tensor
-    fc: Linear  # gate projection (HF gate_proj)
-    gate: Linear  # up projection (HF up_proj)
-    proj: Linear  # down projection (HF down_proj)
+    fc: Linear | None = None  # gate projection (HF gate_proj); the dense MLP's three are None in an MoE layer
+    gate: Linear | None = None  # up projection (HF up_proj)
+    proj: Linear | None = None  # down projection (HF down_proj)
     kv_quant: KVCacheQuantizer | None = None  # set when the KV cache is quantized
     q_norm: torch.Tensor | None = None  # qk_layernorm: RMSNorm weights [head_size] of each q / k head
     k_norm: torch.Tensor | None = None
+    moe: MoeBlock | None = None  # the MLP when it is a mixture of experts (Mixtral, Qwen MoE)
 
 
 class LlamaModel:
@@ -107,7 +111,8 @@ class LlamaModel:
         # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
         lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
-        layers = [_load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm) for index in range(config.num_layers)]
+        layers = [_load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm, options.moe)
+                  for index in range(config.num_layers)]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
         return cls(config, embedding, layers, final_norm.to(dtype), lm_head, scratch, fp16_gemm, options)
 
@@ -159,7 +164,8 @@ class LlamaModel:
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
             hidden = _scaled(layer.dense(attention.reshape(num_tokens, config.q_size)), residual_multiplier).add_(hidden)
             normed = rms_norm(hidden, layer.post_norm, eps)
-            hidden = _scaled(layer.proj(swiglu(layer.fc(normed), layer.gate(normed))), residual_multiplier).add_(hidden)
+            mlp = layer.moe(normed) if layer.moe is not None else layer.proj(swiglu(layer.fc(normed), layer.gate(normed)))
+            hidden = _scaled(mlp, residual_multiplier).add_(hidden)
         return rms_norm(hidden, self.final_norm, eps)
 
     def _cos_sin(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +203,7 @@ def _scaled(output: torch.Tensor, multiplier: float) -> torch.Tensor:
 
 def _load_layer(
     store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None,
-    fp16_gemm: bool = False, qk_layernorm: bool = False,
+    fp16_gemm: bool = False, qk_layernorm: bool = False, moe: MoeSpec | None = None,
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -212,9 +218,10 @@ def _load_layer(
         qkv=linear("attention.qkv", hidden, config.q_size + 2 * config.kv_size, config.qkv_bias_required),
         dense=linear("attention.dense", config.q_size, hidden, config.dense_bias_required),
         post_norm=store.get(f"{prefix}.post_layernorm.weight", (hidden,)).to(dtype),
-        fc=linear("mlp.fc", hidden, inner, config.mlp_bias_required),
-        gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required),
-        proj=linear("mlp.proj", inner, hidden, config.mlp_bias_required),
+        fc=None if moe else linear("mlp.fc", hidden, inner, config.mlp_bias_required),
+        gate=None if moe else linear("mlp.gate", hidden, inner, config.mlp_bias_required),
+        proj=None if moe else linear("mlp.proj", inner, hidden, config.mlp_bias_required),
+        moe=None if moe is None else load_moe(store, config, moe, f"{prefix}.mlp", dtype, scratch, fp16_gemm),
         kv_quant=load_kv_cache_quantizer(store, f"{prefix}.attention", config.kv_cache_quant_algo),
         q_norm=store.get(f"{prefix}.attention.q_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
         k_norm=store.get(f"{prefix}.attention.k_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
