@@ -269,7 +269,7 @@ ARCHITECTURES = (
     Architecture(
         family="mixtral",
         checkpoint_architectures=("MixtralForCausalLM",),
-        hf_model_types=(),
+        hf_model_types=("mixtral",),
         checkpoint_decoder="llama",
         model_class="refengine.model_runner.llama:LlamaModel",
         check_options=check_mixtral_options,
@@ -278,7 +278,7 @@ ARCHITECTURES = (
     Architecture(
         family="qwen2_moe",
         checkpoint_architectures=("Qwen2MoeForCausalLM",),
-        hf_model_types=(),
+        hf_model_types=("qwen2_moe",),
         checkpoint_decoder="qwen",
         model_class="refengine.model_runner.llama:LlamaModel",
         check_options=check_qwen_moe_options,
@@ -290,7 +290,7 @@ ARCHITECTURES = (
     Architecture(
         family="qwen3_moe",
         checkpoint_architectures=("Qwen3MoeForCausalLM",),
-        hf_model_types=(),
+        hf_model_types=("qwen3_moe",),
         checkpoint_decoder="qwen",
         model_class="refengine.model_runner.llama:LlamaModel",
         check_options=check_qwen_moe_options,
