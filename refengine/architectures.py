@@ -1,18 +1,17 @@
 """The decoder architectures refengine runs: one row per family, read by everything that builds a model.
 
 A row names the TensorRT-LLM checkpoint `architecture` values it covers, the Hugging Face
-`model_type`s whose export produces it (with ModelOpt's `decoder_type`), the model class that runs
-it, the check of the family's config options, and what else a checkpoint of it must say. The
-pipeline reads the same rows: its validation accepts exactly these Hugging Face model types and its
-export picks the decoder type from them (TensorRT-LLM runs more architectures; facts about those
-stay in the pipeline's engine backend).
+`model_type`s whose checkpoints produce it (with TensorRT-LLM's decoder class, ModelOpt's `decoder_type`), the
+model class that runs it, the check of the family's config options (`family_options.py`, `gemma_options.py`),
+and what else a checkpoint of it must say. The pipeline's family table (`pipeline/config/families.py`) reads
+HF_MODEL_TYPES for its cpu column: the cpu target takes exactly these model types.
 
 Torch-free: the model class is named, and imported only when a model is loaded, so the pipeline's
 `validate` reads this table without loading torch.
 
 Adding an architecture: write its model class under `model_runner/` (it implements
 `model_runner.decoder.DecoderModel` and reads any option of its own from `checkpoint.raw_config`),
-write its options check below if the Llama one does not fit, and add its row to `ARCHITECTURES`.
+write its options check in `family_options.py` if the Llama one does not fit, and add its row to `ARCHITECTURES`.
 """
 
 from __future__ import annotations
@@ -20,143 +19,19 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from refengine.errors import ModelLoadError
-from refengine.gemma_options import check_gemma_options
-
-# Options of TensorRT-LLM's Phi-3 class that only Phi-3-small (block-sparse attention, muP, GeGeLU) or the
-# MoE / small long-RoPE variants (their own mscales) write; none is implemented here.
-_PHI3_SMALL_OPTIONS = (
-    "blocksparse_block_size", "blocksparse_homo_head_pattern", "blocksparse_num_local_blocks",
-    "blocksparse_vertical_stride", "dense_attention_every_n_layers", "gegelu_limit", "mup_attn_multiplier",
-    "mup_embedding_multiplier", "mup_use_scaling", "mup_width_multiplier", "longrope_long_mscale",
-    "longrope_short_mscale",
+from refengine.family_options import (
+    check_gpt_options,
+    check_granite_options,
+    check_llama_options,
+    check_mixtral_options,
+    check_phi3_options,
+    check_qwen3_options,
+    check_qwen_moe_options,
 )
-# Granite's multipliers (TensorRT-LLM's LLaMA class; 1.0 leaves a Llama unchanged). attention_multiplier is
-# 1 / q_scaling: the softmax scale is attention_multiplier / sqrt(head_size).
-GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "output_multiplier_scale")
-
-
-def _check_decoder_options(
-    raw: Mapping[str, Any], *, qk_layernorm: bool = False, partial_rotary: bool = False,
-    long_rope: bool = False, multipliers: bool = False,
-) -> None:
-    """Refuse what the Llama decoder does not implement; the keyword flags name the options a family adds."""
-    hidden_act = raw.get("hidden_act", "silu")
-    if hidden_act not in ("silu", "swiglu"):
-        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported (supported: silu)")
-    position_embedding = raw.get("position_embedding_type", "rope_gpt_neox")
-    allowed = ("rope_gpt_neox", "long_rope") if long_rope else ("rope_gpt_neox",)
-    if position_embedding not in allowed:
-        raise ModelLoadError(
-            f"position_embedding_type {position_embedding!r} is not supported (supported: {', '.join(allowed)})"
-        )
-    rotary_pct = raw.get("rotary_pct", 1.0)
-    if partial_rotary:
-        if isinstance(rotary_pct, bool) or not isinstance(rotary_pct, (int, float)) or not 0 < rotary_pct <= 1:
-            raise ModelLoadError(f"rotary_pct {rotary_pct!r} must be a number in (0, 1]")
-    elif rotary_pct != 1.0:
-        raise ModelLoadError(f"rotary_pct {rotary_pct} is not supported (partial rotary); expected 1.0")
-    if raw.get("rmsnorm", True) is not True:
-        raise ModelLoadError("rmsnorm is false; the Llama family needs RMSNorm")
-    if raw.get("residual_mlp"):
-        raise ModelLoadError("residual_mlp is true; this Llama variant is not supported")
-    if raw.get("qk_layernorm") and not qk_layernorm:
-        raise ModelLoadError("qk_layernorm is true; this Llama variant is not supported")
-    if not multipliers:
-        for key in GRANITE_MULTIPLIERS:
-            if raw.get(key) not in (None, 1.0):
-                raise ModelLoadError(f"{key} {raw[key]} is not supported by this family (Granite's multipliers)")
-    if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
-        raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
-
-
-def check_llama_options(raw: Mapping[str, Any]) -> None:
-    """Refuse the options of a TensorRT-LLM config that `LlamaModel` does not implement."""
-    _check_decoder_options(raw)
-
-
-def check_qwen3_options(raw: Mapping[str, Any]) -> None:
-    """Qwen3 dense: the Llama decoder with per-head q/k RMSNorm (`qk_layernorm`, required)."""
-    if raw.get("qk_layernorm") is not True:
-        raise ModelLoadError("qk_layernorm must be true for qwen_type 'qwen3' (Qwen3 normalizes q and k per head)")
-    _check_decoder_options(raw, qk_layernorm=True)
-
-
-def check_granite_options(raw: Mapping[str, Any]) -> None:
-    """Granite 3 dense: the Llama decoder with embedding, attention, residual and logits multipliers."""
-    _check_decoder_options(raw, multipliers=True)
-    for key in GRANITE_MULTIPLIERS:
-        value = raw.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ModelLoadError(f"{key} must be a positive number, got {value!r}")
-
-
-def check_phi3_options(raw: Mapping[str, Any]) -> None:
-    """Phi-3 / Phi-4 dense: partial rotary and long-RoPE; Phi-3-small's and PhiMoE's options are refused by name."""
-    for key in _PHI3_SMALL_OPTIONS:
-        if raw.get(key) is not None:
-            what = "block-sparse attention (Phi-3-small)" if key.startswith(("blocksparse", "dense_attention")) else "Phi-3-small / PhiMoE"
-            raise ModelLoadError(f"{key} is set: {what} is not supported by the reference engine")
-    _check_decoder_options(raw, partial_rotary=True, long_rope=True)
-    if raw.get("position_embedding_type") == "long_rope":
-        _check_long_rope(raw)
-
-
-def _check_long_rope(raw: Mapping[str, Any]) -> None:
-    original = raw.get("original_max_position_embeddings")
-    if isinstance(original, bool) or not isinstance(original, int) or original <= 1:
-        raise ModelLoadError(f"original_max_position_embeddings must be an integer > 1 for long_rope, got {original!r}")
-    for key in ("longrope_scaling_short_factors", "longrope_scaling_long_factors"):
-        factors = raw.get(key)
-        if not isinstance(factors, list) or not factors or not all(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors
-        ):
-            raise ModelLoadError(f"{key} must be a non-empty list of positive numbers for long_rope, got {factors!r}")
-    scaling = raw.get("rotary_scaling") or {}
-    # TensorRT-LLM scales cos/sin by sqrt(1 + ln(max_position_embeddings / original) / ln(original)) and
-    # reads neither of these; transformers would use them instead.
-    for key in ("factor", "attention_factor"):
-        if scaling.get(key) is not None:
-            raise ModelLoadError(f"rotary_scaling.{key} is not supported with long_rope (TensorRT-LLM derives the scale "
-                                 "from max_position_embeddings / original_max_position_embeddings)")
-
-
-# TensorRT-LLM's GPT class (GPTConfig) options that other gpt_variants use; none is implemented here.
-_GPT_UNUSED_OPTIONS = MappingProxyType({
-    "q_scaling": 1.0, "embedding_scale": None, "apply_query_key_layer_scaling": False, "inner_layernorm": False,
-    "norm_before_bmm1": False, "qk_layernorm": False, "residual_mlp": False,
-})
-
-
-def check_gpt_options(raw: Mapping[str, Any]) -> None:
-    """TensorRT-LLM's GPT class as StarCoder2 and Nemotron use it: LayerNorm, rotary (partial for Nemotron), an ungated
-    MLP (gelu: its tanh approximation; squared-relu), biases per `bias`. GPT-2's learned positions, Persimmon's q/k
-    norm, Kosmos-2's inner LayerNorm, query-key layer scaling and MoE are refused by name."""
-    if raw.get("gpt_variant") is None:
-        raise ModelLoadError("gpt_variant is missing: TensorRT-LLM's GPT class then runs GPT-2 (learned absolute "
-                             "positions), which the reference engine does not (supported: starcoder2, nemotron)")
-    hidden_act = raw.get("hidden_act")
-    if hidden_act not in ("gelu", "squared-relu"):
-        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here (supported: gelu, squared-relu)")
-    position_embedding = raw.get("position_embedding_type", "learned_absolute")  # GPTConfig's default
-    if position_embedding != "rope_gpt_neox":
-        raise ModelLoadError(f"position_embedding_type {position_embedding!r} is not supported (supported: rope_gpt_neox)")
-    rotary_pct = raw.get("rotary_pct", 1.0)
-    if isinstance(rotary_pct, bool) or not isinstance(rotary_pct, (int, float)) or not 0 < rotary_pct <= 1:
-        raise ModelLoadError(f"rotary_pct {rotary_pct!r} must be a number in (0, 1]")
-    if raw.get("rmsnorm"):
-        raise ModelLoadError("rmsnorm is true; the GPT class here runs LayerNorm")
-    for key, neutral in _GPT_UNUSED_OPTIONS.items():
-        if raw.get(key) not in (None, neutral):
-            raise ModelLoadError(f"{key} {raw[key]!r} is not supported by the GPT class here (expected {neutral})")
-    for key in GRANITE_MULTIPLIERS:
-        if raw.get(key) not in (None, 1.0):
-            raise ModelLoadError(f"{key} {raw[key]} is not supported by this family (Granite's multipliers)")
-    if raw.get("moe") and (raw["moe"].get("num_experts") or 0) > 0:
-        raise ModelLoadError("moe.num_experts > 0: mixture-of-experts models are not supported")
+from refengine.gemma_options import check_gemma_options
 
 
 @dataclass(frozen=True)
@@ -290,6 +165,38 @@ ARCHITECTURES = (
         notes="StarCoder2 and Nemotron-3/4 / Minitron (TensorRT-LLM's GPT class): the Llama decoder with LayerNorm "
         "(+ bias), an ungated GELU (tanh) or squared-ReLU MLP, biases per `bias`, partial rotary (Nemotron); "
         "StarCoder2's sliding window is not applied (as trtllm-build's engine)",
+    ),
+    Architecture(
+        family="mixtral",
+        checkpoint_architectures=("MixtralForCausalLM",),
+        hf_model_types=("mixtral",),
+        checkpoint_decoder="llama",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_mixtral_options,
+        notes="Mixtral: the Llama decoder with a mixture of experts (softmax top-k, renormalised) as its MLP",
+    ),
+    Architecture(
+        family="qwen2_moe",
+        checkpoint_architectures=("Qwen2MoeForCausalLM",),
+        hf_model_types=("qwen2_moe",),
+        checkpoint_decoder="qwen",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_qwen_moe_options,
+        qkv_bias=True,
+        variant_key="qwen_type",
+        variants=("qwen2_moe",),
+        notes="Qwen1.5/Qwen2-MoE: Qwen2's decoder with routed experts plus a shared expert behind a sigmoid gate",
+    ),
+    Architecture(
+        family="qwen3_moe",
+        checkpoint_architectures=("Qwen3MoeForCausalLM",),
+        hf_model_types=("qwen3_moe",),
+        checkpoint_decoder="qwen",
+        model_class="refengine.model_runner.llama:LlamaModel",
+        check_options=check_qwen_moe_options,
+        variant_key="qwen_type",
+        variants=("qwen3_moe",),
+        notes="Qwen3-MoE: Qwen3's decoder (q/k RMSNorm) with routed experts of moe_intermediate_size",
     ),
 )
 # In the order messages list them.

@@ -134,7 +134,10 @@ def _qwen_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) 
         "use_logn_attn": False,
         "moe_intermediate_size": int(text.get("moe_intermediate_size") or 0),
         "moe_shared_expert_intermediate_size": int(text.get("shared_expert_intermediate_size") or 0),
-        "moe": _moe(text, "none"),  # QWenConfig writes NONE for every Qwen MoE
+        # QWenConfig.from_hugging_face writes NONE for every Qwen MoE, while transformers renormalises the top-k weights
+        # when norm_topk_prob is true (every released Qwen3-MoE; TensorRT-LLM's PyTorch backend always renormalises
+        # Qwen3-MoE): RENORMALIZE then, so that an engine of the checkpoint (and refengine) routes as the model does.
+        "moe": _moe(text, "renormalize" if text.get("norm_topk_prob") else "none"),
         "disable_weight_only_quant_plugin": False,
         "tie_word_embeddings": _tied(text),
     }

@@ -40,6 +40,8 @@ _GEMMA_W4A8 = (
     "Gemma needs ModelOpt's awq_lite alpha_step 1 for W4A8 AWQ ('default search overflows in TRT-LLM kernels', "
     "modelopt_recipes/huggingface/gemma), which this tool does not apply yet: use int4_awq or fp8"
 )
+_REFENGINE_MOE = ("the cpu reference engine runs MoE experts unquantized or FP8 (the converter stacks them so, "
+                  "refengine/model_runner/moe.py): use fp8 or none")
 _STARCODER2_MATRIX = "NVIDIA's TensorRT-backend precision matrix lists only FP8, W8A16 and W4A16 for StarCoder2"
 
 
@@ -107,7 +109,8 @@ class Family:
 
 
 def _moe_refusals(*, engine_smoothquant: bool = True) -> dict[str, str]:
-    refused = {"*:int4_awq": _AWQ_FUSED_EXPERTS, "*:w4a8_awq": _AWQ_FUSED_EXPERTS, "trtllm-build:int8_wo": _MOE_WEIGHT_ONLY}
+    refused = {"*:int4_awq": _AWQ_FUSED_EXPERTS, "*:w4a8_awq": _AWQ_FUSED_EXPERTS, "trtllm-build:int8_wo": _MOE_WEIGHT_ONLY,
+               "refengine:int8_wo": _REFENGINE_MOE, "refengine:int8_sq": _REFENGINE_MOE}
     if engine_smoothquant:
         refused["trtllm-build:int8_sq"] = _MOE_SMOOTHQUANT
     return refused

@@ -2,8 +2,9 @@
 
 Each is a small difference from Llama that a row of `refengine.architectures` allows (its options check refuses
 the rest, by name): Qwen3's per-head q/k RMSNorm (`qk_layernorm`), Phi-3's partial rotary (`rotary_pct`) and
-long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers, the GPT class's LayerNorm and ungated MLP
-(StarCoder2, Nemotron). With none of them set, `LlamaModel` runs exactly the Llama computation.
+long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers, a mixture of experts as the MLP (`moe`),
+the GPT class's LayerNorm and ungated MLP (StarCoder2, Nemotron). With none of them set, `LlamaModel` runs exactly
+the Llama computation.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from refengine.architectures import architecture_for_checkpoint
 from refengine.errors import ModelLoadError
 from refengine.model_config import ModelConfig
 from refengine.model_runner.layers import UNGATED_ACTIVATIONS, LongRope
+from refengine.model_runner.moe import MoeSpec
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class DecoderOptions:
     long_rope: LongRope | None = None  # Phi-3 128k: short / long factors
     layer_norm: bool = False  # GPT class: LayerNorm (with the checkpoint's biases) instead of RMSNorm, every norm
     ungated_activation: str | None = None  # GPT class: the MLP is proj(act(fc(x))), act a key of UNGATED_ACTIVATIONS
+    moe: MoeSpec | None = None  # Mixtral / Qwen MoE: every layer's MLP is a mixture of experts (moe.py)
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], config: ModelConfig) -> DecoderOptions:
@@ -50,6 +53,7 @@ class DecoderOptions:
             output_multiplier_scale=float(raw.get("output_multiplier_scale") or 1.0),
             long_rope=_long_rope(raw, config, rotary_dim),
             **_gpt_block(raw, config),
+            moe=MoeSpec.from_config(raw, config),
         )
 
 

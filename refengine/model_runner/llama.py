@@ -1,9 +1,9 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4, and TensorRT-LLM's GPT class for
-StarCoder2 and Nemotron) over a paged KV cache: a `DecoderModel`.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Granite, Phi-3/4; Mixtral, Qwen2/3-MoE; and TensorRT-LLM's
+GPT class for StarCoder2 and Nemotron) over a paged KV cache: a `DecoderModel`.
 
 The families beyond Llama are its options (`decoder_options.DecoderOptions`, read from config.json): q/k
-RMSNorm, partial rotary, long-RoPE, Granite's multipliers, LayerNorm and an ungated MLP (GPT); with none set the
-computation is Llama's.
+RMSNorm, partial rotary, long-RoPE, Granite's multipliers, a mixture of experts as the MLP (`moe.py`), LayerNorm and
+an ungated MLP (GPT); with none set the computation is Llama's.
 
 Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
 computed in the compute dtype (float32 by default, so results match transformers in float32);
@@ -38,6 +38,7 @@ from refengine.model_runner.layers import (
     swiglu,
 )
 from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
+from refengine.model_runner.moe import MoeBlock, MoeSpec, load_moe
 from refengine.model_runner.quantized_linear import check_quantization
 
 
@@ -47,14 +48,16 @@ class DecoderLayer:
     qkv: Linear
     dense: Linear
     post_norm: torch.Tensor
-    fc: Linear  # gate projection (HF gate_proj); the GPT class's only input projection (c_fc / up_proj)
-    gate: Linear | None  # up projection (HF up_proj); None for the GPT class's ungated MLP
-    proj: Linear  # down projection (HF down_proj)
+    fc: Linear | None = None  # gate projection (HF gate_proj); the GPT class's only input projection (c_fc / up_proj);
+    # the dense MLP's projections are None in an MoE layer
+    gate: Linear | None = None  # up projection (HF up_proj); None for the GPT class's ungated MLP
+    proj: Linear | None = None  # down projection (HF down_proj)
     kv_quant: KVCacheQuantizer | None = None  # set when the KV cache is quantized
     q_norm: torch.Tensor | None = None  # qk_layernorm: RMSNorm weights [head_size] of each q / k head
     k_norm: torch.Tensor | None = None
     input_norm_bias: torch.Tensor | None = None  # LayerNorm's (GPT class), when the checkpoint has one
     post_norm_bias: torch.Tensor | None = None
+    moe: MoeBlock | None = None  # the MLP when it is a mixture of experts (Mixtral, Qwen MoE)
 
 
 class LlamaModel:
@@ -123,7 +126,7 @@ class LlamaModel:
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
         layers = [
             _load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm, options.layer_norm,
-                        gated_mlp=options.ungated_activation is None)
+                        gated_mlp=options.ungated_activation is None, moe=options.moe)
             for index in range(config.num_layers)
         ]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
@@ -178,7 +181,8 @@ class LlamaModel:
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
             hidden = _scaled(layer.dense(attention.reshape(num_tokens, config.q_size)), residual_multiplier).add_(hidden)
             normed = self._norm(hidden, layer.post_norm, layer.post_norm_bias)
-            hidden = _scaled(layer.proj(self._mlp_inner(layer, normed)), residual_multiplier).add_(hidden)
+            mlp = layer.moe(normed) if layer.moe is not None else layer.proj(self._mlp_inner(layer, normed))
+            hidden = _scaled(mlp, residual_multiplier).add_(hidden)
         return self._norm(hidden, self.final_norm, self.final_norm_bias)
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -230,6 +234,7 @@ def _scaled(output: torch.Tensor, multiplier: float) -> torch.Tensor:
 def _load_layer(
     store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None,
     fp16_gemm: bool = False, qk_layernorm: bool = False, layer_norm: bool = False, *, gated_mlp: bool = True,
+    moe: MoeSpec | None = None,
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -244,9 +249,10 @@ def _load_layer(
         qkv=linear("attention.qkv", hidden, config.q_size + 2 * config.kv_size, config.qkv_bias_required),
         dense=linear("attention.dense", config.q_size, hidden, config.dense_bias_required),
         post_norm=store.get(f"{prefix}.post_layernorm.weight", (hidden,)).to(dtype),
-        fc=linear("mlp.fc", hidden, inner, config.mlp_bias_required),
-        gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required) if gated_mlp else None,
-        proj=linear("mlp.proj", inner, hidden, config.mlp_bias_required),
+        fc=None if moe else linear("mlp.fc", hidden, inner, config.mlp_bias_required),
+        gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required) if gated_mlp and not moe else None,
+        proj=None if moe else linear("mlp.proj", inner, hidden, config.mlp_bias_required),
+        moe=None if moe is None else load_moe(store, config, moe, f"{prefix}.mlp", dtype, scratch, fp16_gemm),
         kv_quant=load_kv_cache_quantizer(store, f"{prefix}.attention", config.kv_cache_quant_algo),
         q_norm=store.get(f"{prefix}.attention.q_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,
         k_norm=store.get(f"{prefix}.attention.k_layernorm.weight", (config.head_size,)).to(dtype) if qk_layernorm else None,

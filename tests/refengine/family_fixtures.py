@@ -54,8 +54,20 @@ FAMILY_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
 
 # Formats with a quantized KV cache: name -> (quantize.algo, quantize.kv_cache)
 KV_CACHE_FORMATS = {"fp8_kv_fp8": ("fp8", "fp8"), "int8_sq_kv_int8": ("int8_sq", "int8")}
+# Mixture-of-experts families (test_refengine_moe.py): Mixtral renormalises its top-k routing weights, Qwen2-MoE does not
+# (norm_topk_prob false, as Qwen1.5-MoE) and has a shared expert, Qwen3-MoE renormalises (norm_topk_prob true, as every
+# released Qwen3-MoE). Routers are scaled up (ROUTER_SCALE) so that routing is decisive, not a near-tie of 1e-7.
+MOE_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                "shared_expert_intermediate_size": 128, "norm_topk_prob": False}),
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "head_dim": 32,
+                                "norm_topk_prob": True}),
+}
+ROUTER_SCALE = 8.0
 # Each model's weight seed, fixed per name: adding a model leaves the others' weights (and measured numbers) unchanged.
-SEEDS = {"granite": 0, "phi3": 1, "phi3_longrope": 2, "qwen3": 3, "starcoder2": 4, "nemotron": 5}
+SEEDS = {"granite": 0, "phi3": 1, "phi3_longrope": 2, "qwen3": 3, "starcoder2": 4, "nemotron": 5,
+         "mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2}
 
 
 @dataclass
@@ -82,15 +94,19 @@ def _save_hf(model_type: str, overrides: dict[str, Any], directory: Path, seed: 
         for name, parameter in model.named_parameters():
             if name.endswith(("norm.weight", "norm.bias")):
                 parameter.add_(0.2 * torch.randn_like(parameter))
+            if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):  # MoE routers
+                parameter.mul_(ROUTER_SCALE)
     model.save_pretrained(directory)
 
 
-def _reference(hf_dir: Path) -> Any:
+def _reference(hf_dir: Path, moe: bool = False) -> Any:
     from transformers import AutoModelForCausalLM
 
     from pipeline.backends.trtllm_convert_layout import layout_for
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    # MoE: transformers' own per-expert loop (experts_implementation "eager"), not its default grouped_mm
+    extra = {"experts_implementation": "eager"} if moe else {}
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager", **extra).eval()
     plus_one = layout_for(model.config.model_type).norm_plus_one
     with torch.no_grad():  # the exported fp16 values; buffers (RoPE inv_freq) stay float32
         for name, parameter in model.named_parameters():
@@ -103,16 +119,19 @@ def _reference(hf_dir: Path) -> Any:
     return model
 
 
-def build_family_model(name: str, root: Path, formats: tuple[str, ...] = ("fp16",)) -> FamilyModel:
-    """The model `name` of FAMILY_SPECS with its checkpoint in each format (fp16 or a quantize.algo value)."""
+def build_family_model(
+    name: str, root: Path, formats: tuple[str, ...] = ("fp16",), specs: dict[str, tuple[str, dict[str, Any]]] = FAMILY_SPECS,
+) -> FamilyModel:
+    """The model `name` of `specs` (FAMILY_SPECS or MOE_SPECS) with its checkpoint in each format (fp16 or a
+    quantize.algo value)."""
     from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint, recipe_quantization
     from pipeline.backends.trtllm_pretrained import checkpoint_mapping, pretrained_config
     from tests.refengine.quant_fixtures import _capture_models
 
-    model_type, overrides = FAMILY_SPECS[name]
+    model_type, overrides = specs[name]
     hf_dir = root / name / "hf"
     _save_hf(model_type, overrides, hf_dir, seed=SEEDS[name])
-    family = FamilyModel(name, hf_dir, _reference(hf_dir))
+    family = FamilyModel(name, hf_dir, _reference(hf_dir, moe=specs is MOE_SPECS))
     generator = torch.Generator().manual_seed(7)
     calibration = [torch.randint(0, VOCAB_SIZE, (2, 32), generator=generator) for _ in range(2)]
 

@@ -26,8 +26,8 @@ CONFIGS = {"cpu": "tiny-cpu.yaml", "engine": "llama-3.1-8b-fp8.yaml", "llmapi": 
 LENGTHS = ("--set", "build.max_seq_len=2048", "--set", "build.max_input_len=1024")
 # (model_type, target) -> taken; the README's table.
 EXPECTED = {
-    "llama": "engine llmapi cpu", "mistral": "engine llmapi cpu", "mixtral": "engine llmapi", "qwen2": "engine llmapi cpu",
-    "qwen2_moe": "engine llmapi", "qwen3": "engine llmapi cpu", "qwen3_moe": "engine llmapi", "gemma": "engine cpu",
+    "llama": "engine llmapi cpu", "mistral": "engine llmapi cpu", "mixtral": "engine llmapi cpu", "qwen2": "engine llmapi cpu",
+    "qwen2_moe": "engine llmapi cpu", "qwen3": "engine llmapi cpu", "qwen3_moe": "engine llmapi cpu", "gemma": "engine cpu",
     "gemma2": "engine cpu", "gemma3_text": "engine llmapi cpu", "phi3": "engine llmapi cpu", "granite": "engine cpu",
     "starcoder2": "engine llmapi cpu", "nemotron": "engine llmapi cpu", "deepseek_v3": "llmapi", "gpt_oss": "llmapi",
     "llama4_text": "llmapi", "olmo2": "",

@@ -272,3 +272,15 @@ def test_export_trtllm_checkpoint_calibrates_and_converts_moe_end_to_end(family:
         assert (router.shape, router.dtype) == ((experts, hf["hidden_size"]), torch.float32)
         assert tensors["transformer.layers.1.mlp.fc.weights_scaling_factor"].shape == (experts, 1)
     assert not out.with_name(out.name + UNIFIED_SCRATCH_SUFFIX).exists()
+
+
+@pytest.mark.parametrize(("family", "norm_topk_prob", "mode"), [("qwen3_moe", True, 1), ("qwen3_moe", False, 0), ("qwen2_moe", False, 0)])
+def test_qwen_moe_routing_follows_norm_topk_prob(family: str, norm_topk_prob: bool, mode: int) -> None:
+    """TensorRT-LLM's QWenConfig writes NONE for every Qwen MoE; transformers renormalises the top-k weights when
+    norm_topk_prob is true (every released Qwen3-MoE), so the checkpoint says RENORMALIZE then."""
+    architecture, extra = FAMILIES[family]
+    hf = {"model_type": family, "architectures": [architecture], "num_attention_heads": 4, "hidden_size": HIDDEN,
+          "num_hidden_layers": 2, "vocab_size": VOCAB, "num_experts_per_tok": TOP_K, "norm_topk_prob": norm_topk_prob, **extra}
+    config = pretrained_config(hf, dtype="float16", mapping={"world_size": 1, "tp_size": 1, "pp_size": 1},
+                               quantization={"quant_algo": None, "kv_cache_quant_algo": None})
+    assert config["moe"] == {"num_experts": EXPERTS, "top_k": TOP_K, "normalization_mode": mode}
