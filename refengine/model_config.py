@@ -192,7 +192,8 @@ class ModelConfig:
             else RopeScaling.from_config(raw.get("rotary_scaling")),
             max_position_embeddings=raw.get("max_position_embeddings"),
             qkv_bias_required=family.qkv_bias or attn_bias,
-            dense_bias_required=attn_bias,
+            # TensorRT-LLM's QWen class reads attn_bias as the q/k/v bias only (its dense has none): optional there
+            dense_bias_required=attn_bias and family.checkpoint_decoder != "qwen",
             mlp_bias_required=bool(raw.get("mlp_bias", False)),
             quantization=quantization,
         )
