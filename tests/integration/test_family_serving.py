@@ -4,9 +4,10 @@ For each family of FAMILIES: a tiny random checkpoint (tests/family_models.py), 
 in-process on a small config written from build_configs/tiny-cpu.yaml; the packaged repositories are combined
 into one, each family's models renamed `<family>-<model>` (combined_repository.py), and one tritonserver serves
 them for the module. Per family, as the demo does it: `infer` over gRPC (streamed) and over HTTP through the
-pipeline's CLI (the clients package's command) on the family's ensemble, its BLS over HTTP, and one completion of
-the OpenAI front end (in-process) in front of the family's ensemble; every answer equals refengine's greedy output
-computed in this process on the family's engine (as postprocessing decodes it).
+pipeline's CLI (the clients package's command) on the family's ensemble, its BLS over HTTP, and the OpenAI front
+end (in-process) in front of the family's ensemble: a completion through the ensemble and one with top log-probs,
+which goes to the family's LLM model directly; every answer equals refengine's greedy output computed in this
+process on the family's engine (as postprocessing decodes it).
 """
 
 from __future__ import annotations
@@ -111,4 +112,7 @@ def test_openai_completion_equals_refengine(family, server, repository, referenc
         server.options.grpc_url, model_name=family, model_repository=repository, triton_model=served_name(family, "ensemble")
     ) as base_url, openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:
         answer = client.completions.create(model=family, prompt=OPENAI_PROMPT, max_tokens=MAX_TOKENS, temperature=0)
-    assert answer.choices[0].text == references(family, OPENAI_PROMPT)
+        # top log-probs go to the family's LLM model directly (the front end tokenizes and detokenizes)
+        direct = client.completions.create(model=family, prompt=OPENAI_PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=1)
+    assert answer.choices[0].text == direct.choices[0].text == references(family, OPENAI_PROMPT)
+    assert len(direct.choices[0].logprobs.top_logprobs) == direct.usage.completion_tokens
