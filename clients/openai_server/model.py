@@ -6,7 +6,8 @@ The facts are the preprocessing model's parameters in the served repository (`to
 `gather_context_logits`, `gather_generation_logits`), read from the repository's config.pbtxt
 (`from_repository`) or asked from the running Triton (`from_triton`, model-config API). The
 preprocessing model is the first step of the ensemble (`preprocessing` for any other Triton
-model, e.g. tensorrt_llm_bls).
+model, e.g. tensorrt_llm_bls). The LLM model, which direct choices call, is the ensemble's step that
+takes `input_ids`, or the BLS's `tensorrt_llm_model_name` (`tensorrt_llm` for any other).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 DEFAULT_PREPROCESSING = "preprocessing"
+DEFAULT_LLM = "tensorrt_llm"
+LLM_INPUT = "input_ids"  # of the ensemble's steps, only the LLM model takes the token ids
 
 
 class ModelSetupError(RuntimeError):
@@ -38,7 +41,7 @@ class ServedModel:
     max_prompt_bytes: int = 0  # a longer prompt cannot fit max_input_len tokens (0: not known)
     context_logits: bool = False  # tensorrt_llm returns context logits (prompt log-probs)
     generation_logits: bool = False  # tensorrt_llm returns generation logits (top-N log-probs)
-    llm_model: str = "tensorrt_llm"  # the LLM model, called directly for token-id prompts and log-probs
+    llm_model: str = DEFAULT_LLM  # the LLM model, called directly for token-id prompts and log-probs
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -47,7 +50,9 @@ class ServedModel:
             raise ModelSetupError(f"need 0 < max_input_len ({self.max_input_len}) < max_seq_len ({self.max_seq_len})")
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str) -> ServedModel:
+    def from_parameters(
+        cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str, llm_model: str = DEFAULT_LLM
+    ) -> ServedModel:
         """From the preprocessing model's string parameters; `source` names where they came from."""
         missing = [key for key in ("tokenizer_dir", "max_input_len", "max_seq_len") if not parameters.get(key)]
         if missing:
@@ -67,6 +72,7 @@ class ServedModel:
             max_prompt_bytes=max_prompt_bytes,
             context_logits=_flag(parameters.get("gather_context_logits", "false")),
             generation_logits=_flag(parameters.get("gather_generation_logits", "false")),
+            llm_model=llm_model,
         )
 
     @classmethod
@@ -76,7 +82,9 @@ class ServedModel:
         model_config = _read_config(repository / triton_model / "config.pbtxt")
         preprocessing = _preprocessing_name(model_config)
         config = _read_config(repository / preprocessing / "config.pbtxt")
-        return cls.from_parameters(_parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing))
+        return cls.from_parameters(
+            _parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing), llm_model=_llm_name(model_config)
+        )
 
     @classmethod
     def from_triton(cls, triton_url: str, *, name: str, triton_model: str = "ensemble", timeout_s: float = 10.0) -> ServedModel:
@@ -95,7 +103,9 @@ class ServedModel:
             ) from None
         finally:
             client.close()
-        return cls.from_parameters(_parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}")
+        return cls.from_parameters(
+            _parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}", llm_model=_llm_name(model_config)
+        )
 
 
 def _flag(value: str) -> bool:
@@ -118,6 +128,13 @@ def _read_config(path: Path) -> model_config_pb2.ModelConfig:
 def _preprocessing_name(config: model_config_pb2.ModelConfig) -> str:
     steps = config.ensemble_scheduling.step
     return steps[0].model_name if steps else DEFAULT_PREPROCESSING
+
+
+def _llm_name(config: model_config_pb2.ModelConfig) -> str:
+    for step in config.ensemble_scheduling.step:
+        if LLM_INPUT in step.input_map:
+            return step.model_name
+    return _parameters(config).get("tensorrt_llm_model_name") or DEFAULT_LLM
 
 
 def _parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:

@@ -74,12 +74,15 @@ def assert_stopped_cleanly(returncode: int, log: Path, *, allow_stuck_ensemble: 
 
 
 def _only_the_ensemble_stuck(log_text: str) -> bool:
-    unloaded = set(re.findall(r"successfully unloaded '([^']+)'", log_text))
+    """Every model loaded unloaded but ensembles (`ensemble`, or `<prefix>-ensemble` in a combined repository)."""
+    loaded = set(re.findall(r"successfully loaded '([^']+)'", log_text))
+    stuck = loaded - set(re.findall(r"successfully unloaded '([^']+)'", log_text))
+    live = re.findall(r"Found (\d+) live models", log_text)
     return (
         "Exit timeout expired" in log_text
-        and "Found 1 live models" in log_text
-        and {"preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"} <= unloaded
-        and "ensemble" not in unloaded
+        and bool(stuck)
+        and all(name == "ensemble" or name.endswith("-ensemble") for name in stuck)
+        and bool(live) and int(live[-1]) == len(stuck)
         and re.search(r"Signal \((?!15\)|2\))\d+\) received", log_text) is None
     )
 

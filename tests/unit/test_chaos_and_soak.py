@@ -171,12 +171,18 @@ def test_what_the_server_did_when_stopped_joins_the_verdict(returncode, fatal, e
     assert stop_problems(StoppedServer()) == expected
 
 
+def stuck_log(unloaded: tuple[str, ...], stuck: tuple[str, ...]) -> str:
+    """tritonserver's log of a stop that unloaded `unloaded` and timed out on `stuck`."""
+    loaded = "".join(f"I1201 model_lifecycle.cc:839] \"successfully loaded '{m}'\"\n" for m in unloaded + stuck)
+    gone = "".join(f"I1201 model_lifecycle.cc:624] \"successfully unloaded '{m}' version 1\"\n" for m in unloaded)
+    return (loaded + "Signal (15) received.\n" + gone + f"server.cc:345] \"Timeout 0: Found {len(stuck)} live models\"\n"
+            "Exit timeout expired. Exiting immediately.\n")
+
+
 def test_only_a_stuck_ensemble_without_a_crash_is_excused_at_stop(tmp_path):
     from tests.integration.serving import STUCK_ENSEMBLE, assert_stopped_cleanly
 
-    stuck = "".join(f"I1201 model_lifecycle.cc:624] \"successfully unloaded '{m}' version 1\"\n"
-                    for m in ("postprocessing", "preprocessing", "tensorrt_llm_bls", "tensorrt_llm"))
-    stuck = "Signal (15) received.\n" + stuck + "server.cc:345] \"Timeout 0: Found 1 live models\"\nExit timeout expired. Exiting immediately.\n"
+    stuck = stuck_log(("postprocessing", "preprocessing", "tensorrt_llm_bls", "tensorrt_llm"), ("ensemble",))
     log = tmp_path / "tritonserver.log"
     log.write_text(stuck)
     with pytest.warns(UserWarning, match="kept the ensemble loaded"):
@@ -189,3 +195,15 @@ def test_only_a_stuck_ensemble_without_a_crash_is_excused_at_stop(tmp_path):
     with pytest.raises(AssertionError):
         assert_stopped_cleanly(-6, log, allow_stuck_ensemble=True)
     assert "core #483" in STUCK_ENSEMBLE
+
+
+def test_stuck_ensembles_of_a_combined_repository_are_excused_and_nothing_else(tmp_path):
+    from tests.integration.serving import assert_stopped_cleanly
+
+    log = tmp_path / "tritonserver.log"
+    log.write_text(stuck_log(("a-preprocessing", "a-tensorrt_llm", "b-preprocessing"), ("a-ensemble", "b-ensemble")))
+    with pytest.warns(UserWarning, match="kept the ensemble loaded"):
+        assert_stopped_cleanly(1, log)
+    log.write_text(stuck_log(("a-preprocessing", "a-ensemble"), ("a-tensorrt_llm",)))
+    with pytest.raises(AssertionError, match="exited with 1"):
+        assert_stopped_cleanly(1, log)

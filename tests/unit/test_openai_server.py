@@ -798,3 +798,27 @@ def test_the_listening_socket_turns_nagle_off_for_every_connection():
                 assert accepted.proto == socket.IPPROTO_TCP  # what asyncio checks before it sets TCP_NODELAY itself
     finally:
         listener.close()
+
+
+def test_the_llm_model_is_read_from_the_served_models_config(tmp_path):
+    """Direct choices call the LLM model the repository names: the ensemble's step that takes input_ids, the BLS's
+    tensorrt_llm_model_name (here renamed, as in a repository serving several models), else tensorrt_llm."""
+    configs = {
+        "a-ensemble": 'name: "a-ensemble"\nplatform: "ensemble"\nensemble_scheduling { step [\n'
+                      '{ model_name: "a-preprocessing" model_version: -1 input_map { key: "QUERY" value: "text_input" } },\n'
+                      '{ model_name: "a-tensorrt_llm" model_version: -1 input_map { key: "input_ids" value: "_INPUT_ID" } } ] }\n',
+        "a-bls": 'name: "a-bls"\nbackend: "python"\n'
+                 'parameters { key: "tensorrt_llm_model_name" value { string_value: "a-tensorrt_llm" } }\n',
+        "llm": 'name: "llm"\nbackend: "python"\n',
+        "a-preprocessing": 'name: "a-preprocessing"\nbackend: "python"\n' + "".join(
+            f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+            for key, value in {"tokenizer_dir": TOKENIZER_DIR, "max_input_len": 48, "max_seq_len": 64}.items()
+        ),
+    }
+    for name, text in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(text)
+    shutil.copytree(tmp_path / "a-preprocessing", tmp_path / "preprocessing")
+    served = {name: ServedModel.from_repository(tmp_path, name="a", triton_model=name) for name in ("a-ensemble", "a-bls", "llm")}
+    assert {name: model.llm_model for name, model in served.items()} == {"a-ensemble": "a-tensorrt_llm", "a-bls": "a-tensorrt_llm", "llm": "tensorrt_llm"}
+    assert served["a-ensemble"].max_input_len == 48
