@@ -95,23 +95,33 @@ def _load_float32(hf_dir: Path) -> Any:
 
 @contextlib.contextmanager
 def _capture_models(captured: dict[str, Any]):
-    """Wrap ModelOpt's unified export: keep a copy of the model before it, and a copy after ModelOpt's own pre-export
-    step (`requantize_resmooth_fused_llm_layers`: averaged AWQ/SmoothQuant pre-quant scales, folded into the norms).
-    The export itself then packs the weights in place, which leaves no runnable model."""
+    """Wrap the unified export: keep a copy of the calibrated model before it, and a copy after ModelOpt's own
+    pre-export step (`requantize_resmooth_fused_llm_layers`: averaged AWQ/SmoothQuant pre-quant scales, folded into
+    the norms). The export itself then packs the weights in place, which leaves no runnable model.
+
+    "before" is copied as `export_unified_checkpoint` receives the model: inside it, `export_hf_checkpoint` sees
+    INT8 K/V quantizers disabled with their amax reset (unified_export writes those scales itself), so a copy taken
+    there would run without the INT8 KV cache; "after" is made from that copy for the same reason."""
     import modelopt.torch.export as modelopt_export
     from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
-    original = modelopt_export.export_hf_checkpoint
+    import pipeline.backends.modelopt_export as pipeline_export
+
+    original_hf, original_unified = modelopt_export.export_hf_checkpoint, pipeline_export.export_unified_checkpoint
+
+    def unified(model, *args, **kwargs):
+        captured["before"] = copy.deepcopy(model)
+        return original_unified(model, *args, **kwargs)
 
     def export(model, *args, **kwargs):
-        captured["before"] = copy.deepcopy(model)
-        captured["after"] = copy.deepcopy(model)
+        captured["after"] = copy.deepcopy(captured["before"])
         with torch.no_grad():
             requantize_resmooth_fused_llm_layers(captured["after"])
-        return original(model, *args, **kwargs)
+        return original_hf(model, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(modelopt_export, "export_hf_checkpoint", export)
+        patch.setattr(pipeline_export, "export_unified_checkpoint", unified)
         yield
 
 

@@ -1,6 +1,6 @@
 """The project's converter (unified HF checkpoint -> TensorRT-LLM checkpoint) against ModelOpt 0.47's own TRT export.
 
-For tiny random Llama and Qwen2 models and every CPU weight format, one calibrated model is exported twice: with
+For tiny random Llama, Qwen2, Qwen3 and Gemma models and every CPU weight format, one calibrated model is exported twice: with
 ModelOpt's deprecated `export_tensorrt_llm_checkpoint` (the reference) and, from a copy taken before that export (it
 changes the model: `preprocess_linear_fusion` shares the q/k/v scales), with `unified_export.export_unified_checkpoint`
 (what the quantize job now runs), which `convert_unified_checkpoint` turns into a TensorRT-LLM checkpoint.
@@ -55,10 +55,12 @@ class Case:
     kv: str = "none"
     tp: int = 1
     pp: int = 1
+    vocab: int = VOCAB
 
     @property
     def id(self) -> str:
-        return f"{self.family}-{self.algo}-kv_{self.kv}-tp{self.tp}-pp{self.pp}"
+        vocab = "" if self.vocab == VOCAB else f"-vocab{self.vocab}"
+        return f"{self.family}-{self.algo}-kv_{self.kv}-tp{self.tp}-pp{self.pp}{vocab}"
 
 
 CASES = [
@@ -80,6 +82,9 @@ CASES = [
     Case("qwen3", "int4_awq"),
     Case("gemma", "none"),
     Case("gemma", "fp8", tp=2),
+    Case("gemma", "int8_sq", "int8", tp=2),
+    # ModelOpt's TRT export cannot pad a tied (absent) lm_head for AWQ (postprocess.pad_embedding_lm_head): no padding
+    Case("gemma", "int4_awq", tp=2, vocab=512),
 ]
 # Families ModelOpt 0.47's TRT export refuses without tensorrt_llm (NotImplementedError) or does not know
 UNREFERENCED = [Case(family, algo) for family in ("granite", "gemma2", "gemma3_text", "phi3") for algo in ("none", "fp8")]
@@ -109,13 +114,13 @@ def exports(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(previous)
 
 
-def _tiny_model(family: str):
+def _tiny_model(family: str, vocab: int = VOCAB):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     architecture, _, extra = FAMILIES[family]
     torch.manual_seed(0)
     config = AutoConfig.for_model(
-        family, vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        family, vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, architectures=[architecture], **extra,
     )
     return AutoModelForCausalLM.from_config(config).to(torch.float16).eval()
@@ -128,10 +133,10 @@ def _export(case: Case, root: Path) -> Exported:
     from pipeline.backends.modelopt_export import QuantRecipe, _mtq_config, _needs_ptq
     from pipeline.backends.unified_export import export_unified_checkpoint
 
-    model = _tiny_model(case.family)
+    model = _tiny_model(case.family, case.vocab)
     recipe = QuantRecipe(case.algo, case.kv)
     generator = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, VOCAB, (2, 64), generator=generator) for _ in range(2)]
+    batches = [torch.randint(0, case.vocab, (2, 64), generator=generator) for _ in range(2)]
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
         if _needs_ptq(recipe):
