@@ -51,7 +51,7 @@ def test_llama3_rotary_scaling_accepts_type_or_rope_type(tmp_path, checkpoint_wr
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"architecture": "GPTForCausalLM"}, "architecture 'GPTForCausalLM' is not supported"),
+        ({"architecture": "BloomForCausalLM"}, "architecture 'BloomForCausalLM' is not supported"),
         ({"architecture": "QWenForCausalLM", "qwen_type": "qwen"}, "qwen_type 'qwen'"),
         ({"dtype": "int8"}, "dtype 'int8'"),
         ({"mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1}}, "mapping.world_size is 2"),
