@@ -14,6 +14,7 @@ fp16(w + 1) - 1.
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,3 +168,18 @@ def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> tuple[int, 
             do_sample=False, max_new_tokens=max_new_tokens,
         )
     return tuple(generated[0, len(prompt):].tolist())
+
+
+def family_engine(checkpoint_dir: Path, **changes: Any) -> Any:
+    """refengine on a family checkpoint, small paged cache (8-token blocks), with EngineConfig `changes`."""
+    from refengine import EngineConfig, LLMEngine
+
+    values = dict(tokens_per_block=8, max_num_tokens=256, max_batch_size=8)
+    values.update(changes)
+    return LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(**values))
+
+
+def random_prompts(name: str, lengths: tuple[int, ...] = (1, 9, 23, 41, 70)) -> list[list[int]]:
+    """Prompts of these lengths, random token ids above the special ones, seeded by the model's name."""
+    rng = random.Random(len(name))
+    return [[rng.randrange(3, VOCAB_SIZE) for _ in range(length)] for length in lengths]

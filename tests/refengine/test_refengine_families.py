@@ -20,9 +20,17 @@ import time
 import pytest
 import torch
 
-from refengine import EngineConfig, LLMEngine, ModelLoadError, SamplingParams, load_checkpoint
+from refengine import ModelLoadError, SamplingParams, load_checkpoint
 from refengine.model_runner import load_model
-from tests.refengine.family_fixtures import FAMILY_SPECS, LONG_ROPE_ORIGINAL, VOCAB_SIZE, build_family_model, hf_greedy
+from tests.refengine.family_fixtures import (
+    FAMILY_SPECS,
+    LONG_ROPE_ORIGINAL,
+    VOCAB_SIZE,
+    build_family_model,
+    family_engine,
+    hf_greedy,
+    random_prompts,
+)
 from tests.refengine.quant_fixtures import paged_prefill
 
 MAX_NEW_TOKENS = 32
@@ -70,26 +78,18 @@ def families(tmp_path_factory):
     return built
 
 
-def _engine(checkpoint_dir, **changes) -> LLMEngine:
-    values = dict(tokens_per_block=8, max_num_tokens=256, max_batch_size=8)
-    values.update(changes)
-    return LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(**values))
-
-
 def _prompts(name: str) -> list[list[int]]:
     """Several lengths; for long-RoPE, prompts that stay at or below original_max_position_embeddings with their 32
     tokens and prompts longer than it (transformers recomputes its cache where a sequence crosses it mid-generation,
     TensorRT-LLM keeps the prompt's table: see test_long_rope_table_follows_the_prompt_length)."""
-    lengths = (1, 9, 23, 30, 65, 70, 100) if name == "phi3_longrope" else (1, 9, 23, 41, 70)
-    rng = random.Random(len(name))
-    return [[rng.randrange(3, VOCAB_SIZE) for _ in range(length)] for length in lengths]
+    return random_prompts(name, (1, 9, 23, 30, 65, 70, 100) if name == "phi3_longrope" else (1, 9, 23, 41, 70))
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_SPECS))
 def test_greedy_matches_transformers(families, name):
     family = families[name]
     prompts = _prompts(name)
-    outputs = _engine(family.checkpoints["fp16"]).generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0))
+    outputs = family_engine(family.checkpoints["fp16"]).generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0))
     for prompt, output in zip(prompts, outputs):
         expected = hf_greedy(family.hf_model, prompt, MAX_NEW_TOKENS)
         assert output.outputs[0].token_ids == expected, f"{name}, prompt of length {len(prompt)}"
@@ -155,7 +155,7 @@ def test_quantized_kv_cache_holds_codes_and_decodes_as_a_recompute(families, fmt
     assert all(kv.dtype == KV_CACHE[fmt] and kv.to(torch.float32).abs().sum() > 0 for kv in runner.kv_caches)
     assert all(layer.kv_quant is not None for layer in model.layers)
     prompts = [_batch()[0, :13].tolist(), _batch()[1, :30].tolist()]
-    outputs = _engine(family.checkpoints[fmt]).generate(prompts, SamplingParams(max_tokens=8, temperature=0))
+    outputs = family_engine(family.checkpoints[fmt]).generate(prompts, SamplingParams(max_tokens=8, temperature=0))
     for prompt, output in zip(prompts, outputs):
         tokens = list(output.outputs[0].token_ids)
         [logits], _ = paged_prefill(model, [prompt + tokens[:-1]])
@@ -167,7 +167,7 @@ def test_every_engine_mechanism_runs_the_family(families, name):
     """Paged KV with prefix reuse, chunked prefill (8-token chunks), inflight batching and a beam request beside the
     greedy ones: the greedy outputs are still transformers' own, and the beam request equals running alone."""
     family = families[name]
-    engine = _engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
+    engine = family_engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
                      enable_prefix_caching=True, max_beam_width=2)
     base = _prompts(name)[-1]  # longer than original_max_position_embeddings for long-RoPE
     prompts = [base, base[:-3] + [5, 6, 7], base[:17] + [9]]  # shared prefixes: the later ones reuse cached blocks
@@ -178,7 +178,7 @@ def test_every_engine_mechanism_runs_the_family(families, name):
     assert engine.stats().num_prefix_cache_hits >= 2
     for prompt, output in zip(prompts, [first, *outputs[:2]]):
         assert output.outputs[0].token_ids == hf_greedy(family.hf_model, prompt, MAX_NEW_TOKENS), f"prompt {len(prompt)}"
-    [alone] = _engine(family.checkpoints["fp16"], max_beam_width=2).generate([prompts[0][:12]], beam)
+    [alone] = family_engine(family.checkpoints["fp16"], max_beam_width=2).generate([prompts[0][:12]], beam)
     assert [c.token_ids for c in outputs[2].outputs] == [c.token_ids for c in alone.outputs]
 
 
@@ -197,8 +197,8 @@ def test_long_rope_table_follows_the_prompt_length(families, tmp_path):
     crossing = [rng.randrange(3, VOCAB_SIZE) for _ in range(LONG_ROPE_ORIGINAL - 10)]
     long_prompt = [rng.randrange(3, VOCAB_SIZE) for _ in range(LONG_ROPE_ORIGINAL + 20)]
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0, logprobs=1)
-    got = _engine(family.checkpoints["fp16"], enable_prefix_caching=True).generate([crossing, long_prompt], params)
-    reference = _engine(short_only).generate([crossing, long_prompt], params)
+    got = family_engine(family.checkpoints["fp16"], enable_prefix_caching=True).generate([crossing, long_prompt], params)
+    reference = family_engine(short_only).generate([crossing, long_prompt], params)
     assert got[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
     assert [s.logprob for s in got[0].outputs[0].logprobs] == [s.logprob for s in reference[0].outputs[0].logprobs]
     assert [s.logprob for s in got[1].outputs[0].logprobs] != [s.logprob for s in reference[1].outputs[0].logprobs]

@@ -12,17 +12,16 @@ are refused at load by name.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import time
 
 import pytest
 import torch
 
-from refengine import EngineConfig, LLMEngine, ModelLoadError, SamplingParams, load_checkpoint
+from refengine import ModelLoadError, SamplingParams, load_checkpoint
 from refengine.model_runner import load_model
 from refengine.model_runner.moe import MoeBlock, MoeSpec
-from tests.refengine.family_fixtures import MOE_SPECS, VOCAB_SIZE, build_family_model, hf_greedy
+from tests.refengine.family_fixtures import MOE_SPECS, VOCAB_SIZE, build_family_model, family_engine, hf_greedy, random_prompts
 from tests.refengine.quant_fixtures import paged_prefill
 from tests.refengine.test_refengine_beam_search import hf_beams
 
@@ -46,24 +45,13 @@ def families(tmp_path_factory):
     return built
 
 
-def _engine(checkpoint_dir, **changes) -> LLMEngine:
-    values = dict(tokens_per_block=8, max_num_tokens=256, max_batch_size=8)
-    values.update(changes)
-    return LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(**values))
-
-
-def _prompts(name: str) -> list[list[int]]:
-    rng = random.Random(len(name))
-    return [[rng.randrange(3, VOCAB_SIZE) for _ in range(length)] for length in (1, 9, 23, 41, 70)]
-
-
 @pytest.mark.parametrize("name", sorted(MOE_SPECS))
 def test_greedy_matches_transformers(families, name):
     family = families[name]
     config = json.loads((family.checkpoints["fp16"] / "config.json").read_text())
     assert config["moe"]["normalization_mode"] == (0 if name == "qwen2_moe" else 1)  # norm_topk_prob false / true
-    prompts = _prompts(name)
-    outputs = _engine(family.checkpoints["fp16"]).generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0))
+    prompts = random_prompts(name)
+    outputs = family_engine(family.checkpoints["fp16"]).generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0))
     for prompt, output in zip(prompts, outputs):
         expected = hf_greedy(family.hf_model, prompt, MAX_NEW_TOKENS)
         assert output.outputs[0].token_ids == expected, f"{name}, prompt of length {len(prompt)}"
@@ -71,8 +59,8 @@ def test_greedy_matches_transformers(families, name):
 
 def test_beam_search_matches_transformers(families):
     family = families["qwen3_moe"]
-    engine = _engine(family.checkpoints["fp16"], tokens_per_block=4, max_beam_width=4)
-    for prompt, beams, max_tokens in ((_prompts("beam")[1], 4, 12), (_prompts("beam")[2], 2, 16)):
+    engine = family_engine(family.checkpoints["fp16"], tokens_per_block=4, max_beam_width=4)
+    for prompt, beams, max_tokens in ((random_prompts("beam")[1], 4, 12), (random_prompts("beam")[2], 2, 16)):
         params = SamplingParams(max_tokens=max_tokens, beam_width=beams, n=beams, temperature=0)
         [output] = engine.generate([prompt], params)
         expected = hf_beams(family.hf_model, prompt, beams=beams, max_new_tokens=max_tokens, num_return=beams)
@@ -84,9 +72,9 @@ def test_every_engine_mechanism_runs_the_family(families, name):
     """Paged KV with prefix reuse, chunked prefill (8-token chunks), inflight batching and a beam request beside the
     greedy ones: the greedy outputs are still transformers' own, and the beam request equals running alone."""
     family = families[name]
-    engine = _engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
+    engine = family_engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
                      enable_prefix_caching=True, max_beam_width=2)
-    base = _prompts(name)[-1]
+    base = random_prompts(name)[-1]
     prompts = [base, base[:-3] + [5, 6, 7], base[:17] + [9]]  # shared prefixes: the later ones reuse cached blocks
     greedy = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
     beam = SamplingParams(max_tokens=8, beam_width=2, n=2, temperature=0)
@@ -95,7 +83,7 @@ def test_every_engine_mechanism_runs_the_family(families, name):
     assert engine.stats().num_prefix_cache_hits >= 2
     for prompt, output in zip(prompts, [first, *outputs[:2]]):
         assert output.outputs[0].token_ids == hf_greedy(family.hf_model, prompt, MAX_NEW_TOKENS), f"prompt {len(prompt)}"
-    [alone] = _engine(family.checkpoints["fp16"], max_beam_width=2).generate([prompts[0][:12]], beam)
+    [alone] = family_engine(family.checkpoints["fp16"], max_beam_width=2).generate([prompts[0][:12]], beam)
     assert [c.token_ids for c in outputs[2].outputs] == [c.token_ids for c in alone.outputs]
 
 
