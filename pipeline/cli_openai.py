@@ -1,16 +1,20 @@
 """`trtllm-pipeline openai CONFIG`: the OpenAI-compatible front end (clients.openai_server) in front of Triton.
 
 Part of the CLI (the composition root, which may import `clients`). Which Triton it talks to:
-`--triton-url` if given; else the server `serve CONFIG --detach` started, if it runs; else it
+`--triton-url` if given (the model's facts, i.e. gather flags, limits and the preprocessing
+parameters, are then read from that Triton's model-configuration API, and a URL where no Triton
+serves the model is an error at start); else the server `serve CONFIG --detach` started, if it runs; else it
 builds what is missing and starts tritonserver itself the way `serve` does, and stops it on exit.
 CONFIG may also be a rendered model repository (e.g. /models in the compose deployment), which
-then needs `--triton-url`. The model name clients pass is the spec's `name` (`--model-name`
+then needs `--triton-url` and is read for the facts (deployments mount the repository their
+Triton serves; the front end may start before that Triton is up, so it does not ask it). The model name clients pass is the spec's `name` (`--model-name`
 overrides it; for a repository it defaults to the Triton model's name, `--triton-model`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,10 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one)")
-    parser.add_argument("--triton-url", help="Triton's gRPC host:port (default: the `serve --detach` server, else one started here)")
+    parser.add_argument("--triton-url", help=(
+        "Triton's gRPC host:port, asked for the model's facts (gather flags, limits) at start "
+        "(default: the `serve --detach` server, else one started here); with a repository CONFIG the facts come from the repository"
+    ))
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
     parser.add_argument(
         "--max-json-depth", type=int, default=DEFAULT_MAX_JSON_DEPTH,
@@ -52,7 +59,11 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
             return _serve(args.triton_url, model, options, say)
         return _serve_config(args, options, say, build_package, state_dir)
     except ModelSetupError as error:
-        raise PipelineError(str(error), hint="check the model repository / tokenizer the server reads") from None
+        hint = (
+            "check --triton-url (Triton's gRPC port) and --triton-model" if args.triton_url and not args.config.is_dir()
+            else "check the model repository / tokenizer the server reads"
+        )
+        raise PipelineError(str(error), hint=hint) from None
     except OSError as error:
         raise PipelineError(str(error), hint="choose another --port (or --host)") from None
 
@@ -69,14 +80,12 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     name = args.model_name or spec.name
     triton_model = args.triton_model or spec.serve.model_name
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
-    if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from the spec, nothing is built
-        model = ServedModel(
-            name=name,
-            tokenizer_dir=spec.model.source,
-            max_seq_len=spec.build.max_seq_len or loaded.model.default_max_seq_len(),
-            max_input_len=spec.build.max_input_len,
-            triton_model=triton_model,
-        )
+    if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from that Triton, nothing is built
+        model = ServedModel.from_triton(args.triton_url, name=name, triton_model=triton_model)
+        if not model.tokenizer_dir.is_dir():
+            # The preprocessing's tokenizer_dir is a path on the Triton host (e.g. /models/... in a
+            # container); here the spec's checkpoint (which holds the same tokenizer files) is read instead.
+            model = dataclasses.replace(model, tokenizer_dir=Path(spec.model.source))
         return _serve(args.triton_url, model, options, say)
     state = read_state(state_dir(store))
     if state is not None and state.is_running():

@@ -92,20 +92,37 @@ class ServedModel:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        client = grpcclient.InferenceServerClient(triton_url)
+        try:
+            client = grpcclient.InferenceServerClient(triton_url)
+        except InferenceServerException as error:  # e.g. a URL with a scheme
+            raise ModelSetupError(f"Triton at {triton_url}: {error.message() or error}") from None
+        asked = triton_model
         try:
             model_config = client.get_model_config(triton_model, client_timeout=timeout_s).config
-            preprocessing = _preprocessing_name(model_config)
+            asked = preprocessing = _preprocessing_name(model_config)
             config = client.get_model_config(preprocessing, client_timeout=timeout_s).config
         except InferenceServerException as error:
-            raise ModelSetupError(
-                f"cannot read the model configuration of {triton_model!r} from Triton at {triton_url}: {error.message() or error}"
-            ) from None
+            raise ModelSetupError(_triton_setup_error(client, triton_url, asked, error, timeout_s)) from None
         finally:
             client.close()
         return cls.from_parameters(
             _parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}", llm_model=_llm_name(model_config)
         )
+
+
+def _triton_setup_error(client, triton_url: str, triton_model: str, error, timeout_s: float) -> str:
+    """One line: what was found at `triton_url` instead of a Triton serving `triton_model`."""
+    from tritonclient.utils import InferenceServerException
+
+    detail = " ".join(str(error.message() or error).split())
+    if "unknown model" not in detail.lower():  # nothing answers, or what answers is not Triton's gRPC API
+        what = "nothing answers there" if "connection refused" in detail.lower() else "no Triton gRPC API answers there"
+        return f"cannot reach Triton at {triton_url}: {what} ({detail})"
+    try:
+        served = sorted(model.name for model in client.get_model_repository_index(client_timeout=timeout_s).models if model.state == "READY")
+    except InferenceServerException:
+        served = []
+    return f"Triton at {triton_url} does not serve model {triton_model!r} (it serves: {', '.join(served) or 'none ready'})"
 
 
 def _flag(value: str) -> bool:

@@ -10,11 +10,15 @@ non-streamed request) frees the request's KV blocks; the `openai` command finds 
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import re
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from dataclasses import asdict
@@ -337,6 +341,84 @@ def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton
             process.wait()
         (state_dir / "server.json").unlink()
     assert triton.is_running()  # the command never stops a server it did not start
+
+
+def _start_openai_command(*args: str) -> tuple[subprocess.Popen, str]:
+    """`python -m pipeline openai ...` from this checkout; the process and the base URL it printed."""
+    command = [sys.executable, "-m", "pipeline", *args, "--port", "0"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    while not (lines and lines[-1].startswith("http://")):
+        line = process.stdout.readline()
+        if not line:
+            process.kill()
+            raise AssertionError(f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}")
+        lines.append(line.strip())
+    return process, lines[-1]
+
+
+def test_the_openai_command_with_a_triton_url_reads_what_that_triton_serves(triton, artifacts):
+    """Issue #32: with --triton-url the facts (here gather_context_logits) come from the Triton, not the spec's defaults,
+    so lm-eval's loglikelihood requests (echo + logprobs) answer as without the URL."""
+    config = str(REPO / "build_configs" / f"{MODEL}.yaml")
+    process, url = _start_openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            response = http.post("/completions", json={
+                "model": MODEL, "prompt": "def foo(x):\n    return x", "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,
+            })
+            assert response.status_code == 200, response.text
+            logprobs = response.json()["choices"][0]["logprobs"]
+            assert logprobs["token_logprobs"][0] is None and all(value <= 0 for value in logprobs["token_logprobs"][1:])
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert triton.is_running()
+
+
+class _NotTriton(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the http.server name
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("case", ["closed port", "another model", "not triton"])
+def test_the_openai_command_with_a_bad_triton_url_says_what_it_found_and_exits_1(case, request):
+    """Nothing there, a Triton without the model, an HTTP server that is not Triton's gRPC: one error line naming the URL, exit 1."""
+    config = str(REPO / "build_configs" / f"{MODEL}.yaml")
+    extra, expected = [], ""
+    with contextlib.ExitStack() as stack:
+        if case == "closed port":
+            [port] = free_ports(1)
+            url, expected = f"127.0.0.1:{port}", "nothing answers there"
+        elif case == "another model":
+            url, expected = request.getfixturevalue("triton").options.grpc_url, "does not serve model 'no-such-model' (it serves: "
+            extra = ["--triton-model", "no-such-model"]
+        else:
+            server = http.server.HTTPServer(("127.0.0.1", 0), _NotTriton)
+            stack.enter_context(server)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            stack.callback(server.shutdown)
+            url, expected = f"127.0.0.1:{server.server_port}", "no Triton gRPC API answers there"
+        [front_port] = free_ports(1)
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline", "--artifacts", str(request.getfixturevalue("tmp_path")), "openai", config,
+             "--triton-url", url, *extra, "--port", str(front_port)],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert url in error and expected in error, done.stderr
+    assert "http://" not in done.stdout and time.monotonic() - started < 60
+    with socket.socket() as probe:  # nothing is left listening on the front end's port
+        probe.bind(("127.0.0.1", front_port))
 
 
 # -- guided decoding (#16): the tiny model, which writes Python, answers JSON that validates ---------------
