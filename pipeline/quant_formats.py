@@ -21,7 +21,7 @@ from typing import Literal
 
 __all__ = [
     "TARGETS", "FP8_MIN_SM", "BLACKWELL_SMS", "WeightFormat", "KVCacheFormat", "WEIGHT_FORMATS", "KV_CACHE_FORMATS",
-    "weight_format", "kv_cache_format", "weight_format_named", "kv_cache_format_named", "needs_calibration",
+    "weight_format", "kv_cache_format", "weight_format_named", "kv_cache_format_named", "recipe_quantization", "needs_calibration",
     "fp8_context_fmha_loss", "paged_context_fmha_loss", "sm_needed", "algos_where", "sm_version", "listed",
 ]
 
@@ -174,6 +174,15 @@ def kv_cache_format(kv_cache: object) -> KVCacheFormat:
 def weight_format_named(trtllm_quant_algo: str | None) -> WeightFormat | None:
     """The record whose checkpoint says `quant_algo` (null: the unquantized record); None for a name no record has."""
     return next((f for f in WEIGHT_FORMATS.values() if f.trtllm_quant_algo == trtllm_quant_algo), None)
+
+
+def recipe_quantization(algo: object, kv_cache: object, *, unified: bool = False) -> dict[str, str | None]:
+    """The TensorRT-LLM checkpoint's quant_algo / kv_cache_quant_algo for a quantize.algo and quantize.kv_cache; with
+    `unified`, what ModelOpt's unified checkpoint (hf_quant_config.json) says instead: no quant_algo for a format made
+    without ModelOpt (int8_wo: 16-bit weights, quantized when the engine loads them)."""
+    weights = weight_format(algo)
+    quant_algo = None if unified and weights.modelopt_config is None else weights.trtllm_quant_algo
+    return {"quant_algo": quant_algo, "kv_cache_quant_algo": kv_cache_format(kv_cache).trtllm_kv_quant_algo}
 
 
 def kv_cache_format_named(trtllm_kv_quant_algo: str | None) -> KVCacheFormat | None:

@@ -39,7 +39,14 @@ from pipeline.backends.trtllm_convert import HF_QUANT_CONFIG, convert_unified_ch
 from pipeline.backends.trtllm_convert_layout import LAYOUTS, layout_for
 from pipeline.backends.unified_export import export_unified_checkpoint
 from pipeline.errors import StageError
-from pipeline.quant_formats import KV_CACHE_FORMATS, WEIGHT_FORMATS, kv_cache_format, needs_calibration, weight_format
+from pipeline.quant_formats import (
+    KV_CACHE_FORMATS,
+    WEIGHT_FORMATS,
+    kv_cache_format,
+    needs_calibration,
+    recipe_quantization,
+    weight_format,
+)
 
 __all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "trtllm_to_hf_state_dict"]
 
@@ -162,19 +169,12 @@ def _family_checkpoint_config(hf: dict[str, Any], *, dtype: str, tp_size: int, p
                              quantization=recipe_quantization(quant.algo, quant.kv_cache))
 
 
-def recipe_quantization(algo: str, kv_cache: str) -> dict[str, Any]:
-    """The checkpoint's quant_algo / kv_cache_quant_algo for a quantize.algo and quantize.kv_cache."""
-    return {"quant_algo": weight_format(algo).trtllm_quant_algo, "kv_cache_quant_algo": kv_cache_format(kv_cache).trtllm_kv_quant_algo}
-
-
 def _unified_quantization(unified_dir: Path, quant: QuantRecipe) -> dict[str, Any]:
     """hf_quant_config.json's algorithms (none when the export wrote none: an unquantized model), checked."""
     path = unified_dir / HF_QUANT_CONFIG
     found = json.loads(path.read_text()).get("quantization", {}) if path.is_file() else {}
     block = {"quant_algo": found.get("quant_algo"), "kv_cache_quant_algo": found.get("kv_cache_quant_algo")}
-    expected = recipe_quantization(quant.algo, quant.kv_cache)
-    if weight_format(quant.algo).modelopt_config is None:  # int8_wo: 16-bit weights, quantized at load
-        expected["quant_algo"] = None
+    expected = recipe_quantization(quant.algo, quant.kv_cache, unified=True)
     if block != expected:
         raise StageError(f"export: {path} says {block}, the recipe {quant.algo}/{quant.kv_cache} expects {expected}")
     return block

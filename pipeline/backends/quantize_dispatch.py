@@ -41,7 +41,7 @@ from pipeline.config.format_rules import needs_calibration
 from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
-from pipeline.quant_formats import kv_cache_format, weight_format
+from pipeline.quant_formats import recipe_quantization
 from pipeline.sources import package_dir
 
 SCRIPT_FILE = "quantize.sh"
@@ -118,11 +118,8 @@ def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None,
         what = "is not in the family table" if family is None else f"({family.name}) is not in TensorRT-LLM 1.2's MODEL_MAP"
         raise StageError(f"{hf_dir / 'config.json'}: model_type {hf.get('model_type')!r} {what}, so it has no TensorRT-LLM "
                          "checkpoint to quantize into", hint="build.target llmapi takes its unified checkpoint")
-    quantize = spec.quantize
-    quantization = {"quant_algo": weight_format(quantize.algo.value).trtllm_quant_algo,
-                    "kv_cache_quant_algo": kv_cache_format(quantize.kv_cache.value).trtllm_kv_quant_algo}
     config = pretrained_config(hf, dtype=spec.model.dtype.value, mapping=checkpoint_mapping(spec.build.tp_size, spec.build.pp_size),
-                               quantization=quantization)
+                               quantization=recipe_quantization(spec.quantize.algo, spec.quantize.kv_cache))
     return config, False
 
 
@@ -266,9 +263,9 @@ def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise StageError(f"the quantize job finished but {path} is not a JSON object")
     quant, mapping = config.get("quantization") or {}, config.get("mapping") or {}
+    expected = recipe_quantization(request.algo, request.kv_cache)
     found = {
-        "quantization.quant_algo": (quant.get("quant_algo"), weight_format(request.algo).trtllm_quant_algo),
-        "quantization.kv_cache_quant_algo": (quant.get("kv_cache_quant_algo"), kv_cache_format(request.kv_cache).trtllm_kv_quant_algo),
+        **{f"quantization.{key}": (quant.get(key), want) for key, want in expected.items()},
         "mapping.tp_size": (mapping.get("tp_size"), request.tp_size),
         "mapping.pp_size": (mapping.get("pp_size"), request.pp_size),
     }
@@ -291,9 +288,7 @@ def _check_unified_output(request: QuantizeRequest) -> dict[str, Any]:
         found = json.loads(path.read_text(encoding="utf-8")).get("quantization") or {} if path.is_file() else {}
     except (OSError, ValueError, AttributeError) as exc:
         raise StageError(f"the quantize job finished but {path} is unreadable ({exc})") from None
-    weights = weight_format(request.algo)
-    want = {"quant_algo": weights.trtllm_quant_algo if weights.modelopt_config else None,
-            "kv_cache_quant_algo": kv_cache_format(request.kv_cache).trtllm_kv_quant_algo}
+    want = recipe_quantization(request.algo, request.kv_cache, unified=True)
     got = {key: found.get(key) for key in want}
     if got != want:
         raise StageError(f"the quantize job wrote {path} that does not match its request: {got}, expected {want}")

@@ -125,8 +125,9 @@ def build_family_model(
 ) -> FamilyModel:
     """The model `name` of `specs` (FAMILY_SPECS or MOE_SPECS) with its checkpoint in each format (fp16 or a
     quantize.algo value)."""
-    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint, recipe_quantization
+    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
     from pipeline.backends.trtllm_pretrained import checkpoint_mapping, pretrained_config
+    from pipeline.quant_formats import recipe_quantization
     from tests.refengine.quant_fixtures import _capture_models
 
     model_type, overrides = specs[name]
