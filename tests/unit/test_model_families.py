@@ -236,9 +236,11 @@ def test_fused_experts_of_the_wrong_count_are_refused(checkpoints, tmp_path, cap
 
 # -- dry runs ------------------------------------------------------------------------------------------------------------
 def _dry_run(model: Path, target: str, store: Path) -> Path:
-    argv = ["--artifacts", str(store), "run", str(BUILD_CONFIGS / CONFIGS[target]), "--set", f"model.source={model}",
-            *LENGTHS, "--runner", "dry-run", "--until", "package"]
-    assert main(argv) == 0
+    """plan (with the GPU capacity table) then run --runner dry-run --until package, as a user would."""
+    config = ["--set", f"model.source={model}", *LENGTHS]
+    assert main(["--artifacts", str(store), "plan", str(BUILD_CONFIGS / CONFIGS[target]), *config, "--gpu", "H200"]) == 0
+    assert main(["--artifacts", str(store), "run", str(BUILD_CONFIGS / CONFIGS[target]), *config, "--runner", "dry-run",
+                 "--until", "package"]) == 0
     [directory] = (store / Path(CONFIGS[target]).stem).glob("package-*")
     return directory.parent
 
