@@ -213,8 +213,3 @@ def architecture_for_checkpoint(name: str) -> Architecture:
             raise ModelLoadError(f"architecture {name!r} is not supported by the reference engine: {refused}")
     supported = ", ".join(sorted(known for row in ARCHITECTURES for known in row.checkpoint_architectures))
     raise ModelLoadError(f"architecture {name!r} is not supported by the reference engine (supported: {supported})")
-
-
-def architecture_for_hf_model_type(model_type: str) -> Architecture | None:
-    """The row a Hugging Face checkpoint of `model_type` exports to, or None."""
-    return next((row for row in ARCHITECTURES if model_type in row.hf_model_types), None)

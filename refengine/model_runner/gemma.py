@@ -33,8 +33,8 @@ from refengine.model_runner.attention import AttentionMetadata, paged_attention,
 from refengine.model_runner.decoder import KVCacheLayout
 from refengine.model_runner.kv_quant import kv_cache_dtype
 from refengine.model_runner.layers import RotaryEmbedding, geglu, rms_norm, rotate
-from refengine.model_runner.linear import DenseLinear, WeightScratch, weight_storage
-from refengine.model_runner.llama import DecoderLayer, _load_layer
+from refengine.model_runner.linear import DenseLinear, WeightScratch
+from refengine.model_runner.llama import DecoderLayer, _load_layer, load_embeddings
 from refengine.model_runner.quantized_linear import check_quantization
 
 
@@ -97,10 +97,7 @@ class GemmaModel:
         options = GemmaOptions.from_config(checkpoint.raw_config)
         check_quantization(config.quantization)
         store = checkpoint.tensors
-        table_shape = (config.vocab_size, config.hidden_size)
-        embedding = store.get("transformer.vocab_embedding.weight", table_shape).to(dtype)
-        lm_head = store.get_optional("lm_head.weight", table_shape)
-        lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
+        embedding, lm_head = load_embeddings(store, config, dtype)
         scratch = WeightScratch()
         layers = [
             _load_gemma_layer(

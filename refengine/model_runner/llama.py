@@ -118,11 +118,7 @@ class LlamaModel:
         options = DecoderOptions.from_config(checkpoint.raw_config, config)
         check_quantization(config.quantization)
         store = checkpoint.tensors
-        table_shape = (config.vocab_size, config.hidden_size)
-        embedding = store.get("transformer.vocab_embedding.weight", table_shape).to(dtype)
-        lm_head = store.get_optional("lm_head.weight", table_shape)
-        # Tied embeddings (no lm_head.weight): the output projection is the embedding table.
-        lm_head = embedding if lm_head is None else weight_storage(lm_head, dtype)
+        embedding, lm_head = load_embeddings(store, config, dtype)
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
         layers = [
             _load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm, options.layer_norm,
@@ -229,6 +225,15 @@ class LlamaModel:
 def _scaled(output: torch.Tensor, multiplier: float) -> torch.Tensor:
     """A block's fresh output times Granite's residual multiplier (in place; untouched at 1.0)."""
     return output if multiplier == 1.0 else output.mul_(multiplier)
+
+
+def load_embeddings(store: TensorStore, config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vocab embedding in the compute dtype and the output projection (the embedding table when tied: no
+    lm_head.weight; else kept as stored when that widens exactly, see DenseLinear)."""
+    table_shape = (config.vocab_size, config.hidden_size)
+    embedding = store.get("transformer.vocab_embedding.weight", table_shape).to(dtype)
+    lm_head = store.get_optional("lm_head.weight", table_shape)
+    return embedding, embedding if lm_head is None else weight_storage(lm_head, dtype)
 
 
 def _load_layer(

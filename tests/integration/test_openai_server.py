@@ -38,7 +38,7 @@ from tests.integration.guided_cases import MAX_TOKENS as GUIDED_MAX_TOKENS
 from tests.integration.guided_cases import PROMPTS as GUIDED_PROMPTS
 from tests.integration.guided_cases import SCHEMAS as GUIDED_SCHEMAS
 from tests.integration.guided_cases import validated
-from tests.integration.serving import CLI, REPO, free_ports, serving_repository
+from tests.integration.serving import REPO, free_ports, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -311,6 +311,20 @@ def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
 
 
 # -- the command ---------------------------------------------------------------------------------------
+def _start_openai_command(*args: str) -> tuple[subprocess.Popen, list[str]]:
+    """`python -m pipeline openai ...` from this checkout; the process and the lines it printed, the base URL last."""
+    command = [sys.executable, "-m", "pipeline", *args, "--port", "0"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    while not (lines and lines[-1].startswith("http://")):
+        line = process.stdout.readline()
+        if not line:
+            process.kill()
+            raise AssertionError(f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}")
+        lines.append(line.strip())
+    return process, lines
+
+
 def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton, artifacts):
     state_dir = artifacts["root"] / MODEL / ".serve"
     state = ServerState(
@@ -321,49 +335,31 @@ def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton
     )  # as `serve --detach` records it
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "server.json").write_text(json.dumps(asdict(state)))
-    command = [str(CLI), "--artifacts", str(artifacts["root"]), "openai", str(REPO / "build_configs" / f"{MODEL}.yaml"), "--port", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        lines = []
-        while not (lines and lines[-1].startswith("http://")):
-            line = process.stdout.readline()
-            assert line, f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}"
-            lines.append(line.strip())
-        assert "started with `serve --detach`" in lines[0]
-        with httpx.Client(base_url=lines[-1], timeout=30) as http:
-            assert http.get("/models").json()["data"][0]["id"] == MODEL
-            assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
+        process, lines = _start_openai_command("--artifacts", str(artifacts["root"]), "openai", str(REPO / "build_configs" / f"{MODEL}.yaml"))
+        try:
+            assert "started with `serve --detach`" in lines[0]
+            with httpx.Client(base_url=lines[-1], timeout=30) as http:
+                assert http.get("/models").json()["data"][0]["id"] == MODEL
+                assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
         (state_dir / "server.json").unlink()
     assert triton.is_running()  # the command never stops a server it did not start
-
-
-def _start_openai_command(*args: str) -> tuple[subprocess.Popen, str]:
-    """`python -m pipeline openai ...` from this checkout; the process and the base URL it printed."""
-    command = [sys.executable, "-m", "pipeline", *args, "--port", "0"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    while not (lines and lines[-1].startswith("http://")):
-        line = process.stdout.readline()
-        if not line:
-            process.kill()
-            raise AssertionError(f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}")
-        lines.append(line.strip())
-    return process, lines[-1]
 
 
 def test_the_openai_command_with_a_triton_url_reads_what_that_triton_serves(triton, artifacts):
     """Issue #32: with --triton-url the facts (here gather_context_logits) come from the Triton, not the spec's defaults,
     so lm-eval's loglikelihood requests (echo + logprobs) answer as without the URL."""
     config = str(REPO / "build_configs" / f"{MODEL}.yaml")
-    process, url = _start_openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url)
+    process, lines = _start_openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url)
     try:
-        with httpx.Client(base_url=url, timeout=30) as http:
+        with httpx.Client(base_url=lines[-1], timeout=30) as http:
             response = http.post("/completions", json={
                 "model": MODEL, "prompt": "def foo(x):\n    return x", "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,
             })

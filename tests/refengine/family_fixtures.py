@@ -162,15 +162,6 @@ def build_family_model(
     return family
 
 
-def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> tuple[int, ...]:
-    with torch.no_grad():
-        generated = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False, max_new_tokens=max_new_tokens,
-        )
-    return tuple(generated[0, len(prompt):].tolist())
-
-
 def family_engine(checkpoint_dir: Path, **changes: Any) -> Any:
     """refengine on a family checkpoint, small paged cache (8-token blocks), with EngineConfig `changes`."""
     from refengine import EngineConfig, LLMEngine
@@ -184,3 +175,24 @@ def random_prompts(name: str, lengths: tuple[int, ...] = (1, 9, 23, 41, 70)) -> 
     """Prompts of these lengths, random token ids above the special ones, seeded by the model's name."""
     rng = random.Random(len(name))
     return [[rng.randrange(3, VOCAB_SIZE) for _ in range(length)] for length in lengths]
+
+
+def assert_engine_mechanisms(family: FamilyModel, base: list[int], max_new_tokens: int) -> None:
+    """Paged KV with prefix reuse, chunked prefill (8-token chunks), inflight batching and a beam request beside the
+    greedy ones, on `family`'s fp16 checkpoint: the greedy outputs are still transformers' own, and the beam request
+    equals running alone. `base` is the longest prompt; two more share its prefixes."""
+    from refengine import SamplingParams
+    from tests.refengine.conftest import hf_greedy
+
+    engine = family_engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
+                           enable_prefix_caching=True, max_beam_width=2)
+    prompts = [base, base[:-3] + [5, 6, 7], base[:17] + [9]]  # shared prefixes: the later ones reuse cached blocks
+    greedy = SamplingParams(max_tokens=max_new_tokens, temperature=0)
+    beam = SamplingParams(max_tokens=8, beam_width=2, n=2, temperature=0)
+    [first] = engine.generate([prompts[0]], greedy)
+    outputs = engine.generate(prompts[1:] + [prompts[0][:12]], [greedy, greedy, beam])
+    assert engine.stats().num_prefix_cache_hits >= 2
+    for prompt, output in zip(prompts, [first, *outputs[:2]]):
+        assert output.outputs[0].token_ids == hf_greedy(family.hf_model, prompt, max_new_tokens), f"prompt {len(prompt)}"
+    [alone] = family_engine(family.checkpoints["fp16"], max_beam_width=2).generate([prompts[0][:12]], beam)
+    assert [c.token_ids for c in outputs[2].outputs] == [c.token_ids for c in alone.outputs]

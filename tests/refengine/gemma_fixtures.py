@@ -94,10 +94,3 @@ def _hf_model(model_type: str, overrides: dict[str, Any], seed: int) -> Any:
     return model
 
 
-def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> tuple[int, ...]:
-    with torch.no_grad():
-        generated = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False, max_new_tokens=max_new_tokens,
-        )
-    return tuple(generated[0, len(prompt):].tolist())

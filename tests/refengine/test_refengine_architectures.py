@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from refengine import LLMEngine, ModelLoadError, load_checkpoint
-from refengine.architectures import ARCHITECTURES, HF_MODEL_TYPES, architecture_for_checkpoint, architecture_for_hf_model_type
+from refengine.architectures import ARCHITECTURES, HF_MODEL_TYPES, architecture_for_checkpoint
 from refengine.model_runner import KVCacheLayout, LlamaModel, load_model
 
 PROTOCOL = ("from_checkpoint", "vocab_size", "kv_cache_layout", "forward", "compute_logits")
@@ -21,14 +21,12 @@ def test_each_row_names_a_decoder_model(row):
     model_class = row.load_model_class()
     assert [name for name in PROTOCOL if not hasattr(model_class, name)] == []
     assert all(architecture_for_checkpoint(name) is row for name in row.checkpoint_architectures)
-    assert all(architecture_for_hf_model_type(name) is row for name in row.hf_model_types)
 
 
 def test_no_name_belongs_to_two_rows():
     checkpoint_names = [name for row in ARCHITECTURES for name in row.checkpoint_architectures]
     assert len(checkpoint_names) == len(set(checkpoint_names))
     assert len(HF_MODEL_TYPES) == len(set(HF_MODEL_TYPES))
-    assert architecture_for_hf_model_type("gpt2") is None
     with pytest.raises(ModelLoadError, match="'FalconForCausalLM' is not supported by the reference engine"):
         architecture_for_checkpoint("FalconForCausalLM")
 

@@ -22,13 +22,14 @@ import torch
 
 from refengine import ModelLoadError, SamplingParams, load_checkpoint
 from refengine.model_runner import load_model
+from tests.refengine.conftest import hf_greedy
 from tests.refengine.family_fixtures import (
     FAMILY_SPECS,
     LONG_ROPE_ORIGINAL,
     VOCAB_SIZE,
+    assert_engine_mechanisms,
     build_family_model,
     family_engine,
-    hf_greedy,
     random_prompts,
 )
 from tests.refengine.quant_fixtures import paged_prefill
@@ -166,20 +167,8 @@ def test_quantized_kv_cache_holds_codes_and_decodes_as_a_recompute(families, fmt
 def test_every_engine_mechanism_runs_the_family(families, name):
     """Paged KV with prefix reuse, chunked prefill (8-token chunks), inflight batching and a beam request beside the
     greedy ones: the greedy outputs are still transformers' own, and the beam request equals running alone."""
-    family = families[name]
-    engine = family_engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
-                     enable_prefix_caching=True, max_beam_width=2)
-    base = _prompts(name)[-1]  # longer than original_max_position_embeddings for long-RoPE
-    prompts = [base, base[:-3] + [5, 6, 7], base[:17] + [9]]  # shared prefixes: the later ones reuse cached blocks
-    greedy = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
-    beam = SamplingParams(max_tokens=8, beam_width=2, n=2, temperature=0)
-    [first] = engine.generate([prompts[0]], greedy)
-    outputs = engine.generate(prompts[1:] + [prompts[0][:12]], [greedy, greedy, beam])
-    assert engine.stats().num_prefix_cache_hits >= 2
-    for prompt, output in zip(prompts, [first, *outputs[:2]]):
-        assert output.outputs[0].token_ids == hf_greedy(family.hf_model, prompt, MAX_NEW_TOKENS), f"prompt {len(prompt)}"
-    [alone] = family_engine(family.checkpoints["fp16"], max_beam_width=2).generate([prompts[0][:12]], beam)
-    assert [c.token_ids for c in outputs[2].outputs] == [c.token_ids for c in alone.outputs]
+    # the last prompt is longer than original_max_position_embeddings for long-RoPE
+    assert_engine_mechanisms(families[name], _prompts(name)[-1], MAX_NEW_TOKENS)
 
 
 def test_long_rope_table_follows_the_prompt_length(families, tmp_path):

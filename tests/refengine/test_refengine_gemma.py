@@ -21,7 +21,8 @@ import torch
 from refengine import EngineConfig, InvalidRequestError, LLMEngine, ModelLoadError, SamplingParams, load_checkpoint
 from refengine.gemma_options import GEMMA2_WINDOW
 from refengine.model_runner import load_model
-from tests.refengine.gemma_fixtures import VOCAB_SIZE, WINDOW, build_gemma_models, hf_greedy
+from tests.refengine.conftest import hf_greedy
+from tests.refengine.gemma_fixtures import VOCAB_SIZE, WINDOW, build_gemma_models
 
 MAX_NEW_TOKENS = 32
 WINDOWED = ("gemma2_windowed", "gemma3_text")
