@@ -1,4 +1,4 @@
-# The README's commands. Each target creates .venv when it is missing (or older than pyproject.toml).
+# The commands of the README and the documentation site (docs/). Each target creates .venv when it is missing (or older than pyproject.toml).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ CONFIG ?= build_configs/tiny-cpu.yaml
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench venv schema clean compose-e2e
+.PHONY: demo test lint docs bench venv schema clean compose-e2e
 
 demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
@@ -26,13 +26,17 @@ demo: $(STAMP)
 	$(CLI) stop $(CONFIG) || status=$$?; \
 	exit $$status
 
-test: lint
+test: lint docs
 	$(PY) -m pytest -q --durations=40
 
 # The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter]); `make test` runs them first.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline clients refengine model_repo scripts tests
 	$(VENV)/bin/lint-imports
+
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link, page or anchor fails it (`make test` runs it).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict -d site
 
 bench: $(STAMP)
 	$(CLI) bench engine $(CONFIG)
@@ -56,7 +60,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 schema: $(STAMP)
 	$(CLI) schema --write
-	$(PY) scripts/update_readme_reference.py
+	$(PY) scripts/update_docs_reference.py
 
 clean:
 	rm -rf artifacts
