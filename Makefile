@@ -35,8 +35,9 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml) into site/; --strict: a broken link, page or anchor fails it (`make test` runs it).
+# NO_MKDOCS_2_WARNING silences the Material theme's end-of-life notice, printed on every build (docs/development.md).
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict -d site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 bench: $(STAMP)
 	$(CLI) bench engine $(CONFIG)

@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bench_parser(sub, handler=_bench)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
     schema.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_PATH}")
-    schema.add_argument("--markdown", action="store_true", help="print the README's field reference instead")
+    schema.add_argument("--markdown", action="store_true", help="print the field reference (docs/reference.md) instead")
     schema.set_defaults(handler=_schema)
     return parser
 

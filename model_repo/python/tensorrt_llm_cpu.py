@@ -236,7 +236,7 @@ class TritonPythonModel:
         earlier tokens) are in flight races the ensemble's request tracker, which can then be used
         after it was released or never count down to 0 (the ensemble never unloads); Triton core
         fixed that in #483 (2026). This alone does not stop the heap corruption seen under heavy
-        cancellation through the ensemble (README, "Not solved"). The client is gone anyway; Triton
+        cancellation through the ensemble (docs/serving.md, "Not solved"). The client is gone anyway; Triton
         tells it the stream was cancelled."""
         if self._decoupled:
             entry.send(None, final=True)

@@ -42,7 +42,7 @@ class Row:
     spec_field: str  # dotted path in the spec
     option: str | None  # dotted LLM() option; None: the PyTorch path has none (refused unless at its default)
     stage: str  # "build" | "serve": which stage writes it
-    engine: str  # what the engine target sets from the field (the README's side-by-side table)
+    engine: str  # what the engine target sets from the field (the side-by-side table of docs/targets.md)
     value: Callable[[Any], Any] = _plain
     why_not: str = ""
 

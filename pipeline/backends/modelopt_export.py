@@ -164,7 +164,7 @@ def _family_checkpoint_config(hf: dict[str, Any], *, dtype: str, tp_size: int, p
     why = family.format_refusal(Target.engine, quant.algo)
     if why:
         raise StageError(f"export: {family.name} in quantize.algo {quant.algo} is refused for the TensorRT-LLM checkpoint "
-                         f"(trtllm-build): {why}", hint="pick a format the family table takes (README: Model families)")
+                         f"(trtllm-build): {why}", hint="pick a format the family table takes (docs/targets.md: Model families)")
     return pretrained_config(hf, dtype=dtype, mapping=checkpoint_mapping(tp_size, pp_size),
                              quantization=recipe_quantization(quant.algo, quant.kv_cache))
 

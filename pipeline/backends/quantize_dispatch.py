@@ -111,7 +111,7 @@ def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None,
     why = family.format_refusal(spec.build.target, algo) if family is not None else None
     if why:  # validate refuses it first; the job in NVIDIA's image cannot read the table, so it is refused here too
         raise StageError(f"{family.name} in quantize.algo {algo} is refused on build.target {spec.build.target.value}: {why}",
-                         hint="pick a format the family table takes (README: Model families)")
+                         hint="pick a format the family table takes (docs/targets.md: Model families)")
     if family is None or family.trtllm_class is None:
         if traits_of(spec.build.target).exports_unified_hf:
             return None, True

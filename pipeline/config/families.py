@@ -187,7 +187,7 @@ def model_types_on(target: Target) -> tuple[str, ...]:
 
 
 def support_markdown() -> str:
-    """The README's family × target table: which targets take each family, and in which quantize.algo formats."""
+    """The family × target table of README.md and docs/targets.md: which targets take each family, and in which quantize.algo formats."""
     from pipeline.quant_formats import WEIGHT_FORMATS
 
     header = "| family | Hugging Face model_type | engine (trtllm-build) | llmapi (PyTorch backend) | cpu (refengine) |"

@@ -1,4 +1,4 @@
-"""The README's build-config reference, generated from the Spec's field descriptions."""
+"""The build-config field reference (docs/reference.md), generated from the Spec's field descriptions."""
 
 from __future__ import annotations
 

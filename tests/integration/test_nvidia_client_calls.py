@@ -2,7 +2,7 @@
 `inflight_batcher_llm/client/end_to_end_grpc_client.py`, `tools/inflight_batcher_llm/end_to_end_test.py`),
 made here with the same tensors, dtypes, shapes and requested outputs, and read the way the scripts
 read them (`as_numpy("text_output")[0].decode()`, `as_numpy(metric)[0][0]`). The scripts themselves
-are NVIDIA's code and are not in this repository; the README says which were run by hand, unmodified.
+are NVIDIA's code and are not in this repository; docs/serving.md says which were run by hand, unmodified.
 """
 
 from __future__ import annotations

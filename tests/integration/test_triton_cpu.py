@@ -515,7 +515,7 @@ HTTP_500_FROM_TRITON = {
 
 def test_huge_prompts_are_refused_untokenized_while_other_requests_are_served(server, reference):
     """Three concurrent 10 MB prompts (gRPC: Triton 2.51's HTTP front end itself dies on /generate
-    bodies over ~4 MB, see the README) are each refused by their byte length, never tokenized, and
+    bodies over ~4 MB, see docs/serving.md) are each refused by their byte length, never tokenized, and
     a small request made meanwhile over HTTP gets its usual answer."""
     huge = "def f(x):\n    return x\n" * 420_000
 
@@ -537,7 +537,7 @@ def test_huge_prompts_are_refused_untokenized_while_other_requests_are_served(se
 
 
 def test_http_values_of_the_wrong_json_type_get_triton_s_own_500_and_the_server_stays_ready(server, reference):
-    """Documented in the README; the clients library refuses these values before sending them."""
+    """Documented in docs/serving.md; the clients library refuses these values before sending them."""
     url = f"{server.options.http_url}/v2/models/ensemble/generate"
     for case, (body, message) in HTTP_500_FROM_TRITON.items():
         with pytest.raises(urllib.error.HTTPError) as raised:
@@ -599,7 +599,7 @@ def test_streaming_over_plain_http_infer_is_refused_clearly(server):
     finally:
         client.close()  # an open keep-alive connection would hold up the server's shutdown
     # Triton answers 501 (its UNSUPPORTED error code) for any /infer on a decoupled model, before any
-    # model runs; streams go over gRPC or /generate_stream. Documented in the README.
+    # model runs; streams go over gRPC or /generate_stream. Documented in docs/serving.md.
     assert raised.value.status() == "501"
     assert "HTTP end point doesn't support models with decoupled transaction policy" in str(raised.value)
     assert is_ready(server.options.http_url)

@@ -5,7 +5,7 @@ safetensors) goes through `validate` on every target and, where its row says the
 `run --runner dry-run --until package` on the engine and llmapi targets: the checkpoint config the engine would
 be built from carries the family's TensorRT-LLM keys, the Triton repository gets the per-layer window vector,
 the LLM() options the per-layer window list. Where a target does not take a family, validate refuses by name
-and says where it runs instead. These cells are the README's family × target table.
+and says where it runs instead. These cells are the family × target table of README.md and docs/targets.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.family_models import FAMILY_CONFIGS, make_family_checkpoint
 CONFIGS = {"cpu": "tiny-cpu.yaml", "engine": "llama-3.1-8b-fp8.yaml", "llmapi": "llama-3.1-8b-fp8-llmapi.yaml"}
 # Within every tiny model's 2048 positions and Gemma 2's 4096-token engine limit.
 LENGTHS = ("--set", "build.max_seq_len=2048", "--set", "build.max_input_len=1024")
-# (model_type, target) -> taken; the README's table.
+# (model_type, target) -> taken; the documented table.
 EXPECTED = {
     "llama": "engine llmapi cpu", "mistral": "engine llmapi cpu", "mixtral": "engine llmapi cpu", "qwen2": "engine llmapi cpu",
     "qwen2_moe": "engine llmapi cpu", "qwen3": "engine llmapi cpu", "qwen3_moe": "engine llmapi cpu", "gemma": "engine cpu",
@@ -112,7 +112,7 @@ def test_gemma2_is_limited_to_4096_tokens_where_its_checkpoint_has_no_window(che
     assert f"build.max_seq_len: gemma2 on build.target {target} takes at most 4096 tokens, got 8192 from build.max_seq_len" in output
 
 
-# Every cell of the README's table: each quantize.algo on each target that takes the family is accepted or refused as
+# Every cell of the documented table: each quantize.algo on each target that takes the family is accepted or refused as
 # the family row says (kv cache off and FP8 context attention off so that only the weight format speaks; NVFP4 on a
 # Blackwell GPU, the only one that runs it).
 FORMAT_BASES = {"cpu": "tiny-cpu-fp8.yaml", "engine": "llama-3.1-8b-fp8.yaml", "llmapi": "llama-3.1-8b-fp8-llmapi.yaml"}
@@ -139,10 +139,11 @@ def test_every_format_cell_of_the_table(checkpoints, model_type, target, capsys)
     assert refused_here == [a for a in WEIGHT_FORMATS if WEIGHT_FORMATS[a].runs_on(target) and family.format_refusal(Target(target), a)]
 
 
-def test_the_readme_table_is_the_family_table():
+@pytest.mark.parametrize("page", ["README.md", "docs/targets.md"])
+def test_the_documented_table_is_the_family_table(page):
     from pipeline.config.families import support_markdown
 
-    assert support_markdown() in (REPO / "README.md").read_text(encoding="utf-8")
+    assert support_markdown() in (REPO / page).read_text(encoding="utf-8"), f"{page}'s family table is stale: run `make schema`"
 
 
 # -- bad checkpoints -------------------------------------------------------------------------------------------------

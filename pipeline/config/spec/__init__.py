@@ -1,7 +1,7 @@
 """The build spec: what one YAML file in `build_configs/` may say.
 
-Every model is frozen and forbids unknown keys; every field carries a description (the README's
-YAML reference and `build_configs/schema.json` are generated from them). A validator's message starts
+Every model is frozen and forbids unknown keys; every field carries a description (the field
+reference docs/reference.md and `build_configs/schema.json` are generated from them). A validator's message starts
 with the field it is about and names the other fields involved; the loader prefixes the field only to a
 message that does not (pydantic's own, or a section's that cannot know its path, like LatencyLimits'), so
 each field is named once. Checks that need the model's own `config.json` live in

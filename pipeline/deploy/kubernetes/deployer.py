@@ -52,7 +52,7 @@ class KubernetesDeployer:
             return run_command(["kubectl", "apply", "-k", str(overlay)], timeout=APPLY_TIMEOUT_SECONDS)
         except ToolError as error:
             hint = (
-                "--up needs kubectl with a reachable cluster, the model on the claim (README: Deploy on Kubernetes), "
+                "--up needs kubectl with a reachable cluster, the model on the claim (docs/kubernetes.md: Applying them), "
                 "and the CRDs of the overlay (prometheus-operator; LeaderWorkerSet when the model spans nodes)"
             )
             raise ToolError(error.command, error.returncode, error.stderr_tail, hint=hint) from None

@@ -10,7 +10,7 @@ A kubernetes deployment directory holds, beside what every kind writes (pipeline
     kubernetes/overlays/autoscaling/    monitoring + HorizontalPodAutoscaler and the prometheus-adapter rule
                                         (only with deploy.kubernetes.autoscaling)
 
-The PersistentVolumeClaim holds the model as the pods read it (copied there by the operator, README):
+The PersistentVolumeClaim holds the model as the pods read it (copied there by the operator, docs/kubernetes.md):
 
     model_repository/    this directory's model_repository/ (mounted at /models)
     build/               the build artifact as stored: manifest.json and engine/ (mounted at /engine)
