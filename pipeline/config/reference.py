@@ -28,10 +28,15 @@ def _rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
         section = section_model(annotation)
         if section is not None:
             optional = "optional section (default: absent)" if section is not annotation else "section"
-            rows.append(f"| **`{dotted}`** | {optional} | | {field.description} |")
+            rows.append(f"| **`{dotted}`** | {optional} | | {_text(field.description)} |")
             _rows(section, f"{dotted}.", rows)
             continue
-        rows.append(f"| `{dotted}` | {_type_name(annotation)} | {_default(field)} | {field.description} |")
+        rows.append(f"| `{dotted}` | {_type_name(annotation)} | {_default(field)} | {_text(field.description)} |")
+
+
+def _text(description: str | None) -> str:
+    """A description as Markdown text: `<artifacts>/<name>/` would otherwise be read as HTML tags and vanish."""
+    return (description or "").replace("<", "&lt;")
 
 
 def _type_name(annotation: Any) -> str:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import _parser
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]  # the site publishes BENCHMARKS.md too
 SHELL_INFOS = {"", "bash", "sh", "shell", "console"}
 CODE_BLOCK = re.compile(r"^ *(?P<fence>```+)(?P<info>[^\n`]*)\n(?P<body>.*?)^ *(?P=fence)[ \t]*$", re.M | re.S)
