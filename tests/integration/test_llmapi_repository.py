@@ -87,3 +87,65 @@ def test_the_model_code_serves_nvidias_contract_to_the_load_client_over_a_stand_
     assert [event["text_output"] for event in events] == [" w0", " w1", " w2", ""]
     assert events[-1]["finish_reason"] == "length"
     assert returncode == 0
+
+
+def _stream(port: int, body: dict) -> list[dict]:
+    import httpx
+
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v2/models/tensorrt_llm/generate_stream", json=body, timeout=30) as response:
+        return [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
+
+
+def _serve_with_standin(tmp_path, overrides: tuple[str, ...]):
+    from pipeline.serve import ServerOptions, TritonServer
+
+    packaged = build_and_package(CONFIG, tmp_path / "store", ("build.runner=dry-run", *overrides))["repository"]
+    repository = tmp_path / "repository"
+    shutil.copytree(packaged, repository)
+    shutil.copytree(STANDIN / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    options = ServerOptions(
+        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S,
+    )
+    return TritonServer(options, workspace=tmp_path / "server").start(), http_port
+
+
+ADAPTER = REPO / "models" / "llama-3.1-8b-lora-example"
+
+
+def test_each_request_selects_its_adapter_or_none_and_bad_selections_are_refused_by_name(tmp_path):
+    """build.lora in model.yaml's lora_config; NVIDIA's lora_id / lora_name / lora_path inputs become the LLM's
+    LoRARequest for that request only (the stand-in writes the adapter's name into each word it generates)."""
+    triton, port = _serve_with_standin(tmp_path, (f"build.lora.adapter_dirs=[{ADAPTER}]",))
+    base = {"text_input": "hello", "sampling_param_max_tokens": 2}
+    adapter = {"lora_id": 7, "lora_name": "example", "lora_path": str(ADAPTER)}
+    try:
+        triton.wait_until_ready(timeout=120)
+        with_adapter, without, with_adapter_again = (_stream(port, {**base, **extra}) for extra in (adapter, {}, adapter))
+        refusals = {
+            "partial": _stream(port, {**base, "lora_name": "example"}),
+            "nemo": _stream(port, {**base, **adapter, "lora_ckpt_source": "nemo"}),
+            "no such path": _stream(port, {**base, **adapter, "lora_path": str(tmp_path / "absent")}),
+        }
+    finally:
+        returncode = triton.stop()
+    assert [event["text_output"] for event in with_adapter] == [" example-w0 example-w1"] == [
+        event["text_output"] for event in with_adapter_again]
+    assert [event["text_output"] for event in without] == [" w0 w1"]
+    messages = {case: " ".join(event.get("error", "") for event in events) for case, events in refusals.items()}
+    assert "lora_id, lora_path missing: an adapter is chosen by lora_id, lora_name and lora_path together" in messages["partial"]
+    assert "lora_ckpt_source 'nemo': only hf" in messages["nemo"]
+    assert f"lora_path '{tmp_path / 'absent'}' is not a directory on this server" in messages["no such path"]
+    assert returncode == 0
+
+
+def test_lora_inputs_to_a_model_built_without_build_lora_are_refused(tmp_path):
+    triton, port = _serve_with_standin(tmp_path, ())
+    try:
+        triton.wait_until_ready(timeout=120)
+        events = _stream(port, {"text_input": "hello", "sampling_param_max_tokens": 2, "lora_id": 1, "lora_name": "a",
+                                "lora_path": str(ADAPTER)})
+    finally:
+        returncode = triton.stop()
+    assert "this model serves no LoRA adapter (its model.yaml has no lora_config: build it with build.lora)" in events[0]["error"]
+    assert returncode == 0
