@@ -18,7 +18,7 @@ from pipeline.backends.capacity import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB
 from pipeline.backends.cpu_speculative import add_speculation
 from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, SPECULATIVE_DECODING_MODE, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
-from pipeline.config.lora_adapters import AdapterError, engine_target_modules
+from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec, Spec, SpeculativeSpec, Target
@@ -92,10 +92,7 @@ def _lora_config(build: BuildSpec) -> dict[str, Any]:
     lora = build.lora
     if lora is None:
         return {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []}
-    try:
-        modules = engine_target_modules([module.value for module in lora.target_modules], lora.adapter_dirs)
-    except AdapterError as exc:
-        raise StageError(f"build.lora.adapter_dirs: {exc}") from None
+    modules = spec_target_modules(lora)
     return {"lora_dir": [], "lora_ckpt_source": lora.adapter_source.value, "max_lora_rank": lora.max_rank,
             "lora_target_modules": list(modules)}
 

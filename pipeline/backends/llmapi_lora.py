@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.llm_parameters import lora_cache
-from pipeline.config.lora_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterError, engine_target_modules
+from pipeline.config.lora_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, spec_target_modules
 from pipeline.config.spec import ServeSpec, Spec
-from pipeline.errors import SpecError, StageError
+from pipeline.errors import StageError
 
 LORA_DIR = "lora"  # the adapters inside the served model directory: <model>/lora/<i>/
 
@@ -38,10 +38,7 @@ def lora_options(spec: Spec) -> dict[str, Any]:
     lora = spec.build.lora
     if lora is None:
         return {}
-    try:
-        modules = engine_target_modules([module.value for module in lora.target_modules], lora.adapter_dirs)
-    except AdapterError as exc:
-        raise SpecError(f"build.lora.adapter_dirs: {exc}") from None
+    modules = spec_target_modules(lora)
     config: dict[str, Any] = {"lora_dir": [f"{LORA_DIR}/{index}" for index in range(len(lora.adapter_dirs))]} if lora.adapter_dirs else {}
     config.update(lora_ckpt_source=lora.adapter_source.value, max_lora_rank=lora.max_rank, lora_target_modules=list(modules))
     return {"lora_config": config}

@@ -11,7 +11,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import SpecError
+
+if TYPE_CHECKING:
+    from pipeline.config.spec import LoraSpec
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -81,6 +86,15 @@ def engine_target_modules(declared: Sequence[str], adapter_dirs: Sequence[str]) 
     if declared or not adapter_dirs:
         return tuple(declared)
     return read_adapter(Path(adapter_dirs[0])).target_modules
+
+
+def spec_target_modules(lora: LoraSpec) -> tuple[str, ...]:
+    """engine_target_modules of a build.lora section; a SpecError naming build.lora.adapter_dirs when the first
+    adapter, which then defines them, cannot be read."""
+    try:
+        return engine_target_modules([module.value for module in lora.target_modules], lora.adapter_dirs)
+    except AdapterError as exc:
+        raise SpecError(f"build.lora.adapter_dirs: {exc}") from None
 
 
 def _trtllm_modules(value: Any, config_file: Path) -> tuple[str, ...]:

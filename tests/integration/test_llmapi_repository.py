@@ -43,52 +43,6 @@ def test_the_repository_loads_up_to_the_missing_tensorrt_llm_package(tmp_path):
 STANDIN = REPO / "tests" / "integration" / "llmapi_standin"
 
 
-def test_the_model_code_serves_nvidias_contract_to_the_load_client_over_a_stand_in_llm(tmp_path):
-    """Our model.py, for the first time past its import: LLM() is the stand-in package (tests/integration/
-    llmapi_standin, copied beside model.py: no language, one word per step), everything else is real — the rendered repository, the bundled
-    tritonserver's decoupled Python backend and HTTP generate_stream, and the load client of the llmapi contract
-    (clients/loadgen/llmapi_target.py, reached as `bench load --url` / gate.performance.url reach it)."""
-    import httpx
-
-    from clients.loadgen import LoadRequest
-    from clients.loadgen.llmapi_target import LlmapiModelTarget
-    from pipeline.config.loader import load_config
-    from pipeline.loadtest.remote import remote_endpoints
-    from pipeline.loadtest.sweep import SweepOptions, run_load_sweep
-    from pipeline.serve import ServerOptions, TritonServer
-
-    packaged = build_and_package(CONFIG, tmp_path / "store", ("build.runner=dry-run",))["repository"]
-    repository = tmp_path / "repository"
-    shutil.copytree(packaged, repository)
-    # beside model.py: the Python backend puts the model's version directory on sys.path (as for its helper modules)
-    shutil.copytree(STANDIN / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
-    http_port, grpc_port, metrics_port = free_ports(3)
-    options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S,
-    )
-    triton = TritonServer(options, workspace=tmp_path / "server").start()
-    try:
-        states = triton.wait_until_ready(timeout=120)
-        assert [(state.name, state.state) for state in states.values()] == [("tensorrt_llm", "READY")]
-        spec = load_config(REPO / "build_configs" / f"{CONFIG}.yaml", ["build.runner=dry-run"]).spec
-        endpoints = remote_endpoints(spec, "http", f"127.0.0.1:{http_port}")
-        workload = [LoadRequest(f"prompt {index}", max_tokens=5 + index) for index in range(4)]
-        result = run_load_sweep(endpoints, workload, SweepOptions(endpoints=("http",), concurrencies=(2,), requests_per_point=4, warmup=0))
-        body = LlmapiModelTarget.body(LoadRequest("hello", max_tokens=3))
-        with httpx.stream("POST", f"http://127.0.0.1:{http_port}/v2/models/tensorrt_llm/generate_stream", json=body, timeout=30) as response:
-            events = [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
-    finally:
-        returncode = triton.stop()
-    [point] = result["points"]
-    assert point["errors"] == {} and point["completed"] == 4
-    assert point["output_tokens"] == sum(5 + index for index in range(4))  # one text chunk per step, every step received
-    assert point["ttft_ms"]["p50"] > 0
-    # text deltas, one per step, then the final response with the finish reason (NVIDIA's output tensors)
-    assert [event["text_output"] for event in events] == [" w0", " w1", " w2", ""]
-    assert events[-1]["finish_reason"] == "length"
-    assert returncode == 0
-
-
 def _stream(port: int, body: dict) -> list[dict]:
     import httpx
 
@@ -102,12 +56,46 @@ def _serve_with_standin(tmp_path, overrides: tuple[str, ...]):
     packaged = build_and_package(CONFIG, tmp_path / "store", ("build.runner=dry-run", *overrides))["repository"]
     repository = tmp_path / "repository"
     shutil.copytree(packaged, repository)
+    # beside model.py: the Python backend puts the model's version directory on sys.path (as for its helper modules)
     shutil.copytree(STANDIN / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
         model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S,
     )
     return TritonServer(options, workspace=tmp_path / "server").start(), http_port
+
+
+def test_the_model_code_serves_nvidias_contract_to_the_load_client_over_a_stand_in_llm(tmp_path):
+    """Our model.py, for the first time past its import: LLM() is the stand-in package (tests/integration/
+    llmapi_standin, copied beside model.py: no language, one word per step), everything else is real — the rendered repository, the bundled
+    tritonserver's decoupled Python backend and HTTP generate_stream, and the load client of the llmapi contract
+    (clients/loadgen/llmapi_target.py, reached as `bench load --url` / gate.performance.url reach it)."""
+    from clients.loadgen import LoadRequest
+    from clients.loadgen.llmapi_target import LlmapiModelTarget
+    from pipeline.config.loader import load_config
+    from pipeline.loadtest.remote import remote_endpoints
+    from pipeline.loadtest.sweep import SweepOptions, run_load_sweep
+
+    triton, http_port = _serve_with_standin(tmp_path, ())
+    try:
+        states = triton.wait_until_ready(timeout=120)
+        assert [(state.name, state.state) for state in states.values()] == [("tensorrt_llm", "READY")]
+        spec = load_config(REPO / "build_configs" / f"{CONFIG}.yaml", ["build.runner=dry-run"]).spec
+        endpoints = remote_endpoints(spec, "http", f"127.0.0.1:{http_port}")
+        workload = [LoadRequest(f"prompt {index}", max_tokens=5 + index) for index in range(4)]
+        result = run_load_sweep(endpoints, workload, SweepOptions(endpoints=("http",), concurrencies=(2,), requests_per_point=4, warmup=0))
+        body = LlmapiModelTarget.body(LoadRequest("hello", max_tokens=3))
+        events = _stream(http_port, body)
+    finally:
+        returncode = triton.stop()
+    [point] = result["points"]
+    assert point["errors"] == {} and point["completed"] == 4
+    assert point["output_tokens"] == sum(5 + index for index in range(4))  # one text chunk per step, every step received
+    assert point["ttft_ms"]["p50"] > 0
+    # text deltas, one per step, then the final response with the finish reason (NVIDIA's output tensors)
+    assert [event["text_output"] for event in events] == [" w0", " w1", " w2", ""]
+    assert events[-1]["finish_reason"] == "length"
+    assert returncode == 0
 
 
 ADAPTER = REPO / "models" / "llama-3.1-8b-lora-example"
