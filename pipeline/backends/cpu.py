@@ -87,8 +87,8 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
 
 
 def _lora_config(build: BuildSpec) -> dict[str, Any]:
-    """build_config.lora_config as trtllm-build records it (its defaults without build.lora); the adapters themselves
-    are not copied into the engine: clients send them (lora_weights / lora_config) or serve.lora preloads them."""
+    """build_config.lora_config as trtllm-build records it (its defaults without build.lora). The adapters are not
+    copied into the engine: a client sends an adapter's weights with its request (lora_weights / lora_config)."""
     lora = build.lora
     if lora is None:
         return {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []}
