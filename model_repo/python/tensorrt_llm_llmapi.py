@@ -7,6 +7,9 @@ the tensor contract of NVIDIA's `llmapi` model (triton_backend/all_models/llmapi
 - `execute` reads `text_input` and the `sampling_param_*` inputs of each request, submits
   `LLM.generate_async`, and sends `text_output` (+ `finish_reason`, `stop_reason`): one response per new text
   chunk when the request asks for `streaming` (decoupled), one final response otherwise.
+- `lora_id`, `lora_name` and `lora_path` together select a LoRA adapter (TensorRT-LLM's `LoRARequest`; the LLM
+  caches it by id, loading it from `lora_path`, a directory on this server: `<model>/lora/<i>` for the build's
+  adapters), when model.yaml has a `lora_config` (build.lora). `lora_ckpt_source` may only say `hf`.
 - Cancelled requests are aborted; a bad request gets an INVALID_ARG error, the model stays up.
 """
 
@@ -42,7 +45,7 @@ def _scalar(request, name):
     value = tensor.as_numpy().reshape(-1)
     if value.size != 1:
         raise ValueError(f"{name} must hold one value, got {value.size}")
-    item = value[0].item()
+    item = value[0].item() if isinstance(value[0], np.generic) else value[0]  # STRING tensors hold bytes objects
     return item.decode("utf-8") if isinstance(item, bytes) else item
 
 
@@ -70,8 +73,11 @@ class TritonPythonModel:
             options = yaml.safe_load(handle)
         options.pop("triton_config", None)
         from tensorrt_llm import LLM, SamplingParams  # the GPU image's TensorRT-LLM; absent anywhere else
+        from tensorrt_llm.executor.request import LoRARequest
 
         self._sampling_params = SamplingParams
+        self._lora_request = LoRARequest
+        self._serves_lora = "lora_config" in options
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmapi-loop", daemon=True)
         self._thread.start()
@@ -82,6 +88,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 prompt, params, streaming = self._parse(request)
+                lora = self._adapter(request)
             except (ValueError, TypeError) as error:
                 failure = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
                 if self.decoupled:
@@ -89,7 +96,7 @@ class TritonPythonModel:
                 else:
                     responses.append(failure)
                 continue
-            future = asyncio.run_coroutine_threadsafe(self._generate(request, prompt, params, streaming), self._loop)
+            future = asyncio.run_coroutine_threadsafe(self._generate(request, prompt, params, streaming, lora), self._loop)
             if not self.decoupled:
                 responses.append(future.result())
         return None if self.decoupled else responses
@@ -111,9 +118,30 @@ class TritonPythonModel:
             raise ValueError("streaming needs the decoupled transaction policy (serve.decoupled: true)")
         return prompts[0], self._sampling_params(**fields), streaming
 
-    async def _generate(self, request, prompt, params, streaming):
+    def _adapter(self, request):
+        """The request's LoRARequest, or None when it names no adapter."""
+        selection = {name: _scalar(request, name) for name in ("lora_id", "lora_name", "lora_path")}
+        source = _scalar(request, "lora_ckpt_source")
+        given = [name for name, value in selection.items() if value is not None]
+        if not given and source is None:
+            return None
+        if len(given) < len(selection):
+            missing = [name for name in selection if name not in given]
+            raise ValueError(f"{', '.join(missing)} missing: an adapter is chosen by lora_id, lora_name and lora_path together")
+        if not self._serves_lora:
+            raise ValueError("lora_id / lora_name / lora_path: this model serves no LoRA adapter (its model.yaml has no "
+                             "lora_config: build it with build.lora)")
+        if source not in (None, "hf"):
+            raise ValueError(f"lora_ckpt_source {source!r}: only hf (PEFT adapter_config.json + adapter_model.safetensors) "
+                             "is served; a .nemo archive holds pickled weights")
+        path = selection["lora_path"]
+        if not os.path.isdir(path):
+            raise ValueError(f"lora_path {path!r} is not a directory on this server (the build's adapters are at <model>/lora/<i>)")
+        return self._lora_request(selection["lora_name"], int(selection["lora_id"]), path)
+
+    async def _generate(self, request, prompt, params, streaming, lora):
         sender = request.get_response_sender() if self.decoupled else None
-        result = self._llm.generate_async(prompt, sampling_params=params, streaming=streaming)
+        result = self._llm.generate_async(prompt, sampling_params=params, streaming=streaming, lora_request=lora)
         sent = 0
         async for output in result:
             if request.is_cancelled():

@@ -18,6 +18,7 @@ from pipeline.backends.capacity import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB
 from pipeline.backends.cpu_speculative import add_speculation
 from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, SPECULATIVE_DECODING_MODE, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
+from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec, Spec, SpeculativeSpec, Target
@@ -66,7 +67,7 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
         "max_encoder_input_len": 1024,
         "monitor_memory": False,
         "use_mrope": False,
-        "lora_config": {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []},
+        "lora_config": _lora_config(build),
         "plugin_config": {
             "dtype": dtype,
             "gpt_attention_plugin": plugins.gpt_attention_plugin.value if plugins.gpt_attention_plugin.value != "disable" else None,
@@ -80,8 +81,20 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
             "multiple_profiles": plugins.multiple_profiles,
             "paged_kv_cache": build.kv_cache_type.value == "paged",
             "tokens_per_block": build.tokens_per_block,
+            **({"lora_plugin": dtype} if build.lora is not None else {}),  # trtllm-build: the LoRA plugin in the model's dtype
         },
     }
+
+
+def _lora_config(build: BuildSpec) -> dict[str, Any]:
+    """build_config.lora_config as trtllm-build records it (its defaults without build.lora). The adapters are not
+    copied into the engine: a client sends an adapter's weights with its request (lora_weights / lora_config)."""
+    lora = build.lora
+    if lora is None:
+        return {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []}
+    modules = spec_target_modules(lora)
+    return {"lora_dir": [], "lora_ckpt_source": lora.adapter_source.value, "max_lora_rank": lora.max_rank,
+            "lora_target_modules": list(modules)}
 
 
 def write_cpu_engine(checkpoint_dir: Path, engine_dir: Path, *, build_config: dict[str, Any], version: str) -> None:

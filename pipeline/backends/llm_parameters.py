@@ -43,10 +43,11 @@ def decoding_mode(facts: EngineFacts) -> str:
     return "top_k_top_p" if facts.max_beam_width == 1 else "beam_search"
 
 
-def lora_cache(serve: ServeSpec, facts: EngineFacts) -> tuple[int, int, float, int]:
-    """(optimal adapter size, max adapter size, GPU memory fraction, host bytes) of the LoRA cache."""
+def lora_cache(serve: ServeSpec, max_lora_rank: int) -> tuple[int, int, float, int]:
+    """(optimal adapter size, max adapter size, GPU memory fraction, host bytes) of the LoRA cache of an engine that
+    takes adapters up to `max_lora_rank` (the cache's largest adapter size unless serve.lora says otherwise)."""
     lora = serve.lora or ServeLoraSpec()
-    largest = lora.cache_max_adapter_size if lora.cache_max_adapter_size is not None else facts.max_lora_rank
+    largest = lora.cache_max_adapter_size if lora.cache_max_adapter_size is not None else max_lora_rank
     optimal = lora.cache_optimal_adapter_size if serve.lora is not None else min(lora.cache_optimal_adapter_size, largest)
     return optimal, largest, lora.cache_gpu_memory_fraction, lora.cache_host_memory_bytes
 
@@ -93,7 +94,7 @@ def engine_parameters(
         "executor_worker_path": EXECUTOR_WORKER_PATH,
     }
     if facts.lora_plugin is not None:
-        optimal, largest, fraction, host_bytes = lora_cache(serve, facts)
+        optimal, largest, fraction, host_bytes = lora_cache(serve, facts.max_lora_rank)
         parameters.update(
             lora_cache_optimal_adapter_size=str(optimal),
             lora_cache_max_adapter_size=str(largest),

@@ -26,8 +26,9 @@ TRTLLM_SERVE = "trtllm-serve"
 OPENAI_CONTAINER_PORT = 8000  # trtllm-serve's default --port
 
 # (name, Triton data type, dims, optional) as NVIDIA's llmapi config.pbtxt declares them. Left out: image_url
-# (multimodal), lora_* (no LoRA on this target yet), return_cumulative_logprob / sampling_param_return_perf_metrics
-# and the kv-cache / timing / draft outputs they fill (this model does not compute them).
+# (multimodal), return_cumulative_logprob / sampling_param_return_perf_metrics and the kv-cache / timing / draft
+# outputs they fill (this model does not compute them). lora_id / lora_name / lora_path (+ lora_ckpt_source) select
+# an adapter per request (pipeline.backends.llmapi_lora).
 LLMAPI_INPUTS: tuple[tuple[str, str, str, bool], ...] = (
     ("text_input", "TYPE_STRING", "[ -1 ]", False),
     ("streaming", "TYPE_BOOL", "[ 1 ]", True),
@@ -43,6 +44,10 @@ LLMAPI_INPUTS: tuple[tuple[str, str, str, bool], ...] = (
     ("sampling_param_exclude_input_from_output", "TYPE_BOOL", "[ 1 ]", True),
     ("return_finish_reason", "TYPE_BOOL", "[ 1 ]", True),
     ("return_stop_reason", "TYPE_BOOL", "[ 1 ]", True),
+    ("lora_id", "TYPE_UINT64", "[ 1 ]", True),
+    ("lora_name", "TYPE_STRING", "[ 1 ]", True),
+    ("lora_path", "TYPE_STRING", "[ 1 ]", True),
+    ("lora_ckpt_source", "TYPE_STRING", "[ 1 ]", True),
 )
 LLMAPI_OUTPUTS: tuple[tuple[str, str, str], ...] = (
     ("text_output", "TYPE_STRING", "[ -1 ]"),

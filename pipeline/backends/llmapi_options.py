@@ -6,7 +6,8 @@ writes the rows of stage "build" (they are hashed with build.*), the package sta
 "serve". A field without an option on the PyTorch path is refused when it is set away from its default,
 naming the field, the target and why (ROWS' `why_not`).
 
-build.speculative.mode maps to one speculative_config (SPECULATIVE_CONFIGS) or is refused with the reason.
+build.speculative.mode maps to one speculative_config (SPECULATIVE_CONFIGS) or is refused with the reason;
+build.lora and serve.lora map to lora_config and peft_cache_config (pipeline.backends.llmapi_lora).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.backends.attention_windows import window_vector
+from pipeline.backends.llmapi_lora import lora_option_fields, lora_options
 from pipeline.backends.llmapi_versions import LlmapiVersion, check_value, get_llmapi_version
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
@@ -161,7 +163,7 @@ def build_options(spec: Spec, model: ModelInfo) -> dict[str, Any]:
         if not callable(config):
             raise SpecError(_speculative_refusal(speculative.mode.value))
         options["speculative_config"] = config(speculative)
-    return options
+    return {**options, **lora_options(spec)}
 
 
 def with_draft_model_dir(options: Mapping[str, Any], model_path: str) -> dict[str, Any]:
@@ -215,7 +217,7 @@ def option_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
             )))
     if issues:
         return issues
-    fields = {**_flat_rows(spec, "build"), **_flat_rows(spec, "serve")}
+    fields = {**_flat_rows(spec, "build"), **_flat_rows(spec, "serve"), **lora_option_fields(spec)}
     fields["max_seq_len"] = ("build.max_seq_len", spec.build.max_seq_len or model.default_max_seq_len())
     fields.update({option: ("(recorded decision)", value) for option, value in FIXED_OPTIONS.items()})
     return [(tuple(field.split(".")) if field[0] != "(" else ("build", "target"), problem) for field, problem in version_problems(fields, version)]

@@ -30,6 +30,7 @@ from pipeline.backends.llmapi_forms import (
     serve_command,
     serve_options_yaml,
 )
+from pipeline.backends.llmapi_lora import link_adapters, served_lora_options
 from pipeline.backends.llmapi_options import (
     DRAFT_MODEL_DIR,
     build_options,
@@ -68,7 +69,9 @@ def read_build_options(engine_dir: Path) -> dict[str, Any]:
 
 
 def _served_options(engine_dir: Path, serve: ServeSpec, model_path: str) -> dict[str, Any]:
-    return with_draft_model_dir(merged_options(read_build_options(engine_dir), serve_options(serve)), model_path)
+    build = read_build_options(engine_dir)
+    options = {**merged_options(build, serve_options(serve)), **served_lora_options(build, serve, model_path)}
+    return with_draft_model_dir(options, model_path)
 
 
 def _triton_files(engine_dir: Path, serve: ServeSpec, model_path: str) -> dict[str, str]:
@@ -157,10 +160,13 @@ class LlmapiBackend:
             if not (job.draft_engine_dir / "config.json").is_file():
                 raise StageError(f"{job.draft_engine_dir} holds no Hugging Face checkpoint (config.json) of the draft for speculative_model_dir")
             linked += _link_checkpoint(job.draft_engine_dir, job.engine_dir / DRAFT_MODEL_DIR)
+        adapter_files = 0 if dry_run else link_adapters(spec, job.engine_dir)  # build.lora's adapters, at <engine>/lora/<i>/
         what = "dry run: no checkpoint linked" if dry_run else f"{linked} checkpoint files linked from {checkpoint}"
+        what += f", {adapter_files} LoRA adapter files" if adapter_files else ""
         job.log(f"TensorRT-LLM {version.version} PyTorch backend: wrote the LLM() options ({what}); nothing is compiled")
         return dict(trtllm_version=version.version, image=version.triton_image, serve_image=version.serve_image,
-                    runner=spec.build.runner.value, dry_run=dry_run, checkpoint_files=linked)
+                    runner=spec.build.runner.value, dry_run=dry_run, checkpoint_files=linked,
+                    adapter_files=adapter_files)
 
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None

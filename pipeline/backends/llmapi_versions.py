@@ -13,6 +13,11 @@ Facts and confidence (tags as in shared/reference/trtllm.md):
   0.9 in [0, 1], max_batch_size 2048, max_num_tokens 8192, guided_decoding_backend xgrammar|llguidance);
   every option is also in the ≈1.1 and the 2026 `main` versions of that file [src]. The v1.2.1 tag itself was
   not read: the profile is inferred from those versions [inf].
+- LoRA: TorchLlmArgs' lora_config (LoraConfig, the dataclass of tensorrt_llm/lora_helper.py until 1.3.0rc2x moved it
+  to _torch/peft/lora/config.py: lora_dir, lora_ckpt_source hf|nemo, max_lora_rank 64, lora_target_modules,
+  trtllm_modules_to_hf_modules, max_loras, max_cpu_loras) and peft_cache_config (PeftCacheConfig: optimal_adapter_size
+  8, max_adapter_size 64, device_cache_percent, host_cache_size) are in the ≈0.20 and 2026 `main` llm_args.py and in
+  NVIDIA's LoRA guide of the 1.x docs [src]; in 1.2.1 [inf], like the rest.
 - Triton tag: the same inferred 26.02 as the engine profile of 1.2.1 (pipeline.backends.trtllm_versions) [inf].
 - trtllm-serve image `nvcr.io/nvidia/tensorrt-llm/release:<version>`: the pattern of NVIDIA's trtllm-serve
   benchmark guide (`release:1.0.0`); the 1.2.1 tag follows it [inf].
@@ -36,7 +41,7 @@ ARGS_CLASS = "tensorrt_llm.llmapi.llm_args.TorchLlmArgs"
 class OptionType:
     """What NVIDIA's pydantic field accepts: a Python type name, its choices, its bounds."""
 
-    kind: str  # "str" | "int" | "float" | "bool" | "path" | "list[int]"
+    kind: str  # "str" | "int" | "float" | "bool" | "path" | "list[int]" | "list[str]" | "list[path]"
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     maximum: float | None = None
@@ -67,6 +72,16 @@ _OPTIONS_1_2: dict[str, OptionType] = {
     "cuda_graph_config.enable_padding": _BOOL,
     "guided_decoding_backend": OptionType("str", choices=("xgrammar", "llguidance")),
     "stream_interval": _INT1,
+    # LoraConfig (tensorrt_llm/lora_helper.py in 1.2) and PeftCacheConfig (llm_args.py): pipeline.backends.llmapi_lora
+    "lora_config.lora_dir": OptionType("list[path]"),
+    "lora_config.lora_ckpt_source": OptionType("str", choices=("hf", "nemo")),
+    "lora_config.max_lora_rank": _INT1,
+    "lora_config.lora_target_modules": OptionType("list[str]", choices=(
+        "attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate")),
+    "peft_cache_config.optimal_adapter_size": _INT1,
+    "peft_cache_config.max_adapter_size": _INT1,
+    "peft_cache_config.device_cache_percent": OptionType("float", minimum=0.0, maximum=1.0),
+    "peft_cache_config.host_cache_size": OptionType("int", minimum=0),
 }
 
 
@@ -119,10 +134,12 @@ def get_llmapi_version(version: str) -> LlmapiVersion:
 
 def check_value(option: str, value: object, kind: OptionType) -> str | None:
     """Why `value` does not fit NVIDIA's field `option` (None when it does)."""
-    if kind.kind == "list[int]":
+    if kind.kind.startswith("list["):
+        item_kind = kind.kind[len("list["):-1]
         if not isinstance(value, list) or not value:
-            return f"{option}: expects a non-empty list of integers, got {value!r}"
-        problems = [check_value(option, item, OptionType("int", minimum=kind.minimum)) for item in value]
+            return f"{option}: expects a non-empty list of {item_kind} values, got {value!r}"
+        item = OptionType(item_kind, choices=kind.choices, minimum=kind.minimum)
+        problems = [check_value(option, entry, item) for entry in value]
         return next((p for p in problems if p is not None), None)
     expected = {"str": str, "path": str, "int": int, "float": (int, float), "bool": bool}[kind.kind]
     if isinstance(value, bool) and kind.kind != "bool":

@@ -24,7 +24,7 @@ from pipeline.backends.build_request import BuildRequest
 from pipeline.backends.engine_facts import SPECULATIVE_DECODING_MODE
 from pipeline.backends.trtllm_rules import Decision, resolve
 from pipeline.backends.trtllm_versions import TrtllmVersion
-from pipeline.config.lora_adapters import AdapterError, read_adapter
+from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
@@ -88,12 +88,7 @@ def _lora_settings(spec: Spec) -> dict[str, Any]:
     lora = spec.build.lora
     if lora is None:
         return {}
-    modules = tuple(module.value for module in lora.target_modules)
-    if not modules and lora.adapter_dirs:
-        try:
-            modules = read_adapter(Path(lora.adapter_dirs[0])).target_modules
-        except AdapterError as exc:
-            raise SpecError(f"build.lora.adapter_dirs: {exc}") from None
+    modules = spec_target_modules(lora)
     return {
         "lora_plugin": spec.model.dtype.value,  # the LoRA plugin runs in the model's dtype (what `auto` resolves to)
         "lora_dirs": tuple(str(d) for d in lora.adapter_dirs),

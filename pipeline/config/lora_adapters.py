@@ -8,9 +8,15 @@ mlp_4h_to_h ← down_proj, mlp_gate ← up_proj) and reads `r` as the adapter's 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import SpecError
+
+if TYPE_CHECKING:
+    from pipeline.config.spec import LoraSpec
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -40,6 +46,7 @@ class AdapterInfo:
     target_modules: tuple[str, ...]  # TensorRT-LLM module ids, in PEFT's order
     has_weights: bool  # adapter_model.safetensors present
     pickled_only: bool  # adapter_model.bin without adapter_model.safetensors
+    varies_rank: bool = False  # rank_pattern gives some modules a rank other than r
 
 
 def read_adapter(path: Path) -> AdapterInfo:
@@ -69,7 +76,25 @@ def read_adapter(path: Path) -> AdapterInfo:
         target_modules=_trtllm_modules(config.get("target_modules"), config_file),
         has_weights=(path / ADAPTER_WEIGHTS).is_file(),
         pickled_only=(path / PICKLED_WEIGHTS).is_file() and not (path / ADAPTER_WEIGHTS).is_file(),
+        varies_rank=bool(config.get("rank_pattern")),
     )
+
+
+def engine_target_modules(declared: Sequence[str], adapter_dirs: Sequence[str]) -> tuple[str, ...]:
+    """The engine's LoRA modules: build.lora.target_modules, or when it is empty the first adapter's (AdapterError when
+    that adapter cannot be read)."""
+    if declared or not adapter_dirs:
+        return tuple(declared)
+    return read_adapter(Path(adapter_dirs[0])).target_modules
+
+
+def spec_target_modules(lora: LoraSpec) -> tuple[str, ...]:
+    """engine_target_modules of a build.lora section; a SpecError naming build.lora.adapter_dirs when the first
+    adapter, which then defines them, cannot be read."""
+    try:
+        return engine_target_modules([module.value for module in lora.target_modules], lora.adapter_dirs)
+    except AdapterError as exc:
+        raise SpecError(f"build.lora.adapter_dirs: {exc}") from None
 
 
 def _trtllm_modules(value: Any, config_file: Path) -> tuple[str, ...]:

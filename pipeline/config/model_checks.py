@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from pipeline.config.families import family_of, known_model_types
-from pipeline.config.lora_adapters import AdapterError, read_adapter
+from pipeline.config.lora_checks import check_lora_adapters
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.spec import Spec
 from pipeline.config.weight_checks import WeightHeaderError, weight_issues, weight_shapes
@@ -94,7 +94,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
     issues += _check_awq_group_size(spec, info)
     issues += [(("model", "source"), message) for message in _weight_issues(info)]
     issues += check_globs(spec)
-    issues += check_lora_adapters(spec)
+    issues += check_lora_adapters(spec, info)
     if build.max_seq_len is None:
         deduced = info.default_max_seq_len()
         if build.max_input_len >= deduced:
@@ -162,42 +162,6 @@ def _check_awq_group_size(spec: Spec, info: ModelInfo) -> list[Issue]:
                 )
             ]
     return []
-
-
-def check_lora_adapters(spec: Spec) -> list[Issue]:
-    """Each adapter of build.lora: a PEFT directory whose rank and modules the engine accepts (trtllm.md §1.5, §4.9 rule 8)."""
-    lora = spec.build.lora
-    if lora is None:
-        return []
-    issues: list[Issue] = []
-    declared = [module.value for module in lora.target_modules]
-    for index, directory in enumerate(lora.adapter_dirs):
-        where = ("build", "lora", "adapter_dirs", index)
-        try:
-            adapter = read_adapter(Path(directory))
-        except AdapterError as exc:
-            issues.append((where, str(exc)))
-            continue
-        if adapter.pickled_only:
-            issues.append((where, f"{directory} holds only adapter_model.bin (pickled; it can run code when loaded); "
-                                  "save the adapter with safetensors (adapter_model.safetensors)"))
-        if adapter.rank > lora.max_rank:
-            issues.append((where, f"the adapter's rank r = {adapter.rank} ({directory}/adapter_config.json) exceeds "
-                                  f"build.lora.max_rank ({lora.max_rank})"))
-        wanted = declared or _first_adapter_modules(lora.adapter_dirs)
-        missing = [module for module in adapter.target_modules if module not in wanted]
-        if wanted and missing:
-            source = "build.lora.target_modules" if declared else "the first adapter's target_modules"
-            issues.append((where, f"the adapter trains {', '.join(missing)} ({directory}/adapter_config.json), which "
-                                  f"{source} ({', '.join(wanted)}) does not list: the engine would silently skip them"))
-    return issues
-
-
-def _first_adapter_modules(adapter_dirs: tuple[str, ...]) -> list[str]:
-    try:
-        return list(read_adapter(Path(adapter_dirs[0])).target_modules)
-    except AdapterError:
-        return []
 
 
 def check_globs(spec: Spec) -> list[Issue]:

@@ -37,10 +37,10 @@ class TargetTraits:
     runs_fp8_context_fmha: bool
     # the server places serve.instances.tensorrt_llm × tp_size × pp_size ranks on deploy.gpus, one GPU each
     places_ranks_on_deploy_gpus: bool
-    # why it builds no build.lora / build.speculative section ({feature}: "LoRA" or "speculative decoding"); None: it builds both
-    no_lora_or_speculative_because: str | None
     # it builds a build.speculative section (the modes below excepted)
     builds_speculative: bool = False
+    # why it builds no build.lora section; None: it builds one (its adapters are checked against the model at validate)
+    no_lora_because: str | None = None
     # build.speculative.mode values it does not build, and why (its other modes it builds)
     refused_speculative_modes: Mapping[str, str] = field(default_factory=dict)
     no_kubernetes_because: str | None = None  # why deploy.kind kubernetes cannot render this target yet
@@ -60,7 +60,6 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         follows_trtllm_plugin_rules=True,
         runs_fp8_context_fmha=True,
         places_ranks_on_deploy_gpus=True,
-        no_lora_or_speculative_because=None,
         builds_speculative=True,
         refused_speculative_modes={
             "prompt_lookup": "TensorRT-LLM 1.2 drafts prompt-lookup tokens outside the engine, in examples/run.py "
@@ -83,7 +82,6 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         follows_trtllm_plugin_rules=True,
         runs_fp8_context_fmha=False,
         places_ranks_on_deploy_gpus=False,
-        no_lora_or_speculative_because="the cpu reference engine (refengine) does not implement {feature}",
         builds_speculative=True,
         # refengine speculates with a draft model and with n-grams of the request (prompt lookup)
         refused_speculative_modes={
@@ -100,7 +98,6 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         follows_trtllm_plugin_rules=False,
         runs_fp8_context_fmha=False,
         places_ranks_on_deploy_gpus=True,  # LLM() runs tp × pp ranks, one GPU each, on the GPUs the container gets
-        no_lora_or_speculative_because="the llmapi target does not render {feature} into LLM() in this version",
         # speculative_config per mode, and the refusals' reasons: pipeline/backends/llmapi_options.py SPECULATIVE_CONFIGS
         builds_speculative=True,
         refused_speculative_modes={

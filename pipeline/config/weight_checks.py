@@ -36,13 +36,14 @@ def weight_shapes(info: ModelInfo) -> dict[str, list[int]]:
     """Every tensor's shape, by name, over the checkpoint's safetensors files (headers only)."""
     shapes: dict[str, list[int]] = {}
     for name in info.weight_files:
-        for key, entry in _header(Path(info.path) / name).items():
+        for key, entry in safetensors_header(Path(info.path) / name).items():
             if key != "__metadata__" and isinstance(entry, dict) and isinstance(entry.get("shape"), list):
                 shapes[key] = entry["shape"]
     return shapes
 
 
-def _header(path: Path) -> dict:
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of one safetensors file (tensor name -> dtype, shape, offsets; and __metadata__)."""
     with path.open("rb") as handle:
         size_bytes = handle.read(8)
         if len(size_bytes) != 8:

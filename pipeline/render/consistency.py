@@ -185,7 +185,7 @@ def _lora(facts: EngineFacts, serve: ServeSpec, target: Target, runtime: Runtime
             f"Triton lora_weights data type {lora_weights_datatype} does not match the engine's plugin_config.lora_plugin "
             f"{facts.lora_plugin!r} ({expected}): adapter weights in another dtype are silently ignored"
         )
-    _, largest, _, _ = lora_cache(serve, facts)
+    _, largest, _, _ = lora_cache(serve, facts.max_lora_rank)
     if largest < facts.max_lora_rank:
         problems.append(
             f"serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size {largest}) is below the engine's "

@@ -288,13 +288,17 @@ def test_lookahead_is_refused_on_the_cpu_target(tmp_path: Path) -> None:
     assert "(target engine builds it)" in message
 
 
-@pytest.mark.parametrize("section, what", [(LORA_SECTION, "LoRA")])
-def test_lora_and_speculative_are_refused_on_the_cpu_target(tmp_path: Path, section: str, what: str) -> None:
+def test_lora_loads_on_the_cpu_target_and_a_target_without_it_is_refused_by_its_trait(tmp_path: Path, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from pipeline.config.targets import TARGET_TRAITS, Target
+
     write_adapter(tmp_path / "adapter")
-    path = write_config(tmp_path, VALID + section)
-    name = "lora" if "lora" in section else "speculative"
+    path = write_config(tmp_path, VALID + LORA_SECTION)
+    assert load_config(path).spec.build.lora.max_rank == 16
+    monkeypatch.setitem(TARGET_TRAITS, Target.cpu, replace(TARGET_TRAITS[Target.cpu], no_lora_because="it has no LoRA"))
     message = spec_error(path)
-    assert f"{path}:9: build.{name} is set, but build.target is cpu: the cpu reference engine (refengine) does not implement {what}" in message
+    assert f"{path}:9: build.lora is set, but build.target is cpu: it has no LoRA; use target engine or llmapi or remove build.lora" in message
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle", "explicit_draft_tokens"])

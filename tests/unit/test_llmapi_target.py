@@ -35,7 +35,7 @@ def _fits(option: str, value) -> list[str]:
     field = RECORDED["fields"].get(option)
     if field is None:
         return [f"{option}: not a TorchLlmArgs field"]
-    if field["type"] == "list[int]":
+    if field["type"].startswith("list["):
         if not isinstance(value, list) or not value:
             return [f"{option}: {value!r} is not a non-empty list"]
         return [p for item in value for p in _fits_item(option, item, field)]
@@ -44,7 +44,7 @@ def _fits(option: str, value) -> list[str]:
 
 def _fits_item(option: str, value, field: dict) -> list[str]:
     problems = []
-    kind = "int" if field["type"] == "list[int]" else field["type"]
+    kind = field["type"][len("list["):-1] if field["type"].startswith("list[") else field["type"]
     if isinstance(value, bool) != (kind == "bool") or not isinstance(value, _TYPES[kind]):
         problems.append(f"{option}: {value!r} is not {field['type']}")
     if "choices" in field and value not in field["choices"]:

@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2
 from pipeline.backends.cpu import cpu_build_config
 from pipeline.backends.engine_facts import engine_facts
 from pipeline.backends.llm_parameters import engine_parameters, gpu_device_id_groups
-from pipeline.config.spec import LookaheadSpec, SchedulerPolicy, ServeLoraSpec, ServeSpec, Spec, SpeculativeSpec
+from pipeline.config.spec import LookaheadSpec, LoraSpec, SchedulerPolicy, ServeLoraSpec, ServeSpec, Spec, SpeculativeSpec
 from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, check_consistency, contract, render_model_repository
 from pipeline.render.contract_files import CONTRACT_FILE
@@ -41,6 +41,18 @@ ALL_MODELS = ("ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "te
 # -- fixtures ---------------------------------------------------------------------------------
 def tiny_spec() -> Spec:
     return Spec.model_validate(yaml.safe_load((REPO / "build_configs" / "tiny-cpu.yaml").read_text()))
+
+
+def tiny_lora_build():
+    return tiny_spec().build.model_copy(update={"lora": LoraSpec(target_modules=("attn_q", "attn_v"), max_rank=16)})
+
+
+def test_the_cpu_build_records_build_lora_as_trtllm_build_does():
+    build_config = cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")
+    assert build_config["plugin_config"]["lora_plugin"] == "float16"  # the LoRA plugin in the model's dtype
+    assert build_config["lora_config"] == {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 16,
+                                           "lora_target_modules": ["attn_q", "attn_v"]}
+    assert "lora_plugin" not in cpu_build_config(tiny_spec().build, max_seq_len=1024, dtype="float16")["plugin_config"]
 
 
 def tiny_engine_config(**build_overrides) -> dict:
@@ -428,6 +440,10 @@ CONSISTENCY_CASES = {
     "lora cache below the engine's rank": (
         dict(config=lora_engine_config(32), target="engine", vocab=128256, serve=_serve(lora=ServeLoraSpec(cache_max_adapter_size=16))),
         ["serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size 16)", "build_config.lora_config.max_lora_rank 32"],
+    ),
+    "cpu engine built with LoRA (refengine runs no adapter yet)": (
+        dict(config={**tiny_engine_config(), "build_config": cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")}),
+        ["build.target is cpu but the engine has plugin_config.lora_plugin 'float16'", "the reference engine does not run LoRA"],
     ),
     "lora weights in another dtype": (
         dict(config=lora_engine_config(), target="engine", vocab=128256, lora_weights_datatype="TYPE_FP16"),

@@ -37,14 +37,16 @@ class PluginSpec(StrictModel):
 
 
 class LoraSpec(StrictModel):
-    """LoRA adapters served by the engine (trtllm-build --lora_plugin and the --lora_* flags)."""
+    """LoRA adapters (engine: trtllm-build --lora_plugin and the --lora_* flags; llmapi: LLM()'s lora_config)."""
 
     adapter_dirs: tuple[str, ...] = Field(
         default=(),
         description="Adapter directories (Hugging Face PEFT: adapter_config.json + adapter_model.safetensors), relative to "
-        "the YAML file; trtllm-build --lora_dir copies them into <engine>/lora/<i>/, and the first one defines the "
-        "configuration. A dry run needs only adapter_config.json; a build needs the weights too. Clients select an "
-        "adapter per request with lora_task_id / lora_weights / lora_config.",
+        "the YAML file; the build puts them at <engine>/lora/<i>/ (trtllm-build --lora_dir; the llmapi build links them "
+        "there for lora_config.lora_dir), and the first one defines the configuration. validate checks each against "
+        "the model (modules, tensor shapes, rank). A dry run needs only adapter_config.json; a build needs the weights "
+        "too. Clients select an adapter per request: lora_task_id / lora_weights / lora_config (engine, cpu), "
+        "lora_id / lora_name / lora_path or trtllm-serve's lora_request (llmapi).",
     )
     adapter_source: LoraAdapterSource = Field(
         default=LoraAdapterSource.hf,
@@ -58,7 +60,8 @@ class LoraSpec(StrictModel):
         "Default: the modules of the first adapter's adapter_config.json. Every adapter's modules must be listed.",
     )
     max_rank: int = Field(
-        default=64, ge=1, le=1024, description="--max_lora_rank: the largest adapter rank the engine accepts (sizes the LoRA plugin workspace)."
+        default=64, ge=1, le=1024, description="--max_lora_rank (llmapi: lora_config.max_lora_rank): the largest adapter rank the engine accepts "
+        "(sizes the LoRA plugin workspace)."
     )
 
     @field_validator("target_modules")
@@ -131,7 +134,8 @@ class BuildSpec(StrictModel):
     plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")
     lora: LoraSpec | None = Field(
         default=None,
-        description="LoRA adapters (engine target): enables the LoRA plugin in the model's dtype. Absent: no LoRA.",
+        description="LoRA adapters: the LoRA plugin in the model's dtype (engine, cpu), LLM()'s lora_config (llmapi). "
+        "Absent: no LoRA.",
     )
     speculative: SpeculativeSpec | None = Field(
         default=None,

@@ -62,17 +62,14 @@ def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:
     """LoRA and speculative decoding: only on a target that builds them; serve.lora only with build.lora, and large enough for it."""
     target = build.target
     traits = traits_of(target)
-    why_not = traits.no_lora_or_speculative_because
-    if why_not is not None:
-        builders = " or ".join(t.value for t in Target if traits_of(t).no_lora_or_speculative_because is None)
-        for section, feature in (("lora", "LoRA"), ("speculative", "speculative decoding")):
-            if section == "speculative" and traits.builds_speculative:  # the cpu target: speculation, not LoRA
-                continue
-            if getattr(build, section) is not None:
-                raise ValueError(
-                    f"build.{section} is set, but build.target is {target.value}: {why_not.format(feature=feature)}; "
-                    f"use target {builders} or remove build.{section}"
-                )
+    why_not = {"lora": traits.no_lora_because,
+               "speculative": None if traits.builds_speculative else "it does not build speculative decoding"}
+    builders = {"lora": [t.value for t in Target if traits_of(t).no_lora_because is None],
+                "speculative": [t.value for t in Target if traits_of(t).builds_speculative]}
+    for section, why in why_not.items():
+        if getattr(build, section) is not None and why is not None:
+            raise ValueError(f"build.{section} is set, but build.target is {target.value}: {why}; use target "
+                             f"{' or '.join(builders[section])} or remove build.{section}")
     if build.speculative is not None:
         check_speculative(build, serve)
     lora, serve_lora = build.lora, serve.lora

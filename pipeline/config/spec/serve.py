@@ -16,7 +16,7 @@ class InstanceCounts(StrictModel):
 
 
 class ServeLoraSpec(StrictModel):
-    """The tensorrt_llm model's LoRA cache (Triton lora_cache_* parameters); only with build.lora."""
+    """The LoRA cache (Triton lora_cache_* parameters; llmapi: LLM()'s peft_cache_config); only with build.lora."""
 
     cache_optimal_adapter_size: int = Field(
         default=8, ge=1, le=1024, description="lora_cache_optimal_adapter_size: the rank cache pages are sized for (the most common adapter rank)."
@@ -75,7 +75,10 @@ class ServeSpec(StrictModel):
         ),
     )
     lora: ServeLoraSpec | None = Field(
-        default=None, description="LoRA cache sizes of the tensorrt_llm model (needs build.lora). Absent with build.lora: the defaults."
+        default=None,
+        description="LoRA cache sizes (needs build.lora): the tensorrt_llm model's lora_cache_* parameters, or on the llmapi "
+        "target peft_cache_config (optimal_adapter_size, max_adapter_size, device_cache_percent, host_cache_size). "
+        "Absent with build.lora: the defaults.",
     )
 
     @model_validator(mode="after")

@@ -1,12 +1,15 @@
 """A stand-in for TensorRT-LLM's `LLM` / `SamplingParams`, copied beside model.py by
 tests/integration/test_llmapi_repository.py so that the llmapi target's model code (model_repo/python/
 tensorrt_llm_llmapi.py) runs in the real tritonserver on a machine without TensorRT-LLM. It generates no language:
-step i of a request appends the word " w<i>", so a client can check what it received. It refuses options the
-rendered model.yaml would not hold, so the test also shows model.yaml reached `LLM(**options)`."""
+step i of a request appends the word " w<i>" (" <adapter name>-w<i>" under a LoRA adapter), so a client can check
+what it received. It refuses options the rendered model.yaml would not hold, so the test also shows model.yaml
+reached `LLM(**options)`, and an adapter unless model.yaml has a lora_config and its directory a PEFT config."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from dataclasses import dataclass
 
 STEP_S = 0.002
@@ -39,9 +42,10 @@ class _Output:
 
 
 class _Result:
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, word: str) -> None:
         self.outputs = [_Completion()]
         self._params = params
+        self._word = word
         self.aborted = False
 
     def abort(self) -> None:
@@ -56,7 +60,7 @@ class _Result:
             if self.aborted:
                 return
             await asyncio.sleep(STEP_S)
-            completion.text += f" w{step}"
+            completion.text += f" {self._word}{step}"
             if step == self._params.max_tokens - 1:
                 completion.finish_reason = "length"
             yield _Output(completion)
@@ -69,10 +73,16 @@ class LLM:
         self.model = model
         self.options = options
 
-    def generate_async(self, prompt: str, sampling_params: SamplingParams, streaming: bool = False) -> _Result:
+    def generate_async(self, prompt: str, sampling_params: SamplingParams, streaming: bool = False, lora_request=None) -> _Result:
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("a prompt is a non-empty string")
-        return _Result(sampling_params)
+        if lora_request is None:
+            return _Result(sampling_params, "w")
+        if "lora_config" not in self.options:
+            raise ValueError("a LoRA request to an LLM without lora_config")
+        with open(os.path.join(lora_request.lora_path, "adapter_config.json"), encoding="utf-8") as handle:
+            json.load(handle)
+        return _Result(sampling_params, f"{lora_request.lora_name}-w")
 
     def shutdown(self) -> None:
         return None
