@@ -10,7 +10,7 @@ served contract (ensemble inputs and outputs, and the preprocessing model's para
 Modules, one job each: `schemas` (request/response bodies), `errors` (OpenAI's error shape and
 status codes), `bodies` (reading a body within the size and nesting limits, parsing it), `model`
 (the served model's facts), `tokenizer` and `templating` (prompt token counts, chat templates),
-`stops` (stop sequences on a text stream), `planning` (request → Triton requests, or a 4xx),
+`access` (API keys and per-key limits), `routes` (paths and their metric labels), `stops` (stop sequences on a text stream), `planning` (request → Triton requests, or a 4xx),
 `generation` (running them), `responses` (bodies, chunks, SSE), `openapi` (what /openapi.json
 documents), `app` (FastAPI), `runner` (uvicorn).
 """
@@ -23,6 +23,8 @@ from typing import Any
 # Exported lazily: importing the package (e.g. its `defaults` for a command line's parser) does
 # not import FastAPI and uvicorn.
 _EXPORTS = {
+    "AccessPolicy": "access",
+    "KeyRing": "access",
     "ModelSetupError": "model",
     "OpenAIError": "errors",
     "ServedModel": "model",
