@@ -105,10 +105,11 @@ def configured_api_keys(key_file: Path | None, environ: Mapping[str, str] | None
     return None if value is None else parse_api_keys(value, API_KEYS_VARIABLE)
 
 
-def client_api_key(key_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The key a client sends: the first of `key_file` if given, else the first of the variable, else none."""
+def given_api_keys(key_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[ApiKey, ...] | None:
+    """The keys given to a client command (bench, the performance gate, infer): those of `key_file` if given, else
+    those of the variable, else None. A client sends the first; a server the command starts itself trusts them all."""
     environ = os.environ if environ is None else environ
     if key_file is not None:
-        return read_api_key_file(key_file)[0].secret
+        return read_api_key_file(key_file)
     value = environ.get(API_KEYS_VARIABLE)
-    return None if value is None else parse_api_keys(value, API_KEYS_VARIABLE)[0].secret
+    return None if value is None else parse_api_keys(value, API_KEYS_VARIABLE)

@@ -64,15 +64,18 @@ def _count_new_tokens(record: RequestRecord, received: int | None, now: float) -
 
 
 class OpenAITarget:
-    """`POST /v1/completions` with `stream: true`; token counts from the final `usage`."""
+    """`POST /v1/completions` with `stream: true`; token counts from the final `usage`. With `api_key`, every
+    request carries `Authorization: Bearer <api_key>`."""
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
         self.endpoint = "openai"
         self.url = base_url.rstrip("/")
         if not self.url.endswith("/v1"):
             self.url += "/v1"
         self.model = model
-        self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=256), headers=bearer_headers(api_key)
+        )
 
     def body(self, request: LoadRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -123,12 +126,18 @@ async def completion_events(response: httpx.Response) -> AsyncIterator[dict[str,
     raise RuntimeError("the stream ended without [DONE]")
 
 
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 CONTRACTS = ("ensemble", "llmapi")  # the Triton tensors a grpc|http target speaks: the ensemble's or NVIDIA's llmapi model's
 
 
-def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0, contract: str = "ensemble") -> LoadTarget:
+def make_target(
+    endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0, contract: str = "ensemble", api_key: str | None = None
+) -> LoadTarget:
     """`endpoint` grpc|http (Triton; `model` defaults to the ensemble, or with contract "llmapi" to NVIDIA's llmapi
-    model over http) or openai (`model` = the served name)."""
+    model over http) or openai (`model` = the served name; `api_key`: the Bearer key it sends, if any)."""
     if contract == "llmapi" and endpoint in ("grpc", "http"):
         if endpoint == "grpc":
             raise ValueError("the llmapi model is measured over http (its generate_stream); grpc streaming of its contract is not implemented")
@@ -140,5 +149,5 @@ def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s:
     if endpoint == "openai":
         if not model:
             raise ValueError("the openai endpoint needs the served model name")
-        return OpenAITarget(url, model, timeout_s)
+        return OpenAITarget(url, model, timeout_s, api_key)
     raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")

@@ -10,9 +10,10 @@ served contract (ensemble inputs and outputs, and the preprocessing model's para
 Modules, one job each: `schemas` (request/response bodies), `errors` (OpenAI's error shape and
 status codes), `bodies` (reading a body within the size and nesting limits, parsing it), `model`
 (the served model's facts), `tokenizer` and `templating` (prompt token counts, chat templates),
-`access` (API keys and per-key limits), `routes` (paths and their metric labels), `stops` (stop sequences on a text stream), `planning` (request → Triton requests, or a 4xx),
+`stops` (stop sequences on a text stream), `planning` (request → Triton requests, or a 4xx),
 `generation` (running them), `responses` (bodies, chunks, SSE), `openapi` (what /openapi.json
-documents), `app` (FastAPI), `runner` (uvicorn).
+documents), `access` (API keys and per-key limits), `routes` (paths and their metric labels),
+`app` (FastAPI), `runner` (uvicorn).
 """
 
 from __future__ import annotations

@@ -17,13 +17,14 @@ import pytest
 from fastapi.testclient import TestClient
 from rich.console import Console
 
-from clients.api_keys import API_KEYS_VARIABLE, ApiKey, ApiKeyError, client_api_key, configured_api_keys, parse_api_keys, read_api_key_file
+from clients.api_keys import API_KEYS_VARIABLE, ApiKey, ApiKeyError, configured_api_keys, given_api_keys, parse_api_keys, read_api_key_file
 from clients.openai_server import AccessPolicy, KeyRing, ServerSettings, create_app
 from clients.openai_server.access import bearer_key_name
 from clients.openai_server.errors import OpenAIError
 from clients.openai_server.metrics import REQUESTS
+from clients.openai_server.tokenizer import PromptTokenizer
 from pipeline.errors import SpecError
-from tests.unit.test_openai_server import MODEL, FakeStream, FakeTriton, echo_words
+from tests.unit.test_openai_server import MODEL, TOKENIZER_DIR, FakeStream, FakeTriton, echo_words
 
 REPO = Path(__file__).resolve().parents[2]
 ALICE, BOB = "alice-key-0123456789abcdef", "Bb0b_kEy.9876543210~+/=="
@@ -102,9 +103,9 @@ def test_the_file_and_the_variable(tmp_path):
 def test_a_client_sends_the_first_key_of_the_file_else_of_the_variable(tmp_path):
     key_file = tmp_path / "keys"
     key_file.write_text(f"# mine\nalice:{ALICE}\n{BOB}\n")
-    assert client_api_key(key_file, {API_KEYS_VARIABLE: BOB}) == ALICE  # the flag wins over the variable
-    assert client_api_key(None, {API_KEYS_VARIABLE: f"{BOB},alice:{ALICE}"}) == BOB
-    assert client_api_key(None, {}) is None
+    assert given_api_keys(key_file, {API_KEYS_VARIABLE: BOB})[0].secret == ALICE  # the flag wins over the variable
+    assert given_api_keys(None, {API_KEYS_VARIABLE: f"{BOB},alice:{ALICE}"})[0].secret == BOB
+    assert given_api_keys(None, {}) is None
 
 
 # -- the check ------------------------------------------------------------------------------------------------
@@ -128,9 +129,6 @@ def keyed(tokenizer):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tests.unit.test_openai_server import TOKENIZER_DIR
-    from clients.openai_server.tokenizer import PromptTokenizer
-
     return PromptTokenizer(TOKENIZER_DIR)
 
 
