@@ -31,7 +31,10 @@ def test_the_cpu_deployment_has_the_openai_service_before_triton():
     assert command[command.index("--triton-url") + 1] == "triton:8001" and command[command.index("--host") + 1] == "0.0.0.0"
     assert command[command.index("--model-name") + 1] == "tiny-cpu"
     assert [parse_port(port)[:3] for port in openai["ports"]] == [("127.0.0.1", 9000, 9000)]
-    assert any("/v1/models" in part for part in openai["healthcheck"]["test"]) and openai["healthcheck"]["test"][0] == "CMD"
+    assert any(":9000/health'" in part for part in openai["healthcheck"]["test"]) and openai["healthcheck"]["test"][0] == "CMD"
+    # the API keys come from .env through the environment, never the command line (#36)
+    assert openai["environment"]["TRTLLM_PIPELINE_API_KEYS"] == "${TRTLLM_PIPELINE_API_KEYS:?set TRTLLM_PIPELINE_API_KEYS in .env}"
+    assert not any("KEYS" in part or "api-key" in part for part in command)
     assert openai["user"] == "1000:1000" and openai["read_only"] is True and openai["cap_drop"] == ["ALL"]
     assert {volume["target"]: volume["read_only"] for volume in openai["volumes"]} == {"/models": True, "/tokenizer": True}
 
