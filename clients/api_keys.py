@@ -97,12 +97,9 @@ def configured_api_keys(key_file: Path | None, environ: Mapping[str, str] | None
     """The server's keys: from `key_file`, else from the variable; None when neither is given (no keys: open).
     A variable that is set but holds no key is an error, as is giving both (which would the server trust?)."""
     environ = os.environ if environ is None else environ
-    value = environ.get(API_KEYS_VARIABLE)
-    if key_file is not None and value is not None:
+    if key_file is not None and API_KEYS_VARIABLE in environ:
         raise ApiKeyError(f"both --api-key-file and {API_KEYS_VARIABLE} are set: give the keys one way")
-    if key_file is not None:
-        return read_api_key_file(key_file)
-    return None if value is None else parse_api_keys(value, API_KEYS_VARIABLE)
+    return given_api_keys(key_file, environ)
 
 
 def given_api_keys(key_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[ApiKey, ...] | None:

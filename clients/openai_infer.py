@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from clients.errors import ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
+from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
 
 # The guided_decoding_guide_type values clients.cli builds, as the front end's request fields.
 GUIDE_FIELDS = {"json_schema": "guided_json", "regex": "guided_regex", "ebnf_grammar": "guided_grammar"}
@@ -53,6 +53,8 @@ def complete(
                         pieces.append(choice.get("text") or "")
                         on_text(pieces[-1])
             return OpenAICompletion("".join(pieces), time.monotonic() - started)
+    except ClientError:  # what this module raised itself (InvalidRequestError is a ValueError too)
+        raise
     except httpx.TimeoutException:
         raise ClientTimeoutError(timeout, f"from {base}") from None
     except httpx.TransportError as error:

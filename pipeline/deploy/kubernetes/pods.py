@@ -53,7 +53,7 @@ def admin_key_env(spec: Spec) -> dict[str, Any]:
 
 
 def api_keys_volume(spec: Spec) -> dict[str, Any]:
-    """The Secret's API-keys entry as one file (owned by the pod's fsGroup, readable by it only). Mounted without
+    """The Secret's API-keys entry as one file (mode 0440, group: the pod's fsGroup, which the front end runs as). Mounted without
     subPath, so the kubelet refreshes it when the Secret changes; the front end reads it at start (rotation: a restart)."""
     item = {"key": layout.OPENAI_API_KEYS_VARIABLE, "path": layout.API_KEYS_FILE}
     secret = {"secretName": names.object_name(spec, "secrets"), "items": [item], "defaultMode": 0o440}
