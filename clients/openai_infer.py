@@ -8,15 +8,16 @@ An HTTP error is a RequestError carrying the server's status and message; no con
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
+from clients.sse import openai_events
 
 # The guided_decoding_guide_type values clients.cli builds, as the front end's request fields.
 GUIDE_FIELDS = {"json_schema": "guided_json", "regex": "guided_regex", "ebnf_grammar": "guided_grammar"}
@@ -40,19 +41,7 @@ def complete(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     started = time.monotonic()
     try:
-        with httpx.Client(base_url=base, headers=headers, timeout=timeout) as http:
-            body = {"model": model or _only_model(http), "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **_fields(sampling)}
-            if not stream:
-                answer = _checked(http.post("/completions", json=body)).json()
-                return OpenAICompletion(answer["choices"][0]["text"], time.monotonic() - started)
-            pieces = []
-            with http.stream("POST", "/completions", json=body) as response:
-                _checked(response)
-                for event in _events(response.iter_lines()):
-                    for choice in event.get("choices") or ():
-                        pieces.append(choice.get("text") or "")
-                        on_text(pieces[-1])
-            return OpenAICompletion("".join(pieces), time.monotonic() - started)
+        text = asyncio.run(_text(base, headers, timeout, prompt, model, max_tokens, sampling, stream, on_text))
     except ClientError:  # what this module raised itself (InvalidRequestError is a ValueError too)
         raise
     except httpx.TimeoutException:
@@ -61,6 +50,25 @@ def complete(
         raise ServerUnavailableError(base, str(error) or type(error).__name__) from None
     except (KeyError, IndexError, TypeError, ValueError) as error:
         raise ProtocolError(f"{base} did not answer as the OpenAI API does: {error}") from None
+    return OpenAICompletion(text, time.monotonic() - started)
+
+
+async def _text(
+    base: str, headers: dict[str, str], timeout: float, prompt: str, model: str | None, max_tokens: int, sampling: dict[str, Any],
+    stream: bool, on_text: Callable[[str], None],
+) -> str:
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout) as http:
+        body = {"model": model or await _only_model(http), "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **_fields(sampling)}
+        if not stream:
+            return (await _checked(await http.post("/completions", json=body))).json()["choices"][0]["text"]
+        pieces = []
+        async with http.stream("POST", "/completions", json=body) as response:
+            await _checked(response)
+            async for event in openai_events(response.aiter_lines()):
+                for choice in event.get("choices") or ():
+                    pieces.append(choice.get("text") or "")
+                    on_text(pieces[-1])
+        return "".join(pieces)
 
 
 def _fields(sampling: dict[str, Any]) -> dict[str, Any]:
@@ -71,17 +79,17 @@ def _fields(sampling: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _only_model(http: httpx.Client) -> str:
-    served = [model["id"] for model in _checked(http.get("/models")).json()["data"]]
+async def _only_model(http: httpx.AsyncClient) -> str:
+    served = [model["id"] for model in (await _checked(await http.get("/models"))).json()["data"]]
     if len(served) != 1:
         raise InvalidRequestError("model", f"{http.base_url}/models serves {', '.join(served) or 'no model'}: name one with --model")
     return served[0]
 
 
-def _checked(response: httpx.Response) -> httpx.Response:
+async def _checked(response: httpx.Response) -> httpx.Response:
     if response.status_code < 400:
         return response
-    response.read()
+    await response.aread()
     try:
         message = response.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
@@ -89,18 +97,3 @@ def _checked(response: httpx.Response) -> httpx.Response:
     if response.status_code == 401:
         message = f"{message} ({KEY_HINT})"
     raise RequestError(response.status_code, message)
-
-
-def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    """The JSON events of an SSE stream up to `[DONE]`; an error event is a RequestError."""
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise RequestError(None, event["error"].get("message", str(event["error"])))
-        yield event
-    raise ProtocolError("the stream ended without [DONE]")

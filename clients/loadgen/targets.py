@@ -7,9 +7,7 @@ which each response's token count is known.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import httpx
@@ -17,6 +15,7 @@ import httpx
 from clients.aio import AsyncTritonLLMClient
 from clients.loadgen.llmapi_target import LLMAPI_MODEL, LlmapiModelTarget
 from clients.loadgen.records import LoadRequest, RequestRecord
+from clients.sse import openai_events
 
 ENDPOINTS = ("grpc", "http", "openai")
 
@@ -96,7 +95,7 @@ class OpenAITarget:
             if response.status_code != 200:
                 detail = (await response.aread()).decode("utf-8", "replace")[:300]
                 raise RuntimeError(f"HTTP {response.status_code}: {detail}")
-            async for event in completion_events(response):
+            async for event in openai_events(response.aiter_lines()):
                 if any(choice.get("text") for choice in event.get("choices") or ()):
                     record.add_tokens(1, time.monotonic())
                 usage = event.get("usage")
@@ -108,22 +107,6 @@ class OpenAITarget:
 
     async def close(self) -> None:
         await self._http.aclose()
-
-
-async def completion_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of an OpenAI SSE stream, up to `[DONE]`; an error event or a stream that
-    ends without `[DONE]` raises RuntimeError."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise RuntimeError(f"stream error: {event['error']}")
-        yield event
-    raise RuntimeError("the stream ended without [DONE]")
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:
