@@ -102,6 +102,11 @@ def configured_api_keys(key_file: Path | None, environ: Mapping[str, str] | None
     return given_api_keys(key_file, environ)
 
 
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """What a client sends with `api_key` (nothing without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def given_api_keys(key_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[ApiKey, ...] | None:
     """The keys given to a client command (bench, the performance gate, infer): those of `key_file` if given, else
     those of the variable, else None. A client sends the first; a server the command starts itself trusts them all."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from clients.api_keys import bearer_headers
 from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
 from clients.sse import openai_events
 
@@ -38,7 +39,7 @@ def complete(
     if sampling.get("beam_width") is not None:
         raise InvalidRequestError("beam_width", "beam search is not part of the OpenAI API: use --protocol grpc or http for --beam-width")
     base = base_url.rstrip("/") if base_url.rstrip("/").endswith("/v1") else base_url.rstrip("/") + "/v1"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_headers(api_key)
     started = time.monotonic()
     try:
         text = asyncio.run(_text(base, headers, timeout, prompt, model, max_tokens, sampling, stream, on_text))

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import httpx
 
 from clients.aio import AsyncTritonLLMClient
+from clients.api_keys import bearer_headers
 from clients.loadgen.llmapi_target import LLMAPI_MODEL, LlmapiModelTarget
 from clients.loadgen.records import LoadRequest, RequestRecord
 from clients.sse import openai_events
@@ -107,10 +108,6 @@ class OpenAITarget:
 
     async def close(self) -> None:
         await self._http.aclose()
-
-
-def bearer_headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 CONTRACTS = ("ensemble", "llmapi")  # the Triton tensors a grpc|http target speaks: the ensemble's or NVIDIA's llmapi model's

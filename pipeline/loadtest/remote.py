@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from clients.api_keys import ApiKey, ApiKeyError, given_api_keys
-from clients.loadgen.targets import bearer_headers
+from clients.api_keys import ApiKey, ApiKeyError, bearer_headers, given_api_keys
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.errors import SpecError
