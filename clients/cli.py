@@ -1,4 +1,5 @@
-"""`trtllm-pipeline infer "prompt"`: one request to a running server, the answer on stdout.
+"""`trtllm-pipeline infer "prompt"`: one request to a running server (Triton over gRPC or HTTP, or the OpenAI API:
+clients.openai_infer), the answer on stdout.
 
 `add_infer_arguments(parser)` + `run_infer(args)` plug into the pipeline's CLI; `infer_main(argv)`
 runs on its own. Client errors are reported in one line on stderr with exit code 1; Ctrl-C
@@ -10,17 +11,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TextIO
 
-from clients.defaults import DEFAULT_TIMEOUT_S, DEFAULT_URLS
+from clients.defaults import DEFAULT_OPENAI_URL, DEFAULT_TIMEOUT_S, DEFAULT_URLS
 from clients.errors import ClientError, ServerUnavailableError
 
 
 def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--url", help=f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http)")
-    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="default grpc")
-    parser.add_argument("--model", default="ensemble", help="model to call (default ensemble; tensorrt_llm_bls has the same contract)")
+    parser.add_argument("--url", help=(
+        f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http, {DEFAULT_OPENAI_URL} for openai)"
+    ))
+    parser.add_argument("--protocol", choices=["grpc", "http", "openai"], default="grpc", help="default grpc; openai: /v1/completions")
+    parser.add_argument("--model", help=(
+        "model to call (default ensemble; tensorrt_llm_bls has the same contract); over openai the served name "
+        "(default: the one /v1/models lists)"
+    ))
+    parser.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
+        "with --protocol openai: send the first key of FILE as Authorization: Bearer (default: of TRTLLM_PIPELINE_API_KEYS, if set)"
+    ))
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; sampling needs --top-k or --top-p too (default 0: greedy)")
@@ -65,8 +75,10 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     except OSError as error:
         err.write(f"error: cannot read the guide: {error}\n")
         return 1
+    if args.protocol == "openai":
+        return _infer_openai(args, sampling, out, err)
     try:
-        with TritonLLMClient(args.url, args.protocol, args.model, timeout=args.timeout, retries=args.retries) as client:
+        with TritonLLMClient(args.url, args.protocol, args.model or "ensemble", timeout=args.timeout, retries=args.retries) as client:
             if args.stream:
                 with client.stream(args.prompt, max_tokens=args.max_tokens, **sampling) as stream:
                     for delta in stream:
@@ -83,10 +95,7 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
                 elif not args.json:
                     out.write(completion.text + "\n")
             if args.json and completion is not None:
-                record = {"prompt": args.prompt, "text": completion.text, "latency_s": round(completion.latency_s, 6), "protocol": args.protocol}
-                if completion.beams:
-                    record["beams"] = list(completion.beams)
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                _write_record(args, out, completion.text, completion.latency_s, beams=completion.beams)
             out.flush()
     except ServerUnavailableError as error:
         err.write(f"error: {error}\nhint: is the server running? `trtllm-pipeline serve CONFIG` starts one (check --url / --protocol)\n")
@@ -94,6 +103,48 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     except ClientError as error:
         err.write(f"error: {error}\n")
         return 1
+    return 0
+
+
+def _write_record(args: argparse.Namespace, out: TextIO, text: str, latency_s: float, *, beams: tuple[str, ...] = ()) -> None:
+    record = {"prompt": args.prompt, "text": text, "latency_s": round(latency_s, 6), "protocol": args.protocol}
+    if beams:
+        record["beams"] = list(beams)
+    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _infer_openai(args: argparse.Namespace, sampling: dict, out: TextIO, err: TextIO) -> int:
+    from clients.api_keys import ApiKeyError, given_api_keys
+    from clients.openai_infer import complete
+
+    try:
+        keys = given_api_keys(args.api_key_file)
+    except ApiKeyError as error:
+        err.write(f"error: {error}\n")
+        return 1
+
+    def show(text: str) -> None:
+        if not args.json:
+            out.write(text)
+            out.flush()
+
+    try:
+        completion = complete(
+            args.url or DEFAULT_OPENAI_URL, args.prompt, model=args.model, api_key=keys[0].secret if keys else None,
+            max_tokens=args.max_tokens, sampling=sampling, stream=args.stream, timeout=args.timeout, on_text=show,
+        )
+    except ServerUnavailableError as error:
+        err.write(f"error: cannot reach {error.url}: {error.reason}\n")
+        err.write("hint: is the OpenAI front end running? `trtllm-pipeline openai CONFIG` starts one (check --url)\n")
+        return 1
+    except ClientError as error:
+        err.write(f"error: {error}\n")
+        return 1
+    if args.json:
+        _write_record(args, out, completion.text, completion.latency_s)
+    else:
+        out.write(("" if args.stream else completion.text) + "\n")
+    out.flush()
     return 0
 
 

@@ -4,16 +4,19 @@
 a UTF-8 character or a CRLF), get complete events back. It follows the WHATWG event-stream rules
 that matter here: `\\n`, `\\r\\n` or `\\r` line ends, several `data:` lines joined with `\\n`, one
 optional space after the colon, `:` comment lines, `event:` / `id:` fields, other fields ignored.
+
+`openai_events` reads an OpenAI-compatible stream (`data: {chunk}` lines, then `data: [DONE]`).
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from clients.errors import ProtocolError
+from clients.errors import ProtocolError, RequestError
 from clients.types import Chunk, chunk_from_json
 
 
@@ -109,6 +112,27 @@ def chunk_from_event(event: SSEEvent, *, status: int | None = None) -> Chunk:
     if not isinstance(payload, dict):
         raise ProtocolError(f"event data is not a JSON object: {event.data[:200]!r}")
     return chunk_from_json(payload, status=status)
+
+
+async def openai_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an OpenAI SSE stream, given its lines (httpx's `aiter_lines()`), up to `data: [DONE]`. An
+    error event (`data: {"error": …}`) raises RequestError with its message; a stream ending without `[DONE]`, or
+    data that is not JSON, ProtocolError."""
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError as error:
+            raise ProtocolError(f"event data is not JSON ({error}): {data[:200]!r}") from None
+        if isinstance(event, dict) and "error" in event:
+            error = event["error"]
+            raise RequestError(None, str(error.get("message", error)) if isinstance(error, dict) else str(error))
+        yield event
+    raise ProtocolError("the stream ended without [DONE]")
 
 
 def error_message(body: bytes) -> str:

@@ -9,6 +9,10 @@ CONFIG may also be a rendered model repository (e.g. /models in the compose depl
 then needs `--triton-url` and is read for the facts (deployments mount the repository their
 Triton serves; the front end may start before that Triton is up, so it does not ask it). The model name clients pass is the spec's `name` (`--model-name`
 overrides it; for a repository it defaults to the Triton model's name, `--triton-model`).
+
+API keys (clients.api_keys, clients.openai_server.access) come from `--api-key-file` or the TRTLLM_PIPELINE_API_KEYS
+variable, never from the command line (where `ps` shows them); they are read first, so a bad key file stops the
+command before anything is built or started.
 """
 
 from __future__ import annotations
@@ -42,14 +46,42 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
     parser.add_argument("--triton-model", help="the Triton model to call (default: the build config's serve.model_name; ensemble for a repository)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a tritonserver started here (default 180)")
+    keys = parser.add_argument_group("API keys (docs/api-keys.md)")
+    keys.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
+        "clients must send one of these keys (Authorization: Bearer KEY) on /v1/*: KEY or NAME:KEY per line; "
+        "or set TRTLLM_PIPELINE_API_KEYS (same syntax, comma-separated). Default: no keys, everyone is served"
+    ))
+    keys.add_argument("--max-concurrent-per-key", type=int, metavar="N",
+                      help="generation requests one key may have in flight; more get 429 with Retry-After (default: no limit)")
+    keys.add_argument("--metrics-need-key", action="store_true", help="/metrics asks for a key too (default: open, for the private scrape network)")
     return parser
+
+
+def access_policy(args: argparse.Namespace) -> Any:
+    """The front end's AccessPolicy from --api-key-file / TRTLLM_PIPELINE_API_KEYS and the limits; errors name the line, never a key."""
+    from clients.api_keys import ApiKeyError, configured_api_keys
+    from clients.openai_server.access import AccessPolicy, KeyRing
+
+    try:
+        keys = configured_api_keys(args.api_key_file)
+        return AccessPolicy(
+            KeyRing(keys) if keys is not None else None, max_concurrent_per_key=args.max_concurrent_per_key,
+            metrics_need_key=args.metrics_need_key,
+        )
+    except ApiKeyError as error:
+        raise SpecError(str(error), hint="one key per line, KEY or NAME:KEY, keys of at least 16 characters (docs/api-keys.md)") from None
+    except ValueError as error:
+        raise SpecError(str(error)) from None
 
 
 def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_package: Callable[[Any, Any], Path], state_dir: Callable[[Any], Path]) -> int:
     """`build_package(loaded, store)` → the packaged repository (cpu target); `state_dir(store)` → where `serve --detach` records its server."""
     from clients.openai_server import ModelSetupError, ServedModel
 
-    options = {"host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_json_depth": args.max_json_depth, "max_n": args.max_n}
+    options = {
+        "host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_json_depth": args.max_json_depth, "max_n": args.max_n,
+        "access": access_policy(args),
+    }
     try:
         if args.config.is_dir():
             if not args.triton_url:
@@ -115,6 +147,7 @@ def _serve(triton_url: str, model, options: dict, say: Callable[[str], None], ke
 
     def ready(base_url: str) -> None:
         say(f"OpenAI-compatible API for model {model.name!r} (Triton {triton_url}, model {model.triton_model!r}):")
+        say(options["access"].describe())
         say(base_url)  # alone on its line, for scripts
         say("Press Ctrl-C to stop.")
 

@@ -107,9 +107,12 @@ healthy=$(now)
 [ "$(docker inspect --format '{{.State.Health.Status}}' "$(container openai)")" = healthy ] || { docker logs "$(container triton)" | tail -30; exit 1; }
 
 # 4. answers, hardening, metrics
+# the front end's key: the first of TRTLLM_PIPELINE_API_KEYS in .env (NAME:KEY, comma-separated)
+API_KEY=$(sed -n 's/^TRTLLM_PIPELINE_API_KEYS=//p' .env | cut -d, -f1 | sed 's/^[^:]*://')
+[ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:19000/v1/models)" = 401 ] || { log "the OpenAI front end answered without a key"; exit 1; }
 "$CLI" infer --protocol http --url 127.0.0.1:18000 --max-tokens 16 'def __init__(self'
 "$CLI" infer --protocol grpc --url 127.0.0.1:18001 --max-tokens 16 'import'
-curl -fsS http://127.0.0.1:19000/v1/completions -H 'content-type: application/json' \
+curl -fsS http://127.0.0.1:19000/v1/completions -H 'content-type: application/json' -H "Authorization: Bearer $API_KEY" \
   -d '{"model": "tiny-cpu", "prompt": "class Parser", "max_tokens": 16}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
 triton=$(container triton)
 [ "$(docker exec "$triton" id -u)" = 1000 ] || { log "triton runs as uid $(docker exec "$triton" id -u)"; exit 1; }
@@ -130,7 +133,7 @@ wait_for 'nv_inference_request_success' '"model":"ensemble"'
 wait_for 'up{job="openai"}' '"value":\[[0-9.]*,"1"\]'
 sleep 6
 for prompt in 'def main(' 'import os' 'class Config'; do
-  curl -fsSN http://127.0.0.1:19000/v1/completions -H 'content-type: application/json' \
+  curl -fsSN http://127.0.0.1:19000/v1/completions -H 'content-type: application/json' -H "Authorization: Bearer $API_KEY" \
     -d "{\"model\": \"tiny-cpu\", \"prompt\": \"$prompt\", \"max_tokens\": 16, \"stream\": true}" | grep -c '^data: ' | sed 's/^/streamed events: /'
 done
 curl -fsS http://127.0.0.1:19000/metrics | grep -E '^trtllm_pipeline_openai_(time_to_first_token_seconds|inter_token_latency_seconds)_count' \

@@ -27,7 +27,7 @@ import httpx
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import ClientError
-from clients.loadgen.targets import completion_events
+from clients.sse import openai_events
 
 TRITON_ENDPOINTS = ("grpc", "http")
 DEFAULT_PROMPTS = ("def __init__(self", "import", "class Parser", "for line in", "return self.")
@@ -226,7 +226,7 @@ async def _openai_read(http: httpx.AsyncClient, targets: ChaosTargets, plan: Cha
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode('utf-8', 'replace')[:200]}")
         events = 0
-        async for _ in completion_events(response):
+        async for _ in openai_events(response.aiter_lines()):
             events += 1
             if request.cut_after and events >= request.cut_after:
                 raise _Cut  # leaving the block closes the connection mid-stream

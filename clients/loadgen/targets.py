@@ -7,16 +7,16 @@ which each response's token count is known.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import httpx
 
 from clients.aio import AsyncTritonLLMClient
+from clients.api_keys import bearer_headers
 from clients.loadgen.llmapi_target import LLMAPI_MODEL, LlmapiModelTarget
 from clients.loadgen.records import LoadRequest, RequestRecord
+from clients.sse import openai_events
 
 ENDPOINTS = ("grpc", "http", "openai")
 
@@ -64,15 +64,18 @@ def _count_new_tokens(record: RequestRecord, received: int | None, now: float) -
 
 
 class OpenAITarget:
-    """`POST /v1/completions` with `stream: true`; token counts from the final `usage`."""
+    """`POST /v1/completions` with `stream: true`; token counts from the final `usage`. With `api_key`, every
+    request carries `Authorization: Bearer <api_key>`."""
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
         self.endpoint = "openai"
         self.url = base_url.rstrip("/")
         if not self.url.endswith("/v1"):
             self.url += "/v1"
         self.model = model
-        self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=256), headers=bearer_headers(api_key)
+        )
 
     def body(self, request: LoadRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -93,7 +96,7 @@ class OpenAITarget:
             if response.status_code != 200:
                 detail = (await response.aread()).decode("utf-8", "replace")[:300]
                 raise RuntimeError(f"HTTP {response.status_code}: {detail}")
-            async for event in completion_events(response):
+            async for event in openai_events(response.aiter_lines()):
                 if any(choice.get("text") for choice in event.get("choices") or ()):
                     record.add_tokens(1, time.monotonic())
                 usage = event.get("usage")
@@ -107,28 +110,14 @@ class OpenAITarget:
         await self._http.aclose()
 
 
-async def completion_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of an OpenAI SSE stream, up to `[DONE]`; an error event or a stream that
-    ends without `[DONE]` raises RuntimeError."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise RuntimeError(f"stream error: {event['error']}")
-        yield event
-    raise RuntimeError("the stream ended without [DONE]")
-
-
 CONTRACTS = ("ensemble", "llmapi")  # the Triton tensors a grpc|http target speaks: the ensemble's or NVIDIA's llmapi model's
 
 
-def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0, contract: str = "ensemble") -> LoadTarget:
+def make_target(
+    endpoint: str, url: str, *, model: str | None = None, timeout_s: float = 600.0, contract: str = "ensemble", api_key: str | None = None
+) -> LoadTarget:
     """`endpoint` grpc|http (Triton; `model` defaults to the ensemble, or with contract "llmapi" to NVIDIA's llmapi
-    model over http) or openai (`model` = the served name)."""
+    model over http) or openai (`model` = the served name; `api_key`: the Bearer key it sends, if any)."""
     if contract == "llmapi" and endpoint in ("grpc", "http"):
         if endpoint == "grpc":
             raise ValueError("the llmapi model is measured over http (its generate_stream); grpc streaming of its contract is not implemented")
@@ -140,5 +129,5 @@ def make_target(endpoint: str, url: str, *, model: str | None = None, timeout_s:
     if endpoint == "openai":
         if not model:
             raise ValueError("the openai endpoint needs the served model name")
-        return OpenAITarget(url, model, timeout_s)
+        return OpenAITarget(url, model, timeout_s, api_key)
     raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")

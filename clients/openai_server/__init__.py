@@ -12,7 +12,8 @@ status codes), `bodies` (reading a body within the size and nesting limits, pars
 (the served model's facts), `tokenizer` and `templating` (prompt token counts, chat templates),
 `stops` (stop sequences on a text stream), `planning` (request → Triton requests, or a 4xx),
 `generation` (running them), `responses` (bodies, chunks, SSE), `openapi` (what /openapi.json
-documents), `app` (FastAPI), `runner` (uvicorn).
+documents), `access` (API keys and per-key limits), `routes` (paths and their metric labels),
+`app` (FastAPI), `runner` (uvicorn).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 # Exported lazily: importing the package (e.g. its `defaults` for a command line's parser) does
 # not import FastAPI and uvicorn.
 _EXPORTS = {
+    "AccessPolicy": "access",
+    "KeyRing": "access",
     "ModelSetupError": "model",
     "OpenAIError": "errors",
     "ServedModel": "model",

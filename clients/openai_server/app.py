@@ -1,5 +1,5 @@
 """The FastAPI application: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`, `/metrics`
-(time to first token, inter-token latency and request counts, `metrics`).
+(time to first token, inter-token latency and request counts, `metrics`); with API keys, `access` guards `/v1/*`.
 
 Requests are read and parsed by `bodies` (not by FastAPI's body handling) so that every refusal
 has OpenAI's error shape and status: a body over `max_body_bytes` is 413; malformed JSON, a body
@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import ClientError
-from clients.openai_server import errors, openapi
+from clients.openai_server import access, errors, openapi, routes
+from clients.openai_server.access import KEY_NAME_STATE, NO_KEY, AccessPolicy
 from clients.openai_server.bodies import parse, read_body
 from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
 from clients.openai_server.errors import OpenAIError
@@ -48,7 +49,8 @@ T = TypeVar("T")
 class ServerSettings:
     """Everything the app needs: where Triton listens (gRPC host:port) and what it serves.
     `max_body_bytes`: larger bodies get 413; `max_json_depth`: bodies whose arrays/objects nest
-    deeper get 400 `json_too_deep`; `max_n`: most choices (n × prompts) per request."""
+    deeper get 400 `json_too_deep`; `max_n`: most choices (n × prompts) per request; `access`: API keys and
+    per-key limits (none by default)."""
 
     triton_url: str
     model: ServedModel
@@ -57,6 +59,7 @@ class ServerSettings:
     max_n: int = DEFAULT_MAX_N
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     triton_retries: int = 2
+    access: AccessPolicy = field(default_factory=AccessPolicy)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_json_depth", "max_n"):
@@ -88,33 +91,34 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
                 app.state.triton = None  # a later startup makes a new one
 
     app = FastAPI(title="trtllm-pipeline OpenAI-compatible API", lifespan=lifespan)
-    app.state.metrics = FrontEndMetrics()
+    app.state.metrics = FrontEndMetrics(keyed=settings.access.keys is not None)
     _add_error_handlers(app)
-    _count_answers(app)
-    openapi.install(app, (CompletionRequest, ChatCompletionRequest), context)
+    access.install(app, settings.access)
+    _count_answers(app)  # after access: outside it, so its 401s and 429s are counted too
+    openapi.install(app, (CompletionRequest, ChatCompletionRequest), context, settings.access)
 
-    @app.get("/v1/models", response_model=None, responses=openapi.answers(ModelList, "The served model."))
+    @app.get(routes.MODELS, response_model=None, responses=openapi.answers(ModelList, "The served model."))
     async def list_models() -> dict[str, Any]:
         return ModelList(data=[card]).model_dump(mode="json")
 
-    @app.get("/v1/models/{model_id:path}", response_model=None, responses=openapi.answers(ModelCard, "The served model.", 404))
+    @app.get(routes.MODELS + "/{model_id:path}", response_model=None, responses=openapi.answers(ModelCard, "The served model.", 404))
     async def get_model(model_id: str) -> dict[str, Any]:
         if model_id != card.id:
             raise errors.model_not_found(model_id)
         return card.model_dump(mode="json")
 
-    @app.get("/health", response_model=None, responses=openapi.answers(Health, "Triton is ready to serve the model.", 503))
+    @app.get(routes.HEALTH, response_model=None, responses=openapi.answers(Health, "Triton is ready to serve the model.", 503))
     async def health(request: Request) -> dict[str, str]:
         if not await request.app.state.triton.is_ready():
             raise OpenAIError(503, f"Triton at {settings.triton_url} is not ready to serve {settings.model.triton_model!r}", type=errors.UNAVAILABLE)
         return {"status": "ok"}
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.get(routes.METRICS, include_in_schema=False)
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.post(
-        "/v1/completions",
+        routes.COMPLETIONS,
         openapi_extra=openapi.request_body(CompletionRequest),
         responses=openapi.answers(Completion, "The completion.", *openapi.GENERATION_ERRORS, stream=STREAM_DOC),
     )
@@ -123,7 +127,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
         return await _answer(request, plan_completion(parsed, context), context, chat=False)
 
     @app.post(
-        "/v1/chat/completions",
+        routes.CHAT_COMPLETIONS,
         openapi_extra=openapi.request_body(ChatCompletionRequest),
         responses=openapi.answers(ChatCompletion, "The chat completion.", *openapi.GENERATION_ERRORS, stream=STREAM_DOC),
     )
@@ -191,12 +195,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
-
-
 def _count_answers(app: FastAPI) -> None:
-    """Every generation request's status into the metrics, and `received`, the clock TTFT counts from.
-    A plain ASGI middleware: it only watches `send`, so streaming and disconnect detection are untouched."""
+    """Every `/v1/*` request's status (and with keys, its key's name) into the metrics, and `received`, the clock
+    TTFT counts from. A plain ASGI middleware: it only watches `send`, so streaming and disconnect detection are untouched."""
     metrics: FrontEndMetrics = app.state.metrics
 
     class CountAnswers:
@@ -204,14 +205,15 @@ def _count_answers(app: FastAPI) -> None:
             self.inner = inner
 
         async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+            if scope["type"] != "http" or not scope["path"].startswith(routes.API_PREFIX):
                 await self.inner(scope, receive, send)
                 return
-            scope.setdefault("state", {})["received"] = time.monotonic()
+            state = scope.setdefault("state", {})
+            state["received"] = time.monotonic()
 
             async def watch(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
-                    metrics.count_request(scope["path"], message["status"])
+                    metrics.count_request(routes.endpoint_label(scope["path"]), message["status"], state.get(KEY_NAME_STATE, NO_KEY))
                 await send(message)
 
             await self.inner(scope, receive, watch)
@@ -221,7 +223,7 @@ def _count_answers(app: FastAPI) -> None:
 
 def _add_error_handlers(app: FastAPI) -> None:
     def as_json(error: OpenAIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:

@@ -18,18 +18,24 @@ INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 UNAVAILABLE = "service_unavailable_error"
+RATE_LIMITED = "requests"  # OpenAI's type of a 429 for too many requests
+RETRY_AFTER_S = 1  # a slot frees when one of the key's requests ends, which the server cannot foresee
 
 
 class OpenAIError(Exception):
     """An error answer: HTTP `status` and the fields of OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None, code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -56,6 +62,39 @@ def json_too_deep(limit: int) -> OpenAIError:
         f"We could not parse the JSON body of your request: the JSON body nests deeper than {limit} levels "
         f"(arrays and objects inside each other), this server's limit.",
         code="json_too_deep",
+    )
+
+
+def missing_api_key() -> OpenAIError:
+    return _unauthorized(
+        "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth "
+        "(i.e. Authorization: Bearer YOUR_KEY)."
+    )
+
+
+def not_bearer() -> OpenAIError:
+    return _unauthorized("The Authorization header must use the Bearer scheme: Authorization: Bearer YOUR_KEY.")
+
+
+def several_authorizations() -> OpenAIError:
+    return _unauthorized("The request has more than one Authorization header; send one: Authorization: Bearer YOUR_KEY.")
+
+
+def incorrect_api_key() -> OpenAIError:
+    return _unauthorized("Incorrect API key provided.")
+
+
+def _unauthorized(message: str) -> OpenAIError:
+    return OpenAIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def too_many_concurrent(key_name: str, limit: int) -> OpenAIError:
+    return OpenAIError(
+        429,
+        f"Too many concurrent requests for API key '{key_name}': at most {limit} at once. Retry when one of them has finished.",
+        type=RATE_LIMITED,
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 

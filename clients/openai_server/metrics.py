@@ -7,7 +7,10 @@ as it arrives, so it measures what a client measures (tokenization and the gRPC 
     trtllm_pipeline_openai_time_to_first_token_seconds     histogram: request received -> a choice's first token
     trtllm_pipeline_openai_inter_token_latency_seconds     histogram: between a choice's tokens (a response carrying
                                                            k tokens after a gap g observes g/k, k times)
-    trtllm_pipeline_openai_requests_total{endpoint, status} counter: answered requests (status: HTTP status code)
+    trtllm_pipeline_openai_requests_total{endpoint, status} counter: answered `/v1/*` requests (status: HTTP status
+                                                           code; endpoint: the route, `other` for an unknown URL)
+                                                           With API keys a `key` label too: the key's name, never the
+                                                           key; `-` for a request refused for its key (401)
 
 Kept in a registry of their own (prometheus_client), one per application, without the `_created` series.
 The recording rules (pipeline/deploy/rules.py) take their TTFT / ITL quantiles from these histograms.
@@ -35,18 +38,21 @@ disable_created_metrics()  # the `_created` gauges say when the process started,
 
 
 class FrontEndMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, keyed: bool = False) -> None:
+        self.keyed = keyed
         self.registry = CollectorRegistry(auto_describe=True)
         self.ttft = Histogram(
             TTFT, "Time from receiving a request to the first token of each of its choices.", buckets=TTFT_BUCKETS, registry=self.registry
         )
         self.itl = Histogram(ITL, "Time between consecutive tokens of a choice.", buckets=ITL_BUCKETS, registry=self.registry)
-        self._requests = Counter(
-            REQUESTS.removesuffix("_total"), "Requests answered, by endpoint and HTTP status.", ("endpoint", "status"), registry=self.registry
-        )
+        labels = ("endpoint", "status", "key") if keyed else ("endpoint", "status")
+        help_text = "Requests answered, by endpoint, HTTP status" + (" and API key name." if keyed else ".")
+        self._requests = Counter(REQUESTS.removesuffix("_total"), help_text, labels, registry=self.registry)
 
-    def count_request(self, endpoint: str, status: int) -> None:
-        self._requests.labels(endpoint=endpoint, status=str(status)).inc()
+    def count_request(self, endpoint: str, status: int, key: str) -> None:
+        """`key`: the API key's name; dropped when the server has no keys."""
+        labels = {"endpoint": endpoint, "status": str(status)}
+        self._requests.labels(**labels, **({"key": key} if self.keyed else {})).inc()
 
     def observe_gap(self, seconds: float, tokens: int) -> None:
         """`tokens` tokens arrived `seconds` after the choice's previous one: each observes its share."""

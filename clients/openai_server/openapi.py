@@ -13,7 +13,8 @@ without logits, …; 400 `unsupported_parameter`). What depends on several field
 against the context, `best_of` = n, `stream_options` without `stream`) is only described. Every
 refused value still gets its 4xx, so a fuzzer's invalid data is refused as it expects. Error
 answers all have `ErrorResponse`'s shape. FastAPI's automatic 422 is dropped: this app answers a
-malformed request with 400, never 422.
+malformed request with 400, never 422. With API keys every `/v1/*` operation names the Bearer scheme and its
+401 (and each generation route its 429 under a per-key limit).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from clients.openai_server import routes
+from clients.openai_server.access import AccessPolicy
 from clients.openai_server.defaults import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from clients.openai_server.planning import Context
 from clients.openai_server.schemas import MAX_STOP_SEQUENCES, ErrorResponse
@@ -40,7 +43,10 @@ _ERRORS = {
     502: "Triton answered something unexpected.",
     503: "Triton is unreachable or cannot serve the model (`triton_unavailable`).",
     504: "Triton did not answer in time (`timeout`).",
+    401: "No API key, a wrong one, or an Authorization header that is not `Bearer KEY` (`invalid_api_key`).",
+    429: "The API key already has its most concurrent requests in flight (`rate_limit_exceeded`); see Retry-After.",
 }
+SECURITY_SCHEME = "apiKey"
 GENERATION_ERRORS = (400, 404, 413, 500, 502, 503, 504)
 _EVENT = {
     "type": "object",
@@ -149,8 +155,9 @@ def _nullable(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}], "description": description}
 
 
-def install(app: FastAPI, bodies: Sequence[type[BaseModel]], context: Context) -> None:
-    """Make `app.openapi()` document `bodies` (the models named by `request_body`) with `planning_rules(context)`."""
+def install(app: FastAPI, bodies: Sequence[type[BaseModel]], context: Context, policy: AccessPolicy) -> None:
+    """Make `app.openapi()` document `bodies` (the models named by `request_body`) with `planning_rules(context)`,
+    and the API keys `policy` asks for."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -167,6 +174,7 @@ def install(app: FastAPI, bodies: Sequence[type[BaseModel]], context: Context) -
                     kept = {key: value for key, value in properties[field].items() if key in ("title", "default")}
                     properties[field] = {**kept, **rule}
             _drop_422(document)
+            _document_access(document, policy)
             app.openapi_schema = document
         return app.openapi_schema
 
@@ -180,3 +188,22 @@ def _drop_422(document: dict[str, Any]) -> None:
     schemas = document.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+
+
+def _document_access(document: dict[str, Any], policy: AccessPolicy) -> None:
+    if policy.keys is None:
+        return
+    document["components"]["securitySchemes"] = {
+        SECURITY_SCHEME: {"type": "http", "scheme": "bearer", "description": "An API key of this server: Authorization: Bearer KEY."}
+    }
+    for path, operations in document["paths"].items():
+        if not path.startswith(routes.API_PREFIX):
+            continue
+        limited = path in routes.GENERATION_PATHS and policy.max_concurrent_per_key is not None
+        for operation in operations.values():
+            operation["security"] = [{SECURITY_SCHEME: []}]
+            for status in (401, 429) if limited else (401,):
+                operation["responses"][str(status)] = {
+                    "description": _ERRORS[status],
+                    "content": {"application/json": {"schema": {"$ref": REF.format(model=ErrorResponse.__name__)}}},
+                }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import uvicorn
 
+from clients.openai_server.access import AccessPolicy
 from clients.openai_server.app import ServerSettings, create_app
 from clients.openai_server.defaults import (
     DEFAULT_HOST,
@@ -64,6 +65,7 @@ def running_openai_server(
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     max_n: int = DEFAULT_MAX_N,
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+    access: AccessPolicy | None = None,
     startup_timeout_s: float = 30.0,
     log_level: str = "warning",
 ) -> Iterator[str]:
@@ -78,13 +80,15 @@ def running_openai_server(
     the running Triton's model-configuration API. `max_body_bytes`: larger bodies get 413;
     `max_json_depth`: bodies whose arrays/objects nest deeper get 400 (`json_too_deep`).
     `max_n`: most choices (n × prompts) per request. `request_timeout_s`: deadline of each Triton
-    request (None: none). Raises ModelSetupError (facts not found), OSError (port in use) or
+    request (None: none). `access`: API keys and per-key limits (default: none, everyone is served).
+    Uvicorn's access log stays off. Raises ModelSetupError (facts not found), OSError (port in use) or
     RuntimeError (not started within `startup_timeout_s`). On exit the server stops: open
     streams are cancelled on Triton.
     """
     served = resolve_model(triton_url, model_name=model_name, model=model, model_repository=model_repository, triton_model=triton_model)
     settings = ServerSettings(
-        triton_url, served, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, max_n=max_n, request_timeout_s=request_timeout_s
+        triton_url, served, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, max_n=max_n, request_timeout_s=request_timeout_s,
+        access=access or AccessPolicy(),
     )
     app = create_app(settings)
     listener = _bind(host, port)

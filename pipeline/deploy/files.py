@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from clients.api_keys import ApiKeyError, parse_api_keys
 from pipeline.backends import engine_runtime
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
@@ -31,25 +32,41 @@ from pipeline.errors import StageError
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form
 
-SECRET_VARIABLES = (layout.ADMIN_KEY_VARIABLE, layout.GRAFANA_PASSWORD_VARIABLE)
+SECRET_VARIABLES = (layout.ADMIN_KEY_VARIABLE, layout.GRAFANA_PASSWORD_VARIABLE, layout.OPENAI_API_KEYS_VARIABLE)
 # The admin key ends up inside `--http-restricted-api=<apis>:<header>=<key>`: no `,`, `:`, `=` or `$`.
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{16,}$")
 EXPORT_MARKER = ".trtllm-pipeline-deployment"
 
 
 def secret_values(secrets: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The deployment's two secrets: the given ones (checked), random ones otherwise."""
+    """The deployment's secrets: the given ones (checked), random ones otherwise. The OpenAI front end's API keys are
+    a list in clients.api_keys' syntax (generated: one key, `default:<random>`); the others single tokens."""
     given = dict(secrets or {})
     unknown = sorted(set(given) - set(SECRET_VARIABLES))
     if unknown:
         raise StageError(f"unknown deployment secret(s) {', '.join(unknown)}; known: {', '.join(SECRET_VARIABLES)}")
     values = {}
     for name in SECRET_VARIABLES:
+        if name == layout.OPENAI_API_KEYS_VARIABLE:
+            values[name] = _api_keys_value(given.get(name))
+            continue
         value = given.get(name) or token_source.token_urlsafe(24)
         if not _SECRET.match(value):
             raise StageError(f"{name} must be at least 16 characters of A-Z a-z 0-9 _ - (it is passed on a command line)")
         values[name] = value
     return values
+
+
+def _api_keys_value(given: str | None) -> str:
+    if not given:
+        return f"{layout.GENERATED_API_KEY_NAME}:{token_source.token_urlsafe(24)}"
+    try:
+        parse_api_keys(given, f"the deployment secret {layout.OPENAI_API_KEYS_VARIABLE}")
+    except ApiKeyError as error:
+        raise StageError(str(error)) from None
+    if "\n" in given:  # .env and secret.env hold one line per variable
+        raise StageError(f"the deployment secret {layout.OPENAI_API_KEYS_VARIABLE} must be one line: separate its keys with commas")
+    return given
 
 
 def require_new_directory(out_dir: Path) -> None:

@@ -18,6 +18,7 @@ own files (pipeline.deploy.compose.layout: docker-compose.yml and .env) and:
 
 from __future__ import annotations
 
+from clients.api_keys import API_KEYS_VARIABLE
 from pipeline.backends.base import ComposeFacts
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Target
@@ -66,6 +67,12 @@ TRTLLM_SERVE_SERVICE = "trtllm-serve"  # the OpenAI-compatible server of a targe
 ADMIN_KEY_VARIABLE = "TRITON_ADMIN_KEY"
 GRAFANA_PASSWORD_VARIABLE = "GRAFANA_ADMIN_PASSWORD"
 ADMIN_KEY_HEADER = "admin-key"
+# The OpenAI front end's API keys (clients.api_keys syntax): compose passes the variable, Kubernetes mounts the Secret's
+# entry as a file. A generated deployment holds one key, named so in the front end's metrics.
+OPENAI_API_KEYS_VARIABLE = API_KEYS_VARIABLE
+GENERATED_API_KEY_NAME = "default"
+API_KEYS_MOUNT = "/run/secrets/trtllm-pipeline"
+API_KEYS_FILE = "api-keys"
 
 
 def container_facts(target: str | Target) -> ComposeFacts:

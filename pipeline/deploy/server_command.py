@@ -132,8 +132,10 @@ def world_size_of(command: list[str]) -> int:
     return sum(int(command[i + 1]) for i, token in enumerate(command[:-1]) if token == "-n")
 
 
-def openai_command(spec: Spec, triton_url: str = f"{TRITON_SERVICE}:{CONTAINER_GRPC_PORT}") -> list[str]:
-    """The OpenAI-compatible front end, next to Triton (gRPC at `triton_url`): it reads the served repository at /models."""
+def openai_command(spec: Spec, triton_url: str = f"{TRITON_SERVICE}:{CONTAINER_GRPC_PORT}", api_key_file: str | None = None) -> list[str]:
+    """The OpenAI-compatible front end, next to Triton (gRPC at `triton_url`): it reads the served repository at /models,
+    and its API keys from `api_key_file` if given (else from its environment's TRTLLM_PIPELINE_API_KEYS)."""
+    keys = ["--api-key-file", api_key_file] if api_key_file else []
     return [
         "trtllm-pipeline",
         "openai",
@@ -148,4 +150,5 @@ def openai_command(spec: Spec, triton_url: str = f"{TRITON_SERVICE}:{CONTAINER_G
         spec.name,
         "--triton-model",
         spec.serve.model_name,
+        *keys,
     ]

@@ -8,12 +8,15 @@ import dataclasses
 import json
 import socket
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import StageError
 from pipeline.loadtest.sweep import Endpoints
+
+if TYPE_CHECKING:
+    from clients.api_keys import ApiKey
 
 LOOPBACK = "127.0.0.1"
 
@@ -42,10 +45,12 @@ def server_version(http_url: str) -> str | None:
 def serving(
     repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
     say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str = "ensemble",
+    api_keys: Sequence[ApiKey] | None = None,
 ) -> Iterator[Endpoints]:
     """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when
-    `openai`; the endpoints while the block runs, everything stopped afterwards. With
-    `check_alive`, a server that died meanwhile is a StageError at the end of the block."""
+    `openai` (asking for `api_keys`, if given; the endpoints then carry the first); the endpoints while the block
+    runs, everything stopped afterwards. With `check_alive`, a server that died meanwhile is a StageError at the
+    end of the block."""
     from pipeline.serve import ServerOptions, TritonServer
 
     http_port, grpc_port, metrics_port = free_ports(3)
@@ -63,12 +68,14 @@ def serving(
         if not openai:
             yield endpoints
         else:
+            from clients.openai_server.access import AccessPolicy, KeyRing
             from clients.openai_server.runner import running_openai_server
 
+            access = AccessPolicy(KeyRing(api_keys)) if api_keys else AccessPolicy()
             with running_openai_server(
-                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=openai_triton_model
+                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=openai_triton_model, access=access
             ) as base_url:
-                say(f"OpenAI front end at {base_url}")
-                yield dataclasses.replace(endpoints, openai=base_url)
+                say(f"OpenAI front end at {base_url} ({access.describe()})")
+                yield dataclasses.replace(endpoints, openai=base_url, api_key=api_keys[0].secret if api_keys else None)
         if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's
             raise StageError(f"tritonserver exited during the benchmark; its errors: {server.error_lines()}")

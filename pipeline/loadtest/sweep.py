@@ -30,6 +30,7 @@ class Endpoints:
     openai: str | None = None  # http://host:port/v1
     model_name: str = ""  # the name the OpenAI front end serves
     triton_contract: str = "ensemble"  # the tensors grpc|http speak: "ensemble", or "llmapi" (NVIDIA's llmapi model)
+    api_key: str | None = field(default=None, repr=False)  # what the openai endpoint is sent as `Authorization: Bearer`
     server_version: str | None = None
     server: Any = field(default=None, compare=False, repr=False)  # the TritonServer, when `serving.serving` started it
 
@@ -97,8 +98,10 @@ def run_load_sweep(
 async def _measure(
     endpoints: Endpoints, endpoint: str, workload: Sequence[LoadRequest], mode: Any, options: SweepOptions, label: str, progress: Progress | None
 ) -> dict[str, Any]:
+    openai = endpoint == "openai"
     target = make_target(
-        endpoint, endpoints.url(endpoint), model=endpoints.model_name if endpoint == "openai" else None, contract=endpoints.triton_contract
+        endpoint, endpoints.url(endpoint), model=endpoints.model_name if openai else None, contract=endpoints.triton_contract,
+        api_key=endpoints.api_key if openai else None,
     )
     total = options.requests_per_point
     done = 0

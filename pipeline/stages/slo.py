@@ -2,7 +2,8 @@
 target) — or measures the running deployment at gate.performance.url — under a closed-loop load
 of gate.performance.concurrency streaming callers, checks the thresholds, and compares with the
 last stored result of this build name. A failed gate seals its report (verdict "failed") and
-stops the pipeline before deploy."""
+stops the pipeline before deploy. Over the openai endpoint the load carries the first key of
+TRTLLM_PIPELINE_API_KEYS when it is set (and a front end served here asks for those keys)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def previous_report(ctx: StageContext) -> dict[str, Any] | None:
 
 def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     from clients.loadgen import SloLimits
-    from pipeline.loadtest.remote import remote_endpoints
+    from pipeline.loadtest.remote import load_test_keys, remote_endpoints
     from pipeline.loadtest.serving import serving
     from pipeline.loadtest.sweep import SweepOptions, run_load_sweep
     from pipeline.loadtest.workload import LengthDist, TextTokenizer, synthetic_requests
@@ -103,11 +104,13 @@ def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
         input_tokens=LengthDist(gate.input_tokens), output_tokens=LengthDist(gate.output_tokens),
         max_input_len=spec.build.max_input_len, max_output_len=gate.output_tokens, seed=gate.seed,
     )
+    keys = load_test_keys(None) if gate.endpoint.value == "openai" else None
     ctx.log(f"{gate.num_requests} requests of {gate.input_tokens}→{gate.output_tokens} tokens, {gate.concurrency} concurrent, over {gate.endpoint.value}")
     if gate.url is not None:
-        return run_load_sweep(remote_endpoints(spec, gate.endpoint.value, gate.url), requests, options)
+        endpoints = remote_endpoints(spec, gate.endpoint.value, gate.url, api_key=keys[0].secret if keys else None)
+        return run_load_sweep(endpoints, requests, options)
     repo = ctx.upstream["package"].path / REPOSITORY_DIR
-    with serving(repo, spec.deploy, model_name=spec.name, openai=gate.endpoint.value == "openai", say=ctx.log) as endpoints:
+    with serving(repo, spec.deploy, model_name=spec.name, openai=gate.endpoint.value == "openai", say=ctx.log, api_keys=keys) as endpoints:
         return run_load_sweep(endpoints, requests, options)
 
 

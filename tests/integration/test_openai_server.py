@@ -5,7 +5,9 @@ streaming and not, gets the greedy answers the Triton client gets for the same p
 usage; stop, n, seed and logprobs; every bad input of issue #7 gets its OpenAI-shaped 4xx and the
 server keeps serving; an unreachable Triton is 503; a client that drops its SSE stream (or its
 non-streamed request) frees the request's KV blocks; the `openai` command finds the server of
-`serve --detach`, prints its URL and stops on SIGTERM.
+`serve --detach`, prints its URL and stops on SIGTERM. With API keys (#36, a second front end on the same
+Triton): the official client with `api_key=`, 401s, a key at its concurrency limit refused while another is served,
+`infer`, `bench load` and the performance gate sending the key, and the command never logging one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import openai
 import pytest
 
 from clients import RequestError, TritonLLMClient
-from clients.openai_server import ServedModel, running_openai_server
+from clients.api_keys import API_KEYS_VARIABLE, read_api_key_file
+from clients.openai_server import AccessPolicy, KeyRing, ServedModel, running_openai_server
 from clients.openai_server.templating import plain_chat_prompt
 from model_repo.python.hf_tokenizer import HFTokenizer
 from pipeline.serve import ServerState
@@ -519,14 +522,17 @@ def test_the_bls_passes_the_guide_to_tensorrt_llm(triton):
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", answer.text)
 
 
-def test_the_performance_gate_measures_an_openai_url_serving_another_name(triton, artifacts):
+def test_the_performance_gate_measures_an_openai_url_serving_another_name(triton, artifacts, key_file, monkeypatch):
     """gate.performance.url against an OpenAI-compatible server that serves its model under another name than the
     build's, as trtllm-serve does (it serves the name of its model directory, `engine`). Stand-in for trtllm-serve
     (not run here: no GPU): the project's own front end on this module's Triton, serving the name `engine`; the gate
-    reads the name from /v1/models and passes."""
+    reads the name from /v1/models and passes. The server asks for an API key, which the gate takes from
+    TRTLLM_PIPELINE_API_KEYS."""
     from pipeline.cli import main
 
-    with running_openai_server(triton.options.grpc_url, model_name="engine", model_repository=artifacts["repository"]) as url:
+    monkeypatch.setenv(API_KEYS_VARIABLE, f"gate:{KEY_A}")  # the gate sends the variable's first key (#36)
+    keys = AccessPolicy(KeyRing(read_api_key_file(key_file)))
+    with running_openai_server(triton.options.grpc_url, model_name="engine", model_repository=artifacts["repository"], access=keys) as url:
         gate = ["gate.performance.endpoint=openai", f"gate.performance.url={url}", "gate.performance.num_requests=4",
                 "gate.performance.warmup_requests=0", "gate.performance.concurrency=2", "gate.performance.input_tokens=16",
                 "gate.performance.output_tokens=4", "gate.performance.max_e2e_ms.p99=60000"]
@@ -536,3 +542,143 @@ def test_the_performance_gate_measures_an_openai_url_serving_another_name(triton
     [report_path] = sorted((artifacts["root"] / MODEL).glob("slo-*/performance.json"))
     report = json.loads(report_path.read_text())
     assert report["verdict"] == "passed" and report["point"]["completed"] == 4 and report["point"]["endpoint"] == "openai"
+
+
+# -- API keys (#36): a second front end, asking for keys, on this module's Triton -----------------------------------
+KEY_A, KEY_B = "integration-key-a-0123456789", "integration-key-b-0123456789"
+WRONG_KEY = "integration-key-c-0123456789"
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "keys.txt"
+    path.write_text(f"# the test's clients\nalice:{KEY_A}\n\n{KEY_B}   \n")  # a blank line and trailing whitespace
+    return path
+
+
+@pytest.fixture(scope="module")
+def keyed_url(triton, artifacts, key_file):
+    access = AccessPolicy(KeyRing(read_api_key_file(key_file)), max_concurrent_per_key=1)
+    with running_openai_server(triton.options.grpc_url, model_name=MODEL, model_repository=artifacts["repository"], access=access) as url:
+        yield url
+
+
+def test_with_keys_the_official_client_is_served_with_its_key_and_refused_without(keyed_url, reference):
+    expected = reference(PROMPTS[0], 8).text
+    with openai.OpenAI(base_url=keyed_url, api_key=KEY_A, max_retries=0, timeout=60) as client:
+        assert [model.id for model in client.models.list()] == [MODEL]
+        assert client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0).choices[0].text == expected
+        chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, temperature=0)
+        assert chat.choices[0].message.content
+        streamed = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == expected
+    with openai.OpenAI(base_url=keyed_url, api_key=WRONG_KEY, max_retries=0, timeout=60) as wrong:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            wrong.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert refused.value.body["code"] == "invalid_api_key" and WRONG_KEY not in str(refused.value)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+    for path in ("/models", "/completions"):
+        response = httpx.post(f"{keyed_url}{path}", json={"model": MODEL, "prompt": "x"}, timeout=30) if path != "/models" \
+            else httpx.get(f"{keyed_url}{path}", timeout=30)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(keyed_url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
+
+
+def test_a_key_at_its_limit_gets_429_while_the_other_key_is_served(keyed_url):
+    """alice holds her one slot with a long stream: her next request is 429 with Retry-After, bob's is served;
+    once her stream is gone, she is served again."""
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    with openai.OpenAI(base_url=keyed_url, api_key=KEY_A, max_retries=0, timeout=60) as alice:
+        stream = alice.completions.create(model=MODEL, prompt="import", max_tokens=LONG, temperature=0, stream=True)
+        next(iter(stream))
+        refused = httpx.post(f"{keyed_url}/completions", json=body, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=30)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and "'alice'" in refused.json()["error"]["message"]
+        with pytest.raises(openai.RateLimitError):
+            alice.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+        served = httpx.post(f"{keyed_url}/completions", json=body, headers={"Authorization": f"Bearer {KEY_B}"}, timeout=60)
+        assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 2
+        stream.close()
+
+        def alice_served() -> bool:
+            return httpx.post(f"{keyed_url}/completions", json=body, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60).status_code == 200
+
+        assert wait_for(alice_served, 10.0), "alice's slot was not given back after her stream closed"
+    metrics = httpx.get(keyed_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    assert re.search(r'requests_total\{endpoint="/v1/completions",key="alice",status="429"\} [1-9]', metrics), metrics
+    assert re.search(r'requests_total\{endpoint="/v1/completions",key="key2",status="200"\} [1-9]', metrics)
+    assert KEY_A not in metrics and KEY_B not in metrics
+
+
+def test_infer_and_bench_load_send_the_key(keyed_url, key_file, artifacts, tmp_path, capsys, monkeypatch):
+    from pipeline.cli import main
+
+    monkeypatch.delenv(API_KEYS_VARIABLE, raising=False)
+    infer = ["infer", "--protocol", "openai", "--url", keyed_url, "--max-tokens", "4", "def f("]
+    assert main([*infer, "--api-key-file", str(key_file)]) == 0
+    plain = capsys.readouterr().out
+    assert main([*infer, "--api-key-file", str(key_file), "--stream", "--json"]) == 0
+    streamed = json.loads(capsys.readouterr().out)
+    assert plain.strip() and streamed["text"] + "\n" == plain and streamed["protocol"] == "openai"
+    monkeypatch.setenv(API_KEYS_VARIABLE, f"ci:{KEY_B}")  # the variable when no file is given
+    assert main([*infer, "--stream"]) == 0 and capsys.readouterr().out == plain
+    monkeypatch.delenv(API_KEYS_VARIABLE)
+    assert main(infer) == 1
+    err = capsys.readouterr().err
+    assert "[401] You didn't provide an API key" in err and "--api-key-file" in err
+
+    out = tmp_path / "bench"
+    code = main(["--artifacts", str(artifacts["root"]), "bench", "load", str(REPO / "build_configs" / f"{MODEL}.yaml"),
+                 "--endpoint", "openai", "--url", keyed_url, "--api-key-file", str(key_file), "--concurrency", "1", "--requests", "3",
+                 "--warmup", "0", "--input-tokens", "16", "--output-tokens", "4", "--out", str(out)])
+    assert code == 0
+    [point] = json.loads((out / "bench-serve-load.json").read_text())["points"]
+    assert (point["completed"], point["failed"], point["output_tokens"]) == (3, 0, 12), point["errors"]
+
+
+def _raw_status(base_url: str, header: str, body: bytes) -> int:
+    """The status of a POST /v1/completions sent byte for byte, with `header` as written."""
+    host, port = base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as connection:
+        connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\nContent-Type: application/json\r\n".encode()
+                           + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        status_line = connection.makefile("rb").readline().decode()
+    return int(status_line.split()[1])
+
+
+def test_the_openai_command_with_a_key_file_refuses_bad_authorizations_and_never_logs_a_key(triton, artifacts, key_file):
+    """The command's whole output (uvicorn's log included) over every bad Authorization of the issue holds no key."""
+    config = str(REPO / "build_configs" / f"{MODEL}.yaml")
+    process, lines = _start_openai_command(
+        "--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url,
+        "--api-key-file", str(key_file), "--max-concurrent-per-key", "2",
+    )
+    try:
+        assert "API keys: alice, key2; at most 2 concurrent requests per key" in "\n".join(lines)
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        with httpx.Client(base_url=lines[-1], timeout=60) as http:
+            for value, status in [
+                (None, 401), (f"Bearer {WRONG_KEY}", 401), (f"Basic {KEY_A}", 401), (KEY_A, 401), ("Bearer " + "w" * 10_240, 401),
+                (f"bearer {KEY_B}", 200),
+            ]:
+                response = http.post("/completions", json=body, headers={"Authorization": value} if value else {})
+                assert response.status_code == status, (value[:20] if value else None, response.text)
+                assert KEY_A not in response.text and WRONG_KEY not in response.text
+            # trailing whitespace after the key, as a hand-written client may send it (httpx refuses to)
+            assert _raw_status(lines[-1], f"Authorization: Bearer {KEY_A}  \t", json.dumps(body).encode()) == 200
+            streamed = http.post("/completions", json={**body, "stream": True}, headers={"Authorization": f"Bearer {KEY_A}"})
+            assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+            huge = http.post("/completions", json=body, headers={"Authorization": "Bearer " + "w" * 65_536})
+            assert 400 <= huge.status_code < 500  # 401, or uvicorn's 400 when the header block arrives in pieces over 16 KiB
+        with httpx.Client(base_url=lines[-1], timeout=60) as http:  # and the server keeps serving
+            assert http.get("/models", headers={"Authorization": f"Bearer {KEY_B}"}).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        output = "\n".join(lines) + process.stdout.read() + process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    for secret in (KEY_A, KEY_B, WRONG_KEY, "w" * 64):
+        assert secret not in output, output[-2000:]

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from rich.console import Console
 
+from clients.api_keys import parse_api_keys
 from pipeline.artifacts import ArtifactRef
 from pipeline.backends.cpu import cpu_build_config
 from pipeline.config.spec import Spec
@@ -44,6 +45,7 @@ from pipeline.deploy.compose import (
 )
 from pipeline.deploy.compose.checks import duration_seconds, interpolate, is_pinned, parse_port
 from pipeline.deploy.compose.document import deployment_header
+from pipeline.deploy.compose.writer import read_env
 from pipeline.deploy.dockerfile import render_dockerfile
 from pipeline.deploy.images import server_image
 from pipeline.deploy.server_command import CPU_BACKEND_DIR, CPU_TRITONSERVER_ROOT, EXIT_TIMEOUT_SECS, RESTRICTED_APIS, world_size_of
@@ -59,7 +61,11 @@ SCHEMA = Path(sys.prefix) / "share" / "compose_spec.json"
 TOKENIZER_SOURCE = REPO / "models" / "tiny-stdlib-llama"
 CONFIGS = ("tiny-cpu", "llama-3.1-8b-fp8", "llama-3.3-70b-fp8-tp2")
 GPU_CONFIGS = ("llama-3.1-8b-fp8", "llama-3.3-70b-fp8-tp2")
-SECRETS = {"TRITON_ADMIN_KEY": "test-admin-key-0123456789", "GRAFANA_ADMIN_PASSWORD": "test-grafana-password-0123"}
+SECRETS = {
+    "TRITON_ADMIN_KEY": "test-admin-key-0123456789",
+    "GRAFANA_ADMIN_PASSWORD": "test-grafana-password-0123",
+    "TRTLLM_PIPELINE_API_KEYS": "ci:test-api-key-0123456789,test-api-key-9876543210",
+}
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -184,7 +190,10 @@ def test_compose_checks_catch_what_the_schema_lets_through(mutate, expected):
 def test_every_interpolated_variable_comes_from_env():
     document = yaml.safe_load(render_text("tiny-cpu"))
     problems = lint_compose(document, env={"TRITON_ADMIN_KEY": SECRETS["TRITON_ADMIN_KEY"]})
-    assert problems == ["services.grafana.environment.GF_SECURITY_ADMIN_PASSWORD: GRAFANA_ADMIN_PASSWORD: set GRAFANA_ADMIN_PASSWORD in .env"]
+    assert problems == [
+        "services.openai.environment.TRTLLM_PIPELINE_API_KEYS: TRTLLM_PIPELINE_API_KEYS: set TRTLLM_PIPELINE_API_KEYS in .env",
+        "services.grafana.environment.GF_SECURITY_ADMIN_PASSWORD: GRAFANA_ADMIN_PASSWORD: set GRAFANA_ADMIN_PASSWORD in .env",
+    ]
     assert interpolate("a=${X:-d} b=$${Y} c=${Z}", {"Z": "z"}) == "a=d b=${Y} c=z"
 
 
@@ -515,6 +524,13 @@ def test_generated_secrets_are_random_and_safe_for_the_flag(cpu_artifacts, tmp_p
         write_deployment(spec, out, engine_dir=engine, tokenizer_dir=tokenizer_dir)
         envs.append((out / ENV_FILE).read_text())
     assert envs[0] != envs[1]
+    [generated] = parse_api_keys(read_env(tmp_path / "d0" / ENV_FILE)[layout.OPENAI_API_KEYS_VARIABLE], "generated")
+    assert generated.name == "default" and len(generated.secret) == 32  # one key for the front end, named in its metrics
+    for keys, says in ((f"ok:{'k' * 16},short-key", "line 1, entry 2: the key is shorter than 16 characters"),
+                       (f"{'k' * 16}\n{'j' * 16}", "must be one line: separate its keys with commas")):
+        with pytest.raises(StageError, match=says) as refused:
+            write_deployment(spec, tmp_path / "bad-keys", engine_dir=engine, tokenizer_dir=tokenizer_dir, secrets={"TRTLLM_PIPELINE_API_KEYS": keys})
+        assert "short-key" not in str(refused.value) and "k" * 16 not in str(refused.value)
     with pytest.raises(StageError, match="at least 16 characters"):
         write_deployment(spec, tmp_path / "bad", engine_dir=engine, tokenizer_dir=tokenizer_dir, secrets={"TRITON_ADMIN_KEY": "a,b:c=d"})
     assert not (tmp_path / "bad").exists()
@@ -754,7 +770,7 @@ def _compose_binary() -> list[str] | None:
 @pytest.mark.parametrize("name", ["tiny-cpu", "llama-3.1-8b-fp8"])
 def test_compose_itself_accepts_the_rendered_file_of_each_profile(name, tmp_path):
     (tmp_path / "docker-compose.yml").write_text(render_text(name))
-    (tmp_path / ".env").write_text(f"{layout.ADMIN_KEY_VARIABLE}=k\n{layout.GRAFANA_PASSWORD_VARIABLE}=p\n")
+    (tmp_path / ".env").write_text(f"{layout.ADMIN_KEY_VARIABLE}=k\n{layout.GRAFANA_PASSWORD_VARIABLE}=p\n{layout.OPENAI_API_KEYS_VARIABLE}=a\n")
     for path in ("model_repository", "engine", "tokenizer", "prometheus", "grafana"):
         (tmp_path / path).mkdir()
     result = subprocess.run([*_compose_binary(), "--project-directory", str(tmp_path), "config", "-q"], capture_output=True, text=True, cwd=tmp_path)

@@ -85,6 +85,7 @@ def test_kubernetes_renders_checks_and_exports_through_the_interface(tmp_path: P
         assert (directory / path).read_text() == text
     secret = directory / "kubernetes" / "base" / "secret.env"
     assert (secret.stat().st_mode & 0o777) == 0o600 and f"TRITON_ADMIN_KEY={SECRETS['TRITON_ADMIN_KEY']}" in secret.read_text()
+    assert f"TRTLLM_PIPELINE_API_KEYS={SECRETS['TRTLLM_PIPELINE_API_KEYS']}\n" in secret.read_text()
     assert (directory / "prometheus" / "rules.yml").is_file() and (directory / "Dockerfile").is_file()
     assert deployment.summary == "kubernetes deployment (Deployment, overlay monitoring)"
     assert deployment.start == f"kubectl apply -k {final}/kubernetes/overlays/monitoring"

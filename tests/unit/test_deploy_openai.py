@@ -13,9 +13,11 @@ import yaml
 
 from clients.openai_server import ServedModel
 from pipeline.cli import _parser
+from pipeline.cli_openai import access_policy
 from pipeline.deploy import layout
-from pipeline.deploy.compose import COMPOSE_FILE, lint_compose, write_deployment
+from pipeline.deploy.compose import COMPOSE_FILE, ENV_FILE, lint_compose, write_deployment
 from pipeline.deploy.compose.checks import parse_port
+from pipeline.deploy.compose.writer import read_env
 from pipeline.deploy.server_command import openai_command
 from tests.unit.test_deploy import SECRETS, load_spec, package_repository, render, tiny_engine, tokenizer
 
@@ -31,7 +33,10 @@ def test_the_cpu_deployment_has_the_openai_service_before_triton():
     assert command[command.index("--triton-url") + 1] == "triton:8001" and command[command.index("--host") + 1] == "0.0.0.0"
     assert command[command.index("--model-name") + 1] == "tiny-cpu"
     assert [parse_port(port)[:3] for port in openai["ports"]] == [("127.0.0.1", 9000, 9000)]
-    assert any("/v1/models" in part for part in openai["healthcheck"]["test"]) and openai["healthcheck"]["test"][0] == "CMD"
+    assert any(":9000/health'" in part for part in openai["healthcheck"]["test"]) and openai["healthcheck"]["test"][0] == "CMD"
+    # the API keys come from .env through the environment, never the command line (#36)
+    assert openai["environment"]["TRTLLM_PIPELINE_API_KEYS"] == "${TRTLLM_PIPELINE_API_KEYS:?set TRTLLM_PIPELINE_API_KEYS in .env}"
+    assert not any("KEYS" in part or "api-key" in part for part in command)
     assert openai["user"] == "1000:1000" and openai["read_only"] is True and openai["cap_drop"] == ["ALL"]
     assert {volume["target"]: volume["read_only"] for volume in openai["volumes"]} == {"/models": True, "/tokenizer": True}
 
@@ -57,7 +62,7 @@ def test_the_port_follows_the_bind_address_and_a_clash_is_caught():
     assert any("host port 9000 is also published" in problem for problem in lint_compose(document, env=SECRETS))
 
 
-def test_the_command_parses_and_reads_the_container_repository(tmp_path):
+def test_the_command_parses_and_reads_the_container_repository(tmp_path, monkeypatch):
     spec = load_spec("tiny-cpu")
     store = tmp_path / "artifacts" / "tiny-cpu"
     engine = tiny_engine(store / "build-b" / "engine")
@@ -73,3 +78,6 @@ def test_the_command_parses_and_reads_the_container_repository(tmp_path):
     # What the service reads in /models is the repository rendered for the container: it names the tokenizer mount.
     model = ServedModel.from_repository(out / layout.MODEL_REPOSITORY_DIR, name=args.model_name, triton_model=args.triton_model)
     assert model.tokenizer_dir == Path(layout.TOKENIZER_MOUNT) and (model.max_seq_len, model.max_input_len) == (1024, 768)
+    # With the environment compose gives it (.env interpolated), the command asks for the deployment's keys.
+    monkeypatch.setenv(layout.OPENAI_API_KEYS_VARIABLE, read_env(out / ENV_FILE)[layout.OPENAI_API_KEYS_VARIABLE])
+    assert access_policy(args).keys.names == ("ci", "key2")

@@ -9,6 +9,9 @@ schema's examples, Schemathesis' coverage phase (boundary and type-mutation case
 cases, valid and invalid; no stateful phase (the API has no links). Schemathesis' own `positive_data_acceptance` check (any valid body
 answers 2xx) is replaced by `documented_bodies_pass_validation` below, since a 400 for a
 valid-looking request whose prompt is longer than the context is correct here.
+
+The same again with API keys configured (#36): Schemathesis sends a key as `Authorization: Bearer`, and its
+`ignored_auth` check also sends each request without one and with a wrong one, which must be refused (401).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import json
 import schemathesis
 from pydantic import ValidationError
 
-from clients.openai_server import ServerSettings, create_app
+from clients.api_keys import parse_api_keys
+from clients.openai_server import AccessPolicy, KeyRing, ServerSettings, create_app
 from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest
 from clients.openai_server.tokenizer import PromptTokenizer
 from tests.unit.test_openai_server import MODEL, TOKENIZER_DIR, FakeStream, FakeTriton
@@ -38,11 +42,24 @@ def words(request):
     return FakeStream([(" w", [-0.5])] * request.max_tokens)
 
 
+KEY = "fuzz-key-0123456789abcdef"
+
+
+def fuzzed(access: AccessPolicy, config: dict):
+    """The schema of an app (over a scripted Triton), ready for Schemathesis."""
+    app = create_app(ServerSettings("127.0.0.1:1", MODEL, max_n=4, access=access), tokenizer=PromptTokenizer(TOKENIZER_DIR))
+    app.state.triton = FakeTriton(words)  # kept by the lifespan, which Schemathesis starts at the first request
+    loaded = schemathesis.openapi.from_dict(app.openapi(), config=schemathesis.Config.from_dict(config))
+    loaded.app = app
+    return loaded
+
+
 # Loaded eagerly: schemathesis.pytest.from_fixture (lazy) reads a pytest node attribute that pytest 9.2 removed.
-APP = create_app(ServerSettings("127.0.0.1:1", MODEL, max_n=4), tokenizer=PromptTokenizer(TOKENIZER_DIR))
-APP.state.triton = FakeTriton(words)  # kept by the lifespan, which Schemathesis starts at the first request
-schema = schemathesis.openapi.from_dict(APP.openapi(), config=schemathesis.Config.from_dict(CONFIG))
-schema.app = APP
+schema = fuzzed(AccessPolicy(), CONFIG)
+keyed_schema = fuzzed(
+    AccessPolicy(KeyRing(parse_api_keys(f"fuzz:{KEY}", "fuzz")), max_concurrent_per_key=4),
+    {**CONFIG, "headers": {"Authorization": f"Bearer {KEY}"}},
+)
 
 
 def documented_bodies_pass_validation(ctx, response, case):
@@ -62,3 +79,18 @@ def documented_bodies_pass_validation(ctx, response, case):
 @schema.parametrize()
 def test_every_answer_is_documented_and_no_request_fails_the_server(case):
     case.call_and_validate(additional_checks=[documented_bodies_pass_validation])
+
+
+def the_key_is_accepted(ctx, response, case):
+    """A request that carries the key is never refused for it (Schemathesis' coverage phase also sends some without
+    the header, which must be 401: `ignored_auth` and the documented answers check those)."""
+    if response.request.headers.get("Authorization") == f"Bearer {KEY}":
+        assert response.status_code != 401, response.text
+    else:
+        assert response.status_code == 401, response.text
+    return None
+
+
+@keyed_schema.parametrize()
+def test_with_api_keys_every_answer_is_documented_and_no_request_fails_the_server(case):
+    case.call_and_validate(additional_checks=[documented_bodies_pass_validation, the_key_is_accepted])

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
+from tritonclient.utils import deserialize_bytes_tensor
 
 from clients.errors import ClientTimeoutError, RequestError, ServerUnavailableError
 from clients.openai_server import ServedModel, ServerSettings, create_app
@@ -316,7 +317,7 @@ class FakeLLMCall:
     VOCAB = 64
 
     def __init__(self, inputs, outputs):
-        self.values = {tensor.name(): np.frombuffer(tensor._raw_content, dtype=_FAKE_DTYPES[tensor.datatype()]) for tensor in inputs}
+        self.values = {tensor.name(): _fake_values(tensor) for tensor in inputs}
         self.outputs = [output.name() for output in outputs]
         self.cancelled = False
 
@@ -338,6 +339,12 @@ class FakeLLMCall:
 
 
 _FAKE_DTYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+
+
+def _fake_values(tensor) -> np.ndarray:
+    if tensor.datatype() == "BYTES":  # e.g. a guide (guided_grammar with a token-id prompt goes to the LLM model)
+        return deserialize_bytes_tensor(tensor._raw_content)
+    return np.frombuffer(tensor._raw_content, dtype=_FAKE_DTYPES[tensor.datatype()])
 
 
 class FakeTriton:

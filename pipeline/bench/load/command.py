@@ -90,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--slo-itl-ms", type=_positive_float, metavar="MS", help="goodput: inter-token latency limit")
     load.add_argument("--slo-e2e-ms", type=_positive_float, metavar="MS", help="goodput: end-to-end latency limit")
     load.add_argument("--url", help="measure this running server instead of starting one (Triton host:port for grpc/http, base URL for openai)")
+    load.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
+        "the openai endpoint sends the first key of FILE (default: of TRTLLM_PIPELINE_API_KEYS, if set); a front end "
+        "started here asks for the keys"
+    ))
     load.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     load.add_argument("--out", type=Path, help=f"directory for {RESULT_NAME}.json and .png (default <artifacts>/<name>/)")
 
@@ -165,7 +169,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.backends.registry import backend_for
     from pipeline.config.loader import load_config
-    from pipeline.loadtest.remote import remote_endpoints
+    from pipeline.loadtest.remote import load_test_keys, remote_endpoints
     from pipeline.loadtest.report import render_load_markdown
     from pipeline.loadtest.serving import serving
     from pipeline.loadtest.sweep import run_load_sweep
@@ -173,6 +177,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     from pipeline.stages.package import REPOSITORY_DIR
 
     options = sweep_options(args)
+    keys = load_test_keys(args.api_key_file) if "openai" in options.endpoints else None
     loaded = load_config(args.config, args.overrides)
     spec = loaded.spec
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
@@ -190,11 +195,11 @@ def run_load_command(args: argparse.Namespace) -> int:
     say = dim_lines(status)
     with progress:
         if args.url:
-            endpoints = remote_endpoints(spec, options.endpoints[0], args.url)
+            endpoints = remote_endpoints(spec, options.endpoints[0], args.url, api_key=keys[0].secret if keys else None)
             result = run_load_sweep(endpoints, workload, options, progress=update, recipe=recipe)
         else:
             repo = results["package"].ref.path / REPOSITORY_DIR
-            with serving(repo, spec.deploy, model_name=spec.name, openai="openai" in options.endpoints, say=say) as endpoints:
+            with serving(repo, spec.deploy, model_name=spec.name, openai="openai" in options.endpoints, say=say, api_keys=keys) as endpoints:
                 result = run_load_sweep(endpoints, workload, options, progress=update, recipe=recipe)
     json_path, plot_path = write_results(result, args.out or store.build_dir)
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else render_load_markdown(result))

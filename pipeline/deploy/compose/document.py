@@ -130,6 +130,10 @@ def deployment_header(spec: Spec, target: str, *, start: str | None = None) -> s
     if start is None:
         start = f"Start from this directory: docker compose --profile {profile} up -d   (.env holds the secrets and the profile)"
     what = f"Base of the cpu image (built from {layout.DOCKERFILE})" if layout.container_facts(target).image_has_project else "Triton image"
+    front_end = [] if backend_for(Target(target)).llm_api is not None else [  # the llmapi target's front end is trtllm-serve
+        f"The OpenAI front end (service {layout.OPENAI_SERVICE}, :{spec.deploy.openai_port}), the entry to expose, needs "
+        f"'Authorization: Bearer KEY' with a key of ${layout.OPENAI_API_KEYS_VARIABLE} (.env) on /v1/*.",
+    ]
     return "\n".join(
         [
             f"Rendered by trtllm-pipeline (deploy stage) for build {spec.name!r}, target {target}, profile {profile}. Do not edit:",
@@ -142,6 +146,7 @@ def deployment_header(spec: Spec, target: str, *, start: str | None = None) -> s
             f"Grafana :{spec.deploy.grafana_port}).",
             f"Admin APIs (model repository, config, shared memory, statistics, trace, logging) need the header "
             f"'{layout.ADMIN_KEY_HEADER}: ${layout.ADMIN_KEY_VARIABLE}'.",
+            *front_end,
         ]
     )
 

@@ -4,10 +4,11 @@ An image with the project installed (the cpu profile: Triton's own; the gpu prof
 Dockerfile on a Python base, since NGC's Triton image lacks the project), running (pipeline.deploy.server_command)
 `trtllm-pipeline openai /models --triton-url triton:8001 --host 0.0.0.0 --port 9000 --model-name <name>`:
 it reads the served repository (mounted read-only at /models, as Triton's) for the preprocessing
-model's facts, and the tokenizer at /tokenizer, where that repository names it. Its port is
-published on `deploy.bind_address` (loopback by default); it starts once Triton is healthy, and
-its healthcheck asks `/v1/models`. Hardened like every service (non-root, read-only root file
-system, no capabilities).
+model's facts, and the tokenizer at /tokenizer, where that repository names it. Its API keys come from
+TRTLLM_PIPELINE_API_KEYS, interpolated from .env into its environment (never its command line), so every
+`/v1/*` request needs `Authorization: Bearer KEY`. Its port is published on `deploy.bind_address`
+(loopback by default); it starts once Triton is healthy, and its healthcheck asks `/health` (open without a
+key; ready when Triton is). Hardened like every service (non-root, read-only root file system, no capabilities).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from pipeline.config.spec import Spec
 from pipeline.deploy import layout
-from pipeline.deploy.compose.parts import bind_mount, hardening, published
+from pipeline.deploy.compose.parts import bind_mount, hardening, published, required_variable
 from pipeline.deploy.server_command import openai_command
 
 OPENAI_START_PERIOD = "30s"
@@ -41,13 +42,13 @@ def openai_service(
     for key in ("build", "image", "pull_policy"):
         if key in image:
             service[key] = image[key]
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{layout.OPENAI_PORT}/v1/models', timeout=2)"
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{layout.OPENAI_PORT}/health', timeout=2)"
     service.update(
         {
             "user": user,
             "init": True,
             "command": openai_command(spec),
-            "environment": dict(environment),
+            "environment": {**environment, layout.OPENAI_API_KEYS_VARIABLE: required_variable(layout.OPENAI_API_KEYS_VARIABLE)},
             "ports": [published(spec.deploy.bind_address, spec.deploy.openai_port, layout.OPENAI_PORT)],
             "volumes": volumes,
             "depends_on": {layout.TRITON_SERVICE: {"condition": "service_healthy"}},

@@ -77,6 +77,9 @@ def render_env(values: Mapping[str, str], spec: Spec, target: str) -> str:
         "# Holds secrets: keep this file private (mode 0600) and out of version control.",
         f"# {layout.ADMIN_KEY_VARIABLE}: value of the '{layout.ADMIN_KEY_HEADER}' header the Triton admin APIs require.",
         f"# {layout.GRAFANA_PASSWORD_VARIABLE}: Grafana's 'admin' password.",
+        f"# {layout.OPENAI_API_KEYS_VARIABLE}: the OpenAI front end's API keys, KEY or NAME:KEY, comma-separated; clients send one",
+        "#   as 'Authorization: Bearer KEY'. To rotate: add the new key, `docker compose up -d openai`, move the clients,",
+        "#   remove the old key, `docker compose up -d openai` again (docs/api-keys.md).",
     ]
     lines += [f"{key}={value}" for key, value in values.items()]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ RUNTIME_ENVIRONMENT = {  # nothing may reach for the network or write outside /t
     "XDG_CACHE_HOME": "/tmp/cache",
 }
 MODELS_VOLUME, SHM_VOLUME, TMP_VOLUME, SCRIPTS_VOLUME = "models", "dshm", "tmp", "scripts"
+API_KEYS_VOLUME = "api-keys"
 
 
 def pod_security() -> dict[str, Any]:
@@ -49,6 +50,18 @@ def environment(extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
 def admin_key_env(spec: Spec) -> dict[str, Any]:
     secret = {"name": names.object_name(spec, "secrets"), "key": layout.ADMIN_KEY_VARIABLE}
     return {"name": layout.ADMIN_KEY_VARIABLE, "valueFrom": {"secretKeyRef": secret}}
+
+
+def api_keys_volume(spec: Spec) -> dict[str, Any]:
+    """The Secret's API-keys entry as one file (mode 0440, group: the pod's fsGroup, which the front end runs as). Mounted without
+    subPath, so the kubelet refreshes it when the Secret changes; the front end reads it at start (rotation: a restart)."""
+    item = {"key": layout.OPENAI_API_KEYS_VARIABLE, "path": layout.API_KEYS_FILE}
+    secret = {"secretName": names.object_name(spec, "secrets"), "items": [item], "defaultMode": 0o440}
+    return {"name": API_KEYS_VOLUME, "secret": secret}
+
+
+def api_keys_mount() -> dict[str, Any]:
+    return {"name": API_KEYS_VOLUME, "mountPath": layout.API_KEYS_MOUNT, "readOnly": True}
 
 
 def volumes(spec: Spec, *, shm: bool = True) -> list[dict[str, Any]]:

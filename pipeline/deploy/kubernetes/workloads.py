@@ -146,9 +146,16 @@ def leader_worker_set(spec: Spec) -> dict[str, Any]:
 
 
 def openai_deployment(spec: Spec) -> dict[str, Any]:
+    """The front end asks for the API keys of the Secret, mounted as a file. It is ready when its /health is (open without
+    a key: Triton ready); started and alive while it accepts connections, so that a Triton still loading a large engine,
+    or restarting, does not restart it too."""
     image = openai_image(spec)
-    probe = {"httpGet": {"path": "/v1/models", "port": "http"}, "periodSeconds": pods.PROBE_PERIOD_SECONDS, "timeoutSeconds": 5}
-    command = openai_command(spec, triton_url=f"{names.object_name(spec, names.TRITON)}:{spec.deploy.grpc_port}")
+    timing = {"periodSeconds": pods.PROBE_PERIOD_SECONDS, "timeoutSeconds": 5}
+    listening = {"tcpSocket": {"port": "http"}, **timing}
+    command = openai_command(
+        spec, triton_url=f"{names.object_name(spec, names.TRITON)}:{spec.deploy.grpc_port}",
+        api_key_file=f"{layout.API_KEYS_MOUNT}/{layout.API_KEYS_FILE}",
+    )
     container = {
         "name": names.OPENAI,
         "image": image,
@@ -157,12 +164,16 @@ def openai_deployment(spec: Spec) -> dict[str, Any]:
         "args": command[1:],
         "env": pods.environment(),
         "ports": [{"name": "http", "containerPort": layout.OPENAI_PORT, "protocol": "TCP"}],
-        "startupProbe": {**probe, "failureThreshold": 30},
-        "readinessProbe": {**probe, "failureThreshold": 3},
-        "livenessProbe": {**probe, "failureThreshold": 3},
+        "startupProbe": {**listening, "failureThreshold": 30},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, **timing, "failureThreshold": 3},
+        "livenessProbe": {**listening, "failureThreshold": 3},
         "securityContext": pods.container_security(),
-        "volumeMounts": [mount for mount in pods.model_mounts(shm=False) if mount["mountPath"] != layout.ENGINE_MOUNT],
+        "volumeMounts": [
+            *(mount for mount in pods.model_mounts(shm=False) if mount["mountPath"] != layout.ENGINE_MOUNT), pods.api_keys_mount()
+        ],
     }
+    pod = pods.pod_spec(spec, [container], image=image, grace_seconds=30, shm=False)
+    pod["volumes"].append(pods.api_keys_volume(spec))
     return {
         **_head(spec, "apps/v1", "Deployment", names.OPENAI),
         "spec": {
@@ -170,7 +181,7 @@ def openai_deployment(spec: Spec) -> dict[str, Any]:
             "selector": {"matchLabels": names.selector(spec, names.OPENAI)},
             "template": {
                 "metadata": {"labels": names.labels(spec, names.OPENAI)},
-                "spec": pods.pod_spec(spec, [container], image=image, grace_seconds=30, shm=False),
+                "spec": pod,
             },
         },
     }
