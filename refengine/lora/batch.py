@@ -65,15 +65,20 @@ class LoraBatch:
         self.adapters = adapters
         self._row_group = row_group
         self._stacks = stacks
-        self._groups = [(row_group == index).nonzero().squeeze(1) for index in range(len(adapters))]
-        sizes = [len(rows) for rows in self._groups]
+        counts = torch.bincount(row_group + 1, minlength=len(adapters) + 1).tolist()  # base rows, then each adapter's
+        sizes = counts[1:]
+        grouped = torch.argsort(row_group, stable=True)[counts[0] :]  # the adapters' rows, adapter by adapter, in order
+        self._groups = grouped.split(sizes)
         most, total = max(sizes), sum(sizes)
         self._gather = self._mask = None
         if len(adapters) * most <= max(2 * total, total + _PAD_SLACK_ROWS):
             pads = [most - size for size in sizes]
-            self._gather = torch.cat([torch.cat((rows, rows.new_zeros(pad))) for rows, pad in zip(self._groups, pads)])
-            if any(pads):
-                self._mask = torch.tensor([[1.0] * size + [0.0] * pad for size, pad in zip(sizes, pads)]).unsqueeze(2)
+            if not any(pads):
+                self._gather = grouped
+            else:
+                self._gather = torch.cat([torch.cat((rows, rows.new_zeros(pad))) for rows, pad in zip(self._groups, pads)])
+                dtype = next(iter(adapters[0].sites.values())).shrink.dtype
+                self._mask = torch.tensor([[1.0] * size + [0.0] * pad for size, pad in zip(sizes, pads)], dtype=dtype).unsqueeze(2)
 
     @classmethod
     def of(cls, sequences: Sequence[tuple[LoraAdapter | None, int]], stacks: LoraStacks) -> LoraBatch | None:
@@ -101,10 +106,10 @@ class LoraBatch:
         if stack is None:
             return
         shrink, expand = stack
-        low = torch.bmm(x.index_select(0, self._gather).view(len(self.adapters), -1, x.shape[1]), shrink.to(x.dtype))
+        low = torch.bmm(x.index_select(0, self._gather).view(len(self.adapters), -1, x.shape[1]), shrink)
         if self._mask is not None:
-            low.mul_(self._mask.to(x.dtype))
-        _scatter(outputs, self._gather, torch.bmm(low, expand.to(x.dtype)).flatten(0, 1))
+            low.mul_(self._mask)
+        _scatter(outputs, self._gather, torch.bmm(low, expand).flatten(0, 1))
 
 
 def _scatter(outputs: tuple[torch.Tensor, ...], rows: torch.Tensor, delta: torch.Tensor) -> None:

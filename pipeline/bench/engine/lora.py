@@ -1,0 +1,103 @@
+"""What serving many LoRA adapters costs refengine (for `bench engine --lora`): tokens/s of one batch of requests spread
+over several adapters against the same batch with no adapter, side by side in one process.
+
+Both runs use the engine of `engine_dir` with max_batch_size raised to the request count (every request in one running
+batch), the same seeded workload (random prompts, geometric output lengths without an end id: every request runs its
+length), one torch thread, greedy decoding. The adapters are random, of `rank` on every module the model has (q, k, v,
+o and the MLP's: TensorRT-LLM's attn_q / attn_k / attn_v / attn_dense / mlp_h_to_4h / mlp_gate / mlp_4h_to_h), in
+NVIDIA's lora_weights / lora_config layout, loaded before the clock starts (as `lora_prefetch_dir` does); request i
+runs adapter i mod `num_adapters`. The runs alternate for `rounds` rounds after a warm-up of each; each side's figure
+is its best round (machines are shared and noisy), and every round's ratio is kept. The goal: the LoRA batch keeps at
+least 0.8× the base batch's tokens/s (S-LoRA reports a small overhead for thousands of adapters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.engine.systems import SystemRun, run_refengine
+from pipeline.bench.engine.workload import make_workload
+
+GOAL = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraBenchOptions:
+    num_requests: int = 32
+    num_adapters: int = 8
+    rank: int = 8
+    prompt_len: tuple[int, int] = (16, 128)
+    output_mean: float = 64
+    output_cap: int = 128
+    rounds: int = 3
+    seed: int = 0
+    num_threads: int = 1
+
+    def call(self) -> str:
+        settings = ", ".join(f"{field.name}={getattr(self, field.name)!r}" for field in dataclasses.fields(self))
+        return f"run_lora_bench(engine_dir, {settings})"
+
+
+def random_adapter(targets: dict[int, Any], num_layers: int, rank: int, seed: int) -> tuple[Any, Any]:
+    """(lora_weights [1, rows, values] float16, lora_config [1, rows, 3] int32): a random adapter of `rank` on every module
+    of `targets` (module id -> `refengine.lora.modules.ModuleTarget`) in every layer, small enough to keep outputs sane."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    rows, config = [], []
+    for layer in range(num_layers):
+        for module_id, target in sorted(targets.items()):
+            rows.append(0.02 * torch.randn(rank * (target.in_features + target.out_features), generator=generator))
+            config.append([module_id, layer, rank])
+    width = max(len(row) for row in rows)
+    weights = torch.stack([torch.nn.functional.pad(row, (0, width - len(row))) for row in rows]).half()
+    return weights.unsqueeze(0).numpy(), torch.tensor([config], dtype=torch.int32).numpy()
+
+
+def run_lora_bench(engine_dir: Path, options: LoraBenchOptions = LoraBenchOptions(), *, progress: Any = None) -> dict[str, Any]:
+    """Run both sides; the figures, the ratio and its goal (JSON-ready)."""
+    import torch
+
+    from refengine import LLMEngine, LoraRequest, LoraSettings
+    from refengine.lora.modules import module_name
+
+    say = progress or (lambda line: None)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(options.num_threads)
+    try:
+        settings = LoraSettings(max_adapter_size=options.rank, max_adapters=options.num_adapters)
+        engine = LLMEngine.from_engine_dir(Path(engine_dir), max_batch_size=options.num_requests, lora=settings)
+        cache = engine.lora_cache
+        modules = [module_name(module_id) for module_id in sorted(cache.targets)]
+        for task_id in range(options.num_adapters):
+            engine.load_lora_adapter(task_id, *random_adapter(cache.targets, cache.shape.num_layers, options.rank, options.seed + task_id))
+        workload = make_workload(options.num_requests, vocab_size=engine.vocab_size, prompt_len=options.prompt_len,
+                                 output_mean=options.output_mean, output_cap=options.output_cap, seed=options.seed)
+        adapters = [LoraRequest(index % options.num_adapters) for index in range(options.num_requests)]
+        warmup = make_workload(options.num_adapters, vocab_size=engine.vocab_size, prompt_len=(8, 16), output_mean=4,
+                               output_cap=8, seed=options.seed + 1)
+        run_refengine(engine, warmup)
+        run_refengine(engine, warmup, lora=adapters[: options.num_adapters])
+        rounds: dict[str, list[SystemRun]] = {"base": [], "lora": []}
+        for index in range(options.rounds):
+            for name, lora in (("base", None), ("lora", adapters)):
+                rounds[name].append(run_refengine(engine, workload, lora=lora))
+                say(f"round {index + 1}/{options.rounds} {name}: {rounds[name][-1].figures['tokens_per_s']} tokens/s")
+    finally:
+        torch.set_num_threads(previous_threads)
+    best = {name: max(runs, key=lambda run: run.figures["tokens_per_s"]) for name, runs in rounds.items()}
+    ratio = best["lora"].figures["tokens_per_s"] / best["base"].figures["tokens_per_s"]
+    return {
+        "recipe": {"call": options.call(), "engine_dir": str(engine_dir), "adapters": f"{options.num_adapters} random adapters "
+                   f"of rank {options.rank} on modules {modules} of every layer, cached before the clock starts",
+                   "workload": workload.summary()},
+        "systems": {name: run.figures for name, run in best.items()},
+        "rounds": {name: [run.figures["tokens_per_s"] for run in runs] for name, runs in rounds.items()},
+        "round_ratios": [round(lora.figures["tokens_per_s"] / base.figures["tokens_per_s"], 3)
+                         for base, lora in zip(rounds["base"], rounds["lora"])],
+        "adapter_outputs_differ_from_base": sum(best["lora"].outputs[i] != best["base"].outputs[i] for i in best["base"].outputs),
+        "ratio_lora_vs_base": round(ratio, 3),
+        "target": {"value": round(ratio, 3), "goal": GOAL, "met": ratio >= GOAL},
+    }
