@@ -80,6 +80,11 @@ class LoraBatch:
                 dtype = next(iter(adapters[0].sites.values())).shrink.dtype
                 self._mask = torch.tensor([[1.0] * size + [0.0] * pad for size, pad in zip(sizes, pads)], dtype=dtype).unsqueeze(2)
 
+    @property
+    def padded(self) -> bool:
+        """Whether the updates run as padded batched GEMMs (else as a loop over the adapters)."""
+        return self._gather is not None
+
     @classmethod
     def of(cls, sequences: Sequence[tuple[LoraAdapter | None, int]], stacks: LoraStacks) -> LoraBatch | None:
         """The batch of sequences given as (adapter or None, their rows this step) in batch order; None without adapters."""
