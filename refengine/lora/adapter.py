@@ -1,8 +1,7 @@
-"""A loaded adapter: per (layer, site) one shrink and one expand matrix in the compute dtype.
+"""A loaded adapter: per (layer, site) its modules' Aᵀ and Bᵀ in the compute dtype.
 
-The modules of a site are stacked along the rank: `shrink` [in, R] holds each module's Aᵀ side by side, `expand`
-[R, site width] each module's Bᵀ in its rows, placed in the site's output columns (zeros elsewhere). Then
-x · shrink · expand is the sum of the site's modules' updates, each x Aᵀ Bᵀ in its own columns.
+A module's update of its site's input x is x · shrink · expand (shrink = Aᵀ [in, rank], expand = Bᵀ [rank, out]),
+whose columns land in the site's outputs as the module's placements say (modules.py).
 """
 
 from __future__ import annotations
@@ -12,14 +11,16 @@ from types import MappingProxyType
 
 import torch
 
-from refengine.lora.modules import ModelLoraShape, ModuleTarget, Site
+from refengine.lora.modules import ModuleTarget
 from refengine.lora.request import ParsedAdapter
 
 
 @dataclass(frozen=True)
-class SiteWeights:
-    shrink: torch.Tensor  # [in, R]
-    expand: torch.Tensor  # [R, site width]
+class ModuleWeights:
+    module_id: int
+    shrink: torch.Tensor  # Aᵀ [in, rank]
+    expand: torch.Tensor  # Bᵀ [rank, out]
+    placements: tuple[tuple[int, int, int], ...]  # (first expand column, first site column, count)
 
     @property
     def rank(self) -> int:
@@ -32,7 +33,7 @@ class LoraAdapter:
     digest: bytes
     nbytes: int
     rank: int  # the largest rank of its rows
-    sites: MappingProxyType  # (layer, Site) -> SiteWeights
+    sites: MappingProxyType  # (layer, Site) -> tuple of ModuleWeights, by module id
 
     @property
     def prefix_salt(self) -> bytes:
@@ -40,23 +41,11 @@ class LoraAdapter:
         return b"lora:" + self.digest
 
 
-def build_adapter(
-    task_id: int, parsed: ParsedAdapter, targets: dict[int, ModuleTarget], shape: ModelLoraShape, dtype: torch.dtype
-) -> LoraAdapter:
-    widths = shape.site_widths()
-    grouped: dict[tuple[int, Site], list] = {}
-    for row in parsed.rows:
-        grouped.setdefault((row.layer, targets[row.module_id].site), []).append(row)
-    sites = {}
-    for (layer, site), rows in grouped.items():
-        total_rank = sum(row.rank for row in rows)
-        expand = torch.zeros((total_rank, sum(widths[site])), dtype=dtype)
-        start = 0
-        for row in rows:
-            b_t = row.b.t().to(dtype)
-            for first_row, first_column, count in targets[row.module_id].placements:
-                expand[start : start + row.rank, first_column : first_column + count] = b_t[:, first_row : first_row + count]
-            start += row.rank
-        shrink = torch.cat([row.a.to(dtype) for row in rows]).t().contiguous()
-        sites[(layer, site)] = SiteWeights(shrink, expand)
-    return LoraAdapter(task_id, parsed.digest, parsed.nbytes, max(row.rank for row in parsed.rows), MappingProxyType(sites))
+def build_adapter(task_id: int, parsed: ParsedAdapter, targets: dict[int, ModuleTarget], dtype: torch.dtype) -> LoraAdapter:
+    sites: dict = {}
+    for row in sorted(parsed.rows, key=lambda row: (row.layer, row.module_id)):
+        target = targets[row.module_id]
+        weights = ModuleWeights(row.module_id, row.a.t().to(dtype).contiguous(), row.b.t().to(dtype).contiguous(), target.placements)
+        sites.setdefault((row.layer, target.site), []).append(weights)
+    return LoraAdapter(task_id, parsed.digest, parsed.nbytes, max(row.rank for row in parsed.rows),
+                       MappingProxyType({key: tuple(modules) for key, modules in sites.items()}))

@@ -1,13 +1,15 @@
 """Many adapters in one batch: the base Linears run once over every row, then each adapter's low-rank update is added
 to its own rows only (S-LoRA's and Punica's idea), never a forward per adapter.
 
-Per layer and site (modules.py), the rows of each adapter are gathered, multiplied by its shrink [in, R] and expand
-[R, width] matrices, and added back into the site's outputs (`index_add_`). Two ways, chosen once per step:
+Per layer and site (modules.py), the rows of each adapter are gathered, multiplied by its Aᵀ, then by each module's
+Bᵀ, and added back into the module's output columns (`index_add_`). Two ways, chosen once per step:
 
 - padded: the adapters' rows gathered into [adapters, m, in] (m the largest group, shorter groups padded with a zeroed
-  row), and both products as one batched GEMM each over the adapters' stacked matrices (zero-padded to the largest
-  rank). A handful of kernels per site whatever the number of adapters: the decode steps' way.
-- per adapter: a gather, two GEMMs and a scatter per adapter, when padding would waste more than the rows themselves
+  row); one batched GEMM by the site's stacked Aᵀ of every adapter (each module zero-padded to its largest rank in
+  the batch), one per module by its stacked Bᵀ. A handful of kernels per site whatever the number of adapters: the
+  decode steps' way. The model runner puts each adapter's sequences together (runner.py `by_adapter`), so when the
+  groups are of one size their rows are one block of the batch: no gather, and the products are added into it.
+- per adapter: a gather, the GEMMs and a scatter per adapter, when padding would waste more than the rows themselves
   (a long prompt chunk beside single decode tokens).
 
 Rows without an adapter are in no group: the base model's output, untouched. Pad entries gather row 0 with their
@@ -17,44 +19,66 @@ product zeroed, so they add exact zeros.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from refengine.lora.adapter import LoraAdapter
+from refengine.lora.adapter import LoraAdapter, ModuleWeights
 from refengine.lora.modules import Site
 
 _PAD_SLACK_ROWS = 64  # padding this many rows is always cheaper than a loop over the adapters
 
 
+@dataclass(frozen=True)
+class _Slot:
+    """One module of a site in a padded batch: its columns of the stacked shrink, its stacked expand [adapters, R, out]."""
+
+    start: int
+    end: int
+    expand: torch.Tensor
+    placements: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class _SiteStack:
+    shrink: torch.Tensor  # [adapters, in, Σ R]
+    slots: tuple[_Slot, ...]
+
+
 class LoraStacks:
-    """The zero-padded stacks [adapters, in, R] / [adapters, R, width] of one batch composition, per (layer, site), built on
-    first use and kept while the composition lasts (consecutive decode steps repeat it). Owned by the model runner."""
+    """The zero-padded stacks of one batch composition, per (layer, site), built on first use and kept while the
+    composition lasts (consecutive decode steps repeat it). Owned by the model runner."""
 
     def __init__(self) -> None:
         self._adapters: tuple[LoraAdapter, ...] = ()
-        self._stacks: dict[tuple[int, Site], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._stacks: dict[tuple[int, Site], _SiteStack | None] = {}
 
-    def get(self, adapters: tuple[LoraAdapter, ...], layer: int, site: Site) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def get(self, adapters: tuple[LoraAdapter, ...], layer: int, site: Site) -> _SiteStack | None:
         if len(adapters) != len(self._adapters) or any(a is not b for a, b in zip(adapters, self._adapters)):
             self._adapters, self._stacks = adapters, {}
         key = (layer, site)
         if key not in self._stacks:
-            self._stacks[key] = _stack([adapter.sites.get(key) for adapter in adapters])
+            self._stacks[key] = _stack([{m.module_id: m for m in adapter.sites.get(key, ())} for adapter in adapters])
         return self._stacks[key]
 
 
-def _stack(weights: list) -> tuple[torch.Tensor, torch.Tensor] | None:
-    present = [w for w in weights if w is not None]
-    if not present:
-        return None
-    rank, reference = max(w.rank for w in present), present[0]
-    shrink = reference.shrink.new_zeros((len(weights), reference.shrink.shape[0], rank))
-    expand = reference.expand.new_zeros((len(weights), rank, reference.expand.shape[1]))
-    for index, w in enumerate(weights):
-        if w is not None:
-            shrink[index, :, : w.rank] = w.shrink
-            expand[index, : w.rank] = w.expand
-    return shrink, expand
+def _stack(modules: list[dict[int, ModuleWeights]]) -> _SiteStack | None:
+    """Each module present in some adapter: Aᵀ and Bᵀ of every adapter, zeros where it has none or a lower rank."""
+    shrinks, slots, start = [], [], 0
+    for module_id in sorted({module_id for present in modules for module_id in present}):
+        weights = [present.get(module_id) for present in modules]
+        reference = next(w for w in weights if w is not None)
+        rank = max(w.rank for w in weights if w is not None)
+        shrink = reference.shrink.new_zeros((len(weights), reference.shrink.shape[0], rank))
+        expand = reference.expand.new_zeros((len(weights), rank, reference.expand.shape[1]))
+        for index, w in enumerate(weights):
+            if w is not None:
+                shrink[index, :, : w.rank] = w.shrink
+                expand[index, : w.rank] = w.expand
+        shrinks.append(shrink)
+        slots.append(_Slot(start, start + rank, expand, reference.placements))
+        start += rank
+    return _SiteStack(torch.cat(shrinks, dim=2), tuple(slots)) if slots else None
 
 
 class LoraBatch:
@@ -70,14 +94,16 @@ class LoraBatch:
         grouped = torch.argsort(row_group, stable=True)[counts[0] :]  # the adapters' rows, adapter by adapter, in order
         self._groups = grouped.split(sizes)
         most, total = max(sizes), sum(sizes)
-        self._gather = self._mask = None
+        self._gather = self._mask = self._block = None
         if len(adapters) * most <= max(2 * total, total + _PAD_SLACK_ROWS):
             pads = [most - size for size in sizes]
             if not any(pads):
                 self._gather = grouped
+                if bool((row_group[1:] >= row_group[:-1]).all()):  # adapter by adapter: one block after the base rows
+                    self._block = (counts[0], counts[0] + total)
             else:
                 self._gather = torch.cat([torch.cat((rows, rows.new_zeros(pad))) for rows, pad in zip(self._groups, pads)])
-                dtype = next(iter(adapters[0].sites.values())).shrink.dtype
+                dtype = next(iter(adapters[0].sites.values()))[0].shrink.dtype
                 self._mask = torch.tensor([[1.0] * size + [0.0] * pad for size, pad in zip(sizes, pads)], dtype=dtype).unsqueeze(2)
 
     @property
@@ -100,27 +126,48 @@ class LoraBatch:
         return LoraBatch(self.adapters, self._row_group[list(rows)], self._stacks)
 
     def add(self, layer: int, site: Site, x: torch.Tensor, outputs: tuple[torch.Tensor, ...]) -> None:
-        """Add each adapter's update of `site` in `layer` (x its input [rows, in]) to its rows of `outputs`."""
+        """Add each adapter's update of `site` in `layer` (x its input [rows, in]) to its rows of `outputs` (the site's
+        output Linears, whose columns in order are the site's)."""
         if self._gather is None:
             for adapter, rows in zip(self.adapters, self._groups):
-                weights = adapter.sites.get((layer, site))
-                if weights is not None and len(rows):
-                    _scatter(outputs, rows, x.index_select(0, rows).mm(weights.shrink).mm(weights.expand))
+                modules = adapter.sites.get((layer, site), ())
+                if modules and len(rows):
+                    gathered = x.index_select(0, rows)
+                    for module in modules:
+                        _scatter(outputs, rows, gathered.mm(module.shrink).mm(module.expand), module.placements)
             return
         stack = self._stacks.get(self.adapters, layer, site)
         if stack is None:
             return
-        shrink, expand = stack
-        low = torch.bmm(x.index_select(0, self._gather).view(len(self.adapters), -1, x.shape[1]), shrink)
+        if self._block is not None:
+            start, end = self._block
+            low = torch.bmm(x[start:end].view(len(self.adapters), -1, x.shape[1]), stack.shrink)
+            for slot in stack.slots:
+                for first, column, count in slot.placements:
+                    output, column = _output_at(outputs, column)
+                    block = output[start:end, column : column + count].view(len(self.adapters), -1, count)
+                    block.baddbmm_(low[:, :, slot.start : slot.end], slot.expand[:, :, first : first + count])
+            return
+        low = torch.bmm(x.index_select(0, self._gather).view(len(self.adapters), -1, x.shape[1]), stack.shrink)
         if self._mask is not None:
             low.mul_(self._mask)
-        _scatter(outputs, self._gather, torch.bmm(low, expand).flatten(0, 1))
+        for slot in stack.slots:
+            _scatter(outputs, self._gather, torch.bmm(low[:, :, slot.start : slot.end], slot.expand).flatten(0, 1), slot.placements)
 
 
-def _scatter(outputs: tuple[torch.Tensor, ...], rows: torch.Tensor, delta: torch.Tensor) -> None:
-    """Add `delta`'s columns, split by the outputs' widths, into `rows` of each output."""
-    column = 0
-    for output in outputs:
-        width = output.shape[1]
-        output.index_add_(0, rows, delta if len(outputs) == 1 else delta[:, column : column + width])
-        column += width
+def _output_at(outputs: tuple[torch.Tensor, ...], column: int) -> tuple[torch.Tensor, int]:
+    """The output holding site column `column`, and the column within it."""
+    for output in outputs[:-1]:
+        if column < output.shape[1]:
+            return output, column
+        column -= output.shape[1]
+    return outputs[-1], column
+
+
+def _scatter(outputs: tuple[torch.Tensor, ...], rows: torch.Tensor, delta: torch.Tensor, placements: tuple[tuple[int, int, int], ...]) -> None:
+    """Add `delta`'s columns into `rows` of the outputs' columns the placements name (site columns: the outputs' in order)."""
+    for first, column, count in placements:
+        output, column = _output_at(outputs, column)
+        whole = column == 0 and count == output.shape[1]
+        target = output if whole else output[:, column : column + count]
+        target.index_add_(0, rows, delta if first == 0 and count == delta.shape[1] else delta[:, first : first + count])

@@ -87,7 +87,7 @@ class LoraCache:
             self._entries.move_to_end(task_id)
             return entry.adapter
         self._make_room(task_id, parsed.nbytes)
-        adapter = build_adapter(task_id, parsed, self.targets, self.shape, self._dtype)
+        adapter = build_adapter(task_id, parsed, self.targets, self._dtype)
         self._entries[task_id] = _Entry(adapter)
         return adapter
 

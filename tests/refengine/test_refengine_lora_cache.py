@@ -169,8 +169,8 @@ def test_an_engine_built_with_lora_reads_its_rank_and_modules(small_checkpoint):
 
 @pytest.mark.parametrize("sizes", [(4, 4, 4), (1, 9, 2), (70, 1, 1)])
 def test_grouped_updates_equal_each_rows_own_adapter(small_checkpoint, sizes):
-    """Both ways of grouping (padded batched GEMMs, a loop per adapter) add x Aᵀ Bᵀ of each row's own adapter and
-    nothing to the base rows, also over the rows the last layer keeps."""
+    """Both ways of grouping (padded batched GEMMs, a loop per adapter) add x Aᵀ Bᵀ of each row's own adapter's modules
+    in their columns and nothing to the base rows, also over the rows the last layer keeps."""
     engine = make_engine(small_checkpoint)
     adapters = [engine.lora_cache.acquire(adapter(engine, task_id, rank=2 + task_id)) for task_id in range(len(sizes))]
     groups = [index for index, size in enumerate(sizes) for _ in range(size)] + [-1] * 3
@@ -178,13 +178,16 @@ def test_grouped_updates_equal_each_rows_own_adapter(small_checkpoint, sizes):
     batch = LoraBatch(tuple(adapters), row_group, LoraStacks())
     assert batch.padded == (sizes != (70, 1, 1))  # padding past the rows themselves: the loop
     for site_batch, rows in ((batch, list(range(len(groups)))), (batch.select([0, 5, 7, 2]), [0, 5, 7, 2])):
-        for (layer, site), site_weights in adapters[0].sites.items():
-            x = torch.randn(len(groups), site_weights.shrink.shape[0])
+        for (layer, site), modules in adapters[0].sites.items():
+            x = torch.randn(len(groups), modules[0].shrink.shape[0])
             widths = engine.lora_cache.shape.site_widths()[site]
             outputs = tuple(torch.zeros(len(rows), width) for width in widths)
             site_batch.add(layer, site, x[rows], outputs)
             for position, row in enumerate(rows):
                 group = int(row_group[row])
-                weights = adapters[group].sites.get((layer, site)) if group >= 0 else None
-                expected = torch.zeros(sum(widths)) if weights is None else x[row] @ weights.shrink @ weights.expand
+                expected = torch.zeros(sum(widths))
+                for module in adapters[group].sites[(layer, site)] if group >= 0 else ():
+                    update = x[row] @ module.shrink @ module.expand
+                    for first, column, count in module.placements:
+                        expected[column : column + count] += update[first : first + count]
                 torch.testing.assert_close(torch.cat([o[position] for o in outputs]), expected, rtol=1e-4, atol=1e-5)
