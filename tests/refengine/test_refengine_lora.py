@@ -6,12 +6,14 @@ lora_B (values exact in float16, lora_alpha / r = 2, so NVIDIA's float16 tensors
 mixes both adapters and the base model over several prompts; each output equals transformers' greedy `generate` of
 the PEFT model with that adapter merged (`merge_and_unload`), token for token. Modules: Llama, Qwen3 (q/k norms after
 the q/k updates) and Gemma / Gemma 3 on every projection; Phi-3 on its fused qkv_proj / gate_up_proj (TensorRT-LLM's
-attn_qkv and its fused mlp_h_to_4h); Qwen3-MoE on attention only: TensorRT-LLM's MoE expert modules (moe_h_to_4h,
+attn_qkv and its fused mlp_h_to_4h); StarCoder2 (TensorRT-LLM's GPT class: LayerNorm, biased Linears, an ungated
+MLP) on attention and c_fc / c_proj (mlp_h_to_4h / mlp_4h_to_h); Qwen3-MoE on attention only: TensorRT-LLM's MoE expert modules (moe_h_to_4h,
 moe_4h_to_h, moe_gate, moe_router) are sized hidden × experts in its C++ `LoraModule` with a "TODO(TRTLLM-379): Support
 MOE LoRA weights", and hf_lora_convert.py writes no expert rows; here they are refused by name.
 
 Also: prefix-cache blocks are keyed by adapter; chunked prefill and prefix reuse keep the outputs; one forward runs per
-engine step whatever the adapters; an FP8 checkpoint adds the same updates on its quantized Linears.
+engine step whatever the adapters; an adapter's beam search is transformers' on the merged model; an FP8 checkpoint
+adds the same updates on its quantized Linears.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ MAX_NEW_TOKENS = 16
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EVERY_PROJECTION = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
 TARGETS = {"llama": EVERY_PROJECTION, "qwen3": EVERY_PROJECTION, "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-           "qwen3_moe": ATTENTION, "gemma": EVERY_PROJECTION, "gemma3_text": EVERY_PROJECTION}
+           "qwen3_moe": ATTENTION, "gemma": EVERY_PROJECTION, "gemma3_text": EVERY_PROJECTION,
+           "starcoder2": ATTENTION + ["c_fc", "c_proj"]}
 RANK, ALPHA = 4, 8
 
 
@@ -167,3 +170,17 @@ def test_quantized_linears_get_the_same_updates(lora_model, tmp_path):
     cosine = torch.nn.functional.cosine_similarity(shifts["fp16"].flatten(), shifts["fp8"].flatten(), dim=0)
     assert shifts["fp8"].abs().mean() > 0.05  # measured 0.53
     assert cosine > 0.98, f"cosine of the adapter's logit shifts, fp8 vs fp16: {cosine:.3f}"
+
+
+def test_beams_of_an_adapters_request_are_transformers_beams_of_the_merged_model(lora_model, tmp_path):
+    from tests.refengine.test_refengine_beam_search import hf_beams
+
+    case = lora_model("llama")
+    merged, adapter = make_adapter(case.hf_model, EVERY_PROJECTION, 1, tmp_path / "adapter")
+    prompt = random_prompts("llama", (12,))[0]
+    beams = SamplingParams(max_tokens=8, beam_width=3, n=3, temperature=0)
+    engine = family_engine(case.checkpoints["fp16"], max_beam_width=3)
+    [output, base] = engine.generate([prompt, prompt], beams, lora=[adapter, None])
+    expected = hf_beams(merged, prompt, beams=3, max_new_tokens=8, num_return=3)
+    assert [completion.token_ids for completion in output.outputs] == [tuple(tokens) for tokens, _ in expected]
+    assert [c.token_ids for c in output.outputs] != [c.token_ids for c in base.outputs]
