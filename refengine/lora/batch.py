@@ -52,6 +52,18 @@ class LoraStacks:
     def __init__(self) -> None:
         self._adapters: tuple[LoraAdapter, ...] = ()
         self._stacks: dict[tuple[int, Site], _SiteStack | None] = {}
+        self._buffers: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+
+    def widened(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`tensor` in `dtype`: itself, or (fp16 / bf16 weights, float32 compute) copied into this owner's buffer of its
+        shape, to be used at once (the next call for the same shape overwrites it)."""
+        if tensor.dtype == dtype:
+            return tensor
+        key = (tuple(tensor.shape), dtype)
+        if key not in self._buffers:
+            with torch.inference_mode(False):  # a normal tensor: writable inside and outside inference mode
+                self._buffers[key] = torch.empty(tensor.shape, dtype=dtype)
+        return self._buffers[key].copy_(tensor)
 
     def get(self, adapters: tuple[LoraAdapter, ...], layer: int, site: Site) -> _SiteStack | None:
         if len(adapters) != len(self._adapters) or any(a is not b for a, b in zip(adapters, self._adapters)):
@@ -103,8 +115,7 @@ class LoraBatch:
                     self._block = (counts[0], counts[0] + total)
             else:
                 self._gather = torch.cat([torch.cat((rows, rows.new_zeros(pad))) for rows, pad in zip(self._groups, pads)])
-                dtype = next(iter(adapters[0].sites.values()))[0].shrink.dtype
-                self._mask = torch.tensor([[1.0] * size + [0.0] * pad for size, pad in zip(sizes, pads)], dtype=dtype).unsqueeze(2)
+                self._mask = torch.tensor([[1.0] * size + [0.0] * pad for size, pad in zip(sizes, pads)]).unsqueeze(2)
 
     @property
     def padded(self) -> bool:
@@ -134,25 +145,29 @@ class LoraBatch:
                 if modules and len(rows):
                     gathered = x.index_select(0, rows)
                     for module in modules:
-                        _scatter(outputs, rows, gathered.mm(module.shrink).mm(module.expand), module.placements)
+                        low = gathered.mm(self._stacks.widened(module.shrink, x.dtype))
+                        _scatter(outputs, rows, low.mm(self._stacks.widened(module.expand, x.dtype)), module.placements)
             return
         stack = self._stacks.get(self.adapters, layer, site)
         if stack is None:
             return
+        widened = self._stacks.widened
         if self._block is not None:
             start, end = self._block
-            low = torch.bmm(x[start:end].view(len(self.adapters), -1, x.shape[1]), stack.shrink)
+            low = torch.bmm(x[start:end].view(len(self.adapters), -1, x.shape[1]), widened(stack.shrink, x.dtype))
             for slot in stack.slots:
+                expand = widened(slot.expand, x.dtype)
                 for first, column, count in slot.placements:
                     output, column = _output_at(outputs, column)
                     block = output[start:end, column : column + count].view(len(self.adapters), -1, count)
-                    block.baddbmm_(low[:, :, slot.start : slot.end], slot.expand[:, :, first : first + count])
+                    block.baddbmm_(low[:, :, slot.start : slot.end], expand[:, :, first : first + count])
             return
-        low = torch.bmm(x.index_select(0, self._gather).view(len(self.adapters), -1, x.shape[1]), stack.shrink)
+        low = torch.bmm(x.index_select(0, self._gather).view(len(self.adapters), -1, x.shape[1]), widened(stack.shrink, x.dtype))
         if self._mask is not None:
-            low.mul_(self._mask)
+            low.mul_(self._mask.to(x.dtype))
         for slot in stack.slots:
-            _scatter(outputs, self._gather, torch.bmm(low[:, :, slot.start : slot.end], slot.expand).flatten(0, 1), slot.placements)
+            delta = torch.bmm(low[:, :, slot.start : slot.end], widened(slot.expand, x.dtype)).flatten(0, 1)
+            _scatter(outputs, self._gather, delta, slot.placements)
 
 
 def _output_at(outputs: tuple[torch.Tensor, ...], column: int) -> tuple[torch.Tensor, int]:
