@@ -6,10 +6,14 @@ batch), the same seeded workload (random prompts, geometric output lengths witho
 length), one torch thread, greedy decoding. The adapters are random, of `rank` on every projection of every layer, as
 a PEFT adapter of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj converts (TensorRT-LLM's attn_q /
 attn_k / attn_v / attn_dense / mlp_h_to_4h / mlp_gate / mlp_4h_to_h; attn_qkv instead of the three for a model with a
-fused qkv_proj, as Phi-3's), in NVIDIA's lora_weights / lora_config layout, loaded before the clock starts (as `lora_prefetch_dir` does); request i
-runs adapter i mod `num_adapters`. The runs alternate for `rounds` rounds after a warm-up of each; each side's figure
-is its best round (machines are shared and noisy), and every round's ratio is kept with their median. The goal: the LoRA batch keeps at
-least 0.8× the base batch's tokens/s (S-LoRA reports a small overhead for thousands of adapters).
+fused qkv_proj, as Phi-3's), in NVIDIA's lora_weights / lora_config layout (float16), loaded before the clock starts
+(as `lora_prefetch_dir` does); request i runs adapter i mod `num_adapters`.
+
+The two runs alternate for `rounds` rounds after a warm-up of each. Machines are shared and noisy: each round's LoRA run
+is compared with the base run just before it (the pair shares the machine's state), and the goal is read on the median
+of those paired ratios; each side's best round, and the ratio of the bests in wall and in CPU time, are reported too.
+The goal: the LoRA batch keeps at least 0.8× the base batch's tokens/s (S-LoRA reports a small overhead for thousands
+of adapters).
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ def run_lora_bench(engine_dir: Path, options: LoraBenchOptions = LoraBenchOption
     ratio = best["lora"].figures["tokens_per_s"] / best["base"].figures["tokens_per_s"]
     cpu_ratio = best["lora"].figures["tokens_per_cpu_s"] / best["base"].figures["tokens_per_cpu_s"]
     round_ratios = [round(lora.figures["tokens_per_s"] / base.figures["tokens_per_s"], 3) for base, lora in zip(rounds["base"], rounds["lora"])]
+    median = statistics.median(round_ratios)
     return {
         "recipe": {"call": options.call(), "engine_dir": str(engine_dir), "adapters": f"{options.num_adapters} random adapters "
                    f"of rank {options.rank} on modules {modules} of every layer, cached before the clock starts",
@@ -108,10 +113,10 @@ def run_lora_bench(engine_dir: Path, options: LoraBenchOptions = LoraBenchOption
         "systems": {name: run.figures for name, run in best.items()},
         "rounds": {name: [run.figures["tokens_per_s"] for run in runs] for name, runs in rounds.items()},
         "round_ratios": round_ratios,
-        "median_round_ratio": statistics.median(round_ratios),
+        "median_round_ratio": median,
         "adapter_outputs_differ_from_base": sum(best["lora"].outputs[i] != best["base"].outputs[i] for i in best["base"].outputs),
         "ratio_lora_vs_base": round(ratio, 3),
         # With one torch thread, CPU time is the work done; other processes on the machine disturb it far less.
         "ratio_lora_vs_base_per_cpu_s": round(cpu_ratio, 3),
-        "target": {"value": round(ratio, 3), "goal": GOAL, "met": ratio >= GOAL},
+        "target": {"value": median, "goal": GOAL, "met": median >= GOAL},
     }
