@@ -17,6 +17,15 @@ HF's gate_up_proj and `examples/hf_lora_convert.py` swaps its lora_B) adapts ref
 
 The LoRA updates of a layer are grouped by the input they read ("sites"): q/k/v/qkv read the attention input and
 write the qkv output; mlp_h_to_4h and mlp_gate read the MLP input and write fc's and gate's outputs.
+
+Mixture-of-experts layers: TensorRT-LLM's expert modules (moe_h_to_4h, moe_4h_to_h, moe_gate, moe_router; its C++
+`LoraModule` sizes them hidden × experts, beside a "TODO(TRTLLM-379): Support MOE LoRA weights", and hf_lora_convert.py
+writes no expert rows) are not run here: LoRA adapts their attention only, and a row for another module is refused.
+
+An update reads its Linear's input. Where a quantized checkpoint folded an activation scale into the norm before the
+Linear (ModelOpt's SmoothQuant / AWQ export averages q/k/v's pre-quant scales into the input norm), that input is the
+scaled one and the update is not the adapter's; TensorRT-LLM's build refuses LoRA with INT8 SmoothQuant weights. FP8
+and INT8 weight-only Linears read the model's own input.
 """
 
 from __future__ import annotations
