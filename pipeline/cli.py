@@ -91,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
 
     infer = sub.add_parser("infer", help="send one prompt to a running server (HTTP or gRPC, optionally streamed)")
     add_infer_arguments(infer).set_defaults(handler=_infer)
+    from clients.lora_cli import add_lora_arguments
+
+    lora = sub.add_parser("lora", help="LoRA adapters: convert a PEFT adapter into NVIDIA's lora_weights / lora_config tensors")
+    add_lora_arguments(lora).set_defaults(handler=_lora)
     from pipeline.cli_openai import add_openai_arguments
 
     openai = sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton")
@@ -129,6 +133,12 @@ def _infer(args: argparse.Namespace, console: Console) -> int:
     from clients.cli import run_infer
 
     return run_infer(args)
+
+
+def _lora(args: argparse.Namespace, console: Console) -> int:
+    from clients.lora_cli import run_lora
+
+    return run_lora(args)
 
 
 def _openai(args: argparse.Namespace, console: Console) -> int:

@@ -32,6 +32,8 @@ PUBLIC_NAMES = MappingProxyType(
         "InvalidRequestError": "refengine.errors",
         "KVCacheUsage": "refengine.kv_cache",
         "LLMEngine": "refengine.engine",
+        "LoraRequest": "refengine.lora.request",
+        "LoraSettings": "refengine.lora.settings",
         "ModelConfig": "refengine.model_config",
         "ModelLoadError": "refengine.errors",
         "RefEngineError": "refengine.errors",

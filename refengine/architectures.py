@@ -51,6 +51,9 @@ class Architecture:
     notes: str = ""
     # Checkpoint `architecture` values of this family that refengine refuses, with why (naming the option).
     refused_architectures: tuple[tuple[str, str], ...] = ()
+    # TensorRT-LLM's model has one fused MLP input Linear (rows [up; gate]) that its LoRA module mlp_h_to_4h adapts, and
+    # no mlp_gate module (Phi-3: models/phi3/model.py maps gate_up_proj and up_proj to mlp_h_to_4h).
+    lora_fused_gate_up: bool = False
 
     def check_variant(self, raw: Mapping[str, Any]) -> None:
         value = raw.get(self.variant_key) if self.variant_key else None
@@ -115,6 +118,7 @@ ARCHITECTURES = (
         checkpoint_decoder="phi3",
         model_class="refengine.model_runner.llama:LlamaModel",
         check_options=check_phi3_options,
+        lora_fused_gate_up=True,
         notes="Phi-3 / 3.5 / Phi-4 / Phi-4-mini: the Llama decoder (fused qkv / gate_up split by the converter), "
         "partial rotary, long-RoPE short/long factors for the 128k variants",
     ),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refengine.errors import EngineConfigError
+from refengine.lora.settings import LoraSettings
 
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -83,6 +84,8 @@ class EngineConfig:
     # weights, another summation order; about half the decode step's cost). False: float32 GEMMs, results bit for bit
     # those of F.linear on the float32 weights (model_runner/linear.py, DenseLinear).
     fp16_weight_gemm: bool = True
+    # The LoRA cache's sizes and the modules LoRA may adapt (refengine/lora/settings.py).
+    lora: LoraSettings = LoraSettings()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
@@ -119,6 +122,8 @@ class EngineConfig:
             )
         if not isinstance(self.fp16_weight_gemm, bool):
             raise EngineConfigError("fp16_weight_gemm", f"must be true or false, got {self.fp16_weight_gemm!r}")
+        if not isinstance(self.lora, LoraSettings):
+            raise EngineConfigError("lora", f"must be LoraSettings, got {type(self.lora).__name__}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise EngineConfigError(
                 "compute_dtype", f"{self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}"
@@ -136,7 +141,8 @@ class EngineConfig:
 
     @classmethod
     def from_build_config(cls, build_config: Mapping[str, Any], **overrides: Any) -> EngineConfig:
-        """Limits from an engine's `build_config`; `overrides` set runtime choices (or limits)."""
+        """Limits from an engine's `build_config` (LoRA's too, when it was built with LoRA); `overrides` set runtime choices
+        (or limits)."""
         plugin_config = build_config.get("plugin_config") or {}
         values: dict[str, Any] = {}
         for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width"):
@@ -144,6 +150,9 @@ class EngineConfig:
                 values[name] = build_config[name]
         if plugin_config.get("tokens_per_block") is not None:
             values["tokens_per_block"] = plugin_config["tokens_per_block"]
+        lora = LoraSettings.from_build_config(build_config)
+        if lora is not None:
+            values["lora"] = lora
         values.update(overrides)
         return cls(**values)
 

@@ -19,6 +19,8 @@ from refengine.config import EngineConfig
 from refengine.errors import EngineConfigError, InvalidRequestError
 from refengine.guided.params import GUIDE_TYPE_FIELD
 from refengine.kv_cache import KVCacheUsage
+from refengine.lora.cache import LoraCache
+from refengine.lora.request import LoraRequest
 from refengine.model_runner import DecoderModel, ModelRunner, load_model, torch_dtype
 from refengine.outputs import RequestOutput
 from refengine.request_state import CompletionState, RequestState
@@ -40,6 +42,7 @@ class LLMEngine:
         self._model = model
         self._scheduler = Scheduler(self._config, model.kv_cache_layout.long_prompt_threshold)
         self._runner = ModelRunner(model, self._config.total_kv_blocks, self._config.tokens_per_block)
+        self._lora = LoraCache(model.lora_shape, self._config.lora, torch_dtype(self._config.compute_dtype))
         self._requests: dict[str, RequestState] = {}
         self._held_outputs: list[RequestOutput] = []
         self._request_numbers = itertools.count()
@@ -105,6 +108,17 @@ class LLMEngine:
         """The scheduler (for inspection: queue lengths, KV cache, preemption count)."""
         return self._scheduler
 
+    @property
+    def lora_cache(self) -> LoraCache:
+        """The LoRA adapter cache (for inspection: cached task ids, pins, bytes)."""
+        return self._lora
+
+    def load_lora_adapter(self, task_id: int, weights: Any, config: Any) -> None:
+        """Cache an adapter before any request asks for it (TensorRT-LLM's lora_prefetch_dir); `InvalidRequestError`
+        naming the input when it does not fit the model or the cache."""
+        with self._lock:
+            self._lora.load(LoraRequest(task_id, weights, config))
+
     def kv_cache_usage(self) -> KVCacheUsage:
         with self._lock:
             return self._scheduler.kv_cache.usage()
@@ -134,8 +148,10 @@ class LLMEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        lora: LoraRequest | None = None,
     ) -> str:
-        """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input."""
+        """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input. `lora`: its adapter, by
+        TensorRT-LLM's task id (with the adapter's weights and config the first time, refengine/lora/cache.py)."""
         params = params if params is not None else SamplingParams()
         # A model may limit a request's length (`max_request_tokens`, e.g. Gemma 2's window); most have no such attribute.
         model_limit = getattr(self._model, "max_request_tokens", None)
@@ -149,10 +165,14 @@ class LLMEngine:
                 raise InvalidRequestError("request_id", f"must be a non-empty string, got {request_id!r}")
             if request_id in self._requests:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+            if lora is not None and not isinstance(lora, LoraRequest):
+                raise InvalidRequestError("lora", f"must be a LoraRequest, got {type(lora).__name__}")
+            adapter = self._lora.acquire(lora) if lora is not None else None  # the last check: it pins the adapter
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-            self._scheduler.add_request(request_id, prompt, params, seed, grammar)
+            self._scheduler.add_request(request_id, prompt, params, seed, grammar, adapter)
             self._requests[request_id] = RequestState(
-                request_id, prompt, params, [CompletionState(i) for i in range(params.n)]
+                request_id, prompt, params, [CompletionState(i) for i in range(params.n)],
+                lora_task_id=adapter.task_id if adapter is not None else None,
             )
         return request_id
 
@@ -160,7 +180,7 @@ class LLMEngine:
         """Stop a request now and free its KV blocks; its final output comes with the next step.
         An unknown (or finished) id is a no-op."""
         with self._lock:
-            state = self._requests.pop(request_id, None)
+            state = self._drop(request_id)
             if state is None:
                 return
             self._scheduler.abort_request(request_id)
@@ -180,21 +200,24 @@ class LLMEngine:
         self,
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora: LoraRequest | Sequence[LoraRequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run the prompts to completion; final outputs in prompt order.
+        """Run the prompts to completion; final outputs in prompt order. `lora`: one adapter for all, or one (or None)
+        per prompt: the prompts run in one batch whatever their adapters.
 
         Holds the engine lock throughout (other threads' submissions wait); outputs of requests
         added elsewhere are kept for the next `step()`.
         """
-        all_params = self._params_per_prompt(prompts, params)
+        all_params = _per_prompt(prompts, params, SamplingParams, "sampling_params", SamplingParams())
+        all_lora = _per_prompt(prompts, lora, LoraRequest, "lora", None)
         with self._lock:
             request_ids: list[str] = []
             try:
-                for prompt, prompt_params in zip(prompts, all_params):
-                    request_ids.append(self.add_request(prompt, prompt_params))
+                for prompt, prompt_params, prompt_lora in zip(prompts, all_params, all_lora):
+                    request_ids.append(self.add_request(prompt, prompt_params, lora=prompt_lora))
             except InvalidRequestError:
                 for request_id in request_ids:
-                    self._requests.pop(request_id, None)
+                    self._drop(request_id)
                     self._scheduler.abort_request(request_id)
                 raise
             final: dict[str, RequestOutput] = {}
@@ -206,13 +229,15 @@ class LLMEngine:
                         self._held_outputs.append(output)
             return [final[request_id] for request_id in request_ids]
 
-    def stream(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, lora: LoraRequest | None = None
+    ) -> Iterator[RequestOutput]:
         """Yield this request's outputs step by step, driving the engine from the caller's thread.
 
         Outputs of other requests produced meanwhile are kept for the next `step()`. Closing the
         iterator early aborts the request.
         """
-        request_id = self.add_request(prompt_token_ids, params)
+        request_id = self.add_request(prompt_token_ids, params, lora=lora)
         finished = False
         try:
             while not finished:
@@ -270,10 +295,17 @@ class LLMEngine:
                 continue
             if state.finished:
                 outputs.append(state.snapshot(self._scheduler.kv_cache.pop_blocks_given(request_id)))
-                del self._requests[request_id]
+                self._drop(request_id)
             else:
                 outputs.append(state.snapshot(self._scheduler.kv_cache.blocks_given(request_id)))
         return outputs
+
+    def _drop(self, request_id: str) -> RequestState | None:
+        """Forget a request (finished, aborted or refused), unpinning its adapter."""
+        state = self._requests.pop(request_id, None)
+        if state is not None and state.lora_task_id is not None:
+            self._lora.release(state.lora_task_id)
+        return state
 
     def _take_context_logits(self, context_logits) -> None:
         for seq_id, (first_position, rows) in context_logits.items():
@@ -290,15 +322,12 @@ class LLMEngine:
             if state is not None and state.first_scheduled_time_ns is None:
                 state.first_scheduled_time_ns = now_ns
 
-    @staticmethod
-    def _params_per_prompt(
-        prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None
-    ) -> list[SamplingParams]:
-        if params is None or isinstance(params, SamplingParams):
-            return [params or SamplingParams()] * len(prompts)
-        params = list(params)
-        if len(params) != len(prompts):
-            raise InvalidRequestError(
-                "sampling_params", f"{len(params)} parameter sets for {len(prompts)} prompts"
-            )
-        return params
+
+def _per_prompt(prompts: Sequence[Sequence[int]], value: Any, kind: type, field: str, default: Any) -> list[Any]:
+    """`value` for every prompt (one value, or None for `default`), or one per prompt."""
+    if value is None or isinstance(value, kind):
+        return [default if value is None else value] * len(prompts)
+    values = list(value)
+    if len(values) != len(prompts):
+        raise InvalidRequestError(field, f"{len(values)} values for {len(prompts)} prompts")
+    return values

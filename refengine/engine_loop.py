@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from refengine.engine import LLMEngine
+from refengine.lora.request import LoraRequest
 from refengine.outputs import RequestOutput
 from refengine.sampling import SamplingParams
 
@@ -100,8 +101,9 @@ class EngineLoop:
         params: SamplingParams | None = None,
         *,
         on_output: Callable[[RequestOutput | BaseException], None] | None = None,
+        lora: LoraRequest | None = None,
     ) -> RequestStream:
-        """Queue a request (thread-safe). Raises `InvalidRequestError` for a bad input.
+        """Queue a request (thread-safe), with its LoRA adapter if any. Raises `InvalidRequestError` for a bad input.
 
         `on_output`, if given, is called on the loop's thread with every output of the request
         (the last one finished) or the exception that ended it; it must be quick (hand the item
@@ -111,7 +113,7 @@ class EngineLoop:
         with self._streams_lock:  # registered before the engine can produce its first output
             self._streams[request_id] = stream
         try:
-            self._engine.add_request(prompt_token_ids, params, request_id=request_id)
+            self._engine.add_request(prompt_token_ids, params, request_id=request_id, lora=lora)
         except BaseException:
             with self._streams_lock:
                 self._streams.pop(request_id, None)

@@ -58,6 +58,7 @@ class RequestState:
     draft_tokens: list[int] = field(default_factory=lambda: [0, 0])  # speculative: [drafted, accepted]
     decoding_steps: int = 0  # steps that gave this request tokens (TensorRT-LLM's decoding_iter)
     gained_tokens: bool = False  # this step gave it tokens
+    lora_task_id: int | None = None  # its LoRA adapter, pinned in the cache while the request lives
 
     @property
     def finished(self) -> bool:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from refengine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from refengine.lora.adapter import LoraAdapter
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class ScheduledSequence:
     allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
     # guided + speculative: bool [k, vocab], row j the tokens allowed after draft tokens 0..j
     draft_allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
+    lora: LoraAdapter | None = field(default=None, compare=False)  # the request's adapter (refengine/lora), None: the base model
 
     @property
     def num_new_tokens(self) -> int:

@@ -16,6 +16,8 @@ import torch
 
 from refengine.architectures import architecture_for_checkpoint
 from refengine.checkpoint import Checkpoint
+from refengine.lora.batch import LoraBatch
+from refengine.lora.modules import ModelLoraShape
 from refengine.model_runner.attention import AttentionMetadata
 
 
@@ -50,15 +52,22 @@ class DecoderModel(Protocol):
     @property
     def kv_cache_layout(self) -> KVCacheLayout: ...
 
+    @property
+    def lora_shape(self) -> ModelLoraShape:
+        """The dimensions of the LoRA modules the model runs (refengine/lora/modules.py)."""
+        ...
+
     def forward(
         self,
         input_ids: torch.Tensor,
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
         last_token_of: Sequence[int] | None = None,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """Write the batch's K/V into `kv_caches` and return its final hidden states: [num_tokens,
-        hidden], or with `last_token_of` (sequence indices) only those sequences' last tokens'."""
+        hidden], or with `last_token_of` (sequence indices) only those sequences' last tokens'.
+        `lora`: the rows' adapters, whose updates are added to the Linears' outputs."""
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

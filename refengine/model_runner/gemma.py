@@ -28,13 +28,15 @@ import torch.nn.functional as F
 
 from refengine.checkpoint import Checkpoint, TensorStore
 from refengine.gemma_options import GemmaOptions
+from refengine.lora.batch import LoraBatch
+from refengine.lora.modules import ModelLoraShape, Site
 from refengine.model_config import ModelConfig, RopeScaling
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
 from refengine.model_runner.decoder import KVCacheLayout
 from refengine.model_runner.kv_quant import kv_cache_dtype
 from refengine.model_runner.layers import RotaryEmbedding, geglu, rms_norm, rotate
 from refengine.model_runner.linear import DenseLinear, WeightScratch
-from refengine.model_runner.llama import DecoderLayer, _load_layer, load_embeddings
+from refengine.model_runner.llama import DecoderLayer, _load_layer, linear_with_lora, load_embeddings
 from refengine.model_runner.quantized_linear import check_quantization
 
 
@@ -87,6 +89,11 @@ class GemmaModel:
         return self.config.vocab_size
 
     @property
+    def lora_shape(self) -> ModelLoraShape:
+        config = self.config
+        return ModelLoraShape(config.num_layers, config.hidden_size, config.q_size, config.kv_size, config.intermediate_size)
+
+    @property
     def max_request_tokens(self) -> int | None:
         """Prompt + max_tokens a request may ask for (Gemma 2 without its window in the checkpoint), or None."""
         return self.options.max_request_tokens
@@ -114,8 +121,10 @@ class GemmaModel:
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
         last_token_of: Sequence[int] | None = None,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
-        """As `LlamaModel.forward` (the last layer runs only the rows asked for with `last_token_of`)."""
+        """As `LlamaModel.forward` (the last layer runs only the rows asked for with `last_token_of`; `lora` the rows'
+        adapters)."""
         config, options = self.config, self.options
         eps, num_heads, head_size = config.norm_epsilon, config.num_heads, config.head_size
         qk_size = config.q_size + config.kv_size
@@ -128,7 +137,7 @@ class GemmaModel:
         prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             base = layer.base
-            qkv = base.qkv(rms_norm(hidden, base.input_norm, eps))
+            qkv = linear_with_lora(base.qkv, rms_norm(hidden, base.input_norm, eps), lora, index, Site.QKV)
             query_key = qkv[:, :qk_size].reshape(num_tokens, -1, head_size)
             if layer.qk_norm is not None:
                 query_key = rms_norm(query_key, layer.qk_norm, eps)
@@ -141,19 +150,23 @@ class GemmaModel:
             if index == last and prune:
                 rows, kept = metadata.last_tokens(last_token_of)
                 query, hidden, num_tokens = query[rows], hidden[rows], len(rows)
+                lora = lora.select(rows) if lora is not None else None
                 attention = paged_attention(query, kv_cache, kept, self.scale, base.kv_quant, window=window, softcap=softcap)
             else:
                 attention = paged_attention(
                     query, kv_cache, metadata, self.scale, base.kv_quant, key, value, window=window, softcap=softcap
                 )
-            attention = base.dense(attention.reshape(num_tokens, config.q_size))
+            attention = linear_with_lora(base.dense, attention.reshape(num_tokens, config.q_size), lora, index, Site.DENSE)
             if options.inter_layernorms:
                 hidden = rms_norm(attention, base.post_norm, eps).add_(hidden)
                 normed = rms_norm(hidden, layer.pre_ff_norm, eps)
             else:
                 hidden = attention.add_(hidden)
                 normed = rms_norm(hidden, base.post_norm, eps)
-            mlp = base.proj(geglu(base.fc(normed), base.gate(normed)))
+            fc, gate = base.fc(normed), base.gate(normed)
+            if lora is not None:
+                lora.add(index, Site.MLP_IN, normed, (fc, gate))
+            mlp = linear_with_lora(base.proj, geglu(fc, gate), lora, index, Site.PROJ)
             if options.inter_layernorms:
                 mlp = rms_norm(mlp, layer.post_ff_norm, eps)
             hidden = mlp.add_(hidden)

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from refengine.architectures import architecture_for_checkpoint
 from refengine.checkpoint import Checkpoint, TensorStore
+from refengine.lora.batch import LoraBatch
+from refengine.lora.modules import ModelLoraShape, Site
 from refengine.model_config import ModelConfig
 from refengine.model_runner.attention import AttentionMetadata, paged_attention, write_kv_cache
 from refengine.model_runner.decoder import KVCacheLayout
@@ -111,6 +114,17 @@ class LlamaModel:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
+    @property
+    def lora_shape(self) -> ModelLoraShape:
+        """LoRA modules on attention always; on the MLP unless it is a mixture of experts (TensorRT-LLM's expert modules,
+        moe_h_to_4h / moe_4h_to_h / moe_gate, are not run here)."""
+        config = self.config
+        return ModelLoraShape(
+            config.num_layers, config.hidden_size, config.q_size, config.kv_size,
+            None if self.options.moe else config.intermediate_size, gated_mlp=self.options.ungated_activation is None,
+            fused_gate_up=architecture_for_checkpoint(config.architecture).lora_fused_gate_up,
+        )
+
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, fp16_gemm: bool = False) -> LlamaModel:
         """`fp16_gemm`: dense Linears holding fp16 values run on fbgemm's fp16-weight GEMM (see `DenseLinear`)."""
@@ -135,10 +149,11 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
         last_token_of: Sequence[int] | None = None,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """Final hidden states of a flat token batch: [num_tokens, hidden], or, with
         `last_token_of` (sequence indices), only the last token of each of those sequences,
-        [len(last_token_of), hidden].
+        [len(last_token_of), hidden]. `lora`: the rows' adapters (each Linear's output gets its rows' updates).
 
         With `last_token_of`, the last layer still writes every token's K/V (later steps read
         them) but runs its attention, output projection, MLP and the final norm only for the rows
@@ -157,7 +172,7 @@ class LlamaModel:
         # Nothing to prune when every row is already the one token of a sequence asked for.
         prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            qkv = layer.qkv(self._norm(hidden, layer.input_norm, layer.input_norm_bias))
+            qkv = linear_with_lora(layer.qkv, self._norm(hidden, layer.input_norm, layer.input_norm_bias), lora, index, Site.QKV)
             query_key = qkv[:, :qk_size].reshape(num_tokens, -1, head_size)
             if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: RMSNorm over each head, before RoPE
                 query_key = torch.cat(
@@ -171,13 +186,15 @@ class LlamaModel:
             if index == last and prune:
                 rows, kept = metadata.last_tokens(last_token_of)
                 query, hidden, num_tokens = query[rows], hidden[rows], len(rows)
+                lora = lora.select(rows) if lora is not None else None
                 attention = paged_attention(query, kv_cache, kept, self.scale, layer.kv_quant)
             else:
                 attention = paged_attention(query, kv_cache, metadata, self.scale, layer.kv_quant, key, value)
+            attention = linear_with_lora(layer.dense, attention.reshape(num_tokens, config.q_size), lora, index, Site.DENSE)
             # residual + f(x), added in place into f's fresh output (addition commutes exactly)
-            hidden = _scaled(layer.dense(attention.reshape(num_tokens, config.q_size)), residual_multiplier).add_(hidden)
+            hidden = _scaled(attention, residual_multiplier).add_(hidden)
             normed = self._norm(hidden, layer.post_norm, layer.post_norm_bias)
-            mlp = layer.moe(normed) if layer.moe is not None else layer.proj(self._mlp_inner(layer, normed))
+            mlp = layer.moe(normed) if layer.moe is not None else self._mlp(layer, normed, lora, index)
             hidden = _scaled(mlp, residual_multiplier).add_(hidden)
         return self._norm(hidden, self.final_norm, self.final_norm_bias)
 
@@ -187,12 +204,15 @@ class LlamaModel:
             return layer_norm(hidden, weight, bias, self.config.norm_epsilon)
         return rms_norm(hidden, weight, self.config.norm_epsilon)
 
-    def _mlp_inner(self, layer: DecoderLayer, normed: torch.Tensor) -> torch.Tensor:
-        """What mlp.proj multiplies: SwiGLU of fc / gate, or the GPT class's ungated act(fc(x))."""
+    def _mlp(self, layer: DecoderLayer, normed: torch.Tensor, lora: LoraBatch | None, index: int) -> torch.Tensor:
+        """proj of SwiGLU(fc, gate), or of the GPT class's ungated act(fc(x)); with the rows' LoRA updates."""
         activation = self.options.ungated_activation
-        if activation is None or layer.gate is not None:
-            return swiglu(layer.fc(normed), layer.gate(normed))
-        return UNGATED_ACTIVATIONS[activation](layer.fc(normed))
+        gated = activation is None or layer.gate is not None
+        outputs = (layer.fc(normed), layer.gate(normed)) if gated else (layer.fc(normed),)
+        if lora is not None:
+            lora.add(index, Site.MLP_IN, normed, outputs)
+        inner = swiglu(*outputs) if gated else UNGATED_ACTIVATIONS[activation](outputs[0])
+        return linear_with_lora(layer.proj, inner, lora, index, Site.PROJ)
 
     def _cos_sin(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [num_tokens, 1, rotary_dim] in the compute dtype: broadcast over heads and cast once per step,
@@ -220,6 +240,14 @@ class LlamaModel:
         logits = self._logits(hidden).to(torch.float32)
         scale = self.options.output_multiplier_scale
         return logits if scale == 1.0 else logits.mul_(scale)  # Granite: 1 / logits_scaling
+
+
+def linear_with_lora(linear: Linear, x: torch.Tensor, lora: LoraBatch | None, index: int, site: Site) -> torch.Tensor:
+    """linear(x), plus the rows' LoRA updates of `site` in layer `index`."""
+    output = linear(x)
+    if lora is not None:
+        lora.add(index, site, x, (output,))
+    return output
 
 
 def _scaled(output: torch.Tensor, multiplier: float) -> torch.Tensor:

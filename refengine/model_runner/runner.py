@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from refengine.lora.batch import LoraBatch, LoraStacks
 from refengine.model_runner.attention import build_attention_metadata
 from refengine.model_runner.decoder import DecoderModel
 from refengine.model_runner.sampler import Sampler
 from refengine.model_runner.verifier import verify_drafts
-from refengine.step_messages import RunnerOutput, SchedulerOutput
+from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
+
+
+def by_adapter(items: tuple[ScheduledSequence, ...]) -> tuple[ScheduledSequence, ...]:
+    """The step's sequences, those of each LoRA adapter together (base model first, then by task id), so that each
+    adapter's rows are one block of the flat batch (lora/batch.py slices them instead of gathering). The runner's output
+    is keyed by sequence and every sequence samples from its own seed, so the order changes nothing else."""
+    if all(item.lora is None for item in items):
+        return items
+    return tuple(sorted(items, key=lambda item: -1 if item.lora is None else item.lora.task_id))
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -25,13 +35,14 @@ class ModelRunner:
         self.tokens_per_block = tokens_per_block
         self.kv_caches = model.kv_cache_layout.allocate(num_blocks, tokens_per_block)
         self.sampler = Sampler()
+        self.lora_stacks = LoraStacks()
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         self._copy_blocks(scheduler_output.block_copies)
-        items = scheduler_output.scheduled
-        if not items:
+        if not scheduler_output.scheduled:
             return RunnerOutput(step_id=scheduler_output.step_id)
+        items = by_adapter(scheduler_output.scheduled)
         metadata = build_attention_metadata(
             [item.num_new_tokens for item in items],
             [item.num_computed_tokens for item in items],
@@ -40,16 +51,17 @@ class ModelRunner:
             [item.num_prompt_tokens or item.num_total_tokens for item in items],
         )
         input_ids = torch.tensor([t for item in items for t in item.new_token_ids], dtype=torch.int64)
+        lora = LoraBatch.of([(item.lora, item.num_new_tokens) for item in items], self.lora_stacks)
         sampling = [index for index, item in enumerate(items) if item.num_samples > 0]
         wanting_context = [index for index, item in enumerate(items) if item.sampling_params.return_context_logits]
         if any(item.draft_token_ids for item in items):
-            return self._execute_with_drafts(scheduler_output, input_ids, metadata, sampling, wanting_context)
+            return self._execute_with_drafts(scheduler_output.step_id, items, input_ids, metadata, sampling, wanting_context, lora)
         if not wanting_context:
             # Hidden states of the sampled sequences' last tokens only (see DecoderModel.forward).
-            hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling)
+            hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling, lora=lora)
             context_logits = {}
         else:
-            hidden, context_logits = self._with_context_logits(input_ids, metadata, items, sampling, wanting_context)
+            hidden, context_logits = self._with_context_logits(input_ids, metadata, items, sampling, wanting_context, lora)
         if not sampling:
             return RunnerOutput(step_id=scheduler_output.step_id, context_logits=context_logits)
         logits = self.model.compute_logits(hidden)
@@ -58,11 +70,10 @@ class ModelRunner:
             step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items), context_logits=context_logits
         )
 
-    def _execute_with_drafts(self, scheduler_output, input_ids, metadata, sampling, wanting_context) -> RunnerOutput:
+    def _execute_with_drafts(self, step_id, items, input_ids, metadata, sampling, wanting_context, lora) -> RunnerOutput:
         """A step in which some sequences verify draft tokens: their last k + 1 rows are scored
         (verifier.py), the other sampled sequences' last row is sampled as usual."""
-        items = scheduler_output.scheduled
-        hidden, context_logits = self._with_context_logits(input_ids, metadata, items, None, wanting_context)
+        hidden, context_logits = self._with_context_logits(input_ids, metadata, items, None, wanting_context, lora)
         ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
         plain = [index for index in sampling if not items[index].draft_token_ids]
         sampled = {}
@@ -74,13 +85,13 @@ class ModelRunner:
             if item.draft_token_ids:
                 rows = hidden[ends[index] - len(item.draft_token_ids) - 1 : ends[index]]
                 sampled[item.seq_id] = verify_drafts(self.model.compute_logits(rows), item)
-        return RunnerOutput(step_id=scheduler_output.step_id, sampled=sampled, context_logits=context_logits)
+        return RunnerOutput(step_id=step_id, sampled=sampled, context_logits=context_logits)
 
-    def _with_context_logits(self, input_ids, metadata, items, sampling, wanting_context):
+    def _with_context_logits(self, input_ids, metadata, items, sampling, wanting_context, lora: LoraBatch | None):
         """Every row's hidden state, so that the logits of each token of the sequences in
         `wanting_context` can be returned: (sampled rows' hidden states, {seq_id: (first position, logits)});
         with `sampling` None, every row's hidden state."""
-        hidden = self.model.forward(input_ids, self.kv_caches, metadata)
+        hidden = self.model.forward(input_ids, self.kv_caches, metadata, lora=lora)
         ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
         starts = [end - item.num_new_tokens for end, item in zip(ends, items)]
         context_logits = {

@@ -25,4 +25,5 @@ def scheduled_sequence(sequence: Sequence, start: int, end: int, block_table: tu
         num_prompt_tokens=sequence.num_prompt_tokens,
         token_history=tuple(sequence.token_ids) if reaches_end and params.needs_token_history else (),
         allowed_tokens=grammar.allowed_next() if reaches_end and grammar is not None else None,
+        lora=sequence.lora,
     )

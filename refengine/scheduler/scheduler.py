@@ -38,6 +38,7 @@ from refengine.step_messages import RunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from refengine.guided.state import GrammarState
+    from refengine.lora.adapter import LoraAdapter
 
 
 class Scheduler(StaticScheduling):
@@ -132,9 +133,11 @@ class Scheduler(StaticScheduling):
         params: SamplingParams,
         sampling_seed: int,
         grammar: GrammarState | None = None,
+        lora: LoraAdapter | None = None,
     ) -> Sequence:
         """Queue a request. It must already be validated (see `request_validation`); `grammar` is its
-        guided-decoding state (the sequence owns it; forks of the sequence fork it)."""
+        guided-decoding state (the sequence owns it; forks of the sequence fork it); `lora` its adapter, whose
+        sequences reuse only prefix blocks computed under it."""
         if request_id in self._seq_ids_by_request:
             raise KeyError(f"request {request_id!r} is already scheduled")
         sequence = Sequence(
@@ -147,7 +150,8 @@ class Scheduler(StaticScheduling):
             arrival_order=next(self._arrivals),
             num_pending_samples=params.num_sequences,
             grammar=grammar,
-            prefix_salt=b"long-prompt" if self._is_long_prompt(len(prompt_token_ids)) else b"",
+            prefix_salt=(b"long-prompt" if self._is_long_prompt(len(prompt_token_ids)) else b"") + (lora.prefix_salt if lora else b""),
+            lora=lora,
         )
         if params.beam_width > 1:
             self._beams.add(sequence)

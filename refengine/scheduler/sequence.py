@@ -15,6 +15,7 @@ from refengine.step_messages import SampledToken
 
 if TYPE_CHECKING:
     from refengine.guided.state import GrammarState
+    from refengine.lora.adapter import LoraAdapter
 
 
 class SequenceStatus(enum.Enum):
@@ -48,8 +49,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     grammar: GrammarState | None = None  # guided decoding: this sequence's own grammar position
     # Mixed into its prefix-cache hashes: sequences whose K/V differ for the same tokens (a long-RoPE model's long
-    # prompts) never share cached blocks with the others.
+    # prompts, another LoRA adapter) never share cached blocks with the others.
     prefix_salt: bytes = b""
+    lora: LoraAdapter | None = None  # the request's LoRA adapter; None: the base model
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +112,7 @@ class Sequence:
             status=self.status,
             grammar=self.grammar.fork() if self.grammar is not None else None,
             prefix_salt=self.prefix_salt,
+            lora=self.lora,
         )
 
     def replace_output(self, output_token_ids: tuple[int, ...]) -> None:

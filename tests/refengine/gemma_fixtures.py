@@ -55,19 +55,23 @@ class GemmaModel:
     hf_model: Any  # transformers, float32 with the checkpoint's fp16 values, EOS disabled
 
 
-def build_gemma_models(root: Path) -> dict[str, GemmaModel]:
-    """Every GEMMA_SPECS model, plus `gemma2_windowed` (Gemma 2's checkpoint with its sliding_window)."""
+def build_gemma_model(name: str, root: Path) -> GemmaModel:
+    """The GEMMA_SPECS model `name` (seeded by its place there), exported into `root / name`."""
     from pipeline.backends.modelopt_export import export_trtllm_checkpoint
 
-    built = {}
-    for seed, (name, (model_type, overrides)) in enumerate(GEMMA_SPECS.items()):
-        hf_model = _hf_model(model_type, overrides, seed)
-        hf_dir = root / name / "hf"
-        hf_model.save_pretrained(hf_dir)
-        export_trtllm_checkpoint(hf_dir, root / name / "ckpt", dtype="float16", tp_size=1, pp_size=1)
-        hf_model.generation_config.eos_token_id = None
-        hf_model.generation_config.pad_token_id = 0
-        built[name] = GemmaModel(name, root / name / "ckpt", hf_model)
+    model_type, overrides = GEMMA_SPECS[name]
+    hf_model = _hf_model(model_type, overrides, list(GEMMA_SPECS).index(name))
+    hf_dir = root / name / "hf"
+    hf_model.save_pretrained(hf_dir)
+    export_trtllm_checkpoint(hf_dir, root / name / "ckpt", dtype="float16", tp_size=1, pp_size=1)
+    hf_model.generation_config.eos_token_id = None
+    hf_model.generation_config.pad_token_id = 0
+    return GemmaModel(name, root / name / "ckpt", hf_model)
+
+
+def build_gemma_models(root: Path) -> dict[str, GemmaModel]:
+    """Every GEMMA_SPECS model, plus `gemma2_windowed` (Gemma 2's checkpoint with its sliding_window)."""
+    built = {name: build_gemma_model(name, root) for name in GEMMA_SPECS}
     windowed = root / "gemma2_windowed"
     shutil.copytree(built["gemma2"].checkpoint_dir, windowed)
     config = json.loads((windowed / "config.json").read_text())

@@ -110,8 +110,9 @@ def _groups(num: int, batch_size: int | None) -> list[range]:
     return [range(i, min(i + batch_size, num)) for i in range(0, num, batch_size)]
 
 
-def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = False) -> SystemRun:
-    """All requests added at once, `step()` until done, in the engine's batching mode."""
+def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = False, lora: Sequence[Any] | None = None) -> SystemRun:
+    """All requests added at once, `step()` until done, in the engine's batching mode; `lora`: each request's
+    `LoraRequest` (or None)."""
     probe = KVProbe(engine) if probe_kv else None
     outputs: dict[int, tuple[int, ...]] = {}
     steps = 0
@@ -119,7 +120,7 @@ def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = Fal
     preemptions0, padding0 = scheduler.num_preemptions, scheduler.num_padding_tokens
     clock = _Clock()
     index_of = {
-        engine.add_request(workload.prompts[i], greedy(workload.output_lens[i])): i
+        engine.add_request(workload.prompts[i], greedy(workload.output_lens[i]), lora=lora[i] if lora else None): i
         for i in range(workload.num_requests)
     }
     while engine.has_unfinished():
