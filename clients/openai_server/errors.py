@@ -8,6 +8,8 @@ unreachable (503), Triton too slow (504), anything else (500).
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from pydantic import ValidationError
@@ -126,6 +128,8 @@ def from_client_error(error: ClientError | TypeError | ValueError) -> OpenAIErro
         return OpenAIError(504, f"The inference server did not answer in time: {error}", type=SERVER_ERROR, code="timeout")
     if isinstance(error, RequestError):
         message = _without_ensemble_prefix(error.message)
+        if _model_process_down(message):
+            return OpenAIError(503, f"The inference server cannot serve the model: {message}", type=UNAVAILABLE, code="triton_unavailable")
         if error.status in (None, "INVALID_ARGUMENT", "OUT_OF_RANGE"):
             return bad_request(message)
         if error.status in ("UNAVAILABLE", "NOT_FOUND"):
@@ -136,6 +140,16 @@ def from_client_error(error: ClientError | TypeError | ValueError) -> OpenAIErro
     if isinstance(error, ProtocolError):
         return OpenAIError(502, f"The inference server answered something unexpected: {error}", type=SERVER_ERROR)
     return OpenAIError(500, f"The request failed: {error}", type=SERVER_ERROR)
+
+
+# Triton's Python backend says this (TRITONSERVER_ERROR_INTERNAL) when a model's stub process has died (seen here:
+# "Stub process 'preprocessing_0_0' is not healthy."); a streamed error arrives without its status, so the text is
+# all there is to tell it from a bad request.
+_STUB_DOWN = re.compile(r"Stub process '[^']*' is not healthy")
+
+
+def _model_process_down(message: str) -> bool:
+    return _STUB_DOWN.search(message) is not None
 
 
 def _without_ensemble_prefix(message: str) -> str:

@@ -119,6 +119,8 @@ def test_chat_content_may_be_text_parts_only():
         (RequestError("INVALID_ARGUMENT", "bad input"), 400, None),
         (RequestError("NOT_FOUND", "Request for unknown model"), 503, "triton_unavailable"),
         (RequestError("INTERNAL", "boom"), 500, None),
+        # a dead Python-backend stub, as Triton 2.51 streams it (no status): the server's fault, not the client's
+        (RequestError(None, "in ensemble 'ensemble', Stub process 'preprocessing_0_0' is not healthy."), 503, "triton_unavailable"),
     ],
 )
 def test_triton_errors_map_to_statuses(error, status, code):
