@@ -41,11 +41,12 @@ def server_version(http_url: str) -> str | None:
 @contextlib.contextmanager
 def serving(
     repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
-    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str = "ensemble",
+    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str | None = None,
 ) -> Iterator[Endpoints]:
     """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when
-    `openai`; the endpoints while the block runs, everything stopped afterwards. With
-    `check_alive`, a server that died meanwhile is a StageError at the end of the block."""
+    `openai` (calling `openai_triton_model`, by default the front end's default route for this server's version);
+    the endpoints while the block runs, everything stopped afterwards. With `check_alive`, a server that died
+    meanwhile is a StageError at the end of the block."""
     from pipeline.serve import ServerOptions, TritonServer
 
     http_port, grpc_port, metrics_port = free_ports(3)
@@ -64,11 +65,13 @@ def serving(
             yield endpoints
         else:
             from clients.openai_server.runner import running_openai_server
+            from pipeline.serve.front_end_route import front_end_triton_model
 
+            triton_model = openai_triton_model or front_end_triton_model(endpoints.server_version, "ensemble")
             with running_openai_server(
-                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=openai_triton_model
+                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=triton_model
             ) as base_url:
-                say(f"OpenAI front end at {base_url}")
+                say(f"OpenAI front end at {base_url} (Triton model {triton_model!r})")
                 yield dataclasses.replace(endpoints, openai=base_url)
         if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's
             raise StageError(f"tritonserver exited during the benchmark; its errors: {server.error_lines()}")
