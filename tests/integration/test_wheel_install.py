@@ -7,8 +7,8 @@ environment). The environment is new (`python -m venv`, no system site-packages,
 environment's pip installs into it) and pip installs the wheel with its dependencies from the package index
 configured on this machine, under the project's constraints (torch 2.13.0, the CPU build, from the local wheel).
 `--no-compile` leaves the byte-compilation of the dependencies to their first import. The install is the test's
-slowest step: 60 s here on an idle machine, 130 s beside other work (2.7 GB unpacked, torch and triton most of it);
-the whole test 1.5 to 3 minutes. Each step's time is printed (`pytest -s`).
+slowest step (2.7 GB unpacked, torch and triton most of it): measured 35 s, and 130 s beside other work; the whole
+test 70 s to 3 minutes. Each step's time is printed (`pytest -s`).
 """
 
 from __future__ import annotations
