@@ -8,7 +8,7 @@ CONFIG ?= build_configs/tiny-cpu.yaml
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint docs bench venv schema clean compose-e2e
+.PHONY: demo test lint docs bench venv schema clean compose-e2e dist
 
 demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
@@ -49,6 +49,12 @@ compose-e2e: $(STAMP)
 	CLI=$(CURDIR)/$(CLI) bash scripts/compose_e2e.sh
 
 venv: $(STAMP)
+
+# The sdist and, built from it, the wheel (pipeline, refengine, clients, model_repo with its templates and model code).
+# tests/integration/test_wheel_install.py installs such a wheel into a fresh environment and runs it from elsewhere.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -7,8 +7,11 @@ serves the model is an error at start); else the server `serve CONFIG --detach` 
 builds what is missing and starts tritonserver itself the way `serve` does, and stops it on exit.
 CONFIG may also be a rendered model repository (e.g. /models in the compose deployment), which
 then needs `--triton-url` and is read for the facts (deployments mount the repository their
-Triton serves; the front end may start before that Triton is up, so it does not ask it). The model name clients pass is the spec's `name` (`--model-name`
-overrides it; for a repository it defaults to the Triton model's name, `--triton-model`).
+Triton serves; the front end may start before that Triton is up, so it does not ask it for them). The model name clients pass is the
+spec's `name` (`--model-name` overrides it; for a repository it defaults to the Triton model's name, `--triton-model`).
+The Triton model it calls, unless `--triton-model` names one (the deployments' commands do): the route
+pipeline.serve.front_end_route picks for the version that Triton reports (the BLS on the bundled 2.51, whose
+ensemble crashed under the soak; the ensemble on newer ones, and when no version is read).
 
 API keys (clients.api_keys, clients.openai_server.access) come from `--api-key-file` or the TRTLLM_PIPELINE_API_KEYS
 variable, never from the command line (where `ps` shows them); they are read first, so a bad key file stops the
@@ -44,7 +47,10 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     )
     parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices (n x prompts) per request (default {DEFAULT_MAX_N})")
     parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
-    parser.add_argument("--triton-model", help="the Triton model to call (default: the build config's serve.model_name; ensemble for a repository)")
+    parser.add_argument("--triton-model", help=(
+        "the Triton model to call (default: tensorrt_llm_bls on a Triton older than 2.57, such as the bundled 2.51; "
+        "else the ensemble: the build config's serve.model_name, `ensemble` for a repository)"
+    ))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a tritonserver started here (default 180)")
     keys = parser.add_argument_group("API keys (docs/api-keys.md)")
     keys.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
@@ -86,7 +92,7 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
         if args.config.is_dir():
             if not args.triton_url:
                 raise SpecError(f"{args.config} is a model repository: give the Triton it is served by with --triton-url HOST:PORT")
-            triton_model = args.triton_model or "ensemble"
+            triton_model = _triton_model(args, args.triton_url, "ensemble")
             model = ServedModel.from_repository(args.config, name=args.model_name or triton_model, triton_model=triton_model)
             return _serve(args.triton_url, model, options, say)
         return _serve_config(args, options, say, build_package, state_dir)
@@ -110,9 +116,9 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     loaded = load_config(args.config, args.overrides)
     spec = loaded.spec
     name = args.model_name or spec.name
-    triton_model = args.triton_model or spec.serve.model_name
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
     if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from that Triton, nothing is built
+        triton_model = _triton_model(args, args.triton_url, spec.serve.model_name)
         model = ServedModel.from_triton(args.triton_url, name=name, triton_model=triton_model)
         if not model.tokenizer_dir.is_dir():
             # The preprocessing's tokenizer_dir is a path on the Triton host (e.g. /models/... in a
@@ -122,6 +128,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     state = read_state(state_dir(store))
     if state is not None and state.is_running():
         say(f"using the tritonserver started with `serve --detach` (pid {state.pid}, gRPC {state.grpc_url})")
+        triton_model = _triton_model(args, state.grpc_url, spec.serve.model_name)
         model = ServedModel.from_repository(state.model_repository, name=name, triton_model=triton_model)
         return _serve(state.grpc_url, model, options, say)
     if not backend_for(spec.build.target).serves_here:
@@ -134,12 +141,20 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     with TritonServer(server_options) as triton:
         say(f"starting tritonserver on {server_options.grpc_url} ...")
         triton.wait_until_ready(args.timeout)
+        triton_model = _triton_model(args, server_options.grpc_url, spec.serve.model_name)
         model = ServedModel.from_repository(repository, name=name, triton_model=triton_model)
         code = _serve(server_options.grpc_url, model, options, say, keep_running=triton.is_running)
         if not triton.is_running():
             raise PipelineError(f"tritonserver exited on its own; see {triton.log_path}\n{triton.log_tail()}")
         say("stopping tritonserver ...")
         return code
+
+
+def _triton_model(args: argparse.Namespace, triton_url: str, ensemble: str) -> str:
+    """`--triton-model`, else the default route for the version the Triton at `triton_url` reports."""
+    from pipeline.serve.front_end_route import front_end_triton_model, triton_version
+
+    return args.triton_model or front_end_triton_model(triton_version(triton_url), ensemble)
 
 
 def _serve(triton_url: str, model, options: dict, say: Callable[[str], None], keep_running: Callable[[], bool] = lambda: True) -> int:

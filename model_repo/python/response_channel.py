@@ -180,15 +180,18 @@ class WorkerThreads:
         if reuse:
             self._jobs.put((job, args))
         else:
-            threading.Thread(target=self._work, args=((job, args),), name=self._name, daemon=True).start()
+            # The first job goes in a list the thread empties: Thread keeps its args while its target runs (forever here).
+            threading.Thread(target=self._work, args=([(job, args)],), name=self._name, daemon=True).start()
 
-    def _work(self, item: tuple[Callable[..., None], tuple]) -> None:
+    def _work(self, first: list[tuple[Callable[..., None], tuple]]) -> None:
+        item = first.pop()
         while True:
             job, args = item
             try:
                 job(*args)
             except Exception:  # a job reports its own errors; the thread must survive it
                 pass
+            job = args = item = None  # an idle thread must not keep its last request (and its response sender) alive
             with self._lock:
                 self._idle += 1
             item = self._jobs.get()

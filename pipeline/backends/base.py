@@ -117,6 +117,9 @@ class TargetBackend(Protocol):
     llm_model: TritonLlmModel | None  # the `tensorrt_llm` model behind the ensemble; None: no ensemble repository
     llm_api: LlmApiRepository | None  # NVIDIA's llmapi layout instead of the ensemble (None: not this target)
     compose: ComposeFacts | None  # None: no docker compose deployment in this version
+    # the tritonserver version `serve` and the deployments run where the project fixes it (cpu: the one bundled
+    # with nvidia-pytriton); None: the published image of the target's version (NGC 25.09 or newer)
+    triton_version: str | None
 
     def preflight(self, spec: Spec, model: ModelInfo) -> list[Issue]:
         """What refuses the build before any stage runs."""

@@ -111,6 +111,7 @@ class CpuBackend:
     target = Target.cpu
     traits = traits_of(Target.cpu)
     serves_here = True
+    triton_version = "2.51.0"  # bundled with nvidia-pytriton 0.7.0 (pyproject.toml): `serve` and the cpu image run it
     llm_api = None
     llm_model = TritonLlmModel(
         template="tensorrt_llm.cpu.pbtxt.j2",

@@ -147,6 +147,7 @@ class EngineBackend:
     target = Target.engine
     traits = traits_of(Target.engine)
     serves_here = False  # no TensorRT-LLM on this machine: its Triton runs on a GPU host or in the compose deployment
+    triton_version = None  # NGC's Triton image of the TensorRT-LLM version (trtllm_versions: 25.09 or newer)
     llm_api = None
     llm_model = TritonLlmModel(
         template="tensorrt_llm.engine.pbtxt.j2",

@@ -111,6 +111,7 @@ class LlmapiBackend:
     target = Target.llmapi
     traits = traits_of(Target.llmapi)
     serves_here = False  # TensorRT-LLM's PyTorch backend needs a GPU: it runs in the compose deployment or on a GPU host
+    triton_version = None  # NVIDIA's image of the TensorRT-LLM version
     llm_model = None
     llm_api = LlmApiRepository(
         model_name=LLM_MODEL,

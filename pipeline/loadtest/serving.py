@@ -44,13 +44,13 @@ def server_version(http_url: str) -> str | None:
 @contextlib.contextmanager
 def serving(
     repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
-    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str = "ensemble",
+    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str | None = None,
     api_keys: Sequence[ApiKey] | None = None,
 ) -> Iterator[Endpoints]:
-    """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when
-    `openai` (asking for `api_keys`, if given; the endpoints then carry the first); the endpoints while the block
-    runs, everything stopped afterwards. With `check_alive`, a server that died meanwhile is a StageError at the
-    end of the block."""
+    """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when `openai` (calling
+    `openai_triton_model`, by default the front end's default route for this server's version, and asking for
+    `api_keys`, if given; the endpoints then carry the first); the endpoints while the block runs, everything stopped
+    afterwards. With `check_alive`, a server that died meanwhile is a StageError at the end of the block."""
     from pipeline.serve import ServerOptions, TritonServer
 
     http_port, grpc_port, metrics_port = free_ports(3)
@@ -70,12 +70,14 @@ def serving(
         else:
             from clients.openai_server.access import AccessPolicy, KeyRing
             from clients.openai_server.runner import running_openai_server
+            from pipeline.serve.front_end_route import front_end_triton_model
 
+            triton_model = openai_triton_model or front_end_triton_model(endpoints.server_version, "ensemble")
             access = AccessPolicy(KeyRing(api_keys)) if api_keys else AccessPolicy()
             with running_openai_server(
-                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=openai_triton_model, access=access
+                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=triton_model, access=access
             ) as base_url:
-                say(f"OpenAI front end at {base_url} ({access.describe()})")
+                say(f"OpenAI front end at {base_url} (Triton model {triton_model!r}; {access.describe()})")
                 yield dataclasses.replace(endpoints, openai=base_url, api_key=api_keys[0].secret if api_keys else None)
         if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's
             raise StageError(f"tritonserver exited during the benchmark; its errors: {server.error_lines()}")

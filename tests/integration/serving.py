@@ -56,39 +56,55 @@ STUCK_ENSEMBLE = (
     "Triton 2.51 kept the ensemble loaded at stop (its request tracker never counted down; likely the ensemble "
     "race fixed upstream in core #483, issue #11); every other model unloaded and nothing crashed"
 )
+# Issue #32: with the OpenAI front end on its default route (the BLS) in front of the 2.51 server, the same signature
+# for tensorrt_llm_bls in about 2 of 3 runs of test_openai_server.py (none with the front end on the ensemble): no
+# request in flight, its stub never asked to finalize, so the core still holds a reference to the model.
+STUCK_BLS = (
+    "Triton 2.51 kept tensorrt_llm_bls loaded at stop (no request in flight; the core still referenced the model, as "
+    "with the stuck ensemble); every other model unloaded and nothing crashed"
+)
 
 
-def assert_stopped_cleanly(returncode: int, log: Path, *, allow_stuck_ensemble: bool = True) -> None:
+def assert_stopped_cleanly(returncode: int, log: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False) -> None:
     """Exit 0: no request left in flight and no client connection left open (tritonserver waits its
     exit timeout for either and then exits 1). `allow_stuck_ensemble` (the default): exit 1 because only the
     ensemble never unloaded is the known upstream bug (seen after chaos traffic and, once, after the clients
-    module), reported as a warning; a crash signal or any other model left loaded still fails."""
+    module), reported as a warning; `allow_stuck_bls`: the same for tensorrt_llm_bls (STUCK_BLS). A crash signal
+    or any other model left loaded still fails."""
     if returncode == 0:
         return
     text = log.read_text(errors="replace") if log.is_file() else ""
-    if allow_stuck_ensemble and returncode == 1 and _only_the_ensemble_stuck(text):
-        warnings.warn(STUCK_ENSEMBLE, stacklevel=2)
+    excused = {"ensemble"} if allow_stuck_ensemble else set()
+    if allow_stuck_bls:
+        excused.add("tensorrt_llm_bls")
+    stuck = {_unprefixed(name) for name in _stuck_models(text)}
+    if returncode == 1 and stuck and stuck <= excused:
+        warnings.warn(STUCK_BLS if "tensorrt_llm_bls" in stuck else STUCK_ENSEMBLE, stacklevel=2)
         return
     waits = [line for line in text.splitlines() if "Timeout " in line and "Found 0 " not in line][-3:]
     raise AssertionError(f"tritonserver exited with {returncode}; see {log}" + "".join(f"\n  {line}" for line in waits))
 
 
-def _only_the_ensemble_stuck(log_text: str) -> bool:
-    """Every model loaded unloaded but ensembles (`ensemble`, or `<prefix>-ensemble` in a combined repository)."""
+def _stuck_models(log_text: str) -> set[str]:
+    """The models loaded and never unloaded, when the server timed out on exactly those and nothing crashed; else none."""
     loaded = set(re.findall(r"successfully loaded '([^']+)'", log_text))
     stuck = loaded - set(re.findall(r"successfully unloaded '([^']+)'", log_text))
     live = re.findall(r"Found (\d+) live models", log_text)
-    return (
-        "Exit timeout expired" in log_text
-        and bool(stuck)
-        and all(name == "ensemble" or name.endswith("-ensemble") for name in stuck)
-        and bool(live) and int(live[-1]) == len(stuck)
-        and re.search(r"Signal \((?!15\)|2\))\d+\) received", log_text) is None
-    )
+    timed_out = "Exit timeout expired" in log_text and bool(live) and int(live[-1]) == len(stuck)
+    crashed = re.search(r"Signal \((?!15\)|2\))\d+\) received", log_text) is not None
+    return stuck if timed_out and not crashed else set()
+
+
+def _unprefixed(model: str) -> str:
+    """A model's name without the `<family>-` prefix of a combined repository (`ensemble`, `tensorrt_llm_bls`, ...)."""
+    for name in ("ensemble", "tensorrt_llm_bls"):
+        if model == name or model.endswith(f"-{name}"):
+            return name
+    return model
 
 
 @contextlib.contextmanager
-def serving_repository(repository: Path, workspace: Path, *, allow_stuck_ensemble: bool = True):
+def serving_repository(repository: Path, workspace: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False):
     """`running_server` for a packaged repository on free loopback ports, with the deploy defaults."""
     from pipeline.config.spec import DeploySpec
     from pipeline.serve import ServerOptions
@@ -96,12 +112,12 @@ def serving_repository(repository: Path, workspace: Path, *, allow_stuck_ensembl
     http_port, grpc_port, metrics_port = free_ports(3)
     deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     options = ServerOptions.from_deploy(deploy, repository, exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
-    with running_server(options, workspace, allow_stuck_ensemble=allow_stuck_ensemble) as server:
+    with running_server(options, workspace, allow_stuck_ensemble=allow_stuck_ensemble, allow_stuck_bls=allow_stuck_bls) as server:
         yield server
 
 
 @contextlib.contextmanager
-def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = True):
+def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False):
     """Start the real tritonserver, wait until every model is ready, yield it; then stop it and check that
     it exited cleanly and left no shared-memory regions or python_env directories behind."""
     from pipeline.serve import TritonServer, leaks
@@ -113,7 +129,7 @@ def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = Tru
     finally:
         returncode = triton.stop()
     # A clean exit means no request was left in flight (cancelled streams included).
-    assert_stopped_cleanly(returncode, workspace / "tritonserver.log", allow_stuck_ensemble=allow_stuck_ensemble)
+    assert_stopped_cleanly(returncode, workspace / "tritonserver.log", allow_stuck_ensemble=allow_stuck_ensemble, allow_stuck_bls=allow_stuck_bls)
     assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
     assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"
 

@@ -207,3 +207,21 @@ def test_stuck_ensembles_of_a_combined_repository_are_excused_and_nothing_else(t
     log.write_text(stuck_log(("a-preprocessing", "a-ensemble"), ("a-tensorrt_llm",)))
     with pytest.raises(AssertionError, match="exited with 1"):
         assert_stopped_cleanly(1, log)
+
+
+def test_a_stuck_bls_is_excused_only_where_the_caller_allows_it(tmp_path):
+    from tests.integration.serving import STUCK_BLS, assert_stopped_cleanly
+
+    log = tmp_path / "tritonserver.log"
+    log.write_text(stuck_log(("ensemble", "postprocessing", "preprocessing", "tensorrt_llm"), ("tensorrt_llm_bls",)))
+    with pytest.warns(UserWarning, match="kept tensorrt_llm_bls loaded"):
+        assert_stopped_cleanly(1, log, allow_stuck_bls=True)
+    with pytest.raises(AssertionError, match="exited with 1"):
+        assert_stopped_cleanly(1, log)  # the default excuses only the ensemble
+    log.write_text(stuck_log(("postprocessing", "preprocessing", "tensorrt_llm"), ("ensemble", "tensorrt_llm_bls")))
+    with pytest.warns(UserWarning, match="kept tensorrt_llm_bls loaded"):
+        assert_stopped_cleanly(1, log, allow_stuck_bls=True)
+    log.write_text(stuck_log(("ensemble", "postprocessing", "preprocessing"), ("tensorrt_llm_bls", "tensorrt_llm")))
+    with pytest.raises(AssertionError):
+        assert_stopped_cleanly(1, log, allow_stuck_bls=True)  # the LLM model left loaded is never excused
+    assert "tensorrt_llm_bls" in STUCK_BLS

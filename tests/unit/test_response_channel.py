@@ -219,3 +219,31 @@ def test_worker_threads_run_every_job_and_reuse_an_idle_thread(channel_module):
     workers.run(lambda: 1 / 0)  # a failing job does not end its thread
     workers.run(job, 3)
     assert done.acquire(timeout=5) and [number for number, _ in ran] == [0, 1, 2, 3]
+
+
+def test_an_idle_worker_thread_keeps_nothing_of_its_jobs(channel_module):
+    """The BLS hands each request (and its response sender) to a worker: once served, no thread may keep it alive,
+    neither the new thread's own arguments (Thread holds them while its target runs, i.e. forever) nor an idle loop."""
+    import gc
+    import weakref
+
+    class Request:
+        pass
+
+    workers = channel_module.WorkerThreads("test-worker")
+    done = threading.Semaphore(0)
+    first, second = Request(), Request()
+    refs = [weakref.ref(first), weakref.ref(second)]
+    workers.run(lambda request: done.release(), first)
+    assert done.acquire(timeout=5)
+    deadline = time.monotonic() + 5
+    while workers._idle == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    workers.run(lambda request: done.release(), second)  # the idle thread's second job
+    assert done.acquire(timeout=5)
+    del first, second
+    deadline = time.monotonic() + 5
+    while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert [ref() for ref in refs] == [None, None]
