@@ -36,6 +36,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 from engine_metrics import EngineMetrics
 from llm_request import ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
+from lora_parameters import lora_settings, prefetch_adapters
 from llm_response import beam_arrays, final_arrays, streamed_arrays
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
@@ -87,8 +88,10 @@ class TritonPythonModel:
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self._input_names = frozenset(load_model_contract(args["model_repository"], args["model_version"]).input_names)
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", False)
+        engine_dir = parameters.path("engine_dir")
         engine = LLMEngine.from_engine_dir(
-            parameters.path("engine_dir"),
+            engine_dir,
+            lora=lora_settings(parameters, engine_dir),
             scheduler_policy=parameters.string("batch_scheduler_policy", "guaranteed_no_evict"),
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
@@ -100,6 +103,8 @@ class TritonPythonModel:
         if not 1 <= max_beam_width <= engine.config.max_beam_width:  # TensorRT-LLM: at most the engine's
             raise ValueError(f"max_beam_width {max_beam_width}: must be 1 to the engine's build_config.max_beam_width {engine.config.max_beam_width}")
         engine.limit_beam_width(max_beam_width)
+        if parameters.string("lora_prefetch_dir", "") != "":
+            prefetch_adapters(engine, parameters.path("lora_prefetch_dir"), lambda message: log_error(f"tensorrt_llm: {message}"))
         self._loop = EngineLoop(engine).start()
         self._in_flight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()
@@ -159,7 +164,7 @@ class TritonPythonModel:
         streams = []
         try:
             for row, entry in zip(parsed, entries):
-                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver))
+                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver, lora=row.lora))
         except InvalidRequestError as error:
             for entry in entries:
                 entry.done = True  # the aborted rows' outputs are dropped
