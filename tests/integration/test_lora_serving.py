@@ -95,6 +95,35 @@ def reference(lora_build, tiny_cpu, adapters):
     return texts
 
 
+@pytest.fixture(scope="module")
+def peft_merged(tiny_cpu):
+    """transformers + peft's greedy text per prompt with the turtle adapter merged (float32), decoded as postprocessing does."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(MODEL_CODE))
+    try:
+        from hf_tokenizer import HFTokenizer
+        from incremental_detokenizer import CONTEXT_TOKENS, text_delta
+    finally:
+        sys.path.remove(str(MODEL_CODE))
+    tokenizer = HFTokenizer(tiny_cpu["tokenizer"])
+    base = AutoModelForCausalLM.from_pretrained(str(REPO / "models" / "tiny-stdlib-llama"), torch_dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(ADAPTER)).merge_and_unload().eval()
+    texts = {}
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt)
+        with torch.no_grad():
+            generated = merged.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
+                                        max_new_tokens=MAX_TOKENS, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id)
+        new = generated[0, len(ids):].tolist()
+        if tokenizer.eos_id in new:  # the ensemble's text stops before the end token
+            new = new[: new.index(tokenizer.eos_id)]
+        texts[prompt] = text_delta(tokenizer.decode, ids[-CONTEXT_TOKENS:], new)
+    return texts
+
+
 def _inputs(prompt: str, task_id: int | None = None, tensors=None, **extra) -> list:
     arrays = {"text_input": np.array([[prompt.encode()]], dtype=np.object_), "max_tokens": np.array([[MAX_TOKENS]], dtype=np.int32)}
     if task_id is not None:
@@ -142,6 +171,11 @@ def test_an_adapter_sent_with_its_first_request_then_by_id_alone_answers_as_refe
         tensors = adapters["turtle"] if index == 0 else None  # weights with the first request, the id afterwards
         assert _one(server, model, _inputs(prompt, task_id, tensors)) == reference["turtle", prompt], prompt
     assert any(reference["turtle", p] != reference[None, p] for p in PROMPTS)  # the adapter changes the answers
+
+
+def test_the_served_adapter_answers_as_transformers_peft_with_it_merged(server, peft_merged, adapters):
+    for index, prompt in enumerate(PROMPTS):
+        assert _one(server, "ensemble", _inputs(prompt, 41, adapters["turtle"] if index == 0 else None)) == peft_merged[prompt], prompt
 
 
 def test_a_prefetched_adapter_answers_by_id_alone(server, reference):
