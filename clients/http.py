@@ -53,7 +53,7 @@ class HttpCall:
         try:
             self._response = session.post(
                 url,
-                data=json.dumps(dict(values)).encode("utf-8"),
+                data=json_body(values),
                 headers={"Content-Type": "application/json", "Accept": "text/event-stream" if self._stream else "application/json"},
                 stream=True,
                 timeout=(min(CONNECT_TIMEOUT_S, timeout or CONNECT_TIMEOUT_S), timeout),
@@ -128,6 +128,16 @@ class HttpCall:
     def _check_deadline(self) -> None:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise ClientTimeoutError(self._timeout or 0.0)
+
+
+def json_body(values: Mapping[str, Any]) -> bytes:
+    """The generate request's JSON body: arrays (lora_weights / lora_config) as nested lists."""
+    return json.dumps({name: _json_value(value) for name, value in values.items()}).encode("utf-8")
+
+
+def _json_value(value: Any) -> Any:
+    """A value as JSON takes it: arrays (lora_weights / lora_config) as nested lists."""
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def _socket_of(response: requests.Response) -> socket.socket | None:
