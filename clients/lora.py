@@ -45,7 +45,7 @@ class LoraAdapter:
         elif (directory / ADAPTER_CONFIG).is_file():
             tensors = convert_peft_adapter(directory, dtype)
         else:
-            raise InvalidRequestError("lora_dir", f"{directory} holds neither a PEFT adapter ({ADAPTER_CONFIG}) nor a converted one ({WEIGHTS_FILE})")
+            raise InvalidRequestError("lora_dir", f"lora_dir {directory} holds neither a PEFT adapter ({ADAPTER_CONFIG}) nor a converted one ({WEIGHTS_FILE})")
         return cls(digest_task_id(tensors.weights, tensors.config) if task_id is None else task_id, tensors.weights, tensors.config)
 
     def inputs(self, *, with_weights: bool) -> dict[str, Any]:

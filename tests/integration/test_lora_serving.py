@@ -220,3 +220,74 @@ def test_bad_lora_inputs_are_refused_by_name_and_other_requests_are_unaffected(s
     texts, errors = _stream(server, "ensemble", [*bad.values(), *good])  # the same refusals beside two good requests
     assert len(errors) == len(bad)
     assert texts[len(bad):] == [reference[None, PROMPTS[2]], reference["turtle", PROMPTS[2]]]
+
+
+# -- clients: the library, infer, the OpenAI front end ----------------------------------------------------------------
+def _url(server, protocol: str) -> str:
+    return server.options.grpc_url if protocol == "grpc" else server.options.http_url
+
+
+def test_the_client_library_sends_the_weights_first_then_the_id_and_again_when_the_server_lost_it(server, reference, tmp_path):
+    from clients import LoraAdapter, TritonLLMClient
+
+    converted = tmp_path / "converted"
+    write_lora_tensors(convert_peft_adapter(ADAPTER), converted)
+    with TritonLLMClient(server.options.grpc_url, "grpc", timeout=120) as client:
+        adapter = LoraAdapter.from_dir(converted, 61)
+        for prompt in PROMPTS[:2]:
+            assert client.generate(prompt, max_tokens=MAX_TOKENS, lora=adapter).text == reference["turtle", prompt]
+        assert not client.sent_adapters.needs_weights(adapter)  # sent once, the id alone afterwards
+    with TritonLLMClient(server.options.grpc_url, "grpc", timeout=120) as fresh:  # knows nothing: the server's cache does
+        assert fresh.generate(PROMPTS[2], max_tokens=MAX_TOKENS, lora=LoraAdapter(61)).text == reference["turtle", PROMPTS[2]]
+        lost = LoraAdapter.from_dir(ADAPTER, 62)  # the PEFT dir; this client believes it sent it already
+        fresh.sent_adapters.needs_weights(lost)
+        assert fresh.generate(PROMPTS[0], max_tokens=MAX_TOKENS, lora=lost).text == reference["turtle", PROMPTS[0]]
+
+
+def test_over_http_the_id_alone_is_sent_and_fp16_weights_are_refused_by_name(server, reference):
+    from clients import InvalidRequestError, LoraAdapter, TritonLLMClient
+
+    with TritonLLMClient(server.options.http_url, "http", timeout=120) as client:
+        assert client.generate(PROMPTS[1], max_tokens=MAX_TOKENS, lora=LoraAdapter(61)).text == reference["turtle", PROMPTS[1]]
+        with pytest.raises(InvalidRequestError, match="lora_weights: Triton's HTTP generate endpoint takes no float16 values"):
+            client.generate(PROMPTS[1], max_tokens=MAX_TOKENS, lora=LoraAdapter.from_dir(ADAPTER, 63))
+
+
+def test_infer_sends_an_adapter_dir_and_names_an_uncached_id(server, reference):
+    import argparse
+    import io
+
+    from clients.cli import add_infer_arguments, run_infer
+
+    parser = add_infer_arguments(argparse.ArgumentParser())
+    base = [PROMPTS[1], "--url", server.options.grpc_url, "--max-tokens", str(MAX_TOKENS)]
+    out = io.StringIO()
+    assert run_infer(parser.parse_args(base + ["--lora-dir", str(ADAPTER), "--lora-task-id", "71"]), out=out) == 0
+    assert out.getvalue() == reference["turtle", PROMPTS[1]] + "\n"
+    out = io.StringIO()
+    assert run_infer(parser.parse_args(base + ["--lora-task-id", "71"]), out=out) == 0  # the id alone: cached now
+    assert out.getvalue() == reference["turtle", PROMPTS[1]] + "\n"
+    err = io.StringIO()
+    assert run_infer(parser.parse_args(base + ["--lora-task-id", "72"]), out=io.StringIO(), err=err) == 1
+    assert "lora_task_id: LoRA task 72 not found in cache. Please send LoRA weights with request" in err.getvalue()
+
+
+def test_the_openai_front_end_serves_each_adapter_as_a_model(server, lora_build, reference):
+    import httpx
+
+    from clients import LoraAdapter
+    from clients.openai_server import running_openai_server
+
+    adapters = {"turtle": LoraAdapter.from_dir(ADAPTER, 81)}
+    with running_openai_server(server.options.grpc_url, model_name="tiny-cpu", model_repository=lora_build["repository"],
+                               adapters=adapters) as base_url, httpx.Client(base_url=base_url, timeout=120) as http:
+        listed = http.get("/models").json()["data"]
+        assert [(card["id"], card["parent"]) for card in listed] == [("tiny-cpu", None), ("turtle", "tiny-cpu")]
+        for model, name in (("turtle", "turtle"), ("tiny-cpu", None)):
+            for prompt in PROMPTS[:2]:  # the adapter's weights go with its first request only
+                body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+                answer = http.post("/completions", json=body).json()
+                assert (answer["model"], answer["choices"][0]["text"]) == (model, reference[name, prompt])
+        unknown = http.post("/completions", json={"model": "nope", "prompt": "x", "max_tokens": 2})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["message"] == "The model `nope` does not exist. Served models: tiny-cpu, turtle."
