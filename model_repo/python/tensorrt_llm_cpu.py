@@ -36,8 +36,8 @@ import threading
 import triton_python_backend_utils as pb_utils
 from engine_metrics import EngineMetrics
 from llm_request import ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
-from lora_parameters import lora_settings, prefetch_adapters
 from llm_response import beam_arrays, final_arrays, streamed_arrays
+from lora_parameters import lora_settings, prefetch_adapters
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel

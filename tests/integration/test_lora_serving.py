@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import sys
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
