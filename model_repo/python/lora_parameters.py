@@ -22,10 +22,13 @@ from refengine import InvalidRequestError, LLMEngine, LoraSettings
 WEIGHTS_FILE, CONFIG_FILE = "model.lora_weights.npy", "model.lora_config.npy"
 
 
-def lora_settings(parameters: ModelParameters, engine_dir: Path) -> LoraSettings:
-    """The engine's LoRA settings (its build_config's modules and max_lora_rank) with the model parameters' cache sizes."""
+def lora_settings(parameters: ModelParameters, engine_dir: Path) -> LoraSettings | None:
+    """The engine's LoRA settings (its build_config's modules and max_lora_rank) with the model parameters' cache sizes;
+    None for an engine built without LoRA, which takes no adapter (as a TensorRT-LLM engine without the LoRA plugin)."""
     build_config = json.loads((engine_dir / "config.json").read_text(encoding="utf-8")).get("build_config") or {}
-    built = LoraSettings.from_build_config(build_config) or LoraSettings()
+    built = LoraSettings.from_build_config(build_config)
+    if built is None:
+        return None
     return dataclasses.replace(
         built,
         max_adapter_size=parameters.integer("lora_cache_max_adapter_size", built.max_adapter_size),

@@ -89,9 +89,11 @@ class TritonPythonModel:
         self._input_names = frozenset(load_model_contract(args["model_repository"], args["model_version"]).input_names)
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", False)
         engine_dir = parameters.path("engine_dir")
+        lora = lora_settings(parameters, engine_dir)
+        self._serves_lora = lora is not None
         engine = LLMEngine.from_engine_dir(
             engine_dir,
-            lora=lora_settings(parameters, engine_dir),
+            **({"lora": lora} if lora is not None else {}),
             scheduler_policy=parameters.string("batch_scheduler_policy", "guaranteed_no_evict"),
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
@@ -155,6 +157,9 @@ class TritonPythonModel:
             self._stop(request.request_id())
             channel.send(None if self._decoupled else pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return
+        if not self._serves_lora and any(row.lora is not None for row in parsed):
+            raise ContractError("lora_task_id: this engine was built without LoRA (plugin_config.lora_plugin is not set): "
+                                "build it with build.lora to serve adapters")
         if len(parsed) > 1 and not self._decoupled:
             raise ContractError(f"input_ids: a batch of {len(parsed)} prompts needs the model in decoupled mode (one response per prompt)")
         batch = BatchChannel(channel, len(parsed))
