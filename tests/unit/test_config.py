@@ -334,22 +334,6 @@ def test_nemo_adapters_are_refused(tmp_path: Path) -> None:
     assert f"{path}:12: build.lora.adapter_source nemo is refused: a .nemo LoRA archive holds pickled" in spec_error(path)
 
 
-@pytest.mark.parametrize("algo", ["int8_sq", "int4_awq", "w4a8_awq", "fp8"])
-def test_lora_on_the_cpu_target_is_refused_with_formats_that_fold_an_activation_scale_into_the_norm(algo: str) -> None:
-    from pipeline.preflight import target_issues
-
-    adapter = BUILD_CONFIGS.parent / "models" / "tiny-stdlib-llama-turtle-lora"
-    spec = load_config(BUILD_CONFIGS / "tiny-cpu-fp8.yaml", (f"quantize.algo={algo}", "quantize.kv_cache=none", f"build.lora.adapter_dirs=[{adapter}]")).spec
-    issues = target_issues(spec, None)  # the cpu target's rules read the spec only
-    if algo == "fp8":
-        assert issues == []
-        return
-    [(where, message)] = issues
-    assert where == ("build", "lora")
-    assert f"build.lora cannot be combined with quantize.algo {algo} on build.target cpu" in message
-    assert message.endswith("use quantize.algo none, fp8, int8_wo")
-
-
 def test_lora_needs_modules_or_an_adapter(tmp_path: Path) -> None:
     path = write_config(tmp_path, ENGINE + "  lora:\n    max_rank: 8\n")
     message = spec_error(path)
