@@ -141,7 +141,8 @@ def test_lora_on_the_cpu_target_is_refused_with_formats_that_fold_an_activation_
     from pipeline.preflight import target_issues
 
     adapter = REPO / "models" / "tiny-stdlib-llama-turtle-lora"
-    spec = load_config(REPO / "build_configs" / "tiny-cpu-fp8.yaml", (f"quantize.algo={algo}", "quantize.kv_cache=none", f"build.lora.adapter_dirs=[{adapter}]")).spec
+    overrides = (f"quantize.algo={algo}", "quantize.kv_cache=none", f"build.lora.adapter_dirs=[{adapter}]")
+    spec = load_config(REPO / "build_configs" / "tiny-cpu-fp8.yaml", overrides).spec
     issues = target_issues(spec, None)  # the cpu target's rules read the spec only
     if algo == "fp8":
         assert issues == []
