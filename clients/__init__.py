@@ -29,6 +29,7 @@ _EXPORTS = {
     "ProtocolError": "clients.errors",
     "RequestError": "clients.errors",
     "ServerUnavailableError": "clients.errors",
+    "LoraAdapter": "clients.lora",
     "RetryPolicy": "clients.retry",
     "AsyncBeamStream": "clients.stream",
     "AsyncTextStream": "clients.stream",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from clients.aio import AsyncTritonLLMClient
     from clients.client import DEFAULT_URLS, TritonLLMClient
     from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
+    from clients.lora import LoraAdapter
     from clients.retry import RetryPolicy
     from clients.stream import AsyncBeamStream, AsyncTextStream, BeamStream, TextStream
     from clients.types import Completion, GenerationRequest
@@ -66,6 +68,7 @@ __all__ = [
     "Completion",
     "GenerationRequest",
     "InvalidRequestError",
+    "LoraAdapter",
     "ProtocolError",
     "RequestError",
     "RetryPolicy",

@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 from clients.aio_transport import AioGrpcCall, AioHttpCall
 from clients.client import DEFAULT_TIMEOUT_S, ProtocolName, configure
 from clients.errors import ClientError
+from clients.lora import SentAdapters
 from clients.stream import AsyncBeamStream, AsyncTextStream
 from clients.types import Completion, GenerationRequest
 
@@ -39,6 +40,7 @@ class AsyncTritonLLMClient:
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
+        self.sent_adapters = SentAdapters()  # the weights go with an adapter's first request (client.py)
         self._streams: weakref.WeakSet[AsyncTextStream] = weakref.WeakSet()  # close() cancels those still open
 
     async def generate(
@@ -144,7 +146,8 @@ class AsyncTritonLLMClient:
         return self._http
 
     def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: bool = False) -> AsyncTextStream:
-        values = request.inputs(stream=stream, whole_beams=whole_beams)
+        with_weights = request.lora is not None and self.sent_adapters.needs_weights(request.lora)
+        values = request.inputs(stream=stream, whole_beams=whole_beams, lora_weights=with_weights)
 
         async def open_call() -> AioGrpcCall | AioHttpCall:
             if self.protocol == "grpc":

@@ -11,7 +11,6 @@ side only (Triton 2.51 has no HTTP cancellation).
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -22,7 +21,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from clients.errors import ClientError, ClientTimeoutError, RequestError, ServerUnavailableError
 from clients.grpc import chunk_from_result, grpc_error, infer_inputs
-from clients.http import CONNECT_TIMEOUT_S, generate_url
+from clients.http import CONNECT_TIMEOUT_S, generate_url, json_body
 from clients.sse import SSEParser, chunk_from_event, error_message
 from clients.types import Chunk, check_inputs, chunk_from_json, json_object
 
@@ -122,7 +121,7 @@ class AioHttpCall:
         try:
             response = await session.post(
                 generate_url(base_url, model, stream=stream),
-                data=json.dumps(dict(values)).encode("utf-8"),
+                data=json_body(values),
                 headers={"Content-Type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=timeout, connect=min(CONNECT_TIMEOUT_S, timeout or CONNECT_TIMEOUT_S)),
             )

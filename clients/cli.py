@@ -41,6 +41,12 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--stop", action="append", default=None, metavar="WORD", help="stop at this word or phrase (repeatable)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds for the whole request (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--retries", type=int, default=2, help="retries while the server cannot be reached (default 2)")
+    parser.add_argument("--lora-dir", type=Path, metavar="DIR", default=None, help=(
+        "send this LoRA adapter with the request (a PEFT adapter directory, or model.lora_weights.npy + model.lora_config.npy "
+        "as `trtllm-pipeline lora convert` writes them): its weights and config with --lora-task-id, as NVIDIA's client does"))
+    parser.add_argument("--lora-task-id", type=int, metavar="N", default=None, help=(
+        "the adapter's task id; alone (without --lora-dir), the server's cached adapter N (sent before, or prefetched). "
+        "Default with --lora-dir: one derived from the adapter's tensors"))
     parser.add_argument("--json", action="store_true", help='print {"prompt", "text", "latency_s", "protocol"} as JSON')
     guide = parser.add_mutually_exclusive_group()
     guide.add_argument("--json-schema", metavar="FILE", default=None, help="guided decoding: the answer is JSON valid against this JSON schema file")
@@ -76,8 +82,15 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         err.write(f"error: cannot read the guide: {error}\n")
         return 1
     if args.protocol == "openai":
+        if args.lora_dir is not None or args.lora_task_id is not None:
+            err.write("error: --lora-dir / --lora-task-id are Triton inputs; over --protocol openai an adapter is chosen by "
+                      "--model NAME (the front end's --lora NAME=DIR)\n")
+            return 1
         return _infer_openai(args, sampling, out, err)
     try:
+        lora = _lora_adapter(args)
+        if lora is not None:
+            sampling["lora"] = lora
         with TritonLLMClient(args.url, args.protocol, args.model or "ensemble", timeout=args.timeout, retries=args.retries) as client:
             if args.stream:
                 with client.stream(args.prompt, max_tokens=args.max_tokens, **sampling) as stream:
@@ -104,6 +117,15 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         err.write(f"error: {error}\n")
         return 1
     return 0
+
+
+def _lora_adapter(args: argparse.Namespace):
+    """--lora-dir / --lora-task-id as a LoraAdapter (None without either)."""
+    from clients.lora import LoraAdapter
+
+    if args.lora_dir is not None:
+        return LoraAdapter.from_dir(args.lora_dir, args.lora_task_id)
+    return None if args.lora_task_id is None else LoraAdapter(args.lora_task_id)
 
 
 def _write_record(args: argparse.Namespace, out: TextIO, text: str, latency_s: float, *, beams: tuple[str, ...] = ()) -> None:

@@ -12,9 +12,10 @@ import requests.adapters
 from tritonclient.utils import InferenceServerException
 
 from clients.defaults import DEFAULT_TIMEOUT_S, DEFAULT_URLS
-from clients.errors import ClientError
+from clients.errors import ClientError, RequestError
 from clients.grpc import ClientPool, GrpcCall, grpc_target
 from clients.http import HttpCall, http_base_url
+from clients.lora import NOT_CACHED, SentAdapters
 from clients.retry import RetryPolicy
 from clients.stream import BeamStream, TextStream
 from clients.types import Completion, GenerationRequest
@@ -74,6 +75,9 @@ class TritonLLMClient:
     (over gRPC the deadline also cancels a streamed request on the server). `retries` more attempts,
     `retry_backoff_s` apart (doubling), are made only while the server cannot be reached. The
     client is thread-safe: concurrent requests each get their own stream / connection.
+    A request's LoRA adapter (`lora=LoraAdapter.from_dir(...)`) is sent as NVIDIA's client sends it: its weights with
+    the first request of its task id, the id alone afterwards; `generate` sends the weights again, once, when the
+    server answers that it has not cached the id (evicted, or restarted).
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class TritonLLMClient:
         self._streams: weakref.WeakSet[TextStream] = weakref.WeakSet()
         self._streams_lock = threading.Lock()
         self._closed = False
+        self.sent_adapters = SentAdapters()
 
     # -- requests ---------------------------------------------------------------------------
     def generate(
@@ -139,6 +144,15 @@ class TritonLLMClient:
         return self.stream_request(request)
 
     def generate_request(self, request: GenerationRequest) -> Completion:
+        try:
+            return self._generate(request)
+        except RequestError as error:
+            if request.lora is None or NOT_CACHED not in error.message:
+                raise
+            self.sent_adapters.forget(request.lora)
+            return self._generate(request)
+
+    def _generate(self, request: GenerationRequest) -> Completion:
         stream = self._text_stream(request, stream=False)
         with stream:
             for _ in stream:
@@ -201,7 +215,8 @@ class TritonLLMClient:
 
     # -- internals --------------------------------------------------------------------------
     def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: bool = False) -> TextStream:
-        values = request.inputs(stream=stream, whole_beams=whole_beams)
+        with_weights = request.lora is not None and self.sent_adapters.needs_weights(request.lora)
+        values = request.inputs(stream=stream, whole_beams=whole_beams, lora_weights=with_weights)
         pool, session = self._pool, self._session
 
         def open_call() -> GrpcCall | HttpCall:

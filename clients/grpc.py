@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from clients.errors import ClientError, ClientTimeoutError, RequestError, ServerUnavailableError
-from clients.types import INPUT_DATATYPES, TEXT_OUTPUT, Chunk, check_inputs
+from clients.types import ARRAY_INPUTS, INPUT_DATATYPES, TEXT_OUTPUT, Chunk, check_inputs
 
 _NUMPY_TYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
 _GRACE_S = 5.0  # wait this long past the deadline for gRPC's own DEADLINE_EXCEEDED
@@ -57,6 +57,11 @@ def infer_inputs(values: Mapping[str, Any], input_class: Any = grpcclient.InferI
     """The ensemble's inputs as [1, 1] (scalars) or [1, n] (word lists) tensors (values checked first)."""
     tensors = []
     for name, value in check_inputs(values).items():
+        if name in ARRAY_INPUTS:  # lora_weights / lora_config: as NVIDIA's client sends them, typed by their numpy dtype
+            tensor = input_class(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+            continue
         datatype = INPUT_DATATYPES[name]
         row = [item.encode("utf-8") for item in value] if isinstance(value, list) else [value.encode("utf-8") if isinstance(value, str) else value]
         array = np.array([row], dtype=_NUMPY_TYPES[datatype])

@@ -21,7 +21,7 @@ from typing import Any
 import requests
 import urllib3
 
-from clients.errors import ClientError, ClientTimeoutError, RequestError, ServerUnavailableError
+from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, RequestError, ServerUnavailableError
 from clients.sse import SSEParser, chunk_from_event, error_message
 from clients.types import Chunk, check_inputs, chunk_from_json, json_object
 
@@ -53,7 +53,7 @@ class HttpCall:
         try:
             self._response = session.post(
                 url,
-                data=json.dumps(dict(values)).encode("utf-8"),
+                data=json_body(values),
                 headers={"Content-Type": "application/json", "Accept": "text/event-stream" if self._stream else "application/json"},
                 stream=True,
                 timeout=(min(CONNECT_TIMEOUT_S, timeout or CONNECT_TIMEOUT_S), timeout),
@@ -128,6 +128,21 @@ class HttpCall:
     def _check_deadline(self) -> None:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise ClientTimeoutError(self._timeout or 0.0)
+
+
+def json_body(values: Mapping[str, Any]) -> bytes:
+    """The generate request's JSON body: arrays (lora_weights / lora_config) as nested lists. Triton's generate endpoint
+    takes no 16-bit floats in JSON ("receiving FP16 data via JSON is not supported"): such weights are refused here."""
+    weights = values.get("lora_weights")
+    if weights is not None and weights.dtype.itemsize == 2:
+        raise InvalidRequestError("lora_weights", f"lora_weights: Triton's HTTP generate endpoint takes no {weights.dtype} values in JSON: send the "
+                                  "adapter's first request over gRPC (protocol grpc); later requests may use HTTP with its task id alone")
+    return json.dumps({name: _json_value(value) for name, value in values.items()}).encode("utf-8")
+
+
+def _json_value(value: Any) -> Any:
+    """A value as JSON takes it: arrays (lora_weights / lora_config) as nested lists."""
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def _socket_of(response: requests.Response) -> socket.socket | None:

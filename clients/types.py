@@ -39,7 +39,10 @@ INPUT_DATATYPES: dict[str, str] = {
     "stream": "BOOL",
     "guided_decoding_guide_type": "BYTES",
     "guided_decoding_guide": "BYTES",
+    "lora_task_id": "UINT64",
 }
+# Array inputs, sent as the numpy arrays they are (their datatype is the array's: lora_weights the engine's LoRA dtype).
+ARRAY_INPUTS = ("lora_weights", "lora_config")
 # The ensemble passes its sampling inputs straight to `tensorrt_llm`, under the same names but these
 # (for callers of that model itself: the OpenAI front end's token-level path; see llm_input_name).
 LLM_INPUT_RENAMES: dict[str, str] = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "stream": "streaming", "length_penalty": "len_penalty"}
@@ -52,6 +55,10 @@ def check_input(name: str, value: Any) -> Any:
     """`value` as the JSON value of the ensemble input `name` (a Python int, float, bool, str or list
     of str), or InvalidRequestError naming the input. Ranges are the datatype's, nothing more: the
     server checks the rest (e.g. max_tokens >= 1) and names the problem itself."""
+    if name in ARRAY_INPUTS:
+        if getattr(value, "ndim", None) == 3 and value.shape[0] == 1:
+            return value
+        raise InvalidRequestError(name, f"{name} must be a numpy array of shape [1, rows, n], got {_shown(value)}")
     datatype = INPUT_DATATYPES.get(name)
     if datatype is None:
         raise InvalidRequestError(name, f"unknown input {name!r}; the ensemble's inputs are {', '.join(INPUT_DATATYPES)}")
@@ -139,6 +146,7 @@ class GenerationRequest:
     guided_decoding_guide: str | None = None
     beam_width: int | None = None
     length_penalty: float | None = None
+    lora: Any = None  # a clients.lora.LoraAdapter: its task id, with its weights unless `inputs(lora_weights=False)`
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -149,9 +157,10 @@ class GenerationRequest:
             raise InvalidRequestError("return_log_probs", f"return_log_probs must be true or false, got {_shown(self.return_log_probs)}")
         self.inputs(stream=False)  # every other field
 
-    def inputs(self, *, stream: bool, whole_beams: bool = False) -> dict[str, Any]:
-        """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate.
-        `whole_beams`: a beam stream (`stream_beams`), whose every response holds the beams whole."""
+    def inputs(self, *, stream: bool, whole_beams: bool = False, lora_weights: bool = True) -> dict[str, Any]:
+        """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate (but lora_weights /
+        lora_config, numpy arrays). `whole_beams`: a beam stream (`stream_beams`), whose every response holds the beams
+        whole. `lora_weights` False: the adapter's task id alone (the server has cached it)."""
         if stream and not whole_beams and self.beam_width is not None and self.beam_width > 1:
             raise InvalidRequestError(
                 "beam_width",
@@ -181,6 +190,7 @@ class GenerationRequest:
             "stream": stream,
             "guided_decoding_guide_type": self.guided_decoding_guide_type,
             "guided_decoding_guide": self.guided_decoding_guide,
+            **(self.lora.inputs(with_weights=lora_weights) if self.lora is not None else {}),
         }
         return check_inputs({name: value for name, value in values.items() if value is not None})
 

@@ -47,6 +47,9 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     )
     parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices (n x prompts) per request (default {DEFAULT_MAX_N})")
     parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
+    parser.add_argument("--lora", dest="lora_modules", action="append", default=[], metavar="NAME=DIR", help=(
+        "serve a LoRA adapter as model NAME (repeatable; listed by /v1/models, as vLLM's --lora-modules): a PEFT adapter "
+        "directory, or one `trtllm-pipeline lora convert` wrote; sent to Triton with the first request that names it"))
     parser.add_argument("--triton-model", help=(
         "the Triton model to call (default: tensorrt_llm_bls on a Triton older than 2.57, such as the bundled 2.51; "
         "else the ensemble: the build config's serve.model_name, `ensemble` for a repository)"
@@ -80,13 +83,32 @@ def access_policy(args: argparse.Namespace) -> Any:
         raise SpecError(str(error)) from None
 
 
+def lora_adapters(modules: list[str]) -> dict[str, Any]:
+    """--lora NAME=DIR options → {NAME: LoraAdapter}; a malformed option, a repeated name or an unreadable adapter: SpecError naming it."""
+    from clients.errors import ClientError
+    from clients.lora import LoraAdapter
+
+    adapters: dict[str, Any] = {}
+    for option in modules:
+        name, sep, directory = option.partition("=")
+        if not sep or not name or not directory:
+            raise SpecError(f"--lora {option!r}: expected NAME=DIR (the model name clients pass, and the adapter's directory)")
+        if name in adapters:
+            raise SpecError(f"--lora {option!r}: the name {name!r} is given twice")
+        try:
+            adapters[name] = LoraAdapter.from_dir(Path(directory))
+        except ClientError as error:
+            raise SpecError(f"--lora {option!r}: {error}") from None
+    return adapters
+
+
 def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_package: Callable[[Any, Any], Path], state_dir: Callable[[Any], Path]) -> int:
     """`build_package(loaded, store)` → the packaged repository (cpu target); `state_dir(store)` → where `serve --detach` records its server."""
     from clients.openai_server import ModelSetupError, ServedModel
 
     options = {
         "host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_json_depth": args.max_json_depth, "max_n": args.max_n,
-        "access": access_policy(args),
+        "access": access_policy(args), "adapters": lora_adapters(args.lora_modules),
     }
     try:
         if args.config.is_dir():
@@ -160,9 +182,14 @@ def _triton_model(args: argparse.Namespace, triton_url: str, ensemble: str) -> s
 def _serve(triton_url: str, model, options: dict, say: Callable[[str], None], keep_running: Callable[[], bool] = lambda: True) -> int:
     from clients.openai_server import serve_openai
 
+    if model.name in options["adapters"]:
+        raise SpecError(f"--lora {model.name}=...: {model.name!r} is the served model's name; give the adapter another name")
+
     def ready(base_url: str) -> None:
         say(f"OpenAI-compatible API for model {model.name!r} (Triton {triton_url}, model {model.triton_model!r}):")
         say(options["access"].describe())
+        if options["adapters"]:
+            say(f"LoRA adapters (model names): {', '.join(options['adapters'])}")
         say(base_url)  # alone on its line, for scripts
         say("Press Ctrl-C to stop.")
 

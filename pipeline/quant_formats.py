@@ -55,6 +55,9 @@ class WeightFormat:
     # The TensorRT-LLM layer whose forward() asserts "lora is not supported on ... now" (tensorrt_llm/quantization/
     # layers.py); weight-only, group-wise (AWQ) and FP8 layers add the LoRA branch.
     lora_rejected_by: str | None = None
+    # ModelOpt's export folds an activation (pre-quant) scale into the norm before the Linear (SmoothQuant, AWQ): a LoRA
+    # update on the cpu engine would read the scaled input, not the model's (refengine/lora/modules.py).
+    folds_input_scale: bool = False
     lookahead_documented: bool = False  # in examples/lookahead's support matrix (FP16 / BF16 / FP8)
     gemm_plugin: str | None = None  # the --gemm_plugin choice that belongs to this format
     gemm_plugin_auto: bool = False  # trtllm-build enables that GEMM plugin by itself (§1.8)
@@ -120,7 +123,7 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType({f.name: f for f i
     ),
     WeightFormat(
         "int8_sq", "W8A8_SQ_PER_CHANNEL", "INT8_SMOOTHQUANT_CFG", 1.0, refused_targets={"llmapi": _NO_PYTORCH_INT8},
-        blackwell_rejected=True, lora_rejected_by="SmoothQuantLinear",
+        blackwell_rejected=True, lora_rejected_by="SmoothQuantLinear", folds_input_scale=True,
     ),
     # Exported unquantized with quant_algo W8A16; trtllm-build quantizes the weights (ModelOpt's own INT8 weight-only
     # export names its tensors differently from what TensorRT-LLM's W8A16 loader expects, trtllm.md §2.4).
@@ -129,12 +132,13 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType({f.name: f for f i
         builder_plugin=("weight_only_quant_matmul_plugin", "weight-only INT8"),
     ),
     WeightFormat(
-        "int4_awq", "W4A16_AWQ", "INT4_AWQ_CFG", 0.5, group_wise=True, blackwell_rejected=True,
+        "int4_awq", "W4A16_AWQ", "INT4_AWQ_CFG", 0.5, group_wise=True, blackwell_rejected=True, folds_input_scale=True,
         builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
     ),
     WeightFormat(
         "w4a8_awq", "W4A8_AWQ", "W4A8_AWQ_BETA_CFG", 0.5, group_wise=True, min_sm=FP8_MIN_SM, gpu_need=_FP8_TENSOR_CORES,
         fp8_context_fmha=True, builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
+        folds_input_scale=True,
     ),
     WeightFormat(
         "nvfp4", "NVFP4", "NVFP4_DEFAULT_CFG", 0.5 + 1 / 16, calibration_needs_cuda=True,  # + an FP8 scale per 16 weights

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import ClientError
+from clients.lora import LoraAdapter
 from clients.openai_server import access, errors, openapi, routes
 from clients.openai_server.access import KEY_NAME_STATE, NO_KEY, AccessPolicy
 from clients.openai_server.bodies import parse, read_body
@@ -60,11 +61,14 @@ class ServerSettings:
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     triton_retries: int = 2
     access: AccessPolicy = field(default_factory=AccessPolicy)
+    adapters: Mapping[str, LoraAdapter] = field(default_factory=dict)  # LoRA adapters by the name clients pass as `model`
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_json_depth", "max_n"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.model.name in self.adapters:
+            raise ValueError(f"LoRA adapter name {self.model.name!r} is the served model's name; give the adapter another")
 
 
 class _ClientGone(Exception):
@@ -73,8 +77,11 @@ class _ClientGone(Exception):
 
 def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = None) -> FastAPI:
     tokenizer = tokenizer or PromptTokenizer(settings.model.tokenizer_dir, add_special_tokens=settings.model.add_special_tokens)
-    context = Context(settings.model, tokenizer, settings.max_n)
-    card = ModelCard(id=settings.model.name, created=int(time.time()))
+    context = Context(settings.model, tokenizer, settings.max_n, settings.adapters)
+    created = int(time.time())
+    cards = {card.id: card for card in [ModelCard(id=settings.model.name, created=created, root=settings.model.name)] + [
+        ModelCard(id=name, created=created, root=name, parent=settings.model.name) for name in settings.adapters  # as vLLM lists them
+    ]}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,13 +106,13 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
 
     @app.get(routes.MODELS, response_model=None, responses=openapi.answers(ModelList, "The served model."))
     async def list_models() -> dict[str, Any]:
-        return ModelList(data=[card]).model_dump(mode="json")
+        return ModelList(data=list(cards.values())).model_dump(mode="json")
 
     @app.get(routes.MODELS + "/{model_id:path}", response_model=None, responses=openapi.answers(ModelCard, "The served model.", 404))
     async def get_model(model_id: str) -> dict[str, Any]:
-        if model_id != card.id:
-            raise errors.model_not_found(model_id)
-        return card.model_dump(mode="json")
+        if model_id not in cards:
+            raise errors.model_not_found(model_id, tuple(cards))
+        return cards[model_id].model_dump(mode="json")
 
     @app.get(routes.HEALTH, response_model=None, responses=openapi.answers(Health, "Triton is ready to serve the model.", 503))
     async def health(request: Request) -> dict[str, str]:
@@ -139,7 +146,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
 
 
 async def _answer(request: Request, plan: Plan, context: Context, *, chat: bool) -> Response:
-    answer = Answer(plan, context.model.name, chat=chat)
+    answer = Answer(plan, plan.model_name or context.model.name, chat=chat)
     streams = OpenStreams()
     route = Route(request.app.state.triton, context.tokenizer, context.model.llm_model)
     events = timed(merged(route, plan.choices, streams), request.app.state.metrics, request.state.received)

@@ -51,8 +51,9 @@ def unsupported(param: str, message: str) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="unsupported_parameter")
 
 
-def model_not_found(name: str) -> OpenAIError:
-    return OpenAIError(404, f"The model `{name}` does not exist.", type=INVALID_REQUEST, param="model", code="model_not_found")
+def model_not_found(name: str, served: tuple[str, ...] = ()) -> OpenAIError:
+    listed = f" Served models: {', '.join(served)}." if served else ""
+    return OpenAIError(404, f"The model `{name}` does not exist.{listed}", type=INVALID_REQUEST, param="model", code="model_not_found")
 
 
 def body_too_large(limit: int) -> OpenAIError:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clients.aio import AsyncTritonLLMClient
-from clients.errors import ServerUnavailableError
+from clients.errors import RequestError, ServerUnavailableError
+from clients.lora import NOT_CACHED, LoraAdapter
 from clients.openai_server.llm_path import llm_pieces
 from clients.openai_server.logprobs import PendingLogprobs, TokenLogprob
 from clients.openai_server.stops import StopMatcher
@@ -46,13 +47,14 @@ class ChoicePlan:
     top_logprobs: int = 0
     prompt_logprobs: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): TensorRT-LLM's embedding_bias
+    lora: LoraAdapter | None = None  # the LoRA adapter the request's `model` names
 
     @property
     def direct(self) -> bool:
         return bool(self.prompt_ids)
 
     def request(self) -> GenerationRequest:
-        return GenerationRequest(self.prompt, self.max_tokens, stop=list(self.stop) or None, return_log_probs=True, **self.sampling)
+        return GenerationRequest(self.prompt, self.max_tokens, stop=list(self.stop) or None, return_log_probs=True, lora=self.lora, **self.sampling)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,23 @@ class Route:
 
 
 async def run_choice(route: Route, plan: ChoicePlan, streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
-    """The events of one choice; raises the `clients` error Triton's answer maps to."""
+    """The events of one choice; raises the `clients` error Triton's answer maps to. A LoRA adapter's id alone that
+    Triton has not cached (evicted, or Triton restarted) is sent once more, with the adapter's weights."""
+    for retry in (False, True):
+        started = False
+        try:
+            async with contextlib.aclosing(_choice_events(route, plan, streams)) as events:
+                async for event in events:
+                    started = True
+                    yield event
+            return
+        except RequestError as error:
+            if started or retry or plan.lora is None or NOT_CACHED not in error.message:
+                raise
+            route.client.sent_adapters.forget(plan.lora)
+
+
+async def _choice_events(route: Route, plan: ChoicePlan, streams: OpenStreams | None) -> AsyncIterator[ChoiceEvent]:
     logprobs = PendingLogprobs()
     prompt: list[tuple[TokenLogprob, ...]] = []
     if plan.direct:

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import np_to_triton_dtype
 
+from clients.lora import SentAdapters
 from clients.openai_server.logprobs import PendingLogprobs, TokenLogprob, log_softmax, top_ids
 from clients.openai_server.tokenizer import PromptTokenizer
 from clients.types import INPUT_DATATYPES, llm_input_name
@@ -70,8 +72,9 @@ def llm_chunk(result: Any) -> LLMChunk:
     )
 
 
-def llm_request(plan: ChoicePlan, tokenizer: PromptTokenizer) -> tuple[list[Any], list[Any]]:
-    """The `tensorrt_llm` inputs and requested outputs of one choice (batch axis first, as Triton's)."""
+def llm_request(plan: ChoicePlan, tokenizer: PromptTokenizer, sent_adapters: SentAdapters | None = None) -> tuple[list[Any], list[Any]]:
+    """The `tensorrt_llm` inputs and requested outputs of one choice (batch axis first, as Triton's); `sent_adapters`:
+    the client's record of the LoRA adapters whose weights it has sent (None: send them)."""
     values: dict[str, tuple[str, Any]] = {
         "input_ids": ("INT32", list(plan.prompt_ids)),
         "input_lengths": ("INT32", [len(plan.prompt_ids)]),
@@ -85,6 +88,11 @@ def llm_request(plan: ChoicePlan, tokenizer: PromptTokenizer) -> tuple[list[Any]
             values[name] = ("INT32", [token_id])
     for name, value in plan.sampling.items():
         values[llm_input_name(name)] = (INPUT_DATATYPES[name], [value])
+    arrays = {}
+    if plan.lora is not None:  # its weights with the client's first request of the adapter, as the ensemble path sends them
+        lora = plan.lora.inputs(with_weights=sent_adapters is None or sent_adapters.needs_weights(plan.lora))
+        values["lora_task_id"] = ("UINT64", [lora.pop("lora_task_id")])
+        arrays = lora
     outputs = ["output_ids", "sequence_length", "output_log_probs"]
     if plan.prompt_logprobs:
         values["return_context_logits"] = ("BOOL", [True])
@@ -101,6 +109,10 @@ def llm_request(plan: ChoicePlan, tokenizer: PromptTokenizer) -> tuple[list[Any]
     for name, (datatype, row) in values.items():
         array = np.array([row], dtype=_NUMPY[datatype])
         tensor = grpcaio.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    for name, array in arrays.items():
+        tensor = grpcaio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs, [grpcaio.InferRequestedOutput(name) for name in outputs]
@@ -136,7 +148,7 @@ async def llm_pieces(
     """(text delta, output tokens so far) per response; each token's log-prob goes to `logprobs`,
     the prompt's (when asked for) to `on_prompt` before the first delta. `on_open(call)` is handed
     the call (to be cancelled)."""
-    inputs, outputs = llm_request(plan, tokenizer)
+    inputs, outputs = llm_request(plan, tokenizer, client.sent_adapters if plan.lora is not None else None)
     call = on_open(client.model_stream(model, inputs, outputs, llm_chunk))
     try:
         async for piece in _pieces(call, plan, tokenizer, logprobs, on_prompt):

@@ -20,9 +20,11 @@ without context / generation logits refuse the requests that need them, by name.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from clients.lora import LoraAdapter
 from clients.openai_server.defaults import DEFAULT_MAX_N
 from clients.openai_server.errors import bad_request, model_not_found, unsupported
 from clients.openai_server.generation import ChoicePlan
@@ -44,6 +46,7 @@ class Plan:
     logprobs: bool
     echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
     guide_param: str | None = None  # the request field of its guide, named in the server's refusal of it
+    model_name: str = ""  # the `model` asked for: the served model's name or a LoRA adapter's
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,25 @@ class Context:
     model: ServedModel
     tokenizer: PromptTokenizer
     max_n: int = DEFAULT_MAX_N
+    adapters: Mapping[str, LoraAdapter] = field(default_factory=dict)  # LoRA adapters by the name clients pass as `model`
 
 
 def plan_completion(request: CompletionRequest, context: Context) -> Plan:
+    return _with_adapter(_plan_completion(request, context), request, context)
+
+
+def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
+    return _with_adapter(_plan_chat(request, context), request, context)
+
+
+def _with_adapter(plan: Plan, request: _Sampling, context: Context) -> Plan:
+    """Every choice of `plan` with the LoRA adapter `request.model` names (none for the served model's name)."""
+    adapter = context.adapters.get(request.model)
+    choices = tuple(dataclasses.replace(choice, lora=adapter) for choice in plan.choices) if adapter is not None else plan.choices
+    return dataclasses.replace(plan, choices=choices, model_name=request.model)
+
+
+def _plan_completion(request: CompletionRequest, context: Context) -> Plan:
     _check_common(request, context)
     if request.suffix:
         raise unsupported("suffix", "suffix (insertion) is not supported")
@@ -93,7 +112,7 @@ def plan_completion(request: CompletionRequest, context: Context) -> Plan:
     return Plan(tuple(choices), total_prompt_tokens, bool(request.stream), _include_usage(request), wants_logprobs, echoed, guide_param(request))
 
 
-def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
+def _plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
     _check_common(request, context)
     if request.tools or request.functions or request.tool_choice not in (None, "none") or request.function_call not in (None, "none"):
         raise unsupported("tools", "tools and function calling are not supported")
@@ -128,8 +147,8 @@ def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
 
 # -- shared checks ----------------------------------------------------------------------------
 def _check_common(request: _Sampling, context: Context) -> None:
-    if request.model != context.model.name:
-        raise model_not_found(request.model)
+    if request.model != context.model.name and request.model not in context.adapters:
+        raise model_not_found(request.model, (context.model.name, *context.adapters))
     if request.stream_options is not None and not request.stream:
         raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
     if any(not stop for stop in request.stop_sequences()):

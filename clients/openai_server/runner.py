@@ -12,11 +12,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import uvicorn
 
+from clients.lora import LoraAdapter
 from clients.openai_server.access import AccessPolicy
 from clients.openai_server.app import ServerSettings, create_app
 from clients.openai_server.defaults import (
@@ -66,6 +67,7 @@ def running_openai_server(
     max_n: int = DEFAULT_MAX_N,
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     access: AccessPolicy | None = None,
+    adapters: Mapping[str, LoraAdapter] | None = None,
     startup_timeout_s: float = 30.0,
     log_level: str = "warning",
 ) -> Iterator[str]:
@@ -81,6 +83,7 @@ def running_openai_server(
     `max_json_depth`: bodies whose arrays/objects nest deeper get 400 (`json_too_deep`).
     `max_n`: most choices (n × prompts) per request. `request_timeout_s`: deadline of each Triton
     request (None: none). `access`: API keys and per-key limits (default: none, everyone is served).
+    `adapters`: LoRA adapters served beside the model, by the name clients pass as `model` (vLLM's --lora-modules).
     Uvicorn's access log stays off. Raises ModelSetupError (facts not found), OSError (port in use) or
     RuntimeError (not started within `startup_timeout_s`). On exit the server stops: open
     streams are cancelled on Triton.
@@ -88,7 +91,7 @@ def running_openai_server(
     served = resolve_model(triton_url, model_name=model_name, model=model, model_repository=model_repository, triton_model=triton_model)
     settings = ServerSettings(
         triton_url, served, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, max_n=max_n, request_timeout_s=request_timeout_s,
-        access=access or AccessPolicy(),
+        access=access or AccessPolicy(), adapters=dict(adapters or {}),
     )
     app = create_app(settings)
     listener = _bind(host, port)

@@ -219,6 +219,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "trtllm-pipeline"
+    root: str | None = None  # vLLM's fields: the model's own name; for a LoRA adapter, its name and the base model (parent)
+    parent: str | None = None
 
 
 class ModelList(BaseModel):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from word_lists import WordListError, from_word_list
 
-from refengine import InvalidRequestError, SamplingParams
+from refengine import InvalidRequestError, LoraRequest, SamplingParams
 from refengine.guided.params import GuidedDecodingParams, guided_params
 from refengine.sampling import check_temperature
 
@@ -45,9 +45,6 @@ CONTRACT_NAMES = {
 
 # Inputs this engine cannot honour at all: a request that carries one is refused, by name.
 _UNSUPPORTED_PRESENT = {
-    "lora_task_id": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
-    "lora_weights": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
-    "lora_config": "LoRA adapters are not run by the cpu reference engine (build an engine with build.lora)",
     "lookahead_window_size": "lookahead decoding is not done by the cpu reference engine",
     "lookahead_ngram_size": "lookahead decoding is not done by the cpu reference engine",
     "lookahead_verification_set_size": "lookahead decoding is not done by the cpu reference engine",
@@ -73,6 +70,7 @@ class GenerateRequest:
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
     batch_index: int = 0  # the row of a batched Triton request this generation answers
+    lora: LoraRequest | None = None  # lora_task_id (+ lora_weights / lora_config): checked by the engine's LoRA cache
 
 
 @dataclass(frozen=True)
@@ -168,6 +166,7 @@ def parse_request(
         return_perf_metrics=scalars.get("return_perf_metrics", bool, False),
         return_num_input_tokens=scalars.get("return_num_input_tokens", bool, False),
         return_num_output_tokens=return_num_output_tokens,
+        lora=_lora(arrays, scalars),
     )
 
 
@@ -224,6 +223,16 @@ class _Scalars:
         if kind is int:
             return int(value)
         return float(value)
+
+
+def _lora(arrays: Mapping[str, np.ndarray], scalars: _Scalars) -> LoraRequest | None:
+    """lora_task_id, lora_weights [1, rows, values], lora_config [1, rows, 3]: None when none is sent. Their checks
+    against the model and the cache are the engine's (TensorRT-LLM's texts, naming the input)."""
+    weights, config = arrays.get("lora_weights"), arrays.get("lora_config")
+    task_id = scalars.get("lora_task_id", int, None)
+    if task_id is None and weights is None and config is None:
+        return None
+    return LoraRequest(task_id, weights, config)
 
 
 def _guide(arrays: Mapping[str, np.ndarray]) -> GuidedDecodingParams | None:

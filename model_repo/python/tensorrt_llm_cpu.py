@@ -37,6 +37,7 @@ import triton_python_backend_utils as pb_utils
 from engine_metrics import EngineMetrics
 from llm_request import ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
 from llm_response import beam_arrays, final_arrays, streamed_arrays
+from lora_parameters import lora_settings, prefetch_adapters
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
@@ -87,8 +88,12 @@ class TritonPythonModel:
         self._decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self._input_names = frozenset(load_model_contract(args["model_repository"], args["model_version"]).input_names)
         self._exclude_input_default = parameters.boolean("exclude_input_in_output", False)
+        engine_dir = parameters.path("engine_dir")
+        lora = lora_settings(parameters, engine_dir)
+        self._serves_lora = lora is not None
         engine = LLMEngine.from_engine_dir(
-            parameters.path("engine_dir"),
+            engine_dir,
+            **({"lora": lora} if lora is not None else {}),
             scheduler_policy=parameters.string("batch_scheduler_policy", "guaranteed_no_evict"),
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
@@ -100,6 +105,8 @@ class TritonPythonModel:
         if not 1 <= max_beam_width <= engine.config.max_beam_width:  # TensorRT-LLM: at most the engine's
             raise ValueError(f"max_beam_width {max_beam_width}: must be 1 to the engine's build_config.max_beam_width {engine.config.max_beam_width}")
         engine.limit_beam_width(max_beam_width)
+        if parameters.string("lora_prefetch_dir", "") != "":
+            prefetch_adapters(engine, parameters.path("lora_prefetch_dir"), lambda message: log_error(f"tensorrt_llm: {message}"))
         self._loop = EngineLoop(engine).start()
         self._in_flight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()
@@ -150,6 +157,9 @@ class TritonPythonModel:
             self._stop(request.request_id())
             channel.send(None if self._decoupled else pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return
+        if not self._serves_lora and any(row.lora is not None for row in parsed):
+            raise ContractError("lora_task_id: this engine was built without LoRA (plugin_config.lora_plugin is not set): "
+                                "build it with build.lora to serve adapters")
         if len(parsed) > 1 and not self._decoupled:
             raise ContractError(f"input_ids: a batch of {len(parsed)} prompts needs the model in decoupled mode (one response per prompt)")
         batch = BatchChannel(channel, len(parsed))
@@ -159,7 +169,7 @@ class TritonPythonModel:
         streams = []
         try:
             for row, entry in zip(parsed, entries):
-                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver))
+                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver, lora=row.lora))
         except InvalidRequestError as error:
             for entry in entries:
                 entry.done = True  # the aborted rows' outputs are dropped

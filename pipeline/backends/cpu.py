@@ -24,7 +24,7 @@ from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import BuildSpec, QuantizeSpec, ServeSpec, Spec, SpeculativeSpec, Target
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
-from pipeline.quant_formats import kv_cache_format, paged_context_fmha_loss, weight_format
+from pipeline.quant_formats import WEIGHT_FORMATS, kv_cache_format, paged_context_fmha_loss, weight_format
 from pipeline.tools import tool_versions
 
 
@@ -86,6 +86,16 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
     }
 
 
+def _lora_on_folded_scales(spec: Spec) -> list[Issue]:
+    weights = weight_format(spec.quantize.algo)
+    if spec.build.lora is None or not weights.folds_input_scale:
+        return []
+    fits = [name for name, f in WEIGHT_FORMATS.items() if not f.folds_input_scale and f.runs_on(Target.cpu)]
+    return [(("build", "lora"), f"build.lora cannot be combined with quantize.algo {weights.name} on build.target cpu: its "
+             "checkpoint folds an activation scale into the norm before each Linear, so the reference engine's LoRA update would "
+             f"read the scaled input, not the model's; use quantize.algo {', '.join(fits)}")]
+
+
 def _lora_config(build: BuildSpec) -> dict[str, Any]:
     """build_config.lora_config as trtllm-build records it (its defaults without build.lora). The adapters are not
     copied into the engine: a client sends an adapter's weights with its request (lora_weights / lora_config)."""
@@ -122,6 +132,7 @@ class CpuBackend:
                 "incremental_detokenizer.py",
                 "llm_request.py",
                 "llm_response.py",
+                "lora_parameters.py",
                 "model_contract.py",
                 "model_parameters.py",
                 "response_channel.py",
@@ -138,7 +149,7 @@ class CpuBackend:
             runs_refengine_engines=True,
             other_engine_kind="the cpu tensorrt_llm model runs only engines written by the cpu build (version 'refengine-…')",
             weight_suffix=".safetensors",
-            lora=False,
+            lora=True,  # refengine's multi-LoRA (refengine/lora), TensorRT-LLM's request tensors and cache
             speculative_decoding=True,  # refengine's: draft-target and prompt lookup (refengine_speculative)
             beam_search=True,  # refengine's beam search (#15), up to build.max_beam_width
             multiple_ranks=False,
@@ -183,7 +194,7 @@ class CpuBackend:
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None
     ) -> dict[str, str]:
-        return cpu_parameters(serve, engine_dir=engine_dir, max_beam_width=facts.max_beam_width)
+        return cpu_parameters(serve, facts, engine_dir=engine_dir)
 
     def server_image(self, spec: Spec) -> tuple[str, str] | None:
         return None
@@ -192,7 +203,7 @@ class CpuBackend:
         return None
 
     def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
-        return []
+        return _lora_on_folded_scales(spec)
 
     def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
         return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL

@@ -4,14 +4,13 @@ Engine target: every parameter of the `tensorrtllm` C++ backend (trtllm.md §4.5
 explicit value. The few that do not apply to a decoupled-only, single-node leader-mode deployment
 are left out on purpose, because an empty string would be read as a value: encoder_model_path and
 cross_kv_cache_fraction (encoder-decoder models), max_tokens_in_paged_kv_cache (the fraction sizes
-the cache), participant_ids (orchestrator mode), lora_prefetch_dir (it needs adapters converted
-with hf_lora_convert.py, which this pipeline does not produce), medusa_choices / eagle_choices
+the cache), participant_ids (orchestrator mode), medusa_choices / eagle_choices
 (modes this pipeline does not build), and tokenizer_dir / guided_decoding_backend /
 xgrammar_tokenizer_info_path (guided decoding). gpu_device_ids is written only when GPUs are
 listed; lookahead_window_size / _ngram_size / _verification_set_size only for a lookahead engine
 (with decoding_mode lookahead, which makes the backend read them). The lora_cache_* values are the
 backend's defaults unless the engine has LoRA, then serve.lora's (cache_max_adapter_size defaults to
-the engine's max_lora_rank).
+the engine's max_lora_rank); lora_prefetch_dir is serve.lora.prefetch_dir's, when set.
 
 Cpu target: what the Python model reads (tensorrt_llm_cpu.py).
 """
@@ -101,6 +100,8 @@ def engine_parameters(
             lora_cache_gpu_memory_fraction=repr(float(fraction)),
             lora_cache_host_memory_bytes=str(host_bytes),
         )
+        if serve.lora is not None and serve.lora.prefetch_dir is not None:
+            parameters["lora_prefetch_dir"] = serve.lora.prefetch_dir
     if facts.speculative_decoding_mode == "lookahead_decoding" and speculative is not None:
         lookahead = speculative.lookahead
         parameters.update(
@@ -119,10 +120,19 @@ def gpu_device_id_groups(gpu_device_ids: Sequence[int], per_instance: int) -> st
     return ";".join(",".join(str(gpu) for gpu in group) for group in groups)
 
 
-def cpu_parameters(serve: ServeSpec, *, engine_dir: str, max_beam_width: int = 1) -> dict[str, str]:
+def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str) -> dict[str, str]:
+    """The cpu model's parameters; an engine with LoRA gets the lora_cache_* sizes refengine's cache reads (the largest
+    rank and the host bytes; the GPU ones have nothing to size) and serve.lora.prefetch_dir as lora_prefetch_dir."""
+    lora: dict[str, str] = {}
+    if facts.lora_plugin is not None:
+        _, largest, _, host_bytes = lora_cache(serve, facts.max_lora_rank)
+        lora = {"lora_cache_max_adapter_size": str(largest), "lora_cache_host_memory_bytes": str(host_bytes)}
+        if serve.lora is not None and serve.lora.prefetch_dir is not None:
+            lora["lora_prefetch_dir"] = serve.lora.prefetch_dir
     return {
+        **lora,
         "engine_dir": engine_dir,
-        "max_beam_width": str(max_beam_width),  # NVIDIA's parameter: the engine's, as engine_parameters
+        "max_beam_width": str(facts.max_beam_width),  # NVIDIA's parameter: the engine's, as engine_parameters
         "batch_scheduler_policy": serve.batch_scheduler_policy.value,
         "enable_kv_cache_reuse": _bool(serve.enable_kv_cache_reuse),
         "enable_chunked_context": _bool(serve.enable_chunked_context),

@@ -81,6 +81,9 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
     calibration = _section(_section(data, "quantize"), "calibration")
     accuracy = _section(_section(data, "gate"), "accuracy")
     lora = _section(_section(data, "build"), "lora")
+    serve_lora = _section(_section(data, "serve"), "lora")
+    if "prefetch_dir" in serve_lora:
+        serve_lora["prefetch_dir"] = absolute(serve_lora["prefetch_dir"])
     for section, key in ((calibration, "files"), (accuracy, "heldout_files"), (lora, "adapter_dirs")):
         if isinstance(section.get(key), list):
             section[key] = [absolute(item) for item in section[key]]

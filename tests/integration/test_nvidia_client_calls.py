@@ -126,7 +126,7 @@ def test_two_return_sequences_are_told_apart_by_sequence_index(served, model):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (dict(lora_task_id=np.array([[7]], dtype=np.uint64)), "lora_task_id: LoRA adapters are not run by the cpu reference engine"),
+        (dict(lora_task_id=np.array([[7]], dtype=np.uint64)), "lora_task_id: this engine was built without LoRA"),  # no build.lora
         (
             dict(guided_decoding_guide=np.array([["[0-9]+"]]).astype(object)),
             "guided_decoding_guide_type: a guided_decoding_guide was given without a guide type",

@@ -11,7 +11,7 @@ import sys
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from clients.types import INPUT_DATATYPES, LLM_INPUT_RENAMES, llm_input_name
+from clients.types import ARRAY_INPUTS, INPUT_DATATYPES, LLM_INPUT_RENAMES, llm_input_name
 from pipeline.render import contract
 from pipeline.render.contract_files import CONTRACT_FILE
 from tests.unit.test_import_direction import imported_packages
@@ -145,13 +145,15 @@ def _wire_datatype(data_type: str) -> str:
 
 
 def test_the_clients_input_datatypes_are_the_ensembles():
-    declared = {spec.name: _wire_datatype(spec.data_type) for spec in contract.CLIENT_INPUTS}
+    declared = {spec.name: _wire_datatype(spec.data_type) for spec in contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS}
     assert {name: declared.get(name) for name in INPUT_DATATYPES} == INPUT_DATATYPES
+    assert set(ARRAY_INPUTS) <= set(declared)  # sent typed by their arrays (lora_weights: the engine's LoRA dtype)
 
 
 def test_the_clients_llm_input_names_are_the_ensembles_wiring():
-    passed_through = [name for name in INPUT_DATATYPES if name in contract.CLIENT_TO_LLM]
-    assert {name: llm_input_name(name) for name in passed_through} == {name: contract.CLIENT_TO_LLM[name] for name in passed_through}
+    wiring = {**contract.CLIENT_TO_LLM, **contract.LORA_CLIENT_TO_LLM}
+    passed_through = [name for name in INPUT_DATATYPES if name in wiring]
+    assert {name: llm_input_name(name) for name in passed_through} == {name: wiring[name] for name in passed_through}
     assert set(LLM_INPUT_RENAMES) <= set(passed_through)
 
 

@@ -14,7 +14,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.config.loader import load_config
 from pipeline.errors import SpecError
-from tests.conftest import DEFAULT_MODEL, write_model_config
+from tests.conftest import DEFAULT_MODEL, REPO, write_model_config
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 np = pytest.importorskip("numpy")
@@ -134,3 +134,20 @@ def test_validate_exits_2_naming_the_adapter(tmp_path, capsys):
     assert main(["--artifacts", str(tmp_path / "store"), "validate", str(write_spec(tmp_path))]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "build.lora.adapter_dirs.0" in err and "model.layers.7.self_attn.q_proj" in err
+
+
+@pytest.mark.parametrize("algo", ["int8_sq", "int4_awq", "w4a8_awq", "fp8"])
+def test_lora_on_the_cpu_target_is_refused_with_formats_that_fold_an_activation_scale_into_the_norm(algo: str) -> None:
+    from pipeline.preflight import target_issues
+
+    adapter = REPO / "models" / "tiny-stdlib-llama-turtle-lora"
+    overrides = (f"quantize.algo={algo}", "quantize.kv_cache=none", f"build.lora.adapter_dirs=[{adapter}]")
+    spec = load_config(REPO / "build_configs" / "tiny-cpu-fp8.yaml", overrides).spec
+    issues = target_issues(spec, None)  # the cpu target's rules read the spec only
+    if algo == "fp8":
+        assert issues == []
+        return
+    [(where, message)] = issues
+    assert where == ("build", "lora")
+    assert f"build.lora cannot be combined with quantize.algo {algo} on build.target cpu" in message
+    assert message.endswith("use quantize.algo none, fp8, int8_wo")

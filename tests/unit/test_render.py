@@ -441,9 +441,10 @@ CONSISTENCY_CASES = {
         dict(config=lora_engine_config(32), target="engine", vocab=128256, serve=_serve(lora=ServeLoraSpec(cache_max_adapter_size=16))),
         ["serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size 16)", "build_config.lora_config.max_lora_rank 32"],
     ),
-    "cpu engine built with LoRA (refengine runs no adapter yet)": (
-        dict(config={**tiny_engine_config(), "build_config": cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")}),
-        ["build.target is cpu but the engine has plugin_config.lora_plugin 'float16'", "the reference engine does not run LoRA"],
+    "cpu lora cache below the engine's rank": (
+        dict(config={**tiny_engine_config(), "build_config": cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")},
+             serve=_serve(lora=ServeLoraSpec(cache_optimal_adapter_size=4, cache_max_adapter_size=8))),
+        ["serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size 8)", "build_config.lora_config.max_lora_rank 16"],
     ),
     "lora weights in another dtype": (
         dict(config=lora_engine_config(), target="engine", vocab=128256, lora_weights_datatype="TYPE_FP16"),
@@ -546,6 +547,17 @@ def test_lora_engine_gets_lora_inputs_in_its_plugin_dtype(tmp_path):
     assert {k: step.input_map[k] for k in ("lora_task_id", "lora_weights", "lora_config")} == contract.LORA_CLIENT_TO_LLM
     bls = parse(repository / "tensorrt_llm_bls" / "config.pbtxt")
     assert {"lora_task_id", "lora_weights", "lora_config"} <= set(tensors(bls.input))
+
+
+def test_a_cpu_engine_built_with_lora_gets_the_lora_inputs_its_cache_sizes_and_prefetch_dir(tmp_path):
+    config = {**tiny_engine_config(), "build_config": cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")}
+    serve = _serve(lora=ServeLoraSpec(cache_max_adapter_size=32, cache_host_memory_bytes=1 << 20, prefetch_dir="/srv/adapters"))
+    llm = parse(render(tmp_path, target="cpu", config=config, serve=serve) / "tensorrt_llm" / "config.pbtxt")
+    assert tensors(llm.input)["lora_weights"][0] == model_config_pb2.TYPE_FP16  # the build's lora_plugin float16
+    values = parameters(llm)
+    assert (values["lora_cache_max_adapter_size"], values["lora_cache_host_memory_bytes"]) == ("32", str(1 << 20))
+    assert values["lora_prefetch_dir"] == "/srv/adapters"
+    assert "lora_cache_max_adapter_size" not in parameters(parse(render(tmp_path / "plain", target="cpu") / "tensorrt_llm" / "config.pbtxt"))
 
 
 def test_lora_cache_defaults_follow_the_engine(tmp_path):
@@ -795,7 +807,6 @@ def test_logit_outputs_have_tensorrt_llm_shapes(model_code):
         (dict(streaming=True), False, "streaming: streaming is only supported if the model is deployed in decoupled mode"),
         (dict(input_lengths=9), True, "input_lengths: 9 must be between 1 and the 4 tokens of input_ids"),
         (dict(min_tokens=20), True, "min_tokens: 20 exceeds max_tokens 8"),
-        (dict(lora_task_id=np.uint64(7)), True, "lora_task_id: LoRA adapters are not run by the cpu reference engine"),
         (dict(guided_decoding_guide=b"[0-9]+"), True, "guided_decoding_guide_type: a guided_decoding_guide was given without a guide type"),
         (dict(guided_decoding_guide_type=b"regex"), True, "guided_decoding_guide: guide type 'regex' needs a guide"),
         (dict(lookahead_window_size=4), True, "lookahead_window_size: lookahead decoding is not done"),
@@ -812,6 +823,17 @@ def test_llm_request_errors_name_the_contract_input(model_code, values, decouple
     with pytest.raises(ContractError) as raised:
         parse_request(arrays, exclude_input_default=True, decoupled=decoupled)
     assert message in str(raised.value)
+
+
+def test_lora_inputs_become_the_requests_lora_request(model_code):
+    from llm_request import parse_request
+
+    arrays = _arrays()
+    assert parse_request(arrays, exclude_input_default=True, decoupled=True).lora is None
+    weights, config = np.zeros((1, 2, 8), np.float16), np.array([[[1, 0, 2], [2, 0, 2]]], np.int32)
+    arrays.update(lora_task_id=np.array([[7]], np.uint64), lora_weights=weights, lora_config=config)
+    lora = parse_request(arrays, exclude_input_default=True, decoupled=True).lora
+    assert lora.task_id == 7 and lora.weights is weights and lora.config is config  # checked by the engine's LoRA cache
 
 
 def test_the_bls_names_a_figure_its_llm_model_did_not_return(model_code):

@@ -9,6 +9,7 @@ from pipeline.bench.command_support import BuildCpuTarget, build_for_bench, dim_
 
 RESULT_NAME = "bench-engine.json"
 GUIDED_RESULT_NAME = "bench-engine-guided.json"
+LORA_RESULT_NAME = "bench-engine-lora.json"
 HELP = "refengine inflight vs static batching vs transformers, KV utilisation, prefix reuse"
 CONFIG_HELP = "build config YAML (target cpu)"
 
@@ -20,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
     parser.add_argument("--guided", action="store_true", help="instead: guided decoding (xgrammar) vs unguided per-token cost, compile time, cache hit rate")
+    parser.add_argument("--lora", action="store_true", help=(
+        "instead: tokens/s of 32 requests spread over 8 LoRA adapters vs the same batch without adapters, in one run "
+        "(--quick: 8 requests over 4 adapters); JSON only"))
 
 
 def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
@@ -32,6 +36,8 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
     status = status_console()
     if args.guided:
         return _run_guided(args, results, store, status)
+    if args.lora:
+        return _run_lora(args, results, store, status)
     if args.kv_sharing:
         from pipeline.bench.engine.sharing import run_kv_sharing
 
@@ -45,6 +51,20 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
         progress=dim_lines(status),
     )
     write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, render_markdown, status)
+    return 0
+
+
+def _run_lora(args: argparse.Namespace, results: dict, store, status) -> int:
+    from pipeline.bench.engine.lora import LoraBenchOptions, run_lora_bench
+    from pipeline.stages.build import ENGINE_DIR
+
+    options = LoraBenchOptions(num_requests=8, num_adapters=4, prompt_len=(8, 32), output_mean=8, output_cap=16, rounds=2) if args.quick else LoraBenchOptions()
+    result = run_lora_bench(results["build"].ref.path / ENGINE_DIR, options, progress=dim_lines(status))
+    out = args.out or store.build_dir / LORA_RESULT_NAME
+    write_and_print(result, out, True, str, status)  # the LoRA figures print as JSON only
+    target = result["target"]
+    status.print(f"median round ratio lora / base tokens/s: {target['value']} (goal >= {target['goal']}: {'met' if target['met'] else 'not met'})")
+    status.print(f"wrote {out}")
     return 0
 
 

@@ -31,6 +31,12 @@ class ServeLoraSpec(StrictModel):
         default=0.05, gt=0.0, lt=1.0, description="lora_cache_gpu_memory_fraction: share of the GPU memory left after the engine and KV cache."
     )
     cache_host_memory_bytes: int = Field(default=1 << 30, ge=0, description="lora_cache_host_memory_bytes: host cache for adapters (default 1 GiB).")
+    prefetch_dir: str | None = Field(
+        default=None,
+        description="lora_prefetch_dir: adapters loaded when the model starts, one folder per task id "
+        "(<dir>/<task_id>/model.lora_weights.npy + model.lora_config.npy, as `trtllm-pipeline lora convert` writes them); "
+        "a path on the serving host, relative to this file.",
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> ServeLoraSpec:
