@@ -9,7 +9,6 @@ unreachable (503), Triton too slow (504), anything else (500).
 from __future__ import annotations
 
 import re
-
 from typing import Any
 
 from pydantic import ValidationError
