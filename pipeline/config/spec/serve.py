@@ -65,6 +65,17 @@ class ServeSpec(StrictModel):
             "engine target's tensorrtllm C++ backend has no such parameter and streams every token."
         ),
     )
+    postprocessing_dynamic_batching: bool = Field(
+        default=False,
+        description=(
+            "Triton dynamic batching for the postprocessing model: one execution (and one batched tokenizer call) serves "
+            "every streamed response waiting, which cuts its CPU per token several times under concurrency "
+            "(BENCHMARKS.md, issue #34). Off by default: Triton before r26.03 (the bundled 2.51 included; fixed by core "
+            "#466) rejects a cancelled stream's postprocessing requests in the batcher, so the generation of a stream its "
+            "client cancelled runs to max_tokens and the ensemble request never ends. The BLS (tensorrt_llm_bls) decodes "
+            "in itself and is unaffected."
+        ),
+    )
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
     max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
     guided_decoding: GuidedDecodingBackend = Field(
