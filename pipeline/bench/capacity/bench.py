@@ -1,11 +1,11 @@
 """The capacity benchmark: how many streamed tokens/s the Python models around `tensorrt_llm` sustain, and at what CPU.
 
 `run_capacity_bench` serves the bench's repository (repository.py: the packaged one with the GPU-pace stand-in in
-place of the cpu engine, and the compared variants) with one tritonserver per stream interval, and at each
-concurrency point runs every path (the ensemble as packaged, with batched postprocessing, the BLS, the floor,
-NVIDIA's models) in interleaved rounds: a closed loop of streamed requests (fleet.py) with the server's CPU read
-from /proc per process (tritonserver, each model's stub) at the two ends of each measured window, and this
-process's own (the clients). Every streamed text is checked against the text the stand-in's tokens decode to.
+place of the cpu engine, and the compared variants) and, per stream interval, runs rounds in which every path (the
+ensemble as packaged, with batched postprocessing, the BLS, the floor, NVIDIA's models) takes its turn in a
+tritonserver of its own through every concurrency point: a closed loop of streamed requests (fleet.py) with the
+server's CPU read from /proc per process (tritonserver, each model's stub) at the two ends of each measured window,
+and this process's own (the clients). Every streamed text is checked against the text the stand-in's tokens decode to.
 The result is a JSON-ready dict; figures.py derives the rows and the summary, report.py the tables.
 """
 
@@ -34,7 +34,8 @@ def run_capacity_bench(
     packaged: Path, batched_postprocessing_config: str, tokenizer_dir: Path, deploy: Any, options: CapacityOptions,
     *, progress: Say | None = None,
 ) -> dict[str, Any]:
-    """Every stream interval's sitting; a JSON-ready dict (`measurements`: one entry per interval, point, path and round)."""
+    """Every stream interval, round and path, each path's round in a server of its own; a JSON-ready dict (`measurements`:
+    one entry per interval, point, path and round)."""
     say = progress or (lambda line: None)
     started = _dt.datetime.now(_dt.timezone.utc)
     clock = time.monotonic()
@@ -51,21 +52,18 @@ def run_capacity_bench(
             expected = _expected_text(repository, tokenizer_dir, options, cycle)
             paths = bench_paths(ensemble_name(repository), nvidia_models=options.nvidia_models is not None, only=options.paths)
             say(f"stream_interval {interval}: {len(paths)} paths, stand-in at {options.rate} tokens/s per request")
-            with _Sitting(repository, deploy, options, say) as sitting:
-                sittings.append({"stream_interval": interval, "server_version": sitting.endpoints.server_version})
-                stalled: set[str] = set()  # paths that stalled the server: not run at higher concurrency
-                for concurrency in options.concurrency:
-                    for number in range(options.rounds):
-                        order = paths[number % len(paths):] + paths[: number % len(paths)]
-                        for path in order:
-                            if path.name in stalled:
-                                continue
+            for number in range(options.rounds):  # each round: every path in turn, each in a server of its own
+                for path in paths[number % len(paths):] + paths[: number % len(paths)]:
+                    with _Sitting(repository, deploy, options, say) as sitting:
+                        sittings.append({"stream_interval": interval, "round": number, "path": path.name,
+                                         "server_version": sitting.endpoints.server_version})
+                        for concurrency in options.concurrency:
                             entry = sitting.measure(path, concurrency, interval, expected)
-                            if "stalled" in entry:
-                                stalled.add(path.name)
-                                say(f"  {path.name} stalled at {concurrency} streams: {entry['stalled']}; server restarted")
                             measurements.append({"stream_interval": interval, "concurrency": concurrency, "round": number, **entry})
-                        say(f"  {concurrency} streams: round {number + 1}/{options.rounds} done")
+                            if "stalled" in entry:  # the higher points would stall it again: this path's round ends here
+                                say(f"  {path.name} stalled at {concurrency} streams: {entry['stalled']}")
+                                break
+                    say(f"  round {number + 1}/{options.rounds}: {path.name} done")
     return {
         "recipe": {
             "options": _recipe_options(options),
@@ -80,8 +78,9 @@ def run_capacity_bench(
 
 
 class _Sitting:
-    """tritonserver on the bench's repository; restarted after a path stalled it (Triton 2.51 can deadlock or corrupt its
-    heap under GPU-pace streaming: BENCHMARKS.md, issue #34), so the other paths and points still run."""
+    """tritonserver on the bench's repository for one path's round: a server of its own, because Triton 2.51 can
+    deadlock or corrupt its heap under GPU-pace streaming (BENCHMARKS.md, issue #34) and a path must not inherit
+    what another left behind. A path that stalls it is recorded, not fatal."""
 
     def __init__(self, repository: Path, deploy: Any, options: CapacityOptions, say: Say) -> None:
         self._repository, self._deploy, self._options, self._say = repository, deploy, options, say
@@ -89,29 +88,22 @@ class _Sitting:
         self.endpoints: Any = None
 
     def __enter__(self) -> _Sitting:
-        self._start()
+        self.endpoints = self._stack.enter_context(serving(
+            self._repository, self._deploy, model_name="ensemble", openai=False, startup_timeout=self._options.startup_timeout_s,
+            say=lambda line: None, check_alive=False,
+        ))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
 
-    def _start(self) -> None:
-        self.endpoints = self._stack.enter_context(serving(
-            self._repository, self._deploy, model_name="ensemble", openai=False, startup_timeout=self._options.startup_timeout_s,
-            say=self._say, check_alive=False,
-        ))
-
     def measure(self, path: BenchPath, concurrency: int, interval: int, expected: dict[str, str]) -> dict[str, Any]:
         try:
             return _measure(self.endpoints, path, concurrency, interval, self._options, expected)
-        except Exception as error:  # the server stalled or died: record it, restart, go on
+        except Exception as error:  # the server stalled or died: recorded with what its log says
             server = self.endpoints.server
-            entry = {"path": path.name, "stubs": list(path.stubs), "stalled": f"{type(error).__name__}: {error}",
-                     "server_running": server.is_running(), "server_errors": server.error_lines()[:5]}
-            self._stack.close()
-            self._stack = contextlib.ExitStack()
-            self._start()
-            return entry
+            return {"path": path.name, "stubs": list(path.stubs), "stalled": f"{type(error).__name__}: {error}",
+                    "server_running": server.is_running(), "server_errors": server.error_lines()[:5]}
 
 
 def _measure(endpoints, path: BenchPath, concurrency: int, interval: int, options: CapacityOptions, expected: dict[str, str]) -> dict[str, Any]:
@@ -162,7 +154,7 @@ def _expected_text(repository: Path, tokenizer_dir: Path, options: CapacityOptio
     prompt = tokenizer.encode(options.prompt)
     output = list(gpu_pace.output_ids(prompt, options.max_tokens, cycle))
     text = detokenizer.text_delta(lambda ids: tokenizer.decode(ids), prompt[-detokenizer.CONTEXT_TOKENS :], output)
-    return {"ensemble": text, "ensemble_batched": text, "bls": text, "floor": "", "nvidia": text}
+    return {"ensemble": text, "ensemble_batched": text, "bls": text, "floor": "", "floor_batched": "", "nvidia": text}
 
 
 def _recipe_options(options: CapacityOptions) -> dict[str, Any]:

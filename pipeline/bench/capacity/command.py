@@ -6,7 +6,15 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from pipeline.bench.capacity.options import DEFAULT_CONCURRENCY, DEFAULT_RATE, DEFAULT_STREAM_INTERVALS, CapacityOptions, checked_options, integer_list
+from pipeline.bench.capacity.options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_RATE,
+    DEFAULT_STREAM_INTERVALS,
+    CapacityOptions,
+    check_queue,
+    checked_options,
+    integer_list,
+)
 from pipeline.bench.command_support import BuildCpuTarget, dim_lines, status_console, write_and_print
 
 RESULT_NAME = "bench-capacity.json"
@@ -24,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"serve.stream_interval of each server sitting (default {_csv(DEFAULT_STREAM_INTERVALS)})")
     parser.add_argument("--rate", default=DEFAULT_RATE, help=f"the stand-in's tokens/s per request, or 'max' (default {DEFAULT_RATE})")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per point (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds; each runs every path in turn, in a server of its own (default 2)")
     parser.add_argument("--window", type=float, default=4.0, help="measured seconds per path and round (default 4)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each window (default 1)")
     parser.add_argument(
@@ -32,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also serve NVIDIA's preprocessing/postprocessing from this directory (TensorRT-LLM's "
         "triton_backend/all_models/inflight_batcher_llm in a scratch checkout) in this project's ensemble",
     )
-    parser.add_argument("--paths", default="", help="comma-separated paths to run: ensemble, ensemble_batched, bls, floor, nvidia (default: all)")
+    parser.add_argument(
+        "--paths", default="", help="comma-separated paths to run: ensemble, ensemble_batched, bls, floor, floor_batched, nvidia (default: all)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
 
 
@@ -40,15 +50,15 @@ def run_capacity_command(args: argparse.Namespace, build_cpu_target: BuildCpuTar
     from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.config.loader import load_config
 
-    options = CapacityOptions(  # parsed before the config is loaded: a typo costs no build
+    options = checked_options(CapacityOptions(  # checked before the config is loaded: a typo costs no build
         concurrency=integer_list(args.concurrency, "--concurrency"),
         stream_intervals=integer_list(args.stream_intervals, "--stream-intervals"),
         rate=args.rate, max_tokens=args.tokens, rounds=args.rounds, window_s=args.window, warmup_s=args.warmup,
         nvidia_models=args.nvidia_models.resolve() if args.nvidia_models else None,
         paths=tuple(name.strip() for name in args.paths.split(",") if name.strip()),
-    )
+    ))
     loaded = load_config(args.config, args.overrides)
-    options = checked_options(options, max_queue_size=loaded.spec.serve.max_queue_size)
+    check_queue(options, loaded.spec.serve.max_queue_size)
     store = ArtifactStore(store_root(args.artifacts, writable=True), loaded.spec.name)
     results = build_cpu_target(loaded, store, "bench capacity", "package")
     summary = measure(loaded, results, options)

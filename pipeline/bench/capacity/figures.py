@@ -98,7 +98,8 @@ def per_instance(table: list[dict[str, Any]], max_tokens: int) -> list[dict[str,
     point where its path streamed the most tokens/s; preprocessing per request (one per `max_tokens` tokens)."""
     wanted = (("postprocessing", "ensemble", "tokens"), ("postprocessing_batched", "ensemble_batched", "tokens"),
               ("tensorrt_llm_bls", "bls", "tokens"), ("preprocessing", "ensemble", "requests"),
-              ("floor_postprocessing", "floor", "tokens"), ("nv_postprocessing", "nvidia", "tokens"), ("nv_preprocessing", "nvidia", "requests"))
+              ("floor_postprocessing", "floor", "tokens"), ("floor_postprocessing_batched", "floor_batched", "tokens"),
+              ("nv_postprocessing", "nvidia", "tokens"), ("nv_preprocessing", "nvidia", "requests"))
     found = []
     for interval in sorted({row["stream_interval"] for row in table}):
         for stub, path, unit in wanted:

@@ -15,8 +15,8 @@ PROMPT = "def capacity(tokens_per_s, instances):"
 
 @dataclasses.dataclass(frozen=True)
 class CapacityOptions:
-    """Each concurrency point (streams in flight) runs every path in `rounds` interleaved rounds (the order rotates),
-    each round `warmup_s` unmeasured, then a `window_s` window, per stream interval (one server sitting each).
+    """Per stream interval, `rounds` rounds run every path in turn (the order rotates), each path's round in a server of
+    its own through every concurrency point (streams in flight): `warmup_s` unmeasured, then a `window_s` window.
     `rate` is the stand-in's tokens/s per request (a number, or `max`); `max_tokens` each request's length."""
 
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
@@ -29,7 +29,7 @@ class CapacityOptions:
     nvidia_models: Path | None = None
     paths: tuple[str, ...] = ()  # the paths to run (repository.bench_paths' names); empty: all
     prompt: str = PROMPT
-    stall_s: float = 60.0
+    stall_s: float = 20.0
     startup_timeout_s: float = 180.0
 
     def offered_tokens_per_s(self, concurrency: int) -> float | None:
@@ -37,9 +37,8 @@ class CapacityOptions:
         return None if self.rate == "max" else concurrency * float(self.rate)
 
 
-def checked_options(options: CapacityOptions, *, max_queue_size: int) -> CapacityOptions:
-    """The options, or SpecError naming the flag: a rate of 0 or less, a concurrency the server's queues would refuse
-    (Triton 2.51 then leaves the refused ensemble requests in flight for good: a hang, core #466), bad sizes."""
+def checked_options(options: CapacityOptions) -> CapacityOptions:
+    """The options, or SpecError naming the flag: a rate of 0 or less, no or unknown points or paths, bad sizes."""
     rate = options.rate.strip().lower()
     if rate != "max":
         try:
@@ -50,15 +49,9 @@ def checked_options(options: CapacityOptions, *, max_queue_size: int) -> Capacit
             raise SpecError(f"--rate {options.rate}: the stand-in's rate must be more than 0 tokens/s per request (or 'max')")
     if not options.concurrency or min(options.concurrency) < 1:
         raise SpecError(f"--concurrency {list(options.concurrency)}: every point must be at least 1 stream")
-    if max_queue_size and max(options.concurrency) > max_queue_size:
-        raise SpecError(
-            f"--concurrency {max(options.concurrency)} exceeds serve.max_queue_size {max_queue_size}: Triton would refuse the "
-            "requests over it, and in Triton 2.51 an ensemble request refused by one of its steps never ends (core #466)",
-            hint=f"lower --concurrency to at most {max_queue_size}, or raise serve.max_queue_size (--set serve.max_queue_size=N, 0 = unbounded)",
-        )
     if not options.stream_intervals or min(options.stream_intervals) < 1:
         raise SpecError(f"--stream-intervals {list(options.stream_intervals)}: every interval must be at least 1")
-    known = ("ensemble", "ensemble_batched", "bls", "floor", "nvidia")
+    known = ("ensemble", "ensemble_batched", "bls", "floor", "floor_batched", "nvidia")
     unknown = [name for name in options.paths if name not in known]
     if unknown:
         raise SpecError(f"--paths {','.join(unknown)}: unknown; the paths are {', '.join(known)}")
@@ -67,6 +60,17 @@ def checked_options(options: CapacityOptions, *, max_queue_size: int) -> Capacit
     if options.max_tokens < 2 or options.rounds < 1 or options.window_s <= 0 or options.warmup_s < 0:
         raise SpecError("--tokens must be at least 2, --rounds at least 1 and --window more than 0 seconds")
     return dataclasses.replace(options, rate=rate)
+
+
+def check_queue(options: CapacityOptions, max_queue_size: int) -> None:
+    """SpecError for a concurrency the server's queues would refuse: Triton answers the requests over serve.max_queue_size
+    with an error, and in Triton 2.51 an ensemble request refused by one of its steps never ends (core #466): a hang."""
+    if max_queue_size and max(options.concurrency) > max_queue_size:
+        raise SpecError(
+            f"--concurrency {max(options.concurrency)} exceeds serve.max_queue_size {max_queue_size}: Triton would refuse the "
+            "requests over it, and in Triton 2.51 an ensemble request refused by one of its steps never ends (core #466)",
+            hint=f"lower --concurrency to at most {max_queue_size}, or raise serve.max_queue_size (--set serve.max_queue_size=N, 0 = unbounded)",
+        )
 
 
 def integer_list(text: str, flag: str) -> tuple[int, ...]:

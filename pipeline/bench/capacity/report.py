@@ -28,9 +28,9 @@ def render_capacity_markdown(summary: dict[str, Any]) -> str:
         f"{recipe['load_average_1min']['end']} · wall {recipe['wall_s']} s · tritonserver "
         f"{', '.join(sorted({str(s['server_version']) for s in recipe['sittings']}))}",
         "",
-        f"Stand-in: {options['rate']} tokens/s per request, {options['max_tokens']} tokens per request; {options['rounds']} interleaved "
-        f"rounds per point, each {options['warmup_s']} s warm-up + {options['window_s']} s measured. CPU per streamed token from /proc "
-        "(user + system) in the measured windows; Python models = the stubs the path adds to the stand-in.",
+        f"Stand-in: {options['rate']} tokens/s per request, {options['max_tokens']} tokens per request; {options['rounds']} rounds, "
+        f"each path in a server of its own per round, each point {options['warmup_s']} s warm-up + {options['window_s']} s measured. "
+        "CPU per streamed token from /proc (user + system) in the measured windows; Python models = the stubs the path adds to the stand-in.",
         "",
         "| interval | streams | path | tok/s | offered | delivered | Python models CPU ms/tok | tok per CPU-s | tritonserver ms/tok "
         "| stand-in ms/tok | by stub ms/tok | client ms/tok | gap p50 ms | texts equal |",
@@ -73,8 +73,7 @@ def render_capacity_markdown(summary: dict[str, Any]) -> str:
         lines += ["", "Errors: " + " · ".join(errors)]
     stalls = [f"{row['stream_interval']}/{row['concurrency']}/{row['path']}: {row['stalled'][0]}" for row in summary["rows"] if row["stalled"]]
     if stalls:
-        lines += ["", "Stalled (the server stopped answering the path; it was restarted and the path not run at higher "
-                  "concurrency): " + " · ".join(stalls)]
+        lines += ["", "Stalled (the server stopped answering the path; its round ended there): " + " · ".join(stalls)]
     return "\n".join(lines)
 
 

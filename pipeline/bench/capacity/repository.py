@@ -6,8 +6,10 @@ and the variants it is compared with, served side by side by one tritonserver.
     <ensemble>, tensorrt_llm_bls
     postprocessing_batched           postprocessing as serve.postprocessing_dynamic_batching renders it
       + ensemble_batched
-    floor_postprocessing             a postprocessing that does nothing (floor.py): the Python backend's own cost
-      + ensemble_floor
+    floor_postprocessing             a postprocessing that does nothing (floor.py): the Python backend's own cost,
+      + ensemble_floor               without and with dynamic batching
+    floor_postprocessing_batched
+      + ensemble_floor_batched
     nv_preprocessing,                NVIDIA's models from a TensorRT-LLM checkout (`nvidia_dir`), their config.pbtxt
     nv_postprocessing                filled as fill_template.py would (nvidia.py)
       + ensemble_nvidia
@@ -58,6 +60,8 @@ def bench_paths(ensemble: str, *, nvidia_models: bool, only: tuple[str, ...] = (
         BenchPath("ensemble_batched", "ensemble, postprocessing dynamic batching", "ensemble_batched", ("preprocessing", "postprocessing_batched")),
         BenchPath("bls", "BLS (as packaged)", "tensorrt_llm_bls", ("preprocessing", "tensorrt_llm_bls")),
         BenchPath("floor", "ensemble, no-op postprocessing (floor)", "ensemble_floor", ("preprocessing", "floor_postprocessing")),
+        BenchPath("floor_batched", "ensemble, no-op postprocessing, dynamic batching (floor)", "ensemble_floor_batched",
+                  ("preprocessing", "floor_postprocessing_batched")),
     ]
     if nvidia_models:
         paths.append(BenchPath("nvidia", "ensemble, NVIDIA's pre/postprocessing", "ensemble_nvidia", ("nv_preprocessing", "nv_postprocessing")))
@@ -77,9 +81,12 @@ def write_bench_repository(
     _install_standin(out / "tensorrt_llm", cycle, rate=rate, stream_interval=stream_interval, period_ms=cancellation_check_period_ms)
     _copy_model(out, "postprocessing", "postprocessing_batched", config_text=batched_postprocessing_config)
     _copy_model(out, "postprocessing", "floor_postprocessing")
-    shutil.copyfile(STANDIN_DIR / "floor.py", out / "floor_postprocessing" / "1" / "model.py")
+    _copy_model(out, "postprocessing", "floor_postprocessing_batched", config_text=batched_postprocessing_config)
+    for floor in ("floor_postprocessing", "floor_postprocessing_batched"):
+        shutil.copyfile(STANDIN_DIR / "floor.py", out / floor / "1" / "model.py")
     _write_ensemble(out, ensemble, "ensemble_batched", {"postprocessing": "postprocessing_batched"})
     _write_ensemble(out, ensemble, "ensemble_floor", {"postprocessing": "floor_postprocessing"})
+    _write_ensemble(out, ensemble, "ensemble_floor_batched", {"postprocessing": "floor_postprocessing_batched"})
     if nvidia_dir is not None:
         preprocessing = _parse(out / "preprocessing" / "config.pbtxt")
         nvidia.install(nvidia_dir, out, tokenizer_dir=_parameter(preprocessing, "tokenizer_dir"), max_batch_size=preprocessing.max_batch_size)

@@ -7,12 +7,17 @@ from pydantic import Field, model_validator
 from pipeline.config.spec.choices import GuidedDecodingBackend, SchedulerPolicy
 from pipeline.config.spec.strict import StrictModel
 
+_PLANNED = (
+    " Unset: planned by the package stage, on a target that streams at a GPU's pace with deploy.gpu named, from the "
+    "GPU's token rate ÷ one instance's measured rate (`plan --gpu` shows the reasoning); else 1."
+)
+
 
 class InstanceCounts(StrictModel):
-    preprocessing: int = Field(default=1, ge=1, le=64, description="Tokenizer model instances.")
+    preprocessing: int | None = Field(default=None, ge=1, le=64, description="Tokenizer model instances." + _PLANNED)
     tensorrt_llm: int = Field(default=1, ge=1, le=16, description="LLM model instances.")
-    postprocessing: int = Field(default=1, ge=1, le=64, description="Detokenizer model instances.")
-    bls: int = Field(default=1, ge=1, le=64, description="tensorrt_llm_bls model instances.")
+    postprocessing: int | None = Field(default=None, ge=1, le=64, description="Detokenizer model instances." + _PLANNED)
+    bls: int | None = Field(default=None, ge=1, le=64, description="tensorrt_llm_bls model instances." + _PLANNED)
 
 
 class ServeLoraSpec(StrictModel):
