@@ -1,61 +1,33 @@
-"""`plan --gpu`: the capacity planner's table for a loaded spec."""
+"""`plan --gpu`: the capacity planner's tables for a loaded spec: memory, the GPU's token rate, the Python models."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from pipeline.backends.registry import backend_for
 from pipeline.config.loader import LoadedConfig
 
-if TYPE_CHECKING:
-    from pipeline.backends.capacity import DraftModel
-    from pipeline.config.spec import Spec
-
 
 def print_capacity(loaded: LoadedConfig, *, gpu: str, tp: int | None, console: Console) -> None:
-    """`plan --gpu`: weights and KV cache per GPU for the spec (and its draft model, if any)."""
-    from pipeline.backends.capacity import capacity_table, plan_capacity
+    """`plan --gpu`: weights and KV cache per GPU for the spec (and its draft model, if any), the streamed tokens/s
+    that GPU produces, and the Python-model instances and CPU cores that keep pace with it."""
+    from pipeline.backends.capacity import capacity_table
+    from pipeline.backends.spec_capacity import spec_capacity
+    from pipeline.backends.stream_capacity import python_instances, stream_table, token_roofline
 
     spec = loaded.spec
-    max_seq_len = spec.build.max_seq_len or loaded.model.default_max_seq_len()
-    reserve_gb, memory_model = backend_for(spec.build.target).capacity_reserve(spec)
-    capacity = plan_capacity(
-        loaded.model,
-        quant_algo=spec.quantize.algo.value,
-        kv_cache_dtype=spec.quantize.kv_cache.value,
-        gpu=gpu,
-        max_seq_len=max_seq_len,
-        max_batch_size=spec.build.max_batch_size,
-        tp=tp or spec.build.tp_size,
-        kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
-        tokens_per_block=spec.build.tokens_per_block,
-        group_size=spec.quantize.group_size,
-        draft=_draft_for_capacity(spec),
-        reserve_gb=reserve_gb,
-        windows=_runtime_windows(loaded),
-    )
+    _, memory_model = backend_for(spec.build.target).capacity_reserve(spec)
+    capacity = spec_capacity(spec, loaded.model, gpu=gpu, tp=tp)
     console.print(capacity_table(capacity))
     console.print(f"memory model: {memory_model}", markup=False)
-
-
-def _runtime_windows(loaded: LoadedConfig) -> tuple[int | None, ...]:
-    """The model's per-layer windows where the target's runtime keeps them (else every layer holds every token)."""
-    from pipeline.config.families import family_of
-
-    family = family_of(loaded.model.model_type)
-    return loaded.model.layer_windows if family is not None and family.runtime_windows(loaded.spec.build.target) else ()
-
-
-def _draft_for_capacity(spec: Spec) -> DraftModel | None:
-    """build.speculative.draft as the capacity planner counts it (its weights and its own KV cache), or None."""
-    from pipeline.backends.capacity import DraftModel
-    from pipeline.config.model_info import read_model_info
-    from pipeline.config.spec.draft import draft_spec
-
-    draft = draft_spec(spec)
-    if draft is None:
-        return None
-    model = read_model_info(draft.model.source)
-    return DraftModel(model, draft.quantize.algo.value, draft.quantize.kv_cache.value, draft.build.max_seq_len or model.default_max_seq_len())
+    roofline = token_roofline(capacity)
+    if roofline is None:
+        console.print(f"streamed tokens/s: n/a ({capacity.gpu.name} has no bandwidth or TFLOPS figure in the planner's GPU table)", markup=False)
+        return
+    plans = python_instances(
+        roofline.tokens_per_s, osl=roofline.osl, stream_interval=spec.serve.stream_interval,
+        batched_postprocessing=spec.serve.postprocessing_dynamic_batching,
+    )
+    console.print(stream_table(capacity, roofline, plans))
+    for plan in plans:
+        console.print(f"{plan.model}: {plan.reasoning}", markup=False)

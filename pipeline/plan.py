@@ -304,7 +304,8 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         _package_inputs,
         "render the Triton model repository and check it against the engine",
         hashes=("serve", "build.target", "deploy.gpus", "build.speculative"),
-        via_upstream=("dry_run",),
+        # the capacity planner sizes the Python models' instances for the GPU (engine target): the build hashes these
+        via_upstream=("dry_run", "build", "quantize.algo", "quantize.kv_cache", "quantize.group_size", "deploy.gpu"),
     ),
     StageDef(
         "slo",

@@ -62,6 +62,7 @@ class WeightFormat:
     gemm_plugin: str | None = None  # the --gemm_plugin choice that belongs to this format
     gemm_plugin_auto: bool = False  # trtllm-build enables that GEMM plugin by itself (§1.8)
     builder_plugin: tuple[str, str] | None = None  # (plugin_config field trtllm-build sets to the dtype, for what) (§1.10)
+    eight_bit_gemm: bool = False  # its GEMMs run on 8-bit tensor cores (the planner's FP8/INT8 dense TFLOPS), else 16-bit math
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "refused_targets", MappingProxyType(dict(self.refused_targets)))
@@ -119,11 +120,11 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType({f.name: f for f i
     WeightFormat("none", None, None, _SIXTEEN_BIT, fused_mlp=True, lookahead_documented=True),
     WeightFormat(
         "fp8", "FP8", "FP8_DEFAULT_CFG", 1.0, min_sm=FP8_MIN_SM, gpu_need=_FP8_TENSOR_CORES, fp8_context_fmha=True,
-        fp8_qdq=True, fused_mlp=True, lookahead_documented=True, gemm_plugin="fp8",
+        fp8_qdq=True, fused_mlp=True, lookahead_documented=True, gemm_plugin="fp8", eight_bit_gemm=True,
     ),
     WeightFormat(
         "int8_sq", "W8A8_SQ_PER_CHANNEL", "INT8_SMOOTHQUANT_CFG", 1.0, refused_targets={"llmapi": _NO_PYTORCH_INT8},
-        blackwell_rejected=True, lora_rejected_by="SmoothQuantLinear", folds_input_scale=True,
+        blackwell_rejected=True, lora_rejected_by="SmoothQuantLinear", folds_input_scale=True, eight_bit_gemm=True,
     ),
     # Exported unquantized with quant_algo W8A16; trtllm-build quantizes the weights (ModelOpt's own INT8 weight-only
     # export names its tensors differently from what TensorRT-LLM's W8A16 loader expects, trtllm.md §2.4).
@@ -138,13 +139,13 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType({f.name: f for f i
     WeightFormat(
         "w4a8_awq", "W4A8_AWQ", "W4A8_AWQ_BETA_CFG", 0.5, group_wise=True, min_sm=FP8_MIN_SM, gpu_need=_FP8_TENSOR_CORES,
         fp8_context_fmha=True, builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
-        folds_input_scale=True,
+        folds_input_scale=True, eight_bit_gemm=True,
     ),
     WeightFormat(
         "nvfp4", "NVFP4", "NVFP4_DEFAULT_CFG", 0.5 + 1 / 16, calibration_needs_cuda=True,  # + an FP8 scale per 16 weights
         refused_targets={"cpu": "needs build.target engine: NVFP4 runs only on Blackwell GPUs, not on the cpu reference engine"},
         min_sm=100, gpu_need="a Blackwell GPU (SM >= 10.0)", fp8_context_fmha=True, lora_rejected_by="FP4Linear",
-        gemm_plugin="nvfp4", gemm_plugin_auto=True,
+        gemm_plugin="nvfp4", gemm_plugin_auto=True, eight_bit_gemm=True,
     ),
 )})
 

@@ -69,10 +69,15 @@ def _lora_fingerprint(spec) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
+# The capacity planner's modules: the package stage renders the Python models' instance counts from them.
+_PLANNER_MODULES = ("capacity.py", "model_size.py", "spec_capacity.py", "stream_capacity.py")
+
+
 def _model_repo_fingerprint() -> str:
-    """The model code a repository carries and the code that renders it (which files go where)."""
+    """The model code a repository carries and the code that renders it (which files go where, how many instances)."""
     roots = (model_repo_sources(), package_dir("pipeline.render"))
     parts = [directory_fingerprint(root, skip_suffixes=_COMPILED) for root in roots]
+    parts += [_file_fingerprint(package_dir("pipeline.backends") / name) for name in _PLANNER_MODULES]
     return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 

@@ -26,6 +26,9 @@ REPLACEMENT_CHARACTER = "\ufffd"
 CONTEXT_TOKENS = 8
 
 Decode = Callable[[Sequence[int]], str]
+DecodeBatch = Callable[[Sequence[Sequence[int]]], list[str]]
+# (preceding ids, new ids); preceding None: the new ids are decoded on their own (no context travelled with them)
+Piece = tuple[Sequence[int] | None, Sequence[int]]
 
 
 def without_incomplete_tail(text: str) -> str:
@@ -35,16 +38,37 @@ def without_incomplete_tail(text: str) -> str:
 
 def text_delta(decode: Decode, preceding_ids: Sequence[int], new_ids: Sequence[int]) -> str:
     """The text `new_ids` add after `preceding_ids`, holding back an unfinished character."""
-    if not new_ids:
-        return ""
-    context = list(preceding_ids)
-    emitted_before = without_incomplete_tail(decode(context))
-    complete_now = without_incomplete_tail(decode(context + list(new_ids)))
-    if complete_now.startswith(emitted_before):
-        return complete_now[len(emitted_before) :]
-    # A decoder that rewrites earlier text (e.g. clean-up of spaces before punctuation): fall back
-    # to decoding the new tokens alone rather than emitting a wrong prefix.
-    return without_incomplete_tail(decode(list(new_ids)))
+    return text_deltas(lambda sequences: [decode(ids) for ids in sequences], [(preceding_ids, new_ids)])[0]
+
+
+def text_deltas(decode_batch: DecodeBatch, pieces: Sequence[Piece]) -> list[str]:
+    """`text_delta` of every piece, decoded by one `decode_batch` call (every context and every context plus its
+    new tokens); a piece without context is its new tokens' text as they decode alone. A decoder that rewrote
+    earlier text (e.g. clean-up of spaces before punctuation) costs a second call for those pieces: their new
+    tokens alone, rather than a wrong prefix."""
+    sequences: list[list[int]] = []
+    for preceding, new in pieces:
+        if new:
+            sequences += [list(new)] if preceding is None else [list(preceding), list(preceding) + list(new)]
+    texts = iter(decode_batch(sequences) if sequences else [])
+    deltas: list[str] = []
+    rewritten: list[int] = []
+    for index, (preceding, new) in enumerate(pieces):
+        if not new:
+            deltas.append("")
+        elif preceding is None:
+            deltas.append(next(texts))
+        else:
+            emitted_before, complete_now = without_incomplete_tail(next(texts)), without_incomplete_tail(next(texts))
+            if complete_now.startswith(emitted_before):
+                deltas.append(complete_now[len(emitted_before) :])
+            else:
+                deltas.append("")
+                rewritten.append(index)
+    if rewritten:
+        for index, text in zip(rewritten, decode_batch([list(pieces[index][1]) for index in rewritten])):
+            deltas[index] = without_incomplete_tail(text)
+    return deltas
 
 
 class IncrementalDetokenizer:

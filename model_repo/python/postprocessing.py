@@ -13,6 +13,11 @@ client's request id, and each instance is its own process), so the state a strea
 with the data instead of living here. Without PRECEDING_IDS (TensorRT-LLM's C++ backend) each
 response is decoded on its own, as upstream does.
 
+One execution, one decode: the requests of an execution (several with serve.postprocessing_dynamic_batching)
+are read into pieces first (postprocessing_pieces.py), then every piece is decoded by one batched call of the
+tokenizer (incremental_detokenizer.text_deltas); a request that cannot be read gets its own error response and
+the others their texts.
+
 Cancellation: Triton 2.51 does not tell an in-flight decoupled model of an ensemble that the
 client cancelled; it does mark the following postprocessing requests cancelled. This model then
 sends TensorRT-LLM's `stop` request (same request id) to the LLM model so it ends the generation
@@ -20,7 +25,9 @@ and frees its KV cache. That needs the client to give each request a unique id (
 to tell their responses apart). `is_cancelled()` is a round trip to the server, so it is asked at
 most once per `cancellation_check_period_ms` (100) per request id, as the LLM model polls its own
 requests, not for every streamed token; the first response of a request is not checked (it may
-be the only one, and a cancellation is acted on with the next response after the period).
+be the only one, and a cancellation is acted on with the next response after the period). With
+dynamic batching Triton's batcher answers a cancelled request itself, before this model sees it
+(serve.postprocessing_dynamic_batching says what that costs).
 """
 
 from __future__ import annotations
@@ -29,12 +36,12 @@ import collections
 import json
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 from deferred_release import DeferredRelease
 from hf_tokenizer import HFTokenizer
-from incremental_detokenizer import text_delta
+from incremental_detokenizer import text_deltas
 from model_parameters import ModelParameters
+from postprocessing_pieces import PostprocessingInputError, request_pieces
 from triton_io import BadRequest, error_response, input_arrays, log_error, required_array, send_stop, string_tensor
 
 _REMEMBERED_STOPS = 1024
@@ -53,21 +60,34 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self._finished_calls.release_due()
-        responses = []
-        for request in requests:
-            try:
-                if self._cancellation_due(request.request_id()) and request.is_cancelled():
-                    self._stop_generation(request.request_id())
-                # A cancelled request still gets an ordinary response: the client is gone, and an
-                # error from a composing model leaves Triton 2.51's ensemble with an in-flight
-                # request that never ends (shutdown then waits for --exit-timeout-secs).
-                responses.append(self._postprocess(request))
-            except BadRequest as error:
-                responses.append(error_response(str(error)))
-            except Exception as error:  # never let one request take the model down
-                log_error(f"postprocessing failed: {type(error).__name__}: {error}")
-                responses.append(error_response(f"postprocessing failed: {error}", pb_utils.TritonError.INTERNAL))
-        return responses
+        read = [self._read(request) for request in requests]  # each request's pieces, or its error response
+        pieces = [piece for outcome in read if isinstance(outcome, list) for piece in outcome]
+        try:
+            texts = iter(text_deltas(self._decode_batch, pieces))
+        except Exception as error:  # never let one execution take the model down
+            log_error(f"postprocessing failed: {type(error).__name__}: {error}")
+            return [error_response(f"postprocessing failed: {error}", pb_utils.TritonError.INTERNAL) for _ in requests]
+        return [
+            pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", [next(texts) for _ in outcome])])
+            if isinstance(outcome, list) else outcome
+            for outcome in read
+        ]
+
+    def _read(self, request):
+        """The request's pieces (sequences to decode), or the error response it gets instead."""
+        try:
+            if self._cancellation_due(request.request_id()) and request.is_cancelled():
+                self._stop_generation(request.request_id())
+            # A cancelled request still gets an ordinary response: the client is gone, and an
+            # error from a composing model leaves Triton 2.51's ensemble with an in-flight
+            # request that never ends (shutdown then waits for --exit-timeout-secs).
+            inputs = input_arrays(request)
+            return request_pieces(required_array(inputs, "TOKENS_BATCH"), required_array(inputs, "SEQUENCE_LENGTH"), inputs.get("PRECEDING_IDS"))
+        except (BadRequest, PostprocessingInputError) as error:
+            return error_response(str(error))
+        except Exception as error:  # never let one request take the model down
+            log_error(f"postprocessing failed: {type(error).__name__}: {error}")
+            return error_response(f"postprocessing failed: {error}", pb_utils.TritonError.INTERNAL)
 
     def _cancellation_due(self, request_id):
         """Whether to ask the server if this request was cancelled (see the module docstring)."""
@@ -83,28 +103,8 @@ class TritonPythonModel:
             self._next_check.popitem(last=False)
         return due is not None
 
-    def _decode(self, token_ids):
-        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
-
-    def _postprocess(self, request):
-        inputs = input_arrays(request)
-        tokens = _three_dimensional(required_array(inputs, "TOKENS_BATCH"), "TOKENS_BATCH")
-        lengths = required_array(inputs, "SEQUENCE_LENGTH").reshape(tokens.shape[0], -1)
-        preceding = inputs.get("PRECEDING_IDS")
-        if preceding is not None:
-            preceding = _three_dimensional(preceding, "PRECEDING_IDS")
-        texts = []  # flat, row by row then beam by beam: wire shape [beams] for one row, as NVIDIA's postprocessing
-        for row in range(tokens.shape[0]):
-            for beam in range(tokens.shape[1]):
-                length = int(lengths[row, beam]) if beam < lengths.shape[1] else tokens.shape[2]
-                new_ids = tokens[row, beam, : max(0, min(length, tokens.shape[2]))].tolist()
-                if preceding is None:
-                    texts.append(self._decode(new_ids))
-                else:
-                    context = preceding[row, beam]
-                    context = context[context >= 0].tolist()
-                    texts.append(text_delta(self._decode, context, new_ids))
-        return pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", texts)])
+    def _decode_batch(self, sequences):
+        return self.tokenizer.decode_batch(sequences, skip_special_tokens=self.skip_special_tokens)
 
     def _stop_generation(self, request_id):
         if not request_id or request_id in self._stopped_request_ids:
@@ -113,11 +113,3 @@ class TritonPythonModel:
         for message in send_stop(self.llm_model_name, request_id, keep=self._finished_calls.hold):
             log_error(f"stop request for {request_id!r} failed: {message}")
 
-
-def _three_dimensional(array, name):
-    """[B, beams, T] from the batched contract shape; a missing beam axis is added."""
-    if array.ndim == 2:
-        return array[:, np.newaxis, :]
-    if array.ndim != 3:
-        raise BadRequest(f"{name} must have shape [batch, beams, tokens], got {list(array.shape)}")
-    return array

@@ -13,11 +13,16 @@ bounded before it is spent: a prompt of more bytes than `max_input_len` tokens c
 sequence (`max_word_bytes`) are refused before anything is decoded or tokenized. Refused too are
 request parameters nobody reads: HTTP `generate` turns every JSON key that is not an input into
 a parameter, so a misspelt input ("temprature") would otherwise be ignored without a word.
+
+The model is dynamically batched: the requests of one execution are read and checked first, then every
+prompt of the execution is tokenized by one call of the tokenizer (`encode_batch`); a request that fails
+gets its own error response and the others their tensors.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -45,18 +50,39 @@ class TritonPythonModel:
         self._no_bias = np.zeros((1, 0), dtype=np.float32)
 
     def execute(self, requests):
+        """One tokenizer call for every prompt of the execution (several requests with dynamic batching)."""
+        read = [self._read(request) for request in requests]  # each request's _Query, or its error response
+        texts = [text for query in read if isinstance(query, _Query) for text in query.texts]
+        try:
+            encoded = iter(self.tokenizer.encode_batch(texts, add_special_tokens=self.add_special_tokens) if texts else [])
+        except Exception as error:  # never let one execution take the model down
+            log_error(f"preprocessing failed: {type(error).__name__}: {error}")
+            return [error_response(f"preprocessing failed: {error}", pb_utils.TritonError.INTERNAL) for _ in requests]
         responses = []
-        for request in requests:
-            try:
-                responses.append(self._preprocess(request))
-            except BadRequest as error:
-                responses.append(error_response(str(error)))
-            except Exception as error:  # never let one request take the model down
-                log_error(f"preprocessing failed: {type(error).__name__}: {error}")
-                responses.append(error_response(f"preprocessing failed: {error}", pb_utils.TritonError.INTERNAL))
+        for query in read:
+            if not isinstance(query, _Query):
+                responses.append(query)
+                continue
+            prompts = [next(encoded) for _ in query.texts]
+            responses.append(self._guarded(lambda query=query, prompts=prompts: self._respond(query, prompts)))
         return responses
 
-    def _preprocess(self, request):
+    def _read(self, request):
+        return self._guarded(lambda: self._query(request))
+
+    @staticmethod
+    def _guarded(step):
+        """`step()`, or the error response a request gets when it fails."""
+        try:
+            return step()
+        except BadRequest as error:
+            return error_response(str(error))
+        except Exception as error:  # never let one request take the model down
+            log_error(f"preprocessing failed: {type(error).__name__}: {error}")
+            return error_response(f"preprocessing failed: {error}", pb_utils.TritonError.INTERNAL)
+
+    def _query(self, request):
+        """Everything of a request but its prompts' token ids, checked (the prompts are tokenized per execution)."""
         _refuse_unknown_parameters(request)
         inputs = input_arrays(request)
         queries = required_array(inputs, "QUERY", "text_input")
@@ -66,14 +92,22 @@ class TritonPythonModel:
             self._check_bytes(value, "text_input", self.max_prompt_bytes, f"more than the engine's max_input_len {self.max_input_len} tokens can hold")
         texts = [as_text(value, "text_input") for value in rows]
         _refuse_decoder_query(inputs)
-        output_lens = scalar_per_row(required_array(inputs, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens")
-        end_ids = scalar_per_row(inputs.get("END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch
-        pad_ids = scalar_per_row(inputs.get("PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch
+        return _Query(
+            texts=texts,
+            output_lens=scalar_per_row(required_array(inputs, "REQUEST_OUTPUT_LEN", "max_tokens"), batch, "max_tokens"),
+            end_ids=scalar_per_row(inputs.get("END_ID"), batch, "end_id") or [self.tokenizer.eos_id] * batch,
+            pad_ids=scalar_per_row(inputs.get("PAD_ID"), batch, "pad_id") or [self.tokenizer.pad_id] * batch,
+            bad_words=self._word_lists(inputs, "BAD_WORDS_DICT", "bad_words", batch),
+            stop_words=self._word_lists(inputs, "STOP_WORDS_DICT", "stop_words", batch),
+            embedding_bias=self._embedding_bias(inputs, batch),
+        )
 
-        prompts = [self._encode_prompt(text) for text in texts]
-        for prompt, output_len in zip(prompts, output_lens):
+    def _respond(self, query, prompts):
+        batch = len(prompts)
+        for prompt, output_len in zip(prompts, query.output_lens):
+            self._check_prompt(prompt)
             self._check_output_len(len(prompt), int(output_len))
-        input_ids = np.full((batch, max(len(p) for p in prompts)), pad_ids[0], dtype=np.int32)
+        input_ids = np.full((batch, max(len(p) for p in prompts)), query.pad_ids[0], dtype=np.int32)
         for row, prompt in enumerate(prompts):
             input_ids[row, : len(prompt)] = prompt
 
@@ -84,26 +118,24 @@ class TritonPythonModel:
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", column([len(p) for p in prompts])),
             # What NVIDIA's preprocessing sends a decoder-only model: one pad id, length 1 (ignored).
-            pb_utils.Tensor("DECODER_INPUT_ID", column(pad_ids)),
+            pb_utils.Tensor("DECODER_INPUT_ID", column(query.pad_ids)),
             pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", column([1] * batch)),
-            pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(output_lens)),
-            pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(inputs, "BAD_WORDS_DICT", "bad_words", batch)),
-            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(inputs, "STOP_WORDS_DICT", "stop_words", batch)),
-            pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(inputs, batch)),
-            pb_utils.Tensor("OUT_END_ID", column(end_ids)),
-            pb_utils.Tensor("OUT_PAD_ID", column(pad_ids)),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(query.output_lens)),
+            pb_utils.Tensor("BAD_WORDS_IDS", query.bad_words),
+            pb_utils.Tensor("STOP_WORDS_IDS", query.stop_words),
+            pb_utils.Tensor("EMBEDDING_BIAS", query.embedding_bias),
+            pb_utils.Tensor("OUT_END_ID", column(query.end_ids)),
+            pb_utils.Tensor("OUT_PAD_ID", column(query.pad_ids)),
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _encode_prompt(self, text):
-        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+    def _check_prompt(self, ids):
         if not ids:
             raise BadRequest("text_input is empty: it encodes to no tokens")
         if len(ids) > self.max_input_len:
             raise BadRequest(
                 f"text_input encodes to {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}"
             )
-        return ids
 
     @staticmethod
     def _check_bytes(value, name, limit, what):
@@ -165,6 +197,19 @@ class TritonPythonModel:
             encoded = [self.tokenizer.encode(as_text(word, client_name), add_special_tokens=False) for word in row]
             per_row.append([ids for ids in encoded if ids])
         return to_word_list_batch(per_row)
+
+
+@dataclass(frozen=True)
+class _Query:
+    """A request read and checked, its prompts not yet tokenized: one value per row (the arrays: [rows, ...])."""
+
+    texts: list[str]
+    output_lens: list[int]
+    end_ids: list[int]
+    pad_ids: list[int]
+    bad_words: np.ndarray
+    stop_words: np.ndarray
+    embedding_bias: np.ndarray
 
 
 def _refuse_unknown_parameters(request):

@@ -47,7 +47,7 @@ from speculative_loop import DraftLogits, draft_target_generate, use_draft_logit
 from triton_io import BadRequest, error_response, input_arrays, log_error, optional_input, requested_outputs, send_stop, string_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_LLM_OUTPUTS = ["output_ids", "sequence_length", "sequence_index"]
+_LLM_OUTPUTS = ["output_ids", "sequence_length"]  # per streamed token: few tensors (sequence_index only with n > 1)
 _LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
 # set anew for every call of the draft loop
 _PER_STEP_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming", "exclude_input_in_output")
@@ -164,7 +164,8 @@ class TritonPythonModel:
         elif num_draft_tokens:
             self._speculate(llm_inputs, prompt, num_draft_tokens, exclude_input, channel, requested, bool(use_logits))
             return
-        outputs = _LLM_OUTPUTS + (_LOG_PROB_OUTPUTS if return_log_probs else [])
+        samples = int(client["num_return_sequences"].reshape(-1)[0]) if "num_return_sequences" in client else 1
+        outputs = _LLM_OUTPUTS + (["sequence_index"] if samples > 1 else []) + (_LOG_PROB_OUTPUTS if return_log_probs else [])
         # What else the client asked for that tensorrt_llm gives (perf metrics, token counts, batch_index)
         outputs += [llm for llm, name in wiring.llm_to_client.items() if name in requested and llm not in outputs and llm not in _LOG_PROB_OUTPUTS]
         self._relay(llm_inputs, outputs, context, streaming, channel, requested)

@@ -119,6 +119,7 @@ class CapacityPlan:
     draft: DraftCapacity | None = None  # the draft engine of draft-target decoding, on the same GPUs
     kv_bytes_per_sequence: int = 0  # per GPU, one max_seq_len-token sequence, block-rounded (windowed layers capped)
     windowed_layers: int = 0  # layers that keep only their attention window
+    read_bytes_per_step: float = 0.0  # per GPU: the weights one decoding step reads (decoder's active part + output projection)
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k not in ("gpu", "params", "draft")}
@@ -223,7 +224,7 @@ def plan_capacity(
         kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, kv_tokens=kv_tokens, full_sequences=full_sequences,
         recommended_max_batch_size=batch, recommended_max_num_tokens=num_tokens, fits=full_sequences >= max_batch_size,
         decode_tokens_per_s_b1=decode, notes=notes, draft=draft_capacity, kv_bytes_per_sequence=one_sequence,
-        windowed_layers=sum(w is not None for w in windows),
+        windowed_layers=sum(w is not None for w in windows), read_bytes_per_step=read_per_step,
     )
 
 

@@ -82,6 +82,8 @@ ROWS: tuple[Row, ...] = (
         why_not="NVIDIA's llmapi model runs without Triton batching (max_batch_size 0): the LLM() scheduler batches"),
     Row("serve.max_queue_size", None, "serve", "dynamic_batching max_queue_size",
         why_not="NVIDIA's llmapi model runs without Triton batching (max_batch_size 0): the LLM() scheduler batches"),
+    Row("serve.postprocessing_dynamic_batching", None, "serve", "the postprocessing model's dynamic_batching",
+        why_not="NVIDIA's llmapi layout has no postprocessing model: the LLM() model returns text"),
     Row("serve.exclude_input_in_output", None, "serve", "exclude_input_in_output",
         why_not="the llmapi model returns only generated text (a request may ask otherwise: sampling_param_exclude_input_from_output)"),
 )

@@ -3,6 +3,7 @@
 - `load/`: the load sweep (`bench load`; TTFT, ITL, throughput, goodput over a concurrency or
   request-rate sweep), a command over the load-test library `pipeline/loadtest/`.
 - `overhead/`: what Triton adds per request over the engine in this process (`bench overhead`).
+- `capacity/`: streamed tokens/s the Python models sustain around a GPU-pace stand-in (`bench capacity`).
 - `engine/`: refengine's inflight batching against static batching and transformers (`bench engine`).
 - `soak/`: chaos traffic for a while, then proof that nothing broke (`bench soak`).
 - `accuracy_bench.py`: perplexity and next-token agreement of every quantization format (`bench accuracy`).

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.capacity import command as capacity
 from pipeline.bench.command_support import BuildCpuTarget, dim_lines, status_console
 from pipeline.bench.engine import command as engine
 from pipeline.bench.load import command as load
@@ -27,7 +28,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, **defaults: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks (print a table and write JSON)")
     bench.set_defaults(**defaults)
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    for name, module in (("engine", engine), ("load", load), ("overhead", overhead), ("speculative", speculative)):
+    for name, module in (("capacity", capacity), ("engine", engine), ("load", load), ("overhead", overhead), ("speculative", speculative)):
         module.add_arguments(_with_config(benchmarks, name, module.HELP, module.CONFIG_HELP))
     accuracy = benchmarks.add_parser("accuracy", help=ACCURACY_HELP, description=ACCURACY_HELP)
     accuracy.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
@@ -53,6 +54,8 @@ def run_bench_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget
         benchmark = "overhead" if args.overhead else "load"
         old = "bench serve --overhead" if args.overhead else "bench serve"
         print(f"note: `{old}` is deprecated and will be removed; it runs `bench {benchmark}` now", file=sys.stderr, flush=True)
+    if benchmark == "capacity":
+        return capacity.run_capacity_command(args, build_cpu_target)
     if benchmark == "engine":
         return engine.run_engine_command(args, build_cpu_target)
     if benchmark == "load":

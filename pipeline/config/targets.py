@@ -49,6 +49,8 @@ class TargetTraits:
     no_stream_interval_because: str | None = None  # why serve.stream_interval must stay 1; None: its server honours it
     # why it refuses build.speculative.draft_vocab_size (a draft proposing only the first N token ids); None: it builds it
     no_draft_vocab_size_because: str | None = None
+    # its LLM model streams at a GPU's pace: the package stage sizes the Python models' instances for the GPU's token rate
+    streams_at_gpu_pace: bool = False
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -73,6 +75,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (trtllm-build builds the "
         "draft's whole lm_head, and the draft engine is served as is; a reduced draft vocabulary exists there only inside "
         "trained EAGLE-3 heads)",
+        streams_at_gpu_pace=True,
     ),
     Target.cpu: TargetTraits(
         model_backend="refengine",

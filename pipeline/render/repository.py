@@ -49,7 +49,7 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     "preprocessing": ("preprocessing.py", ("hf_tokenizer.py", "model_parameters.py", "triton_io.py", "word_lists.py")),
     "postprocessing": (
         "postprocessing.py",
-        ("deferred_release.py", "hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "triton_io.py"),
+        ("deferred_release.py", "hf_tokenizer.py", "incremental_detokenizer.py", "model_parameters.py", "postprocessing_pieces.py", "triton_io.py"),
     ),
     "tensorrt_llm_bls": (
         "tensorrt_llm_bls.py",
@@ -95,6 +95,7 @@ def render_model_repository(
     draft_engine_dir: Path | None = None,
     draft_config_dir: str | None = None,
     final_out_dir: Path | None = None,
+    python_instances: Mapping[str, int] | None = None,
 ) -> list[Path]:
     """Check the engine against the serve spec, then write the repository; returns the files written.
 
@@ -105,7 +106,9 @@ def render_model_repository(
     runtime's lookahead (W, N, G) from here. `draft_engine_dir` is the draft stage's engine of draft_tokens_external
     (the engine target serves it as tensorrt_llm_draft, named `draft_config_dir` in its config); a cpu engine carries
     its draft inside (<engine>/draft). `final_out_dir`: where `out_dir` will be once the stage succeeds (the absolute
-    paths of files inside the repository name it)."""
+    paths of files inside the repository name it). `python_instances`: the instance counts of preprocessing,
+    postprocessing and the BLS the package stage planned (pipeline.backends.spec_capacity); a count the spec sets wins,
+    and 1 stands in where neither gives one."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
@@ -136,7 +139,8 @@ def render_model_repository(
         paths = dataclasses.replace(paths, model_repository=str((final_out_dir or out_dir).resolve()))
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
-    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors)
+    instances = {name: getattr(serve.instances, name) or (python_instances or {}).get(name) or 1 for name in ("preprocessing", "postprocessing", "bls")}
+    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors, instances)
     if draft_config is not None and llm_model.serves_draft_model:
         draft_dir = draft_config_dir or str(Path(draft_engine_dir or "").resolve())
         configs[DRAFT_MODEL_NAME] = _draft_model(engine_facts(draft_config), serve, Target(target), llm_model, draft_dir, gpu_device_ids, tensors)
@@ -270,11 +274,12 @@ def _configs(
     gpu_device_ids: Sequence[int],
     speculative: SpeculativeSpec | None,
     tensors: _Tensors,
+    instances: Mapping[str, int],
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     max_batch_size = facts.max_batch_size
 
     def context(**values):
-        return {"max_batch_size": max_batch_size, "serve": serve, **values}
+        return {"max_batch_size": max_batch_size, "serve": serve, "instances": instances, **values}
 
     llm_parameters = backend_for(target).llm_parameters(facts, serve, engine_dir=paths.engine_dir, gpu_device_ids=gpu_device_ids, speculative=speculative)
     tokenizer_info_path = f"tensorrt_llm/{TOKENIZER_INFO_FILE}"

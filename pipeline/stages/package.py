@@ -1,12 +1,20 @@
 """package: render the Triton model repository for the built engine and check it against it.
 
 Reads: spec.serve, spec.build.target, spec.deploy.gpus (gpu_device_ids of the engine target),
-spec.build.speculative (Triton's lookahead parameters); upstream build (engine/) and prepare (the tokenizer). Writes `model_repository/`.
+spec.build.speculative (Triton's lookahead parameters); upstream build (engine/) and prepare (the tokenizer, and
+config.json for the capacity planner). Writes `model_repository/`.
+
+The instance counts of preprocessing, postprocessing and the BLS that the spec leaves unset are planned here, on a
+target that streams at a GPU's pace (pipeline.backends.spec_capacity: the GPU's token rate ÷ one instance's measured
+rate; then the planner also reads build, quantize and deploy.gpu, which the build stage's digest hashes); the
+reasoning goes to the stage's log.
 """
 
 from __future__ import annotations
 
 from pipeline.backends.registry import backend_for
+from pipeline.backends.spec_capacity import planned_python_instances
+from pipeline.config.model_info import read_model_info
 from pipeline.render import render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form
 from pipeline.stages.base import StageContext
@@ -20,6 +28,9 @@ def run(ctx: StageContext) -> None:
     spec = ctx.spec
     engine_dir = (ctx.upstream["build"].path / ENGINE_DIR).resolve()
     tokenizer_dir = ctx.upstream["prepare"].path.resolve()
+    instances, reasoning = planned_python_instances(spec, read_model_info(tokenizer_dir))
+    for line in reasoning:
+        ctx.log(line)
     written = render_model_repository(
         engine_dir=engine_dir,
         tokenizer_dir=tokenizer_dir,
@@ -31,6 +42,7 @@ def run(ctx: StageContext) -> None:
         speculative=spec.build.speculative,
         draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
         final_out_dir=(ctx.final_dir or ctx.out_dir) / REPOSITORY_DIR,
+        python_instances=instances,
     )
     llm_api = backend_for(spec.build.target).llm_api
     if llm_api is not None:  # its second form: trtllm-serve with the same LLM() options

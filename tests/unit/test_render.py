@@ -613,7 +613,8 @@ def test_package_stage_writes_the_repository(tmp_path):
     repository = ctx.out_dir / package.REPOSITORY_DIR
     assert sorted(p.name for p in repository.iterdir()) == list(ALL_MODELS)
     assert parameters(parse(repository / "tensorrt_llm" / "config.pbtxt"))["engine_dir"] == str((build_dir / "engine").resolve())
-    assert "5 models" in logged[0]
+    assert "5 models" in logged[-1]
+    assert "serve.instances.postprocessing: 1 (1: build.target cpu" in logged[1]  # the planner's reasoning, logged
 
 
 # -- model code that ships in the repository (pure parts, importable outside Triton) -------------

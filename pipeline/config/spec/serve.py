@@ -7,12 +7,17 @@ from pydantic import Field, model_validator
 from pipeline.config.spec.choices import GuidedDecodingBackend, SchedulerPolicy
 from pipeline.config.spec.strict import StrictModel
 
+_PLANNED = (
+    " Unset: planned by the package stage, on a target that streams at a GPU's pace with deploy.gpu named, from the "
+    "GPU's token rate ÷ one instance's measured rate (`plan --gpu` shows the reasoning); else 1."
+)
+
 
 class InstanceCounts(StrictModel):
-    preprocessing: int = Field(default=1, ge=1, le=64, description="Tokenizer model instances.")
+    preprocessing: int | None = Field(default=None, ge=1, le=64, description="Tokenizer model instances." + _PLANNED)
     tensorrt_llm: int = Field(default=1, ge=1, le=16, description="LLM model instances.")
-    postprocessing: int = Field(default=1, ge=1, le=64, description="Detokenizer model instances.")
-    bls: int = Field(default=1, ge=1, le=64, description="tensorrt_llm_bls model instances.")
+    postprocessing: int | None = Field(default=None, ge=1, le=64, description="Detokenizer model instances." + _PLANNED)
+    bls: int | None = Field(default=None, ge=1, le=64, description="tensorrt_llm_bls model instances." + _PLANNED)
 
 
 class ServeLoraSpec(StrictModel):
@@ -69,6 +74,17 @@ class ServeSpec(StrictModel):
             "(TensorRT-LLM's LLM API stream_interval). 1: every token. Larger values cut the serving stack's CPU per streamed "
             "token about that many times (BENCHMARKS.md); time to first token is unchanged. cpu and llmapi targets; the "
             "engine target's tensorrtllm C++ backend has no such parameter and streams every token."
+        ),
+    )
+    postprocessing_dynamic_batching: bool = Field(
+        default=False,
+        description=(
+            "Triton dynamic batching for the postprocessing model: one execution (and one batched tokenizer call) serves "
+            "every streamed response waiting, which cuts its CPU per token several times under concurrency "
+            "(BENCHMARKS.md, issue #34). Off by default: Triton before r26.03 (the bundled 2.51 included; fixed by core "
+            "#466) rejects a cancelled stream's postprocessing requests in the batcher, so the generation of a stream its "
+            "client cancelled runs to max_tokens and the ensemble request never ends. The BLS (tensorrt_llm_bls) decodes "
+            "in itself and is unaffected."
         ),
     )
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
