@@ -41,7 +41,7 @@ from lora_parameters import lora_settings, prefetch_adapters
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
-from triton_io import arrays_response, error_response, input_arrays, log_error, requested_outputs
+from triton_io import answer_each, arrays_response, error_response, input_arrays, log_error, requested_outputs
 
 from refengine import EngineLoop, InvalidRequestError, LLMEngine
 
@@ -129,16 +129,8 @@ class TritonPythonModel:
         ).start()
 
     def execute(self, requests):
-        for request in requests:
-            channel = ResponseChannel(request.get_response_sender(), FINAL)
-            try:
-                self._accept(request, channel)
-            except ContractError as error:
-                channel.send(error_response(str(error)), final=True)
-            except Exception as error:  # never let one request take the model down
-                log_error(f"tensorrt_llm: request failed: {type(error).__name__}: {error}")
-                channel.send(error_response(f"request failed: {error}", pb_utils.TritonError.INTERNAL), final=True)
-        return None
+        return answer_each(requests, self._accept, refusals=ContractError, model="tensorrt_llm",
+                           channel=lambda request: ResponseChannel(request.get_response_sender(), FINAL))
 
     def finalize(self):
         self._watcher.stop()

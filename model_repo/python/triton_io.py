@@ -93,6 +93,23 @@ def arrays_response(arrays: Mapping[str, np.ndarray], requested: Collection[str]
     )
 
 
+def answer_each(requests: Iterable[Any], accept: Callable[[Any, Any], None], *, refusals: type[Exception], model: str,
+                channel: Callable[[Any], Any]) -> None:
+    """A decoupled model's `execute`: each request gets its response channel (`channel(request)`, a
+    response_channel.ResponseChannel over its sender) and `accept(request, channel)`; a refusal (`refusals`) is
+    answered INVALID_ARG with its message, anything else INTERNAL and logged, and the model keeps serving."""
+    for request in requests:
+        sender = channel(request)
+        try:
+            accept(request, sender)
+        except refusals as error:
+            sender.send(error_response(str(error)), final=True)
+        except Exception as error:  # never let one request take the model down
+            log_error(f"{model}: request failed: {type(error).__name__}: {error}")
+            sender.send(error_response(f"request failed: {error}", pb_utils.TritonError.INTERNAL), final=True)
+    return None
+
+
 def send_stop(model_name: str, request_id: str, *, keep: Callable[[Any], None]) -> list[str]:
     """TensorRT-LLM's cancellation: a `stop` request to the LLM model for the in-flight requests with
     `request_id`; the error messages of its responses. The decoupled call's response iterator goes to

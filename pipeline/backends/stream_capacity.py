@@ -40,14 +40,17 @@ class InstanceRate:
     unit: str  # "responses/s" or "requests/s"
 
 
-# bench capacity, 2-core EPYC VM shared with other jobs (a lower bound: a quiet core does more), 2026-12-03
+# bench capacity (--rate max and --rate 100, stream_interval 1) on a 2-core EPYC VM shared with other jobs, 2026-12-03: one
+# instance on a core of its own is 1 ÷ its CPU per streamed response (a lower bound: a quiet core does more)
 MEASURED = (
-    InstanceRate("preprocessing", 1_250.0, "requests/s"),
-    InstanceRate("postprocessing", 5_300.0, "responses/s"),
+    InstanceRate("preprocessing", 1_370.0, "requests/s"),
+    InstanceRate("postprocessing", 6_200.0, "responses/s"),
     InstanceRate("bls", 4_000.0, "responses/s"),
 )
-BATCHED_POSTPROCESSING = InstanceRate("postprocessing", 20_000.0, "responses/s")  # serve.postprocessing_dynamic_batching
-TRITONSERVER_CPU_S_PER_RESPONSE = 0.35e-3  # tritonserver's own CPU per streamed response through the ensemble
+BATCHED_POSTPROCESSING = InstanceRate("postprocessing", 17_600.0, "responses/s")  # serve.postprocessing_dynamic_batching
+# tritonserver's own CPU per streamed response through the ensemble, measured beside the Python stand-in, whose responses
+# reach it over the Python backend's IPC (a C++ tensorrt_llm's do not): an upper bound
+TRITONSERVER_CPU_S_PER_RESPONSE = 0.27e-3
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def stream_table(plan: CapacityPlan, roofline: TokenRoofline, instances: list[In
     rows += [
         ("CPU cores: ensemble path (pre + post)", f"{python_cores:.1f}"),
         ("CPU cores: BLS path (pre + BLS)", f"{sum(entry.cores for entry in instances if entry.model != 'postprocessing'):.1f}"),
-        ("CPU cores: tritonserver's routing", f"{roofline.tokens_per_s * TRITONSERVER_CPU_S_PER_RESPONSE:.1f}"),
+        ("CPU cores: tritonserver's routing (at most)", f"{roofline.tokens_per_s * TRITONSERVER_CPU_S_PER_RESPONSE:.1f}"),
     ]
     for name, value in rows:
         table.add_row(name, value)

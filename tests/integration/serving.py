@@ -103,23 +103,28 @@ def _unprefixed(model: str) -> str:
     return model
 
 
-@contextlib.contextmanager
-def serving_repository(repository: Path, workspace: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False):
-    """`running_server` for a packaged repository on free loopback ports, with the deploy defaults."""
+def loopback_options(repository: Path):
+    """ServerOptions for a packaged repository on free loopback ports, with the deploy defaults."""
     from pipeline.config.spec import DeploySpec
     from pipeline.serve import ServerOptions
 
     http_port, grpc_port, metrics_port = free_ports(3)
     deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, repository, exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
-    with running_server(options, workspace, allow_stuck_ensemble=allow_stuck_ensemble, allow_stuck_bls=allow_stuck_bls) as server:
+    return ServerOptions.from_deploy(deploy, repository, exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def serving_repository(repository: Path, workspace: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False):
+    """`running_server` for a packaged repository on free loopback ports, with the deploy defaults."""
+    with running_server(loopback_options(repository), workspace, allow_stuck_ensemble=allow_stuck_ensemble, allow_stuck_bls=allow_stuck_bls) as server:
         yield server
 
 
 @contextlib.contextmanager
-def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False):
+def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = True, allow_stuck_bls: bool = False, check_exit=None):
     """Start the real tritonserver, wait until every model is ready, yield it; then stop it and check that
-    it exited cleanly and left no shared-memory regions or python_env directories behind."""
+    it exited cleanly (or as `check_exit(returncode, log_text)` accepts) and left no shared-memory regions or
+    python_env directories behind."""
     from pipeline.serve import TritonServer, leaks
 
     triton = TritonServer(options, workspace=workspace).start()
@@ -128,8 +133,11 @@ def running_server(options, workspace: Path, *, allow_stuck_ensemble: bool = Tru
         yield triton
     finally:
         returncode = triton.stop()
-    # A clean exit means no request was left in flight (cancelled streams included).
-    assert_stopped_cleanly(returncode, workspace / "tritonserver.log", allow_stuck_ensemble=allow_stuck_ensemble, allow_stuck_bls=allow_stuck_bls)
+    log = workspace / "tritonserver.log"
+    if check_exit is not None:
+        check_exit(returncode, log.read_text(errors="replace") if log.is_file() else "")
+    else:  # A clean exit means no request was left in flight (cancelled streams included).
+        assert_stopped_cleanly(returncode, log, allow_stuck_ensemble=allow_stuck_ensemble, allow_stuck_bls=allow_stuck_bls)
     assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
     assert not [d for d in triton.python_env_dirs if d.exists()], "python_env dirs left behind"
 

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from pipeline.config.spec import ServeSpec
 from pipeline.render import render_model_repository
-from tests.integration.serving import MODEL_CODE, SHUTDOWN_TIMEOUT_S, free_ports, greedy_reference, infer_inputs
+from tests.integration.serving import MODEL_CODE, greedy_reference, infer_inputs, loopback_options, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,32 +36,22 @@ def reference(tiny_cpu):
 
 @pytest.fixture(scope="module")
 def server(tiny_cpu, tmp_path_factory):
-    from pipeline.config.spec import DeploySpec
-    from pipeline.serve import ServerOptions, TritonServer, leaks
-
     repository = tmp_path_factory.mktemp("batched") / "model_repository"
     # a 5 ms queue delay, so that requests arriving together are batched even on a fast machine
     serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
     render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
     assert "dynamic_batching" in (repository / "postprocessing" / "config.pbtxt").read_text()
-    http_port, grpc_port, metrics_port = free_ports(3)
-    deploy = DeploySpec(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    options = ServerOptions.from_deploy(deploy, repository, exit_timeout_secs=SHUTDOWN_TIMEOUT_S)
-    workspace = tmp_path_factory.mktemp("serve")
-    triton = TritonServer(options, workspace=workspace).start()
-    try:
-        triton.wait_until_ready(timeout=120)
+    with running_server(loopback_options(repository), tmp_path_factory.mktemp("serve"), check_exit=_only_the_cancelled_stream_in_flight) as triton:
         yield triton
-    finally:
-        returncode = triton.stop()
-    # The cancelled stream's ensemble request never ends (Triton < r26.03, core #466: the batcher's CANCELLED answer to
-    # one of its steps while tensorrt_llm still streamed): tritonserver waits for it until its exit timeout and exits 1.
-    # That, and nothing else: no crash signal, no other model with requests in flight, nothing left in shared memory.
-    log = (workspace / "tritonserver.log").read_text(errors="replace")
+
+
+def _only_the_cancelled_stream_in_flight(returncode: int, log: str) -> None:
+    """The cancelled stream's ensemble request never ends (Triton < r26.03, core #466: the batcher's CANCELLED answer to
+    one of its steps while tensorrt_llm still streamed): tritonserver waits for it until its exit timeout and exits 1.
+    That, and nothing else: no crash signal, no other model with requests in flight."""
     in_flight = set(re.findall(r"Model '([^']+)' \(version \d+\) has \d+ in-flight inferences", log))
     assert returncode == 0 or (returncode == 1 and in_flight == {"ensemble"}), (returncode, in_flight)
     assert re.search(r"Signal \((?!15\)|2\))\d+\) received", log) is None
-    assert not list(leaks.SHM_DIR.glob(f"{options.shm_prefix}*")), "shared-memory regions left behind"
 
 
 def _inputs(prompt: str, *, stream: bool, max_tokens: int = MAX_TOKENS, **ints) -> list:

@@ -28,7 +28,7 @@ import triton_python_backend_utils as pb_utils
 from gpu_pace import StandinError, due_after, next_chunk, parse_rate, parse_rows, response_arrays
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
-from triton_io import arrays_response, error_response, input_arrays, log_error, requested_outputs
+from triton_io import answer_each, arrays_response, error_response, input_arrays, log_error, requested_outputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PACERS = 4
@@ -139,16 +139,8 @@ class TritonPythonModel:
         ).start()
 
     def execute(self, requests):
-        for request in requests:
-            channel = ResponseChannel(request.get_response_sender(), FINAL)
-            try:
-                self._accept(request, channel)
-            except StandinError as error:
-                channel.send(error_response(str(error)), final=True)
-            except Exception as error:  # never let one request take the model down
-                log_error(f"tensorrt_llm (stand-in): request failed: {type(error).__name__}: {error}")
-                channel.send(error_response(f"request failed: {error}", pb_utils.TritonError.INTERNAL), final=True)
-        return None
+        return answer_each(requests, self._accept, refusals=StandinError, model="tensorrt_llm (stand-in)",
+                           channel=lambda request: ResponseChannel(request.get_response_sender(), FINAL))
 
     def finalize(self):
         self._watcher.stop()
@@ -161,7 +153,9 @@ class TritonPythonModel:
         arrays = input_arrays(request)
         rows = parse_rows(arrays, cycle=self._cycle, decoupled=self._decoupled, exclude_input_default=self._exclude_input_default)
         if rows is None:  # TensorRT-LLM's stop request: end the in-flight requests with this request id
-            self._cancel([entry for entry in list(self._in_flight.values()) if entry.request_id == request.request_id()])
+            with self._lock:
+                stopped = [entry for entry in self._in_flight.values() if entry.request_id == request.request_id()]
+            self._cancel(stopped)
             channel.send(None if self._decoupled else pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return
         batch = BatchChannel(channel, len(rows))
