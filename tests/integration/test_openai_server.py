@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -334,18 +335,25 @@ def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
 
 
 # -- the command ---------------------------------------------------------------------------------------
-def _start_openai_command(*args: str) -> tuple[subprocess.Popen, list[str]]:
-    """`python -m pipeline openai ...` from this checkout; the process and the lines it printed, the base URL last."""
+@contextlib.contextmanager
+def _openai_command(*args: str) -> Iterator[tuple[subprocess.Popen, list[str]]]:
+    """`python -m pipeline openai ...` from this checkout; the process and the lines it printed, the base URL last.
+    A process the test did not stop is killed on the way out."""
     command = [sys.executable, "-m", "pipeline", *args, "--port", "0"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    while not (lines and lines[-1].startswith("http://")):
-        line = process.stdout.readline()
-        if not line:
+    try:
+        lines = []
+        while not (lines and lines[-1].startswith("http://")):
+            line = process.stdout.readline()
+            if not line:
+                process.kill()
+                raise AssertionError(f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}")
+            lines.append(line.strip())
+        yield process, lines
+    finally:
+        if process.poll() is None:
             process.kill()
-            raise AssertionError(f"exited {process.wait()} before printing its URL: {''.join(lines)} {process.stderr.read()}")
-        lines.append(line.strip())
-    return process, lines
+            process.wait()
 
 
 def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton, artifacts):
@@ -359,18 +367,13 @@ def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "server.json").write_text(json.dumps(asdict(state)))
     try:
-        process, lines = _start_openai_command("--artifacts", str(artifacts["root"]), "openai", str(REPO / "build_configs" / f"{MODEL}.yaml"))
-        try:
+        with _openai_command("--artifacts", str(artifacts["root"]), "openai", str(REPO / "build_configs" / f"{MODEL}.yaml")) as (process, lines):
             assert "started with `serve --detach`" in lines[0] and f"model {BLS_MODEL!r}" in lines[1]
             with httpx.Client(base_url=lines[-1], timeout=30) as http:
                 assert http.get("/models").json()["data"][0]["id"] == MODEL
                 assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
             process.send_signal(signal.SIGTERM)
             assert process.wait(20) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
     finally:
         (state_dir / "server.json").unlink()
     assert triton.is_running()  # the command never stops a server it did not start
@@ -383,8 +386,7 @@ def test_the_openai_command_with_a_triton_url_reads_what_that_triton_serves(trit
     ensemble`), it calls the BLS, Triton 2.51's default route; a streamed greedy completion answers as the ensemble does."""
     config = str(REPO / "build_configs" / f"{MODEL}.yaml")
     choice = ["--triton-model", triton_model] if triton_model else []
-    process, lines = _start_openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url, *choice)
-    try:
+    with _openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url, *choice) as (process, lines):
         assert f"model {triton_model or BLS_MODEL!r}" in lines[0]
         with httpx.Client(base_url=lines[-1], timeout=30) as http:
             with http.stream("POST", "/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0,
@@ -400,10 +402,6 @@ def test_the_openai_command_with_a_triton_url_reads_what_that_triton_serves(trit
             assert logprobs["token_logprobs"][0] is None and all(value <= 0 for value in logprobs["token_logprobs"][1:])
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert triton.is_running()
 
 
@@ -679,11 +677,10 @@ def _raw_status(base_url: str, header: str, body: bytes) -> int:
 def test_the_openai_command_with_a_key_file_refuses_bad_authorizations_and_never_logs_a_key(triton, artifacts, key_file):
     """The command's whole output (uvicorn's log included) over every bad Authorization of the issue holds no key."""
     config = str(REPO / "build_configs" / f"{MODEL}.yaml")
-    process, lines = _start_openai_command(
+    with _openai_command(
         "--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url,
         "--api-key-file", str(key_file), "--max-concurrent-per-key", "2",
-    )
-    try:
+    ) as (process, lines):
         assert "API keys: alice, key2; at most 2 concurrent requests per key" in "\n".join(lines)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
         with httpx.Client(base_url=lines[-1], timeout=60) as http:
@@ -705,9 +702,5 @@ def test_the_openai_command_with_a_key_file_refuses_bad_authorizations_and_never
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == 0
         output = "\n".join(lines) + process.stdout.read() + process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     for secret in (KEY_A, KEY_B, WRONG_KEY, "w" * 64):
         assert secret not in output, output[-2000:]
