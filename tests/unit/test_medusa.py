@@ -278,3 +278,12 @@ def test_the_engine_build_merges_the_heads_before_trtllm_build(heads, tmp_path):
     assert json.loads((tmp_path / "build" / "medusa_checkpoint" / "config.json").read_text())["architecture"] == "MedusaForCausalLM"
     command = " ".join(notes["command"])
     assert f"--checkpoint_dir {tmp_path / 'build' / 'medusa_checkpoint'}" in command and "--speculative_decoding_mode medusa" in command
+
+
+def test_plan_says_the_mode_the_tree_and_what_the_engine_needs(heads):
+    from pipeline.speculative_summary import speculative_summary
+
+    line = speculative_summary(_load(heads).spec.build)
+    assert "medusa, drafts from Medusa heads: a tree of 7 nodes, 3 deep (reads heads 0..2); max_draft_len 7" in line
+    assert "max_seq_len + 7 tokens per sequence and max_num_tokens >= max_batch_size × 8 = 256" in line
+    assert 'medusa_choices "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"' in line
