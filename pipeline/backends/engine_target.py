@@ -91,8 +91,12 @@ def medusa_checkpoint(job: BuildJob) -> Path:
     if not (job.checkpoint_dir / "config.json").is_file():
         if job.spec.build.runner.value != "dry-run":
             raise StageError(f"build.speculative.medusa: the quantize stage left no checkpoint in {job.checkpoint_dir}")
-        job.log(f"dry run: the Medusa checkpoint ({MEDUSA_CHECKPOINT_DIR}) is written once the quantize job has run")
-        return job.final_engine_dir.parent / MEDUSA_CHECKPOINT_DIR
+        from pipeline.backends.trtllm_medusa import command
+
+        final = job.final_engine_dir.parent / MEDUSA_CHECKPOINT_DIR
+        merge = command(job.checkpoint_dir, speculative.medusa.heads, final, speculative.draft_len)
+        job.log(f"dry run: after the quantize job and before trtllm-build, write the Medusa checkpoint: {' '.join(merge)}")
+        return final
     from pipeline.backends.trtllm_medusa import write_medusa_checkpoint
 
     if work.exists():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,29 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StageError(f"{path} is not a JSON object")
     return value
+
+
+def command(base_dir: Path, heads_dir: Path, out_dir: Path, max_draft_len: int) -> list[str]:
+    """This writer as a command (a GPU host's dry run: run it after the quantize job, before trtllm-build)."""
+    return ["python3", "-m", __name__, str(base_dir), str(heads_dir), str(out_dir), "--max-draft-len", str(max_draft_len)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python3 -m {__name__}", description="write the TensorRT-LLM checkpoint of a Medusa model")
+    parser.add_argument("base_dir", type=Path, help="the base model's TensorRT-LLM checkpoint")
+    parser.add_argument("heads_dir", type=Path, help="the Medusa heads (medusa_lm_head.safetensors + config.json)")
+    parser.add_argument("out_dir", type=Path, help="the Medusa checkpoint to write (a new directory)")
+    parser.add_argument("--max-draft-len", type=int, required=True, help="the tree's nodes (trtllm-build --max_draft_len)")
+    args = parser.parse_args(argv)
+    try:
+        write_medusa_checkpoint(args.base_dir, args.heads_dir, args.out_dir, max_draft_len=args.max_draft_len)
+    except StageError as exc:
+        print(f"medusa checkpoint: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -287,3 +287,27 @@ def test_plan_says_the_mode_the_tree_and_what_the_engine_needs(heads):
     assert "medusa, drafts from Medusa heads: a tree of 7 nodes, 3 deep (reads heads 0..2); max_draft_len 7" in line
     assert "max_seq_len + 7 tokens per sequence and max_num_tokens >= max_batch_size × 8 = 256" in line
     assert 'medusa_choices "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"' in line
+
+
+def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from pipeline.backends.engine_target import medusa_checkpoint
+    from pipeline.backends.trtllm_medusa import main
+
+    loaded = _load(heads, *ENGINE)
+    checkpoint = tmp_path / "quantize" / "trtllm_checkpoint"  # the quantize job is a dry run too: nothing there yet
+    logged: list[str] = []
+    final = tmp_path / "final" / "engine"
+    job = BuildJob(loaded.spec, loaded.model, checkpoint, tmp_path / "work" / "engine", final, log=logged.append)
+    assert medusa_checkpoint(job) == tmp_path / "final" / "medusa_checkpoint"
+    [line] = logged
+    assert f"python3 -m pipeline.backends.trtllm_medusa {checkpoint} {heads} {tmp_path / 'final' / 'medusa_checkpoint'} --max-draft-len 7" in line
+    # and that command writes it, once the quantize job has run
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 4096,
+                                                        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}))
+    save_file({"lm_head.weight": np.zeros((4096, 256), np.float16)}, str(checkpoint / "rank0.safetensors"))
+    assert main([str(checkpoint), str(heads), str(tmp_path / "out"), "--max-draft-len", "7"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["num_medusa_heads"] == 3
