@@ -26,7 +26,7 @@ def speculative_heads_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     if speculative.mode is SpeculativeMode.medusa and speculative.medusa is not None:
         return medusa_issues(speculative.medusa, info)
     if speculative.mode is SpeculativeMode.eagle and speculative.eagle is not None:
-        return _eagle_issues(speculative.eagle.heads)
+        return _eagle_issues(speculative.eagle.heads, info)
     if speculative.mode is SpeculativeMode.mtp:
         return _mtp_issues(speculative.mtp or MtpSpec(), info)
     return []
@@ -60,13 +60,20 @@ def medusa_issues(medusa: MedusaSpec, info: ModelInfo) -> list[Issue]:
     return issues
 
 
-def _read_heads_config(path: Path) -> tuple[dict, str | None]:
+def _read_json_object(path: Path) -> tuple[dict, str | None]:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        return {}, f"cannot read the heads' {path} ({type(exc).__name__}: {exc})"
+        return {}, f"cannot read {path} ({type(exc).__name__}: {exc})"
     if not isinstance(config, dict):
         return {}, f"{path} is not a JSON object"
+    return config, None
+
+
+def _read_heads_config(path: Path) -> tuple[dict, str | None]:
+    config, problem = _read_json_object(path)
+    if problem is not None:
+        return {}, f"the heads' {problem}"
     for key in ("medusa_num_heads", "medusa_num_layers"):
         value = config.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -116,12 +123,17 @@ def _tensor_issues(header: dict, weights: Path, num_heads: int, num_layers: int,
     return issues
 
 
-def _eagle_issues(heads: Path) -> list[Issue]:
+def _eagle_issues(heads: Path, info: ModelInfo) -> list[Issue]:
     where = ("build", "speculative", "eagle", "heads")
-    if not (heads / "config.json").is_file():
-        return [(where, f"{heads} is not an EAGLE-3 draft checkpoint directory (no config.json)")]
+    config, problem = _read_json_object(heads / "config.json")
+    if problem is not None:
+        return [(where, f"{heads} is not an EAGLE-3 draft checkpoint directory: {problem}")]
     if not any(heads.glob("*.safetensors")):
         return [(where, f"{heads} has no *.safetensors (only safetensors are accepted)")]
+    hidden = config.get("hidden_size")
+    if hidden is not None and hidden != info.hidden_size:
+        return [(where, f"{heads / 'config.json'} hidden_size ({hidden}) differs from the model's ({info.hidden_size}): an "
+                        "EAGLE-3 layer reads the model's hidden states, so it must be trained for this model")]
     return []
 
 

@@ -102,7 +102,7 @@ DEEPSEEK = EXAMPLE.parent / "deepseek-v3-fp8-llmapi-tp8.yaml"
 
 def _eagle_heads(tmp_path):
     heads = tmp_path / "eagle3"
-    heads.mkdir()
+    heads.mkdir(parents=True)
     (heads / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}))
     (heads / "model.safetensors").write_bytes(b"eagle")
     return heads
@@ -147,7 +147,11 @@ def test_head_based_modes_are_refused_where_nvidia_has_no_path(tmp_path):
         EXAMPLE, ["build.speculative.mode=mtp"])
     assert "below build.speculative.mtp.num_nextn_predict_layers (2)" in refused(
         DEEPSEEK, ["build.speculative.mode=mtp", "build.speculative.mtp.num_nextn_predict_layers=2"])
-    assert "build.speculative.eagle.heads" in refused(
+    assert "is not an EAGLE-3 draft checkpoint directory: cannot read" in refused(
         EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={tmp_path}"])
+    heads = _eagle_heads(tmp_path / "other")
+    (heads / "config.json").write_text(json.dumps({"hidden_size": 2048}))
+    assert "hidden_size (2048) differs from the model's (4096)" in refused(
+        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={heads}"])
     assert "mode eagle is refused on build.target engine: this version does not convert EAGLE-1/2 checkpoints" in refused(
         EXAMPLE, [*_eagle(tmp_path), "build.target=engine", "deploy.gpu=H200", "build.runner=dry-run", "quantize.device=cuda"])

@@ -179,6 +179,18 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
     parameters = cpu_parameters(loaded.spec.serve, facts, engine_dir="/engine", speculative=loaded.spec.build.speculative)
     assert parameters["decoding_mode"] == "medusa"
     assert parameters["medusa_choices"] == "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"
+    # the rendered repository: the cpu tensorrt_llm model carries both, the ensemble and the BLS are the usual ones
+    from pipeline.render import render_model_repository
+    from pipeline.render.pbtxt import parse_config
+
+    out = tmp_path / "repository"
+    render_model_repository(engine_dir=engine, tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve,
+                            target="cpu", out_dir=out, speculative=loaded.spec.build.speculative, dry_run=True)
+    llm = parse_config((out / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    assert llm.parameters["decoding_mode"].string_value == "medusa"
+    assert llm.parameters["medusa_choices"].string_value == parameters["medusa_choices"]
+    assert {path.parent.name for path in out.glob("*/config.pbtxt")} == {
+        "ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
 
 
 # -- engine target -----------------------------------------------------------------------------------------------
