@@ -82,8 +82,8 @@ MEDUSA_CHECKPOINT_DIR = "medusa_checkpoint"
 
 def medusa_checkpoint(job: BuildJob) -> Path:
     """The checkpoint trtllm-build reads: for mode medusa, the quantize stage's with the heads merged in (written
-    beside the engine directory); else the quantize stage's as is. A dry-run quantize leaves no checkpoint: the dry
-    run's command then names the Medusa checkpoint this build writes once the quantize job has run."""
+    beside the engine directory); else the quantize stage's as is. A dry-run quantize job leaves no checkpoint yet: the
+    dry-run build then logs the command that writes the Medusa checkpoint on the GPU host, and names where it will be."""
     speculative = job.spec.build.speculative
     if speculative is None or speculative.medusa is None:
         return job.checkpoint_dir

@@ -24,6 +24,7 @@ from pipeline.backends.llmapi_versions import LlmapiVersion, check_value, get_ll
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
+from pipeline.config.targets import Target, traits_of
 from pipeline.errors import SpecError
 
 TARGET = "build.target llmapi"
@@ -111,8 +112,7 @@ SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
     "eagle": lambda s: {"decoding_type": EAGLE3, "max_draft_len": s.max_draft_len, "eagle3_one_model": s.eagle.one_model},
     # MTPDecodingConfig: the model's own MTP layers (max_draft_len is set to num_nextn_predict_layers by NVIDIA)
     "mtp": lambda s: {"decoding_type": "MTP", "num_nextn_predict_layers": s.draft_len},
-    "medusa": "TensorRT-LLM 1.2's PyTorch backend has no Medusa (MedusaDecodingConfig.supports_backend excludes pytorch); "
-    "build Medusa on the engine or cpu target, or use eagle (EAGLE-3) or mtp here",
+    "medusa": traits_of(Target.llmapi).refused_speculative_modes["medusa"],
 }
 DRAFT_MODEL_DIR = "draft"  # the draft's (or EAGLE-3 heads') checkpoint inside the build's engine directory
 # build.speculative.draft fields the PyTorch path has no option for: the draft runs inside the target's LLM()
