@@ -17,8 +17,6 @@ import pytest
 
 from pipeline.backends.base import BuildJob
 from pipeline.backends.cpu import BACKEND as CPU
-from pipeline.backends.engine_facts import engine_facts, read_engine_config
-from pipeline.backends.llm_parameters import cpu_parameters, engine_parameters
 from pipeline.backends.trtllm_build import plan_trtllm_build
 from pipeline.backends.trtllm_versions import get_version, validate_argv
 from pipeline.config.loader import load_config
@@ -175,11 +173,8 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
         "num_medusa_heads": 3, "num_medusa_layers": 1, "medusa_choices": DEFAULT_CHOICES}
     assert (engine / "medusa" / "medusa_lm_head.safetensors").read_bytes() == (heads / "medusa_lm_head.safetensors").read_bytes()
     assert json.loads((engine / "medusa" / "config.json").read_text())["medusa_num_heads"] == 3
-    facts = engine_facts(read_engine_config(engine))
-    parameters = cpu_parameters(loaded.spec.serve, facts, engine_dir="/engine", speculative=loaded.spec.build.speculative)
-    assert parameters["decoding_mode"] == "medusa"
-    assert parameters["medusa_choices"] == "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"
-    # the rendered repository: the cpu tensorrt_llm model carries both, the ensemble and the BLS are the usual ones
+    # the rendered repository: the cpu tensorrt_llm model carries decoding_mode and the tree, the ensemble and the BLS
+    # are the usual ones
     from pipeline.render import render_model_repository
     from pipeline.render.pbtxt import parse_config
 
@@ -188,7 +183,7 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
                             target="cpu", out_dir=out, speculative=loaded.spec.build.speculative, dry_run=True)
     llm = parse_config((out / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
     assert llm.parameters["decoding_mode"].string_value == "medusa"
-    assert llm.parameters["medusa_choices"].string_value == parameters["medusa_choices"]
+    assert llm.parameters["medusa_choices"].string_value == "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"
     assert {path.parent.name for path in out.glob("*/config.pbtxt")} == {
         "ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
 
@@ -225,20 +220,6 @@ def test_the_engine_refuses_what_tensorrt_llm_does_not_combine_with_medusa(heads
     model = write_model_config(tmp_path / "model", architectures=["MixtralForCausalLM"], model_type="mixtral",
                                num_local_experts=2, num_experts_per_tok=1)
     assert "medusa needs a Llama- or Qwen2-family model" in _engine_refusal(heads, f"model.source={model}")
-
-
-def test_the_engine_models_triton_parameters_name_the_tree(heads, tmp_path):
-    loaded = _load(heads, *ENGINE)
-    engine = tmp_path / "engine"
-    engine.mkdir()
-    build = _engine_plan(heads)
-    (engine / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {
-        "architecture": "MedusaForCausalLM", "dtype": "float16", "vocab_size": 4096, "num_hidden_layers": 4,
-        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization},
-        "build_config": build.engine_build_config}))
-    parameters = engine_parameters(engine_facts(read_engine_config(engine)), loaded.spec.serve, engine_dir="/engine", speculative=loaded.spec.build.speculative)
-    assert parameters["decoding_mode"] == "medusa"
-    assert parameters["medusa_choices"] == choices_text(DEFAULT_CHOICES)
 
 
 def test_the_medusa_checkpoint_holds_the_heads_under_tensorrt_llm_names(heads, tmp_path):
@@ -323,3 +304,31 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
     save_file({"lm_head.weight": np.zeros((4096, 256), np.float16)}, str(checkpoint / "rank0.safetensors"))
     assert main([str(checkpoint), str(heads), str(tmp_path / "out"), "--max-draft-len", "7"]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["num_medusa_heads"] == 3
+
+
+def test_the_engine_repository_renders_the_tree_and_refuses_one_larger_than_the_engine(heads, tmp_path):
+    from pipeline.errors import StageError
+    from pipeline.render import render_model_repository
+    from pipeline.render.pbtxt import parse_config
+
+    loaded = _load(heads, *ENGINE)
+    build = _engine_plan(heads)
+
+    def engine_dir(name: str, max_draft_len: int) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        build_config = {**build.engine_build_config, "max_draft_len": max_draft_len}
+        (directory / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {
+            "architecture": "MedusaForCausalLM", "dtype": "float16", "logits_dtype": "float32", "vocab_size": 4096,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization},
+            "build_config": build_config}))
+        return directory
+
+    kwargs = dict(tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve, target="engine", dry_run=True,
+                  speculative=loaded.spec.build.speculative, gpu_device_ids=(0,))
+    render_model_repository(engine_dir=engine_dir("engine", 7), out_dir=tmp_path / "repository", **kwargs)
+    llm = parse_config((tmp_path / "repository" / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    assert llm.parameters["decoding_mode"].string_value == "medusa"
+    assert llm.parameters["medusa_choices"].string_value == choices_text(DEFAULT_CHOICES)
+    with pytest.raises(StageError, match="build.speculative.medusa.choices has 7 nodes but the engine has build_config.max_draft_len 3"):
+        render_model_repository(engine_dir=engine_dir("small", 3), out_dir=tmp_path / "refused", **kwargs)
