@@ -184,6 +184,9 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
     llm = parse_config((out / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
     assert llm.parameters["decoding_mode"].string_value == "medusa"
     assert llm.parameters["medusa_choices"].string_value == "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"
+    # the BLS drafts for draft-target engines only: max_draft_len 0 refuses num_draft_tokens on a Medusa engine by name
+    bls = parse_config((out / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "tensorrt_llm_bls")
+    assert bls.parameters["max_draft_len"].string_value == "0"
     assert {path.parent.name for path in out.glob("*/config.pbtxt")} == {
         "ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
 
