@@ -9,6 +9,7 @@ this branch (refengine's Medusa reading side is another helper's): the build's o
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from pipeline.backends.trtllm_versions import get_version, validate_argv
 from pipeline.config.loader import load_config
 from pipeline.config.medusa_tree import choices_text, tree_problem
 from pipeline.errors import SpecError
-from pipeline.plan import EnvFacts, plan
+from pipeline.plan import plan
 from tests.conftest import BUILD_CONFIGS, REPO, write_model_config
 from tests.unit.medusa_heads import DEFAULT_CHOICES, write_medusa_heads
 from tests.unit.test_draft_target import tiny_checkpoint  # noqa: F401 (a fixture)
@@ -154,10 +155,11 @@ def test_the_plan_hashes_the_heads_and_the_tree(heads, tmp_path):
     other_tree = plan(_load(heads, "build.speculative.medusa.choices=[[0], [1]]").spec, gather_facts(loaded))
     assert other_tree.stage("build").digest != base.stage("build").digest
     assert other_tree.stage("quantize").digest == base.stage("quantize").digest
-    retrained = write_medusa_heads(tmp_path / "retrained", seed=1)
-    moved = _load(retrained)
-    assert plan(moved.spec, gather_facts(moved)).stage("build").digest != base.stage("build").digest
-    assert plan(loaded.spec, EnvFacts(tools={}, model_fingerprint="m")).stage("build").digest  # no heads: still plans
+    # the heads by content, not by path
+    retrained = _load(write_medusa_heads(tmp_path / "retrained", seed=1))
+    assert plan(retrained.spec, gather_facts(retrained)).stage("build").digest != base.stage("build").digest
+    copied = _load(shutil.copytree(heads, tmp_path / "copied"))
+    assert plan(copied.spec, gather_facts(copied)).stage("build").digest == base.stage("build").digest
 
 
 # -- cpu target: the refengine contract and the Triton parameters ------------------------------------------------
