@@ -25,6 +25,7 @@ from pipeline.hashing import file_hashes
 from pipeline.plan import Plan
 from pipeline.preflight import target_issues
 from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
+from pipeline.speculative_summary import speculative_summary
 
 DEFAULT_ARTIFACTS = "artifacts"
 SCHEMA_PATH = Path("build_configs/schema.json")
@@ -298,6 +299,9 @@ def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, 
         shown = "[cyan]cached[/cyan]" if state == "built" else ("[yellow]to build[/yellow]" if state == "missing" else f"[red]{state}[/red]")
         table.add_row(stage.name, stage.digest, shown, stage.summary)
     console.print(table)
+    speculative = speculative_summary(loaded.spec.build)
+    if speculative is not None:
+        console.print(speculative, highlight=False)
     return 0
 
 

@@ -35,7 +35,8 @@ class EnvFacts:
     model_repo_fingerprint: str = ""
     project_fingerprint: str = ""
     lora_fingerprint: str = ""  # content digest of build.lora's adapter directories, in order ("" when none)
-    draft_fingerprint: str = ""  # content digest of build.speculative.draft.source ("" when none)
+    # content digest of build.speculative.draft.source or of the medusa / eagle heads directory ("" when none)
+    draft_fingerprint: str = ""
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,15 @@ def gather_facts(loaded: LoadedConfig) -> EnvFacts:
 
 
 def _draft_fingerprint(spec) -> str:
+    """The directory the speculative mode reads, by content: the draft model's, or the Medusa / EAGLE heads'."""
     speculative = spec.build.speculative
-    draft = speculative.draft if speculative is not None else None
-    return directory_fingerprint(draft.source) if draft is not None else ""
+    if speculative is None:
+        return ""
+    for section, key in (("draft", "source"), ("medusa", "heads"), ("eagle", "heads")):
+        value = getattr(speculative, section)
+        if value is not None:
+            return directory_fingerprint(getattr(value, key))
+    return ""
 
 
 def _lora_fingerprint(spec) -> str:

@@ -150,7 +150,7 @@ class CpuBackend:
             other_engine_kind="the cpu tensorrt_llm model runs only engines written by the cpu build (version 'refengine-…')",
             weight_suffix=".safetensors",
             lora=True,  # refengine's multi-LoRA (refengine/lora), TensorRT-LLM's request tensors and cache
-            speculative_decoding=True,  # refengine's: draft-target and prompt lookup (refengine_speculative)
+            speculative_decoding=True,  # refengine's: draft-target, prompt lookup and Medusa (refengine_speculative)
             beam_search=True,  # refengine's beam search (#15), up to build.max_beam_width
             multiple_ranks=False,
         ),
@@ -194,7 +194,7 @@ class CpuBackend:
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None
     ) -> dict[str, str]:
-        return cpu_parameters(serve, facts, engine_dir=engine_dir)
+        return cpu_parameters(serve, facts, engine_dir=engine_dir, speculative=speculative)
 
     def server_image(self, spec: Spec) -> tuple[str, str] | None:
         return None

@@ -26,7 +26,7 @@ from pipeline.config.model_info import ModelInfo, read_model_info
 from pipeline.config.spec import ServeSpec, Spec, SpeculativeSpec, Target
 from pipeline.config.spec.draft import draft_spec
 from pipeline.config.targets import traits_of
-from pipeline.errors import PipelineError, SpecError
+from pipeline.errors import PipelineError, SpecError, StageError
 
 
 def target_sm(spec: Spec) -> int | None:
@@ -75,6 +75,35 @@ def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
         except RunnerUnavailable as exc:
             return [(("build", "runner"), f"build.runner docker: {exc.message}")]
     return []
+
+
+MEDUSA_CHECKPOINT_DIR = "medusa_checkpoint"
+
+
+def medusa_checkpoint(job: BuildJob) -> Path:
+    """The checkpoint trtllm-build reads: for mode medusa, the quantize stage's with the heads merged in (written
+    beside the engine directory); else the quantize stage's as is. A dry-run quantize job leaves no checkpoint yet: the
+    dry-run build then logs the command that writes the Medusa checkpoint on the GPU host, and names where it will be."""
+    speculative = job.spec.build.speculative
+    if speculative is None or speculative.medusa is None:
+        return job.checkpoint_dir
+    work = job.engine_dir.parent / MEDUSA_CHECKPOINT_DIR
+    if not (job.checkpoint_dir / "config.json").is_file():
+        if job.spec.build.runner.value != "dry-run":
+            raise StageError(f"build.speculative.medusa: the quantize stage left no checkpoint in {job.checkpoint_dir}")
+        from pipeline.backends.trtllm_medusa import command
+
+        final = job.final_engine_dir.parent / MEDUSA_CHECKPOINT_DIR
+        merge = command(job.checkpoint_dir, speculative.medusa.heads, final, speculative.draft_len)
+        job.log(f"dry run: after the quantize job and before trtllm-build, write the Medusa checkpoint: {' '.join(merge)}")
+        return final
+    from pipeline.backends.trtllm_medusa import write_medusa_checkpoint
+
+    if work.exists():
+        shutil.rmtree(work)
+    write_medusa_checkpoint(job.checkpoint_dir, speculative.medusa.heads, work, max_draft_len=speculative.draft_len)
+    job.log(f"Medusa checkpoint: {len(speculative.medusa.tree)} tree nodes, heads from {speculative.medusa.heads}")
+    return job.final_engine_dir.parent / MEDUSA_CHECKPOINT_DIR if job.spec.build.runner.value == "dry-run" else work
 
 
 # -- the engine against the runtime that would serve it ----------------------------------------------
@@ -181,7 +210,8 @@ class EngineBackend:
 
     def build(self, job: BuildJob) -> dict[str, Any]:
         spec = job.spec
-        build, outcome = run_engine_build(spec, job.model, job.checkpoint_dir, job.engine_dir, job.final_engine_dir)
+        checkpoint_dir = medusa_checkpoint(job)
+        build, outcome = run_engine_build(spec, job.model, checkpoint_dir, job.engine_dir, job.final_engine_dir)
         for decision in build.decisions:
             job.log(f"[yellow]{decision.kind}[/yellow] {decision.field}: {decision.requested!r} → {decision.applied!r} ({decision.reason})")
         what = "wrote the trtllm-build command and engine config (dry run)" if outcome.dry_run else "built the engine"

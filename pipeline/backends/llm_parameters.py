@@ -4,15 +4,18 @@ Engine target: every parameter of the `tensorrtllm` C++ backend (trtllm.md §4.5
 explicit value. The few that do not apply to a decoupled-only, single-node leader-mode deployment
 are left out on purpose, because an empty string would be read as a value: encoder_model_path and
 cross_kv_cache_fraction (encoder-decoder models), max_tokens_in_paged_kv_cache (the fraction sizes
-the cache), participant_ids (orchestrator mode), medusa_choices / eagle_choices
-(modes this pipeline does not build), and tokenizer_dir / guided_decoding_backend /
+the cache), participant_ids (orchestrator mode), eagle_choices
+(EAGLE engines are not built here), and tokenizer_dir / guided_decoding_backend /
 xgrammar_tokenizer_info_path (guided decoding). gpu_device_ids is written only when GPUs are
 listed; lookahead_window_size / _ngram_size / _verification_set_size only for a lookahead engine
-(with decoding_mode lookahead, which makes the backend read them). The lora_cache_* values are the
+(with decoding_mode lookahead, which makes the backend read them); medusa_choices only for a Medusa engine, in
+NVIDIA's string form ("{0}, {0, 0}, {1}": build.speculative.medusa.choices, the tree requests use unless they send
+their own). The lora_cache_* values are the
 backend's defaults unless the engine has LoRA, then serve.lora's (cache_max_adapter_size defaults to
 the engine's max_lora_rank); lora_prefetch_dir is serve.lora.prefetch_dir's, when set.
 
-Cpu target: what the Python model reads (tensorrt_llm_cpu.py).
+Cpu target: what the Python model reads (tensorrt_llm_cpu.py); a Medusa engine adds decoding_mode medusa and
+medusa_choices as on the engine target (refengine checks the tree against its heads at load).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 
 from pipeline.backends.attention_windows import window_vector
 from pipeline.backends.engine_facts import EngineFacts
+from pipeline.config.medusa_tree import choices_text
 from pipeline.config.spec import GuidedDecodingBackend, ServeLoraSpec, ServeSpec, SpeculativeSpec
 
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
@@ -109,9 +113,17 @@ def engine_parameters(
             lookahead_ngram_size=str(lookahead.ngram_size),
             lookahead_verification_set_size=str(lookahead.verification_set_size),
         )
+    parameters.update(medusa_parameters(facts, speculative))
     if gpu_device_ids:
         parameters["gpu_device_ids"] = gpu_device_id_groups(gpu_device_ids, facts.tp_size * facts.pp_size)
     return parameters
+
+
+def medusa_parameters(facts: EngineFacts, speculative: SpeculativeSpec | None) -> dict[str, str]:
+    """decoding_mode medusa and the spec's tree as medusa_choices, for a Medusa engine (nothing otherwise)."""
+    if facts.speculative_decoding_mode != "medusa" or speculative is None or speculative.medusa is None:
+        return {}
+    return {"decoding_mode": decoding_mode(facts), "medusa_choices": choices_text(speculative.medusa.tree)}
 
 
 def gpu_device_id_groups(gpu_device_ids: Sequence[int], per_instance: int) -> str:
@@ -120,7 +132,7 @@ def gpu_device_id_groups(gpu_device_ids: Sequence[int], per_instance: int) -> st
     return ";".join(",".join(str(gpu) for gpu in group) for group in groups)
 
 
-def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str) -> dict[str, str]:
+def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str, speculative: SpeculativeSpec | None = None) -> dict[str, str]:
     """The cpu model's parameters; an engine with LoRA gets the lora_cache_* sizes refengine's cache reads (the largest
     rank and the host bytes; the GPU ones have nothing to size) and serve.lora.prefetch_dir as lora_prefetch_dir."""
     lora: dict[str, str] = {}
@@ -139,6 +151,7 @@ def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str) -> 
         "exclude_input_in_output": _bool(serve.exclude_input_in_output),
         "cancellation_check_period_ms": str(CANCELLATION_CHECK_PERIOD_MS),
         "stream_interval": str(serve.stream_interval),
+        **medusa_parameters(facts, speculative),
     }
 
 

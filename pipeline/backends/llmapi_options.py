@@ -24,6 +24,7 @@ from pipeline.backends.llmapi_versions import LlmapiVersion, check_value, get_ll
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
+from pipeline.config.targets import Target, traits_of
 from pipeline.errors import SpecError
 
 TARGET = "build.target llmapi"
@@ -90,6 +91,9 @@ ROWS: tuple[Row, ...] = (
 TRITON_ONLY = {"serve.decoupled": "triton_config.decoupled (model.yaml only: trtllm-serve streams over SSE)"}
 
 DRAFT_TARGET = "Draft_Target"
+EAGLE3 = "Eagle3"
+# decoding types whose speculative_model_dir is the checkpoint at <engine>/draft
+_DRAFT_DIR_TYPES = (DRAFT_TARGET, EAGLE3)
 # build.speculative.mode -> its speculative_config, or why the PyTorch path refuses it.
 SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
     "lookahead_decoding": "lookahead decoding does not run on TensorRT-LLM's PyTorch backend (LookaheadDecodingConfig."
@@ -104,8 +108,13 @@ SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
     # union; speculative_model_dir (the draft's Hugging Face checkpoint; an alias of speculative_model there) is added
     # where the served model directory is known (with_draft_model_dir)
     "draft_tokens_external": lambda s: {"decoding_type": DRAFT_TARGET, "max_draft_len": s.max_draft_len},
+    # Eagle3DecodingConfig (decoding_type "Eagle3"): the user's EAGLE-3 draft checkpoint, linked like a draft model's
+    "eagle": lambda s: {"decoding_type": EAGLE3, "max_draft_len": s.max_draft_len, "eagle3_one_model": s.eagle.one_model},
+    # MTPDecodingConfig: the model's own MTP layers (max_draft_len is set to num_nextn_predict_layers by NVIDIA)
+    "mtp": lambda s: {"decoding_type": "MTP", "num_nextn_predict_layers": s.draft_len},
+    "medusa": traits_of(Target.llmapi).refused_speculative_modes["medusa"],
 }
-DRAFT_MODEL_DIR = "draft"  # the draft's checkpoint inside the build's engine directory (draft_tokens_external)
+DRAFT_MODEL_DIR = "draft"  # the draft's (or EAGLE-3 heads') checkpoint inside the build's engine directory
 # build.speculative.draft fields the PyTorch path has no option for: the draft runs inside the target's LLM()
 DRAFT_LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 # serve.guided_decoding -> guided_decoding_backend (None: the option is left out).
@@ -169,9 +178,10 @@ def build_options(spec: Spec, model: ModelInfo) -> dict[str, Any]:
 
 
 def with_draft_model_dir(options: Mapping[str, Any], model_path: str) -> dict[str, Any]:
-    """The options with a draft-target speculative_config pointed at the draft's checkpoint under the served model."""
+    """The options with a draft-target or EAGLE-3 speculative_config pointed at the draft's checkpoint under the served
+    model."""
     speculative = options.get("speculative_config")
-    if not isinstance(speculative, Mapping) or speculative.get("decoding_type") != DRAFT_TARGET:
+    if not isinstance(speculative, Mapping) or speculative.get("decoding_type") not in _DRAFT_DIR_TYPES:
         return dict(options)
     return {**options, "speculative_config": {**speculative, "speculative_model_dir": f"{model_path}/{DRAFT_MODEL_DIR}"}}
 

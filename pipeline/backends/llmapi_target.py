@@ -161,6 +161,9 @@ class LlmapiBackend:
             if not (job.draft_engine_dir / "config.json").is_file():
                 raise StageError(f"{job.draft_engine_dir} holds no Hugging Face checkpoint (config.json) of the draft for speculative_model_dir")
             linked += _link_checkpoint(job.draft_engine_dir, job.engine_dir / DRAFT_MODEL_DIR)
+        eagle = spec.build.speculative.eagle if spec.build.speculative is not None else None
+        if eagle is not None and not dry_run:  # EAGLE-3: the user's draft checkpoint, at <engine>/draft
+            linked += _link_checkpoint(eagle.heads, job.engine_dir / DRAFT_MODEL_DIR)
         adapter_files = 0 if dry_run else link_adapters(spec, job.engine_dir)  # build.lora's adapters, at <engine>/lora/<i>/
         what = "dry run: no checkpoint linked" if dry_run else f"{linked} checkpoint files linked from {checkpoint}"
         what += f", {adapter_files} LoRA adapter files" if adapter_files else ""

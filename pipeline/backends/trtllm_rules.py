@@ -35,7 +35,11 @@ from pipeline.quant_formats import (
 REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
 MAX_NUM_TOKENS_WARN = 16384
 # what this pipeline can produce a checkpoint and repository for (draft_tokens_external: with a draft engine and the BLS)
-SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding", "draft_tokens_external"})
+SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding", "draft_tokens_external", "medusa"})
+# MedusaConfig wraps LLaMAConfig or QWenConfig (tensorrt_llm/models/medusa/config.py); the support matrix of
+# examples/medusa lists FP16/BF16, and quantization/quantize.py combines heads with a ModelOpt FP8 base
+MEDUSA_BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+MEDUSA_QUANT_ALGOS = ("none", "fp8")
 # examples/lookahead/README.md and examples/draft_target_model/README.md support matrices: compute capability >= 8.0
 LOOKAHEAD_MIN_SM = 80
 _FP8_NEEDS_SM = f"SM >= {sm_version(FP8_MIN_SM)}"
@@ -311,7 +315,7 @@ def _speculative(r: _Resolution) -> None:
         return
     if mode not in SPECULATIVE_MODES_BUILT:
         r.error(f"build.speculative.mode {mode} is not built by this pipeline (it needs a draft engine or trained draft "
-                "heads); use lookahead_decoding")
+                "heads); use lookahead_decoding, draft_tokens_external or medusa")
     if s.max_draft_len < 1:
         r.error(f"build.speculative.mode {mode} needs build.speculative.max_draft_len > 0 (got {s.max_draft_len}) (§1.6)")
     if s.max_beam_width > 1:
@@ -333,6 +337,13 @@ def _speculative(r: _Resolution) -> None:
     if s.gather_context_logits:
         r.error("build.gather_context_logits cannot be combined with build.speculative: trtllm-build refuses context "
                 "logits with max_draft_len > 0 (§1.5)")
+    if mode == "medusa" and s.architecture not in MEDUSA_BASES:
+        r.error(f"build.speculative.mode medusa needs a Llama- or Qwen2-family model ({', '.join(MEDUSA_BASES)}); the "
+                f"model is {s.architecture}: TensorRT-LLM's MedusaForCausalLM wraps only those")
+    if mode == "medusa" and s.quant_algo not in MEDUSA_QUANT_ALGOS:
+        r.error(f"build.speculative.mode medusa cannot be combined with quantize.algo {s.quant_algo} on build.target "
+                "engine: TensorRT-LLM combines Medusa heads with an FP16/BF16 or ModelOpt FP8 base only (examples/medusa "
+                "support matrix, quantization/quantize.py); use quantize.algo none or fp8")
     if s.lora_plugin != "disable":
         r.warn("speculative_decoding_mode", "LoRA together with speculative decoding is not a combination TensorRT-LLM "
                "documents; verify it on the GPU")

@@ -75,9 +75,13 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
     model = _section(data, "model")
     if "source" in model:
         model["source"] = absolute(model["source"])
-    draft = _section(_section(_section(data, "build"), "speculative"), "draft")
+    speculative = _section(_section(data, "build"), "speculative")
+    draft = _section(speculative, "draft")
     if "source" in draft:
         draft["source"] = absolute(draft["source"])
+    for heads in (_section(speculative, "medusa"), _section(speculative, "eagle")):
+        if "heads" in heads:
+            heads["heads"] = absolute(heads["heads"])
     calibration = _section(_section(data, "quantize"), "calibration")
     accuracy = _section(_section(data, "gate"), "accuracy")
     lora = _section(_section(data, "build"), "lora")

@@ -35,10 +35,12 @@ def inspect_model(spec: Spec) -> tuple[ModelInfo | None, list[Issue]]:
 
 
 def check_draft_model(spec: Spec, info: ModelInfo) -> list[Issue]:
-    """The draft of draft_tokens_external against its own config.json and the model's (pipeline.config.draft_checks)."""
+    """The draft of draft_tokens_external against its own config.json and the model's (pipeline.config.draft_checks), and
+    the trained heads of medusa / eagle / mtp against the model (pipeline.config.heads_checks)."""
     from pipeline.config.draft_checks import draft_issues
+    from pipeline.config.heads_checks import speculative_heads_issues
 
-    return draft_issues(spec, info, check_spec_against_model)
+    return draft_issues(spec, info, check_spec_against_model) + speculative_heads_issues(spec, info)
 
 
 def _tokenizer_issues(source) -> list[Issue]:

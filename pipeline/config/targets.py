@@ -69,6 +69,11 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "tensorrt_llm_bls drafts only with a draft model, tensorrt_llm_draft_model_name), so a served "
             "draft_tokens_external engine would never receive draft tokens; use draft_tokens_external with a draft "
             "model, or lookahead_decoding (the engine's own n-gram drafting)",
+            "eagle": "this version does not convert EAGLE-1/2 checkpoints for trtllm-build (TensorRT-LLM's "
+            "examples/eagle/convert_checkpoint.py merges the base model with a trained EAGLE draft layer in its own "
+            "layout, which is not checked here); EAGLE-3 runs on the llmapi target (TensorRT-LLM's PyTorch backend)",
+            "mtp": "multi-token prediction runs on TensorRT-LLM's PyTorch backend only (MTPDecodingConfig); trtllm-build "
+            "has no MTP mode",
         },
         no_stream_interval_because="the tensorrtllm C++ backend sends one response per generated token: its config.pbtxt "
         "has no stream_interval parameter (that is an LLM API option of TensorRT-LLM's PyTorch backend: target llmapi)",
@@ -86,10 +91,14 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         runs_fp8_context_fmha=False,
         places_ranks_on_deploy_gpus=False,
         builds_speculative=True,
-        # refengine speculates with a draft model and with n-grams of the request (prompt lookup)
+        # refengine speculates with a draft model, with n-grams of the request (prompt lookup) and with Medusa heads
         refused_speculative_modes={
-            "lookahead_decoding": "the reference engine (refengine) drafts with a draft model (draft_tokens_external) "
-            "or with n-grams of the request (prompt_lookup), not with lookahead decoding's Jacobi n-gram pool",
+            "lookahead_decoding": "the reference engine (refengine) drafts with a draft model (draft_tokens_external), "
+            "with n-grams of the request (prompt_lookup) or with Medusa heads (medusa), not with lookahead decoding's "
+            "Jacobi n-gram pool",
+            "eagle": "the reference engine (refengine) has no EAGLE draft layer; its tree speculation is medusa",
+            "mtp": "the reference engine (refengine) runs no multi-token-prediction layers (the DeepSeek-V3 family "
+            "is not a refengine model)",
         },
     ),
     Target.llmapi: TargetTraits(
@@ -106,6 +115,8 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         refused_speculative_modes={
             "lookahead_decoding": "TensorRT-LLM's PyTorch backend has no lookahead decoding (LookaheadDecodingConfig runs on "
             "the engine path only); its draft-free drafting is prompt_lookup (NGram)",
+            "medusa": "TensorRT-LLM 1.2's PyTorch backend has no Medusa (MedusaDecodingConfig.supports_backend excludes "
+            "pytorch); its head-based drafting is eagle (EAGLE-3) or mtp",
         },
         no_multinode_because="NVIDIA launches the LLM API across nodes with trtllm-llmapi-launch under srun/mpirun, one MPI "
         "process per rank (examples/llm-api/llm_mgmn_trtllm_serve.sh: 'experimental and may not work on all systems'), not "

@@ -213,9 +213,11 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
         return []
     if engine_mode == "draft_tokens_external":
         return _draft_len(facts, speculative)
+    if engine_mode == "medusa":
+        return _medusa_tree(facts, speculative)
     if engine_mode != "lookahead_decoding":
         return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no "
-                "Medusa/EAGLE/ReDrafter choices for it"]
+                "EAGLE/ReDrafter choices for it"]
     problems = []
     la = speculative.lookahead
     if speculative.draft_len != facts.max_draft_len:
@@ -228,6 +230,15 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
         problems.append(f"the engine has build_config.speculative_decoding_mode lookahead_decoding and build_config.max_beam_width "
                         f"{facts.max_beam_width}: decoding_mode lookahead excludes beam_search")
     return problems
+
+
+def _medusa_tree(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
+    """The tree Triton's medusa_choices names must fit the engine's draft tokens (max_draft_len: its nodes)."""
+    nodes = len(speculative.medusa.tree) if speculative.medusa is not None else 0
+    if nodes <= facts.max_draft_len:
+        return []
+    return [f"build.speculative.medusa.choices has {nodes} nodes but the engine has build_config.max_draft_len "
+            f"{facts.max_draft_len}: a Medusa engine verifies at most max_draft_len nodes per step"]
 
 
 def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None) -> list[str]:

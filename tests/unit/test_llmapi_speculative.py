@@ -94,3 +94,64 @@ def test_the_draft_target_options_match_the_golden():
     if os.environ.get("UPDATE_GOLDEN"):
         (GOLDEN / "extra-llm-api-config-draft-target.yml").write_text(text)
     assert text == (GOLDEN / "extra-llm-api-config-draft-target.yml").read_text()
+
+
+# -- EAGLE-3 (the user's draft checkpoint) and MTP (the model's own layers): the PyTorch backend's head-based drafting --
+DEEPSEEK = EXAMPLE.parent / "deepseek-v3-fp8-llmapi-tp8.yaml"
+
+
+def _eagle_heads(tmp_path):
+    heads = tmp_path / "eagle3"
+    heads.mkdir(parents=True)
+    (heads / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}))
+    (heads / "model.safetensors").write_bytes(b"eagle")
+    return heads
+
+
+def _eagle(tmp_path):
+    return ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={_eagle_heads(tmp_path)}"]
+
+
+def test_eagle3_and_mtp_configs_are_ones_nvidia_decodes_on_pytorch(tmp_path):
+    eagle = load_config(EXAMPLE, _eagle(tmp_path))
+    options = with_draft_model_dir(build_options(eagle.spec, eagle.model), "/engine")
+    assert options["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True,
+                                             "speculative_model_dir": "/engine/draft"}
+    assert _problems(options["speculative_config"]) == []
+    mtp = load_config(DEEPSEEK, ["build.speculative.mode=mtp"])
+    config = build_options(mtp.spec, mtp.model)["speculative_config"]
+    assert config == {"decoding_type": "MTP", "num_nextn_predict_layers": 1} and _problems(config) == []
+
+
+def test_the_build_links_the_eagle3_checkpoint(tmp_path):
+    loaded = load_config(EXAMPLE, [*_eagle(tmp_path), "build.runner=local"])
+    quantize = tmp_path / "quantize"
+    (quantize / "hf_checkpoint").mkdir(parents=True)
+    (quantize / "hf_checkpoint" / "config.json").write_text("{}")
+    engine = tmp_path / "build" / "engine"
+    job = BuildJob(loaded.spec, loaded.model, quantize / "trtllm_checkpoint", engine, engine, log=lambda line: None)
+    assert backend_for(Target.llmapi).build(job)["checkpoint_files"] == 3
+    assert (engine / "draft" / "model.safetensors").read_bytes() == b"eagle"
+
+
+def test_head_based_modes_are_refused_where_nvidia_has_no_path(tmp_path):
+    from pipeline.errors import SpecError
+
+    def refused(path, overrides):
+        with pytest.raises(SpecError) as info:
+            load_config(path, overrides)
+        return info.value.message
+
+    # MTP needs the model's own MTP layers: a Llama has none
+    assert "num_nextn_predict_layers is 0, below build.speculative.mtp.num_nextn_predict_layers (1)" in refused(
+        EXAMPLE, ["build.speculative.mode=mtp"])
+    assert "below build.speculative.mtp.num_nextn_predict_layers (2)" in refused(
+        DEEPSEEK, ["build.speculative.mode=mtp", "build.speculative.mtp.num_nextn_predict_layers=2"])
+    assert "is not an EAGLE-3 draft checkpoint directory: cannot read" in refused(
+        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={tmp_path}"])
+    heads = _eagle_heads(tmp_path / "other")
+    (heads / "config.json").write_text(json.dumps({"hidden_size": 2048}))
+    assert "hidden_size (2048) differs from the model's (4096)" in refused(
+        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={heads}"])
+    assert "mode eagle is refused on build.target engine: this version does not convert EAGLE-1/2 checkpoints" in refused(
+        EXAMPLE, [*_eagle(tmp_path), "build.target=engine", "deploy.gpu=H200", "build.runner=dry-run", "quantize.device=cuda"])

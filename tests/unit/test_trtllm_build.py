@@ -619,7 +619,7 @@ def test_speculative_decoding_needs_the_paged_kv_cache(lookahead_base):
         _resolve(lookahead_base, kv_cache_type="continuous", **_NO_SERVE)
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle", "explicit_draft_tokens"])
+@pytest.mark.parametrize("mode", ["eagle", "explicit_draft_tokens"])
 def test_modes_this_pipeline_cannot_produce_are_errors(lookahead_base, mode):
     with pytest.raises(SpecError, match=rf"build.speculative.mode {mode} is not built by this pipeline"):
         _resolve(lookahead_base, speculative_decoding_mode=mode)

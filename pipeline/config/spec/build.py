@@ -161,7 +161,8 @@ class BuildSpec(StrictModel):
             raise ValueError(
                 f"build.max_beam_width ({self.max_beam_width}) must be 1 with build.speculative (mode "
                 f"{self.speculative.mode.value}): TensorRT-LLM decodes speculative engines with one beam (its "
-                "draft-target and prompt-lookup examples refuse --num_beams > 1; decoding_mode lookahead excludes beam_search)"
+                "draft-target and prompt-lookup examples refuse --num_beams > 1; decoding_mode lookahead and medusa exclude "
+                "beam_search)"
             )
         if self.speculative is not None and self.gather_context_logits:
             raise ValueError(

@@ -101,8 +101,11 @@ class SpeculativeMode(str, Enum):
     # own tokens (TensorRT-LLM's examples/prompt_lookup), with no draft model
     prompt_lookup = "prompt_lookup"
     medusa = "medusa"
+    # engine: EAGLE-1/2; llmapi: EAGLE-3 (the PyTorch backend's Eagle3DecodingConfig)
     eagle = "eagle"
     explicit_draft_tokens = "explicit_draft_tokens"
+    # not a trtllm-build choice: the PyTorch backend's multi-token prediction (MTPDecodingConfig), llmapi target
+    mtp = "mtp"
 
 
 class SchedulerPolicy(str, Enum):

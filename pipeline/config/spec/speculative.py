@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from pipeline.config.spec.choices import KVCacheQuant, ModelDType, QuantAlgo, SpeculativeMode
+from pipeline.config.spec.speculative_heads import EagleSpec, MedusaSpec, MtpSpec
 from pipeline.config.spec.strict import StrictModel
 
 # The largest max_draft_len accepted. trtllm-build has no bound of its own for draft_tokens_external; its builder
@@ -18,14 +19,20 @@ MAX_DRAFT_LEN_CAP = 256
 
 # What this pipeline cannot produce for each refused mode (it exports plain Llama-family checkpoints with ModelOpt).
 _UNSUPPORTED_SPECULATIVE_MODES = {
-    "medusa": "needs a Medusa checkpoint (the base model plus trained Medusa heads, converted by TensorRT-LLM's "
-    "examples/medusa/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
-    "eagle": "needs an EAGLE checkpoint (the base model plus a trained EAGLE draft layer, converted by TensorRT-LLM's "
-    "examples/eagle/convert_checkpoint.py); this pipeline exports plain checkpoints with ModelOpt and cannot produce one",
     "explicit_draft_tokens": "(ReDrafter) needs a ReDrafter checkpoint with its trained recurrent drafter; this pipeline "
     "exports plain checkpoints with ModelOpt and cannot produce one",
 }
-_NEEDS_MAX_DRAFT_LEN = (SpeculativeMode.draft_tokens_external, SpeculativeMode.prompt_lookup)
+_NEEDS_MAX_DRAFT_LEN = (SpeculativeMode.draft_tokens_external, SpeculativeMode.prompt_lookup, SpeculativeMode.eagle)
+# the section each mode reads (and only it may set)
+_MODE_SECTIONS = (("lookahead", SpeculativeMode.lookahead_decoding), ("prompt_lookup", SpeculativeMode.prompt_lookup),
+                  ("draft", SpeculativeMode.draft_tokens_external), ("medusa", SpeculativeMode.medusa),
+                  ("eagle", SpeculativeMode.eagle), ("mtp", SpeculativeMode.mtp))
+_REQUIRED_SECTIONS = {
+    SpeculativeMode.draft_tokens_external: "the draft model (source, and optionally dtype, quantize and build limits) whose "
+    "tokens the model verifies",
+    SpeculativeMode.medusa: "the Medusa heads directory (heads) and optionally the tree of candidates (choices)",
+    SpeculativeMode.eagle: "the EAGLE-3 draft checkpoint directory (heads)",
+}
 
 
 def lookahead_max_draft_len(window_size: int, ngram_size: int, verification_set_size: int) -> int:
@@ -107,21 +114,27 @@ class SpeculativeSpec(StrictModel):
 
     mode: SpeculativeMode = Field(
         description="draft_tokens_external (a draft model, build.speculative.draft), prompt_lookup (n-grams of the "
-        "request's own tokens, no extra model; cpu target) or lookahead_decoding (the engine drafts n-grams itself; "
-        "engine target). medusa, eagle and explicit_draft_tokens (ReDrafter) are refused: they need trained draft heads "
-        "this pipeline does not produce."
+        "request's own tokens, no extra model; cpu target), lookahead_decoding (the engine drafts n-grams itself; "
+        "engine target), medusa (trained Medusa heads propose a tree, build.speculative.medusa; cpu and engine "
+        "targets), eagle (a trained EAGLE-3 draft layer, build.speculative.eagle; llmapi target) or mtp (the model's "
+        "own multi-token-prediction layers, DeepSeek-V3 family; llmapi target). explicit_draft_tokens (ReDrafter) is "
+        "refused: it needs a trained recurrent drafter this pipeline cannot convert."
     )
     max_draft_len: int | None = Field(
         default=None,
         ge=1,
         description=f"--max_draft_len: the most tokens drafted per step, 1..{MAX_DRAFT_LEN_CAP}. Required for "
-        "draft_tokens_external and prompt_lookup (requests draft num_draft_tokens <= it). Lookahead: derived from "
+        "draft_tokens_external, prompt_lookup and eagle (requests draft num_draft_tokens <= it). Lookahead: derived from "
         "(W, N, G) as (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), which the engine and Triton's lookahead "
-        "parameters must agree on; set it only to state that value.",
+        "parameters must agree on; set it only to state that value. Medusa: the tree's number of nodes, or a larger "
+        "bound that requests' own medusa_choices may fill. MTP: mtp.num_nextn_predict_layers.",
     )
     lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
     prompt_lookup: PromptLookupSpec = Field(default_factory=PromptLookupSpec, description="N-gram matching for mode prompt_lookup.")
     draft: DraftModelSpec | None = Field(default=None, description="The draft model; required for mode draft_tokens_external, only there.")
+    medusa: MedusaSpec | None = Field(default=None, description="The Medusa heads and tree; required for mode medusa, only there.")
+    eagle: EagleSpec | None = Field(default=None, description="The EAGLE-3 draft checkpoint; required for mode eagle, only there.")
+    mtp: MtpSpec | None = Field(default=None, description="The MTP layers used for mode mtp. Default: one (num_nextn_predict_layers 1).")
     draft_vocab_size: int | None = Field(
         default=None,
         ge=1,
@@ -136,26 +149,47 @@ class SpeculativeSpec(StrictModel):
         mode = self.mode.value
         if mode in _UNSUPPORTED_SPECULATIVE_MODES:
             raise ValueError(f"build.speculative.mode {mode} is refused: it {_UNSUPPORTED_SPECULATIVE_MODES[mode]}")
-        for section, owner in (("lookahead", SpeculativeMode.lookahead_decoding), ("prompt_lookup", SpeculativeMode.prompt_lookup),
-                               ("draft", SpeculativeMode.draft_tokens_external)):
+        for section, owner in _MODE_SECTIONS:
             if section in self.model_fields_set and getattr(self, section) is not None and self.mode is not owner:
                 raise ValueError(f"build.speculative.{section} applies to mode {owner.value} only, not {mode}")
         if self.draft_vocab_size is not None and self.mode is not SpeculativeMode.draft_tokens_external:
             raise ValueError(f"build.speculative.draft_vocab_size applies to mode draft_tokens_external only (the draft model's vocabulary), not {mode}")
-        if self.mode is SpeculativeMode.draft_tokens_external and self.draft is None:
+        section = dict((owner, name) for name, owner in _MODE_SECTIONS).get(self.mode)
+        if self.mode in _REQUIRED_SECTIONS and getattr(self, section or "") is None:
+            raise ValueError(f"build.speculative.{section} is required for mode {mode}: {_REQUIRED_SECTIONS[self.mode]}")
+        if self.mode in _NEEDS_MAX_DRAFT_LEN and self.max_draft_len is None:
+            raise ValueError(f"build.speculative.max_draft_len is required for mode {mode}: the most tokens drafted per step (e.g. 4)")
+        if self.max_draft_len is not None and self.max_draft_len > MAX_DRAFT_LEN_CAP:
             raise ValueError(
-                "build.speculative.draft is required for mode draft_tokens_external: the draft model (source, and "
-                "optionally dtype, quantize and build limits) whose tokens the model verifies"
+                f"build.speculative.max_draft_len ({self.max_draft_len}) exceeds {MAX_DRAFT_LEN_CAP}, the largest draft "
+                "TensorRT-LLM's speculative decoding supports (its builder's bound); useful drafts are 4-10 tokens"
             )
-        if self.mode in _NEEDS_MAX_DRAFT_LEN:
-            if self.max_draft_len is None:
-                raise ValueError(f"build.speculative.max_draft_len is required for mode {mode}: the most tokens drafted per step (e.g. 4)")
-            if self.max_draft_len > MAX_DRAFT_LEN_CAP:
-                raise ValueError(
-                    f"build.speculative.max_draft_len ({self.max_draft_len}) exceeds {MAX_DRAFT_LEN_CAP}, the largest draft "
-                    "TensorRT-LLM's speculative decoding supports (its builder's bound); useful drafts are 4-10 tokens"
-                )
-            return self
+        if self.mode is SpeculativeMode.medusa:
+            self._check_medusa_len()
+        elif self.mode is SpeculativeMode.mtp:
+            self._check_mtp_len()
+        elif self.mode is SpeculativeMode.lookahead_decoding:
+            self._check_lookahead_len()
+        return self
+
+    def _check_medusa_len(self) -> None:
+        nodes = len(self.medusa.tree) if self.medusa is not None else 0
+        if nodes > MAX_DRAFT_LEN_CAP:
+            raise ValueError(f"build.speculative.medusa.choices has {nodes} nodes, more than {MAX_DRAFT_LEN_CAP} (the "
+                             "largest draft TensorRT-LLM's speculative decoding supports); the default tree of its Medusa "
+                             "example has 63")
+        if self.max_draft_len is not None and self.max_draft_len < nodes:
+            raise ValueError(f"build.speculative.max_draft_len ({self.max_draft_len}) is below the {nodes} nodes of "
+                             "build.speculative.medusa.choices: a Medusa engine verifies every node of the tree in one step")
+
+    def _check_mtp_len(self) -> None:
+        layers = (self.mtp or MtpSpec()).num_nextn_predict_layers
+        if self.max_draft_len is not None and self.max_draft_len != layers:
+            raise ValueError(f"build.speculative.max_draft_len ({self.max_draft_len}) must equal "
+                             f"build.speculative.mtp.num_nextn_predict_layers ({layers}): each MTP layer drafts one token "
+                             "(MTPDecodingConfig sets max_draft_len to it)")
+
+    def _check_lookahead_len(self) -> None:
         la = self.lookahead
         derived = lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
         if self.max_draft_len is not None and self.max_draft_len != derived:
@@ -164,13 +198,16 @@ class SpeculativeSpec(StrictModel):
                 f"build.speculative.lookahead (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size}) = {derived}: "
                 "TensorRT-LLM requires the engine's --max_draft_len to equal the runtime's lookahead configuration"
             )
-        return self
 
     @property
     def draft_len(self) -> int:
         """The --max_draft_len the engine is built with."""
         if self.mode in _NEEDS_MAX_DRAFT_LEN and self.max_draft_len is not None:
             return self.max_draft_len
+        if self.mode is SpeculativeMode.medusa and self.medusa is not None:
+            return self.max_draft_len or len(self.medusa.tree)
+        if self.mode is SpeculativeMode.mtp:
+            return (self.mtp or MtpSpec()).num_nextn_predict_layers
         la = self.lookahead
         return lookahead_max_draft_len(la.window_size, la.ngram_size, la.verification_set_size)
 

@@ -1,0 +1,97 @@
+"""build.speculative's sections for drafts made by trained heads on the model's own hidden states: Medusa (a tree of
+candidates from K heads), EAGLE-3 (a draft layer, on the llmapi target) and MTP (the model's own next-n prediction
+layers, DeepSeek-V3 family, on the llmapi target)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from pipeline.config.medusa_tree import tree_problem
+from pipeline.config.spec.strict import StrictModel
+
+MEDUSA_HEADS_FILE = "medusa_lm_head.safetensors"
+MEDUSA_CONFIG_FILE = "config.json"
+
+
+def recommended_choices(heads: Path) -> list[list[int]]:
+    """The tree the heads' config.json recommends (medusa_choices). Raises ValueError naming the field."""
+    config_file = heads / MEDUSA_CONFIG_FILE
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"build.speculative.medusa.choices is not set and the heads' {config_file} cannot be read "
+            f"({type(exc).__name__}): give the tree, or point build.speculative.medusa.heads at a Medusa heads directory"
+        ) from None
+    choices = config.get("medusa_choices") if isinstance(config, dict) else None
+    if choices is None:
+        raise ValueError(
+            f"build.speculative.medusa.choices is required: the heads' {config_file} recommends no tree (no "
+            "medusa_choices), e.g. choices: [[0], [0, 0], [1], [0, 1]]"
+        )
+    problem = tree_problem(choices)
+    if problem is not None:
+        raise ValueError(f"build.speculative.medusa.heads: {config_file} medusa_choices {problem}")
+    return choices
+
+
+class MedusaSpec(StrictModel):
+    """Medusa: K trained heads on the model's last hidden state propose a tree of candidates, verified in one step."""
+
+    heads: Path = Field(
+        description="Local directory of the Medusa heads, relative to the YAML file like model.source: "
+        f"{MEDUSA_HEADS_FILE} (FasterDecoding Medusa's layout, which TensorRT-LLM's Medusa conversion reads: "
+        "{h}.{l}.linear.weight/bias and {h}.{L}.weight per head) and config.json (medusa_num_heads, medusa_num_layers, "
+        "hidden_size, vocab_size, and optionally the recommended medusa_choices). Safetensors only."
+    )
+    choices: list[list[int]] | None = Field(
+        default=None,
+        description="The tree of candidates (TensorRT-LLM's medusa_choices): a list of paths [i_1, ..., i_d], the node "
+        "reached by the i_1-th most likely token of head 0, then the i_2-th of head 1, ...; every prefix of a path is "
+        "also a path. Its number of nodes is the engine's max_draft_len. Default: the heads' config.json medusa_choices.",
+    )
+
+    @model_validator(mode="after")
+    def _tree(self) -> MedusaSpec:
+        if self.choices is None:
+            object.__setattr__(self, "choices", recommended_choices(self.heads))
+            return self
+        problem = tree_problem(self.choices)
+        if problem is not None:
+            raise ValueError(f"build.speculative.medusa.choices {problem}")
+        return self
+
+    @property
+    def tree(self) -> list[list[int]]:
+        return self.choices or []
+
+
+class EagleSpec(StrictModel):
+    """EAGLE-3 on the llmapi target: a trained draft layer fed the model's hidden states (TensorRT-LLM's PyTorch
+    backend, Eagle3DecodingConfig)."""
+
+    heads: Path = Field(
+        description="Local Hugging Face directory of the EAGLE-3 draft checkpoint (config.json + safetensors), relative "
+        "to the YAML file like model.source: speculative_config's speculative_model_dir."
+    )
+    one_model: bool = Field(
+        default=True,
+        description="eagle3_one_model: run the draft layer inside the model's forward (TensorRT-LLM's default and faster "
+        "form) instead of as a second model.",
+    )
+
+
+class MtpSpec(StrictModel):
+    """MTP on the llmapi target: the model's own multi-token-prediction layers draft (DeepSeek-V3 family;
+    MTPDecodingConfig)."""
+
+    num_nextn_predict_layers: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="MTP modules used, each drafting one more token (MTPDecodingConfig.num_nextn_predict_layers; its "
+        "max_draft_len). At most the model's config.json num_nextn_predict_layers.",
+    )

@@ -1,0 +1,38 @@
+"""One line for `plan` about build.speculative: the mode, what drafts (the tree's size for Medusa) and what the engine
+needs for it (the draft tokens trtllm-build adds to max_seq_len and max_num_tokens, Triton's decoding parameters)."""
+
+from __future__ import annotations
+
+from pipeline.config.medusa_tree import choices_text, tree_depth
+from pipeline.config.spec import BuildSpec, SpeculativeMode
+from pipeline.config.targets import traits_of
+
+_MAX_SHOWN_CHOICES = 60
+
+
+def speculative_summary(build: BuildSpec) -> str | None:
+    speculative = build.speculative
+    if speculative is None:
+        return None
+    k, la = speculative.draft_len, speculative.lookahead
+    drafts = {
+        SpeculativeMode.draft_tokens_external: lambda: f"a draft model ({speculative.draft.source.name})" if speculative.draft else "",
+        SpeculativeMode.prompt_lookup: lambda: f"n-grams of the request (up to {speculative.prompt_lookup.max_matching_ngram_size} tokens matched)",
+        SpeculativeMode.lookahead_decoding: lambda: f"the engine's lookahead n-grams (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size})",
+        SpeculativeMode.medusa: lambda: _medusa(speculative.medusa.tree) if speculative.medusa else "",
+        SpeculativeMode.eagle: lambda: f"an EAGLE-3 draft layer ({speculative.eagle.heads.name})" if speculative.eagle else "",
+        SpeculativeMode.mtp: lambda: f"the model's own MTP layers ({k})",
+    }
+    line = f"speculative decoding: {speculative.mode.value}, drafts from {drafts[speculative.mode]()}; max_draft_len {k}"
+    if traits_of(build.target).follows_trtllm_plugin_rules:
+        line += (f"; the engine holds max_seq_len + {k} tokens per sequence and max_num_tokens >= max_batch_size × {k + 1} "
+                 f"= {build.max_batch_size * (k + 1)}")
+    if speculative.mode is SpeculativeMode.medusa and speculative.medusa is not None:
+        text = choices_text(speculative.medusa.tree)
+        shown = text if len(text) <= _MAX_SHOWN_CHOICES else text[:_MAX_SHOWN_CHOICES] + "…"
+        line += f"; Triton decoding_mode medusa, medusa_choices \"{shown}\""
+    return line
+
+
+def _medusa(tree: list[list[int]]) -> str:
+    return f"Medusa heads: a tree of {len(tree)} nodes, {tree_depth(tree)} deep (reads heads 0..{tree_depth(tree) - 1})"
