@@ -1,0 +1,215 @@
+"""Medusa on refengine: heads propose a tree, the target verifies it in one forward with a tree attention mask.
+
+Greedy output equals plain greedy decoding for any heads (random ones, and heads close to the target's own lm_head,
+which are often right, so that deep and non-first branches are accepted and their K/V moved into place); the KV blocks
+of rejected branches are released; bad trees and heads are refused by name."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from refengine import EngineConfig, EngineConfigError, InvalidRequestError, LLMEngine, SamplingParams, load_checkpoint
+from refengine.model_runner import load_model
+from refengine.speculative.medusa_files import write_medusa_engine, write_random_medusa_heads
+from refengine.speculative.medusa_heads import HEADS_FILE, MedusaHeads
+from refengine.speculative.medusa_planner import MedusaDrafter
+from refengine.speculative.medusa_tree import check_medusa_choices, format_medusa_choices, medusa_tree, parse_medusa_choices
+
+VOCAB, HIDDEN, HEADS = 48, 32, 3
+CONFIG = EngineConfig(max_batch_size=6, max_input_len=48, max_seq_len=96, max_num_tokens=96, tokens_per_block=4)
+PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 5], [3, 4, 5, 6, 7, 3, 4, 5], [10, 20, 30], [7] * 12, [2, 40, 17, 2, 40, 17, 2, 40], list(range(1, 30))]
+CHAIN = ((0,), (0, 0), (0, 0, 0))
+WIDE = tuple((i,) for i in range(8))
+MC_LIKE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 2), (2, 0), (0, 0, 1))
+TREES = {"chain": CHAIN, "wide": WIDE, "mc-like": MC_LIKE}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, checkpoint_writer):
+    root = tmp_path_factory.mktemp("medusa")
+    target_dir = checkpoint_writer(root / "target", seed=3, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2)
+    model = load_model(load_checkpoint(target_dir))
+    random_heads = write_random_medusa_heads(root / "random-heads", HEADS, 1, HIDDEN, VOCAB, seed=5, medusa_choices=MC_LIKE)
+    return {"root": root, "target_dir": target_dir, "model": model, "random": random_heads, "close": _close_heads(root / "close-heads", target_dir)}
+
+
+def _close_heads(directory: Path, target_dir: Path) -> Path:
+    """Heads whose projection is the target's lm_head plus noise and whose residual layers are near zero: on a tiny
+    random model's repetitive text they guess the next tokens often, not always."""
+    write_random_medusa_heads(directory, HEADS, 1, HIDDEN, VOCAB, seed=6, scale=0.01)
+    lm_head = load_file(str(target_dir / "rank0.safetensors"))["lm_head.weight"].float()
+    tensors = load_file(str(directory / HEADS_FILE))
+    generator = torch.Generator().manual_seed(8)
+    for head in range(HEADS):
+        noise = 0.3 * lm_head.std() * torch.randn(lm_head.shape, generator=generator)
+        tensors[f"{head}.1.weight"] = (lm_head + noise).half()
+    save_file(tensors, str(directory / HEADS_FILE))
+    return directory
+
+
+def _drafter(setup, heads: str, choices, max_draft_len: int = 16) -> MedusaDrafter:
+    loaded = MedusaHeads.load(setup[heads] / HEADS_FILE, HEADS, 1, HIDDEN, VOCAB, torch.float32, "medusa_heads")
+    return MedusaDrafter(loaded, choices, max_draft_len)
+
+
+def _tokens(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+PREEMPTING = {"scheduler_policy": "max_utilization", "num_kv_blocks": 14}
+CHUNKED_PREFIX = {"enable_chunked_context": True, "max_num_tokens": 7, "enable_prefix_caching": True}
+
+
+@pytest.mark.parametrize("heads", ["random", "close"])
+@pytest.mark.parametrize("tree", sorted(TREES))
+@pytest.mark.parametrize("changes", [{}, PREEMPTING, CHUNKED_PREFIX], ids=["default", "preempting", "chunked+prefix"])
+def test_greedy_medusa_equals_plain_greedy(setup, heads, tree, changes):
+    config = CONFIG.replace(**changes)
+    params = [SamplingParams(max_tokens=m, temperature=0, stop_token_ids=stop, end_id=end)
+              for m, stop, end in itertools.islice(itertools.cycle([(20, (), None), (9, ((5, 9),), None), (17, (), 3)]), len(PROMPTS))]
+    plain = LLMEngine(setup["model"], config).generate(PROMPTS, params)
+    engine = LLMEngine(setup["model"], config.replace(max_draft_len=16), _drafter(setup, heads, TREES[tree]))
+    free_before = engine.scheduler.kv_cache.num_free_blocks
+    medusa = engine.generate(PROMPTS, params)
+    assert _tokens(medusa) == _tokens(plain)
+    assert [o.outputs[0].finish_reason for o in medusa] == [o.outputs[0].finish_reason for o in plain]
+    stats = engine.stats()
+    assert stats.num_tree_steps > 0 and stats.num_draft_tokens > 0
+    if heads == "close":  # deep and non-first branches were accepted (their K/V moved into place)
+        assert stats.num_accepted_draft_tokens > 0.1 * stats.num_draft_tokens / len(TREES[tree])
+        assert max(len(path) for path, _ in stats.tree_node_acceptances) > 1 or tree == "wide"
+        if tree != "chain":
+            assert any(path[-1] > 0 for path, _ in stats.tree_node_acceptances)
+    assert sum(count for _, count in stats.tree_node_acceptances) == stats.num_accepted_draft_tokens
+    if changes is PREEMPTING:
+        assert engine.scheduler.num_preemptions > 0
+    # the rejected branches' slots were given back: nothing held once every request ended
+    assert engine.scheduler.kv_cache.num_free_blocks == free_before
+    assert engine.kv_cache_usage().num_used_blocks == 0
+
+
+def test_medusa_and_plain_requests_share_steps(setup):
+    """A batch mixing Medusa sequences (the engine's tree, a request's own) and sequences that turn speculation off."""
+    params = [SamplingParams(max_tokens=15, temperature=0, medusa_choices="{0}, {1}, {0, 0}" if i % 3 == 1 else None,
+                             num_draft_tokens=0 if i % 3 == 2 else None) for i in range(len(PROMPTS))]
+    plain = LLMEngine(setup["model"], CONFIG).generate(PROMPTS, SamplingParams(max_tokens=15, temperature=0))
+    engine = LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), _drafter(setup, "close", MC_LIKE))
+    outputs = engine.generate(PROMPTS, params)
+    assert _tokens(outputs) == _tokens(plain)
+    drafted = [o.metrics.total_draft_tokens for o in outputs]
+    assert all(d == 0 for d in drafted[2::3]) and all(d > 0 for d in drafted[0::3])
+    assert {len(path) for path, _ in engine.stats().tree_node_acceptances} >= {1, 2, 3}
+
+
+# -- the tree's syntax and checks --------------------------------------------------------------
+def test_choices_parse_check_and_format():
+    assert parse_medusa_choices("{0}, {0, 0}, {1}, {0, 1}") == ((0,), (0, 0), (1,), (0, 1))
+    assert parse_medusa_choices("{0},{0,0}") == ((0,), (0, 0))
+    choices = check_medusa_choices([[0, 1], [1], [0], [0, 0]], 2, 4, "where")
+    assert choices == ((0,), (1,), (0, 0), (0, 1))
+    assert format_medusa_choices(choices) == "{0}, {1}, {0, 0}, {0, 1}"
+    tree = medusa_tree(choices)
+    assert tree.parents == (-1, -1, 0, 0) and tree.depths == (1, 1, 2, 2) and tree.top_k == (2, 2)
+    assert tree.node_tokens([[7, 8], [9, 10]]) == (7, 8, 9, 10)
+    assert tree.cut(3, 5).paths == ((0,), (1,), (0, 0)) and tree.cut(9, 1).paths == ((0,), (1,))
+
+
+@pytest.mark.parametrize("choices, match", [
+    ("{0}, {0, 0", "not a list of paths"),
+    ("[[0]]", "not a list of paths"),
+    ([[0], [0, 0], [0, 0, 0]], "3 deep; the engine has 2"),
+    ([[0, 0]], "needs its prefix"),
+    ([[0], [0]], "more than once"),
+    ([[i] for i in range(5)], "exceed max_draft_len 4"),
+    ([[0, -1]], "not a non-negative int"),
+])
+def test_bad_choices_are_refused_by_name(choices, match):
+    with pytest.raises(ValueError, match=f"where: .*{match}"):
+        check_medusa_choices(parse_medusa_choices(choices, "where") if isinstance(choices, str) else choices, 2, 4, "where")
+
+
+def test_requests_a_medusa_engine_refuses_by_name(setup):
+    engine = LLMEngine(setup["model"], CONFIG.replace(max_draft_len=4, max_beam_width=2), _drafter(setup, "random", CHAIN, 4))
+    for params, field in [
+        (SamplingParams(beam_width=2, temperature=0), "beam_width"),
+        (SamplingParams(num_draft_tokens=2), "num_draft_tokens"),
+        (SamplingParams(use_draft_logits=True), "use_draft_logits"),
+        (SamplingParams(medusa_choices="{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}"), "medusa_choices"),
+        (SamplingParams(medusa_choices="{0}, {1}, {2}, {3}, {4}"), "medusa_choices"),
+        (SamplingParams(medusa_choices="{x}"), "medusa_choices"),
+    ]:
+        with pytest.raises(InvalidRequestError) as error:
+            engine.add_request([1, 2], params)
+        assert error.value.field == field
+    with pytest.raises(InvalidRequestError, match="medusa_choices"):
+        LLMEngine(setup["model"], CONFIG).add_request([1, 2], SamplingParams(medusa_choices="{0}"))
+
+
+# -- the engine directory ---------------------------------------------------------------------
+def _engine_dir(setup, heads="close", choices=MC_LIKE, **kwargs) -> Path:
+    from refengine import write_engine_dir
+
+    build = {"max_batch_size": 4, "max_input_len": 48, "max_seq_len": 96, "max_num_tokens": 96, "plugin_config": {"tokens_per_block": 4}}
+    engine_dir = write_engine_dir(setup["target_dir"], setup["root"] / f"engine-{next(_NUMBERS)}", build, "test")
+    write_medusa_engine(engine_dir, setup[heads], choices, **kwargs)
+    return engine_dir
+
+
+_NUMBERS = itertools.count()
+
+
+def test_engine_directory_with_medusa_heads_loads_and_speculates(setup):
+    engine_dir = _engine_dir(setup)
+    config = json.loads((engine_dir / "config.json").read_text())
+    assert config["build_config"]["speculative_decoding_mode"] == 4 and config["build_config"]["max_draft_len"] == len(MC_LIKE)
+    engine = LLMEngine.from_engine_dir(engine_dir)
+    plain = LLMEngine(setup["model"], CONFIG).generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))
+    assert _tokens(engine.generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))) == _tokens(plain)
+    assert engine.stats().num_accepted_draft_tokens > 0
+    chain = LLMEngine.from_engine_dir(engine_dir, medusa_choices="{0}, {0, 0}")  # Triton's parameter overrides the tree
+    assert _tokens(chain.generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))) == _tokens(plain)
+    assert {len(path) for path, _ in chain.stats().tree_node_acceptances} <= {1, 2}
+    with pytest.raises(EngineConfigError, match="medusa_choices: .*4 deep; the engine has 3"):
+        LLMEngine.from_engine_dir(engine_dir, medusa_choices="{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}")
+    with pytest.raises(EngineConfigError, match="medusa_choices: .*exceed max_draft_len"):
+        LLMEngine.from_engine_dir(engine_dir, medusa_choices=format_medusa_choices([(i,) for i in range(11)]))
+
+
+def _edit(engine_dir: Path, change) -> None:
+    config = json.loads((engine_dir / "config.json").read_text())
+    change(config)
+    (engine_dir / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda c: c["refengine_speculative"].update(medusa_heads="nowhere.safetensors"), "refengine_speculative.medusa_heads"),
+    (lambda c: c["refengine_speculative"].update(num_medusa_heads=0), "refengine_speculative.num_medusa_heads"),
+    (lambda c: c["refengine_speculative"].update(num_medusa_layers="1"), "refengine_speculative.num_medusa_layers"),
+    (lambda c: c["refengine_speculative"].update(num_medusa_layers=2), "refengine_speculative.medusa_heads"),
+    (lambda c: c["refengine_speculative"].update(num_medusa_heads=4), "refengine_speculative.medusa_heads"),
+    (lambda c: c["refengine_speculative"].update(medusa_choices=[[0, 0]]), "refengine_speculative.medusa_choices"),
+    (lambda c: c["refengine_speculative"].update(medusa_choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), "refengine_speculative.medusa_choices"),
+    (lambda c: c["build_config"].update(speculative_decoding_mode=2), "build_config.speculative_decoding_mode"),
+    (lambda c: c["build_config"].update(max_draft_len=5), "refengine_speculative.max_draft_len"),
+])
+def test_bad_medusa_settings_are_refused_by_field(setup, edit, field):
+    engine_dir = _engine_dir(setup)
+    _edit(engine_dir, edit)
+    with pytest.raises(EngineConfigError) as error:
+        LLMEngine.from_engine_dir(engine_dir)
+    assert error.value.field == field
+
+
+def test_heads_that_do_not_fit_the_model_are_refused_naming_both_sizes(setup):
+    wrong_hidden = write_random_medusa_heads(setup["root"] / "wide-heads", HEADS, 1, HIDDEN * 2, VOCAB, medusa_choices=CHAIN)
+    with pytest.raises(EngineConfigError, match=f"0.0.linear.weight has shape \\[64, 64\\].*hidden size 64 vs the model's {HIDDEN}"):
+        LLMEngine.from_engine_dir(_engine_dir(setup, "wide", CHAIN) if setup.setdefault("wide", wrong_hidden) else None)
+    wrong_vocab = write_random_medusa_heads(setup["root"] / "vocab-heads", HEADS, 1, HIDDEN, VOCAB + 1, medusa_choices=CHAIN)
+    with pytest.raises(EngineConfigError, match=f"vocab size {VOCAB + 1} vs the model's {VOCAB}"):
+        LLMEngine.from_engine_dir(_engine_dir(setup, "vocab", CHAIN) if setup.setdefault("vocab", wrong_vocab) else None)
