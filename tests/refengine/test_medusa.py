@@ -213,3 +213,63 @@ def test_heads_that_do_not_fit_the_model_are_refused_naming_both_sizes(setup):
     wrong_vocab = write_random_medusa_heads(setup["root"] / "vocab-heads", HEADS, 1, HIDDEN, VOCAB + 1, medusa_choices=CHAIN)
     with pytest.raises(EngineConfigError, match=f"vocab size {VOCAB + 1} vs the model's {VOCAB}"):
         LLMEngine.from_engine_dir(_engine_dir(setup, "vocab", CHAIN) if setup.setdefault("vocab", wrong_vocab) else None)
+
+
+def test_greedy_medusa_with_logit_processors_and_logprobs_equals_plain(setup):
+    """Each row is processed as the sampler processes it (penalties over the history plus the node's ancestors,
+    bias, bad words, min_tokens): accepted tokens and their logprobs are plain greedy's."""
+    params = [
+        SamplingParams(max_tokens=16, temperature=0, repetition_penalty=1.4, logprobs=2),
+        SamplingParams(max_tokens=16, temperature=0, logit_bias=((11, 2.0),), bad_words=((25, 25),), frequency_penalty=0.3),
+        SamplingParams(max_tokens=16, temperature=0, end_id=0, min_tokens=8, presence_penalty=0.5),
+    ] * 2
+    plain = LLMEngine(setup["model"], CONFIG).generate(PROMPTS, params)
+    engine = LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), _drafter(setup, "close", MC_LIKE))
+    medusa = engine.generate(PROMPTS, params)
+    assert _tokens(medusa) == _tokens(plain)
+    for ours, theirs in zip(medusa, plain):
+        ours_logprobs, theirs_logprobs = ours.outputs[0].logprobs or (), theirs.outputs[0].logprobs or ()
+        assert [t.logprob for t in ours_logprobs] == pytest.approx([t.logprob for t in theirs_logprobs], abs=1e-5)
+        assert [[i for i, _ in t.top_logprobs] for t in ours_logprobs] == [[i for i, _ in t.top_logprobs] for t in theirs_logprobs]
+    assert engine.stats().num_accepted_draft_tokens > 0
+
+
+# -- the sampling distribution ------------------------------------------------------------------
+SAMPLE_VOCAB, SAMPLE_HIDDEN, NUM_SAMPLES = 6, 16, 500
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_medusa_is_distributed_as_the_target(tmp_path, checkpoint_writer, tensor_rewriter, temperature):
+    """Chi-square goodness of fit of the first 3 sampled tokens against the target's exact joint distribution (as the
+    draft path's test: bound at the 1 - 1e-4 quantile). The tree has several children per node, so first, later and
+    no candidates are accepted: every branch of the multi-candidate acceptance runs."""
+    from scipy.stats import chi2
+
+    from tests.refengine.test_speculative_decoding import _chi_square, _exact_joint
+
+    target_dir = checkpoint_writer(tmp_path / "t", seed=21, vocab_size=SAMPLE_VOCAB, hidden_size=SAMPLE_HIDDEN, intermediate_size=24,
+                                   num_hidden_layers=1)
+    tensor_rewriter(target_dir, lambda tensors: tensors.update({"lm_head.weight": tensors["lm_head.weight"] * 6}))
+    target = load_model(load_checkpoint(target_dir))
+    heads_dir = write_random_medusa_heads(tmp_path / "heads", 2, 1, SAMPLE_HIDDEN, SAMPLE_VOCAB, seed=4, scale=0.3)
+    heads = MedusaHeads.load(heads_dir / HEADS_FILE, 2, 1, SAMPLE_HIDDEN, SAMPLE_VOCAB, torch.float32, "medusa_heads")
+    tree = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0))
+    config = EngineConfig(max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=6,
+                          scheduler_policy="max_utilization")
+    engine = LLMEngine(target, config, MedusaDrafter(heads, tree, 6))
+    prompt = [4, 0, 5]
+    outputs = engine.generate([prompt] * NUM_SAMPLES, [SamplingParams(max_tokens=3, temperature=temperature, seed=i) for i in range(NUM_SAMPLES)])
+    counts: dict[tuple[int, ...], int] = {}
+    for output in outputs:
+        cell = tuple(output.outputs[0].token_ids)
+        counts[cell] = counts.get(cell, 0) + 1
+    stats = engine.stats()
+    assert 0 < stats.num_accepted_draft_tokens < stats.num_tree_steps * 2  # accepted and rejected
+    accepted_ranks = {path[-1] for path, _ in stats.tree_node_acceptances}
+    assert {0, 1} <= accepted_ranks  # a first candidate and a later one (after the first was rejected)
+    statistic, dof = _chi_square(counts, _exact_joint(target, prompt, 3, temperature), NUM_SAMPLES)
+    bound = chi2.ppf(1 - 1e-4, dof)
+    assert statistic < bound, f"chi-square {statistic:.1f} >= {bound:.1f} ({dof} dof)"
+    # Power: the same counts against the target at another temperature fail by far.
+    wrong, wrong_dof = _chi_square(counts, _exact_joint(target, prompt, 3, temperature * 1.6), NUM_SAMPLES)
+    assert wrong > 2 * chi2.ppf(1 - 1e-4, wrong_dof)
