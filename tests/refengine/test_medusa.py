@@ -39,10 +39,10 @@ def setup(tmp_path_factory, checkpoint_writer):
     return {"root": root, "target_dir": target_dir, "model": model, "random": random_heads, "close": _close_heads(root / "close-heads", target_dir)}
 
 
-def _close_heads(directory: Path, target_dir: Path) -> Path:
+def _close_heads(directory: Path, target_dir: Path, hidden: int = HIDDEN, vocab: int = VOCAB) -> Path:
     """Heads whose projection is the target's lm_head plus noise and whose residual layers are near zero: on a tiny
     random model's repetitive text they guess the next tokens often, not always."""
-    write_random_medusa_heads(directory, HEADS, 1, HIDDEN, VOCAB, seed=6, scale=0.01)
+    write_random_medusa_heads(directory, HEADS, 1, hidden, vocab, seed=6, scale=0.01)
     lm_head = load_file(str(target_dir / "rank0.safetensors"))["lm_head.weight"].float()
     tensors = load_file(str(directory / HEADS_FILE))
     generator = torch.Generator().manual_seed(8)
@@ -273,3 +273,59 @@ def test_sampled_medusa_is_distributed_as_the_target(tmp_path, checkpoint_writer
     # Power: the same counts against the target at another temperature fail by far.
     wrong, wrong_dof = _chi_square(counts, _exact_joint(target, prompt, 3, temperature * 1.6), NUM_SAMPLES)
     assert wrong > 2 * chi2.ppf(1 - 1e-4, wrong_dof)
+
+
+# -- guided decoding ---------------------------------------------------------------------------
+def test_greedy_guided_medusa_equals_greedy_guided_decoding(tmp_path, checkpoint_writer):
+    """A node the grammar refuses (given its ancestors) is pruned with its subtree; every kept node's row is masked."""
+    import tests.refengine.test_guided_speculative as guided
+
+    target_dir = checkpoint_writer(tmp_path / "target", vocab_size=guided.VOCAB_SIZE)
+    target = load_model(load_checkpoint(target_dir))
+    heads_dir = _close_heads(tmp_path / "heads", target_dir, vocab=guided.VOCAB_SIZE)
+    heads = MedusaHeads.load(heads_dir / HEADS_FILE, HEADS, 1, HIDDEN, guided.VOCAB_SIZE, torch.float32, "medusa_heads")
+    plain = LLMEngine(target, guided.CONFIG)
+    plain.enable_guided_decoding(guided._info())
+    engine = LLMEngine(target, guided.CONFIG.replace(max_draft_len=16), MedusaDrafter(heads, MC_LIKE, 16))
+    engine.enable_guided_decoding(guided._info())
+    params = guided._params()
+    expected = plain.generate(guided.PROMPTS * 2, params)
+    outputs = engine.generate(guided.PROMPTS * 2, params)
+    assert _tokens(outputs) == _tokens(expected)
+    guided._check_valid(outputs)
+    stats = engine.stats()
+    assert stats.num_tree_steps > 0 and stats.num_accepted_draft_tokens > 0
+    assert stats.num_draft_tokens < stats.num_tree_steps * len(MC_LIKE)  # nodes were pruned
+    assert engine.kv_cache_usage().num_used_blocks == 0
+
+
+def test_the_grammar_prunes_refused_nodes_with_their_subtrees(tmp_path, checkpoint_writer):
+    import tests.refengine.test_guided_speculative as guided
+    from refengine.speculative.medusa_planner import _within_grammar
+
+    engine = LLMEngine(load_model(load_checkpoint(checkpoint_writer(tmp_path / "t", vocab_size=guided.VOCAB_SIZE))), guided.CONFIG)
+    engine.enable_guided_decoding(guided._info())
+    state = engine.guided_decoder.new_state(guided.GuidedDecodingParams("regex", "ab[0-9]"))
+    a, b, seven, z = (guided.VOCAB.index(c) for c in "ab7z")
+    tree = medusa_tree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))  # tokens: a, z, b, z, b, 7
+    kept, masks = _within_grammar(tree, (a, z, b, z, b, seven), state)
+    assert kept == [0, 2, 5]  # z refused (and its child), a -> z refused, a -> b -> 7 kept
+    assert masks.shape == (3, guided.VOCAB_SIZE) and bool(masks[0][b]) and bool(masks[1][seven]) and not bool(masks[1][z])
+    assert state.accepts(a) and not state.accepts(b)  # rolled back: still at the start
+
+
+def test_n_samples_streaming_and_stream_interval(setup):
+    """n > 1: the first step draws the samples (not drafted), each forked sample is drafted from its next step on;
+    a streamed response carries every token a step accepted; stream_interval counts steps as without Medusa."""
+    drafter = _drafter(setup, "close", MC_LIKE)
+    engine = LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), drafter)
+    [output] = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=14, temperature=0, n=3))
+    [plain] = LLMEngine(setup["model"], CONFIG).generate([PROMPTS[0]], SamplingParams(max_tokens=14, temperature=0, n=3))
+    assert [c.token_ids for c in output.outputs] == [c.token_ids for c in plain.outputs]
+    assert engine.stats().num_tree_steps >= 3
+    streamed = list(LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), drafter).stream(PROMPTS[3], SamplingParams(max_tokens=16, temperature=0)))
+    sizes = [len(o.outputs[0].new_token_ids) for o in streamed]
+    assert sum(sizes) == 16 and max(sizes) > 1
+    every_other = list(LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16, stream_interval=2), drafter).stream(
+        PROMPTS[3], SamplingParams(max_tokens=16, temperature=0)))
+    assert len(every_other) < len(streamed) and every_other[-1].outputs[0].token_ids == streamed[-1].outputs[0].token_ids
