@@ -147,7 +147,8 @@ def check_draft_logits(params: SamplingParams, speculator: Speculator | None) ->
     if not params.use_draft_logits:
         return
     if speculator is None or not getattr(speculator.drafter, "has_draft_distribution", False):
-        how = "built without speculative decoding" if speculator is None else f"drafting {getattr(speculator.drafter, 'description', 'n-grams')} (no draft distribution)"
+        drafts = getattr(speculator.drafter, "description", "n-grams") if speculator is not None else ""
+        how = "built without speculative decoding" if speculator is None else f"drafting {drafts} (no draft distribution)"
         raise InvalidRequestError("use_draft_logits", f"true needs a draft model (draft-target mode); the engine is {how}")
     if params.num_draft_tokens == 0:
         raise InvalidRequestError("use_draft_logits", "true with num_draft_tokens 0 (no drafts): send num_draft_tokens > 0 or unset")
