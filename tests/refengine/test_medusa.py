@@ -329,3 +329,13 @@ def test_n_samples_streaming_and_stream_interval(setup):
     every_other = list(LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16, stream_interval=2), drafter).stream(
         PROMPTS[3], SamplingParams(max_tokens=16, temperature=0)))
     assert len(every_other) < len(streamed) and every_other[-1].outputs[0].token_ids == streamed[-1].outputs[0].token_ids
+
+
+def test_tree_verification_cost_is_measured_per_node_count(setup):
+    from refengine.speculative.medusa_cost import benchmark_tree, measure_tree_verification
+
+    assert benchmark_tree(12)[:11] == tuple((i,) for i in range(10)) + ((0, 0),) and len(benchmark_tree(64)) == 64
+    check_medusa_choices(benchmark_tree(64), 4, 64, "benchmark tree")  # prefix-closed, 4 deep at most
+    rows = measure_tree_verification(setup["model"], [0, 3, 9], context_len=10, repeats=2, tokens_per_block=4)
+    assert [row["nodes"] for row in rows] == [0, 3, 9] and rows[0]["relative_cost"] == 1.0
+    assert all(row["wall_ms"] > 0 and row["cpu_ms"] >= 0 for row in rows)
