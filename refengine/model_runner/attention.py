@@ -160,7 +160,8 @@ def causal_attention(
     `window` W (sliding-window layers): the query at position p attends to the keys at positions
     (p - W, p], W of them with itself, as transformers' sliding-window mask (`kv_idx > q_idx - W`).
     `softcap` c (Gemma 2): scores become c * tanh(scores / c) before the mask.
-    `tree_mask` [L, L] bool (tree verification): among the last L tokens, query j sees key k only where it is true.
+    `tree_mask` [L, L] bool (tree verification): among the last L tokens, query j sees key k only where it is true;
+    their positions (for the window) are root + depth, not their slots' order.
     """
     query_len, num_heads, head_size = query.shape
     context_len, num_kv_heads, _ = keys.shape
@@ -172,13 +173,18 @@ def causal_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H_kv, G, L, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
+    first = context_len - query_len
+    query_positions = torch.arange(first, context_len).unsqueeze(1)
     key_positions = torch.arange(context_len).unsqueeze(0)
+    if tree_mask is not None:  # a tree row sits at root + its depth (the ancestors it sees, root included, minus one)
+        depths = tree_mask.sum(dim=1) - 1
+        query_positions = (first + depths).unsqueeze(1)
+        key_positions = torch.cat((torch.arange(first), first + depths)).unsqueeze(0)
     masked = key_positions > query_positions
     if window is not None:
         masked |= key_positions <= query_positions - window
     if tree_mask is not None:
-        masked[:, context_len - query_len :] = ~tree_mask
+        masked[:, first:] |= ~tree_mask
     scores = scores.masked_fill(masked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [H_kv, G, L, D]

@@ -339,3 +339,26 @@ def test_tree_verification_cost_is_measured_per_node_count(setup):
     rows = measure_tree_verification(setup["model"], [0, 3, 9], context_len=10, repeats=2, tokens_per_block=4)
     assert [row["nodes"] for row in rows] == [0, 3, 9] and rows[0]["relative_cost"] == 1.0
     assert all(row["wall_ms"] > 0 and row["cpu_ms"] >= 0 for row in rows)
+
+
+@pytest.mark.parametrize("name", ["gemma2_windowed", "gemma3_text"])
+def test_greedy_medusa_on_sliding_window_models_equals_transformers(tmp_path, name):
+    """A tree row's window is measured from its position (root + depth), not from its slot: Gemma 2 / 3 with 16-token
+    windows and prompts past them answer what transformers answers; heads near the model's lm_head make deep accepts."""
+    from tests.refengine.conftest import hf_greedy
+    from tests.refengine.gemma_fixtures import build_gemma_model, build_gemma_models
+
+    model = build_gemma_models(tmp_path)[name] if name == "gemma2_windowed" else build_gemma_model(name, tmp_path)
+    target = load_model(load_checkpoint(model.checkpoint_dir))
+    hidden = target.config.hidden_size
+    lm_head = target._logits.weight.float()
+    generator = torch.Generator().manual_seed(1)
+    projections = [lm_head + 0.3 * lm_head.std() * torch.randn(lm_head.shape, generator=generator) for _ in range(HEADS)]
+    heads = MedusaHeads([[(torch.zeros(hidden, hidden), torch.zeros(hidden))] for _ in range(HEADS)], projections)
+    engine = LLMEngine(target, EngineConfig(tokens_per_block=4, max_num_tokens=128, max_batch_size=4, max_draft_len=16),
+                       MedusaDrafter(heads, MC_LIKE, 16))
+    prompts = [[7, 8, 9, 10] * 6, [(5 * i) % 60 + 3 for i in range(41)]]
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == hf_greedy(model.hf_model, prompt, 24)
+    assert max((len(path) for path, _ in engine.stats().tree_node_acceptances), default=0) >= 2
