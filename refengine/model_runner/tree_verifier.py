@@ -24,6 +24,7 @@ import dataclasses
 import torch
 
 from refengine.model_runner.sampler import apply_logit_processors, draw, draw_seed, sampling_probs, with_logprobs
+from refengine.model_runner.verifier import plain_greedy
 from refengine.step_messages import SampledToken, ScheduledSequence
 
 
@@ -34,6 +35,8 @@ def verify_tree(logits: torch.Tensor, item: ScheduledSequence) -> tuple[tuple[Sa
     children: list[list[int]] = [[] for _ in range(len(nodes) + 1)]  # by row: row 0 the root, row j + 1 node j
     for node, parent in enumerate(parents):
         children[parent + 1].append(node)
+    if plain_greedy(item):  # no processor changes a row: every row's argmax at once
+        return _walk_argmax(torch.argmax(logits, dim=-1).tolist(), nodes, children)
     first_position = item.num_computed_tokens + 1  # where the token drawn from the root's row goes
     raw_logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs is not None else None
     tokens: list[SampledToken] = []
@@ -53,6 +56,15 @@ def verify_tree(logits: torch.Tensor, item: ScheduledSequence) -> tuple[tuple[Sa
             return tuple(tokens), tuple(path)
         path.append(accepted)
         row = accepted + 1
+
+
+def _walk_argmax(best: list[int], nodes: tuple[int, ...], children: list[list[int]]) -> tuple[tuple[SampledToken, ...], tuple[int, ...]]:
+    path: list[int] = []
+    row = 0
+    while (accepted := next((node for node in children[row] if nodes[node] == best[row]), None)) is not None:
+        path.append(accepted)
+        row = accepted + 1
+    return tuple(SampledToken(nodes[node]) for node in path) + (SampledToken(best[row]),), tuple(path)
 
 
 def _at_node(item: ScheduledSequence, path: list[int], row: int) -> ScheduledSequence:
