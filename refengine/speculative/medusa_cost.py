@@ -1,7 +1,7 @@
 """What verifying a Medusa tree costs on this machine: one target forward over a sequence's root plus N tree nodes
 (the forward, the N + 1 logits rows, the tree walk and the accepted K/V's move), against a plain decode step (N = 0),
 at batch 1. The ratio bounds Medusa's speed-up: a step accepting a tokens on average yields a + 1 tokens for the cost
-of the N-node forward (plus the heads), so the speed-up is at most (a + 1) / cost(N) / cost(0).
+of the N-node forward plus the heads (`measure_heads`), so the speed-up is at most (a + 1) * cost(0) / (cost(N) + heads).
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from refengine.model_runner import DecoderModel, ModelRunner
 from refengine.sampling import SamplingParams
+from refengine.speculative.medusa_heads import MedusaHeads
 from refengine.speculative.medusa_tree import medusa_tree
 from refengine.step_messages import ScheduledSequence, SchedulerOutput
 
@@ -69,3 +72,15 @@ def _item(tokens, start, table, params, nodes=(), parents=()) -> ScheduledSequen
 def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def measure_heads(heads: MedusaHeads, hidden_size: int, top_k: Sequence[int], batch_size: int = 1, repeats: int = 20) -> dict[str, Any]:
+    """The median wall milliseconds of the heads proposing one step's candidates for `batch_size` sequences."""
+    hidden = torch.randn(batch_size, hidden_size, generator=torch.Generator().manual_seed(0))
+    walls = []
+    for round_number in range(repeats + 1):
+        wall = time.perf_counter()
+        heads.top_tokens(hidden, top_k)
+        if round_number:
+            walls.append(time.perf_counter() - wall)
+    return {"heads": heads.num_heads, "batch_size": batch_size, "top_k": list(top_k), "wall_ms": 1000 * _median(walls)}

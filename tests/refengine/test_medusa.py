@@ -332,13 +332,15 @@ def test_n_samples_streaming_and_stream_interval(setup):
 
 
 def test_tree_verification_cost_is_measured_per_node_count(setup):
-    from refengine.speculative.medusa_cost import benchmark_tree, measure_tree_verification
+    from refengine.speculative.medusa_cost import benchmark_tree, measure_heads, measure_tree_verification
 
     assert benchmark_tree(12)[:11] == tuple((i,) for i in range(10)) + ((0, 0),) and len(benchmark_tree(64)) == 64
     check_medusa_choices(benchmark_tree(64), 4, 64, "benchmark tree")  # prefix-closed, 4 deep at most
     rows = measure_tree_verification(setup["model"], [0, 3, 9], context_len=10, repeats=2, tokens_per_block=4)
     assert [row["nodes"] for row in rows] == [0, 3, 9] and rows[0]["relative_cost"] == 1.0
     assert all(row["wall_ms"] > 0 and row["cpu_ms"] >= 0 for row in rows)
+    heads = MedusaHeads.load(setup["random"] / HEADS_FILE, HEADS, 1, HIDDEN, VOCAB, torch.float32, "medusa_heads")
+    assert measure_heads(heads, HIDDEN, (3, 2), batch_size=4, repeats=2)["wall_ms"] > 0
 
 
 @pytest.mark.parametrize("name", ["gemma2_windowed", "gemma3_text"])
