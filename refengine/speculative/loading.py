@@ -28,7 +28,7 @@ def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config:
         medusa, model_config = settings.medusa, engine.checkpoint.config
         heads = MedusaHeads.load(
             medusa.heads_file, medusa.num_heads, medusa.num_layers, model_config.hidden_size, model_config.vocab_size,
-            torch_dtype(config.compute_dtype), f"{SPECULATIVE_KEY}.medusa_heads",
+            torch_dtype(config.compute_dtype), f"{SPECULATIVE_KEY}.medusa_heads", fp16_gemm=config.fp16_weight_gemm,
         )
         return MedusaDrafter(heads, medusa.choices, settings.max_draft_len)
     if settings.draft_engine_dir is None:  # read_speculative_settings guarantees it for draft_model

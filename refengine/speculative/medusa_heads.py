@@ -16,14 +16,24 @@ import torch
 import torch.nn.functional as F
 
 from refengine.errors import EngineConfigError
+from refengine.model_runner.linear import DenseLinear, weight_storage
 
 HEADS_FILE = "medusa_lm_head.safetensors"
 
 
 class MedusaHeads:
-    def __init__(self, residual_layers: list[list[tuple[torch.Tensor, torch.Tensor]]], projections: list[torch.Tensor]) -> None:
-        self.residual_layers = residual_layers  # [head][layer] -> (weight [H, H], bias [H])
-        self.projections = projections  # [head] -> [V, H]
+    """`fp16_gemm`: fp16 weights computed in float32 run on the target's fp16-weight GEMM (model_runner/linear.py's
+    DenseLinear, `EngineConfig.fp16_weight_gemm`): the heads cost about as much as the target's own layers per row."""
+
+    def __init__(
+        self, residual_layers: list[list[tuple[torch.Tensor, torch.Tensor]]], projections: list[torch.Tensor],
+        dtype: torch.dtype = torch.float32, fp16_gemm: bool = False,
+    ) -> None:
+        self.dtype = dtype
+        self.residual_layers = [  # [head][layer]: W x + b
+            [DenseLinear(weight, bias.to(dtype), dtype, None, fp16_gemm) for weight, bias in layers] for layers in residual_layers
+        ]
+        self.projections = [DenseLinear(weight, None, dtype, None, fp16_gemm) for weight in projections]  # [head]: [V, H]
 
     @property
     def num_heads(self) -> int:
@@ -32,6 +42,7 @@ class MedusaHeads:
     @classmethod
     def load(
         cls, path: Path, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, field: str,
+        fp16_gemm: bool = False,
     ) -> MedusaHeads:
         """The heads of `path` in the compute dtype; a missing tensor or one whose size disagrees with the model
         (hidden size, vocabulary) is an `EngineConfigError` naming `field`, the tensor and both sizes."""
@@ -47,7 +58,7 @@ class MedusaHeads:
                 raise EngineConfigError(field, f"{path.name} has no tensor {name!r} ({num_heads} heads of {num_layers} layers expected)")
             if tuple(tensor.shape) != shape:
                 raise EngineConfigError(field, f"{name} has shape {list(tensor.shape)}, the model needs {list(shape)} ({what})")
-            return tensor.to(dtype)
+            return weight_storage(tensor, dtype)
 
         hidden_what = f"hidden size {tensors_hidden(tensors)} vs the model's {hidden_size}"
         layers = [
@@ -57,18 +68,18 @@ class MedusaHeads:
         ]
         vocab_what = f"vocab size {tensors_vocab(tensors, num_layers)} vs the model's {vocab_size}, hidden size vs {hidden_size}"
         projections = [get(f"{h}.{num_layers}.weight", (vocab_size, hidden_size), vocab_what) for h in range(num_heads)]
-        return cls(layers, projections)
+        return cls(layers, projections, dtype, fp16_gemm)
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int]) -> list[list[list[int]]]:
         """hidden [B, H] -> [row][head h] the top_k[h] most likely token ids of head h, most likely first (heads beyond
         len(top_k) are not run)."""
         results: list[list[list[int]]] = [[] for _ in range(hidden.shape[0])]
-        hidden = hidden.to(self.projections[0].dtype)
+        hidden = hidden.to(self.dtype)
         for head, k in enumerate(top_k):
             x = hidden
-            for weight, bias in self.residual_layers[head]:
-                x = x + F.silu(F.linear(x, weight, bias))
-            ids = torch.topk(F.linear(x, self.projections[head]), k, dim=-1).indices.tolist()
+            for linear in self.residual_layers[head]:
+                x = x + F.silu(linear(x))
+            ids = torch.topk(self.projections[head](x), k, dim=-1).indices.tolist()
             for row, row_ids in enumerate(ids):
                 results[row].append(row_ids)
         return results
