@@ -45,7 +45,7 @@ def main() -> int:
                                  config.vocab_size, torch.float32, "--heads", fp16_gemm=True)
         heads_rows = [measure_heads(heads, config.hidden_size, TREE_WIDTHS[:num_heads], b, args.repeats) for b in (1, 4, 32)]
     rows = measure_tree_verification(model, NODE_COUNTS, args.context, args.repeats)
-    print(f"| tree nodes N | wall ms / step | CPU ms / step | cost vs a plain decode (N = 0) |\n|---:|---:|---:|---:|")
+    print("| tree nodes N | wall ms / step | CPU ms / step | cost vs a plain decode (N = 0) |\n|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['nodes']} | {row['wall_ms']:.2f} | {row['cpu_ms']:.2f} | {row['relative_cost']:.2f}× |")
     print(f"\n| heads ({num_heads}, top-k {list(TREE_WIDTHS[:num_heads])}) at batch | wall ms / step |\n|---:|---:|")
