@@ -87,7 +87,7 @@ class LLMEngine:
     def from_engine_dir(cls, engine_dir: str | Path, medusa_choices: str | Sequence[Sequence[int]] | None = None, **overrides: Any) -> LLMEngine:
         """An engine over a CPU engine directory; limits from its build_config, `overrides` on top. `medusa_choices`
         (a Medusa engine; Triton's tensorrt_llm parameter): a tree replacing the engine's, refused by name when it is
-        deeper than the heads or has more nodes than max_draft_len."""
+        deeper than the heads or has more nodes than max_draft_len; empty or None: the engine's own."""
         engine = load_engine_dir(engine_dir)
         speculative = speculative_settings(engine)
         if speculative is not None:
@@ -95,7 +95,7 @@ class LLMEngine:
         config = EngineConfig.from_build_config(engine.build_config, **overrides)
         model = load_model(engine.checkpoint, torch_dtype(config.compute_dtype), config.fp16_weight_gemm)
         drafter = load_drafter(engine, speculative, config) if speculative is not None and config.max_draft_len else None
-        if medusa_choices is not None:
+        if medusa_choices:
             if not isinstance(drafter, MedusaDrafter):
                 raise EngineConfigError("medusa_choices", f"{engine.directory} is not a Medusa engine (refengine_speculative.kind medusa)")
             try:

@@ -59,7 +59,8 @@ class SamplingParams:
       `use_logits False`). Both keep the output distributed as the target's; q accepts at least as often.
       None: the engine's default, q. True needs a draft model (not n-gram drafts) and drafts.
     - `medusa_choices` (Medusa engines): this request's tree of candidates instead of the engine's, TensorRT-LLM's
-      syntax as a string ("{0}, {0, 0}, {1}") or a list of paths; checked against the heads when the request is added.
+      syntax as a string ("{0}, {0, 0}, {1}") or a list of paths (empty: the engine's); checked against the heads when
+      the request is added.
     - `guided_decoding`: a grammar every output token must follow (refengine.guided); the engine
       must have guided decoding on.
     """
@@ -128,6 +129,8 @@ class SamplingParams:
         if self.guided_decoding is not None and not isinstance(self.guided_decoding, GuidedDecodingParams):
             raise InvalidRequestError(GUIDE_TYPE_FIELD, f"must be GuidedDecodingParams, got {type(self.guided_decoding).__name__}")
         _check_beam_params(self)
+        if isinstance(self.medusa_choices, str) and not self.medusa_choices.strip():
+            object.__setattr__(self, "medusa_choices", None)  # empty: the engine's tree
         if self.medusa_choices is not None and not isinstance(self.medusa_choices, str):
             try:
                 object.__setattr__(self, "medusa_choices", tuple(tuple(path) for path in self.medusa_choices))

@@ -172,6 +172,8 @@ def test_engine_directory_with_medusa_heads_loads_and_speculates(setup):
     plain = LLMEngine(setup["model"], CONFIG).generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))
     assert _tokens(engine.generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))) == _tokens(plain)
     assert engine.stats().num_accepted_draft_tokens > 0
+    assert LLMEngine.from_engine_dir(engine_dir, medusa_choices="")._speculator.drafter.tree.num_nodes == len(MC_LIKE)  # empty: the engine's
+    assert SamplingParams(medusa_choices=" ").medusa_choices is None
     chain = LLMEngine.from_engine_dir(engine_dir, medusa_choices="{0}, {0, 0}")  # Triton's parameter overrides the tree
     assert _tokens(chain.generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))) == _tokens(plain)
     assert {len(path) for path, _ in chain.stats().tree_node_acceptances} <= {1, 2}
