@@ -366,3 +366,19 @@ def test_greedy_medusa_on_sliding_window_models_equals_transformers(tmp_path, na
     for prompt, output in zip(prompts, outputs):
         assert output.outputs[0].token_ids == hf_greedy(model.hf_model, prompt, 24)
     assert max((len(path) for path, _ in engine.stats().tree_node_acceptances), default=0) >= 2
+
+
+@pytest.mark.parametrize("policy", ["guaranteed_no_evict", "max_utilization"])
+def test_a_tree_is_cut_to_the_blocks_free_and_gives_them_back(setup, policy):
+    """A KV pool exactly as large as the requests: trees get only the slots left (cut, deepest nodes first), the
+    rejected branches' blocks come back in the same step, nothing leaks, and no admitted request is preempted for a tree."""
+    config = CONFIG.replace(num_kv_blocks=12, scheduler_policy=policy, max_draft_len=16)
+    prompts = [PROMPTS[0], PROMPTS[3][:8]]  # 8 + 16 tokens each: 6 blocks of 4 each, 12 in all
+    params = SamplingParams(max_tokens=16, temperature=0)
+    plain = LLMEngine(setup["model"], config.replace(max_draft_len=0)).generate(prompts, params)
+    engine = LLMEngine(setup["model"], config, _drafter(setup, "close", MC_LIKE))
+    assert _tokens(engine.generate(prompts, params)) == _tokens(plain)
+    stats = engine.stats()
+    assert stats.num_tree_steps > 0 and stats.num_draft_tokens < stats.num_tree_steps * len(MC_LIKE)  # trees were cut
+    assert engine.scheduler.num_preemptions == 0
+    assert engine.scheduler.kv_cache.num_free_blocks == 12
