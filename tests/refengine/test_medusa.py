@@ -105,6 +105,11 @@ def test_medusa_and_plain_requests_share_steps(setup):
     drafted = [o.metrics.total_draft_tokens for o in outputs]
     assert all(d == 0 for d in drafted[2::3]) and all(d > 0 for d in drafted[0::3])
     assert {len(path) for path, _ in engine.stats().tree_node_acceptances} >= {1, 2, 3}
+    # a request's tree deeper than the engine's: the heads propose for the deepest tree of the step
+    wide = LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), _drafter(setup, "close", WIDE))
+    deep = wide.generate(PROMPTS, [SamplingParams(max_tokens=15, temperature=0, medusa_choices=CHAIN if i % 2 else None) for i in range(len(PROMPTS))])
+    assert _tokens(deep) == _tokens(plain)
+    assert max(len(path) for path, _ in wide.stats().tree_node_acceptances) == 3
 
 
 # -- the tree's syntax and checks --------------------------------------------------------------
@@ -299,6 +304,8 @@ def test_greedy_guided_medusa_equals_greedy_guided_decoding(tmp_path, checkpoint
     assert stats.num_tree_steps > 0 and stats.num_accepted_draft_tokens > 0
     assert stats.num_draft_tokens < stats.num_tree_steps * len(MC_LIKE)  # nodes were pruned
     assert engine.kv_cache_usage().num_used_blocks == 0
+    sampled = engine.generate(guided.PROMPTS * 2, guided._params(temperature=1.0, seed=7))
+    guided._check_valid(sampled)  # sampled: every emitted token is one the grammar allows
 
 
 def test_the_grammar_prunes_refused_nodes_with_their_subtrees(tmp_path, checkpoint_writer):
