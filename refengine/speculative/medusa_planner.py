@@ -25,7 +25,7 @@ import torch
 from refengine.errors import InvalidRequestError
 from refengine.sampling import SamplingParams
 from refengine.speculative.medusa_heads import MedusaHeads
-from refengine.speculative.medusa_tree import Choices, MedusaTree, check_medusa_choices, medusa_tree
+from refengine.speculative.medusa_tree import MedusaTree, check_medusa_choices, medusa_tree
 from refengine.speculative.planner import check_draft_logits
 from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
 
@@ -38,12 +38,12 @@ class MedusaDrafter:
     has_draft_distribution = False  # deterministic candidates (the heads' top-k)
     description = "Medusa heads' candidates"
 
-    def __init__(self, heads: MedusaHeads, choices: Choices, max_draft_len: int) -> None:
+    def __init__(self, heads: MedusaHeads, choices: tuple[tuple[int, ...], ...], max_draft_len: int) -> None:
         self.heads = heads
         self.max_draft_len = max_draft_len
         self.tree = medusa_tree(check_medusa_choices(choices, heads.num_heads, max_draft_len, "medusa_choices"))
 
-    def with_choices(self, choices: Choices) -> MedusaDrafter:
+    def with_choices(self, choices: tuple[tuple[int, ...], ...]) -> MedusaDrafter:
         """The same heads with another engine-wide tree (checked: ValueError naming medusa_choices)."""
         return MedusaDrafter(self.heads, choices, self.max_draft_len)
 
@@ -74,7 +74,7 @@ class MedusaSpeculator:
         self.max_draft_len = drafter.max_draft_len
         self._max_num_tokens = max_num_tokens
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}  # seq_id -> (its token count then, last hidden state)
-        self._paths: dict[int, Choices] = {}  # seq_id -> the paths of the tree it verifies this step
+        self._paths: dict[int, tuple[tuple[int, ...], ...]] = {}  # seq_id -> the paths of the tree it verifies this step
         self.node_acceptances: Counter[tuple[int, ...]] = Counter()  # tree path -> times accepted
         self.num_tree_steps = 0  # sequence-steps that verified a tree
 

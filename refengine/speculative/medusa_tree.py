@@ -18,20 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Choices = tuple[tuple[int, ...], ...]
-
 _PATH = r"\{\s*\d+(?:\s*,\s*\d+)*\s*\}"
 _CHOICES = re.compile(rf"\s*{_PATH}(?:\s*,\s*{_PATH})*\s*")
 
 
-def parse_medusa_choices(text: str, where: str = "medusa_choices") -> Choices:
+def parse_medusa_choices(text: str, where: str = "medusa_choices") -> tuple[tuple[int, ...], ...]:
     """The paths of NVIDIA's string form `"{0}, {0, 0}, {1}"` (ValueError naming `where` when malformed)."""
     if not isinstance(text, str) or not _CHOICES.fullmatch(text):
         raise ValueError(f"{where}: {text!r:.120} is not a list of paths like \"{{0}}, {{0, 0}}, {{1}}\" (braces, comma-separated ints)")
     return tuple(tuple(int(index) for index in path.split(",")) for path in re.findall(r"\{([^{}]*)\}", text))
 
 
-def as_choices(value: Any, where: str = "medusa_choices") -> Choices:
+def as_choices(value: Any, where: str = "medusa_choices") -> tuple[tuple[int, ...], ...]:
     """A string (NVIDIA's form) or a list of lists of non-negative ints, as paths (ValueError naming `where`)."""
     if isinstance(value, str):
         return parse_medusa_choices(value, where)
@@ -48,7 +46,7 @@ def as_choices(value: Any, where: str = "medusa_choices") -> Choices:
     return tuple(paths)
 
 
-def check_medusa_choices(choices: Sequence[Sequence[int]], num_heads: int, max_draft_len: int, where: str) -> Choices:
+def check_medusa_choices(choices: Sequence[Sequence[int]], num_heads: int, max_draft_len: int, where: str) -> tuple[tuple[int, ...], ...]:
     """The paths sorted by (depth, path) after checking them against the heads and max_draft_len (ValueError naming
     `where`): no duplicate, every proper prefix present, depth <= num_heads, at most max_draft_len nodes."""
     paths = as_choices(choices, where)
@@ -77,7 +75,7 @@ class MedusaTree:
     """Nodes in (depth, path) order. `parents[j]`: the index of node j's parent (-1: the root); `depths[j]` >= 1;
     `top_k[h]`: how many of head h's most likely tokens the nodes use."""
 
-    paths: Choices
+    paths: tuple[tuple[int, ...], ...]
     parents: tuple[int, ...]
     depths: tuple[int, ...]
     top_k: tuple[int, ...]
@@ -104,7 +102,7 @@ class MedusaTree:
 
 
 @functools.lru_cache(maxsize=256)
-def medusa_tree(sorted_paths: Choices) -> MedusaTree:
+def medusa_tree(sorted_paths: tuple[tuple[int, ...], ...]) -> MedusaTree:
     """The tree of prefix-closed paths in (depth, path) order (as `check_medusa_choices` returns them)."""
     index = {path: j for j, path in enumerate(sorted_paths)}
     parents = tuple(index[path[:-1]] if len(path) > 1 else -1 for path in sorted_paths)

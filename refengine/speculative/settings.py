@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from refengine.errors import EngineConfigError
-from refengine.speculative.medusa_tree import Choices, check_medusa_choices
+from refengine.speculative.medusa_tree import check_medusa_choices
 
 SPECULATIVE_KEY = "refengine_speculative"
 MODE_NONE = 1  # TensorRT-LLM SpeculativeDecodingMode.NONE
@@ -53,7 +53,7 @@ class MedusaSettings:
     heads_file: Path  # absolute
     num_heads: int
     num_layers: int
-    choices: Choices  # checked, in (depth, path) order
+    choices: tuple[tuple[int, ...], ...]  # checked, in (depth, path) order
 
 
 def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], build_config: Mapping[str, Any]) -> SpeculativeSettings | None:
