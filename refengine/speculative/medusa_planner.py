@@ -165,7 +165,8 @@ def _decodes_one(item: ScheduledSequence) -> bool:
 
 
 def _wants_hidden(item: ScheduledSequence) -> bool:
-    return item.num_samples == 1 and not item.sampling_params.return_context_logits
+    params = item.sampling_params
+    return item.num_samples == 1 and not params.return_context_logits and params.num_draft_tokens != 0
 
 
 def _by_head(top_ks: list[tuple[int, ...]]) -> list[list[int]]:
