@@ -389,3 +389,21 @@ def test_a_tree_is_cut_to_the_blocks_free_and_gives_them_back(setup, policy):
     assert stats.num_tree_steps > 0 and stats.num_draft_tokens < stats.num_tree_steps * len(MC_LIKE)  # trees were cut
     assert engine.scheduler.num_preemptions == 0
     assert engine.scheduler.kv_cache.num_free_blocks == 12
+
+
+@pytest.mark.parametrize("algo", ["FP8", "INT8"])
+def test_greedy_medusa_on_a_quantized_kv_cache_equals_plain(tmp_path, checkpoint_writer, tensor_rewriter, algo):
+    """The accepted nodes' K/V codes move as bytes (float8 has no CPU index_copy): greedy output is plain greedy's on the
+    same quantized cache."""
+    target_dir = checkpoint_writer(tmp_path / "t", seed=3, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
+                                   quantization={"quant_algo": None, "kv_cache_quant_algo": algo})
+    tensor_rewriter(target_dir, lambda tensors: tensors.update(
+        {f"transformer.layers.{i}.attention.kv_cache_scaling_factor": torch.tensor([0.05]) for i in range(2)}))
+    model = load_model(load_checkpoint(target_dir))
+    assert model.kv_cache_dtype == (torch.float8_e4m3fn if algo == "FP8" else torch.int8)
+    heads = MedusaHeads.load(_close_heads(tmp_path / "heads", target_dir) / HEADS_FILE, HEADS, 1, HIDDEN, VOCAB, torch.float32, "h")
+    params = SamplingParams(max_tokens=20, temperature=0)
+    plain = LLMEngine(model, CONFIG).generate(PROMPTS, params)
+    engine = LLMEngine(model, CONFIG.replace(max_draft_len=16), MedusaDrafter(heads, MC_LIKE, 16))
+    assert _tokens(engine.generate(PROMPTS, params)) == _tokens(plain)
+    assert any(path[-1] > 0 or len(path) > 1 for path, _ in engine.stats().tree_node_acceptances)  # K/V were moved
