@@ -28,17 +28,23 @@ from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
 from refengine.scheduler import Scheduler
 from refengine.speculative.loading import load_drafter, speculative_settings
+from refengine.speculative.medusa_planner import MedusaDrafter, MedusaSpeculator, check_medusa_request
+from refengine.speculative.medusa_tree import as_choices
 from refengine.speculative.planner import Drafter, Speculator, check_draft_logits
 from refengine.stats import EngineStats
 
 
 class LLMEngine:
-    def __init__(self, model: DecoderModel, config: EngineConfig | None = None, drafter: Drafter | None = None) -> None:
+    def __init__(self, model: DecoderModel, config: EngineConfig | None = None, drafter: Drafter | MedusaDrafter | None = None) -> None:
         """`drafter` (speculative decoding, refengine/speculative) needs `config.max_draft_len` > 0, and the reverse."""
         self._config = config or EngineConfig()
         if (drafter is None) != (self._config.max_draft_len == 0):
             raise EngineConfigError("max_draft_len", f"{self._config.max_draft_len} needs a drafter, and a drafter max_draft_len > 0")
-        self._speculator = None if drafter is None else Speculator(drafter, self._config.max_draft_len, self._config.max_num_tokens)
+        self._speculator: Speculator | MedusaSpeculator | None = None
+        if isinstance(drafter, MedusaDrafter):
+            self._speculator = MedusaSpeculator(drafter, self._config.max_num_tokens)
+        elif drafter is not None:
+            self._speculator = Speculator(drafter, self._config.max_draft_len, self._config.max_num_tokens)
         self._model = model
         self._scheduler = Scheduler(self._config, model.kv_cache_layout.long_prompt_threshold)
         self._runner = ModelRunner(model, self._config.total_kv_blocks, self._config.tokens_per_block)
@@ -78,8 +84,10 @@ class LLMEngine:
         return cls(model, config)
 
     @classmethod
-    def from_engine_dir(cls, engine_dir: str | Path, **overrides: Any) -> LLMEngine:
-        """An engine over a CPU engine directory; limits from its build_config, `overrides` on top."""
+    def from_engine_dir(cls, engine_dir: str | Path, medusa_choices: str | Sequence[Sequence[int]] | None = None, **overrides: Any) -> LLMEngine:
+        """An engine over a CPU engine directory; limits from its build_config, `overrides` on top. `medusa_choices`
+        (a Medusa engine; Triton's tensorrt_llm parameter): a tree replacing the engine's, refused by name when it is
+        deeper than the heads or has more nodes than max_draft_len; empty or None: the engine's own."""
         engine = load_engine_dir(engine_dir)
         speculative = speculative_settings(engine)
         if speculative is not None:
@@ -87,6 +95,13 @@ class LLMEngine:
         config = EngineConfig.from_build_config(engine.build_config, **overrides)
         model = load_model(engine.checkpoint, torch_dtype(config.compute_dtype), config.fp16_weight_gemm)
         drafter = load_drafter(engine, speculative, config) if speculative is not None and config.max_draft_len else None
+        if medusa_choices:
+            if not isinstance(drafter, MedusaDrafter):
+                raise EngineConfigError("medusa_choices", f"{engine.directory} is not a Medusa engine (refengine_speculative.kind medusa)")
+            try:
+                drafter = drafter.with_choices(as_choices(medusa_choices))
+            except ValueError as error:
+                raise EngineConfigError("medusa_choices", str(error).removeprefix("medusa_choices: ")) from None
         return cls(model, config, drafter)
 
     # -- figures ---------------------------------------------------------------------------
@@ -136,7 +151,15 @@ class LLMEngine:
                 num_preemptions=scheduler.num_preemptions,
                 num_draft_tokens=self._num_draft_tokens[0],
                 num_accepted_draft_tokens=self._num_draft_tokens[1],
+                **self._tree_stats(),
             )
+
+    def _tree_stats(self) -> dict[str, Any]:
+        if not isinstance(self._speculator, MedusaSpeculator):
+            return {}
+        acceptances = self._speculator.node_acceptances
+        return {"num_tree_steps": self._speculator.num_tree_steps,
+                "tree_node_acceptances": tuple(sorted(acceptances.items(), key=lambda item: (len(item[0]), item[0])))}
 
     def has_unfinished(self) -> bool:
         with self._lock:
@@ -156,7 +179,11 @@ class LLMEngine:
         # A model may limit a request's length (`max_request_tokens`, e.g. Gemma 2's window); most have no such attribute.
         model_limit = getattr(self._model, "max_request_tokens", None)
         prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size, model_limit)
-        check_draft_logits(params, self._speculator)
+        if self._speculator is None:
+            check_draft_logits(params, None)
+            check_medusa_request(params, None)
+        else:
+            params = self._speculator.check_request(params)
         grammar = self._grammar_of(params)  # compiled outside the lock: the engine keeps stepping
         with self._lock:
             if request_id is None:
@@ -277,6 +304,8 @@ class LLMEngine:
         runner_output = self._runner.execute(scheduler_output)
         self._take_context_logits(runner_output.context_logits)
         updates = self._scheduler.update_from_output(scheduler_output, runner_output)
+        if self._speculator is not None:
+            self._speculator.after_step(scheduler_output, runner_output, self._scheduler)
         self._num_steps += 1
         now_ns = time.time_ns()
         advanced: dict[str, RequestState] = {}

@@ -58,6 +58,9 @@ class SamplingParams:
       False: by comparing tokens (q taken as one-hot(d): accepted with probability p(d), TensorRT-LLM's
       `use_logits False`). Both keep the output distributed as the target's; q accepts at least as often.
       None: the engine's default, q. True needs a draft model (not n-gram drafts) and drafts.
+    - `medusa_choices` (Medusa engines): this request's tree of candidates instead of the engine's, TensorRT-LLM's
+      syntax as a string ("{0}, {0, 0}, {1}") or a list of paths (empty: the engine's); checked against the heads when
+      the request is added.
     - `guided_decoding`: a grammar every output token must follow (refengine.guided); the engine
       must have guided decoding on.
     """
@@ -86,6 +89,7 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    medusa_choices: str | tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -125,6 +129,13 @@ class SamplingParams:
         if self.guided_decoding is not None and not isinstance(self.guided_decoding, GuidedDecodingParams):
             raise InvalidRequestError(GUIDE_TYPE_FIELD, f"must be GuidedDecodingParams, got {type(self.guided_decoding).__name__}")
         _check_beam_params(self)
+        if isinstance(self.medusa_choices, str) and not self.medusa_choices.strip():
+            object.__setattr__(self, "medusa_choices", None)  # empty: the engine's tree
+        if self.medusa_choices is not None and not isinstance(self.medusa_choices, str):
+            try:
+                object.__setattr__(self, "medusa_choices", tuple(tuple(path) for path in self.medusa_choices))
+            except TypeError:
+                raise InvalidRequestError("medusa_choices", f"must be a string or a list of paths, got {self.medusa_choices!r:.80}") from None
 
     @property
     def num_sequences(self) -> int:

@@ -21,3 +21,7 @@ class EngineStats:
     num_preemptions: int = 0  # sequences preempted by recompute
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified by the target
     num_accepted_draft_tokens: int = 0  # ... and accepted
+    # Medusa: sequence-steps that verified a tree (accepted tokens per step: num_accepted_draft_tokens / num_tree_steps),
+    # and how often each node of the tree was accepted, as (path, count) pairs (path: TensorRT-LLM's medusa_choices form)
+    num_tree_steps: int = 0
+    tree_node_acceptances: tuple[tuple[tuple[int, ...], int], ...] = ()

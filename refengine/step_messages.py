@@ -44,6 +44,11 @@ class ScheduledSequence:
     # guided + speculative: bool [k, vocab], row j the tokens allowed after draft tokens 0..j
     draft_allowed_tokens: torch.Tensor | None = field(default=None, compare=False)
     lora: LoraAdapter | None = field(default=None, compare=False)  # the request's adapter (refengine/lora), None: the base model
+    # Medusa: the draft tokens are the nodes of a tree, not a chain: draft_tree_parents[j] is node j's parent among
+    # them (-1: the last real token, the root); parents come before their children (model_runner/tree_attention.py).
+    draft_tree_parents: tuple[int, ...] = ()
+    # Medusa: return the final hidden state of the row the step's last kept token was drawn from (RunnerOutput.hidden_states)
+    return_hidden: bool = False
 
     @property
     def num_new_tokens(self) -> int:
@@ -89,3 +94,5 @@ class RunnerOutput:
     sampled: Mapping[int, tuple[SampledToken, ...]] = field(default_factory=dict)
     # seq_id -> (position of the first row, raw logits [rows, vocab]) of sequences that asked for context logits
     context_logits: Mapping[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    # seq_id -> final hidden state [hidden] of the row its last token was drawn from (items with return_hidden)
+    hidden_states: Mapping[int, torch.Tensor] = field(default_factory=dict)

@@ -36,6 +36,9 @@ class AttentionMetadata:
     context_len_list: tuple[int, ...] | None = None
     # Each sequence's prompt length, where the caller knows it (the engine's steps): long-RoPE picks its table by it.
     prompt_lens: tuple[int, ...] | None = None
+    # Tree verification (Medusa): per sequence, None or bool [L, L] over its L query rows, [j, k] true when row j may
+    # see row k (itself and its ancestors); every row sees the whole cached prefix (tree_attention.py).
+    tree_masks: tuple[torch.Tensor | None, ...] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -149,6 +152,7 @@ def causal_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    tree_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the last L tokens of a sequence over all S of its tokens (GQA/MQA aware).
 
@@ -156,6 +160,8 @@ def causal_attention(
     `window` W (sliding-window layers): the query at position p attends to the keys at positions
     (p - W, p], W of them with itself, as transformers' sliding-window mask (`kv_idx > q_idx - W`).
     `softcap` c (Gemma 2): scores become c * tanh(scores / c) before the mask.
+    `tree_mask` [L, L] bool (tree verification): among the last L tokens, query j sees key k only where it is true;
+    their positions (for the window) are root + depth, not their slots' order.
     """
     query_len, num_heads, head_size = query.shape
     context_len, num_kv_heads, _ = keys.shape
@@ -167,11 +173,18 @@ def causal_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H_kv, G, L, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
+    first = context_len - query_len
+    query_positions = torch.arange(first, context_len).unsqueeze(1)
     key_positions = torch.arange(context_len).unsqueeze(0)
+    if tree_mask is not None:  # a tree row sits at root + its depth (the ancestors it sees, root included, minus one)
+        depths = tree_mask.sum(dim=1) - 1
+        query_positions = (first + depths).unsqueeze(1)
+        key_positions = torch.cat((torch.arange(first), first + depths)).unsqueeze(0)
     masked = key_positions > query_positions
     if window is not None:
         masked |= key_positions <= query_positions - window
+    if tree_mask is not None:
+        masked[:, first:] |= ~tree_mask
     scores = scores.masked_fill(masked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [H_kv, G, L, D]
@@ -200,6 +213,7 @@ def paged_attention(
     """
     output = torch.empty_like(query)
     starts = metadata.query_starts()
+    tree_masks = metadata.tree_masks or ()
     fresh_kv = keys is not None and values is not None and kv_quant is None and kv_cache.dtype == query.dtype
     for index, context_len in enumerate(metadata.context_lengths()):
         begin, end = starts[index], starts[index + 1]
@@ -212,5 +226,6 @@ def paged_attention(
             if kv_quant is not None:
                 seq_keys = kv_quant.dequantize(seq_keys, query.dtype)
                 seq_values = kv_quant.dequantize(seq_values, query.dtype)
-        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap)
+        tree_mask = tree_masks[index] if index < len(tree_masks) else None
+        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap, tree_mask)
     return output

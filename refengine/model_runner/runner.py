@@ -8,6 +8,8 @@ from refengine.lora.batch import LoraBatch, LoraStacks
 from refengine.model_runner.attention import build_attention_metadata
 from refengine.model_runner.decoder import DecoderModel
 from refengine.model_runner.sampler import Sampler
+from refengine.model_runner.tree_attention import keep_accepted_kv, with_tree
+from refengine.model_runner.tree_verifier import verify_tree
 from refengine.model_runner.verifier import verify_drafts
 from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
 
@@ -55,6 +57,7 @@ class ModelRunner:
         sampling = [index for index, item in enumerate(items) if item.num_samples > 0]
         wanting_context = [index for index, item in enumerate(items) if item.sampling_params.return_context_logits]
         if any(item.draft_token_ids for item in items):
+            metadata = with_tree(metadata, items)
             return self._execute_with_drafts(scheduler_output.step_id, items, input_ids, metadata, sampling, wanting_context, lora)
         if not wanting_context:
             # Hidden states of the sampled sequences' last tokens only (see DecoderModel.forward).
@@ -67,25 +70,35 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         sampling_items = [items[index] for index in sampling]
         return RunnerOutput(
-            step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items), context_logits=context_logits
+            step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items), context_logits=context_logits,
+            hidden_states={item.seq_id: hidden[row] for row, item in enumerate(sampling_items) if item.return_hidden},
         )
 
     def _execute_with_drafts(self, step_id, items, input_ids, metadata, sampling, wanting_context, lora) -> RunnerOutput:
         """A step in which some sequences verify draft tokens: their last k + 1 rows are scored
-        (verifier.py), the other sampled sequences' last row is sampled as usual."""
+        (verifier.py; a tree's rows: tree_verifier.py, its accepted K/V moved into place), the other sampled sequences'
+        last row is sampled as usual."""
         hidden, context_logits = self._with_context_logits(input_ids, metadata, items, None, wanting_context, lora)
         ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
         plain = [index for index in sampling if not items[index].draft_token_ids]
-        sampled = {}
+        sampled, hidden_states = {}, {}
         if plain:
             logits = self.model.compute_logits(hidden[[ends[index] - 1 for index in plain]])
             sampled.update(self.sampler.sample(logits, [items[index] for index in plain]))
+            hidden_states.update({items[index].seq_id: hidden[ends[index] - 1] for index in plain if items[index].return_hidden})
         for index in sampling:
             item = items[index]
-            if item.draft_token_ids:
-                rows = hidden[ends[index] - len(item.draft_token_ids) - 1 : ends[index]]
+            if not item.draft_token_ids:
+                continue
+            rows = hidden[ends[index] - len(item.draft_token_ids) - 1 : ends[index]]
+            if not item.draft_tree_parents:
                 sampled[item.seq_id] = verify_drafts(self.model.compute_logits(rows), item)
-        return RunnerOutput(step_id=step_id, sampled=sampled, context_logits=context_logits)
+                continue
+            sampled[item.seq_id], accepted = verify_tree(self.model.compute_logits(rows), item)
+            keep_accepted_kv(self.kv_caches, item, accepted)
+            if item.return_hidden:
+                hidden_states[item.seq_id] = rows[accepted[-1] + 1 if accepted else 0]
+        return RunnerOutput(step_id=step_id, sampled=sampled, context_logits=context_logits, hidden_states=hidden_states)
 
     def _with_context_logits(self, input_ids, metadata, items, sampling, wanting_context, lora: LoraBatch | None):
         """Every row's hidden state, so that the logits of each token of the sequences in

@@ -37,7 +37,7 @@ def verify_drafts(logits: torch.Tensor, item: ScheduledSequence) -> tuple[Sample
     """`logits` [k + 1, vocab] float32: the accepted drafts and the token after them (1..k+1)."""
     drafts = item.draft_token_ids
     params = item.sampling_params
-    if _plain_greedy(item):  # no processor changes a row: the argmax of every row at once
+    if plain_greedy(item):  # no processor changes a row: the argmax of every row at once
         best = torch.argmax(logits, dim=-1).tolist()
         accepted = next((j for j, (token, draft) in enumerate(zip(best, drafts)) if token != draft), len(drafts))
         return tuple(SampledToken(token) for token in best[: accepted + 1])
@@ -59,7 +59,7 @@ def verify_drafts(logits: torch.Tensor, item: ScheduledSequence) -> tuple[Sample
     return tuple(tokens)
 
 
-def _plain_greedy(item: ScheduledSequence) -> bool:
+def plain_greedy(item: ScheduledSequence) -> bool:
     """Greedy, and nothing (apply_logit_processors, logprobs, generation logits) to do per row."""
     params = item.sampling_params
     return (

@@ -7,7 +7,11 @@
   step with the target's sequences.
 - `planner`: adds draft tokens to a scheduled step (k per sequence, within the token budget,
   `max_tokens` and the KV blocks it can get).
+- Medusa: `medusa_tree` (the tree of candidates, `medusa_choices`), `medusa_heads` (the heads on the
+  target's last hidden state), `medusa_planner` (a tree per sequence and step), `medusa_files` (heads and
+  engine directories written for tests and benchmarks), `medusa_cost` (what verifying N nodes costs).
 
-Verification is the model runner's (`model_runner/verifier.py`); applying the verified tokens and
+Verification is the model runner's (`model_runner/verifier.py`, a tree's `tree_verifier.py` and
+`tree_attention.py`); applying the verified tokens and
 rolling back the rejected drafts' KV is the scheduler's (`scheduler/speculative_update.py`).
 """

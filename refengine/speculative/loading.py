@@ -7,6 +7,8 @@ from refengine.config import EngineConfig
 from refengine.errors import EngineConfigError
 from refengine.model_runner import load_model, torch_dtype
 from refengine.speculative.draft_model import DraftModelDrafter
+from refengine.speculative.medusa_heads import MedusaHeads
+from refengine.speculative.medusa_planner import MedusaDrafter
 from refengine.speculative.ngram import NGramDrafter
 from refengine.speculative.planner import Drafter
 from refengine.speculative.settings import SPECULATIVE_KEY, SpeculativeSettings, check_draft_fits, read_speculative_settings
@@ -16,12 +18,19 @@ def speculative_settings(engine: EngineDirectory) -> SpeculativeSettings | None:
     return read_speculative_settings(engine.directory, engine.raw_config, engine.build_config)
 
 
-def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config: EngineConfig) -> Drafter:
-    """The n-gram drafter, or the draft model loaded with a KV cache for max_batch_size sequences
+def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config: EngineConfig) -> Drafter | MedusaDrafter:
+    """The n-gram drafter, the Medusa heads with the engine's tree, or the draft model loaded with a KV cache for max_batch_size sequences
     of max_seq_len tokens (drafts stay within a request's prompt + max_tokens): the lean path's
     contiguous slots for a dense Llama draft, else paged blocks."""
     if settings.kind == "ngram":
         return NGramDrafter(settings.max_matching_ngram_size)
+    if settings.medusa is not None:
+        medusa, model_config = settings.medusa, engine.checkpoint.config
+        heads = MedusaHeads.load(
+            medusa.heads_file, medusa.num_heads, medusa.num_layers, model_config.hidden_size, model_config.vocab_size,
+            torch_dtype(config.compute_dtype), f"{SPECULATIVE_KEY}.medusa_heads", fp16_gemm=config.fp16_weight_gemm,
+        )
+        return MedusaDrafter(heads, medusa.choices, settings.max_draft_len)
     if settings.draft_engine_dir is None:  # read_speculative_settings guarantees it for draft_model
         raise ValueError("draft_model settings without a draft_engine_dir")
     draft = load_engine_dir(settings.draft_engine_dir)

@@ -26,6 +26,7 @@ def propose_ngram(token_ids: Sequence[int], max_matching_ngram_size: int, num_dr
 
 class NGramDrafter:
     has_draft_distribution = False  # deterministic drafts: verified as q = one-hot
+    description = "n-grams"
 
     def __init__(self, max_matching_ngram_size: int) -> None:
         self.max_matching_ngram_size = max_matching_ngram_size

@@ -31,7 +31,7 @@ import torch
 from refengine.errors import InvalidRequestError
 from refengine.guided.drafts import constrain_draft
 from refengine.sampling import SamplingParams
-from refengine.step_messages import ScheduledSequence, SchedulerOutput
+from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 if TYPE_CHECKING:
     from refengine.guided.state import GrammarState
@@ -109,6 +109,13 @@ class Speculator:
         copies = output.block_copies + tuple(scheduler.kv_cache.take_block_copies())
         return dataclasses.replace(output, scheduled=tuple(scheduled), block_copies=copies)
 
+    def check_request(self, params: SamplingParams) -> SamplingParams:
+        check_draft_logits(params, self)
+        return params
+
+    def after_step(self, output: SchedulerOutput, runner_output: RunnerOutput, scheduler: Scheduler) -> None:
+        """Nothing to keep from the step (a draft model tracks its sequences itself)."""
+
     @staticmethod
     def _with_draft(item: ScheduledSequence, draft: Draft | None, scheduler: Scheduler) -> ScheduledSequence:
         if draft is None or not draft.token_ids:
@@ -140,7 +147,8 @@ def check_draft_logits(params: SamplingParams, speculator: Speculator | None) ->
     if not params.use_draft_logits:
         return
     if speculator is None or not getattr(speculator.drafter, "has_draft_distribution", False):
-        how = "built without speculative decoding" if speculator is None else "drafting n-grams (no draft distribution)"
+        drafts = getattr(speculator.drafter, "description", "n-grams") if speculator is not None else ""
+        how = "built without speculative decoding" if speculator is None else f"drafting {drafts} (no draft distribution)"
         raise InvalidRequestError("use_draft_logits", f"true needs a draft model (draft-target mode); the engine is {how}")
     if params.num_draft_tokens == 0:
         raise InvalidRequestError("use_draft_logits", "true with num_draft_tokens 0 (no drafts): send num_draft_tokens > 0 or unset")

@@ -2,10 +2,14 @@
 
 `config.json` carries TensorRT-LLM's `build_config.max_draft_len` (K) and
 `build_config.speculative_decoding_mode` (TensorRT-LLM's `SpeculativeDecodingMode` IntFlag:
-1 NONE, 2 DRAFT_TOKENS_EXTERNAL, ... 64 NGRAM), and at the top level the reference engine's
+1 NONE, 2 DRAFT_TOKENS_EXTERNAL, 4 MEDUSA, ... 64 NGRAM), and at the top level the reference engine's
 
-    "refengine_speculative": {"kind": "draft_model" | "ngram", "max_draft_len": K,
+    "refengine_speculative": {"kind": "draft_model" | "ngram" | "medusa", "max_draft_len": K,
                               "draft_engine_dir": "draft", "max_matching_ngram_size": N}
+
+Kind medusa (mode 4) adds `medusa_heads` (the heads file, relative to the engine directory: medusa_heads.py),
+`num_medusa_heads`, `num_medusa_layers` and `medusa_choices` (the engine's tree: medusa_tree.py; its node count is at
+most max_draft_len, its depth at most num_medusa_heads).
 
 `draft_engine_dir` (draft_model only) is relative to the engine directory and is a CPU engine
 directory itself; optional `draft_vocab_size` (draft_model only) N drafts only the first N token ids
@@ -22,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from refengine.errors import EngineConfigError
+from refengine.speculative.medusa_tree import check_medusa_choices
 
 SPECULATIVE_KEY = "refengine_speculative"
 MODE_NONE = 1  # TensorRT-LLM SpeculativeDecodingMode.NONE
 MODE_DRAFT_TOKENS_EXTERNAL = 2  # SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL
+MODE_MEDUSA = 4  # SpeculativeDecodingMode.MEDUSA
 MODE_NGRAM = 64  # SpeculativeDecodingMode.NGRAM (1.x); an n-gram engine may also say 2
-KINDS = ("draft_model", "ngram")
+KINDS = ("draft_model", "ngram", "medusa")
 DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
@@ -39,6 +45,15 @@ class SpeculativeSettings:
     draft_engine_dir: Path | None = None  # absolute (draft_model)
     max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE
     draft_vocab_size: int | None = None  # draft_model: draft only the first N token ids (None: all)
+    medusa: MedusaSettings | None = None  # medusa
+
+
+@dataclass(frozen=True)
+class MedusaSettings:
+    heads_file: Path  # absolute
+    num_heads: int
+    num_layers: int
+    choices: tuple[tuple[int, ...], ...]  # checked, in (depth, path) order
 
 
 def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], build_config: Mapping[str, Any]) -> SpeculativeSettings | None:
@@ -64,7 +79,7 @@ def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], b
         raise EngineConfigError(f"{SPECULATIVE_KEY}.max_draft_len", f"must be a positive integer, got {k!r}")
     if k != built_len:
         raise EngineConfigError(f"{SPECULATIVE_KEY}.max_draft_len", f"{k} differs from build_config.max_draft_len {built_len}")
-    allowed_modes = (MODE_DRAFT_TOKENS_EXTERNAL, MODE_NGRAM) if kind == "ngram" else (MODE_DRAFT_TOKENS_EXTERNAL,)
+    allowed_modes = {"ngram": (MODE_DRAFT_TOKENS_EXTERNAL, MODE_NGRAM), "medusa": (MODE_MEDUSA,)}.get(kind, (MODE_DRAFT_TOKENS_EXTERNAL,))
     if mode not in allowed_modes:
         raise EngineConfigError(
             "build_config.speculative_decoding_mode",
@@ -75,6 +90,8 @@ def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], b
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise EngineConfigError(f"{SPECULATIVE_KEY}.max_matching_ngram_size", f"must be a positive integer, got {size!r}")
         return SpeculativeSettings(kind, k, None, size)
+    if kind == "medusa":
+        return SpeculativeSettings(kind, k, medusa=_medusa_settings(engine_dir, section, k))
     draft = section.get("draft_engine_dir")
     if not isinstance(draft, str) or not draft:
         raise EngineConfigError(f"{SPECULATIVE_KEY}.draft_engine_dir", f"kind draft_model needs a directory name, got {draft!r}")
@@ -85,6 +102,27 @@ def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], b
     if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0):
         raise EngineConfigError(f"{SPECULATIVE_KEY}.draft_vocab_size", f"must be a positive integer (the first N token ids), got {vocab!r}")
     return SpeculativeSettings(kind, k, draft_dir, draft_vocab_size=vocab)
+
+
+def _medusa_settings(engine_dir: Path, section: Mapping[str, Any], max_draft_len: int) -> MedusaSettings:
+    heads = section.get("medusa_heads")
+    if not isinstance(heads, str) or not heads:
+        raise EngineConfigError(f"{SPECULATIVE_KEY}.medusa_heads", f"kind medusa needs the heads file's path, got {heads!r}")
+    heads_file = (engine_dir / heads).resolve()
+    if not heads_file.is_file():
+        raise EngineConfigError(f"{SPECULATIVE_KEY}.medusa_heads", f"{heads_file} does not exist")
+    sizes = []
+    for name in ("num_medusa_heads", "num_medusa_layers"):
+        value = section.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise EngineConfigError(f"{SPECULATIVE_KEY}.{name}", f"must be a positive integer, got {value!r}")
+        sizes.append(value)
+    field = f"{SPECULATIVE_KEY}.medusa_choices"
+    try:
+        choices = check_medusa_choices(section.get("medusa_choices"), sizes[0], max_draft_len, field)
+    except ValueError as error:
+        raise EngineConfigError(field, str(error).removeprefix(f"{field}: ")) from None
+    return MedusaSettings(heads_file, sizes[0], sizes[1], choices)
 
 
 def check_draft_fits(

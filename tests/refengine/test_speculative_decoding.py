@@ -244,7 +244,7 @@ def test_engine_directory_with_a_draft_model_loads_and_speculates(models):
 @pytest.mark.parametrize(
     "edit, field",
     [
-        (lambda c: c["refengine_speculative"].update(kind="medusa"), "refengine_speculative.kind"),
+        (lambda c: c["refengine_speculative"].update(kind="eagle"), "refengine_speculative.kind"),
         (lambda c: (c["refengine_speculative"].update(max_draft_len=0), c["build_config"].update(max_draft_len=0)), "refengine_speculative.max_draft_len"),
         (lambda c: c["build_config"].update(max_draft_len=5), "refengine_speculative.max_draft_len"),
         (lambda c: c["build_config"].update(speculative_decoding_mode=4), "build_config.speculative_decoding_mode"),

@@ -214,3 +214,27 @@ def test_speculative_bench_pairs_each_round_with_the_same_rounds_plain_run() -> 
     plain = [{"tokens_per_cpu_second": cpu} for cpu in (100.0, 80.0, 100.0)]  # round 2 ran under load
     speculative = [{"tokens_per_cpu_second": cpu} for cpu in (150.0, 96.0, 160.0)]
     assert _paired_cpu_speedups(speculative, plain) == {"cpu_speedup_per_round": [1.5, 1.2, 1.6], "cpu_speedup_median": 1.5}
+
+
+def test_speculative_bench_with_medusa_heads_matches_plain_greedy(built_default: tuple[Path, Path], tmp_path: Path) -> None:
+    """`bench speculative --medusa`: the Medusa variant of the built target (random heads of the model's sizes: greedy
+    output cannot change), its per-node acceptance, and the CPU cost of verifying N tree nodes."""
+    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, run_speculative_bench
+    from pipeline.bench.speculative.command import _render
+    from pipeline.bench.speculative.medusa import medusa_variant, verification_cost
+    from pipeline.bench.speculative.prompts import heldout_code_prompts
+    from pipeline.calibration import load_encoder
+    from refengine.speculative.medusa_files import write_random_medusa_heads
+
+    engine_dir, hf_dir = built_default
+    heads = write_random_medusa_heads(tmp_path / "heads", 4, 1, 256, 4096, medusa_choices=[[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]])
+    variants = {"plain": engine_dir, "medusa": medusa_variant(engine_dir, tmp_path, heads, "{0}, {1}, {2}, {3}, {0, 0}, {0, 1}")}
+    encode, _ = load_encoder(hf_dir)
+    options = SpeculativeBenchOptions(batch_sizes=(1, 4), max_tokens=16, quick=True)
+    result = run_speculative_bench(variants, heldout_code_prompts(encode, 1, 8, 48), options)
+    for row in result["rows"]:
+        assert row["medusa"]["same_output_as_plain"] and row["medusa"]["draft_tokens"] > 0
+        assert row["medusa"]["accepted_per_tree_step"] >= 0
+    result["medusa_verification_cost"] = cost = verification_cost(variants["medusa"], True, quick=True)
+    assert [row["nodes"] for row in cost["nodes"]] == [0, 4, 16] and len(cost["heads"]) == 3
+    assert "one target forward verifying N tree nodes" in _render(result)

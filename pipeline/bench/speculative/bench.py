@@ -87,6 +87,7 @@ class _LoadedSystem:
             "draft_tokens": stats.num_draft_tokens,
             "accepted_draft_tokens": stats.num_accepted_draft_tokens,
             "acceptance_rate": round(stats.num_accepted_draft_tokens / stats.num_draft_tokens, 4) if stats.num_draft_tokens else None,
+            **_tree_figures(stats),
             "outputs": [list(o.outputs[0].token_ids) for o in outputs],
         }
 
@@ -108,9 +109,25 @@ def _paired_cpu_speedups(runs: Sequence[dict[str, Any]], plain_runs: Sequence[di
 
 
 def _difference(after: Any, before: Any) -> Any:
-    """Engine counters of the timed run only (the warm-up request excluded)."""
-    return dataclasses.replace(after, **{field.name: getattr(after, field.name) - getattr(before, field.name)
-                                         for field in dataclasses.fields(after)})
+    """Engine counters of the timed run only (the warm-up request excluded); Medusa's per-node counts per node."""
+    changes = {}
+    for field in dataclasses.fields(after):
+        new, old = getattr(after, field.name), getattr(before, field.name)
+        if isinstance(new, tuple):  # (key, count) pairs
+            earlier = dict(old)
+            new = tuple((key, count - earlier.get(key, 0)) for key, count in new if count > earlier.get(key, 0))
+        else:
+            new = new - old
+        changes[field.name] = new
+    return dataclasses.replace(after, **changes)
+
+
+def _tree_figures(stats: Any) -> dict[str, Any]:
+    """Medusa: mean accepted tokens per tree step, and how often each tree node (by its path) was accepted."""
+    if not stats.num_tree_steps:
+        return {}
+    return {"accepted_per_tree_step": round(stats.num_accepted_draft_tokens / stats.num_tree_steps, 3),
+            "tree_node_acceptances": {str(list(path)): count for path, count in stats.tree_node_acceptances}}
 
 
 def run_speculative_bench(

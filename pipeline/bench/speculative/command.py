@@ -22,6 +22,9 @@ CONFIG_HELP = "build config YAML (target cpu)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=Path, help="draft model directory (Hugging Face, same tokenizer) for draft-target speculation")
     parser.add_argument("--ngram", action="store_true", help="also measure n-gram (prompt-lookup) speculation")
+    parser.add_argument("--medusa", type=Path, help="a Medusa heads directory (medusa_lm_head.safetensors + config.json) for Medusa "
+                        "speculation; also measures the CPU cost of verifying a tree of N = 0..64 nodes")
+    parser.add_argument("--medusa-choices", help='the Medusa tree, TensorRT-LLM syntax ("{0}, {0, 0}, {1}"; default: the heads\' own)')
     parser.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step for --draft / --ngram (default 4)")
     parser.add_argument("--ngram-size", type=int, default=3, help="max_matching_ngram_size for --ngram (default 3)")
     parser.add_argument("--draft-vocab", type=int, help="also measure the --draft drafting only the first N token ids "
@@ -50,7 +53,7 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
-    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, System, render_markdown, run_speculative_bench
+    from pipeline.bench.speculative.bench import SpeculativeBenchOptions, System, run_speculative_bench
     from pipeline.bench.speculative.engines import draft_variant, ngram_variant, plain_variant, speculative_kind
     from pipeline.bench.speculative.prompts import heldout_code_prompts
     from pipeline.calibration import load_tokenizer
@@ -64,6 +67,10 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         raise SpecError(f"--max-draft-len must be >= 1, got {args.max_draft_len}")
     if args.draft is not None and not (args.draft / "config.json").is_file():
         raise SpecError(f"--draft {args.draft}: no config.json there (a Hugging Face model or CPU engine directory)")
+    if args.medusa is not None and not (args.medusa / "medusa_lm_head.safetensors").is_file():
+        raise SpecError(f"--medusa {args.medusa}: no medusa_lm_head.safetensors there (a Medusa heads directory)")
+    if args.medusa_choices is not None and args.medusa is None:
+        raise SpecError("--medusa-choices needs --medusa")
     if args.draft_vocab is not None and (args.draft is None or args.draft_vocab < 1):
         raise SpecError(f"--draft-vocab {args.draft_vocab}: needs --draft and a positive number of token ids")
     _, store, results = build_for_bench(args, build_cpu_target, "bench speculative", "build")
@@ -80,13 +87,15 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         variants[name] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len, args.draft_vocab, name=name)
     if args.ngram:
         variants["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
+    if args.medusa is not None:
+        variants["medusa"] = _medusa_variant(engine_dir, work, args)
     if args.fixed_draft_len:
         for name in [name for name in variants if name != "plain"]:
             variants[f"{name}_k{args.max_draft_len}"] = System(variants[name], args.max_draft_len)
     if args.with_fp32_gemm_plain:
         variants["plain_fp32_gemm"] = System(variants["plain"], fp16_weight_gemm=False)
     if len(variants) == 1:
-        raise SpecError("bench speculative: nothing to compare; pass --draft DIR and/or --ngram (or build with a speculative section)")
+        raise SpecError("bench speculative: nothing to compare; pass --draft DIR, --ngram and/or --medusa DIR (or build with a speculative section)")
     tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))
     options = SpeculativeBenchOptions(batch_sizes=batch_sizes, max_tokens=args.max_tokens, max_draft_len=args.max_draft_len, quick=args.quick,
                                        repeats=args.repeats, fp16_weight_gemm=not args.fp32_gemm)
@@ -95,5 +104,33 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     )
     status = status_console()
     result = run_speculative_bench(variants, prompts, options, progress=dim_lines(status))
-    write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, render_markdown, status)
+    if args.medusa is not None:
+        from pipeline.bench.speculative.medusa import verification_cost
+
+        result["medusa_verification_cost"] = verification_cost(variants["medusa"], options.fp16_weight_gemm, args.quick)
+    write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, _render, status)
     return 0
+
+
+def _medusa_variant(engine_dir: Path, work: Path, args: argparse.Namespace) -> Path:
+    from pipeline.bench.speculative.medusa import medusa_variant
+    from refengine.errors import EngineConfigError
+
+    try:
+        return medusa_variant(engine_dir, work, args.medusa.resolve(), args.medusa_choices)
+    except (EngineConfigError, ValueError) as error:
+        raise SpecError(f"--medusa / --medusa-choices: {error}") from None
+
+
+def _render(result: dict) -> str:
+    from pipeline.bench.speculative.bench import render_markdown
+    from pipeline.bench.speculative.medusa import render_cost
+
+    text = render_markdown(result)
+    for row in result["rows"]:
+        medusa = row.get("medusa", {})
+        if "accepted_per_tree_step" in medusa:
+            text += f"\n\nMedusa at batch {row['batch_size']}: {medusa['accepted_per_tree_step']} accepted tokens per tree step; "
+            text += "accepted per node: " + ", ".join(f"{path} {count}" for path, count in medusa["tree_node_acceptances"].items())
+    cost = result.get("medusa_verification_cost")
+    return text + ("" if cost is None else "\n\nMedusa: one target forward verifying N tree nodes, batch 1\n\n" + render_cost(cost))

@@ -30,7 +30,7 @@ def plain_variant(engine_dir: Path, work_dir: Path) -> Path:
     """The target without speculation (the engine as built, or a copy without the key)."""
     if speculative_kind(engine_dir) is None:
         return engine_dir
-    out = _linked_copy(engine_dir, work_dir / "plain")
+    out = linked_copy(engine_dir, work_dir / "plain")
     config = json.loads((out / "config.json").read_text())
     config.pop(SPECULATIVE_KEY)
     config["build_config"].update(max_draft_len=0, speculative_decoding_mode=1)
@@ -39,7 +39,7 @@ def plain_variant(engine_dir: Path, work_dir: Path) -> Path:
 
 
 def ngram_variant(engine_dir: Path, work_dir: Path, max_draft_len: int, max_matching_ngram_size: int) -> Path:
-    out = _linked_copy(engine_dir, work_dir / "ngram")
+    out = linked_copy(engine_dir, work_dir / "ngram")
     write_speculative_section(out, "ngram", max_draft_len, max_matching_ngram_size=max_matching_ngram_size)
     return out
 
@@ -49,11 +49,11 @@ def draft_variant(
 ) -> Path:
     """`draft_source`: a Hugging Face model directory (exported here as the target is) or a CPU engine directory;
     `draft_vocab_size`: refengine_speculative.draft_vocab_size (draft only the first N token ids)."""
-    out = _linked_copy(engine_dir, work_dir / name)
+    out = linked_copy(engine_dir, work_dir / name)
     draft_dir = out / DRAFT_DIR
     target_build = json.loads((engine_dir / "config.json").read_text())["build_config"]
     if (draft_source / "rank0.safetensors").is_file():
-        _linked_copy(draft_source, draft_dir)
+        linked_copy(draft_source, draft_dir)
     else:
         _export_draft(draft_source, work_dir / "draft_checkpoint", draft_dir, target_build, max_draft_len)
     write_speculative_section(out, "draft_model", max_draft_len, DRAFT_DIR, draft_vocab_size=draft_vocab_size)
@@ -73,7 +73,7 @@ def _export_draft(hf_dir: Path, checkpoint_dir: Path, draft_dir: Path, target_bu
             shutil.copyfile(hf_dir / name, draft_dir / name)
 
 
-def _linked_copy(source: Path, out: Path) -> Path:
+def linked_copy(source: Path, out: Path) -> Path:
     """config.json copied (it is edited), every other file linked."""
     if out.exists():
         shutil.rmtree(out)
