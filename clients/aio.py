@@ -7,6 +7,7 @@ it with `await client.close()` (or `async with`) before that loop ends.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ import aiohttp
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from clients.aio_stop import StoppingGrpcCall
 from clients.aio_transport import AioGrpcCall, AioHttpCall
 from clients.client import DEFAULT_TIMEOUT_S, ProtocolName, configure
 from clients.errors import ClientError
@@ -35,8 +37,13 @@ class AsyncTritonLLMClient:
         timeout: float | None = DEFAULT_TIMEOUT_S,
         retries: int = 2,
         retry_backoff_s: float = 0.25,
+        stop_model: str | None = None,
     ) -> None:
         configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
+        # gRPC streams to an ensemble whose LLM model is `stop_model` end early by a `stop` to it, never by a
+        # cancelled call (aio_stop.py: the only way to stop them on Triton 2.51 with batched postprocessing)
+        self.stop_model = stop_model if protocol == "grpc" else None
+        self._stopping: set[asyncio.Task] = set()  # streams being stopped and read to their end
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
@@ -118,6 +125,8 @@ class AsyncTritonLLMClient:
         self._closed = True
         for stream in list(self._streams):
             stream.cancel()  # a no-op for a finished one
+        if self._stopping:  # stopped streams end by themselves within a few engine steps (aio_stop.py bounds it)
+            await asyncio.wait(set(self._stopping))
         grpc_client, self._grpc = self._grpc, None
         http, self._http = self._http, None
         if grpc_client is not None:
@@ -149,9 +158,10 @@ class AsyncTritonLLMClient:
         with_weights = request.lora is not None and self.sent_adapters.needs_weights(request.lora)
         values = request.inputs(stream=stream, whole_beams=whole_beams, lora_weights=with_weights)
 
-        async def open_call() -> AioGrpcCall | AioHttpCall:
+        async def open_call() -> AioGrpcCall | StoppingGrpcCall | AioHttpCall:
             if self.protocol == "grpc":
-                return AioGrpcCall(self._grpc_client(), self.url, self.model, values, timeout=self.timeout)
+                call = AioGrpcCall(self._grpc_client(), self.url, self.model, values, timeout=self.timeout)
+                return call if self.stop_model is None else StoppingGrpcCall(call, self._grpc_client(), self.stop_model, self._stopping)
             return await AioHttpCall.open(self._session(), self.url, self.model, values, timeout=self.timeout)
 
         if self._closed:

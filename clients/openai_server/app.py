@@ -88,7 +88,8 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
         own = getattr(app.state, "triton", None) is None  # tests may set a scripted client before starting
         if own:
             app.state.triton = AsyncTritonLLMClient(
-                settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries
+                settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries,
+                stop_model=settings.model.llm_model if settings.model.ensemble else None,  # clients/aio_stop.py
             )
         try:
             yield

@@ -1,0 +1,145 @@
+"""Streams ended early with serve.postprocessing_dynamic_batching on, in the real tritonserver 2.51 (issue #34).
+
+The project's async client with `stop_model` (what the OpenAI front end uses on an ensemble, clients/aio_stop.py)
+ends a stream by TensorRT-LLM's `stop` to `tensorrt_llm` and reads the stream to its end, never cancelling it: the
+engine stops generating within a few steps, the streams beside it (streamed and not, n > 1, beams) get their own
+texts, postprocessing's batcher answers no request itself, and every ensemble request ends, which the module's
+server proves by exiting 0 (tritonserver waits for requests in flight and exits 1). How a cancelled call fares
+instead is test_batched_postprocessing.py's last test."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from clients.aio import AsyncTritonLLMClient
+from pipeline.config.spec import ServeSpec
+from pipeline.render import render_model_repository
+from tests.integration.postprocessing_batches import (
+    MAX_TOKENS,
+    engine_idle,
+    ensemble_inputs,
+    failed_requests,
+    generated_tokens,
+    model_stats,
+    reference_beams,
+    streamed_texts,
+)
+from tests.integration.serving import greedy_reference, loopback_options, running_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPTS = ["def foo(x):\n    return", "import os\n", 'class Foo:\n    """', "for i in range(", "# Copyright"]
+STOPPED = 4  # streams ended early at once
+STOPPED_MAX_TOKENS = 400  # what each would generate if it were not stopped
+STOP_AFTER = 3  # responses read before the stop
+# Tokens a stopped stream may still generate: the engine steps between the stop's arrival and the abort (the cpu
+# model aborts at its next step), with every stream of the test sharing this 2-core machine.
+STOPPED_TOKENS_BOUND = 40
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_cpu):
+    return greedy_reference(tiny_cpu["engine"], tiny_cpu["tokenizer"], MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_cpu, tmp_path_factory):
+    repository = tmp_path_factory.mktemp("batched-stop") / "model_repository"
+    serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
+    render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
+    assert "dynamic_batching" in (repository / "postprocessing" / "config.pbtxt").read_text()
+    with running_server(loopback_options(repository), tmp_path_factory.mktemp("serve"), allow_stuck_ensemble=False) as triton:
+        yield triton
+
+
+async def _stop_after(client: AsyncTritonLLMClient, prompt: str, responses: int) -> float:
+    """Open a stream, read `responses` deltas, end it (aclose → the client's stop); when it was ended."""
+    stream = client.stream(prompt, max_tokens=STOPPED_MAX_TOKENS)
+    async for _ in stream:
+        responses -= 1
+        if responses <= 0:
+            break
+    await stream.aclose()
+    return time.monotonic()
+
+
+def _wait_idle(metrics_url: str, timeout_s: float) -> float:
+    """Seconds until the engine holds no request and no KV block (the metrics refresh every 100 ms)."""
+    start = time.monotonic()
+    while not engine_idle(metrics_url) and time.monotonic() - start < timeout_s:
+        time.sleep(0.05)
+    assert engine_idle(metrics_url), f"the engine still generates {timeout_s} s after the streams were stopped"
+    return time.monotonic() - start
+
+
+def _ensemble_done(http_url: str, expected: int, timeout_s: float) -> int:
+    """The ensemble's successful requests, once they reach `expected` (or `timeout_s` has passed)."""
+    deadline = time.monotonic() + timeout_s
+    while (done := model_stats(http_url, "ensemble")[0]) < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return done
+
+
+def test_stopped_streams_end_in_the_engine_and_the_others_complete(server, reference, tiny_cpu):
+    options = server.options
+    jobs = (
+        [("streamed", prompt, ensemble_inputs(prompt, stream=True)) for prompt in PROMPTS[:2]]
+        + [("whole", PROMPTS[2], ensemble_inputs(PROMPTS[2], stream=False))]
+        + [("two samples", PROMPTS[3], ensemble_inputs(PROMPTS[3], stream=True, num_return_sequences=2))]
+        + [("beams", PROMPTS[4], ensemble_inputs(PROMPTS[4], stream=False, max_tokens=12, beam_width=2))]
+    )
+    tokens_before = generated_tokens(options.metrics_url)
+    ensemble_before = model_stats(options.http_url, "ensemble")[0]
+    failed_before = failed_requests(options.http_url, "postprocessing")
+
+    async def run() -> list:
+        async with AsyncTritonLLMClient(options.grpc_url, stop_model="tensorrt_llm") as client:
+            others = [asyncio.to_thread(streamed_texts, options.grpc_url, inputs) for _, _, inputs in jobs]
+            stopped = [_stop_after(client, PROMPTS[index % len(PROMPTS)], STOP_AFTER) for index in range(STOPPED)]
+            results = await asyncio.gather(*others, *stopped)
+            idle_s = await asyncio.to_thread(_wait_idle, options.metrics_url, 30)
+            return [*results, idle_s]
+
+    *answers, idle_s = asyncio.run(run())
+    answers = answers[: len(jobs)]
+    for (kind, prompt, _), answer in zip(jobs, answers):
+        if kind == "beams":
+            assert answer[0] == [reference_beams(tiny_cpu, prompt, 2)]
+            continue
+        assert sorted(answer) == ([0, 1] if kind == "two samples" else [0]), kind
+        for sequence in answer.values():
+            assert "".join(texts[0] for texts in sequence) == reference(prompt), (kind, prompt)
+    # Every ensemble request ended (the stopped ones with their empty final response), none failed in the batcher.
+    sent = len(jobs) + STOPPED
+    assert _ensemble_done(options.http_url, ensemble_before + sent, 30) == ensemble_before + sent
+    assert failed_requests(options.http_url, "postprocessing") == failed_before
+    others_tokens = sum(len(reference(prompt)) for _, prompt, _ in jobs) * 2  # a generous bound: a token per character
+    generated = generated_tokens(options.metrics_url) - tokens_before
+    print(f"stopped {STOPPED} streams after {STOP_AFTER} responses: engine idle {idle_s:.2f} s later, {generated} tokens generated in all")
+    assert generated <= others_tokens + STOPPED * STOPPED_TOKENS_BOUND, generated
+
+
+def test_a_stream_stopped_before_its_first_token_ends(server):
+    """The stop comes before the request reaches tensorrt_llm (still in preprocessing, or queued): the client sends it
+    again until the stream ends, so the generation is still cut short and the ensemble request ends."""
+    options = server.options
+    tokens_before = generated_tokens(options.metrics_url)
+    ensemble_before = model_stats(options.http_url, "ensemble")[0]
+
+    async def run() -> float:
+        async with AsyncTritonLLMClient(options.grpc_url, stop_model="tensorrt_llm") as client:
+            stream = client.stream(PROMPTS[0], max_tokens=STOPPED_MAX_TOKENS)
+            stream_task = asyncio.ensure_future(anext(stream, None))
+            await asyncio.sleep(0.01)  # the call is open, no response yet
+            stream.cancel()
+            await asyncio.gather(stream_task, return_exceptions=True)
+            return await asyncio.to_thread(_wait_idle, options.metrics_url, 30)
+
+    asyncio.run(run())
+    assert _ensemble_done(options.http_url, ensemble_before + 1, 30) == ensemble_before + 1
+    generated = generated_tokens(options.metrics_url) - tokens_before
+    print(f"a stream stopped 10 ms after it was sent: {generated} tokens generated")
+    assert generated <= STOPPED_TOKENS_BOUND
