@@ -4,17 +4,20 @@ The project's async client with `stop_model` (what the OpenAI front end uses on 
 ends a stream by TensorRT-LLM's `stop` to `tensorrt_llm` and reads the stream to its end, never cancelling it: the
 engine stops generating within a few steps, the streams beside it (streamed and not, n > 1, beams) get their own
 texts, postprocessing's batcher answers no request itself, and every ensemble request ends, which the module's
-server proves by exiting 0 (tritonserver waits for requests in flight and exits 1). How a cancelled call fares
-instead is test_batched_postprocessing.py's last test."""
+server proves by exiting 0 (tritonserver waits for requests in flight and exits 1). The same through the OpenAI front
+end on the ensemble: a dropped SSE stream and a stop sequence. How a cancelled call fares instead is
+test_batched_postprocessing.py's last test."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import openai
 import pytest
 
 from clients.aio import AsyncTritonLLMClient
+from clients.openai_server import running_openai_server
 from pipeline.config.spec import ServeSpec
 from pipeline.render import render_model_repository
 from tests.integration.postprocessing_batches import (
@@ -46,8 +49,12 @@ def reference(tiny_cpu):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_cpu, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("batched-stop") / "model_repository"
+def repository(tmp_path_factory):
+    return tmp_path_factory.mktemp("batched-stop") / "model_repository"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_cpu, repository, tmp_path_factory):
     serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
     render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
     assert "dynamic_batching" in (repository / "postprocessing" / "config.pbtxt").read_text()
@@ -143,3 +150,25 @@ def test_a_stream_stopped_before_its_first_token_ends(server):
     generated = generated_tokens(options.metrics_url) - tokens_before
     print(f"a stream stopped 10 ms after it was sent: {generated} tokens generated")
     assert generated <= STOPPED_TOKENS_BOUND
+
+
+def test_the_openai_front_end_on_the_ensemble_stops_a_dropped_stream_and_a_stop_sequence(server, repository):
+    options = server.options
+    tokens_before = generated_tokens(options.metrics_url)
+    ensemble_before = model_stats(options.http_url, "ensemble")[0]
+    with running_openai_server(options.grpc_url, model_name="tiny", model_repository=repository, triton_model="ensemble") as url, \
+            openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60) as oai:
+        stream = oai.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=STOPPED_MAX_TOKENS, temperature=0, stream=True)
+        for index, _ in enumerate(stream):
+            if index == STOP_AFTER:
+                break
+        stream.close()  # the client goes away mid-stream
+        idle_s = _wait_idle(options.metrics_url, 30)
+        dropped = generated_tokens(options.metrics_url) - tokens_before
+        first = oai.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=STOPPED_MAX_TOKENS, temperature=0).choices[0].text
+        stopped = oai.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=STOPPED_MAX_TOKENS, temperature=0, stop=[first[2:6]])
+        _wait_idle(options.metrics_url, 30)
+    assert stopped.choices[0].finish_reason == "stop"
+    assert _ensemble_done(options.http_url, ensemble_before + 3, 30) == ensemble_before + 3
+    print(f"OpenAI front end: a stream dropped after {STOP_AFTER + 1} chunks generated {dropped} tokens, the engine idle {idle_s:.2f} s after the drop")
+    assert dropped <= STOPPED_TOKENS_BOUND
