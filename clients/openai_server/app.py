@@ -7,7 +7,9 @@ nesting deeper than `max_json_depth`, and wrong types are 400 (FastAPI would ans
 `/openapi.json` still documents every body and answer (`openapi`). A streamed answer waits for
 its first event before sending headers, so a request Triton refuses, or an unreachable Triton
 (503), still gets its status code; later errors go into the stream. A client that goes away,
-streaming or not, cancels its Triton requests at once, which frees their KV-cache blocks.
+streaming or not, ends its Triton requests at once, which frees their KV-cache blocks: on an
+ensemble by a `stop` to its LLM model (clients/aio_stop.py: a cancelled call is not stopped when
+postprocessing is batched), on the BLS by cancelling the call.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ STOP_AFTER = 3  # responses read before the stop
 # Tokens a stopped stream may still generate: the engine steps between the stop's arrival and the abort (the cpu
 # model aborts at its next step), with every stream of the test sharing this 2-core machine.
 STOPPED_TOKENS_BOUND = 40
+# Through the OpenAI front end the tokens already on their way to the dropped client count too (23 measured).
+FRONT_END_TOKENS_BOUND = 80
 
 
 @pytest.fixture(scope="module")
@@ -171,4 +173,4 @@ def test_the_openai_front_end_on_the_ensemble_stops_a_dropped_stream_and_a_stop_
     assert stopped.choices[0].finish_reason == "stop"
     assert _ensemble_done(options.http_url, ensemble_before + 3, 30) == ensemble_before + 3
     print(f"OpenAI front end: a stream dropped after {STOP_AFTER + 1} chunks generated {dropped} tokens, the engine idle {idle_s:.2f} s after the drop")
-    assert dropped <= STOPPED_TOKENS_BOUND
+    assert dropped <= FRONT_END_TOKENS_BOUND
