@@ -26,7 +26,10 @@ from clients.types import Completion, GenerationRequest
 
 
 class AsyncTritonLLMClient:
-    """See `TritonLLMClient`; `generate` is awaited, `stream` is iterated with `async for`."""
+    """See `TritonLLMClient`; `generate` is awaited, `stream` is iterated with `async for`. With `stop_model` (the
+    ensemble's LLM model, e.g. "tensorrt_llm"), a gRPC stream ended early is ended by a `stop` to that model and read
+    to its end, never cancelled: what stops it when the ensemble's postprocessing is batched (aio_stop.py); `close()`
+    then waits for such streams to end."""
 
     def __init__(
         self,
@@ -40,8 +43,6 @@ class AsyncTritonLLMClient:
         stop_model: str | None = None,
     ) -> None:
         configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
-        # gRPC streams to an ensemble whose LLM model is `stop_model` end early by a `stop` to it, never by a
-        # cancelled call (aio_stop.py: the only way to stop them on Triton 2.51 with batched postprocessing)
         self.stop_model = stop_model if protocol == "grpc" else None
         self._stopping: set[asyncio.Task] = set()  # streams being stopped and read to their end
         self._grpc: grpcaio.InferenceServerClient | None = None

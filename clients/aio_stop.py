@@ -27,7 +27,7 @@ import tritonclient.grpc.aio as grpcaio
 from clients.aio_transport import AioGrpcCall
 
 FIRST_REPEAT_S = 0.02
-LAST_REPEAT_S = 0.5
+LAST_REPEAT_S = 0.1  # as often as the models poll a cancellation (cancellation_check_period_ms)
 STOP_TIMEOUT_S = 2.0
 DRAIN_S = 30.0
 _END = object()

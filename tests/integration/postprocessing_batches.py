@@ -7,13 +7,28 @@ import json
 import queue
 import urllib.request
 import uuid
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tests.integration.serving import MODEL_CODE, infer_inputs
 
+PROMPTS = ["def foo(x):\n    return", "import os\n", 'class Foo:\n    """', "for i in range(", "# Copyright", "with open(path) as f:\n"]
 MAX_TOKENS = 24
+
+
+def render_batched_repository(tiny_cpu, repository: Path) -> Path:
+    """The tiny cpu model's repository with postprocessing batched, rendered into `repository`."""
+    from pipeline.config.spec import ServeSpec
+    from pipeline.render import render_model_repository
+
+    # a 5 ms queue delay, so that requests arriving together are batched even on a fast machine
+    serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
+    render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
+    if "dynamic_batching" not in (repository / "postprocessing" / "config.pbtxt").read_text():
+        raise AssertionError("postprocessing was rendered without dynamic_batching")
+    return repository
 
 
 def ensemble_inputs(prompt: str, *, stream: bool, max_tokens: int = MAX_TOKENS, **ints) -> list:

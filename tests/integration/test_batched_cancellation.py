@@ -18,23 +18,22 @@ import pytest
 
 from clients.aio import AsyncTritonLLMClient
 from clients.openai_server import running_openai_server
-from pipeline.config.spec import ServeSpec
-from pipeline.render import render_model_repository
 from tests.integration.postprocessing_batches import (
     MAX_TOKENS,
+    PROMPTS,
     engine_idle,
     ensemble_inputs,
     failed_requests,
     generated_tokens,
     model_stats,
     reference_beams,
+    render_batched_repository,
     streamed_texts,
 )
 from tests.integration.serving import greedy_reference, loopback_options, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PROMPTS = ["def foo(x):\n    return", "import os\n", 'class Foo:\n    """', "for i in range(", "# Copyright"]
 STOPPED = 4  # streams ended early at once
 STOPPED_MAX_TOKENS = 400  # what each would generate if it were not stopped
 STOP_AFTER = 3  # responses read before the stop
@@ -51,15 +50,12 @@ def reference(tiny_cpu):
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    return tmp_path_factory.mktemp("batched-stop") / "model_repository"
+def repository(tiny_cpu, tmp_path_factory):
+    return render_batched_repository(tiny_cpu, tmp_path_factory.mktemp("batched-stop") / "model_repository")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_cpu, repository, tmp_path_factory):
-    serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
-    render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
-    assert "dynamic_batching" in (repository / "postprocessing" / "config.pbtxt").read_text()
+def server(repository, tmp_path_factory):
     with running_server(loopback_options(repository), tmp_path_factory.mktemp("serve"), allow_stuck_ensemble=False) as triton:
         yield triton
 
@@ -107,7 +103,7 @@ def test_stopped_streams_end_in_the_engine_and_the_others_complete(server, refer
     async def run() -> list:
         async with AsyncTritonLLMClient(options.grpc_url, stop_model="tensorrt_llm") as client:
             others = [asyncio.to_thread(streamed_texts, options.grpc_url, inputs) for _, _, inputs in jobs]
-            stopped = [_stop_after(client, PROMPTS[index % len(PROMPTS)], STOP_AFTER) for index in range(STOPPED)]
+            stopped = [_stop_after(client, PROMPTS[index], STOP_AFTER) for index in range(STOPPED)]
             results = await asyncio.gather(*others, *stopped)
             idle_s = await asyncio.to_thread(_wait_idle, options.metrics_url, 30)
             return [*results, idle_s]

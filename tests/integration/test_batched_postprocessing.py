@@ -16,23 +16,22 @@ import uuid
 import pytest
 import tritonclient.grpc as grpcclient
 
-from pipeline.config.spec import ServeSpec
-from pipeline.render import render_model_repository
 from tests.integration.postprocessing_batches import (
     MAX_TOKENS,
+    PROMPTS,
     engine_idle,
     ensemble_inputs,
     failed_requests,
     generated_tokens,
     model_stats,
     reference_beams,
+    render_batched_repository,
     streamed_texts,
 )
 from tests.integration.serving import greedy_reference, loopback_options, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PROMPTS = ["def foo(x):\n    return", "import os\n", 'class Foo:\n    """', "for i in range(", "# Copyright", "with open(path) as f:\n"]
 CANCELLED_MAX_TOKENS = 200
 
 
@@ -43,11 +42,7 @@ def reference(tiny_cpu):
 
 @pytest.fixture(scope="module")
 def server(tiny_cpu, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("batched") / "model_repository"
-    # a 5 ms queue delay, so that requests arriving together are batched even on a fast machine
-    serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
-    render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
-    assert "dynamic_batching" in (repository / "postprocessing" / "config.pbtxt").read_text()
+    repository = render_batched_repository(tiny_cpu, tmp_path_factory.mktemp("batched") / "model_repository")
     with running_server(loopback_options(repository), tmp_path_factory.mktemp("serve"), check_exit=_only_the_cancelled_stream_in_flight) as triton:
         yield triton
 
