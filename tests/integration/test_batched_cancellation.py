@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from clients.aio import AsyncTritonLLMClient
+from clients.loadgen.chaos import ChaosPlan, ChaosTargets, run_chaos
 from clients.openai_server import running_openai_server
 from tests.integration.postprocessing_batches import (
     MAX_TOKENS,
@@ -170,3 +171,19 @@ def test_the_openai_front_end_on_the_ensemble_stops_a_dropped_stream_and_a_stop_
     assert _ensemble_done(options.http_url, ensemble_before + 3, 30) == ensemble_before + 3
     print(f"OpenAI front end: a stream dropped after {STOP_AFTER + 1} chunks generated {dropped} tokens, the engine idle {idle_s:.2f} s after the drop")
     assert dropped <= FRONT_END_TOKENS_BOUND
+
+
+def test_churn_of_stopped_streams_leaves_nothing_behind(server):
+    """Chaos traffic to the batched ensemble over gRPC, half of the streams cut (before their first response or after
+    up to 10) by a stop: every stream that was not cut completes, the batcher cancels nothing, the engine is idle
+    after, and (at the module's end) the server exits with no request in flight."""
+    options = server.options
+    failed_before = failed_requests(options.http_url, "postprocessing")
+    ensemble_before = model_stats(options.http_url, "ensemble")[0]
+    plan = ChaosPlan(requests=80, concurrency=16, endpoints=("grpc",), triton_models=("ensemble",), grpc_cut="stop", seed=34)
+    outcome = asyncio.run(run_chaos(plan, ChaosTargets(options.grpc_url, options.http_url)))
+    print(f"chaos: {outcome.as_dict()}")
+    assert outcome.failed == 0 and outcome.cut > 0, outcome.as_dict()
+    _wait_idle(options.metrics_url, 30)
+    assert _ensemble_done(options.http_url, ensemble_before + plan.requests, 30) == ensemble_before + plan.requests
+    assert failed_requests(options.http_url, "postprocessing") == failed_before
