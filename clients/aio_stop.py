@@ -1,9 +1,10 @@
 """`StoppingGrpcCall`: an ensemble stream ended early by TensorRT-LLM's `stop`, never by cancelling its gRPC call.
 
-Why: with serve.postprocessing_dynamic_batching, cancelling the call does not stop the generation on Triton 2.51.
-The ensemble marks the stream's next postprocessing requests cancelled and the dynamic batcher answers them itself,
+Why: with serve.postprocessing_dynamic_batching, cancelling the call does not stop the generation (Triton 2.51, and
+every release through r26.06 as read in core). The ensemble marks only the stream's next postprocessing requests
+cancelled, and the dynamic batcher answers them itself,
 so postprocessing never sees the cancellation and never stops `tensorrt_llm`: the generation runs to max_tokens,
-and the ensemble request, failed while `tensorrt_llm` still streams, never ends (docs/serving.md). A `stop` request
+and before r26.03 the ensemble request, failed while `tensorrt_llm` still streams, never ends (docs/serving.md). A `stop` request
 to the LLM model with the stream's request id ends the generation there instead (TensorRT-LLM's contract: an empty
 final response); the ensemble then finishes as any request does, and no request is ever cancelled.
 
