@@ -87,7 +87,9 @@ class StoppingGrpcCall:
         if self._stopping or self._final or self._reader.done():
             return
         self._stopping = True
-        self._items.put_nowait(_END)  # the consumer's iteration ends now
+        while not self._items.empty():  # responses not yet read are dropped: the consumer's iteration ends now
+            self._items.get_nowait()
+        self._items.put_nowait(_END)
         self._keep(self._loop.create_task(self._stop()))
 
     def close(self) -> None:

@@ -109,6 +109,26 @@ def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_time():
     assert client.call.cancelled and len(client.stops) >= 2
 
 
+def test_cancel_from_another_thread_stops_on_the_calls_loop():
+    """A stream's __del__ may run on any thread: the stop is scheduled on the loop that runs the call."""
+    client = Client(EnsembleCall())
+
+    async def scenario():
+        tasks: set[asyncio.Task] = set()
+        call = StoppingGrpcCall(AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None),
+                                client, "tensorrt_llm", tasks)
+        chunks = call.chunks()
+        await anext(chunks)
+        await asyncio.to_thread(call.cancel)
+        rest = [chunk async for chunk in chunks]
+        await asyncio.wait(set(tasks))
+        return call, rest
+
+    call, rest = asyncio.run(scenario())
+    assert rest == [] and [request_id for _, request_id, _ in client.stops] == [call.request_id]
+    assert client.call.read_to_end and not client.call.cancelled
+
+
 def test_a_finished_stream_sends_no_stop():
     client = Client(EnsembleCall(limit=2))
 
