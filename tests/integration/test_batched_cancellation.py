@@ -5,8 +5,8 @@ ends a stream by TensorRT-LLM's `stop` to `tensorrt_llm` and reads the stream to
 engine stops generating within a few steps, the streams beside it (streamed and not, n > 1, beams) get their own
 texts, postprocessing's batcher answers no request itself, and every ensemble request ends, which the module's
 server proves by exiting 0 (tritonserver waits for requests in flight and exits 1). The same through the OpenAI front
-end on the ensemble: a dropped SSE stream and a stop sequence. How a cancelled call fares instead is
-test_batched_postprocessing.py's last test."""
+end on the ensemble (a dropped SSE stream and a stop sequence) and under churn (80 streams, half of them cut by a
+stop). How a cancelled call fares instead is test_batched_postprocessing.py's last test."""
 
 from __future__ import annotations
 
