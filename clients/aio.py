@@ -7,6 +7,7 @@ it with `await client.close()` (or `async with`) before that loop ends.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ import aiohttp
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from clients.aio_stop import StoppingGrpcCall
 from clients.aio_transport import AioGrpcCall, AioHttpCall
 from clients.client import DEFAULT_TIMEOUT_S, ProtocolName, configure
 from clients.errors import ClientError
@@ -24,7 +26,10 @@ from clients.types import Completion, GenerationRequest
 
 
 class AsyncTritonLLMClient:
-    """See `TritonLLMClient`; `generate` is awaited, `stream` is iterated with `async for`."""
+    """See `TritonLLMClient`; `generate` is awaited, `stream` is iterated with `async for`. With `stop_model` (the
+    ensemble's LLM model, e.g. "tensorrt_llm"), a gRPC stream ended early is ended by a `stop` to that model and read
+    to its end, never cancelled: what stops it when the ensemble's postprocessing is batched (aio_stop.py); `close()`
+    then waits for such streams to end."""
 
     def __init__(
         self,
@@ -35,8 +40,11 @@ class AsyncTritonLLMClient:
         timeout: float | None = DEFAULT_TIMEOUT_S,
         retries: int = 2,
         retry_backoff_s: float = 0.25,
+        stop_model: str | None = None,
     ) -> None:
         configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
+        self.stop_model = stop_model if protocol == "grpc" else None
+        self._stopping: set[asyncio.Task] = set()  # streams being stopped and read to their end
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
@@ -118,6 +126,8 @@ class AsyncTritonLLMClient:
         self._closed = True
         for stream in list(self._streams):
             stream.cancel()  # a no-op for a finished one
+        if self._stopping:  # stopped streams end by themselves within a few engine steps (aio_stop.py bounds it)
+            await asyncio.wait(set(self._stopping))
         grpc_client, self._grpc = self._grpc, None
         http, self._http = self._http, None
         if grpc_client is not None:
@@ -149,9 +159,10 @@ class AsyncTritonLLMClient:
         with_weights = request.lora is not None and self.sent_adapters.needs_weights(request.lora)
         values = request.inputs(stream=stream, whole_beams=whole_beams, lora_weights=with_weights)
 
-        async def open_call() -> AioGrpcCall | AioHttpCall:
+        async def open_call() -> AioGrpcCall | StoppingGrpcCall | AioHttpCall:
             if self.protocol == "grpc":
-                return AioGrpcCall(self._grpc_client(), self.url, self.model, values, timeout=self.timeout)
+                call = AioGrpcCall(self._grpc_client(), self.url, self.model, values, timeout=self.timeout)
+                return call if self.stop_model is None else StoppingGrpcCall(call, self._grpc_client(), self.stop_model, self._stopping)
             return await AioHttpCall.open(self._session(), self.url, self.model, values, timeout=self.timeout)
 
         if self._closed:

@@ -3,7 +3,8 @@
 Streams go to Triton over gRPC (`ModelStreamInfer`) and HTTP SSE (`generate_stream`), to the
 ensemble and to the BLS, and to the OpenAI front end (`/v1/completions`, SSE). A random share of
 them is cut: after a few responses, or before the first one (during the prompt's prefill). A
-gRPC cut cancels the request on the server; an HTTP or OpenAI cut closes the connection.
+gRPC cut cancels the request on the server (with `grpc_cut="stop"`, a cut ensemble stream is ended by a `stop`
+to `tensorrt_llm` instead, clients/aio_stop.py); an HTTP or OpenAI cut closes the connection.
 Sampled (temperature 0.8, top-k 40) with output lengths drawn from a range, so requests are
 in every phase when they are cut.
 
@@ -30,6 +31,8 @@ from clients.errors import ClientError
 from clients.sse import openai_events
 
 TRITON_ENDPOINTS = ("grpc", "http")
+BLS_MODEL = "tensorrt_llm_bls"  # calls tensorrt_llm with request ids of its own: a stop by the client's would find nothing
+STOP_MODEL = "tensorrt_llm"
 DEFAULT_PROMPTS = ("def __init__(self", "import", "class Parser", "for line in", "return self.")
 _MAX_ERRORS_KEPT = 20
 
@@ -43,13 +46,14 @@ class ChaosPlan:
     concurrency: int = 8
     cut_fraction: float = 0.5
     endpoints: tuple[str, ...] = ("grpc", "http", "openai")
-    triton_models: tuple[str, ...] = ("ensemble", "tensorrt_llm_bls")
+    triton_models: tuple[str, ...] = ("ensemble", BLS_MODEL)
     max_tokens: tuple[int, int] = (16, 200)
     cut_after: tuple[int, int] = (0, 10)  # responses read before the cut; 0: before the first one
     temperature: float = 0.8
     top_k: int = 40
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
     seed: int = 0
+    grpc_cut: str = "cancel"  # or "stop": a `stop` to tensorrt_llm ends a cut gRPC ensemble stream
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -67,6 +71,8 @@ class ChaosPlan:
             raise ValueError(f"endpoints must be some of grpc, http, openai; got {', '.join(self.endpoints) or 'none'}")
         if not self.triton_models:
             raise ValueError("triton_models must name at least one model")
+        if self.grpc_cut not in ("cancel", "stop"):
+            raise ValueError(f"grpc_cut must be 'cancel' or 'stop', got {self.grpc_cut!r}")
         for name, (low, high) in (("max_tokens", self.max_tokens), ("cut_after", self.cut_after)):
             if not 0 <= low <= high:
                 raise ValueError(f"{name} must be a range low <= high, got {low}..{high}")
@@ -133,7 +139,8 @@ async def run_chaos(
     outcome = ChaosOutcome()
     clients = {
         (protocol, model): AsyncTritonLLMClient(
-            targets.grpc_url if protocol == "grpc" else targets.http_url, protocol, model, timeout=300.0, retries=0
+            targets.grpc_url if protocol == "grpc" else targets.http_url, protocol, model, timeout=300.0, retries=0,
+            stop_model=STOP_MODEL if plan.grpc_cut == "stop" and model != BLS_MODEL else None,
         )
         for protocol in TRITON_ENDPOINTS
         if protocol in plan.endpoints

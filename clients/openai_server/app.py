@@ -7,7 +7,9 @@ nesting deeper than `max_json_depth`, and wrong types are 400 (FastAPI would ans
 `/openapi.json` still documents every body and answer (`openapi`). A streamed answer waits for
 its first event before sending headers, so a request Triton refuses, or an unreachable Triton
 (503), still gets its status code; later errors go into the stream. A client that goes away,
-streaming or not, cancels its Triton requests at once, which frees their KV-cache blocks.
+streaming or not, ends its Triton requests at once, which frees their KV-cache blocks: on an
+ensemble by a `stop` to its LLM model (clients/aio_stop.py: a cancelled call is not stopped when
+postprocessing is batched), on the BLS by cancelling the call.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
         own = getattr(app.state, "triton", None) is None  # tests may set a scripted client before starting
         if own:
             app.state.triton = AsyncTritonLLMClient(
-                settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries
+                settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries,
+                stop_model=settings.model.llm_model if settings.model.ensemble else None,  # clients/aio_stop.py
             )
         try:
             yield

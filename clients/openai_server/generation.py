@@ -1,9 +1,10 @@
 """Running the choices of one OpenAI request as Triton requests (gRPC streaming, `AsyncTritonLLMClient`).
 
 Every choice is one streamed request to the ensemble, whether or not the OpenAI client asked to
-stream: responses arrive token by token, so a client that goes away cancels its request on the
+stream: responses arrive token by token, so a client that goes away ends its request on the
 server at once (Triton does not pass the cancellation of a non-streamed ensemble request to the
-LLM model), and every response carries its token's log-probability (`return_log_probs`), from
+LLM model; on an ensemble the request is ended by a `stop` to the LLM model, not cancelled:
+clients/aio_stop.py), and every response carries its token's log-probability (`return_log_probs`), from
 which `completion_tokens` is counted exactly as the engine generated them. `n` choices run as `n`
 concurrent requests; their events are interleaved as they come (`merged`). Choices that need
 token ids or logits go to the LLM model directly instead (`ChoicePlan.direct`, llm_path.py).
@@ -131,7 +132,7 @@ async def _choice_events(route: Route, plan: ChoicePlan, streams: OpenStreams | 
             opening = prompt.pop() if prompt else ()
             if stopped:
                 yield ChoiceEvent(plan.index, text, released, "stop", tokens, opening)
-                return  # closing `pieces` cancels the request: the engine may still be generating past the stop
+                return  # closing `pieces` ends the request (cancel, or stop on an ensemble): the engine may still be generating past the stop
             if text or released or opening:
                 yield ChoiceEvent(plan.index, text, released, None, tokens, opening)
     text = matcher.flush()

@@ -42,6 +42,7 @@ class ServedModel:
     context_logits: bool = False  # tensorrt_llm returns context logits (prompt log-probs)
     generation_logits: bool = False  # tensorrt_llm returns generation logits (top-N log-probs)
     llm_model: str = DEFAULT_LLM  # the LLM model, called directly for token-id prompts and log-probs
+    ensemble: bool = False  # triton_model is an ensemble: its streams are ended early by a `stop` to llm_model
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -51,7 +52,8 @@ class ServedModel:
 
     @classmethod
     def from_parameters(
-        cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str, llm_model: str = DEFAULT_LLM
+        cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str, llm_model: str = DEFAULT_LLM,
+        ensemble: bool = False,
     ) -> ServedModel:
         """From the preprocessing model's string parameters; `source` names where they came from."""
         missing = [key for key in ("tokenizer_dir", "max_input_len", "max_seq_len") if not parameters.get(key)]
@@ -73,6 +75,7 @@ class ServedModel:
             context_logits=_flag(parameters.get("gather_context_logits", "false")),
             generation_logits=_flag(parameters.get("gather_generation_logits", "false")),
             llm_model=llm_model,
+            ensemble=ensemble,
         )
 
     @classmethod
@@ -83,7 +86,8 @@ class ServedModel:
         preprocessing = _preprocessing_name(model_config)
         config = _read_config(repository / preprocessing / "config.pbtxt")
         return cls.from_parameters(
-            _parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing), llm_model=_llm_name(model_config)
+            _parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing), llm_model=_llm_name(model_config),
+            ensemble=_is_ensemble(model_config),
         )
 
     @classmethod
@@ -106,7 +110,8 @@ class ServedModel:
         finally:
             client.close()
         return cls.from_parameters(
-            _parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}", llm_model=_llm_name(model_config)
+            _parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}", llm_model=_llm_name(model_config),
+            ensemble=_is_ensemble(model_config),
         )
 
 
@@ -145,6 +150,10 @@ def _read_config(path: Path) -> model_config_pb2.ModelConfig:
 def _preprocessing_name(config: model_config_pb2.ModelConfig) -> str:
     steps = config.ensemble_scheduling.step
     return steps[0].model_name if steps else DEFAULT_PREPROCESSING
+
+
+def _is_ensemble(config: model_config_pb2.ModelConfig) -> bool:
+    return bool(config.ensemble_scheduling.step)
 
 
 def _llm_name(config: model_config_pb2.ModelConfig) -> str:

@@ -28,6 +28,7 @@ MODEL_CODE = Path(__file__).resolve().parents[2] / "model_repo" / "python"
         ({"max_tokens": (10, 5)}, "max_tokens must be a range low <= high, got 10..5"),
         ({"max_tokens": (0, 5)}, "max_tokens must start at 1 or more"),
         ({"triton_models": ()}, "triton_models must name at least one model"),
+        ({"grpc_cut": "drop"}, "grpc_cut must be 'cancel' or 'stop', got 'drop'"),
     ],
 )
 def test_a_bad_chaos_plan_names_its_field(kwargs, message):

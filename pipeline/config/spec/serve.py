@@ -81,10 +81,12 @@ class ServeSpec(StrictModel):
         description=(
             "Triton dynamic batching for the postprocessing model: one execution (and one batched tokenizer call) serves "
             "every streamed response waiting, which cuts its CPU per token several times under concurrency "
-            "(BENCHMARKS.md, issue #34). Off by default: Triton before r26.03 (the bundled 2.51 included; fixed by core "
-            "#466) rejects a cancelled stream's postprocessing requests in the batcher, so the generation of a stream its "
-            "client cancelled runs to max_tokens and the ensemble request never ends. The BLS (tensorrt_llm_bls) decodes "
-            "in itself and is unaffected."
+            "(BENCHMARKS.md, issue #34). Off by default: Triton's batcher answers a cancelled stream's postprocessing "
+            "requests itself (every release through r26.06), so postprocessing never stops the generation of a stream "
+            "whose client cancelled the call: it runs to max_tokens, and before r26.03 (the bundled 2.51 included; core "
+            "#466) the ensemble request never ends. Streams ended by a stop to the LLM model instead (the OpenAI front end "
+            "on an ensemble, clients.aio with stop_model) are not affected, nor is the BLS (tensorrt_llm_bls), which "
+            "decodes in itself."
         ),
     )
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
