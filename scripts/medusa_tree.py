@@ -65,22 +65,46 @@ def expected_tokens_per_step(tree: Iterable[Sequence[int]], ranks: Sequence[Sequ
     return 1.0 + sum(path_probability(tuple(node), ranks) for node in tree)
 
 
-def measured_tokens_per_step(tree: Iterable[Sequence[int]], true_ranks: Iterable[Sequence[int]]) -> float:
-    """Mean tokens per step over positions, given per position the rank of the right token in each head.
+def accepted_depth(nodes: set[Path], ranks: Sequence[int]) -> int:
+    """The depth of the longest tree path that the right tokens follow (their rank in each head)."""
+    depth = 0
+    while depth < len(ranks) and tuple(ranks[: depth + 1]) in nodes:
+        depth += 1
+    return depth
 
-    The accepted length at a position is the depth of the longest tree path that the right tokens follow.
+
+def measured_tokens_per_step(tree: Iterable[Sequence[int]], true_ranks: Iterable[Sequence[int]]) -> float:
+    """Mean tokens per step over every position, given per position the rank of the right token in each head."""
+    nodes = {tuple(node) for node in tree}
+    steps = [1 + accepted_depth(nodes, ranks) for ranks in true_ranks]
+    if not steps:
+        raise ValueError("no positions to measure the tree on")
+    return sum(steps) / len(steps)
+
+
+def decoded_tokens_per_step(tree: Iterable[Sequence[int]], sequences: Iterable[Sequence[Sequence[int]]], max_tokens: int | None = None) -> float:
+    """Tokens per step of greedy Medusa decoding that walks each sequence of consecutive positions' ranks.
+
+    A step whose last context token is at position i emits the base model's token and the accepted path,
+    so the next step starts 1 + depth positions later (only the positions decoding visits count); a
+    sequence ends with its positions or after `max_tokens` tokens (the last step cut to fit, as a request's
+    max_tokens cuts it).
     """
     nodes = {tuple(node) for node in tree}
-    total = count = 0
-    for ranks in true_ranks:
-        depth = 0
-        while depth < len(ranks) and tuple(ranks[: depth + 1]) in nodes:
-            depth += 1
-        total += 1 + depth
-        count += 1
-    if not count:
-        raise ValueError("no positions to measure the tree on")
-    return total / count
+    tokens = steps = 0
+    for ranks in sequences:
+        position = emitted = 0
+        while position < len(ranks) and (max_tokens is None or emitted < max_tokens):
+            step = 1 + accepted_depth(nodes, ranks[position])
+            if max_tokens is not None:
+                step = min(step, max_tokens - emitted)
+            emitted += step
+            position += step
+            steps += 1
+        tokens += emitted
+    if not steps:
+        raise ValueError("no positions to decode the tree on")
+    return tokens / steps
 
 
 def triton_medusa_choices(tree: Iterable[Sequence[int]]) -> str:

@@ -73,6 +73,17 @@ def test_measured_tokens_per_step_follows_the_right_tokens_down_the_tree():
     assert tree_builder.measured_tokens_per_step(tree, positions) == pytest.approx((4 + 3 + 2 + 1 + 2) / 5)
 
 
+def test_decoding_visits_only_the_positions_each_step_starts_from_and_stops_at_max_tokens():
+    tree = [[0], [0, 0]]
+    # steps start at positions 0, 3, 4 and 6, accepting 2, 0, 1 and 2 draft tokens
+    sequence = [(0, 0, 5), (9, 9, 9), (9, 9, 9), (1, 0, 0), (0, 3, 0), (9, 9, 9), (0, 0, 0)]
+    assert tree_builder.decoded_tokens_per_step(tree, [sequence]) == pytest.approx((3 + 1 + 2 + 3) / 4)
+    # max_tokens 5: 3 + 1 + 1 (the third step cut from 2 tokens to the 1 left)
+    assert tree_builder.decoded_tokens_per_step(tree, [sequence], max_tokens=5) == pytest.approx(5 / 3)
+    # the second sequence: steps at positions 0, 1 and 3 accepting 0, 1 and 2
+    assert tree_builder.decoded_tokens_per_step(tree, [sequence, sequence[3:]]) == pytest.approx((9 + 6) / (4 + 3))
+
+
 def test_a_budget_beyond_the_nodes_the_measured_ranks_allow_is_refused():
     ranks = tree_builder.rank_accuracies([[0.5, 0.7], [0.4, 0.6]])  # 2 + 4 nodes
     with pytest.raises(ValueError, match="budget must be 1 to 6"):
