@@ -4,12 +4,10 @@ and bad arguments are refused by name."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, REPO
+from tests.conftest import DEFAULT_MODEL
+from tests.script_modules import import_script
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,11 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(REPO / "scripts"))  # the script imports the default model's recipe beside it
-    try:
-        return importlib.import_module("train_medusa_heads")
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    return import_script("train_medusa_heads")
 
 
 @pytest.fixture(scope="module")
