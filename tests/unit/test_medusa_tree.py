@@ -3,22 +3,13 @@ the estimated tokens per step (checked against every prefix-closed tree of a sma
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 
 import pytest
 
-from tests.conftest import REPO
+from tests.script_modules import import_script
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("medusa_tree", REPO / "scripts" / "medusa_tree.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tree_builder = _module()
+tree_builder = import_script("medusa_tree")
 # per head, top-k accuracy for k = 1..4 (heads further ahead guess worse)
 TOPK = [[0.6, 0.75, 0.82, 0.86], [0.45, 0.6, 0.68, 0.72], [0.35, 0.47, 0.55, 0.6]]
 
