@@ -26,13 +26,13 @@ def _tree_rows(stats: dict) -> list[str]:
     return rows
 
 
-def model_card(stats: dict) -> str:
+def model_card(stats: dict, title: str) -> str:
     heads, layers = stats["num_heads"], stats["num_layers"]
     recommended = stats["trees"][str(stats["recommended_budget"])]["medusa_choices"]
     data = stats["data"]
     table_head = ["| | top-1 before training | top-1 | top-3 | top-10 |", "|---|---:|---:|---:|---:|"]
     lines = [
-        "# tiny-stdlib-llama-medusa",
+        f"# {title}",
         "",
         f"{heads} Medusa heads of `../{stats['base_model'].split('/')[-1]}` (Medusa-1: the base model frozen), "
         f"{layers} residual layer each, {stats['trainable_params']:,} parameters in float16 "
@@ -44,8 +44,8 @@ def model_card(stats: dict) -> str:
         f"residual layer l < {layers}, and `{{h}}.{layers}.weight` [V, H], the head's lm_head; `config.json` gives "
         "the sizes and `medusa_choices`, the recommended tree.",
         "",
-        f"Trained {stats['steps']:,} steps ({stats['train_minutes']:.1f} min on one thread of a shared 2-core CPU, "
-        f"{stats['total_minutes']:.1f} min for the whole script) on {data['training']}. Each head's lm_head started "
+        f"Trained {stats['steps']:,} steps ({stats['train_minutes']:.1f} min of training, {stats['total_minutes']:.1f} min "
+        f"for the whole script, on a CPU with the command below) on {data['training']}. Each head's lm_head started "
         "as the base lm_head, its residual layer at zero; the loss is 0.8^h-weighted cross-entropy on the true token "
         "mixed with KL towards the base model's distribution for the same token.",
         "",

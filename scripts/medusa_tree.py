@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
-Path = tuple[int, ...]
+NodePath = tuple[int, ...]
 
 
 def rank_accuracies(topk_accuracy: Sequence[Sequence[float]]) -> list[list[float]]:
@@ -28,7 +28,7 @@ def rank_accuracies(topk_accuracy: Sequence[Sequence[float]]) -> list[list[float
     return ranks
 
 
-def path_probability(path: Path, ranks: Sequence[Sequence[float]]) -> float:
+def path_probability(path: NodePath, ranks: Sequence[Sequence[float]]) -> float:
     probability = 1.0
     for head, rank in enumerate(path):
         probability *= ranks[head][rank]
@@ -65,7 +65,7 @@ def expected_tokens_per_step(tree: Iterable[Sequence[int]], ranks: Sequence[Sequ
     return 1.0 + sum(path_probability(tuple(node), ranks) for node in tree)
 
 
-def accepted_depth(nodes: set[Path], ranks: Sequence[int]) -> int:
+def accepted_depth(nodes: set[NodePath], ranks: Sequence[int]) -> int:
     """The depth of the longest tree path that the right tokens follow (their rank in each head)."""
     depth = 0
     while depth < len(ranks) and tuple(ranks[: depth + 1]) in nodes:

@@ -306,7 +306,7 @@ def main(argv=None) -> dict:
         command=".venv/bin/python scripts/train_medusa_heads.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
     )
     (out_dir / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    (out_dir / "README.md").write_text(medusa_heads_card.model_card(stats))
+    (out_dir / "README.md").write_text(medusa_heads_card.model_card(stats, out_dir.name))
     recipe.log("stats: " + json.dumps({key: value for key, value in stats.items() if key != "trees"}))
     return stats
 
