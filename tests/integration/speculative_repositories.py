@@ -1,0 +1,106 @@
+"""Speculative cpu-target repositories for the serving tests, laid out as `run <config> --until package` lays them
+out, from the session's shared tiny-cpu checkpoint (no second export runs).
+
+- draft-target (build_configs/tiny-cpu-draft-target.yaml): the draft is the target's first two layers with its final
+  norm and lm_head (an early-exit draft: same tokenizer, cheap, agrees with the target often, not always — so drafts
+  are both accepted and rolled back).
+- Medusa (build_configs/tiny-cpu-medusa.yaml): the trained heads of models/tiny-stdlib-llama-medusa when they are
+  there, else random heads in their layout with the same tree (greedy output equals plain decoding for any heads;
+  random ones are rarely accepted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.integration.serving import REPO
+
+DRAFT_LAYERS = 2
+MEDUSA_HEADS = REPO / "models" / "tiny-stdlib-llama-medusa"
+RANDOM_HEADS = 3
+RANDOM_TREE = ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0))
+
+
+def shared_checkpoint(shared: dict[str, Path]) -> Path:
+    from pipeline.stages.quantize import CHECKPOINT_DIR
+
+    [checkpoint] = shared["root"].glob(f"tiny-cpu/quantize-*/{CHECKPOINT_DIR}")
+    return checkpoint
+
+
+def _early_exit_checkpoint(checkpoint: Path, out: Path, num_layers: int) -> Path:
+    """The checkpoint's first `num_layers` layers as a checkpoint of its own (weights linked; the rest unread)."""
+    out.mkdir(parents=True)
+    for path in checkpoint.iterdir():
+        if path.name != "config.json":
+            os.symlink(path.resolve(), out / path.name)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def build_speculative_repository(shared: dict[str, Path], work: Path) -> Path:
+    """engine (with draft/) and model repository, as `run tiny-cpu-draft-target.yaml --until package` lays them out."""
+    from pipeline.backends.cpu import cpu_build_config, write_cpu_engine
+    from pipeline.backends.cpu_speculative import add_speculation
+    from pipeline.config.loader import load_config
+    from pipeline.config.spec.draft import draft_spec
+    from pipeline.render import render_model_repository
+
+    spec = load_config(REPO / "build_configs" / "tiny-cpu-draft-target.yaml").spec
+    checkpoint = shared_checkpoint(shared)
+    draft = draft_spec(spec)
+    draft_dir = work / "draft-engine"
+    write_cpu_engine(
+        _early_exit_checkpoint(checkpoint, work / "draft-checkpoint", DRAFT_LAYERS), draft_dir,
+        build_config=cpu_build_config(draft.build, max_seq_len=draft.build.max_seq_len, dtype=draft.model.dtype.value), version="test",
+    )
+    engine_dir = work / "engine"
+    build_config = cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value)
+    write_cpu_engine(checkpoint, engine_dir, build_config=build_config, version="test")
+    add_speculation(engine_dir, spec.build.speculative, draft_dir, max_seq_len=build_config["max_seq_len"])
+    repository = work / "model_repository"
+    render_model_repository(engine_dir=engine_dir, tokenizer_dir=shared["tokenizer"], serve=spec.serve, target="cpu",
+                            out_dir=repository, speculative=spec.build.speculative)
+    return repository
+
+
+def medusa_num_heads() -> int:
+    """The number of heads build_medusa_repository's engine has."""
+    if (MEDUSA_HEADS / "config.json").is_file():
+        return int(json.loads((MEDUSA_HEADS / "config.json").read_text())["medusa_num_heads"])
+    return RANDOM_HEADS
+
+
+def medusa_heads(checkpoint: Path, work: Path) -> Path:
+    """The shipped heads, or random ones of the model's sizes with RANDOM_TREE as their recommended tree."""
+    if (MEDUSA_HEADS / "config.json").is_file():
+        return MEDUSA_HEADS
+    from refengine.speculative.medusa_files import write_random_medusa_heads
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    return write_random_medusa_heads(work / "medusa-heads", RANDOM_HEADS, 1, config["hidden_size"], config["vocab_size"],
+                                     medusa_choices=RANDOM_TREE)
+
+
+def build_medusa_repository(shared: dict[str, Path], work: Path) -> Path:
+    """engine (with medusa/) and model repository of tiny-cpu-medusa.yaml."""
+    from pipeline.backends.cpu import cpu_build_config, write_cpu_engine
+    from pipeline.backends.cpu_speculative import add_speculation
+    from pipeline.config.loader import load_config
+    from pipeline.render import render_model_repository
+
+    checkpoint = shared_checkpoint(shared)
+    heads = medusa_heads(checkpoint, work)
+    spec = load_config(REPO / "build_configs" / "tiny-cpu-medusa.yaml", [f"build.speculative.medusa.heads={heads}"]).spec
+    engine_dir = work / "medusa-engine"
+    build_config = cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value)
+    write_cpu_engine(checkpoint, engine_dir, build_config=build_config, version="test")
+    add_speculation(engine_dir, spec.build.speculative, None, max_seq_len=build_config["max_seq_len"])
+    repository = work / "medusa-repository"
+    render_model_repository(engine_dir=engine_dir, tokenizer_dir=shared["tokenizer"], serve=spec.serve, target="cpu",
+                            out_dir=repository, speculative=spec.build.speculative)
+    return repository
