@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from pipeline.config.spec import Spec
 from tests.integration.serving import REPO
 
 DRAFT_LAYERS = 2
@@ -45,10 +46,8 @@ def _early_exit_checkpoint(checkpoint: Path, out: Path, num_layers: int) -> Path
 def build_speculative_repository(shared: dict[str, Path], work: Path) -> Path:
     """engine (with draft/) and model repository, as `run tiny-cpu-draft-target.yaml --until package` lays them out."""
     from pipeline.backends.cpu import cpu_build_config, write_cpu_engine
-    from pipeline.backends.cpu_speculative import add_speculation
     from pipeline.config.loader import load_config
     from pipeline.config.spec.draft import draft_spec
-    from pipeline.render import render_model_repository
 
     spec = load_config(REPO / "build_configs" / "tiny-cpu-draft-target.yaml").spec
     checkpoint = shared_checkpoint(shared)
@@ -58,12 +57,21 @@ def build_speculative_repository(shared: dict[str, Path], work: Path) -> Path:
         _early_exit_checkpoint(checkpoint, work / "draft-checkpoint", DRAFT_LAYERS), draft_dir,
         build_config=cpu_build_config(draft.build, max_seq_len=draft.build.max_seq_len, dtype=draft.model.dtype.value), version="test",
     )
+    return _package(spec, checkpoint, draft_dir, shared["tokenizer"], work)
+
+
+def _package(spec: Spec, checkpoint: Path, draft_dir: Path | None, tokenizer_dir: Path, work: Path) -> Path:
+    """The spec's speculative cpu engine over `checkpoint` (`draft_dir`: its draft's engine) and its model repository."""
+    from pipeline.backends.cpu import cpu_build_config, write_cpu_engine
+    from pipeline.backends.cpu_speculative import add_speculation
+    from pipeline.render import render_model_repository
+
     engine_dir = work / "engine"
     build_config = cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value)
     write_cpu_engine(checkpoint, engine_dir, build_config=build_config, version="test")
     add_speculation(engine_dir, spec.build.speculative, draft_dir, max_seq_len=build_config["max_seq_len"])
     repository = work / "model_repository"
-    render_model_repository(engine_dir=engine_dir, tokenizer_dir=shared["tokenizer"], serve=spec.serve, target="cpu",
+    render_model_repository(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, serve=spec.serve, target="cpu",
                             out_dir=repository, speculative=spec.build.speculative)
     return repository
 
@@ -88,19 +96,9 @@ def medusa_heads(checkpoint: Path, work: Path) -> Path:
 
 def build_medusa_repository(shared: dict[str, Path], work: Path) -> Path:
     """engine (with medusa/) and model repository of tiny-cpu-medusa.yaml."""
-    from pipeline.backends.cpu import cpu_build_config, write_cpu_engine
-    from pipeline.backends.cpu_speculative import add_speculation
     from pipeline.config.loader import load_config
-    from pipeline.render import render_model_repository
 
     checkpoint = shared_checkpoint(shared)
     heads = medusa_heads(checkpoint, work)
     spec = load_config(REPO / "build_configs" / "tiny-cpu-medusa.yaml", [f"build.speculative.medusa.heads={heads}"]).spec
-    engine_dir = work / "medusa-engine"
-    build_config = cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value)
-    write_cpu_engine(checkpoint, engine_dir, build_config=build_config, version="test")
-    add_speculation(engine_dir, spec.build.speculative, None, max_seq_len=build_config["max_seq_len"])
-    repository = work / "medusa-repository"
-    render_model_repository(engine_dir=engine_dir, tokenizer_dir=shared["tokenizer"], serve=spec.serve, target="cpu",
-                            out_dir=repository, speculative=spec.build.speculative)
-    return repository
+    return _package(spec, checkpoint, None, shared["tokenizer"], work)
