@@ -13,12 +13,16 @@ from __future__ import annotations
 import queue
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from clients.openai_server import running_openai_server
+from pipeline.serve.front_end_route import front_end_triton_model, triton_version
 from tests.integration.combined_repository import combine_repositories, served_name
 from tests.integration.serving import greedy_reference, infer_inputs, serving_repository
 from tests.integration.speculative_repositories import build_medusa_repository, build_speculative_repository, medusa_num_heads
@@ -35,11 +39,16 @@ MEDUSA_LLM = served_name("medusa", "tensorrt_llm")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_cpu, tmp_path_factory):
+def repository(tiny_cpu, tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("speculative")
-    repositories = {"draft": build_speculative_repository(tiny_cpu, work / "draft"),
-                    "medusa": build_medusa_repository(tiny_cpu, work / "medusa")}
-    with serving_repository(combine_repositories(repositories, work / "combined"), tmp_path_factory.mktemp("serve-speculative")) as triton:
+    builds = {"draft": build_speculative_repository(tiny_cpu, work / "draft"), "medusa": build_medusa_repository(tiny_cpu, work / "medusa")}
+    return combine_repositories(builds, work / "model_repository")
+
+
+@pytest.fixture(scope="module")
+def server(repository, tmp_path_factory):
+    # the OpenAI front end's route may be the BLS: Triton 2.51 may keep it loaded at stop (serving.STUCK_BLS), a warning
+    with serving_repository(repository, tmp_path_factory.mktemp("serve-speculative"), allow_stuck_bls=True) as triton:
         yield triton
 
 
@@ -180,3 +189,12 @@ def test_prometheus_counts_medusa_tree_steps_and_acceptances_by_depth(server):
     assert steps > 0
     assert len(by_depth) == medusa_num_heads() and sum(by_depth.values()) == accepted  # depth 1 .. the number of heads
     assert not any(name.startswith("trtllm_pipeline_medusa_") and 'model="draft-' in name for name in published)
+
+
+def test_the_openai_front_end_on_the_medusa_build_answers_as_plain(server, plain_greedy):
+    """The front end reads the model's limits and tokenizer through Triton's model-configuration API (renamed models)."""
+    route = served_name("medusa", front_end_triton_model(triton_version(server.options.grpc_url), "ensemble"))
+    with (running_openai_server(server.options.grpc_url, model_name="tiny-cpu-medusa", triton_model=route) as base_url,
+          openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client):
+        completion = client.completions.create(model="tiny-cpu-medusa", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0)
+    assert completion.choices[0].text == plain_greedy[PROMPTS[1]]
