@@ -11,6 +11,7 @@ max_draft_len: refused) and use_draft_logits on. A Medusa build refuses num_draf
 from __future__ import annotations
 
 import queue
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from clients.openai_server import running_openai_server
 from pipeline.serve.front_end_route import front_end_triton_model, triton_version
 from tests.integration.combined_repository import combine_repositories, served_name
-from tests.integration.serving import greedy_reference, infer_inputs, serving_repository
+from tests.integration.serving import greedy_reference, infer_inputs, loopback_options, serving_repository
 from tests.integration.speculative_repositories import build_medusa_repository, build_speculative_repository, medusa_num_heads
 from tests.integration.test_triton_cpu import client_inputs, http_generate, metric, metrics, stream_infer
 
@@ -198,3 +199,28 @@ def test_the_openai_front_end_on_the_medusa_build_answers_as_plain(server, plain
           openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client):
         completion = client.completions.create(model="tiny-cpu-medusa", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0)
     assert completion.choices[0].text == plain_greedy[PROMPTS[1]]
+
+
+def test_a_medusa_choices_parameter_deeper_than_the_heads_fails_the_load_by_name(repository, tmp_path):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from pipeline.errors import ToolError
+    from pipeline.serve import TritonServer
+
+    alone = tmp_path / "model_repository"
+    shutil.copytree(repository / MEDUSA_LLM, alone / MEDUSA_LLM)
+    path = alone / MEDUSA_LLM / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    too_deep = medusa_num_heads() + 1
+    config.parameters["medusa_choices"].string_value = ", ".join("{" + ", ".join(["0"] * depth) + "}" for depth in range(1, too_deep + 1))
+    path.write_text(text_format.MessageToString(config))
+    (tmp_path / "workspace").mkdir()
+    triton = TritonServer(loopback_options(alone), workspace=tmp_path / "workspace").start()
+    try:
+        with pytest.raises(ToolError):
+            triton.wait_until_ready(timeout=60)
+    finally:
+        triton.stop()
+    log = (tmp_path / "workspace" / "tritonserver.log").read_text(errors="replace")
+    assert f"medusa_choices: path [{', '.join(['0'] * too_deep)}] is {too_deep} deep; the engine has {too_deep - 1} Medusa heads" in log
