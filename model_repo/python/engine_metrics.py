@@ -144,7 +144,8 @@ def _medusa_values(stats: Any, num_heads: int) -> dict[tuple[str, str | None], f
 
 
 class EngineMetrics:
-    """The families of `FAMILIES` in Triton, refreshed by `update()` (the model's watcher thread)."""
+    """The engine's families (`families`: `FAMILIES`, and Medusa's on a Medusa engine) in Triton, refreshed by
+    `update()` (the model's watcher thread)."""
 
     def __init__(self, engine: Any, labels: dict[str, str], active_requests: Callable[[], int]) -> None:
         import triton_python_backend_utils as pb_utils

@@ -25,7 +25,8 @@ by the project's reference engine (refengine) with inflight batching.
 - Medusa (an engine built with build.speculative.mode medusa): the `medusa_choices` parameter replaces the engine's
   tree and `decoding_mode` is overwritten to agree with the engine, as TensorRT-LLM does (medusa_parameters.py).
 - Custom metrics (engine_metrics.py) report KV blocks, requests, engine iterations, tokens
-  (generated; prompt tokens computed or reused), prefix-cache hits and preemptions.
+  (generated; prompt tokens computed or reused), prefix-cache hits, preemptions, draft tokens and, on a
+  Medusa engine, tree steps and accepted tree nodes by depth.
 """
 
 from __future__ import annotations
