@@ -5,15 +5,14 @@ part of the slice it was trained on (a few sequences, against the base model), a
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import sys
 
 import pytest
 
 from pipeline.config.lora_adapters import read_adapter
 from pipeline.config.weight_checks import safetensors_header
 from tests.conftest import BUILD_CONFIGS, DEFAULT_MODEL, REPO
+from tests.script_modules import import_script
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,11 +24,7 @@ RECORD = json.loads((ADAPTER / "training_record.json").read_text())
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(REPO / "scripts"))  # the script imports the default model's recipe beside it
-    try:
-        return importlib.import_module("train_lora_adapter")
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    return import_script("train_lora_adapter")
 
 
 def test_the_adapter_lowers_the_loss_on_the_held_out_part_of_its_slice(script):
