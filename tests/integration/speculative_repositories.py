@@ -4,9 +4,8 @@ out, from the session's shared tiny-cpu checkpoint (no second export runs).
 - draft-target (build_configs/tiny-cpu-draft-target.yaml): the draft is the target's first two layers with its final
   norm and lm_head (an early-exit draft: same tokenizer, cheap, agrees with the target often, not always — so drafts
   are both accepted and rolled back).
-- Medusa (build_configs/tiny-cpu-medusa.yaml): the trained heads of models/tiny-stdlib-llama-medusa when they are
-  there, else random heads in their layout with the same tree (greedy output equals plain decoding for any heads;
-  random ones are rarely accepted).
+- Medusa (build_configs/tiny-cpu-medusa.yaml): the trained heads of models/tiny-stdlib-llama-medusa with their
+  recommended tree.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from tests.integration.serving import REPO
 
 DRAFT_LAYERS = 2
 MEDUSA_HEADS = REPO / "models" / "tiny-stdlib-llama-medusa"
-RANDOM_HEADS = 3
-RANDOM_TREE = ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0))
 
 
 def shared_checkpoint(shared: dict[str, Path]) -> Path:
@@ -77,28 +74,13 @@ def _package(spec: Spec, checkpoint: Path, draft_dir: Path | None, tokenizer_dir
 
 
 def medusa_num_heads() -> int:
-    """The number of heads build_medusa_repository's engine has."""
-    if (MEDUSA_HEADS / "config.json").is_file():
-        return int(json.loads((MEDUSA_HEADS / "config.json").read_text())["medusa_num_heads"])
-    return RANDOM_HEADS
-
-
-def medusa_heads(checkpoint: Path, work: Path) -> Path:
-    """The shipped heads, or random ones of the model's sizes with RANDOM_TREE as their recommended tree."""
-    if (MEDUSA_HEADS / "config.json").is_file():
-        return MEDUSA_HEADS
-    from refengine.speculative.medusa_files import write_random_medusa_heads
-
-    config = json.loads((checkpoint / "config.json").read_text())
-    return write_random_medusa_heads(work / "medusa-heads", RANDOM_HEADS, 1, config["hidden_size"], config["vocab_size"],
-                                     medusa_choices=RANDOM_TREE)
+    """The number of heads of the Medusa build (the shipped heads')."""
+    return int(json.loads((MEDUSA_HEADS / "config.json").read_text())["medusa_num_heads"])
 
 
 def build_medusa_repository(shared: dict[str, Path], work: Path) -> Path:
-    """engine (with medusa/) and model repository of tiny-cpu-medusa.yaml."""
+    """engine (with medusa/) and model repository of tiny-cpu-medusa.yaml (the shipped heads, their recommended tree)."""
     from pipeline.config.loader import load_config
 
-    checkpoint = shared_checkpoint(shared)
-    heads = medusa_heads(checkpoint, work)
-    spec = load_config(REPO / "build_configs" / "tiny-cpu-medusa.yaml", [f"build.speculative.medusa.heads={heads}"]).spec
-    return _package(spec, checkpoint, None, shared["tokenizer"], work)
+    spec = load_config(REPO / "build_configs" / "tiny-cpu-medusa.yaml").spec
+    return _package(spec, shared_checkpoint(shared), None, shared["tokenizer"], work)
