@@ -115,6 +115,11 @@ class LLMEngine:
             self._config = self._config.replace(max_beam_width=min(max_beam_width, self._config.max_beam_width))
 
     @property
+    def num_medusa_heads(self) -> int:
+        """The Medusa heads the engine drafts with (0: not a Medusa engine); a tree is never deeper."""
+        return self._speculator.drafter.heads.num_heads if isinstance(self._speculator, MedusaSpeculator) else 0
+
+    @property
     def vocab_size(self) -> int:
         return self._model.vocab_size
 

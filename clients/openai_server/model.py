@@ -148,8 +148,9 @@ def _read_config(path: Path) -> model_config_pb2.ModelConfig:
 
 
 def _preprocessing_name(config: model_config_pb2.ModelConfig) -> str:
+    """An ensemble's first step, else the BLS's preprocessing_model_name parameter."""
     steps = config.ensemble_scheduling.step
-    return steps[0].model_name if steps else DEFAULT_PREPROCESSING
+    return steps[0].model_name if steps else _parameters(config).get("preprocessing_model_name") or DEFAULT_PREPROCESSING
 
 
 def _is_ensemble(config: model_config_pb2.ModelConfig) -> bool:

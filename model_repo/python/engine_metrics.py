@@ -18,8 +18,17 @@ Prometheus `rate()` applies):
     trtllm_pipeline_draft_tokens_total{draft_token_type="drafted|accepted"}
                                                  speculative decoding: draft tokens verified / accepted
 
+and, on a Medusa engine only (labels bounded: depth 1 .. the number of heads, which no tree is deeper than):
+
+    trtllm_pipeline_medusa_tree_steps_total      sequence-steps that verified a tree of candidates
+    trtllm_pipeline_medusa_accepted_tokens_total{depth="1".."K"}
+                                                 tree nodes accepted, by depth (depth d: a step's d-th draft token)
+
+(accepted tokens per tree step: rate(trtllm_pipeline_draft_tokens_total{draft_token_type="accepted"}) /
+rate(trtllm_pipeline_medusa_tree_steps_total)).
+
 Every value comes from the engine (`LLMEngine.kv_cache_usage()`, `.stats()`, the scheduler's
-queues). `FAMILIES` and `engine_values` are plain data and functions; only `EngineMetrics` needs
+queues). `FAMILIES`, `families` and `engine_values` are plain data and functions; only `EngineMetrics` needs
 Triton's stub (`triton_python_backend_utils`).
 """
 
@@ -68,6 +77,21 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+MEDUSA_TREE_STEPS = "trtllm_pipeline_medusa_tree_steps_total"
+MEDUSA_ACCEPTED_BY_DEPTH = "trtllm_pipeline_medusa_accepted_tokens_total"
+
+
+def families(num_medusa_heads: int) -> tuple[Family, ...]:
+    """The families of an engine with `num_medusa_heads` Medusa heads (0: not a Medusa engine, `FAMILIES` only)."""
+    if not num_medusa_heads:
+        return FAMILIES
+    depths = tuple(str(depth) for depth in range(1, num_medusa_heads + 1))
+    return FAMILIES + (
+        Family(MEDUSA_TREE_STEPS, COUNTER, "Medusa: sequence-steps that verified a tree of candidates", None),
+        Family(MEDUSA_ACCEPTED_BY_DEPTH, COUNTER, "Medusa: tree nodes accepted, by depth in the tree", "depth", depths),
+    )
+
+
 def series_key(family: str, label_value: str | None = None) -> tuple[str, str | None]:
     return (family, label_value)
 
@@ -105,11 +129,23 @@ def engine_values(engine: Any, active_requests: int) -> dict[tuple[str, str | No
     values[series_key("trtllm_pipeline_preemptions_total")] = stats.num_preemptions
     values[series_key("trtllm_pipeline_draft_tokens_total", "drafted")] = stats.num_draft_tokens
     values[series_key("trtllm_pipeline_draft_tokens_total", "accepted")] = stats.num_accepted_draft_tokens
+    if engine.num_medusa_heads:
+        values.update(_medusa_values(stats, engine.num_medusa_heads))
     return {key: float(value) for key, value in values.items()}
 
 
+def _medusa_values(stats: Any, num_heads: int) -> dict[tuple[str, str | None], float]:
+    by_depth = dict.fromkeys(range(1, num_heads + 1), 0)
+    for path, count in stats.tree_node_acceptances:
+        by_depth[len(path)] += count
+    values = {series_key(MEDUSA_ACCEPTED_BY_DEPTH, str(depth)): count for depth, count in by_depth.items()}
+    values[series_key(MEDUSA_TREE_STEPS)] = stats.num_tree_steps
+    return values
+
+
 class EngineMetrics:
-    """The families of `FAMILIES` in Triton, refreshed by `update()` (the model's watcher thread)."""
+    """The engine's families (`families`: `FAMILIES`, and Medusa's on a Medusa engine) in Triton, refreshed by
+    `update()` (the model's watcher thread)."""
 
     def __init__(self, engine: Any, labels: dict[str, str], active_requests: Callable[[], int]) -> None:
         import triton_python_backend_utils as pb_utils
@@ -119,7 +155,7 @@ class EngineMetrics:
         kinds = {GAUGE: pb_utils.MetricFamily.GAUGE, COUNTER: pb_utils.MetricFamily.COUNTER}
         self._families: list[Any] = []
         self._metrics: dict[tuple[str, str | None], tuple[str, Any]] = {}
-        for family in FAMILIES:
+        for family in families(engine.num_medusa_heads):
             triton_family = pb_utils.MetricFamily(name=family.name, description=family.description, kind=kinds[family.kind])
             self._families.append(triton_family)
             for value in family.label_values or (None,):

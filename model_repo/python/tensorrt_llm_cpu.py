@@ -22,8 +22,11 @@ by the project's reference engine (refengine) with inflight batching.
 - Bad requests get an INVALID_ARG error response; the model and the server stay up.
 - Guided decoding: with the `guided_decoding_backend` parameter `xgrammar`, the engine compiles each
   request's guide against the vocabulary of the `xgrammar_tokenizer_info_path` file (refengine.guided).
+- Medusa (an engine built with build.speculative.mode medusa): the `medusa_choices` parameter replaces the engine's
+  tree and `decoding_mode` is overwritten to agree with the engine, as TensorRT-LLM does (medusa_parameters.py).
 - Custom metrics (engine_metrics.py) report KV blocks, requests, engine iterations, tokens
-  (generated; prompt tokens computed or reused), prefix-cache hits and preemptions.
+  (generated; prompt tokens computed or reused), prefix-cache hits, preemptions, draft tokens and, on a
+  Medusa engine, tree steps and accepted tree nodes by depth.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from engine_metrics import EngineMetrics
 from llm_request import ContractError, GenerateRequest, StopRequest, contract_error, parse_batch
 from llm_response import beam_arrays, final_arrays, streamed_arrays
 from lora_parameters import lora_settings, prefetch_adapters
+from medusa_parameters import decoding_mode_warning, medusa_choices
 from model_contract import load_model_contract
 from model_parameters import ModelParameters
 from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
-from triton_io import answer_each, arrays_response, error_response, input_arrays, log_error, requested_outputs
+from triton_io import answer_each, arrays_response, error_response, input_arrays, log_error, log_warning, requested_outputs
 
 from refengine import EngineLoop, InvalidRequestError, LLMEngine
 
@@ -93,12 +97,15 @@ class TritonPythonModel:
         self._serves_lora = lora is not None
         engine = LLMEngine.from_engine_dir(
             engine_dir,
+            medusa_choices=medusa_choices(parameters.string("medusa_choices", "")),
             **({"lora": lora} if lora is not None else {}),
             scheduler_policy=parameters.string("batch_scheduler_policy", "guaranteed_no_evict"),
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
             stream_interval=parameters.integer("stream_interval", 1),
         )
+        if warning := decoding_mode_warning(parameters.string("decoding_mode", ""), engine.num_medusa_heads > 0):
+            log_warning(f"tensorrt_llm: {warning}")
         if parameters.string("guided_decoding_backend", "none") == "xgrammar":  # else a guide is refused by name
             engine.enable_guided_decoding(parameters.path("xgrammar_tokenizer_info_path"))
         max_beam_width = parameters.integer("max_beam_width", engine.config.max_beam_width)

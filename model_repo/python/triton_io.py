@@ -133,3 +133,7 @@ def send_stop(model_name: str, request_id: str, *, keep: Callable[[Any], None]) 
 
 def log_error(message: str) -> None:
     pb_utils.Logger.log_error(message)
+
+
+def log_warning(message: str) -> None:
+    pb_utils.Logger.log_warn(message)

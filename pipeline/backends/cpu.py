@@ -133,6 +133,7 @@ class CpuBackend:
                 "llm_request.py",
                 "llm_response.py",
                 "lora_parameters.py",
+                "medusa_parameters.py",
                 "model_contract.py",
                 "model_parameters.py",
                 "response_channel.py",

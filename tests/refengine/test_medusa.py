@@ -174,6 +174,7 @@ def test_engine_directory_with_medusa_heads_loads_and_speculates(setup):
     config = json.loads((engine_dir / "config.json").read_text())
     assert config["build_config"]["speculative_decoding_mode"] == 4 and config["build_config"]["max_draft_len"] == len(MC_LIKE)
     engine = LLMEngine.from_engine_dir(engine_dir)
+    assert engine.num_medusa_heads == HEADS and LLMEngine(setup["model"], CONFIG).num_medusa_heads == 0
     plain = LLMEngine(setup["model"], CONFIG).generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))
     assert _tokens(engine.generate(PROMPTS[:3], SamplingParams(max_tokens=12, temperature=0))) == _tokens(plain)
     assert engine.stats().num_accepted_draft_tokens > 0

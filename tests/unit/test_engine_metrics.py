@@ -175,6 +175,7 @@ class FakeEngine:
     counts: EngineStats = field(default_factory=EngineStats)
     scheduler: FakeScheduler = field(default_factory=FakeScheduler)
     config: types.SimpleNamespace = field(default_factory=lambda: types.SimpleNamespace(max_batch_size=8))
+    num_medusa_heads: int = 0
 
     def kv_cache_usage(self) -> KVCacheUsage:
         return self.usage
@@ -260,3 +261,37 @@ def test_speculative_draft_tokens_are_counters():
     values = engine_metrics.engine_values(engine, active_requests=0)
     assert values[("trtllm_pipeline_draft_tokens_total", "drafted")] == 12
     assert values[("trtllm_pipeline_draft_tokens_total", "accepted")] == 5
+
+
+MEDUSA_STATS = EngineStats(num_draft_tokens=40, num_accepted_draft_tokens=9, num_tree_steps=6,
+                           tree_node_acceptances=(((0,), 5), ((1,), 1), ((0, 0), 2), ((0, 0, 0), 1)))
+
+
+def test_a_medusa_engine_publishes_tree_steps_and_acceptances_by_depth():
+    values = engine_metrics.engine_values(FakeEngine(counts=MEDUSA_STATS, num_medusa_heads=4), active_requests=0)
+    assert values[(engine_metrics.MEDUSA_TREE_STEPS, None)] == 6
+    by_depth = {depth: values[(engine_metrics.MEDUSA_ACCEPTED_BY_DEPTH, depth)] for depth in ("1", "2", "3", "4")}
+    assert by_depth == {"1": 6, "2": 2, "3": 1, "4": 0}  # every depth up to the heads' count, 0 included
+    assert sum(by_depth.values()) == values[("trtllm_pipeline_draft_tokens_total", "accepted")]
+    expected = {(f.name, v) for f in engine_metrics.families(4) for v in (f.label_values or (None,))}
+    assert set(values) == expected
+
+
+def test_medusa_families_exist_on_medusa_engines_only(stub):
+    plain = engine_metrics.engine_values(FakeEngine(counts=MEDUSA_STATS), active_requests=0)
+    assert not any(name.startswith("trtllm_pipeline_medusa_") for name, _ in plain)
+    metrics = engine_metrics.EngineMetrics(FakeEngine(counts=MEDUSA_STATS, num_medusa_heads=3), {"model": "m", "version": "1"},
+                                           active_requests=lambda: 0)
+    metrics.update()
+    assert [f.name for f in FakeFamily.created] == [f.name for f in engine_metrics.families(3)]
+    assert [m.labels["depth"] for m in series_family(engine_metrics.MEDUSA_ACCEPTED_BY_DEPTH).metrics] == ["1", "2", "3"]
+    assert series(engine_metrics.MEDUSA_TREE_STEPS).value == 6
+    assert series(engine_metrics.MEDUSA_ACCEPTED_BY_DEPTH, "2").value == 2
+    for family in engine_metrics.families(3):
+        assert family.kind == engine_metrics.COUNTER or family in engine_metrics.FAMILIES
+    metrics.close()
+
+
+def series_family(name: str) -> FakeFamily:
+    [family] = [f for f in FakeFamily.created if f.name == name]
+    return family

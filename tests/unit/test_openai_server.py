@@ -831,3 +831,17 @@ def test_the_llm_model_is_read_from_the_served_models_config(tmp_path):
     served = {name: ServedModel.from_repository(tmp_path, name="a", triton_model=name) for name in ("a-ensemble", "a-bls", "llm")}
     assert {name: model.llm_model for name, model in served.items()} == {"a-ensemble": "a-tensorrt_llm", "a-bls": "a-tensorrt_llm", "llm": "tensorrt_llm"}
     assert served["a-ensemble"].max_input_len == 48
+
+
+def test_the_preprocessing_model_is_read_from_the_ensemble_or_the_bls():
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from clients.openai_server.model import _preprocessing_name
+
+    def config(text: str) -> model_config_pb2.ModelConfig:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+    assert _preprocessing_name(config('ensemble_scheduling { step { model_name: "a-preprocessing" } }')) == "a-preprocessing"
+    assert _preprocessing_name(config('parameters { key: "preprocessing_model_name" value { string_value: "b-pre" } }')) == "b-pre"
+    assert _preprocessing_name(config('name: "tensorrt_llm_bls"')) == "preprocessing"
