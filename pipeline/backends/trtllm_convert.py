@@ -95,9 +95,9 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
             rank_tensors: dict[str, torch.Tensor] = {}
             for local, layer in enumerate(stage):
                 prefix = f"transformer.layers.{local}"
-                rank_tensors.update(_layer_tensors(tensors, layout, config, layer, prefix, tp_size, tp_rank, dtype))
+                rank_tensors.update(layer_tensors(tensors, layout, config, layer, prefix, tp_size, tp_rank, dtype))
             rank_tensors.update(_top_tensors(tensors, layout, config, pp_rank, pp_size, tp_size, tp_rank, dtype))
-            save_file(_unshared(rank_tensors), str(out_dir / f"rank{tp_rank + pp_rank * tp_size}.safetensors"))
+            save_file(unshared(rank_tensors), str(out_dir / f"rank{tp_rank + pp_rank * tp_size}.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return config
 
@@ -174,7 +174,7 @@ def _check_mapping(config: dict[str, Any], tp: int, pp: int) -> None:
 
 
 # -- one decoder layer -------------------------------------------------------------------------------------------
-def _layer_tensors(
+def layer_tensors(
     tensors: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], layer: int, prefix: str,
     tp: int, rank: int, dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
@@ -294,7 +294,7 @@ def _top_tensors(
     return out
 
 
-def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses tensors that share memory (a scale shared by q/k/v or gate/up, a tied lm_head)."""
     seen: set[int] = set()
     out = {}

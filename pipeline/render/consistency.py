@@ -213,11 +213,11 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
         return []
     if engine_mode == "draft_tokens_external":
         return _draft_len(facts, speculative)
-    if engine_mode == "medusa":
-        return _medusa_tree(facts, speculative)
+    if engine_mode in ("medusa", "eagle"):
+        return _tree_fits(facts, speculative)
     if engine_mode != "lookahead_decoding":
         return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no "
-                "EAGLE/ReDrafter choices for it"]
+                "ReDrafter parameters for it"]
     problems = []
     la = speculative.lookahead
     if speculative.draft_len != facts.max_draft_len:
@@ -232,13 +232,15 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
     return problems
 
 
-def _medusa_tree(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
-    """The tree Triton's medusa_choices names must fit the engine's draft tokens (max_draft_len: its nodes)."""
-    nodes = len(speculative.medusa.tree) if speculative.medusa is not None else 0
+def _tree_fits(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
+    """The tree Triton's medusa_choices / eagle_choices names must fit the engine's draft tokens (max_draft_len: its
+    nodes)."""
+    section = speculative.medusa or speculative.eagle
+    nodes = len(section.tree) if section is not None else 0
     if nodes <= facts.max_draft_len:
         return []
-    return [f"build.speculative.medusa.choices has {nodes} nodes but the engine has build_config.max_draft_len "
-            f"{facts.max_draft_len}: a Medusa engine verifies at most max_draft_len nodes per step"]
+    return [f"build.speculative.{speculative.mode.value}.choices has {nodes} nodes but the engine has build_config.max_draft_len "
+            f"{facts.max_draft_len}: a {speculative.mode.value} engine verifies at most max_draft_len nodes per step"]
 
 
 def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None) -> list[str]:

@@ -291,7 +291,7 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
     import numpy as np
     from safetensors.numpy import save_file
 
-    from pipeline.backends.engine_target import medusa_checkpoint
+    from pipeline.backends.engine_target import heads_checkpoint
     from pipeline.backends.trtllm_medusa import main
 
     loaded = _load(heads, *ENGINE)
@@ -299,7 +299,7 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
     logged: list[str] = []
     final = tmp_path / "final" / "engine"
     job = BuildJob(loaded.spec, loaded.model, checkpoint, tmp_path / "work" / "engine", final, log=logged.append)
-    assert medusa_checkpoint(job) == tmp_path / "final" / "medusa_checkpoint"
+    assert heads_checkpoint(job) == tmp_path / "final" / "medusa_checkpoint"
     [line] = logged
     assert f"python3 -m pipeline.backends.trtllm_medusa {checkpoint} {heads} {tmp_path / 'final' / 'medusa_checkpoint'} --max-draft-len 7" in line
     # and that command writes it, once the quantize job has run

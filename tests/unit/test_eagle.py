@@ -1,0 +1,190 @@
+"""EAGLE-1/2 on the engine target: the spec's eagle section (one section, EAGLE-3 on llmapi and EAGLE-1/2 on engine),
+validate's refusals by name, the trtllm-build command (NVIDIA's 1.2.1 parser), the EAGLE checkpoint writer, the Triton
+parameters and the plan line.
+
+The EAGLE checkpoint is a random one written in tmp_path in SafeAILab EAGLE's layout (tests/unit/eagle_draft.py). No
+EAGLE engine can be built or served here (no GPU): the checkpoint is checked against TensorRT-LLM 1.2's names and shapes
+(tensorrt_llm/models/eagle/model.py, examples/eagle/convert_checkpoint.py), the command against its parser.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.backends.base import BuildJob
+from pipeline.backends.trtllm_build import plan_trtllm_build
+from pipeline.backends.trtllm_versions import get_version, validate_argv
+from pipeline.config.eagle_tree import MC_SIM_7B_63, non_leaves_per_layer
+from pipeline.config.loader import load_config
+from pipeline.config.medusa_tree import choices_text
+from pipeline.errors import SpecError
+from tests.conftest import REPO, write_model_config
+from tests.unit.eagle_draft import write_eagle_draft
+from tests.unit.test_light_commands import HEAVY
+from tests.unit.test_trtllm_build import SCHEMA
+
+V121 = get_version("1.2.1")
+SMALL_TREE = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0]]
+
+
+def _config(tmp_path: Path, heads: Path) -> Path:
+    path = tmp_path / "engine-eagle.yaml"
+    path.write_text(f"""name: tiny-engine-eagle
+model:
+  source: {REPO / "models" / "tiny-stdlib-llama"}
+  dtype: float16
+build:
+  target: engine
+  runner: dry-run
+  max_batch_size: 32
+  max_input_len: 768
+  max_seq_len: 1024
+  max_num_tokens: 2048
+  speculative:
+    mode: eagle
+    eagle:
+      heads: {heads}
+deploy:
+  gpu: H200
+  gpus: [0]
+""")
+    return path
+
+
+@pytest.fixture
+def heads(tmp_path) -> Path:
+    return write_eagle_draft(tmp_path / "eagle")
+
+
+def _load(heads: Path, *overrides: str):
+    return load_config(_config(heads.parent, heads), list(overrides))
+
+
+def _refused(heads: Path, *overrides: str) -> str:
+    with pytest.raises(SpecError) as info:
+        _load(heads, *overrides)
+    return info.value.message
+
+
+# -- the spec ------------------------------------------------------------------------------------------------------
+def test_the_engine_tree_defaults_to_nvidias_and_sizes_the_engine(heads):
+    speculative = _load(heads).spec.build.speculative
+    assert speculative.eagle.tree == MC_SIM_7B_63 and speculative.draft_len == 63
+    assert non_leaves_per_layer(MC_SIM_7B_63) == 10  # examples/eagle/README.md: "exactly 10 non leaf nodes at depth 0"
+    chosen = _load(heads, f"build.speculative.eagle.choices={SMALL_TREE}").spec.build.speculative
+    assert chosen.draft_len == 6
+    assert _load(heads, f"build.speculative.eagle.choices={SMALL_TREE}", "build.speculative.max_draft_len=10").spec.build.speculative.draft_len == 10
+
+
+REFUSED = {
+    "malformed tree": (("build.speculative.eagle.choices=[[0], [1, 1]]",), "build.speculative.eagle.choices path [1, 1] has no parent"),
+    "too many nodes": ((f"build.speculative.eagle.choices={[[i] for i in range(257)]}",),
+                       "build.speculative.eagle.choices has 257 nodes, more than 256"),
+    "max_draft_len below the tree": (("build.speculative.max_draft_len=8",),
+                                     "max_draft_len (8) is below the 63 nodes of build.speculative.eagle.choices (NVIDIA's default"),
+    "beams": (("build.max_beam_width=2",), "build.max_beam_width (2) must be 1 with build.speculative (mode eagle)"),
+    "EAGLE-3's one_model": (("build.speculative.eagle.one_model=false",), "build.speculative.eagle.one_model applies to EAGLE-3 (target llmapi)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_bad_eagle_settings_are_refused_at_validate(case, heads):
+    overrides, message = REFUSED[case]
+    assert message in _refused(heads, *overrides)
+
+
+@pytest.mark.parametrize("what, kwargs, message", [
+    ("hidden size", {"hidden": 128}, "hidden_size (128) differs from the model's (256"),
+    ("vocabulary", {"vocab_size": 32000}, "vocab_size (32000) differs from the model's (4096"),
+    ("a missing tensor", {"drop": ("fc.bias",)}, "has no tensor fc.bias (SafeAILab EAGLE's layout"),
+    ("a missing layer", {"num_hidden_layers": 2}, "has no tensor layers.1.self_attn.q_proj.weight"),
+    ("a wrong shape", {"vocab": 1000, "vocab_size": 4096}, "embed_tokens.weight has shape [1000, 256], expected [4096, 256]"),
+    ("an EAGLE-3 checkpoint", {"draft_vocab_size": 32000}, "is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture"),
+    ("another activation", {"hidden_act": "gelu"}, "hidden_act 'gelu': TensorRT-LLM's EAGLE example builds the draft layer with silu"),
+])
+def test_eagle_checkpoints_that_disagree_with_the_model_are_refused(tmp_path, what, kwargs, message):
+    heads = write_eagle_draft(tmp_path / "eagle", **kwargs)
+    assert message in _refused(heads)
+
+
+def test_pickles_and_missing_directories_are_refused(tmp_path):
+    heads = write_eagle_draft(tmp_path / "eagle")
+    (heads / "model.safetensors").rename(heads / "pytorch_model.bin")
+    assert "has no *.safetensors (pytorch_model.bin are pickles, which can run code when loaded)" in _refused(heads)
+    assert "EAGLE draft checkpoint directory not found" in _refused(tmp_path / "nowhere")
+
+
+def test_one_eagle_section_serves_both_targets(heads):
+    """choices are the engine's (EAGLE-1/2 trees); llmapi's EAGLE-3 drafts a chain and needs max_draft_len."""
+    llmapi = REPO / "build_configs" / "llama-3.1-8b-fp8-llmapi.yaml"
+    with pytest.raises(SpecError, match="build.speculative.eagle.choices is refused on build.target llmapi"):
+        load_config(llmapi, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3",
+                             f"build.speculative.eagle.heads={heads}", f"build.speculative.eagle.choices={SMALL_TREE}"])
+    with pytest.raises(SpecError, match="build.speculative.max_draft_len is required for mode eagle on build.target llmapi"):
+        load_config(llmapi, ["build.speculative.mode=eagle", f"build.speculative.eagle.heads={heads}"])
+
+
+def _validate(tmp_path: Path, heads: Path, *overrides: str) -> tuple[str, str]:
+    """`validate` in a fresh interpreter: its exit code, the heavy libraries it imported, and what it printed."""
+    sets = [item for override in overrides for item in ("--set", override)]
+    probe = (
+        "import contextlib, io, sys\n"
+        "from pipeline.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+        f"    code = main(['--artifacts', {str(tmp_path / 'store')!r}, 'validate', {str(_config(tmp_path, heads))!r}, *{sets!r}])\n"
+        f"print(code, sorted({{name.split('.')[0] for name in sys.modules}} & set({HEAVY!r})))\n"
+        "print(out.getvalue())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    first, _, rest = result.stdout.partition("\n")
+    return first, rest + result.stderr
+
+
+def test_validate_stays_light_and_refuses_with_exit_2(tmp_path, heads):
+    status, output = _validate(tmp_path, heads)
+    assert status == "0 []", output
+    status, output = _validate(tmp_path, write_eagle_draft(tmp_path / "small", hidden=128))
+    assert status.startswith("2 "), output
+    assert "build.speculative.eagle.heads" in output and "hidden_size (128) differs" in output
+
+
+# -- trtllm-build ----------------------------------------------------------------------------------------------------
+def _plan(heads: Path, *overrides: str):
+    loaded = _load(heads, *overrides)
+    return plan_trtllm_build(loaded.spec, loaded.model, Path("/a/build/eagle_checkpoint"), Path("/a/build/engine"), V121, 90)
+
+
+def _engine_refusal(heads: Path, *overrides: str) -> str:
+    with pytest.raises(SpecError) as info:
+        _plan(heads, *overrides)
+    return info.value.message
+
+
+def test_the_engine_command_passes_nvidias_parser_with_eagles_side_effects(heads):
+    build = _plan(heads)
+    validate_argv(build.argv, SCHEMA)
+    argv = " ".join(build.argv)
+    assert "--speculative_decoding_mode eagle" in argv and "--max_draft_len 63" in argv
+    assert build.build_config["speculative_decoding_mode"] == 32
+    assert build.settings.use_paged_context_fmha  # builder.py turns it on for EAGLE
+    # trtllm-build adds max_draft_len and num_eagle_layers (the tree's depth, 4) to max_seq_len (§1.6)
+    assert build.engine_build_config["max_seq_len"] == 1024 + 63 + 4
+    assert build.build_config["max_num_tokens"] >= 32 * (63 + 1)
+
+
+def test_the_engine_refuses_what_tensorrt_llms_eagle_does_not_build(heads, tmp_path):
+    calibration = f"quantize.calibration.files=[{REPO}/data/calibration/*.txt]"
+    assert "eagle cannot be combined with quantize.algo fp8" in _engine_refusal(heads, "quantize.algo=fp8", calibration)
+    assert "quantize.kv_cache fp8" in _engine_refusal(heads, "quantize.kv_cache=fp8", calibration)
+    assert "eagle cannot be built with build.pp_size 2: TensorRT-LLM's EAGLE does not support pipeline parallelism" in \
+        _engine_refusal(heads, "build.pp_size=2", "deploy.gpus=[0, 1]")
+    assert "build.max_batch_size (1024) exceeds 512" in _engine_refusal(heads, "build.max_batch_size=1024", "build.max_num_tokens=65536")
+    model = write_model_config(tmp_path / "model", architectures=["MixtralForCausalLM"], model_type="mixtral",
+                               num_local_experts=2, num_experts_per_tok=1, hidden_size=256, vocab_size=4096)
+    assert "eagle needs a Llama-family model" in _engine_refusal(heads, f"model.source={model}")
