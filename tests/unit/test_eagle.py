@@ -188,3 +188,128 @@ def test_the_engine_refuses_what_tensorrt_llms_eagle_does_not_build(heads, tmp_p
     model = write_model_config(tmp_path / "model", architectures=["MixtralForCausalLM"], model_type="mixtral",
                                num_local_experts=2, num_experts_per_tok=1, hidden_size=256, vocab_size=4096)
     assert "eagle needs a Llama-family model" in _engine_refusal(heads, f"model.source={model}")
+
+
+# -- the EAGLE checkpoint ------------------------------------------------------------------------------------------
+def _base_checkpoint(directory: Path, tp: int) -> Path:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    directory.mkdir(parents=True)
+    config = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", "logits_dtype": "float32", "vocab_size": 4096,
+              "hidden_size": 256, "max_position_embeddings": 1024, "rotary_base": 10000.0,
+              "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1}, "quantization": {"quant_algo": None}}
+    (directory / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(1)
+    for rank in range(tp):
+        save_file({"lm_head.weight": rng.standard_normal((4096 // tp, 256)).astype(np.float16)}, str(directory / f"rank{rank}.safetensors"))
+    return directory
+
+
+def test_the_eagle_checkpoint_holds_the_draft_layer_under_tensorrt_llm_names(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from pipeline.backends.trtllm_eagle import write_eagle_checkpoint
+
+    heads = write_eagle_draft(tmp_path / "eagle", layers=2)
+    base = _base_checkpoint(tmp_path / "base", tp=2)
+    written = write_eagle_checkpoint(base, heads, tmp_path / "out", choices=SMALL_TREE, max_draft_len=8)
+    assert written["architecture"] == "EagleForCausalLM"
+    assert (written["num_eagle_layers"], written["max_non_leaves_per_layer"], written["max_draft_len"]) == (3, 10, 8)
+    net = written["eagle_net_config"]
+    assert net["architecture"] == "LlamaForCausalLM" and net["num_hidden_layers"] == 2 and net["vocab_size"] == 4096
+    assert (net["num_attention_heads"], net["num_key_value_heads"], net["intermediate_size"], net["head_size"]) == (4, 2, 512, 64)
+    assert net["quantization"] == {"quant_algo": None, "kv_cache_quant_algo": None} and net["mapping"]["tp_size"] == 2
+    source = load_file(str(heads / "model.safetensors"))
+    for rank in range(2):
+        tensors = load_file(str(tmp_path / "out" / f"rank{rank}.safetensors"))
+        rows = slice(rank * 128, (rank + 1) * 128)
+        for net_index in range(3):  # one EagleNet per level of the tree, each the same trained layer
+            drafter = f"eagle_nets.{net_index}.drafter"
+            assert torch.equal(tensors[f"{drafter}.fc.weight"], source["fc.weight"][rows].to(torch.bfloat16))
+            assert tensors[f"{drafter}.fc.bias"].shape == (128,)
+            assert torch.equal(tensors[f"{drafter}.vocab_embedding.weight"], source["embed_tokens.weight"].to(torch.bfloat16))
+            q, k, v = (source[f"layers.1.self_attn.{n}_proj.weight"] for n in "qkv")
+            kv_rows = slice(rank * 64, (rank + 1) * 64)
+            expected_qkv = torch.cat([q[rows], k[kv_rows], v[kv_rows]]).to(torch.bfloat16)
+            assert torch.equal(tensors[f"{drafter}.layers.1.attention.qkv.weight"], expected_qkv)
+            assert tensors[f"{drafter}.layers.0.attention.dense.weight"].shape == (256, 128)
+            assert tensors[f"{drafter}.layers.0.mlp.fc.weight"].shape == (256, 256)  # gate_proj, rows split
+            assert tensors[f"{drafter}.layers.0.mlp.proj.weight"].shape == (256, 256)  # down_proj, columns split
+            assert f"{drafter}.layers.0.input_layernorm.weight" not in tensors  # EagleNet's first layer has none
+            assert f"{drafter}.layers.1.input_layernorm.weight" in tensors and f"{drafter}.ln_f.weight" not in tensors
+            assert torch.equal(tensors[f"eagle_nets.{net_index}.lm_head.weight"], tensors["lm_head.weight"])
+        assert not any(key.startswith(("fc.", "layers.", "embed_tokens")) for key in tensors)
+
+
+def test_a_dry_run_names_the_command_that_writes_the_eagle_checkpoint_and_it_does(heads, tmp_path):
+    from pipeline.backends.engine_target import heads_checkpoint
+    from pipeline.backends.trtllm_eagle import main
+
+    loaded = _load(heads, f"build.speculative.eagle.choices={SMALL_TREE}")
+    checkpoint = tmp_path / "quantize" / "trtllm_checkpoint"  # the quantize job is a dry run too: nothing there yet
+    logged: list[str] = []
+    final = tmp_path / "final" / "engine"
+    job = BuildJob(loaded.spec, loaded.model, checkpoint, tmp_path / "work" / "engine", final, log=logged.append)
+    assert heads_checkpoint(job) == tmp_path / "final" / "eagle_checkpoint"
+    [line] = logged
+    assert f"python3 -m pipeline.backends.trtllm_eagle {checkpoint} {heads} {tmp_path / 'final' / 'eagle_checkpoint'} --choices" in line
+    assert "--max-draft-len 6" in line
+    _base_checkpoint(checkpoint, tp=1)
+    assert main([str(checkpoint), str(heads), str(tmp_path / "out"), "--choices", json.dumps(SMALL_TREE), "--max-draft-len", "6"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["num_eagle_layers"] == 3
+
+
+def test_the_engine_build_merges_the_eagle_layer_before_trtllm_build(heads, tmp_path):
+    from pipeline.backends.engine_target import BACKEND as ENGINE_BACKEND
+
+    loaded = _load(heads)
+    checkpoint = _base_checkpoint(tmp_path / "quantize" / "trtllm_checkpoint", tp=1)
+    engine = tmp_path / "build" / "engine"
+    notes = ENGINE_BACKEND.build(BuildJob(loaded.spec, loaded.model, checkpoint, engine, engine, log=lambda m: None))
+    written = json.loads((tmp_path / "build" / "eagle_checkpoint" / "config.json").read_text())
+    assert written["architecture"] == "EagleForCausalLM" and written["num_eagle_layers"] == 4
+    command = " ".join(notes["command"])
+    assert f"--checkpoint_dir {tmp_path / 'build' / 'eagle_checkpoint'}" in command and "--speculative_decoding_mode eagle" in command
+
+
+# -- Triton and plan -------------------------------------------------------------------------------------------------
+def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the_engine(heads, tmp_path):
+    from pipeline.errors import StageError
+    from pipeline.render import render_model_repository
+    from pipeline.render.pbtxt import parse_config
+
+    loaded = _load(heads, f"build.speculative.eagle.choices={SMALL_TREE}")
+    build = _plan(heads, f"build.speculative.eagle.choices={SMALL_TREE}")
+
+    def engine_dir(name: str, max_draft_len: int) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        build_config = {**build.engine_build_config, "max_draft_len": max_draft_len}
+        (directory / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {
+            "architecture": "EagleForCausalLM", "dtype": "float16", "logits_dtype": "float32", "vocab_size": 4096,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization},
+            "build_config": build_config}))
+        return directory
+
+    kwargs = dict(tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve, target="engine", dry_run=True,
+                  speculative=loaded.spec.build.speculative, gpu_device_ids=(0,))
+    render_model_repository(engine_dir=engine_dir("engine", 6), out_dir=tmp_path / "repository", **kwargs)
+    llm = parse_config((tmp_path / "repository" / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    assert llm.parameters["decoding_mode"].string_value == "eagle"
+    assert llm.parameters["eagle_choices"].string_value == choices_text(SMALL_TREE) == "{0}, {1}, {0, 0}, {1, 0}, {0, 1}, {0, 0, 0}"
+    assert "medusa_choices" not in llm.parameters
+    with pytest.raises(StageError, match="build.speculative.eagle.choices has 6 nodes but the engine has build_config.max_draft_len 3"):
+        render_model_repository(engine_dir=engine_dir("small", 3), out_dir=tmp_path / "refused", **kwargs)
+
+
+def test_plan_names_the_generation_the_tree_and_what_the_engine_needs(heads):
+    from pipeline.speculative_summary import speculative_summary
+
+    line = speculative_summary(_load(heads, f"build.speculative.eagle.choices={SMALL_TREE}").spec.build)
+    assert "eagle, drafts from an EAGLE-1/2 draft layer (eagle): a tree of 6 nodes, 3 deep (num_eagle_layers 3); max_draft_len 6" in line
+    assert "max_seq_len + 9 tokens per sequence" in line
+    assert 'Triton decoding_mode eagle, eagle_choices "{0}, {1}, {0, 0}, {1, 0}, {0, 1}, {0, 0, 0}"' in line
+    default = speculative_summary(_load(heads).spec.build)
+    assert "a tree of 63 nodes, 4 deep, NVIDIA's default mc_sim_7b_63" in default
