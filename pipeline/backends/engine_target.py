@@ -20,10 +20,11 @@ from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
 from pipeline.backends.llm_parameters import engine_parameters
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
+from pipeline.backends.trtllm_eagle_rules import eagle_problems
 from pipeline.backends.trtllm_versions import get_version, version_for_image
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo, read_model_info
-from pipeline.config.spec import ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.spec import ServeSpec, Spec, SpeculativeMode, SpeculativeSpec, Target
 from pipeline.config.spec.draft import draft_spec
 from pipeline.config.targets import traits_of
 from pipeline.errors import PipelineError, SpecError, StageError
@@ -254,7 +255,13 @@ class EngineBackend:
             check_before_serving(spec, *engine)
 
     def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
-        return []
+        speculative = spec.build.speculative
+        if speculative is None or speculative.mode is not SpeculativeMode.eagle:
+            return []
+        problems = eagle_problems(architecture=model.architecture, quant_algo=spec.quantize.algo.value,
+                                  kv_cache_quant=spec.quantize.kv_cache.value, pp_size=spec.build.pp_size,
+                                  max_batch_size=spec.build.max_batch_size)
+        return [(("build", "speculative", "mode"), problem) for problem in problems]
 
     def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
         return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL

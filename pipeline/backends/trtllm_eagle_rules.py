@@ -20,21 +20,26 @@ EAGLE_MAX_BATCH_SIZE = 512
 PAGED_CONTEXT_FMHA_REASON = "trtllm-build turns paged context FMHA on for an EAGLE engine (builder.py, §1.6)"
 
 
-def eagle_problems(s: BuildRequest) -> list[str]:
-    """Why trtllm-build cannot build this EAGLE-1/2 engine (empty: it can)."""
+def request_eagle_problems(s: BuildRequest) -> list[str]:
+    return eagle_problems(architecture=s.architecture, quant_algo=s.quant_algo, kv_cache_quant=s.kv_cache_quant,
+                          pp_size=s.pp_size, max_batch_size=s.max_batch_size)
+
+
+def eagle_problems(*, architecture: str, quant_algo: str, kv_cache_quant: str, pp_size: int, max_batch_size: int) -> list[str]:
+    """Why trtllm-build cannot build this EAGLE-1/2 engine (empty: it can): spec facts, so `validate` reports them too."""
     problems = []
-    if s.architecture not in EAGLE_BASES:
+    if architecture not in EAGLE_BASES:
         problems.append(f"build.speculative.mode eagle needs a Llama-family model ({', '.join(EAGLE_BASES)}); the model is "
-                        f"{s.architecture}: TensorRT-LLM's EagleForCausalLM wraps only LLaMAForCausalLM")
-    if s.quant_algo not in EAGLE_QUANT_ALGOS or s.kv_cache_quant != "none":
-        problems.append(f"build.speculative.mode eagle cannot be combined with quantize.algo {s.quant_algo} / quantize.kv_cache "
-                        f"{s.kv_cache_quant} on build.target engine: TensorRT-LLM's EAGLE example supports FP16/BF16 only "
+                        f"{architecture}: TensorRT-LLM's EagleForCausalLM wraps only LLaMAForCausalLM")
+    if quant_algo not in EAGLE_QUANT_ALGOS or kv_cache_quant != "none":
+        problems.append(f"build.speculative.mode eagle cannot be combined with quantize.algo {quant_algo} / quantize.kv_cache "
+                        f"{kv_cache_quant} on build.target engine: TensorRT-LLM's EAGLE example supports FP16/BF16 only "
                         "(a quantized EAGLE engine needs ModelOpt's own EAGLE training); use quantize.algo none and "
                         "quantize.kv_cache none")
-    if s.pp_size > 1:
-        problems.append(f"build.speculative.mode eagle cannot be built with build.pp_size {s.pp_size}: TensorRT-LLM's EAGLE "
+    if pp_size > 1:
+        problems.append(f"build.speculative.mode eagle cannot be built with build.pp_size {pp_size}: TensorRT-LLM's EAGLE "
                         "does not support pipeline parallelism (examples/eagle/README.md); use build.tp_size")
-    if s.max_batch_size > EAGLE_MAX_BATCH_SIZE:
-        problems.append(f"build.max_batch_size ({s.max_batch_size}) exceeds {EAGLE_MAX_BATCH_SIZE} for build.speculative.mode "
+    if max_batch_size > EAGLE_MAX_BATCH_SIZE:
+        problems.append(f"build.max_batch_size ({max_batch_size}) exceeds {EAGLE_MAX_BATCH_SIZE} for build.speculative.mode "
                         "eagle: trtllm-build asserts max_batch_size <= 512 for EAGLE (builder.py)")
     return problems

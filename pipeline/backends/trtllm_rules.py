@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.backends.build_request import BuildRequest
-from pipeline.backends.trtllm_eagle_rules import PAGED_CONTEXT_FMHA_REASON, eagle_problems
+from pipeline.backends.trtllm_eagle_rules import PAGED_CONTEXT_FMHA_REASON, request_eagle_problems
 from pipeline.errors import SpecError
 from pipeline.quant_formats import (
     BLACKWELL_SMS,
@@ -346,7 +346,7 @@ def _speculative(r: _Resolution) -> None:
                 "engine: TensorRT-LLM combines Medusa heads with an FP16/BF16 or ModelOpt FP8 base only (examples/medusa "
                 "support matrix, quantization/quantize.py); use quantize.algo none or fp8")
     if mode == "eagle":
-        r.errors.extend(eagle_problems(s))
+        r.errors.extend(request_eagle_problems(s))
         r.change("use_paged_context_fmha", True, PAGED_CONTEXT_FMHA_REASON)
     if s.lora_plugin != "disable":
         r.warn("speculative_decoding_mode", "LoRA together with speculative decoding is not a combination TensorRT-LLM "

@@ -152,6 +152,10 @@ def test_validate_stays_light_and_refuses_with_exit_2(tmp_path, heads):
     status, output = _validate(tmp_path, write_eagle_draft(tmp_path / "small", hidden=128))
     assert status.startswith("2 "), output
     assert "build.speculative.eagle.heads" in output and "hidden_size (128) differs" in output
+    # what trtllm-build's EAGLE does not build is a spec fact: validate refuses it too
+    status, output = _validate(tmp_path, heads, "quantize.algo=fp8", f"quantize.calibration.files=[{REPO}/data/calibration/*.txt]")
+    assert status.startswith("2 "), output
+    assert "build.speculative.mode" in output and "cannot be combined with quantize.algo fp8" in output
 
 
 # -- trtllm-build ----------------------------------------------------------------------------------------------------
