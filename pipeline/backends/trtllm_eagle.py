@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.backends.trtllm_convert import layer_tensors, unshared
+from pipeline.backends.trtllm_convert import layer_tensors, load_tensors, unshared
 from pipeline.backends.trtllm_convert_layout import layout_for
 from pipeline.backends.trtllm_convert_linear import column_shard, read_linear, trtllm_tensors
 from pipeline.backends.trtllm_medusa import copy_side_files, read_base_checkpoint, read_json
@@ -51,7 +51,7 @@ def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, ch
     if pp != 1:
         raise StageError(f"{base_dir / 'config.json'}: pp_size {pp}: TensorRT-LLM's EAGLE does not support pipeline parallelism")
     eagle_config = read_json(eagle_dir / "config.json")
-    eagle = _load_eagle(eagle_dir)
+    eagle = load_tensors(eagle_dir, "build.speculative.eagle.heads")
     num_eagle_layers = tree_depth(choices)
     out_dir.mkdir(parents=True, exist_ok=False)
     for rank in range(tp):
@@ -69,16 +69,6 @@ def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, ch
               "eagle_net_config": _eagle_net_config(config, eagle_config)}
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return config
-
-
-def _load_eagle(eagle_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(eagle_dir.glob("*.safetensors"))
-    if not files:
-        raise StageError(f"build.speculative.eagle.heads: {eagle_dir} has no *.safetensors")
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        tensors.update(load_file(str(path)))
-    return tensors
 
 
 def _drafter(eagle: dict[str, torch.Tensor], eagle_config: dict[str, Any], tp: int, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:

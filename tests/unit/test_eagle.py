@@ -10,8 +10,6 @@ EAGLE engine can be built or served here (no GPU): the checkpoint is checked aga
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +23,9 @@ from pipeline.config.medusa_tree import choices_text
 from pipeline.errors import SpecError
 from tests.conftest import REPO, write_model_config
 from tests.unit.eagle_draft import write_eagle_draft
-from tests.unit.test_light_commands import HEAVY
 from tests.unit.test_trtllm_build import SCHEMA
+from tests.unit.tree_engine import render_for_engine
+from tests.unit.validate_probe import validate_probe
 
 V121 = get_version("1.2.1")
 SMALL_TREE = [[0], [1], [0, 0], [1, 0], [0, 1], [0, 0, 0]]
@@ -130,20 +129,7 @@ def test_one_eagle_section_serves_both_targets(heads):
 
 
 def _validate(tmp_path: Path, heads: Path, *overrides: str) -> tuple[str, str]:
-    """`validate` in a fresh interpreter: its exit code, the heavy libraries it imported, and what it printed."""
-    sets = [item for override in overrides for item in ("--set", override)]
-    probe = (
-        "import contextlib, io, sys\n"
-        "from pipeline.cli import main\n"
-        "out = io.StringIO()\n"
-        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
-        f"    code = main(['--artifacts', {str(tmp_path / 'store')!r}, 'validate', {str(_config(tmp_path, heads))!r}, *{sets!r}])\n"
-        f"print(code, sorted({{name.split('.')[0] for name in sys.modules}} & set({HEAVY!r})))\n"
-        "print(out.getvalue())\n"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
-    first, _, rest = result.stdout.partition("\n")
-    return first, rest + result.stderr
+    return validate_probe(tmp_path / "store", _config(tmp_path, heads), *overrides)
 
 
 def test_validate_stays_light_and_refuses_with_exit_2(tmp_path, heads):
@@ -281,31 +267,15 @@ def test_the_engine_build_merges_the_eagle_layer_before_trtllm_build(heads, tmp_
 # -- Triton and plan -------------------------------------------------------------------------------------------------
 def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the_engine(heads, tmp_path):
     from pipeline.errors import StageError
-    from pipeline.render import render_model_repository
-    from pipeline.render.pbtxt import parse_config
 
-    loaded = _load(heads, f"build.speculative.eagle.choices={SMALL_TREE}")
-    build = _plan(heads, f"build.speculative.eagle.choices={SMALL_TREE}")
-
-    def engine_dir(name: str, max_draft_len: int) -> Path:
-        directory = tmp_path / name
-        directory.mkdir()
-        build_config = {**build.engine_build_config, "max_draft_len": max_draft_len}
-        (directory / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {
-            "architecture": "EagleForCausalLM", "dtype": "float16", "logits_dtype": "float32", "vocab_size": 4096,
-            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization},
-            "build_config": build_config}))
-        return directory
-
-    kwargs = dict(tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve, target="engine", dry_run=True,
-                  speculative=loaded.spec.build.speculative, gpu_device_ids=(0,))
-    render_model_repository(engine_dir=engine_dir("engine", 6), out_dir=tmp_path / "repository", **kwargs)
-    llm = parse_config((tmp_path / "repository" / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    tree = f"build.speculative.eagle.choices={SMALL_TREE}"
+    loaded, build = _load(heads, tree), _plan(heads, tree)
+    llm = render_for_engine(build, loaded, tmp_path / "fits", architecture="EagleForCausalLM", max_draft_len=6)
     assert llm.parameters["decoding_mode"].string_value == "eagle"
     assert llm.parameters["eagle_choices"].string_value == choices_text(SMALL_TREE) == "{0}, {1}, {0, 0}, {1, 0}, {0, 1}, {0, 0, 0}"
     assert "medusa_choices" not in llm.parameters
     with pytest.raises(StageError, match="build.speculative.eagle.choices has 6 nodes but the engine has build_config.max_draft_len 3"):
-        render_model_repository(engine_dir=engine_dir("small", 3), out_dir=tmp_path / "refused", **kwargs)
+        render_for_engine(build, loaded, tmp_path / "small", architecture="EagleForCausalLM", max_draft_len=3)
 
 
 def test_plan_names_the_generation_the_tree_and_what_the_engine_needs(heads):
