@@ -30,7 +30,7 @@ __all__ = ["MEDUSA_ARCHITECTURE", "copy_side_files", "read_base_checkpoint", "re
 
 MEDUSA_ARCHITECTURE = "MedusaForCausalLM"
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _EXCLUDED_HEADS = "*medusa_heads*"
 
 
@@ -43,7 +43,7 @@ def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, m
     out_dir.mkdir(parents=True, exist_ok=False)
     for rank in range(tp * pp):
         base = load_file(str(base_dir / f"rank{rank}.safetensors"))
-        base.update(_rank_heads(heads, num_heads, num_layers, tp, rank % tp, padded_vocab(base, config, tp), dtype))
+        base.update(_rank_heads(heads, num_heads, num_layers, tp, rank % tp, _padded_vocab(base, config, tp), dtype))
         save_file(base, str(out_dir / f"rank{rank}.safetensors"))
     copy_side_files(base_dir, out_dir)
     config = _medusa_config(config, num_heads, num_layers, max_draft_len)
@@ -54,9 +54,9 @@ def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, m
 def read_base_checkpoint(base_dir: Path) -> tuple[dict[str, Any], torch.dtype, int, int]:
     """The base TensorRT-LLM checkpoint's config.json, its dtype, tp_size and pp_size."""
     config = read_json(base_dir / "config.json")
-    dtype = DTYPES.get(config.get("dtype", ""))
+    dtype = _DTYPES.get(config.get("dtype", ""))
     if dtype is None:
-        raise StageError(f"{base_dir / 'config.json'}: dtype {config.get('dtype')!r} is not one of {', '.join(DTYPES)}")
+        raise StageError(f"{base_dir / 'config.json'}: dtype {config.get('dtype')!r} is not one of {', '.join(_DTYPES)}")
     mapping = config.get("mapping") or {}
     return config, dtype, int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
 
@@ -83,7 +83,7 @@ def _medusa_config(config: dict[str, Any], num_heads: int, num_layers: int, max_
             "num_medusa_heads": num_heads, "num_medusa_layers": num_layers, "max_draft_len": max_draft_len}
 
 
-def padded_vocab(base: dict[str, torch.Tensor], config: dict[str, Any], tp: int) -> int:
+def _padded_vocab(base: dict[str, torch.Tensor], config: dict[str, Any], tp: int) -> int:
     """The vocabulary the base's lm_head rows span over all TP ranks (the converter pads it to a multiple of tp)."""
     lm_head = base.get("lm_head.weight")
     return int(lm_head.shape[0]) * tp if lm_head is not None else int(config["vocab_size"])
