@@ -252,6 +252,7 @@ def test_a_dry_run_names_the_command_that_writes_the_eagle_checkpoint_and_it_doe
 
 
 def test_the_engine_build_merges_the_eagle_layer_before_trtllm_build(heads, tmp_path):
+    from pipeline.backends.engine_facts import engine_facts
     from pipeline.backends.engine_target import BACKEND as ENGINE_BACKEND
 
     loaded = _load(heads)
@@ -262,11 +263,20 @@ def test_the_engine_build_merges_the_eagle_layer_before_trtllm_build(heads, tmp_
     assert written["architecture"] == "EagleForCausalLM" and written["num_eagle_layers"] == 4
     command = " ".join(notes["command"])
     assert f"--checkpoint_dir {tmp_path / 'build' / 'eagle_checkpoint'}" in command and "--speculative_decoding_mode eagle" in command
+    facts = engine_facts(json.loads((engine / "config.json").read_text()))
+    assert (facts.speculative_decoding_mode, facts.num_eagle_layers, facts.max_draft_len) == ("eagle", 4, 63)
+    assert facts.usable_seq_len == 1024  # the recorded max_seq_len holds the draft and the EagleNets' tokens
+    # a dry run before the quantize job ran: the engine config comes from the Hugging Face config, with the same depth
+    early = tmp_path / "early" / "engine"
+    ENGINE_BACKEND.build(BuildJob(loaded.spec, loaded.model, tmp_path / "none", early, early, log=lambda m: None))
+    facts = engine_facts(json.loads((early / "config.json").read_text()))
+    assert (facts.num_eagle_layers, facts.usable_seq_len) == (4, 1024)
 
 
 # -- Triton and plan -------------------------------------------------------------------------------------------------
 def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the_engine(heads, tmp_path):
     from pipeline.errors import StageError
+    from pipeline.render.pbtxt import parse_config
 
     tree = f"build.speculative.eagle.choices={SMALL_TREE}"
     loaded, build = _load(heads, tree), _plan(heads, tree)
@@ -276,6 +286,12 @@ def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the
     assert "medusa_choices" not in llm.parameters
     with pytest.raises(StageError, match="build.speculative.eagle.choices has 6 nodes but the engine has build_config.max_draft_len 3"):
         render_for_engine(build, loaded, tmp_path / "small", architecture="EagleForCausalLM", max_draft_len=3)
+    # the engine's num_eagle_layers is the depth every tree must have
+    llm = render_for_engine(build, loaded, tmp_path / "deep", architecture="EagleForCausalLM", max_draft_len=6, num_eagle_layers=3)
+    preprocessing = parse_config((tmp_path / "deep" / "repository" / "preprocessing" / "config.pbtxt").read_text(), "preprocessing")
+    assert preprocessing.parameters["max_seq_len"].string_value == "1024"  # trtllm-build's + 6 + 3 taken off again
+    with pytest.raises(StageError, match="build.speculative.eagle.choices is 3 deep but the engine has pretrained_config.num_eagle_layers 4"):
+        render_for_engine(build, loaded, tmp_path / "other", architecture="EagleForCausalLM", max_draft_len=6, num_eagle_layers=4)
 
 
 def test_plan_names_the_generation_the_tree_and_what_the_engine_needs(heads):

@@ -9,8 +9,9 @@ from pathlib import Path
 from pipeline.backends.trtllm_build import TrtllmBuild
 
 
-def render_for_engine(build: TrtllmBuild, loaded, directory: Path, *, architecture: str, max_draft_len: int):
-    """Write `directory/engine/config.json` (the planned build's, with the given architecture and max_draft_len),
+def render_for_engine(build: TrtllmBuild, loaded, directory: Path, *, architecture: str, max_draft_len: int, **pretrained):
+    """Write `directory/engine/config.json` (the planned build's, with the given architecture, max_draft_len and other
+    pretrained_config keys),
     render the repository into `directory/repository`, and return its parsed tensorrt_llm config."""
     from pipeline.render import render_model_repository
     from pipeline.render.pbtxt import parse_config
@@ -20,7 +21,7 @@ def render_for_engine(build: TrtllmBuild, loaded, directory: Path, *, architectu
     build_config = {**build.engine_build_config, "max_draft_len": max_draft_len}
     (engine / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {
         "architecture": architecture, "dtype": "float16", "logits_dtype": "float32", "vocab_size": 4096,
-        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization},
+        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization, **pretrained},
         "build_config": build_config}))
     render_model_repository(engine_dir=engine, out_dir=directory / "repository", tokenizer_dir=directory / "no-tokenizer",
                             serve=loaded.spec.serve, target="engine", dry_run=True,
