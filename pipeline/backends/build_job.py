@@ -183,5 +183,6 @@ def _read_hf_config(hf_dir: Path) -> dict[str, Any]:
 def derive_pretrained_config(hf: dict[str, Any], build: TrtllmBuild) -> dict[str, Any]:
     """The TensorRT-LLM checkpoint `config.json` the quantize stage would write for this model, from HF config only."""
     config = pretrained_config(hf, dtype=build.settings.dtype, mapping=build.mapping, quantization=build.quantization)
+    eagle = {"num_eagle_layers": build.settings.num_eagle_layers} if build.settings.num_eagle_layers else {}
     return {"producer": {"name": "trtllm-pipeline", "note": "dry run: derived from the Hugging Face config.json, no weights"},
-            **config, "architecture": build.settings.architecture}
+            **config, "architecture": build.settings.architecture, **eagle}

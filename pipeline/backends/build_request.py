@@ -48,6 +48,7 @@ class BuildRequest:
     # speculative decoding: a --speculative_decoding_mode choice (None: off) and --max_draft_len
     speculative_decoding_mode: str | None = None
     max_draft_len: int = 0
+    num_eagle_layers: int = 0  # an EAGLE engine's draft depth (its tree's), which trtllm-build also adds to max_seq_len
 
     @property
     def world_size(self) -> int:

@@ -58,12 +58,14 @@ class EngineFacts:
     lora_target_modules: tuple[str, ...] = ()
     speculative_decoding_mode: str | None = None  # a --speculative_decoding_mode name, None without
     max_draft_len: int = 0
+    num_eagle_layers: int = 0  # an EAGLE engine's pretrained_config.num_eagle_layers: its tree's depth
     layer_windows: tuple[int | None, ...] = ()  # per layer, its attention window (None: whole sequence); () none windowed
 
     @property
     def usable_seq_len(self) -> int:
-        """Prompt + output tokens a request may use: trtllm-build adds max_draft_len to a speculative engine's max_seq_len."""
-        return self.max_seq_len - self.max_draft_len if self.speculative_decoding_mode else self.max_seq_len
+        """Prompt + output tokens a request may use: trtllm-build adds max_draft_len to a speculative engine's max_seq_len
+        (and num_eagle_layers to an EAGLE engine's)."""
+        return self.max_seq_len - self.max_draft_len - self.num_eagle_layers if self.speculative_decoding_mode else self.max_seq_len
 
     @property
     def built_by_refengine(self) -> bool:
@@ -124,6 +126,7 @@ def engine_facts(config: Mapping[str, Any], source: str = "engine config.json") 
         lora_target_modules=tuple(str(m) for m in lora.get("lora_target_modules") or ()),
         speculative_decoding_mode=_speculative_mode(build.get("speculative_decoding_mode", 1), source),
         max_draft_len=int(build.get("max_draft_len") or 0),
+        num_eagle_layers=int(pretrained.get("num_eagle_layers") or 0),
         layer_windows=checkpoint_layer_windows(pretrained),
     )
 

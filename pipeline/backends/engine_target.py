@@ -20,10 +20,11 @@ from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.engine_runtime import EngineRecord, EngineRuntimeMismatch, RuntimeFacts, check_engine_runtime, probe_runtime
 from pipeline.backends.llm_parameters import engine_parameters
 from pipeline.backends.trtllm_build import TrtllmBuild, plan_trtllm_build
+from pipeline.backends.trtllm_eagle_rules import eagle_problems
 from pipeline.backends.trtllm_versions import get_version, version_for_image
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo, read_model_info
-from pipeline.config.spec import ServeSpec, Spec, SpeculativeSpec, Target
+from pipeline.config.spec import ServeSpec, Spec, SpeculativeMode, SpeculativeSpec, Target
 from pipeline.config.spec.draft import draft_spec
 from pipeline.config.targets import traits_of
 from pipeline.errors import PipelineError, SpecError, StageError
@@ -77,33 +78,40 @@ def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
     return []
 
 
-MEDUSA_CHECKPOINT_DIR = "medusa_checkpoint"
+# the checkpoint trtllm-build reads for a mode whose trained heads are merged into the model's checkpoint
+HEADS_CHECKPOINT_DIRS = {"medusa": "medusa_checkpoint", "eagle": "eagle_checkpoint"}
 
 
-def medusa_checkpoint(job: BuildJob) -> Path:
-    """The checkpoint trtllm-build reads: for mode medusa, the quantize stage's with the heads merged in (written
-    beside the engine directory); else the quantize stage's as is. A dry-run quantize job leaves no checkpoint yet: the
-    dry-run build then logs the command that writes the Medusa checkpoint on the GPU host, and names where it will be."""
+def heads_checkpoint(job: BuildJob) -> Path:
+    """The checkpoint trtllm-build reads: for mode medusa or eagle, the quantize stage's with the heads (or EAGLE draft
+    layer) merged in, written beside the engine directory; else the quantize stage's as is. A dry-run quantize job
+    leaves no checkpoint yet: the dry-run build then logs the command that writes it on the GPU host, and names where
+    it will be."""
     speculative = job.spec.build.speculative
-    if speculative is None or speculative.medusa is None:
+    name = HEADS_CHECKPOINT_DIRS.get(speculative.mode.value) if speculative is not None else None
+    if speculative is None or name is None:
         return job.checkpoint_dir
-    work = job.engine_dir.parent / MEDUSA_CHECKPOINT_DIR
+    from pipeline.backends import trtllm_eagle, trtllm_medusa
+
+    if speculative.medusa is not None:
+        heads, what, options = speculative.medusa.heads, f"{len(speculative.medusa.tree)} tree nodes", {}
+        command, write = trtllm_medusa.command, trtllm_medusa.write_medusa_checkpoint
+    else:
+        heads, what, options = speculative.eagle.heads, f"a tree of {len(speculative.eagle.tree)} nodes", {"choices": speculative.eagle.tree}
+        command, write = trtllm_eagle.command, trtllm_eagle.write_eagle_checkpoint
+    options["max_draft_len"] = speculative.draft_len
+    work, final = job.engine_dir.parent / name, job.final_engine_dir.parent / name
     if not (job.checkpoint_dir / "config.json").is_file():
         if job.spec.build.runner.value != "dry-run":
-            raise StageError(f"build.speculative.medusa: the quantize stage left no checkpoint in {job.checkpoint_dir}")
-        from pipeline.backends.trtllm_medusa import command
-
-        final = job.final_engine_dir.parent / MEDUSA_CHECKPOINT_DIR
-        merge = command(job.checkpoint_dir, speculative.medusa.heads, final, speculative.draft_len)
-        job.log(f"dry run: after the quantize job and before trtllm-build, write the Medusa checkpoint: {' '.join(merge)}")
+            raise StageError(f"build.speculative.{speculative.mode.value}: the quantize stage left no checkpoint in {job.checkpoint_dir}")
+        merge = command(job.checkpoint_dir, heads, final, **options)
+        job.log(f"dry run: after the quantize job and before trtllm-build, write the {speculative.mode.value} checkpoint: {' '.join(merge)}")
         return final
-    from pipeline.backends.trtllm_medusa import write_medusa_checkpoint
-
     if work.exists():
         shutil.rmtree(work)
-    write_medusa_checkpoint(job.checkpoint_dir, speculative.medusa.heads, work, max_draft_len=speculative.draft_len)
-    job.log(f"Medusa checkpoint: {len(speculative.medusa.tree)} tree nodes, heads from {speculative.medusa.heads}")
-    return job.final_engine_dir.parent / MEDUSA_CHECKPOINT_DIR if job.spec.build.runner.value == "dry-run" else work
+    write(job.checkpoint_dir, heads, work, **options)
+    job.log(f"{speculative.mode.value} checkpoint: {what}, heads from {heads}")
+    return final if job.spec.build.runner.value == "dry-run" else work
 
 
 # -- the engine against the runtime that would serve it ----------------------------------------------
@@ -210,7 +218,7 @@ class EngineBackend:
 
     def build(self, job: BuildJob) -> dict[str, Any]:
         spec = job.spec
-        checkpoint_dir = medusa_checkpoint(job)
+        checkpoint_dir = heads_checkpoint(job)
         build, outcome = run_engine_build(spec, job.model, checkpoint_dir, job.engine_dir, job.final_engine_dir)
         for decision in build.decisions:
             job.log(f"[yellow]{decision.kind}[/yellow] {decision.field}: {decision.requested!r} → {decision.applied!r} ({decision.reason})")
@@ -247,7 +255,13 @@ class EngineBackend:
             check_before_serving(spec, *engine)
 
     def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
-        return []
+        speculative = spec.build.speculative
+        if speculative is None or speculative.mode is not SpeculativeMode.eagle:
+            return []
+        problems = eagle_problems(architecture=model.architecture, quant_algo=spec.quantize.algo.value,
+                                  kv_cache_quant=spec.quantize.kv_cache.value, pp_size=spec.build.pp_size,
+                                  max_batch_size=spec.build.max_batch_size)
+        return [(("build", "speculative", "mode"), problem) for problem in problems]
 
     def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
         return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL

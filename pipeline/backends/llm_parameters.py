@@ -4,13 +4,13 @@ Engine target: every parameter of the `tensorrtllm` C++ backend (trtllm.md §4.5
 explicit value. The few that do not apply to a decoupled-only, single-node leader-mode deployment
 are left out on purpose, because an empty string would be read as a value: encoder_model_path and
 cross_kv_cache_fraction (encoder-decoder models), max_tokens_in_paged_kv_cache (the fraction sizes
-the cache), participant_ids (orchestrator mode), eagle_choices
-(EAGLE engines are not built here), and tokenizer_dir / guided_decoding_backend /
+the cache), participant_ids (orchestrator mode), and tokenizer_dir / guided_decoding_backend /
 xgrammar_tokenizer_info_path (guided decoding). gpu_device_ids is written only when GPUs are
 listed; lookahead_window_size / _ngram_size / _verification_set_size only for a lookahead engine
 (with decoding_mode lookahead, which makes the backend read them); medusa_choices only for a Medusa engine, in
 NVIDIA's string form ("{0}, {0, 0}, {1}": build.speculative.medusa.choices, the tree requests use unless they send
-their own). The lora_cache_* values are the
+their own), eagle_choices only for an EAGLE-1/2 engine (build.speculative.eagle.choices or NVIDIA's default, written
+out: the backend's own default is the same tree, but the spec's is what the engine was sized for). The lora_cache_* values are the
 backend's defaults unless the engine has LoRA, then serve.lora's (cache_max_adapter_size defaults to
 the engine's max_lora_rank); lora_prefetch_dir is serve.lora.prefetch_dir's, when set.
 
@@ -113,17 +113,22 @@ def engine_parameters(
             lookahead_ngram_size=str(lookahead.ngram_size),
             lookahead_verification_set_size=str(lookahead.verification_set_size),
         )
-    parameters.update(medusa_parameters(facts, speculative))
+    parameters.update(tree_parameters(facts, speculative))
     if gpu_device_ids:
         parameters["gpu_device_ids"] = gpu_device_id_groups(gpu_device_ids, facts.tp_size * facts.pp_size)
     return parameters
 
 
-def medusa_parameters(facts: EngineFacts, speculative: SpeculativeSpec | None) -> dict[str, str]:
-    """decoding_mode medusa and the spec's tree as medusa_choices, for a Medusa engine (nothing otherwise)."""
-    if facts.speculative_decoding_mode != "medusa" or speculative is None or speculative.medusa is None:
+def tree_parameters(facts: EngineFacts, speculative: SpeculativeSpec | None) -> dict[str, str]:
+    """decoding_mode and the spec's tree for a Medusa engine (medusa_choices) or an EAGLE-1/2 engine (eagle_choices,
+    which model_instance_state.cc passes to executor::EagleConfig); nothing otherwise."""
+    if speculative is None:
         return {}
-    return {"decoding_mode": decoding_mode(facts), "medusa_choices": choices_text(speculative.medusa.tree)}
+    if facts.speculative_decoding_mode == "medusa" and speculative.medusa is not None:
+        return {"decoding_mode": decoding_mode(facts), "medusa_choices": choices_text(speculative.medusa.tree)}
+    if facts.speculative_decoding_mode == "eagle" and speculative.eagle is not None:
+        return {"decoding_mode": decoding_mode(facts), "eagle_choices": choices_text(speculative.eagle.tree)}
+    return {}
 
 
 def gpu_device_id_groups(gpu_device_ids: Sequence[int], per_instance: int) -> str:
@@ -151,7 +156,7 @@ def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str, spe
         "exclude_input_in_output": _bool(serve.exclude_input_in_output),
         "cancellation_check_period_ms": str(CANCELLATION_CHECK_PERIOD_MS),
         "stream_interval": str(serve.stream_interval),
-        **medusa_parameters(facts, speculative),
+        **tree_parameters(facts, speculative),
     }
 
 

@@ -25,8 +25,9 @@ from pipeline.backends.engine_facts import SPECULATIVE_DECODING_MODE
 from pipeline.backends.trtllm_rules import Decision, resolve
 from pipeline.backends.trtllm_versions import TrtllmVersion
 from pipeline.config.lora_adapters import spec_target_modules
+from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import Spec
+from pipeline.config.spec import Spec, SpeculativeMode
 from pipeline.errors import PipelineError, SpecError
 from pipeline.quant_formats import kv_cache_format, weight_format
 
@@ -102,7 +103,9 @@ def _speculative_settings(spec: Spec) -> dict[str, Any]:
     speculative = spec.build.speculative
     if speculative is None:
         return {}
-    return {"speculative_decoding_mode": speculative.engine_mode, "max_draft_len": speculative.draft_len}
+    eagle_layers = tree_depth(speculative.eagle.tree) if speculative.mode is SpeculativeMode.eagle and speculative.eagle else 0
+    return {"speculative_decoding_mode": speculative.engine_mode, "max_draft_len": speculative.draft_len,
+            "num_eagle_layers": eagle_layers}
 
 
 @dataclass(frozen=True)
@@ -131,11 +134,11 @@ class TrtllmBuild:
     @property
     def engine_build_config(self) -> dict[str, Any]:
         """`build_config` as trtllm-build records it in the engine's config.json: speculative decoding adds max_draft_len
-        to max_seq_len (builder.build, §1.6), and each LoRA adapter is copied to lora/<i> (Engine.save, §2.5)."""
+        to max_seq_len, EAGLE also num_eagle_layers (builder.build, §1.6), and each LoRA adapter is copied to lora/<i> (Engine.save, §2.5)."""
         recorded = copy.deepcopy(self.build_config)
         s = self.settings
         if s.speculative_decoding_mode is not None:
-            recorded["max_seq_len"] += s.max_draft_len
+            recorded["max_seq_len"] += s.max_draft_len + s.num_eagle_layers
         recorded["lora_config"]["lora_dir"] = [f"{ENGINE_LORA_DIR}/{i}" for i in range(len(s.lora_dirs))]
         return recorded
 

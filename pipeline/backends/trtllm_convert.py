@@ -70,7 +70,7 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
     unified_dir, out_dir = Path(unified_dir), Path(out_dir)
     model_type = _read_json(unified_dir / "config.json").get("model_type")
     layout = layout_for(str(model_type))
-    tensors = _load_tensors(unified_dir)
+    tensors = load_tensors(unified_dir)
     config = json.loads(json.dumps(config))  # a deep copy the caller keeps unchanged
     config["quantization"] = _quantization(unified_dir, config.get("quantization") or {}, layout)
     _check_mapping(config, tp_size, pp_size)
@@ -95,9 +95,9 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
             rank_tensors: dict[str, torch.Tensor] = {}
             for local, layer in enumerate(stage):
                 prefix = f"transformer.layers.{local}"
-                rank_tensors.update(_layer_tensors(tensors, layout, config, layer, prefix, tp_size, tp_rank, dtype))
+                rank_tensors.update(layer_tensors(tensors, layout, config, layer, prefix, tp_size, tp_rank, dtype))
             rank_tensors.update(_top_tensors(tensors, layout, config, pp_rank, pp_size, tp_size, tp_rank, dtype))
-            save_file(_unshared(rank_tensors), str(out_dir / f"rank{tp_rank + pp_rank * tp_size}.safetensors"))
+            save_file(unshared(rank_tensors), str(out_dir / f"rank{tp_rank + pp_rank * tp_size}.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return config
 
@@ -113,19 +113,20 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _load_tensors(unified_dir: Path) -> dict[str, torch.Tensor]:
+def load_tensors(unified_dir: Path, what: str = "unified checkpoint") -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's *.safetensors files; StageError (prefixed with `what`) naming the file."""
     files = sorted(unified_dir.glob("*.safetensors"))
     if not files:
-        raise StageError(f"unified checkpoint: {unified_dir} has no *.safetensors")
+        raise StageError(f"{what}: {unified_dir} has no *.safetensors")
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         try:
             part = load_file(str(path))
         except (SafetensorError, OSError) as exc:
-            raise StageError(f"unified checkpoint: cannot read {path} ({exc})") from None
+            raise StageError(f"{what}: cannot read {path} ({exc})") from None
         twice = sorted(set(part) & set(tensors))
         if twice:
-            raise StageError(f"unified checkpoint: tensor {twice[0]} is in {path.name} and another file")
+            raise StageError(f"{what}: tensor {twice[0]} is in {path.name} and another file")
         tensors.update(part)
     return tensors
 
@@ -174,7 +175,7 @@ def _check_mapping(config: dict[str, Any], tp: int, pp: int) -> None:
 
 
 # -- one decoder layer -------------------------------------------------------------------------------------------
-def _layer_tensors(
+def layer_tensors(
     tensors: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], layer: int, prefix: str,
     tp: int, rank: int, dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
@@ -294,7 +295,7 @@ def _top_tensors(
     return out
 
 
-def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses tensors that share memory (a scale shared by q/k/v or gate/up, a tied lm_head)."""
     seen: set[int] = set()
     out = {}

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.config.spec.speculative_heads import MEDUSA_CONFIG_FILE, MEDUSA_HEADS_FILE
 from pipeline.errors import StageError
 
-__all__ = ["MEDUSA_ARCHITECTURE", "write_medusa_checkpoint"]
+__all__ = ["MEDUSA_ARCHITECTURE", "copy_side_files", "read_base_checkpoint", "read_json", "write_medusa_checkpoint"]
 
 MEDUSA_ARCHITECTURE = "MedusaForCausalLM"
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
@@ -36,27 +36,36 @@ _EXCLUDED_HEADS = "*medusa_heads*"
 
 def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, max_draft_len: int) -> dict[str, Any]:
     """Write base + heads into `out_dir` (a new directory); return its config.json."""
-    config = _read_json(base_dir / "config.json")
-    heads_config = _read_json(heads_dir / MEDUSA_CONFIG_FILE)
+    config, dtype, tp, pp = read_base_checkpoint(base_dir)
+    heads_config = read_json(heads_dir / MEDUSA_CONFIG_FILE)
     num_heads, num_layers = int(heads_config["medusa_num_heads"]), int(heads_config["medusa_num_layers"])
-    dtype = _DTYPES.get(config.get("dtype", ""))
-    if dtype is None:
-        raise StageError(f"{base_dir / 'config.json'}: dtype {config.get('dtype')!r} is not one of {', '.join(_DTYPES)}")
-    mapping = config.get("mapping") or {}
-    tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
     heads = load_file(str(heads_dir / MEDUSA_HEADS_FILE))
     out_dir.mkdir(parents=True, exist_ok=False)
     for rank in range(tp * pp):
         base = load_file(str(base_dir / f"rank{rank}.safetensors"))
-        padded_vocab = _padded_vocab(base, config, tp)
-        base.update(_rank_heads(heads, num_heads, num_layers, tp, rank % tp, padded_vocab, dtype))
+        base.update(_rank_heads(heads, num_heads, num_layers, tp, rank % tp, _padded_vocab(base, config, tp), dtype))
         save_file(base, str(out_dir / f"rank{rank}.safetensors"))
-    for extra in sorted(base_dir.iterdir()):  # e.g. a LoRA or quantization side file the build reads
-        if extra.is_file() and extra.name != "config.json" and not extra.name.startswith("rank"):
-            shutil.copyfile(extra, out_dir / extra.name)
+    copy_side_files(base_dir, out_dir)
     config = _medusa_config(config, num_heads, num_layers, max_draft_len)
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return config
+
+
+def read_base_checkpoint(base_dir: Path) -> tuple[dict[str, Any], torch.dtype, int, int]:
+    """The base TensorRT-LLM checkpoint's config.json, its dtype, tp_size and pp_size."""
+    config = read_json(base_dir / "config.json")
+    dtype = _DTYPES.get(config.get("dtype", ""))
+    if dtype is None:
+        raise StageError(f"{base_dir / 'config.json'}: dtype {config.get('dtype')!r} is not one of {', '.join(_DTYPES)}")
+    mapping = config.get("mapping") or {}
+    return config, dtype, int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+
+
+def copy_side_files(base_dir: Path, out_dir: Path) -> None:
+    """Copy what the base checkpoint holds besides config.json and its ranks (a LoRA or quantization side file)."""
+    for extra in sorted(base_dir.iterdir()):
+        if extra.is_file() and extra.name != "config.json" and not extra.name.startswith("rank"):
+            shutil.copyfile(extra, out_dir / extra.name)
 
 
 def _medusa_config(config: dict[str, Any], num_heads: int, num_layers: int, max_draft_len: int) -> dict[str, Any]:
@@ -107,7 +116,7 @@ def _rows(tensor: torch.Tensor, tp: int, tp_rank: int, dtype: torch.dtype) -> to
     return tensor.chunk(tp, dim=0)[tp_rank].to(dtype).contiguous()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.backends.build_request import BuildRequest
+from pipeline.backends.trtllm_eagle_rules import PAGED_CONTEXT_FMHA_REASON, request_eagle_problems
 from pipeline.errors import SpecError
 from pipeline.quant_formats import (
     BLACKWELL_SMS,
@@ -35,7 +36,7 @@ from pipeline.quant_formats import (
 REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
 MAX_NUM_TOKENS_WARN = 16384
 # what this pipeline can produce a checkpoint and repository for (draft_tokens_external: with a draft engine and the BLS)
-SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding", "draft_tokens_external", "medusa"})
+SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding", "draft_tokens_external", "medusa", "eagle"})
 # MedusaConfig wraps LLaMAConfig or QWenConfig (tensorrt_llm/models/medusa/config.py); the support matrix of
 # examples/medusa lists FP16/BF16, and quantization/quantize.py combines heads with a ModelOpt FP8 base
 MEDUSA_BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -314,8 +315,8 @@ def _speculative(r: _Resolution) -> None:
                     "(build.speculative.mode): trtllm-build only reserves draft tokens for a speculative engine (§1.6)")
         return
     if mode not in SPECULATIVE_MODES_BUILT:
-        r.error(f"build.speculative.mode {mode} is not built by this pipeline (it needs a draft engine or trained draft "
-                "heads); use lookahead_decoding, draft_tokens_external or medusa")
+        r.error(f"build.speculative.mode {mode} is not built by this pipeline (it needs a trained recurrent drafter); "
+                f"use {', '.join(sorted(SPECULATIVE_MODES_BUILT))}")
     if s.max_draft_len < 1:
         r.error(f"build.speculative.mode {mode} needs build.speculative.max_draft_len > 0 (got {s.max_draft_len}) (§1.6)")
     if s.max_beam_width > 1:
@@ -344,6 +345,9 @@ def _speculative(r: _Resolution) -> None:
         r.error(f"build.speculative.mode medusa cannot be combined with quantize.algo {s.quant_algo} on build.target "
                 "engine: TensorRT-LLM combines Medusa heads with an FP16/BF16 or ModelOpt FP8 base only (examples/medusa "
                 "support matrix, quantization/quantize.py); use quantize.algo none or fp8")
+    if mode == "eagle":
+        r.errors.extend(request_eagle_problems(s))
+        r.change("use_paged_context_fmha", True, PAGED_CONTEXT_FMHA_REASON)
     if s.lora_plugin != "disable":
         r.warn("speculative_decoding_mode", "LoRA together with speculative decoding is not a combination TensorRT-LLM "
                "documents; verify it on the GPU")

@@ -1,17 +1,19 @@
 """Checks at validate of the trained heads that build.speculative names against the model: Medusa heads (their
 config.json, the tensor names and shapes of medusa_lm_head.safetensors from its header, the tree against the heads),
-the EAGLE-3 draft checkpoint directory, and the model's own MTP layers. Headers only: no torch, no safetensors."""
+the EAGLE draft checkpoint directory (EAGLE-3, or EAGLE-1/2: pipeline.config.eagle_checks), and the model's own MTP
+layers. Headers only: no torch, no safetensors."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from pipeline.config.eagle_checks import EAGLE_HEADS, eagle_draft_issues
 from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec, SpeculativeMode
 from pipeline.config.spec.speculative_heads import MEDUSA_CONFIG_FILE, MEDUSA_HEADS_FILE, MedusaSpec, MtpSpec
-from pipeline.config.weight_checks import WeightHeaderError, safetensors_header
+from pipeline.config.targets import traits_of
+from pipeline.config.weight_checks import WeightHeaderError, read_json_object, safetensors_header
 
 Issue = tuple[tuple[str | int, ...], str]
 HEADS = ("build", "speculative", "medusa", "heads")
@@ -26,6 +28,8 @@ def speculative_heads_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     if speculative.mode is SpeculativeMode.medusa and speculative.medusa is not None:
         return medusa_issues(speculative.medusa, info)
     if speculative.mode is SpeculativeMode.eagle and speculative.eagle is not None:
+        if traits_of(spec.build.target).eagle_generation == "EAGLE-1/2":
+            return [(EAGLE_HEADS, message) for message in eagle_draft_issues(speculative.eagle.heads, info, spec.build.tp_size)]
         return _eagle_issues(speculative.eagle.heads, info)
     if speculative.mode is SpeculativeMode.mtp:
         return _mtp_issues(speculative.mtp or MtpSpec(), info)
@@ -60,18 +64,8 @@ def medusa_issues(medusa: MedusaSpec, info: ModelInfo) -> list[Issue]:
     return issues
 
 
-def _read_json_object(path: Path) -> tuple[dict, str | None]:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return {}, f"cannot read {path} ({type(exc).__name__}: {exc})"
-    if not isinstance(config, dict):
-        return {}, f"{path} is not a JSON object"
-    return config, None
-
-
 def _read_heads_config(path: Path) -> tuple[dict, str | None]:
-    config, problem = _read_json_object(path)
+    config, problem = read_json_object(path)
     if problem is not None:
         return {}, f"the heads' {problem}"
     for key in ("medusa_num_heads", "medusa_num_layers"):
@@ -124,8 +118,8 @@ def _tensor_issues(header: dict, weights: Path, num_heads: int, num_layers: int,
 
 
 def _eagle_issues(heads: Path, info: ModelInfo) -> list[Issue]:
-    where = ("build", "speculative", "eagle", "heads")
-    config, problem = _read_json_object(heads / "config.json")
+    where = EAGLE_HEADS
+    config, problem = read_json_object(heads / "config.json")
     if problem is not None:
         return [(where, f"{heads} is not an EAGLE-3 draft checkpoint directory: {problem}")]
     if not any(heads.glob("*.safetensors")):

@@ -49,6 +49,9 @@ class TargetTraits:
     no_stream_interval_because: str | None = None  # why serve.stream_interval must stay 1; None: its server honours it
     # why it refuses build.speculative.draft_vocab_size (a draft proposing only the first N token ids); None: it builds it
     no_draft_vocab_size_because: str | None = None
+    # the EAGLE generation its mode eagle builds from build.speculative.eagle.heads: "EAGLE-1/2" (trtllm-build's
+    # EagleForCausalLM, a static tree of eagle_choices) or "EAGLE-3" (the PyTorch backend's Eagle3DecodingConfig)
+    eagle_generation: str | None = None
     # its LLM model streams at a GPU's pace: the package stage sizes the Python models' instances for the GPU's token rate
     streams_at_gpu_pace: bool = False
 
@@ -69,9 +72,6 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "tensorrt_llm_bls drafts only with a draft model, tensorrt_llm_draft_model_name), so a served "
             "draft_tokens_external engine would never receive draft tokens; use draft_tokens_external with a draft "
             "model, or lookahead_decoding (the engine's own n-gram drafting)",
-            "eagle": "this version does not convert EAGLE-1/2 checkpoints for trtllm-build (TensorRT-LLM's "
-            "examples/eagle/convert_checkpoint.py merges the base model with a trained EAGLE draft layer in its own "
-            "layout, which is not checked here); EAGLE-3 runs on the llmapi target (TensorRT-LLM's PyTorch backend)",
             "mtp": "multi-token prediction runs on TensorRT-LLM's PyTorch backend only (MTPDecodingConfig); trtllm-build "
             "has no MTP mode",
         },
@@ -81,6 +81,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         "draft's whole lm_head, and the draft engine is served as is; a reduced draft vocabulary exists there only inside "
         "trained EAGLE-3 heads)",
         streams_at_gpu_pace=True,
+        eagle_generation="EAGLE-1/2",
     ),
     Target.cpu: TargetTraits(
         model_backend="refengine",
@@ -122,6 +123,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         "process per rank (examples/llm-api/llm_mgmn_trtllm_serve.sh: 'experimental and may not work on all systems'), not "
         "with the leader mode of one tritonserver per rank this version renders; keep tp × pp within one node",
         has_llmapi_forms=True,
+        eagle_generation="EAGLE-3",
         no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (LLM() loads the whole "
         "draft checkpoint named by speculative_config's speculative_model_dir; a reduced draft vocabulary exists there "
         "only inside trained EAGLE-3 heads)",

@@ -118,3 +118,13 @@ def _expert_issues(info: ModelInfo, by_layer: dict[int, dict[str, list[int]]], c
             return [f"{config_file}: {moe.source_key} is {moe.num_experts}, but the checkpoint lacks layer {index}'s "
                     f"{tensor}" + (f" (and {len(missing) - 1} more experts)" if len(missing) > 1 else "")]
     return []
+
+
+def read_json_object(path: Path) -> tuple[dict, str | None]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return {}, f"cannot read {path} ({type(exc).__name__}: {exc})"
+    if not isinstance(config, dict):
+        return {}, f"{path} is not a JSON object"
+    return config, None

@@ -14,6 +14,7 @@ from pipeline.backends.base import RuntimeAbilities, TargetBackend, TritonLlmMod
 from pipeline.backends.engine_facts import EngineFacts, engine_facts
 from pipeline.backends.llm_parameters import decoding_mode, lora_cache
 from pipeline.backends.registry import backend_for
+from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
@@ -213,11 +214,11 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
         return []
     if engine_mode == "draft_tokens_external":
         return _draft_len(facts, speculative)
-    if engine_mode == "medusa":
-        return _medusa_tree(facts, speculative)
+    if engine_mode in ("medusa", "eagle"):
+        return _tree_fits(facts, speculative)
     if engine_mode != "lookahead_decoding":
         return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no "
-                "EAGLE/ReDrafter choices for it"]
+                "ReDrafter parameters for it"]
     problems = []
     la = speculative.lookahead
     if speculative.draft_len != facts.max_draft_len:
@@ -232,13 +233,21 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
     return problems
 
 
-def _medusa_tree(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
-    """The tree Triton's medusa_choices names must fit the engine's draft tokens (max_draft_len: its nodes)."""
-    nodes = len(speculative.medusa.tree) if speculative.medusa is not None else 0
-    if nodes <= facts.max_draft_len:
-        return []
-    return [f"build.speculative.medusa.choices has {nodes} nodes but the engine has build_config.max_draft_len "
-            f"{facts.max_draft_len}: a Medusa engine verifies at most max_draft_len nodes per step"]
+def _tree_fits(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
+    """The tree Triton's medusa_choices / eagle_choices names must fit the engine's draft tokens (max_draft_len: its
+    nodes)."""
+    section = speculative.medusa or speculative.eagle
+    tree = section.tree if section is not None else []
+    problems = []
+    if len(tree) > facts.max_draft_len:
+        problems.append(f"build.speculative.{speculative.mode.value}.choices has {len(tree)} nodes but the engine has "
+                        f"build_config.max_draft_len {facts.max_draft_len}: a {speculative.mode.value} engine verifies at "
+                        "most max_draft_len nodes per step")
+    if facts.num_eagle_layers and tree and tree_depth(tree) != facts.num_eagle_layers:
+        problems.append(f"build.speculative.eagle.choices is {tree_depth(tree)} deep but the engine has "
+                        f"pretrained_config.num_eagle_layers {facts.num_eagle_layers}: TensorRT-LLM's EAGLE needs every "
+                        "tree exactly as deep as num_eagle_layers (examples/eagle/README.md)")
+    return problems
 
 
 def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None) -> list[str]:

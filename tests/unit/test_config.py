@@ -311,7 +311,8 @@ def test_speculative_modes_this_pipeline_cannot_produce(tmp_path: Path) -> None:
     assert "cannot produce" in message
 
 
-@pytest.mark.parametrize("mode, section", [("medusa", "the Medusa heads directory"), ("eagle", "the EAGLE-3 draft checkpoint")])
+@pytest.mark.parametrize("mode, section", [
+    ("medusa", "the Medusa heads directory"), ("eagle", "the EAGLE draft checkpoint directory (heads): EAGLE-3 on target llmapi")])
 def test_head_based_modes_need_their_heads(tmp_path: Path, mode: str, section: str) -> None:
     path = write_config(tmp_path, ENGINE + f"  speculative:\n    mode: {mode}\n    max_draft_len: 4\n")
     assert f"build.speculative.{mode} is required for mode {mode}: {section}" in spec_error(path)

@@ -153,5 +153,10 @@ def test_head_based_modes_are_refused_where_nvidia_has_no_path(tmp_path):
     (heads / "config.json").write_text(json.dumps({"hidden_size": 2048}))
     assert "hidden_size (2048) differs from the model's (4096)" in refused(
         EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={heads}"])
-    assert "mode eagle is refused on build.target engine: this version does not convert EAGLE-1/2 checkpoints" in refused(
-        EXAMPLE, [*_eagle(tmp_path), "build.target=engine", "deploy.gpu=H200", "build.runner=dry-run", "quantize.device=cuda"])
+    # the engine target builds EAGLE-1/2 (tests/unit/test_eagle.py): an EAGLE-3 checkpoint is refused there by name
+    engine = ["build.target=engine", "deploy.gpu=H200", "build.runner=dry-run", "quantize.device=cuda"]
+    assert "is below the 63 nodes of build.speculative.eagle.choices (NVIDIA's default tree mc_sim_7b_63)" in refused(
+        EXAMPLE, [*_eagle(tmp_path / "3"), *engine])
+    assert "is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture in its config.json): build.target engine " \
+           "builds EAGLE-1/2" in refused(EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=63",
+                                                f"build.speculative.eagle.heads={_eagle_heads(tmp_path / '63')}", *engine])

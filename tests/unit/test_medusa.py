@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +22,12 @@ from pipeline.config.loader import load_config
 from pipeline.config.medusa_tree import choices_text, tree_problem
 from pipeline.errors import SpecError
 from pipeline.plan import plan
-from tests.conftest import BUILD_CONFIGS, REPO, write_model_config
+from tests.conftest import BUILD_CONFIGS, write_model_config
 from tests.unit.medusa_heads import DEFAULT_CHOICES, write_medusa_heads
 from tests.unit.test_draft_target import tiny_checkpoint  # noqa: F401 (a fixture)
-from tests.unit.test_light_commands import HEAVY
 from tests.unit.test_trtllm_build import SCHEMA
+from tests.unit.tree_engine import render_for_engine
+from tests.unit.validate_probe import validate_probe
 
 CPU_MEDUSA = BUILD_CONFIGS / "tiny-cpu-medusa.yaml"
 V121 = get_version("1.2.1")
@@ -114,20 +113,7 @@ def test_a_missing_heads_file_or_tree_is_refused(tmp_path):
 
 
 def _validate(tmp_path: Path, *overrides: str) -> tuple[str, str]:
-    """`validate` in a fresh interpreter: its exit code, the heavy libraries it imported, and what it printed."""
-    sets = [item for override in overrides for item in ("--set", override)]
-    probe = (
-        "import contextlib, io, sys\n"
-        "from pipeline.cli import main\n"
-        "out = io.StringIO()\n"
-        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
-        f"    code = main(['--artifacts', {str(tmp_path / 'store')!r}, 'validate', {str(CPU_MEDUSA)!r}, *{sets!r}])\n"
-        f"print(code, sorted({{name.split('.')[0] for name in sys.modules}} & set({HEAVY!r})))\n"
-        "print(out.getvalue())\n"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
-    first, _, rest = result.stdout.partition("\n")
-    return first, rest + result.stderr
+    return validate_probe(tmp_path / "store", CPU_MEDUSA, *overrides)
 
 
 def test_validate_through_the_cli_stays_light_and_refuses_with_exit_2(tmp_path, heads):
@@ -291,7 +277,7 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
     import numpy as np
     from safetensors.numpy import save_file
 
-    from pipeline.backends.engine_target import medusa_checkpoint
+    from pipeline.backends.engine_target import heads_checkpoint
     from pipeline.backends.trtllm_medusa import main
 
     loaded = _load(heads, *ENGINE)
@@ -299,7 +285,7 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
     logged: list[str] = []
     final = tmp_path / "final" / "engine"
     job = BuildJob(loaded.spec, loaded.model, checkpoint, tmp_path / "work" / "engine", final, log=logged.append)
-    assert medusa_checkpoint(job) == tmp_path / "final" / "medusa_checkpoint"
+    assert heads_checkpoint(job) == tmp_path / "final" / "medusa_checkpoint"
     [line] = logged
     assert f"python3 -m pipeline.backends.trtllm_medusa {checkpoint} {heads} {tmp_path / 'final' / 'medusa_checkpoint'} --max-draft-len 7" in line
     # and that command writes it, once the quantize job has run
@@ -313,27 +299,10 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
 
 def test_the_engine_repository_renders_the_tree_and_refuses_one_larger_than_the_engine(heads, tmp_path):
     from pipeline.errors import StageError
-    from pipeline.render import render_model_repository
-    from pipeline.render.pbtxt import parse_config
 
-    loaded = _load(heads, *ENGINE)
-    build = _engine_plan(heads)
-
-    def engine_dir(name: str, max_draft_len: int) -> Path:
-        directory = tmp_path / name
-        directory.mkdir()
-        build_config = {**build.engine_build_config, "max_draft_len": max_draft_len}
-        (directory / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {
-            "architecture": "MedusaForCausalLM", "dtype": "float16", "logits_dtype": "float32", "vocab_size": 4096,
-            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization},
-            "build_config": build_config}))
-        return directory
-
-    kwargs = dict(tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve, target="engine", dry_run=True,
-                  speculative=loaded.spec.build.speculative, gpu_device_ids=(0,))
-    render_model_repository(engine_dir=engine_dir("engine", 7), out_dir=tmp_path / "repository", **kwargs)
-    llm = parse_config((tmp_path / "repository" / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    loaded, build = _load(heads, *ENGINE), _engine_plan(heads)
+    llm = render_for_engine(build, loaded, tmp_path / "fits", architecture="MedusaForCausalLM", max_draft_len=7)
     assert llm.parameters["decoding_mode"].string_value == "medusa"
     assert llm.parameters["medusa_choices"].string_value == choices_text(DEFAULT_CHOICES)
     with pytest.raises(StageError, match="build.speculative.medusa.choices has 7 nodes but the engine has build_config.max_draft_len 3"):
-        render_model_repository(engine_dir=engine_dir("small", 3), out_dir=tmp_path / "refused", **kwargs)
+        render_for_engine(build, loaded, tmp_path / "small", architecture="MedusaForCausalLM", max_draft_len=3)

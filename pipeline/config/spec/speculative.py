@@ -22,7 +22,7 @@ _UNSUPPORTED_SPECULATIVE_MODES = {
     "explicit_draft_tokens": "(ReDrafter) needs a ReDrafter checkpoint with its trained recurrent drafter; this pipeline "
     "exports plain checkpoints with ModelOpt and cannot produce one",
 }
-_NEEDS_MAX_DRAFT_LEN = (SpeculativeMode.draft_tokens_external, SpeculativeMode.prompt_lookup, SpeculativeMode.eagle)
+_NEEDS_MAX_DRAFT_LEN = (SpeculativeMode.draft_tokens_external, SpeculativeMode.prompt_lookup)
 # the section each mode reads (and only it may set)
 _MODE_SECTIONS = (("lookahead", SpeculativeMode.lookahead_decoding), ("prompt_lookup", SpeculativeMode.prompt_lookup),
                   ("draft", SpeculativeMode.draft_tokens_external), ("medusa", SpeculativeMode.medusa),
@@ -31,7 +31,8 @@ _REQUIRED_SECTIONS = {
     SpeculativeMode.draft_tokens_external: "the draft model (source, and optionally dtype, quantize and build limits) whose "
     "tokens the model verifies",
     SpeculativeMode.medusa: "the Medusa heads directory (heads) and optionally the tree of candidates (choices)",
-    SpeculativeMode.eagle: "the EAGLE-3 draft checkpoint directory (heads)",
+    SpeculativeMode.eagle: "the EAGLE draft checkpoint directory (heads): EAGLE-3 on target llmapi, EAGLE-1/2 on target "
+    "engine",
 }
 
 
@@ -116,7 +117,8 @@ class SpeculativeSpec(StrictModel):
         description="draft_tokens_external (a draft model, build.speculative.draft), prompt_lookup (n-grams of the "
         "request's own tokens, no extra model; cpu target), lookahead_decoding (the engine drafts n-grams itself; "
         "engine target), medusa (trained Medusa heads propose a tree, build.speculative.medusa; cpu and engine "
-        "targets), eagle (a trained EAGLE-3 draft layer, build.speculative.eagle; llmapi target) or mtp (the model's "
+        "targets), eagle (a trained EAGLE draft layer, build.speculative.eagle: EAGLE-3 on the llmapi target, EAGLE-1/2 "
+        "with a tree of eagle_choices on the engine target) or mtp (the model's "
         "own multi-token-prediction layers, DeepSeek-V3 family; llmapi target). explicit_draft_tokens (ReDrafter) is "
         "refused: it needs a trained recurrent drafter this pipeline cannot convert."
     )
@@ -124,16 +126,17 @@ class SpeculativeSpec(StrictModel):
         default=None,
         ge=1,
         description=f"--max_draft_len: the most tokens drafted per step, 1..{MAX_DRAFT_LEN_CAP}. Required for "
-        "draft_tokens_external, prompt_lookup and eagle (requests draft num_draft_tokens <= it). Lookahead: derived from "
+        "draft_tokens_external, prompt_lookup and eagle on the llmapi target (requests draft num_draft_tokens <= it). Lookahead: derived from "
         "(W, N, G) as (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), which the engine and Triton's lookahead "
         "parameters must agree on; set it only to state that value. Medusa: the tree's number of nodes, or a larger "
-        "bound that requests' own medusa_choices may fill. MTP: mtp.num_nextn_predict_layers.",
+        "bound that requests' own medusa_choices may fill. MTP: mtp.num_nextn_predict_layers. EAGLE on the engine target: as Medusa, "
+        "the nodes of eagle.choices.",
     )
     lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
     prompt_lookup: PromptLookupSpec = Field(default_factory=PromptLookupSpec, description="N-gram matching for mode prompt_lookup.")
     draft: DraftModelSpec | None = Field(default=None, description="The draft model; required for mode draft_tokens_external, only there.")
     medusa: MedusaSpec | None = Field(default=None, description="The Medusa heads and tree; required for mode medusa, only there.")
-    eagle: EagleSpec | None = Field(default=None, description="The EAGLE-3 draft checkpoint; required for mode eagle, only there.")
+    eagle: EagleSpec | None = Field(default=None, description="The EAGLE draft checkpoint; required for mode eagle, only there.")
     mtp: MtpSpec | None = Field(default=None, description="The MTP layers used for mode mtp. Default: one (num_nextn_predict_layers 1).")
     draft_vocab_size: int | None = Field(
         default=None,
@@ -206,6 +209,8 @@ class SpeculativeSpec(StrictModel):
             return self.max_draft_len
         if self.mode is SpeculativeMode.medusa and self.medusa is not None:
             return self.max_draft_len or len(self.medusa.tree)
+        if self.mode is SpeculativeMode.eagle and self.eagle is not None:  # the engine's tree (llmapi requires max_draft_len)
+            return self.max_draft_len or len(self.eagle.tree)
         if self.mode is SpeculativeMode.mtp:
             return (self.mtp or MtpSpec()).num_nextn_predict_layers
         la = self.lookahead

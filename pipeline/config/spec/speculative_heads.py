@@ -1,6 +1,6 @@
 """build.speculative's sections for drafts made by trained heads on the model's own hidden states: Medusa (a tree of
-candidates from K heads), EAGLE-3 (a draft layer, on the llmapi target) and MTP (the model's own next-n prediction
-layers, DeepSeek-V3 family, on the llmapi target)."""
+candidates from K heads), EAGLE (a draft layer: EAGLE-3 on the llmapi target, EAGLE-1/2 on the engine target) and
+MTP (the model's own next-n prediction layers, DeepSeek-V3 family, on the llmapi target)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from pipeline.config.eagle_tree import MC_SIM_7B_63
 from pipeline.config.medusa_tree import tree_problem
 from pipeline.config.spec.strict import StrictModel
 
@@ -70,18 +71,39 @@ class MedusaSpec(StrictModel):
 
 
 class EagleSpec(StrictModel):
-    """EAGLE-3 on the llmapi target: a trained draft layer fed the model's hidden states (TensorRT-LLM's PyTorch
-    backend, Eagle3DecodingConfig)."""
+    """A trained EAGLE draft layer fed the model's hidden states. One section, two checkpoint generations, by target:
+    EAGLE-3 on the llmapi target (TensorRT-LLM's PyTorch backend, Eagle3DecodingConfig), EAGLE-1/2 on the engine
+    target (trtllm-build's EagleForCausalLM, a tree of eagle_choices)."""
 
     heads: Path = Field(
-        description="Local Hugging Face directory of the EAGLE-3 draft checkpoint (config.json + safetensors), relative "
-        "to the YAML file like model.source: speculative_config's speculative_model_dir."
+        description="Local directory of the draft checkpoint (config.json + safetensors), relative to the YAML file like "
+        "model.source. Target llmapi: an EAGLE-3 checkpoint (speculative_config's speculative_model_dir). Target engine: "
+        "an EAGLE-1/2 checkpoint in SafeAILab EAGLE's layout (fc.weight/bias, embed_tokens.weight, layers.{l}.*; "
+        "examples/eagle/convert_checkpoint.py --eagle_model_dir)."
     )
     one_model: bool = Field(
         default=True,
-        description="eagle3_one_model: run the draft layer inside the model's forward (TensorRT-LLM's default and faster "
-        "form) instead of as a second model.",
+        description="Target llmapi only: eagle3_one_model, run the draft layer inside the model's forward (TensorRT-LLM's "
+        "default and faster form) instead of as a second model.",
     )
+    choices: list[list[int]] | None = Field(
+        default=None,
+        description="Target engine only: the tree of candidates (TensorRT-LLM's eagle_choices, medusa_choices' syntax: "
+        "paths [i_1, ..., i_d], every prefix of a path also a path). Its depth is the engine's num_eagle_layers and its "
+        "nodes its max_draft_len. Default: NVIDIA's mc_sim_7b_63 (63 nodes, 4 deep).",
+    )
+
+    @model_validator(mode="after")
+    def _tree(self) -> EagleSpec:
+        problem = tree_problem(self.choices) if self.choices is not None else None
+        if problem is not None:
+            raise ValueError(f"build.speculative.eagle.choices {problem}")
+        return self
+
+    @property
+    def tree(self) -> list[list[int]]:
+        """The engine's tree: choices, or NVIDIA's default."""
+        return self.choices if self.choices is not None else MC_SIM_7B_63
 
 
 class MtpSpec(StrictModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.config.spec.choices import SpeculativeMode
+from pipeline.config.spec.speculative import MAX_DRAFT_LEN_CAP
 from pipeline.config.targets import Target, traits_of
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
         builders = " or ".join(t.value for t in Target if traits_of(t).no_draft_vocab_size_because is None)
         raise ValueError(f"build.speculative.draft_vocab_size is refused on build.target {build.target.value}: {why_not}; "
                          f"target {builders} builds it")
+    if speculative.mode is SpeculativeMode.eagle:
+        _check_eagle(build)
     if speculative.mode is not SpeculativeMode.draft_tokens_external:
         return  # LoRA with lookahead: a warning of the engine build (trtllm_rules), as before
     if build.lora is not None:
@@ -54,3 +57,31 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
                 f"({build.max_seq_len}) + build.speculative.max_draft_len ({speculative.draft_len}) = {needed}: the draft "
                 "extends every sequence the model accepts by a whole draft"
             )
+
+
+def _check_eagle(build: BuildSpec) -> None:
+    """One eagle section, two generations: EAGLE-3 (a chain of max_draft_len tokens) or EAGLE-1/2 (a tree)."""
+    speculative, target = build.speculative, build.target.value
+    eagle, generation = speculative.eagle, traits_of(build.target).eagle_generation
+    if eagle is None:
+        return
+    if generation == "EAGLE-3":
+        if eagle.choices is not None:
+            raise ValueError(f"build.speculative.eagle.choices is refused on build.target {target}: its EAGLE-3 drafts a "
+                             "chain of max_draft_len tokens (Eagle3DecodingConfig); eagle_choices trees are EAGLE-1/2's, "
+                             "on target engine")
+        if speculative.max_draft_len is None:
+            raise ValueError(f"build.speculative.max_draft_len is required for mode eagle on build.target {target}: the "
+                             "tokens the EAGLE-3 layer drafts per step (e.g. 3)")
+        return
+    if "one_model" in eagle.model_fields_set:
+        raise ValueError(f"build.speculative.eagle.one_model applies to EAGLE-3 (target llmapi), not to build.target "
+                         f"{target}'s {generation}, whose draft layers are built into the engine")
+    nodes = len(eagle.tree)
+    if nodes > MAX_DRAFT_LEN_CAP:
+        raise ValueError(f"build.speculative.eagle.choices has {nodes} nodes, more than {MAX_DRAFT_LEN_CAP} (TensorRT-LLM's "
+                         "EAGLE builder asserts max_draft_len <= 256); NVIDIA's default tree mc_sim_7b_63 has 63")
+    if speculative.max_draft_len is not None and speculative.max_draft_len < nodes:
+        raise ValueError(f"build.speculative.max_draft_len ({speculative.max_draft_len}) is below the {nodes} nodes of "
+                         "build.speculative.eagle.choices" + ("" if eagle.choices is not None else " (NVIDIA's default "
+                         "tree mc_sim_7b_63)") + ": an EAGLE engine verifies every node of the tree in one step")
