@@ -24,6 +24,27 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TreeRows:
+    """The L query rows of a sequence verifying a tree over its S tokens (the last L of them its root and nodes):
+    `blocked` [L, S] bool, true where row j may not see key k (a node sees the cached prefix, the root, its ancestors
+    and itself: causal order holds by construction); `query_positions` [L, 1] and `key_positions` [1, S], a tree row
+    sitting at root + its depth (for a sliding window)."""
+
+    blocked: torch.Tensor
+    query_positions: torch.Tensor
+    key_positions: torch.Tensor
+
+    @classmethod
+    def of(cls, tree_mask: torch.Tensor, depths: torch.Tensor, context_len: int) -> TreeRows:
+        """`tree_mask` [L, L] bool: row j sees row k (itself and its ancestors); `depths` [L] int64 (the root's 0)."""
+        first = context_len - tree_mask.shape[0]
+        blocked = torch.zeros(tree_mask.shape[0], context_len, dtype=torch.bool)
+        blocked[:, first:] = ~tree_mask
+        positions = first + depths
+        return cls(blocked, positions.unsqueeze(1), torch.cat((torch.arange(first), positions)).unsqueeze(0))
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64, cumulative query lengths
     context_lens: torch.Tensor  # [num_seqs] int64, cached tokens after this step's writes
@@ -36,9 +57,8 @@ class AttentionMetadata:
     context_len_list: tuple[int, ...] | None = None
     # Each sequence's prompt length, where the caller knows it (the engine's steps): long-RoPE picks its table by it.
     prompt_lens: tuple[int, ...] | None = None
-    # Tree verification (Medusa): per sequence, None or bool [L, L] over its L query rows, [j, k] true when row j may
-    # see row k (itself and its ancestors); every row sees the whole cached prefix (tree_attention.py).
-    tree_masks: tuple[torch.Tensor | None, ...] | None = None
+    # Tree verification (Medusa): per sequence, None or its rows' masks (tree_attention.py), built once per step.
+    tree_masks: tuple[TreeRows | None, ...] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -152,7 +172,7 @@ def causal_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
-    tree_mask: torch.Tensor | None = None,
+    tree: TreeRows | None = None,
 ) -> torch.Tensor:
     """Attention of the last L tokens of a sequence over all S of its tokens (GQA/MQA aware).
 
@@ -160,8 +180,7 @@ def causal_attention(
     `window` W (sliding-window layers): the query at position p attends to the keys at positions
     (p - W, p], W of them with itself, as transformers' sliding-window mask (`kv_idx > q_idx - W`).
     `softcap` c (Gemma 2): scores become c * tanh(scores / c) before the mask.
-    `tree_mask` [L, L] bool (tree verification): among the last L tokens, query j sees key k only where it is true;
-    their positions (for the window) are root + depth, not their slots' order.
+    `tree` (tree verification): the rows' mask and positions (for the window: root + depth, not their slots' order).
     """
     query_len, num_heads, head_size = query.shape
     context_len, num_kv_heads, _ = keys.shape
@@ -173,18 +192,16 @@ def causal_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H_kv, G, L, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    first = context_len - query_len
-    query_positions = torch.arange(first, context_len).unsqueeze(1)
-    key_positions = torch.arange(context_len).unsqueeze(0)
-    if tree_mask is not None:  # a tree row sits at root + its depth (the ancestors it sees, root included, minus one)
-        depths = tree_mask.sum(dim=1) - 1
-        query_positions = (first + depths).unsqueeze(1)
-        key_positions = torch.cat((torch.arange(first), first + depths)).unsqueeze(0)
-    masked = key_positions > query_positions
-    if window is not None:
-        masked |= key_positions <= query_positions - window
-    if tree_mask is not None:
-        masked[:, first:] |= ~tree_mask
+    if tree is not None:
+        masked = tree.blocked
+        if window is not None:
+            masked = masked | (tree.key_positions <= tree.query_positions - window)
+    else:
+        query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
+        key_positions = torch.arange(context_len).unsqueeze(0)
+        masked = key_positions > query_positions
+        if window is not None:
+            masked |= key_positions <= query_positions - window
     scores = scores.masked_fill(masked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [H_kv, G, L, D]
@@ -226,6 +243,6 @@ def paged_attention(
             if kv_quant is not None:
                 seq_keys = kv_quant.dequantize(seq_keys, query.dtype)
                 seq_values = kv_quant.dequantize(seq_values, query.dtype)
-        tree_mask = tree_masks[index] if index < len(tree_masks) else None
-        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap, tree_mask)
+        tree = tree_masks[index] if index < len(tree_masks) else None
+        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap, tree)
     return output

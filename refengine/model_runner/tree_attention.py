@@ -16,14 +16,14 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.model_runner.attention import AttentionMetadata
+from refengine.model_runner.attention import AttentionMetadata, TreeRows
 from refengine.step_messages import ScheduledSequence
 
 
 @functools.lru_cache(maxsize=256)
-def tree_layout(parents: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tensor]:
-    """(each row's depth, root's 0 first; bool mask [N + 1, N + 1]: row j sees row k) of a tree given by its nodes'
-    parents (-1: the root; parents before children). Row 0 is the root, row j + 1 node j."""
+def tree_layout(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's depth [N + 1] int64, root's 0 first; bool mask [N + 1, N + 1]: row j sees row k) of a tree given by
+    its nodes' parents (-1: the root; parents before children). Row 0 is the root, row j + 1 node j."""
     size = len(parents) + 1
     mask = torch.zeros(size, size, dtype=torch.bool)
     mask[:, 0] = True
@@ -34,7 +34,7 @@ def tree_layout(parents: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tensor
             mask[row] = mask[parent + 1]
         mask[row, row] = True
         depths.append(depths[parent + 1] + 1)
-    return tuple(depths), mask
+    return torch.tensor(depths), mask
 
 
 def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -> AttentionMetadata:
@@ -43,7 +43,8 @@ def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -
         return metadata
     positions = metadata.positions.clone()
     starts = metadata.query_starts()
-    masks: list[torch.Tensor | None] = []
+    masks: list[TreeRows | None] = []
+    context_lens = metadata.context_lengths()
     for index, item in enumerate(items):
         if not item.draft_tree_parents:
             masks.append(None)
@@ -52,8 +53,8 @@ def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -
         if item.num_new_tokens != len(depths):
             raise ValueError(f"sequence {item.seq_id}: a tree step computes its root and nodes only, got {item.num_new_tokens} rows")
         end = starts[index + 1]
-        positions[end - len(depths) : end] = item.num_computed_tokens + torch.tensor(depths)
-        masks.append(mask)
+        positions[end - len(depths) : end] = item.num_computed_tokens + depths
+        masks.append(TreeRows.of(mask, depths, context_lens[index]))
     return dataclasses.replace(metadata, positions=positions, tree_masks=tuple(masks))
 
 
