@@ -65,14 +65,13 @@ def keep_accepted_kv(kv_caches: Sequence[torch.Tensor], item: ScheduledSequence,
     if not moves or not kv_caches:
         return
     table = item.block_table
-
-    def slot(position: int, block_size: int) -> int:
-        return table[position // block_size] * block_size + position % block_size
-
+    indices: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block size -> (source slots, destination slots)
     for kv_cache in kv_caches:
         _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-        sources = torch.tensor([slot(source, block_size) for source, _ in moves])
-        destinations = torch.tensor([slot(destination, block_size) for _, destination in moves])
+        if block_size not in indices:
+            slots = [[table[position // block_size] * block_size + position % block_size for position in move] for move in moves]
+            indices[block_size] = (torch.tensor([source for source, _ in slots]), torch.tensor([destination for _, destination in slots]))
+        sources, destinations = indices[block_size]
         raw = kv_cache.view(torch.uint8) if kv_cache.dtype == torch.float8_e4m3fn else kv_cache  # no float8 index_copy on CPU
         flat = raw.view(2, num_blocks * block_size, num_kv_heads, head_size)
         flat.index_copy_(1, destinations, flat.index_select(1, sources))

