@@ -25,23 +25,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TreeRows:
-    """The L query rows of a sequence verifying a tree over its S tokens (the last L of them its root and nodes):
-    `blocked` [L, S] bool, true where row j may not see key k (a node sees the cached prefix, the root, its ancestors
-    and itself: causal order holds by construction); `query_positions` [L, 1] and `key_positions` [1, S], a tree row
-    sitting at root + its depth (for a sliding window)."""
+    """The L query rows of a sequence verifying a tree (its last L tokens: the root, then the nodes). `blocked` [L, L]
+    bool: row j may not see row k (a node sees the cached prefix, the root, its ancestors and itself, so causal order
+    holds by construction); `depths` [L] int64, the root's 0: a tree row sits at root + its depth (for a window)."""
 
     blocked: torch.Tensor
-    query_positions: torch.Tensor
-    key_positions: torch.Tensor
-
-    @classmethod
-    def of(cls, tree_mask: torch.Tensor, depths: torch.Tensor, context_len: int) -> TreeRows:
-        """`tree_mask` [L, L] bool: row j sees row k (itself and its ancestors); `depths` [L] int64 (the root's 0)."""
-        first = context_len - tree_mask.shape[0]
-        blocked = torch.zeros(tree_mask.shape[0], context_len, dtype=torch.bool)
-        blocked[:, first:] = ~tree_mask
-        positions = first + depths
-        return cls(blocked, positions.unsqueeze(1), torch.cat((torch.arange(first), positions)).unsqueeze(0))
+    depths: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -192,17 +181,23 @@ def causal_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H_kv, G, L, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    if tree is not None:
-        masked = tree.blocked
-        if window is not None:
-            masked = masked | (tree.key_positions <= tree.query_positions - window)
+    first = context_len - query_len
+    if tree is not None:  # the tree's rows among themselves; every row sees the whole cached prefix
+        scores[..., first:].masked_fill_(tree.blocked, float("-inf"))
+        if window is None:
+            masked = None
+        else:
+            query_positions = (first + tree.depths).unsqueeze(1)
+            key_positions = torch.cat((torch.arange(first), first + tree.depths)).unsqueeze(0)
+            masked = key_positions <= query_positions - window
     else:
-        query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
+        query_positions = torch.arange(first, context_len).unsqueeze(1)
         key_positions = torch.arange(context_len).unsqueeze(0)
         masked = key_positions > query_positions
         if window is not None:
             masked |= key_positions <= query_positions - window
-    scores = scores.masked_fill(masked, float("-inf"))
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [H_kv, G, L, D]
     return out.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_size)

@@ -21,20 +21,20 @@ from refengine.step_messages import ScheduledSequence
 
 
 @functools.lru_cache(maxsize=256)
-def tree_layout(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each row's depth [N + 1] int64, root's 0 first; bool mask [N + 1, N + 1]: row j sees row k) of a tree given by
-    its nodes' parents (-1: the root; parents before children). Row 0 is the root, row j + 1 node j."""
+def tree_layout(parents: tuple[int, ...]) -> TreeRows:
+    """The rows' depths and mask of a tree given by its nodes' parents (-1: the root; parents before children). Row 0
+    is the root, row j + 1 node j."""
     size = len(parents) + 1
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:, 0] = True
+    sees = torch.zeros(size, size, dtype=torch.bool)
+    sees[:, 0] = True
     depths = [0]
     for node, parent in enumerate(parents):
         row = node + 1
         if parent >= 0:
-            mask[row] = mask[parent + 1]
-        mask[row, row] = True
+            sees[row] = sees[parent + 1]
+        sees[row, row] = True
         depths.append(depths[parent + 1] + 1)
-    return torch.tensor(depths), mask
+    return TreeRows(~sees, torch.tensor(depths))
 
 
 def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -> AttentionMetadata:
@@ -44,17 +44,17 @@ def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -
     positions = metadata.positions.clone()
     starts = metadata.query_starts()
     masks: list[TreeRows | None] = []
-    context_lens = metadata.context_lengths()
     for index, item in enumerate(items):
         if not item.draft_tree_parents:
             masks.append(None)
             continue
-        depths, mask = tree_layout(item.draft_tree_parents)
+        tree = tree_layout(item.draft_tree_parents)
+        depths = tree.depths
         if item.num_new_tokens != len(depths):
             raise ValueError(f"sequence {item.seq_id}: a tree step computes its root and nodes only, got {item.num_new_tokens} rows")
         end = starts[index + 1]
         positions[end - len(depths) : end] = item.num_computed_tokens + depths
-        masks.append(TreeRows.of(mask, depths, context_lens[index]))
+        masks.append(tree)
     return dataclasses.replace(metadata, positions=positions, tree_masks=tuple(masks))
 
 
