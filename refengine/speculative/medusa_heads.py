@@ -92,11 +92,11 @@ class MedusaHeads:
         len(top_k) are not run)."""
         hidden = hidden.to(self.dtype)
         firsts = None
-        if self.first_layers is not None:
-            firsts = (hidden.repeat(1, self.num_heads) + F.silu(self.first_layers(hidden))).split(self.hidden_size, dim=-1)
+        if self.first_layers is not None:  # [B, K, H]: every head's x_1
+            firsts = F.silu(self.first_layers(hidden)).view(hidden.shape[0], self.num_heads, self.hidden_size) + hidden.unsqueeze(1)
         indices = []
         for head, k in enumerate(top_k):
-            x = hidden if firsts is None else firsts[head]
+            x = hidden if firsts is None else firsts[:, head]
             for linear in self.later_layers[head]:
                 x = x + F.silu(linear(x))
             indices.append(torch.topk(self.projections[head](x), k, dim=-1).indices)
