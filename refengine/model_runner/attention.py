@@ -46,7 +46,7 @@ class AttentionMetadata:
     context_len_list: tuple[int, ...] | None = None
     # Each sequence's prompt length, where the caller knows it (the engine's steps): long-RoPE picks its table by it.
     prompt_lens: tuple[int, ...] | None = None
-    # Tree verification (Medusa): per sequence, None or its rows' masks (tree_attention.py), built once per step.
+    # Tree verification (Medusa): per sequence, None or its rows' mask and depths (tree_attention.py, one per tree shape).
     tree_masks: tuple[TreeRows | None, ...] | None = None
 
     @property
@@ -169,7 +169,7 @@ def causal_attention(
     `window` W (sliding-window layers): the query at position p attends to the keys at positions
     (p - W, p], W of them with itself, as transformers' sliding-window mask (`kv_idx > q_idx - W`).
     `softcap` c (Gemma 2): scores become c * tanh(scores / c) before the mask.
-    `tree` (tree verification): the rows' mask and positions (for the window: root + depth, not their slots' order).
+    `tree` (tree verification): the rows' mask and depths (for the window a row sits at root + depth, not at its slot).
     """
     query_len, num_heads, head_size = query.shape
     context_len, num_kv_heads, _ = keys.shape
