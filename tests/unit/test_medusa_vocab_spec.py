@@ -1,6 +1,6 @@
 """build.speculative.medusa.vocab_size: the cpu target's Medusa heads proposing only the first M token ids, written to
 the engine directory's refengine_speculative section; refused by name when 0, beyond the heads' vocabulary, or on the
-engine target (TensorRT-LLM's Medusa has no vocabulary cut)."""
+engine target (TensorRT-LLM's Medusa has no vocabulary cut); `bench speculative --medusa-vocab` refused by name."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.backends.cpu_speculative import add_speculation
+from pipeline.cli import main
+from tests.conftest import BUILD_CONFIGS, REPO
 from tests.unit.test_medusa import ENGINE, _load, _refused, heads  # noqa: F401 (heads: a fixture)
 
 FIELD = "build.speculative.medusa.vocab_size"
+SHIPPED_HEADS = REPO / "models" / "tiny-stdlib-llama-medusa"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -39,3 +42,14 @@ def test_the_cpu_build_records_the_cut(heads: Path, tmp_path: Path):  # noqa: F8
     uncut = _load(heads).spec.build.speculative
     add_speculation(engine_dir, uncut, None, max_seq_len=1024)
     assert "medusa_vocab_size" not in json.loads((engine_dir / "config.json").read_text())["refengine_speculative"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--medusa-vocab", "512"], "--medusa-vocab 512: needs --medusa"),
+    (["--medusa", str(SHIPPED_HEADS), "--medusa-vocab", "0"], "--medusa-vocab 0: needs --medusa and a positive number"),
+])
+def test_bench_medusa_vocab_is_refused_before_anything_is_built(extra, message, capsys, tmp_path: Path):
+    argv = ["--artifacts", str(tmp_path), "bench", "speculative", str(BUILD_CONFIGS / "tiny-cpu.yaml"), *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
