@@ -44,8 +44,9 @@ class MedusaHeads:
             DenseLinear(torch.cat([w for w, _ in first]), torch.cat([b for _, b in first]).to(dtype), dtype, None, fp16_gemm)
             if len(first) == len(projections) else None
         )
-        self.later_layers = [  # [head][layer >= 1]: W x + b
-            [DenseLinear(weight, bias.to(dtype), dtype, None, fp16_gemm) for weight, bias in layers[1:]] for layers in residual_layers
+        skip = 1 if self.first_layers is not None else 0
+        self.later_layers = [  # [head][the layers after the fused ones]: W x + b
+            [DenseLinear(weight, bias.to(dtype), dtype, None, fp16_gemm) for weight, bias in layers[skip:]] for layers in residual_layers
         ]
         self.projections = [  # [head]: [M, H]
             DenseLinear(weight[: self.vocab_size].contiguous(), None, dtype, None, fp16_gemm) for weight in projections
