@@ -10,7 +10,8 @@ The contract with refengine (which reads it):
                                            "max_matching_ngram_size": N,           (ngram only)
                                            "medusa_heads": "medusa/medusa_lm_head.safetensors",   (medusa only,
                                            "num_medusa_heads": K, "num_medusa_layers": L,          the heads' config
-                                           "medusa_choices": [[0], [0, 0], ...]}                    and the tree)
+                                           "medusa_choices": [[0], [0, 0], ...],                    and the tree)
+                                           "medusa_vocab_size": M}     (medusa, if the spec sets it)
     draft/       (draft_model) the draft's own cpu engine directory, relative to the engine directory
     medusa/      (medusa) the heads' medusa_lm_head.safetensors and config.json, copied
 """
@@ -56,8 +57,11 @@ def _medusa_record(medusa: MedusaSpec) -> dict[str, Any]:
         config = json.loads((medusa.heads / MEDUSA_CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise StageError(f"build.speculative.medusa.heads: cannot read {medusa.heads / MEDUSA_CONFIG_FILE} ({exc})") from None
-    return {"medusa_heads": f"{MEDUSA_DIR}/{MEDUSA_HEADS_FILE}", "num_medusa_heads": config["medusa_num_heads"],
-            "num_medusa_layers": config["medusa_num_layers"], "medusa_choices": medusa.tree}
+    record: dict[str, Any] = {"medusa_heads": f"{MEDUSA_DIR}/{MEDUSA_HEADS_FILE}", "num_medusa_heads": config["medusa_num_heads"],
+                              "num_medusa_layers": config["medusa_num_layers"], "medusa_choices": medusa.tree}
+    if medusa.vocab_size is not None:
+        record["medusa_vocab_size"] = medusa.vocab_size
+    return record
 
 
 def _copy_heads(medusa: MedusaSpec, engine_dir: Path) -> None:

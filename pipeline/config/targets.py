@@ -52,6 +52,8 @@ class TargetTraits:
     # the EAGLE generation its mode eagle builds from build.speculative.eagle.heads: "EAGLE-1/2" (trtllm-build's
     # EagleForCausalLM, a static tree of eagle_choices) or "EAGLE-3" (the PyTorch backend's Eagle3DecodingConfig)
     eagle_generation: str | None = None
+    # why it refuses build.speculative.medusa.vocab_size (Medusa heads proposing only the first M token ids)
+    no_medusa_vocab_size_because: str | None = None
     # its LLM model streams at a GPU's pace: the package stage sizes the Python models' instances for the GPU's token rate
     streams_at_gpu_pace: bool = False
 
@@ -80,6 +82,8 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (trtllm-build builds the "
         "draft's whole lm_head, and the draft engine is served as is; a reduced draft vocabulary exists there only inside "
         "trained EAGLE-3 heads)",
+        no_medusa_vocab_size_because="TensorRT-LLM 1.2's Medusa has no vocabulary cut (its conversion builds every "
+        "head's whole lm_head, the model's vocabulary wide)",
         streams_at_gpu_pace=True,
         eagle_generation="EAGLE-1/2",
     ),
@@ -127,6 +131,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         no_draft_vocab_size_because="TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut (LLM() loads the whole "
         "draft checkpoint named by speculative_config's speculative_model_dir; a reduced draft vocabulary exists there "
         "only inside trained EAGLE-3 heads)",
+        no_medusa_vocab_size_because="TensorRT-LLM 1.2's PyTorch backend has no Medusa (MedusaDecodingConfig excludes it)",
     ),
 }
 

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TreeRows:
+    """The L query rows of a sequence verifying a tree (its last L tokens: the root, then the nodes). `blocked` [L, L]
+    bool: row j may not see row k (a node sees the cached prefix, the root, its ancestors and itself, so causal order
+    holds by construction); `depths` [L] int64, the root's 0: a tree row sits at root + its depth (for a window)."""
+
+    blocked: torch.Tensor
+    depths: torch.Tensor
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64, cumulative query lengths
     context_lens: torch.Tensor  # [num_seqs] int64, cached tokens after this step's writes
@@ -36,9 +46,8 @@ class AttentionMetadata:
     context_len_list: tuple[int, ...] | None = None
     # Each sequence's prompt length, where the caller knows it (the engine's steps): long-RoPE picks its table by it.
     prompt_lens: tuple[int, ...] | None = None
-    # Tree verification (Medusa): per sequence, None or bool [L, L] over its L query rows, [j, k] true when row j may
-    # see row k (itself and its ancestors); every row sees the whole cached prefix (tree_attention.py).
-    tree_masks: tuple[torch.Tensor | None, ...] | None = None
+    # Tree verification (Medusa): per sequence, None or its rows' mask and depths (tree_attention.py, one per tree shape).
+    tree_masks: tuple[TreeRows | None, ...] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -152,7 +161,7 @@ def causal_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
-    tree_mask: torch.Tensor | None = None,
+    tree: TreeRows | None = None,
 ) -> torch.Tensor:
     """Attention of the last L tokens of a sequence over all S of its tokens (GQA/MQA aware).
 
@@ -160,8 +169,7 @@ def causal_attention(
     `window` W (sliding-window layers): the query at position p attends to the keys at positions
     (p - W, p], W of them with itself, as transformers' sliding-window mask (`kv_idx > q_idx - W`).
     `softcap` c (Gemma 2): scores become c * tanh(scores / c) before the mask.
-    `tree_mask` [L, L] bool (tree verification): among the last L tokens, query j sees key k only where it is true;
-    their positions (for the window) are root + depth, not their slots' order.
+    `tree` (tree verification): the rows' mask and depths (for the window a row sits at root + depth, not at its slot).
     """
     query_len, num_heads, head_size = query.shape
     context_len, num_kv_heads, _ = keys.shape
@@ -174,18 +182,22 @@ def causal_attention(
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     first = context_len - query_len
-    query_positions = torch.arange(first, context_len).unsqueeze(1)
-    key_positions = torch.arange(context_len).unsqueeze(0)
-    if tree_mask is not None:  # a tree row sits at root + its depth (the ancestors it sees, root included, minus one)
-        depths = tree_mask.sum(dim=1) - 1
-        query_positions = (first + depths).unsqueeze(1)
-        key_positions = torch.cat((torch.arange(first), first + depths)).unsqueeze(0)
-    masked = key_positions > query_positions
-    if window is not None:
-        masked |= key_positions <= query_positions - window
-    if tree_mask is not None:
-        masked[:, first:] |= ~tree_mask
-    scores = scores.masked_fill(masked, float("-inf"))
+    if tree is not None:  # the tree's rows among themselves; every row sees the whole cached prefix
+        scores[..., first:].masked_fill_(tree.blocked, float("-inf"))
+        if window is None:
+            masked = None
+        else:
+            query_positions = (first + tree.depths).unsqueeze(1)
+            key_positions = torch.cat((torch.arange(first), first + tree.depths)).unsqueeze(0)
+            masked = key_positions <= query_positions - window
+    else:
+        query_positions = torch.arange(first, context_len).unsqueeze(1)
+        key_positions = torch.arange(context_len).unsqueeze(0)
+        masked = key_positions > query_positions
+        if window is not None:
+            masked |= key_positions <= query_positions - window
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [H_kv, G, L, D]
     return out.permute(2, 0, 1, 3).reshape(query_len, num_heads, head_size)
@@ -226,6 +238,6 @@ def paged_attention(
             if kv_quant is not None:
                 seq_keys = kv_quant.dequantize(seq_keys, query.dtype)
                 seq_values = kv_quant.dequantize(seq_values, query.dtype)
-        tree_mask = tree_masks[index] if index < len(tree_masks) else None
-        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap, tree_mask)
+        tree = tree_masks[index] if index < len(tree_masks) else None
+        output[begin:end] = causal_attention(query[begin:end], seq_keys, seq_values, scale, window, softcap, tree)
     return output

@@ -16,25 +16,25 @@ from collections.abc import Sequence
 
 import torch
 
-from refengine.model_runner.attention import AttentionMetadata
+from refengine.model_runner.attention import AttentionMetadata, TreeRows
 from refengine.step_messages import ScheduledSequence
 
 
 @functools.lru_cache(maxsize=256)
-def tree_layout(parents: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tensor]:
-    """(each row's depth, root's 0 first; bool mask [N + 1, N + 1]: row j sees row k) of a tree given by its nodes'
-    parents (-1: the root; parents before children). Row 0 is the root, row j + 1 node j."""
+def tree_layout(parents: tuple[int, ...]) -> TreeRows:
+    """The rows' depths and mask of a tree given by its nodes' parents (-1: the root; parents before children). Row 0
+    is the root, row j + 1 node j."""
     size = len(parents) + 1
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:, 0] = True
+    sees = torch.zeros(size, size, dtype=torch.bool)
+    sees[:, 0] = True
     depths = [0]
     for node, parent in enumerate(parents):
         row = node + 1
         if parent >= 0:
-            mask[row] = mask[parent + 1]
-        mask[row, row] = True
+            sees[row] = sees[parent + 1]
+        sees[row, row] = True
         depths.append(depths[parent + 1] + 1)
-    return tuple(depths), mask
+    return TreeRows(~sees, torch.tensor(depths))
 
 
 def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -> AttentionMetadata:
@@ -43,17 +43,18 @@ def with_tree(metadata: AttentionMetadata, items: Sequence[ScheduledSequence]) -
         return metadata
     positions = metadata.positions.clone()
     starts = metadata.query_starts()
-    masks: list[torch.Tensor | None] = []
+    masks: list[TreeRows | None] = []
     for index, item in enumerate(items):
         if not item.draft_tree_parents:
             masks.append(None)
             continue
-        depths, mask = tree_layout(item.draft_tree_parents)
+        tree = tree_layout(item.draft_tree_parents)
+        depths = tree.depths
         if item.num_new_tokens != len(depths):
             raise ValueError(f"sequence {item.seq_id}: a tree step computes its root and nodes only, got {item.num_new_tokens} rows")
         end = starts[index + 1]
-        positions[end - len(depths) : end] = item.num_computed_tokens + torch.tensor(depths)
-        masks.append(mask)
+        positions[end - len(depths) : end] = item.num_computed_tokens + depths
+        masks.append(tree)
     return dataclasses.replace(metadata, positions=positions, tree_masks=tuple(masks))
 
 
@@ -64,14 +65,13 @@ def keep_accepted_kv(kv_caches: Sequence[torch.Tensor], item: ScheduledSequence,
     if not moves or not kv_caches:
         return
     table = item.block_table
-
-    def slot(position: int, block_size: int) -> int:
-        return table[position // block_size] * block_size + position % block_size
-
+    indices: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block size -> (source slots, destination slots)
     for kv_cache in kv_caches:
         _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-        sources = torch.tensor([slot(source, block_size) for source, _ in moves])
-        destinations = torch.tensor([slot(destination, block_size) for _, destination in moves])
+        if block_size not in indices:
+            slots = [[table[position // block_size] * block_size + position % block_size for position in move] for move in moves]
+            indices[block_size] = (torch.tensor([source for source, _ in slots]), torch.tensor([destination for _, destination in slots]))
+        sources, destinations = indices[block_size]
         raw = kv_cache.view(torch.uint8) if kv_cache.dtype == torch.float8_e4m3fn else kv_cache  # no float8 index_copy on CPU
         flat = raw.view(2, num_blocks * block_size, num_kv_heads, head_size)
         flat.index_copy_(1, destinations, flat.index_select(1, sources))

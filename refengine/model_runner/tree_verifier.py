@@ -20,6 +20,7 @@ Draws are seeded from (request seed, sample index, position, purpose), so the ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -31,12 +32,10 @@ from refengine.step_messages import SampledToken, ScheduledSequence
 def verify_tree(logits: torch.Tensor, item: ScheduledSequence) -> tuple[tuple[SampledToken, ...], tuple[int, ...]]:
     """`logits` [N + 1, vocab] float32 (root, then the nodes): (the accepted nodes' tokens and the token after them;
     the accepted nodes' indices in path order)."""
-    nodes, parents, params = item.draft_token_ids, item.draft_tree_parents, item.sampling_params
-    children: list[list[int]] = [[] for _ in range(len(nodes) + 1)]  # by row: row 0 the root, row j + 1 node j
-    for node, parent in enumerate(parents):
-        children[parent + 1].append(node)
+    nodes, params = item.draft_token_ids, item.sampling_params
+    children = _children(item.draft_tree_parents)
     if plain_greedy(item):  # no processor changes a row: every row's argmax at once
-        return _walk_argmax(torch.argmax(logits, dim=-1).tolist(), nodes, children)
+        return _walk_argmax(logits.max(dim=-1).indices.tolist(), nodes, children)  # max: ~3x argmax(dim) on CPU, same first-max ties
     first_position = item.num_computed_tokens + 1  # where the token drawn from the root's row goes
     raw_logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs is not None else None
     tokens: list[SampledToken] = []
@@ -58,7 +57,16 @@ def verify_tree(logits: torch.Tensor, item: ScheduledSequence) -> tuple[tuple[Sa
         row = accepted + 1
 
 
-def _walk_argmax(best: list[int], nodes: tuple[int, ...], children: list[list[int]]) -> tuple[tuple[SampledToken, ...], tuple[int, ...]]:
+@functools.lru_cache(maxsize=256)
+def _children(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each row's child nodes in rank order, by row: row 0 the root, row j + 1 node j."""
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node)
+    return tuple(tuple(row) for row in children)
+
+
+def _walk_argmax(best: list[int], nodes: tuple[int, ...], children: tuple[tuple[int, ...], ...]) -> tuple[tuple[SampledToken, ...], tuple[int, ...]]:
     path: list[int] = []
     row = 0
     while (accepted := next((node for node in children[row] if nodes[node] == best[row]), None)) is not None:
@@ -77,7 +85,7 @@ def _at_node(item: ScheduledSequence, path: list[int], row: int) -> ScheduledSeq
     return dataclasses.replace(item, num_output_tokens=item.num_output_tokens + len(path), token_history=history, allowed_tokens=allowed)
 
 
-def _multi_candidate_sample(p: torch.Tensor, item: ScheduledSequence, candidates: list[int], position: int) -> tuple[int, int | None]:
+def _multi_candidate_sample(p: torch.Tensor, item: ScheduledSequence, candidates: tuple[int, ...], position: int) -> tuple[int, int | None]:
     """(token, the accepted candidate node or None)."""
     seed, index = item.sampling_seed, item.first_sample_index
     if not candidates:

@@ -26,9 +26,15 @@ def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config:
         return NGramDrafter(settings.max_matching_ngram_size)
     if settings.medusa is not None:
         medusa, model_config = settings.medusa, engine.checkpoint.config
+        if medusa.vocab_size is not None and medusa.vocab_size > model_config.vocab_size:
+            raise EngineConfigError(
+                f"{SPECULATIVE_KEY}.medusa_vocab_size",
+                f"{medusa.vocab_size} exceeds the model's vocab_size {model_config.vocab_size} (the heads keep the first M token ids)",
+            )
         heads = MedusaHeads.load(
             medusa.heads_file, medusa.num_heads, medusa.num_layers, model_config.hidden_size, model_config.vocab_size,
             torch_dtype(config.compute_dtype), f"{SPECULATIVE_KEY}.medusa_heads", fp16_gemm=config.fp16_weight_gemm,
+            medusa_vocab_size=medusa.vocab_size,
         )
         return MedusaDrafter(heads, medusa.choices, settings.max_draft_len)
     if settings.draft_engine_dir is None:  # read_speculative_settings guarantees it for draft_model

@@ -55,10 +55,11 @@ def write_random_medusa_heads(
 
 
 def write_medusa_engine(engine_dir: Path, heads_dir: Path, medusa_choices: Sequence[Sequence[int]] | None = None,
-                        max_draft_len: int | None = None) -> None:
+                        max_draft_len: int | None = None, medusa_vocab_size: int | None = None) -> None:
     """Mark a CPU engine directory as a Medusa engine: the heads copied to `<engine_dir>/medusa/`, the
     `refengine_speculative` section and TensorRT-LLM's build_config fields (speculative_decoding_mode 4, max_draft_len:
-    the tree's node count unless given). `medusa_choices` None: the heads' recommended tree (their config.json)."""
+    the tree's node count unless given). `medusa_choices` None: the heads' recommended tree (their config.json);
+    `medusa_vocab_size` M: the heads propose only the first M token ids."""
     heads_config = json.loads((heads_dir / "config.json").read_text())
     num_heads, num_layers = heads_config["medusa_num_heads"], heads_config["medusa_num_layers"]
     raw = medusa_choices if medusa_choices is not None else heads_config.get("medusa_choices")
@@ -82,4 +83,6 @@ def write_medusa_engine(engine_dir: Path, heads_dir: Path, medusa_choices: Seque
         "kind": "medusa", "max_draft_len": draft_len, "medusa_heads": f"{HEADS_SUBDIR}/{HEADS_FILE}",
         "num_medusa_heads": num_heads, "num_medusa_layers": num_layers, "medusa_choices": [list(p) for p in choices],
     }
+    if medusa_vocab_size is not None:
+        config[SPECULATIVE_KEY]["medusa_vocab_size"] = medusa_vocab_size
     path.write_text(json.dumps(config, indent=2) + "\n")

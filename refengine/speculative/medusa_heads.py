@@ -23,17 +23,34 @@ HEADS_FILE = "medusa_lm_head.safetensors"
 
 class MedusaHeads:
     """`fp16_gemm`: fp16 weights computed in float32 run on the target's fp16-weight GEMM (model_runner/linear.py's
-    DenseLinear, `EngineConfig.fp16_weight_gemm`): the heads cost about as much as the target's own layers per row."""
+    DenseLinear, `EngineConfig.fp16_weight_gemm`): the heads cost about as much as the target's own layers per row.
+
+    `vocab_size` M (`refengine_speculative.medusa_vocab_size`): the heads propose only the first M token ids (their
+    projections keep those rows). A head's projection [V, H] is as large as the model's lm_head, so on a model with a
+    large vocabulary against its hidden size the heads' cost falls about in proportion; byte-level BPE numbers its
+    frequent merges first, so acceptance falls less. Output is unchanged: the target verifies every node.
+
+    Every head's first residual layer reads the same hidden state: the K layers run as one GEMM ([K * H, H])."""
 
     def __init__(
         self, residual_layers: list[list[tuple[torch.Tensor, torch.Tensor]]], projections: list[torch.Tensor],
-        dtype: torch.dtype = torch.float32, fp16_gemm: bool = False,
+        dtype: torch.dtype = torch.float32, fp16_gemm: bool = False, vocab_size: int | None = None,
     ) -> None:
         self.dtype = dtype
-        self.residual_layers = [  # [head][layer]: W x + b
-            [DenseLinear(weight, bias.to(dtype), dtype, None, fp16_gemm) for weight, bias in layers] for layers in residual_layers
+        self.hidden_size = projections[0].shape[1]
+        self.vocab_size = projections[0].shape[0] if vocab_size is None else min(vocab_size, projections[0].shape[0])
+        first = [layers[0] for layers in residual_layers if layers]
+        self.first_layers = (  # every head's layer 0 at once: [K * H, H]
+            DenseLinear(torch.cat([w for w, _ in first]), torch.cat([b for _, b in first]).to(dtype), dtype, None, fp16_gemm)
+            if len(first) == len(projections) else None
+        )
+        skip = 1 if self.first_layers is not None else 0
+        self.later_layers = [  # [head][the layers after the fused ones]: W x + b
+            [DenseLinear(weight, bias.to(dtype), dtype, None, fp16_gemm) for weight, bias in layers[skip:]] for layers in residual_layers
         ]
-        self.projections = [DenseLinear(weight, None, dtype, None, fp16_gemm) for weight in projections]  # [head]: [V, H]
+        self.projections = [  # [head]: [M, H]
+            DenseLinear(weight[: self.vocab_size].contiguous(), None, dtype, None, fp16_gemm) for weight in projections
+        ]
 
     @property
     def num_heads(self) -> int:
@@ -42,10 +59,11 @@ class MedusaHeads:
     @classmethod
     def load(
         cls, path: Path, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, field: str,
-        fp16_gemm: bool = False,
+        fp16_gemm: bool = False, medusa_vocab_size: int | None = None,
     ) -> MedusaHeads:
-        """The heads of `path` in the compute dtype; a missing tensor or one whose size disagrees with the model
-        (hidden size, vocabulary) is an `EngineConfigError` naming `field`, the tensor and both sizes."""
+        """The heads of `path` in the compute dtype, proposing the first `medusa_vocab_size` token ids (None: all); a
+        missing tensor or one whose size disagrees with the model (hidden size, vocabulary) is an `EngineConfigError`
+        naming `field`, the tensor and both sizes."""
         from safetensors.torch import load_file
 
         if not path.is_file():
@@ -68,21 +86,23 @@ class MedusaHeads:
         ]
         vocab_what = f"vocab size {tensors_vocab(tensors, num_layers)} vs the model's {vocab_size}, hidden size vs {hidden_size}"
         projections = [get(f"{h}.{num_layers}.weight", (vocab_size, hidden_size), vocab_what) for h in range(num_heads)]
-        return cls(layers, projections, dtype, fp16_gemm)
+        return cls(layers, projections, dtype, fp16_gemm, medusa_vocab_size)
 
     def top_tokens(self, hidden: torch.Tensor, top_k: Sequence[int]) -> list[list[list[int]]]:
         """hidden [B, H] -> [row][head h] the top_k[h] most likely token ids of head h, most likely first (heads beyond
         len(top_k) are not run)."""
-        results: list[list[list[int]]] = [[] for _ in range(hidden.shape[0])]
         hidden = hidden.to(self.dtype)
+        firsts = None
+        if self.first_layers is not None:  # [B, K, H]: every head's x_1
+            firsts = F.silu(self.first_layers(hidden)).view(hidden.shape[0], self.num_heads, self.hidden_size) + hidden.unsqueeze(1)
+        indices = []
         for head, k in enumerate(top_k):
-            x = hidden
-            for linear in self.residual_layers[head]:
+            x = hidden if firsts is None else firsts[:, head]
+            for linear in self.later_layers[head]:
                 x = x + F.silu(linear(x))
-            ids = torch.topk(self.projections[head](x), k, dim=-1).indices.tolist()
-            for row, row_ids in enumerate(ids):
-                results[row].append(row_ids)
-        return results
+            indices.append(torch.topk(self.projections[head](x), k, dim=-1).indices)
+        by_head = [ids.tolist() for ids in indices]
+        return [[ids[row] for ids in by_head] for row in range(hidden.shape[0])]
 
 
 def tensors_hidden(tensors: dict[str, torch.Tensor]) -> int | str:

@@ -9,7 +9,8 @@
 
 Kind medusa (mode 4) adds `medusa_heads` (the heads file, relative to the engine directory: medusa_heads.py),
 `num_medusa_heads`, `num_medusa_layers` and `medusa_choices` (the engine's tree: medusa_tree.py; its node count is at
-most max_draft_len, its depth at most num_medusa_heads).
+most max_draft_len, its depth at most num_medusa_heads); optional `medusa_vocab_size` M: the heads propose only the
+first M token ids (cheaper heads: medusa_heads.py).
 
 `draft_engine_dir` (draft_model only) is relative to the engine directory and is a CPU engine
 directory itself; optional `draft_vocab_size` (draft_model only) N drafts only the first N token ids
@@ -54,6 +55,7 @@ class MedusaSettings:
     num_heads: int
     num_layers: int
     choices: tuple[tuple[int, ...], ...]  # checked, in (depth, path) order
+    vocab_size: int | None = None  # medusa_vocab_size: propose only the first M token ids (None: all)
 
 
 def read_speculative_settings(engine_dir: Path, raw_config: Mapping[str, Any], build_config: Mapping[str, Any]) -> SpeculativeSettings | None:
@@ -122,7 +124,10 @@ def _medusa_settings(engine_dir: Path, section: Mapping[str, Any], max_draft_len
         choices = check_medusa_choices(section.get("medusa_choices"), sizes[0], max_draft_len, field)
     except ValueError as error:
         raise EngineConfigError(field, str(error).removeprefix(f"{field}: ")) from None
-    return MedusaSettings(heads_file, sizes[0], sizes[1], choices)
+    vocab = section.get("medusa_vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0):
+        raise EngineConfigError(f"{SPECULATIVE_KEY}.medusa_vocab_size", f"must be a positive integer (the first M token ids), got {vocab!r}")
+    return MedusaSettings(heads_file, sizes[0], sizes[1], choices, vocab)
 
 
 def check_draft_fits(

@@ -228,13 +228,16 @@ def test_speculative_bench_with_medusa_heads_matches_plain_greedy(built_default:
 
     engine_dir, hf_dir = built_default
     heads = write_random_medusa_heads(tmp_path / "heads", 4, 1, 256, 4096, medusa_choices=[[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]])
-    variants = {"plain": engine_dir, "medusa": medusa_variant(engine_dir, tmp_path, heads, "{0}, {1}, {2}, {3}, {0, 0}, {0, 1}")}
+    tree = "{0}, {1}, {2}, {3}, {0, 0}, {0, 1}"
+    variants = {"plain": engine_dir, "medusa": medusa_variant(engine_dir, tmp_path, heads, tree),
+                "medusa_vocab1024": medusa_variant(engine_dir, tmp_path, heads, tree, 1024, "medusa_vocab1024")}
     encode, _ = load_encoder(hf_dir)
     options = SpeculativeBenchOptions(batch_sizes=(1, 4), max_tokens=16, quick=True)
     result = run_speculative_bench(variants, heldout_code_prompts(encode, 1, 8, 48), options)
     for row in result["rows"]:
-        assert row["medusa"]["same_output_as_plain"] and row["medusa"]["draft_tokens"] > 0
-        assert row["medusa"]["accepted_per_tree_step"] >= 0
+        for name in ("medusa", "medusa_vocab1024"):
+            assert row[name]["same_output_as_plain"] and row[name]["draft_tokens"] > 0
+            assert row[name]["accepted_per_tree_step"] >= 0
     result["medusa_verification_cost"] = cost = verification_cost(variants["medusa"], True, quick=True)
     assert [row["nodes"] for row in cost["nodes"]] == [0, 4, 16] and len(cost["heads"]) == 3
-    assert "one target forward verifying N tree nodes" in _render(result)
+    assert "one target forward verifying N tree nodes" in _render(result) and "medusa_vocab1024 at batch 4" in _render(result)

@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--medusa", type=Path, help="a Medusa heads directory (medusa_lm_head.safetensors + config.json) for Medusa "
                         "speculation; also measures the CPU cost of verifying a tree of N = 0..64 nodes")
     parser.add_argument("--medusa-choices", help='the Medusa tree, TensorRT-LLM syntax ("{0}, {0, 0}, {1}"; default: the heads\' own)')
+    parser.add_argument("--medusa-vocab", type=int, help="also measure --medusa with the heads proposing only the first M token ids "
+                        "(refengine_speculative.medusa_vocab_size)")
     parser.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step for --draft / --ngram (default 4)")
     parser.add_argument("--ngram-size", type=int, default=3, help="max_matching_ngram_size for --ngram (default 3)")
     parser.add_argument("--draft-vocab", type=int, help="also measure the --draft drafting only the first N token ids "
@@ -73,6 +75,8 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         raise SpecError("--medusa-choices needs --medusa")
     if args.draft_vocab is not None and (args.draft is None or args.draft_vocab < 1):
         raise SpecError(f"--draft-vocab {args.draft_vocab}: needs --draft and a positive number of token ids")
+    if args.medusa_vocab is not None and (args.medusa is None or args.medusa_vocab < 1):
+        raise SpecError(f"--medusa-vocab {args.medusa_vocab}: needs --medusa and a positive number of token ids")
     _, store, results = build_for_bench(args, build_cpu_target, "bench speculative", "build")
     engine_dir = results["build"].ref.path / ENGINE_DIR
     work = store.build_dir / "bench-speculative"
@@ -89,6 +93,8 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
         variants["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
     if args.medusa is not None:
         variants["medusa"] = _medusa_variant(engine_dir, work, args)
+    if args.medusa_vocab is not None:
+        variants[f"medusa_vocab{args.medusa_vocab}"] = _medusa_variant(engine_dir, work, args, args.medusa_vocab)
     if args.fixed_draft_len:
         for name in [name for name in variants if name != "plain"]:
             variants[f"{name}_k{args.max_draft_len}"] = System(variants[name], args.max_draft_len)
@@ -112,12 +118,13 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     return 0
 
 
-def _medusa_variant(engine_dir: Path, work: Path, args: argparse.Namespace) -> Path:
+def _medusa_variant(engine_dir: Path, work: Path, args: argparse.Namespace, vocab_size: int | None = None) -> Path:
     from pipeline.bench.speculative.medusa import medusa_variant
     from refengine.errors import EngineConfigError
 
     try:
-        return medusa_variant(engine_dir, work, args.medusa.resolve(), args.medusa_choices)
+        name = "medusa" if vocab_size is None else f"medusa_vocab{vocab_size}"
+        return medusa_variant(engine_dir, work, args.medusa.resolve(), args.medusa_choices, vocab_size, name)
     except (EngineConfigError, ValueError) as error:
         raise SpecError(f"--medusa / --medusa-choices: {error}") from None
 
@@ -128,9 +135,10 @@ def _render(result: dict) -> str:
 
     text = render_markdown(result)
     for row in result["rows"]:
-        medusa = row.get("medusa", {})
-        if "accepted_per_tree_step" in medusa:
-            text += f"\n\nMedusa at batch {row['batch_size']}: {medusa['accepted_per_tree_step']} accepted tokens per tree step; "
-            text += "accepted per node: " + ", ".join(f"{path} {count}" for path, count in medusa["tree_node_acceptances"].items())
+        for name in [name for name in result["variants"] if name.startswith("medusa")]:
+            medusa = row.get(name, {})
+            if "accepted_per_tree_step" in medusa:
+                text += f"\n\n{name} at batch {row['batch_size']}: {medusa['accepted_per_tree_step']} accepted tokens per tree step; "
+                text += "accepted per node: " + ", ".join(f"{path} {count}" for path, count in medusa["tree_node_acceptances"].items())
     cost = result.get("medusa_verification_cost")
     return text + ("" if cost is None else "\n\nMedusa: one target forward verifying N tree nodes, batch 1\n\n" + render_cost(cost))

@@ -11,14 +11,16 @@ from typing import Any
 NODE_COUNTS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
-def medusa_variant(engine_dir: Path, work_dir: Path, heads_dir: Path, medusa_choices: str | None = None) -> Path:
-    """The target marked for Medusa with `heads_dir` (its tree: `medusa_choices`, else the heads' recommended one)."""
+def medusa_variant(engine_dir: Path, work_dir: Path, heads_dir: Path, medusa_choices: str | None = None,
+                   vocab_size: int | None = None, name: str = "medusa") -> Path:
+    """The target marked for Medusa with `heads_dir` (its tree: `medusa_choices`, else the heads' recommended one;
+    `vocab_size` M: the heads propose the first M token ids)."""
     from pipeline.bench.speculative.engines import linked_copy
     from refengine.speculative.medusa_files import write_medusa_engine
     from refengine.speculative.medusa_tree import parse_medusa_choices
 
-    out = linked_copy(engine_dir, work_dir / "medusa")
-    write_medusa_engine(out, heads_dir, parse_medusa_choices(medusa_choices) if medusa_choices else None)
+    out = linked_copy(engine_dir, work_dir / name)
+    write_medusa_engine(out, heads_dir, parse_medusa_choices(medusa_choices) if medusa_choices else None, medusa_vocab_size=vocab_size)
     return out
 
 

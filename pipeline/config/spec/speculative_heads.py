@@ -39,6 +39,16 @@ def recommended_choices(heads: Path) -> list[list[int]]:
     return choices
 
 
+def heads_vocab_size(heads: Path) -> int | None:
+    """The heads' config.json vocab_size, None when it cannot be read (the choices' check names that file)."""
+    try:
+        config = json.loads((heads / MEDUSA_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    return vocab if isinstance(vocab, int) else None
+
+
 class MedusaSpec(StrictModel):
     """Medusa: K trained heads on the model's last hidden state propose a tree of candidates, verified in one step."""
 
@@ -54,9 +64,22 @@ class MedusaSpec(StrictModel):
         "reached by the i_1-th most likely token of head 0, then the i_2-th of head 1, ...; every prefix of a path is "
         "also a path. Its number of nodes is the engine's max_draft_len. Default: the heads' config.json medusa_choices.",
     )
+    vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Target cpu only: the heads propose only the first M token ids (each head's lm_head keeps those "
+        "rows). Cheaper heads where the vocabulary is large against the hidden size; byte-level BPE numbers frequent "
+        "tokens first, so acceptance falls little; the output never changes (the model verifies every node). "
+        "TensorRT-LLM's Medusa has no such cut. At most the heads' vocab_size.",
+    )
 
     @model_validator(mode="after")
     def _tree(self) -> MedusaSpec:
+        if self.vocab_size is not None:
+            heads_vocab = heads_vocab_size(self.heads)
+            if heads_vocab is not None and self.vocab_size > heads_vocab:
+                raise ValueError(f"build.speculative.medusa.vocab_size ({self.vocab_size}) exceeds the heads' vocab_size "
+                                 f"({heads_vocab}, {self.heads / MEDUSA_CONFIG_FILE}): it keeps the first M token ids")
         if self.choices is None:
             object.__setattr__(self, "choices", recommended_choices(self.heads))
             return self

@@ -35,6 +35,11 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
                          f"target {builders} builds it")
     if speculative.mode is SpeculativeMode.eagle:
         _check_eagle(build)
+    why_not = traits_of(build.target).no_medusa_vocab_size_because
+    if speculative.medusa is not None and speculative.medusa.vocab_size is not None and why_not is not None:
+        builders = " or ".join(t.value for t in Target if traits_of(t).no_medusa_vocab_size_because is None)
+        raise ValueError(f"build.speculative.medusa.vocab_size is refused on build.target {build.target.value}: {why_not}; "
+                         f"target {builders} builds it")
     if speculative.mode is not SpeculativeMode.draft_tokens_external:
         return  # LoRA with lookahead: a warning of the engine build (trtllm_rules), as before
     if build.lora is not None:
