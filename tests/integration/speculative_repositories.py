@@ -4,8 +4,8 @@ out, from the session's shared tiny-cpu checkpoint (no second export runs).
 - draft-target (build_configs/tiny-cpu-draft-target.yaml): the draft is the target's first two layers with its final
   norm and lm_head (an early-exit draft: same tokenizer, cheap, agrees with the target often, not always — so drafts
   are both accepted and rolled back).
-- Medusa (build_configs/tiny-cpu-medusa.yaml): the trained heads of models/tiny-stdlib-llama-medusa with their
-  recommended tree.
+- Medusa (build_configs/tiny-cpu-medusa.yaml): the trained heads of models/tiny-stdlib-llama-medusa with the
+  YAML's 5-node tree and its 1024-token vocabulary cut.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def medusa_num_heads() -> int:
 
 
 def build_medusa_repository(shared: dict[str, Path], work: Path) -> Path:
-    """engine (with medusa/) and model repository of tiny-cpu-medusa.yaml (the shipped heads, their recommended tree)."""
+    """engine (with medusa/) and model repository of tiny-cpu-medusa.yaml (the shipped heads, the YAML's tree and vocabulary cut)."""
     from pipeline.config.loader import load_config
 
     spec = load_config(REPO / "build_configs" / "tiny-cpu-medusa.yaml").spec
