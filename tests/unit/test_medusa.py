@@ -30,6 +30,9 @@ from tests.unit.tree_engine import render_for_engine
 from tests.unit.validate_probe import validate_probe
 
 CPU_MEDUSA = BUILD_CONFIGS / "tiny-cpu-medusa.yaml"
+# tiny-cpu-medusa.yaml names its own tree and vocabulary cut for the shipped 4 heads; these tests point it at random
+# heads and exercise the defaults read from them
+HEADS_DEFAULTS = ("build.speculative.medusa.choices=null", "build.speculative.medusa.vocab_size=null")
 V121 = get_version("1.2.1")
 
 
@@ -39,7 +42,7 @@ def heads(tmp_path) -> Path:
 
 
 def _load(heads: Path, *overrides: str, path: Path = CPU_MEDUSA):
-    return load_config(path, [f"build.speculative.medusa.heads={heads}", *overrides])
+    return load_config(path, [f"build.speculative.medusa.heads={heads}", *HEADS_DEFAULTS, *overrides])
 
 
 def _refused(heads: Path, *overrides: str, path: Path = CPU_MEDUSA) -> str:
@@ -113,7 +116,7 @@ def test_a_missing_heads_file_or_tree_is_refused(tmp_path):
 
 
 def _validate(tmp_path: Path, *overrides: str) -> tuple[str, str]:
-    return validate_probe(tmp_path / "store", CPU_MEDUSA, *overrides)
+    return validate_probe(tmp_path / "store", CPU_MEDUSA, *HEADS_DEFAULTS, *overrides)
 
 
 def test_validate_through_the_cli_stays_light_and_refuses_with_exit_2(tmp_path, heads):
