@@ -68,7 +68,7 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
     agree, except W8A16, whose 16-bit weights trtllm-build quantizes).
     """
     unified_dir, out_dir = Path(unified_dir), Path(out_dir)
-    model_type = _read_json(unified_dir / "config.json").get("model_type")
+    model_type = read_json(unified_dir / "config.json").get("model_type")
     layout = layout_for(str(model_type))
     tensors = load_tensors(unified_dir)
     config = json.loads(json.dumps(config))  # a deep copy the caller keeps unchanged
@@ -103,13 +103,15 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, what: str | None = "unified checkpoint") -> dict[str, Any]:
+    """The JSON object in `path`; StageError (prefixed with `what`, if any) naming the file."""
+    prefix = f"{what}: " if what else ""
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise StageError(f"unified checkpoint: cannot read {path} ({exc})") from None
+        raise StageError(f"{prefix}cannot read {path} ({exc})") from None
     if not isinstance(value, dict):
-        raise StageError(f"unified checkpoint: {path} is not a JSON object")
+        raise StageError(f"{prefix}{path} is not a JSON object")
     return value
 
 
@@ -134,7 +136,7 @@ def load_tensors(unified_dir: Path, what: str = "unified checkpoint") -> dict[st
 def _quantization(unified_dir: Path, requested: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """The `quantization` block ModelOpt 0.47's TRT export writes for what hf_quant_config.json says."""
     path = unified_dir / HF_QUANT_CONFIG
-    found = (_read_json(path).get("quantization") or {}) if path.is_file() else {}
+    found = (read_json(path).get("quantization") or {}) if path.is_file() else {}
     block: dict[str, Any] = {"quant_algo": found.get("quant_algo"), "kv_cache_quant_algo": found.get("kv_cache_quant_algo")}
     if found.get("quantized_layers"):  # MIXED_PRECISION (AutoQuant): per-layer formats, a GPU-only path
         raise StageError(f"{path}: per-layer mixed precision (quantized_layers) is not converted")

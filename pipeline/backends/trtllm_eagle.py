@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.backends.trtllm_convert import layer_tensors, load_tensors, unshared
+from pipeline.backends.trtllm_convert import layer_tensors, load_tensors, read_json, unshared
 from pipeline.backends.trtllm_convert_layout import layout_for
 from pipeline.backends.trtllm_convert_linear import column_shard, read_linear, trtllm_tensors
-from pipeline.backends.trtllm_medusa import copy_side_files, read_base_checkpoint, read_json
+from pipeline.backends.trtllm_medusa import copy_side_files, read_base_checkpoint
 from pipeline.config.eagle_tree import max_non_leaves
 from pipeline.config.medusa_tree import tree_depth
 from pipeline.errors import StageError
@@ -50,7 +50,7 @@ def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, ch
     config, dtype, tp, pp = read_base_checkpoint(base_dir)
     if pp != 1:
         raise StageError(f"{base_dir / 'config.json'}: pp_size {pp}: TensorRT-LLM's EAGLE does not support pipeline parallelism")
-    eagle_config = read_json(eagle_dir / "config.json")
+    eagle_config = read_json(eagle_dir / "config.json", None)
     eagle = load_tensors(eagle_dir, "build.speculative.eagle.heads")
     num_eagle_layers = tree_depth(choices)
     out_dir.mkdir(parents=True, exist_ok=False)

@@ -23,10 +23,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.backends.trtllm_convert import read_json
 from pipeline.config.spec.speculative_heads import MEDUSA_CONFIG_FILE, MEDUSA_HEADS_FILE
 from pipeline.errors import StageError
 
-__all__ = ["MEDUSA_ARCHITECTURE", "copy_side_files", "read_base_checkpoint", "read_json", "write_medusa_checkpoint"]
+__all__ = ["MEDUSA_ARCHITECTURE", "copy_side_files", "read_base_checkpoint", "write_medusa_checkpoint"]
 
 MEDUSA_ARCHITECTURE = "MedusaForCausalLM"
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
@@ -37,7 +38,7 @@ _EXCLUDED_HEADS = "*medusa_heads*"
 def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, max_draft_len: int) -> dict[str, Any]:
     """Write base + heads into `out_dir` (a new directory); return its config.json."""
     config, dtype, tp, pp = read_base_checkpoint(base_dir)
-    heads_config = read_json(heads_dir / MEDUSA_CONFIG_FILE)
+    heads_config = read_json(heads_dir / MEDUSA_CONFIG_FILE, None)
     num_heads, num_layers = int(heads_config["medusa_num_heads"]), int(heads_config["medusa_num_layers"])
     heads = load_file(str(heads_dir / MEDUSA_HEADS_FILE))
     out_dir.mkdir(parents=True, exist_ok=False)
@@ -53,7 +54,7 @@ def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, m
 
 def read_base_checkpoint(base_dir: Path) -> tuple[dict[str, Any], torch.dtype, int, int]:
     """The base TensorRT-LLM checkpoint's config.json, its dtype, tp_size and pp_size."""
-    config = read_json(base_dir / "config.json")
+    config = read_json(base_dir / "config.json", None)
     dtype = _DTYPES.get(config.get("dtype", ""))
     if dtype is None:
         raise StageError(f"{base_dir / 'config.json'}: dtype {config.get('dtype')!r} is not one of {', '.join(_DTYPES)}")
@@ -114,16 +115,6 @@ def _rows(tensor: torch.Tensor, tp: int, tp_rank: int, dtype: torch.dtype) -> to
     if tensor.shape[0] % tp:
         raise StageError(f"a Medusa head tensor of {tensor.shape[0]} rows does not split over tp_size {tp}")
     return tensor.chunk(tp, dim=0)[tp_rank].to(dtype).contiguous()
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StageError(f"cannot read {path} ({exc})") from None
-    if not isinstance(value, dict):
-        raise StageError(f"{path} is not a JSON object")
-    return value
 
 
 def command(base_dir: Path, heads_dir: Path, out_dir: Path, max_draft_len: int) -> list[str]:
