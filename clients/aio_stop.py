@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import np_to_triton_dtype
 
 from clients.aio_transport import AioGrpcCall
 
@@ -138,6 +139,6 @@ class StoppingGrpcCall:
 
 
 def _tensor(name: str, array: np.ndarray) -> grpcaio.InferInput:
-    tensor = grpcaio.InferInput(name, list(array.shape), "BOOL" if array.dtype == np.bool_ else "INT32")
+    tensor = grpcaio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
