@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import medusa_tree
+from refengine.speculative.medusa_tree import format_medusa_choices
 
 
 def _accuracy_rows(stats: dict, where: str) -> list[str]:
@@ -77,7 +77,7 @@ def model_card(stats: dict, title: str) -> str:
         "CPU pays for (see docs/decoding.md, \"The shipped Medusa heads\"). As Triton's `medusa_choices` parameter:",
         "",
         "```text",
-        medusa_tree.triton_medusa_choices(recommended),
+        format_medusa_choices(recommended),
         "```",
         "",
         "Reproduce:",

@@ -105,8 +105,3 @@ def decoded_tokens_per_step(tree: Iterable[Sequence[int]], sequences: Iterable[S
     if not steps:
         raise ValueError("no positions to decode the tree on")
     return tokens / steps
-
-
-def triton_medusa_choices(tree: Iterable[Sequence[int]]) -> str:
-    """The tree in the string form of Triton's `medusa_choices` parameter: "{0}, {0, 0}, {1}"."""
-    return ", ".join("{" + ", ".join(str(rank) for rank in node) + "}" for node in tree)

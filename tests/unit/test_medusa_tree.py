@@ -82,6 +82,3 @@ def test_a_budget_beyond_the_nodes_the_measured_ranks_allow_is_refused():
     with pytest.raises(ValueError, match="budget must be 1 to 6"):
         tree_builder.build_tree(ranks, 0)
 
-
-def test_the_triton_string_form_uses_braces_and_commas():
-    assert tree_builder.triton_medusa_choices([[0], [0, 0], [1], [0, 1]]) == "{0}, {0, 0}, {1}, {0, 1}"
