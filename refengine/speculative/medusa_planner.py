@@ -158,15 +158,16 @@ class MedusaSpeculator:
             self.node_acceptances[paths[node]] += 1
 
 
-def _decodes_one(item: ScheduledSequence) -> bool:
-    """A single decode token, drawing one sample, of a request that did not turn speculation off (num_draft_tokens 0)."""
-    params = item.sampling_params
-    return item.num_new_tokens == 1 and item.num_samples == 1 and not params.return_context_logits and params.num_draft_tokens != 0
-
-
 def _wants_hidden(item: ScheduledSequence) -> bool:
+    """Drawing one sample, for a request that may be drafted (no context logits, speculation not turned off by
+    num_draft_tokens 0): its last row's hidden state feeds the heads."""
     params = item.sampling_params
     return item.num_samples == 1 and not params.return_context_logits and params.num_draft_tokens != 0
+
+
+def _decodes_one(item: ScheduledSequence) -> bool:
+    """A single decode token of such a request: the step a tree can join."""
+    return item.num_new_tokens == 1 and _wants_hidden(item)
 
 
 def _by_head(top_ks: list[tuple[int, ...]]) -> list[list[int]]:
