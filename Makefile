@@ -31,7 +31,7 @@ test: lint docs
 
 # The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter]); `make test` runs them first.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline clients refengine model_repo scripts tests
+	$(VENV)/bin/ruff check pipeline bench clients refengine model_repo scripts tests
 	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml) into site/; --strict: a broken link, page or anchor fails it (`make test` runs it).

@@ -16,7 +16,7 @@ from typing import Any
 from clients.errors import InvalidRequestError, ProtocolError, RequestError
 
 # The ensemble's inputs this client sends, with their Triton datatypes (shapes are [1, 1] or [1, n]).
-# A unit test (tests/unit/test_contract.py) checks both tables against the served contract.
+# A unit test (tests/pipeline/render/test_contract.py) checks both tables against the served contract.
 INPUT_DATATYPES: dict[str, str] = {
     "text_input": "BYTES",
     "max_tokens": "INT32",

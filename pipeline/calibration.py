@@ -1,7 +1,7 @@
 """Calibration data: local text / JSONL files → fixed-length token windows, and their fingerprint.
 
 Importable with the standard library alone (plus `transformers` for `load_encoder`): the quantize job
-(`pipeline.backends.quantize_job`) runs it inside NVIDIA's image, where the spec's pydantic models
+(`pipeline.quantization.job`) runs it inside NVIDIA's image, where the spec's pydantic models
 are not imported.
 """
 

@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
     openai = sub.add_parser("openai", help="serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of Triton")
     add_openai_arguments(openai).set_defaults(handler=_openai)
-    from pipeline.bench.commands import add_bench_parser
+    from bench.commands import add_bench_parser
 
     add_bench_parser(sub, handler=_bench)
     schema = sub.add_parser("schema", help="print the JSON Schema of build configs")
@@ -149,7 +149,7 @@ def _openai(args: argparse.Namespace, console: Console) -> int:
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.bench.commands import run_bench_command
+    from bench.commands import run_bench_command
 
     return run_bench_command(args, _build_cpu_target)
 
@@ -195,7 +195,7 @@ def _stderr_console() -> Console:
 
 
 def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
-    from pipeline.backends.cpu_generate import generate_offline
+    from pipeline.backends.cpu.generate import generate_offline
     from pipeline.stages.build import ENGINE_DIR
 
     results = _build_cpu_target(loaded, store, "generate", "build")
@@ -269,7 +269,7 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
 
 def _built_engine(loaded: LoadedConfig, store: ArtifactStore) -> tuple[Path, dict] | None:
     """The engine directory and build notes of the spec's build artifact, if it exists (for the target's
-    check of this machine's runtime before serving: pipeline/backends/engine_runtime.py)."""
+    check of this machine's runtime before serving: pipeline/backends/engine/runtime.py)."""
     from pipeline.stages.build import ENGINE_DIR
 
     build = store.lookup(make_plan(loaded).stage("build"))

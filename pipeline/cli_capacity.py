@@ -11,9 +11,9 @@ from pipeline.config.loader import LoadedConfig
 def print_capacity(loaded: LoadedConfig, *, gpu: str, tp: int | None, console: Console) -> None:
     """`plan --gpu`: weights and KV cache per GPU for the spec (and its draft model, if any), the streamed tokens/s
     that GPU produces, and the Python-model instances and CPU cores that keep pace with it."""
-    from pipeline.backends.capacity import capacity_table
-    from pipeline.backends.spec_capacity import spec_capacity
-    from pipeline.backends.stream_capacity import python_instances, stream_table, token_roofline
+    from pipeline.capacity.for_spec import spec_capacity
+    from pipeline.capacity.planner import capacity_table
+    from pipeline.capacity.streams import python_instances, stream_table, token_roofline
 
     spec = loaded.spec
     _, memory_model = backend_for(spec.build.target).capacity_reserve(spec)

@@ -42,7 +42,7 @@ class EnvFacts:
 @dataclass(frozen=True)
 class StageDef:
     """One stage, and the slice of the Spec it sees: its digest's `inputs` and the stage itself read only
-    `hashes + via_upstream + unhashed` (and STORE_KEYS), through a SpecSlice. tests/unit/test_stage_reads.py
+    `hashes + via_upstream + unhashed` (and STORE_KEYS), through a SpecSlice. tests/pipeline/test_stage_reads.py
     runs every stage on a recording Spec and fails when a stage reads a path its digest does not hash."""
 
     name: str
@@ -145,7 +145,7 @@ def _quantize_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
 
 
 def _quantize_route(spec: SpecSlice) -> dict[str, Any]:
-    """Where the quantize job runs, when that changes what the artifact holds (pipeline.backends.quantize_dispatch).
+    """Where the quantize job runs, when that changes what the artifact holds (pipeline.quantization.dispatch).
 
     In this process on quantize.device (the default): nothing to add. A target that builds through build.runner
     (the engine target) quantizes through it on cuda: `local` uses this host's torch/ModelOpt (already in the

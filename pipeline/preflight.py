@@ -46,7 +46,7 @@ def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
 
 
 def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = False) -> list[Issue]:
-    from pipeline.backends.quantize_dispatch import IN_PROCESS, quantize_route
+    from pipeline.quantization.dispatch import IN_PROCESS, quantize_route
 
     quantize, weights = spec.quantize, weight_format(spec.quantize.algo)
     if spec.dry_run:  # nothing is calibrated or exported in a dry run
@@ -54,7 +54,7 @@ def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = Fal
     route = quantize_route(spec)
     if route == "docker":  # the GPU is in the container: this machine needs only a Docker engine
         if not (build_selected and traits_of(spec.build.target).builds_through_runner):  # else the build's check reports it
-            from pipeline.backends.container_jobs import DockerRunner, RunnerUnavailable
+            from pipeline.container_jobs import DockerRunner, RunnerUnavailable
 
             try:
                 DockerRunner(image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size).check_engine()

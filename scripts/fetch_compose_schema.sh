@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the Compose Specification JSON schema that tests/unit/test_deploy.py validates the rendered
+# Fetch the Compose Specification JSON schema that tests/pipeline/deploy/test_deploy.py validates the rendered
 # compose files against, into <venv>/share/compose_spec.json. It is not committed: it is extracted
 # from the docker-compose==1.29.2 wheel on PyPI (compose/config/compose_spec.json), whose SHA-256 is
 # pinned below. Nothing from that wheel is installed.
@@ -27,7 +27,7 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 if ! "$PY" -m pip download --quiet --no-deps --only-binary=:all: --dest "$work" "docker-compose==1.29.2" >"$work/pip.log" 2>&1; then
-    echo "fetch_compose_schema: WARNING: could not download docker-compose==1.29.2 (offline?); tests/unit/test_deploy.py will skip its schema validation" >&2
+    echo "fetch_compose_schema: WARNING: could not download docker-compose==1.29.2 (offline?); tests/pipeline/deploy/test_deploy.py will skip its schema validation" >&2
     tail -n 3 "$work/pip.log" >&2
     exit 0
 fi

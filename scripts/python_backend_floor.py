@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.loadtest.serving import free_ports
+from pipeline.load.serving import free_ports
 from pipeline.serve import ServerOptions, TritonServer
 
 MODELS = {

@@ -3,7 +3,7 @@
     python3 scripts/quantize_families_on_gpu.py --out results.json [--families qwen3,gemma3_text] [--formats fp8,int4_awq]
 
 For each family × format that the family table lets its target take (the engine target for TensorRT-LLM
-families, llmapi's unified-only export for the others), the job (`pipeline.backends.quantize_job.run_job`) runs
+families, llmapi's unified-only export for the others), the job (`pipeline.quantization.job.run_job`) runs
 with quantize.device cpu and with cuda on the same checkpoint and calibration text, and the two TensorRT-LLM
 checkpoints are compared tensor by tensor: ModelOpt calibrates on CUDA with other kernels, so scales may differ in
 their last bits; a codes-and-scales difference beyond that is a finding. Needs torch with CUDA, transformers,
@@ -48,7 +48,7 @@ def main() -> int:
 def _one(scratch: Path, model_type: str, algo: str, devices: list[str]) -> dict:
     from pipeline.config.families import family_of
     from pipeline.config.targets import Target
-    from tests.family_models import make_family_checkpoint
+    from tests.support.family_models import make_family_checkpoint
 
     family = family_of(model_type)
     target = Target.engine if family.trtllm_class is not None else Target.llmapi
@@ -77,7 +77,7 @@ def _one(scratch: Path, model_type: str, algo: str, devices: list[str]) -> dict:
 
 
 def _run_job(hf_dir: Path, out: Path, algo: str, device: str, *, unified_only: bool) -> dict:
-    from pipeline.backends.quantize_job import CalibrationRequest, QuantizeRequest, run_job
+    from pipeline.quantization.job import CalibrationRequest, QuantizeRequest, run_job
 
     files = tuple(sorted((REPO / "data" / "calibration").glob("*.txt")))
     request = QuantizeRequest(
@@ -119,7 +119,7 @@ def _compare(cpu_dir: Path, cuda_dir: Path, *, unified: bool) -> dict:
 def _versions() -> dict:
     import torch
 
-    from pipeline.backends.quantize_job import package_versions
+    from pipeline.quantization.job import package_versions
 
     return {**package_versions(), "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 

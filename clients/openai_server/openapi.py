@@ -1,5 +1,5 @@
 """What `/openapi.json` documents: every request body and every answer of each route, so that
-schema-driven clients and fuzzers (Schemathesis, tests/unit/test_openai_schema_fuzz.py) can use it.
+schema-driven clients and fuzzers (Schemathesis, tests/clients/test_openai_schema_fuzz.py) can use it.
 
 The routes read their bodies themselves (for OpenAI's error shapes and the size and nesting
 limits), so FastAPI cannot see them: each POST route names its body with `request_body(...)`

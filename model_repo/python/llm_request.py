@@ -51,7 +51,7 @@ _UNSUPPORTED_PRESENT = {
 }
 # Accepted and ignored: the engine is decoder-only, and the ensemble always sends NVIDIA's placeholder
 # (one pad id), as TensorRT-LLM's backend ignores it. Every other input the contract declares is read
-# by `parse_request` (honoured or refused by name; tests/unit/test_contract.py checks it).
+# by `parse_request` (honoured or refused by name; tests/pipeline/render/test_contract.py checks it).
 IGNORED_INPUTS = ("decoder_input_ids", "decoder_input_lengths")
 
 

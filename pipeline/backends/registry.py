@@ -9,9 +9,9 @@ from pipeline.backends.base import TargetBackend
 from pipeline.config.spec import Target
 
 _MODULES: dict[Target, str] = {
-    Target.engine: "pipeline.backends.engine_target",
-    Target.cpu: "pipeline.backends.cpu",
-    Target.llmapi: "pipeline.backends.llmapi_target",
+    Target.engine: "pipeline.backends.engine.target",
+    Target.cpu: "pipeline.backends.cpu.target",
+    Target.llmapi: "pipeline.backends.llmapi.target",
 }
 
 

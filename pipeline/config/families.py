@@ -5,7 +5,7 @@ builds it with trtllm-build (`MODEL_MAP`; None: not there, so the engine target 
 TensorRT-LLM 1.2's PyTorch backend registers it (the llmapi target), and the weight formats a target refuses
 for it, with the reason. The cpu target runs what the reference engine runs (`refengine.architectures`, its
 own table); the GPU targets no longer inherit its limits. `validate` reads this table; the engine target's
-checkpoint config writer (`pipeline.backends.trtllm_pretrained`) reads `trtllm_class` and the family keys.
+checkpoint config writer (`pipeline.quantization.trtllm_checkpoint.pretrained`) reads `trtllm_class` and the family keys.
 
 Sources: shared/reference/architectures.md §0 (summary matrix), §1 (MODEL_MAP, checkpoint keys), §2 (PyTorch
 registry, ModelOpt unified checkpoints), §3.2b (ModelOpt 0.47 export, family × format, measured on CPU and

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from clients.api_keys import ApiKeyError, parse_api_keys
-from pipeline.backends import engine_runtime
+from pipeline.backends.engine import runtime as engine_runtime
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.deploy import dockerfile, images, layout, monitoring, rule_tests, rules

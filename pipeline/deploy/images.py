@@ -1,7 +1,7 @@
 """The container images of a deployment, pinned.
 
 - Triton with TensorRT-LLM (gpu profile): the tag of the TensorRT-LLM version profile
-  (`pipeline.backends.trtllm_versions`). No digest is recorded for these images, so they are pinned
+  (`pipeline.trtllm_versions`). No digest is recorded for these images, so they are pinned
   by tag only; `deploy.image` may name `<image>@sha256:<digest>` instead (serving-and-operations.md
   B3.4: a tag is mutable, a digest is not).
 - Prometheus, Grafana and the Python base of the cpu image: tag and digest. The digests are the
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.backends.engine_runtime import EngineRecord, mismatches
-from pipeline.backends.engine_target import declared_engine, image_runtime
+from pipeline.backends.engine.runtime import EngineRecord, mismatches
+from pipeline.backends.engine.target import declared_engine, image_runtime
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec, Target
 from pipeline.errors import SpecError

@@ -37,7 +37,7 @@ GRAFANA_DASHBOARD_PROVIDERS = "grafana/provisioning/dashboards/trtllm-pipeline.y
 GRAFANA_DASHBOARDS_DIR = "grafana/dashboards"
 GRAFANA_DASHBOARD = f"{GRAFANA_DASHBOARDS_DIR}/trtllm-pipeline.json"
 GRAFANA_PROVISIONING_DIR = "grafana/provisioning"
-ENGINE_CHECK_FILE = "engine_runtime.py"  # a copy of pipeline/backends/engine_runtime.py
+ENGINE_CHECK_FILE = "engine_runtime.py"  # a copy of pipeline/backends/engine/runtime.py
 OPENAI_FORM_DIR = "trtllm_serve"  # a target in NVIDIA's llmapi layout: trtllm-serve's options, as its container sees them
 
 # Inside the containers.

@@ -20,7 +20,7 @@ generates (trtllm.md §4.8) — one `mpirun` with one `-n 1 tritonserver …` bl
 
 from __future__ import annotations
 
-from pipeline.backends.engine_runtime import EngineRecord, format_compute_capability
+from pipeline.backends.engine.runtime import EngineRecord, format_compute_capability
 from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.deploy.layout import (
@@ -117,7 +117,7 @@ def _engine_flags(admin_key: str) -> list[str]:
 
 def engine_entrypoint(engine: EngineRecord) -> list[str]:
     """The engine target's entrypoint: check the container's TensorRT-LLM version and GPU compute capability
-    against the engine's (pipeline/backends/engine_runtime.py, mounted read-only), then exec NGC's entrypoint
+    against the engine's (pipeline/backends/engine/runtime.py, mounted read-only), then exec NGC's entrypoint
     with the service's command. A mismatch stops the container with both values in its log."""
     check = ["python3", ENGINE_CHECK_MOUNT, f"--trtllm-version={engine.trtllm_version}"]
     if engine.compute_capability is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import TritonLlmModel
-from pipeline.backends.cpu_speculative import SPECULATIVE_KEY
+from pipeline.backends.cpu.speculative import SPECULATIVE_KEY
 from pipeline.backends.engine_facts import EngineFacts, engine_facts, read_engine_config
 from pipeline.backends.llm_parameters import guided_decoding_parameters
 from pipeline.backends.registry import backend_for
@@ -107,7 +107,7 @@ def render_model_repository(
     (the engine target serves it as tensorrt_llm_draft, named `draft_config_dir` in its config); a cpu engine carries
     its draft inside (<engine>/draft). `final_out_dir`: where `out_dir` will be once the stage succeeds (the absolute
     paths of files inside the repository name it). `python_instances`: the instance counts of preprocessing,
-    postprocessing and the BLS the package stage planned (pipeline.backends.spec_capacity); a count the spec sets wins,
+    postprocessing and the BLS the package stage planned (pipeline.capacity.for_spec); a count the spec sets wins,
     and 1 stands in where neither gives one."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")

@@ -11,7 +11,7 @@ upstream fixes of the races between a gRPC stream's cancellation and its respons
 and their `tensorrt_llm` is the C++ backend, so they keep NVIDIA's route, the ensemble; the soak has
 not been run on them. A version that is not known (Triton not reachable) keeps the ensemble too.
 Its cost on 2.51: after the front end's test traffic Triton may keep `tensorrt_llm_bls` loaded at stop (exit 1
-after the exit timeout; tests/integration/serving.py STUCK_BLS), as it sometimes keeps the ensemble.
+after the exit timeout; tests/support/serving.py STUCK_BLS), as it sometimes keeps the ensemble.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ REPORT = "accuracy.json"
 
 
 def run(ctx: StageContext) -> None:
-    from pipeline.backends.cpu_accuracy import compare_checkpoints
-    from pipeline.backends.modelopt_export import export_trtllm_checkpoint
+    from pipeline.backends.cpu.accuracy import compare_checkpoints
+    from pipeline.quantization.modelopt_export import export_trtllm_checkpoint
 
     gate = ctx.spec.gate.accuracy
     if gate is None:  # the plan only schedules this stage when the gate is configured

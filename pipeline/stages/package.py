@@ -5,7 +5,7 @@ spec.build.speculative (Triton's lookahead parameters); upstream build (engine/)
 config.json for the capacity planner). Writes `model_repository/`.
 
 The instance counts of preprocessing, postprocessing and the BLS that the spec leaves unset are planned here, on a
-target that streams at a GPU's pace (pipeline.backends.spec_capacity: the GPU's token rate ÷ one instance's measured
+target that streams at a GPU's pace (pipeline.capacity.for_spec: the GPU's token rate ÷ one instance's measured
 rate; then the planner also reads build, quantize and deploy.gpu, which the build stage's digest hashes); the
 reasoning goes to the stage's log.
 """
@@ -13,7 +13,7 @@ reasoning goes to the stage's log.
 from __future__ import annotations
 
 from pipeline.backends.registry import backend_for
-from pipeline.backends.spec_capacity import planned_python_instances
+from pipeline.capacity.for_spec import planned_python_instances
 from pipeline.config.model_info import read_model_info
 from pipeline.render import render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form

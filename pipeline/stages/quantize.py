@@ -1,6 +1,6 @@
 """quantize: calibrate with ModelOpt (when a format is chosen) and export the TensorRT-LLM checkpoint.
 
-The work is one quantize job (`pipeline.backends.quantize_job`). It runs in this process on
+The work is one quantize job (`pipeline.quantization.job`). It runs in this process on
 quantize.device, except for the engine target with `quantize.device: cuda`, where it goes through the
 build runner (local GPU, the pinned Triton TRT-LLM image, or a dry run that only writes the command).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.backends.container_jobs import make_runner
-from pipeline.backends.quantize_dispatch import (
+from pipeline.container_jobs import make_runner
+from pipeline.quantization.dispatch import (
     CHECKPOINT_DIR,
     IN_PROCESS,
     SCRIPT_FILE,
@@ -21,7 +21,7 @@ from pipeline.backends.quantize_dispatch import (
     request_from_spec,
     run_quantize,
 )
-from pipeline.backends.quantize_job import REQUEST_FILE, QuantizeRequest
+from pipeline.quantization.job import REQUEST_FILE, QuantizeRequest
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
 
@@ -41,7 +41,7 @@ def quantize_checkpoint(ctx: StageContext, hf_dir: Path) -> None:
     artifact_dir = (ctx.final_dir or ctx.out_dir) if route == "dry-run" else ctx.out_dir
     request = request_from_spec(spec, hf_dir, artifact_dir, result_file=route != IN_PROCESS)
     if route == IN_PROCESS:
-        from pipeline.backends.quantize_job import run_job
+        from pipeline.quantization.job import run_job
 
         result = run_job(request, log=ctx.log)
     else:
@@ -87,7 +87,7 @@ def _record_dry_run(ctx: StageContext, request: QuantizeRequest, job, docker_com
         "request": REQUEST_FILE,
         "image": job.version.image,
         "docker_command": None if docker_command is None else list(docker_command),
-        "call": "pipeline.backends.quantize_job.run_job → modelopt_export.export_trtllm_checkpoint "
+        "call": "pipeline.quantization.job.run_job → modelopt_export.export_trtllm_checkpoint "
         "(ModelOpt mtq.quantize + export_hf_checkpoint, then trtllm_convert)",
     }
     (ctx.out_dir / "quantize.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -20,7 +20,7 @@ REPORT = "performance.json"
 
 
 def run(ctx: StageContext) -> None:
-    from pipeline.loadtest.slo import regression, regression_failures, threshold_failures
+    from pipeline.load.slo import regression, regression_failures, threshold_failures
 
     gate = ctx.spec.gate.performance
     if gate is None:  # the plan schedules this stage only with gate.performance
@@ -82,11 +82,11 @@ def previous_report(ctx: StageContext) -> dict[str, Any] | None:
 
 
 def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
-    from clients.loadgen import SloLimits
-    from pipeline.loadtest.remote import load_test_keys, remote_endpoints
-    from pipeline.loadtest.serving import serving
-    from pipeline.loadtest.sweep import SweepOptions, run_load_sweep
-    from pipeline.loadtest.workload import LengthDist, TextTokenizer, synthetic_requests
+    from clients.load import SloLimits
+    from pipeline.load.remote import load_test_keys, remote_endpoints
+    from pipeline.load.serving import serving
+    from pipeline.load.sweep import SweepOptions, run_load_sweep
+    from pipeline.load.workload import LengthDist, TextTokenizer, synthetic_requests
     from pipeline.stages.package import REPOSITORY_DIR
 
     spec = ctx.spec

@@ -9,7 +9,7 @@ A module's in / out dimensions are those of the Linear it adapts (TensorRT-LLM's
 gives attn_dense an input of `hidden` even where heads × head_size differs from it, e.g. Qwen3, Gemma; here the
 input is the Linear's own, heads × head_size, which is what a PEFT adapter's o_proj `lora_A` holds).
 
-refengine's checkpoint layout (the converter's, pipeline/backends/trtllm_convert_layout.py) fuses q/k/v into one
+refengine's checkpoint layout (the converter's, pipeline/quantization/trtllm_checkpoint/layout.py) fuses q/k/v into one
 Linear (`attention.qkv`, rows [q; k; v]) and keeps the MLP's `fc` (HF gate_proj, the activated branch), `gate`
 (HF up_proj) and `proj` (HF down_proj) apart. So attn_q / attn_k / attn_v adapt column ranges of the qkv output,
 and TensorRT-LLM's Phi-3 `mlp_h_to_4h` (its fused `mlp.fc`, rows [up; gate] as `models/phi3/convert.py` swaps

@@ -1,6 +1,6 @@
 """The mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE) of the Llama decoder, from TensorRT-LLM's MoE layout.
 
-Checkpoint (TensorRT-LLM `layers/moe.py`, written by pipeline/backends/trtllm_convert_moe.py), under
+Checkpoint (TensorRT-LLM `layers/moe.py`, written by pipeline/quantization/trtllm_checkpoint/moe.py), under
 `transformer.layers.N.mlp`:
 
   * `router.weight` [E, hidden] float32 (never quantized);

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clients import TritonLLMClient
-from tests.integration.serving import CLI, REPO, free_ports
+from tests.support.serving import CLI, REPO, free_ports
 
 pytestmark = pytest.mark.gpu
 

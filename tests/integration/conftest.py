@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.serving import build_and_package, packaged
+from tests.support.serving import build_and_package, packaged
 
 TINY_CPU = "tiny-cpu"
 

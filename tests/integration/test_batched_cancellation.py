@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from clients.aio import AsyncTritonLLMClient
-from clients.loadgen.chaos import ChaosPlan, ChaosTargets, run_chaos
+from clients.load.chaos import ChaosPlan, ChaosTargets, run_chaos
 from clients.openai_server import running_openai_server
 from tests.integration import postprocessing_batches as batches
-from tests.integration.serving import greedy_reference, loopback_options, running_server
+from tests.support.serving import greedy_reference, loopback_options, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

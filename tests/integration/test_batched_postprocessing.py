@@ -16,7 +16,7 @@ import uuid
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.integration.postprocessing_batches import (
+from tests.support.postprocessing_batches import (
     MAX_TOKENS,
     PROMPTS,
     engine_idle,
@@ -28,7 +28,7 @@ from tests.integration.postprocessing_batches import (
     render_batched_repository,
     streamed_texts,
 )
-from tests.integration.serving import greedy_reference, loopback_options, running_server
+from tests.support.serving import greedy_reference, loopback_options, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from pipeline.bench.capacity.bench import run_capacity_bench
-from pipeline.bench.capacity.command import batched_postprocessing_config
-from pipeline.bench.capacity.options import CapacityOptions, checked_options
-from pipeline.bench.capacity.report import summarize
-from pipeline.bench.capacity.repository import bench_paths, write_bench_repository
+from bench.capacity.bench import run_capacity_bench
+from bench.capacity.command import batched_postprocessing_config
+from bench.capacity.options import CapacityOptions, checked_options
+from bench.capacity.report import summarize
+from bench.capacity.repository import bench_paths, write_bench_repository
 from pipeline.config.loader import load_config
 from pipeline.errors import PipelineError
-from tests.integration.serving import REPO, infer_inputs, serving_repository
+from tests.support.serving import REPO, infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

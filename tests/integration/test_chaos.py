@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from clients.loadgen.chaos import ChaosOutcome, ChaosPlan, ChaosTargets
+from bench.soak.bench import greedy_answer, judge, read_vitals, soak, wait_until_idle
+from clients.load.chaos import ChaosOutcome, ChaosPlan, ChaosTargets
 from clients.openai_server import running_openai_server
-from pipeline.bench.soak.bench import greedy_answer, judge, read_vitals, soak, wait_until_idle
-from tests.integration.serving import infer_inputs, serving_repository
+from tests.support.serving import infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

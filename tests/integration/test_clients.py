@@ -25,7 +25,7 @@ import pytest
 
 from clients import AsyncTritonLLMClient, ClientError, ClientTimeoutError, InvalidRequestError, RequestError, ServerUnavailableError, TritonLLMClient
 from clients.cli import add_infer_arguments, run_infer
-from tests.integration.serving import REPO, free_ports, greedy_reference, serving_repository
+from tests.support.serving import REPO, free_ports, greedy_reference, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """`make demo`'s flow on one tiny config per model family the cpu target runs, all served by ONE tritonserver.
 
-For each family of FAMILIES: a tiny random checkpoint (tests/family_models.py), `run CONFIG --until package`
+For each family of FAMILIES: a tiny random checkpoint (tests/support/family_models.py), `run CONFIG --until package`
 in-process on a small config written from build_configs/tiny-cpu.yaml; the packaged repositories are combined
 into one, each family's models renamed `<family>-<model>` (combined_repository.py), and one tritonserver serves
 them for the module. Per family, as the demo does it: `infer` over gRPC (streamed) and over HTTP through the
@@ -22,9 +22,9 @@ from clients.openai_server import running_openai_server
 from pipeline.cli import main
 from refengine.architectures import HF_MODEL_TYPES
 from tests.conftest import BUILD_CONFIGS
-from tests.family_models import make_family_checkpoint
-from tests.integration.combined_repository import combine_repositories, served_name
-from tests.integration.serving import greedy_reference, packaged, serving_repository
+from tests.support.combined_repository import combine_repositories, served_name
+from tests.support.family_models import make_family_checkpoint
+from tests.support.serving import greedy_reference, packaged, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.integration.serving import REPO, SHUTDOWN_TIMEOUT_S, build_and_package, free_ports
+from tests.support.serving import REPO, SHUTDOWN_TIMEOUT_S, build_and_package, free_ports
 
 CONFIG = "llama-3.1-8b-fp8-llmapi"
 
@@ -69,12 +69,12 @@ def test_the_model_code_serves_nvidias_contract_to_the_load_client_over_a_stand_
     """Our model.py, for the first time past its import: LLM() is the stand-in package (tests/integration/
     llmapi_standin, copied beside model.py: no language, one word per step), everything else is real — the rendered repository, the bundled
     tritonserver's decoupled Python backend and HTTP generate_stream, and the load client of the llmapi contract
-    (clients/loadgen/llmapi_target.py, reached as `bench load --url` / gate.performance.url reach it)."""
-    from clients.loadgen import LoadRequest
-    from clients.loadgen.llmapi_target import LlmapiModelTarget
+    (clients/load/llmapi_target.py, reached as `bench load --url` / gate.performance.url reach it)."""
+    from clients.load import LoadRequest
+    from clients.load.llmapi_target import LlmapiModelTarget
     from pipeline.config.loader import load_config
-    from pipeline.loadtest.remote import remote_endpoints
-    from pipeline.loadtest.sweep import SweepOptions, run_load_sweep
+    from pipeline.load.remote import remote_endpoints
+    from pipeline.load.sweep import SweepOptions, run_load_sweep
 
     triton, http_port = _serve_with_standin(tmp_path, ())
     try:

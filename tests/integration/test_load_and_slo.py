@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.serving import CLI, REPO
+from tests.support.serving import CLI, REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

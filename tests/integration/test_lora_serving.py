@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from clients.lora_tensors import convert_peft_adapter, write_lora_tensors
-from tests.integration.serving import MODEL_CODE, REPO, infer_inputs, serving_repository
+from tests.support.serving import MODEL_CODE, REPO, infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def adapters():
 @pytest.fixture(scope="module")
 def lora_build(tiny_cpu, tmp_path_factory):
     """engine and repository of the shared checkpoint built with build.lora, with a prefetch dir."""
-    from pipeline.backends.cpu import cpu_build_config, write_cpu_engine
+    from pipeline.backends.cpu.target import cpu_build_config, write_cpu_engine
     from pipeline.config.loader import load_config
     from pipeline.render import render_model_repository
     from pipeline.stages.quantize import CHECKPOINT_DIR

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.serving import infer_inputs, serving_repository
+from tests.support.serving import infer_inputs, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

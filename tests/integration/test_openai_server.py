@@ -43,11 +43,11 @@ from pipeline.config.spec import Target
 from pipeline.serve import ServerState
 from pipeline.serve.front_end_route import BLS_MODEL, front_end_triton_model, triton_version
 from pipeline.serve.process import start_time_ticks
-from tests.integration.guided_cases import MAX_TOKENS as GUIDED_MAX_TOKENS
-from tests.integration.guided_cases import PROMPTS as GUIDED_PROMPTS
-from tests.integration.guided_cases import SCHEMAS as GUIDED_SCHEMAS
-from tests.integration.guided_cases import validated
-from tests.integration.serving import REPO, free_ports, serving_repository
+from tests.support.guided_cases import MAX_TOKENS as GUIDED_MAX_TOKENS
+from tests.support.guided_cases import PROMPTS as GUIDED_PROMPTS
+from tests.support.guided_cases import SCHEMAS as GUIDED_SCHEMAS
+from tests.support.guided_cases import validated
+from tests.support.serving import REPO, free_ports, serving_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from clients import TritonLLMClient
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import ServerOptions
 from refengine import LLMEngine, SamplingParams
-from tests.integration.serving import SHUTDOWN_TIMEOUT_S, build_and_package, free_ports, running_server
+from tests.support.serving import SHUTDOWN_TIMEOUT_S, build_and_package, free_ports, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.overhead.bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, OverheadOptions, run_serve_bench
-from pipeline.bench.overhead.report import render_serve_markdown
+from bench.overhead.bench import SINGLE_TOKEN_PATHS, STREAM_PATHS, OverheadOptions, run_serve_bench
+from bench.overhead.report import render_serve_markdown
 from pipeline.config.spec import DeploySpec
 from pipeline.serve import leaks
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.serve import leaks, process, read_state
-from tests.integration.serving import CLI, REPO, free_ports
+from tests.support.serving import CLI, REPO, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

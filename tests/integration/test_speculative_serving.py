@@ -24,10 +24,10 @@ from tritonclient.utils import InferenceServerException
 
 from clients.openai_server import running_openai_server
 from pipeline.serve.front_end_route import front_end_triton_model, triton_version
-from tests.integration.combined_repository import combine_repositories, served_name
-from tests.integration.serving import greedy_reference, infer_inputs, loopback_options, serving_repository
-from tests.integration.speculative_repositories import build_medusa_repository, build_speculative_repository, medusa_num_heads
 from tests.integration.test_triton_cpu import client_inputs, http_generate, metric, metrics, stream_infer
+from tests.support.combined_repository import combine_repositories, served_name
+from tests.support.serving import greedy_reference, infer_inputs, loopback_options, serving_repository
+from tests.support.speculative_repositories import build_medusa_repository, build_speculative_repository, medusa_num_heads
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

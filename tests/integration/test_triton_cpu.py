@@ -35,7 +35,7 @@ from tritonclient.utils import InferenceServerException
 from pipeline.config.spec import ServeSpec
 from pipeline.render import ConfigPaths, render_model_repository
 from pipeline.serve import ServerOptions, TritonServer, leaks, read_state, start_detached, stop_detached
-from tests.integration.serving import SHUTDOWN_TIMEOUT_S, free_ports, infer_inputs, running_server
+from tests.support.serving import SHUTDOWN_TIMEOUT_S, free_ports, infer_inputs, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -1070,7 +1070,7 @@ def test_a_real_prometheus_evaluates_the_rendered_rules_on_this_server(server, t
 
     from pipeline.config.spec import Spec
     from pipeline.deploy import rules
-    from tests.unit.test_deploy import load_spec
+    from tests.pipeline.deploy.test_deploy import load_spec
 
     spec: Spec = load_spec("tiny-cpu")
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules.rules_document(spec), sort_keys=False))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.loadtest.serving import free_ports
+from pipeline.load.serving import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -85,7 +85,7 @@ def single_torch_thread():
 @pytest.fixture(scope="session")
 def quantized_suite(tmp_path_factory: pytest.TempPathFactory):
     """Every ModelOpt export format of one tiny random Llama (quant_fixtures.build_quantized_suite)."""
-    from tests.refengine.quant_fixtures import build_quantized_suite
+    from tests.support.quant_fixtures import build_quantized_suite
 
     return build_quantized_suite(tmp_path_factory)
 

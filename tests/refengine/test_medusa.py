@@ -358,7 +358,7 @@ def test_greedy_medusa_on_sliding_window_models_equals_transformers(tmp_path, na
     """A tree row's window is measured from its position (root + depth), not from its slot: Gemma 2 / 3 with 16-token
     windows and prompts past them answer what transformers answers; heads near the model's lm_head make deep accepts."""
     from tests.refengine.conftest import hf_greedy
-    from tests.refengine.gemma_fixtures import build_gemma_model, build_gemma_models
+    from tests.support.gemma_fixtures import build_gemma_model, build_gemma_models
 
     model = build_gemma_models(tmp_path)[name] if name == "gemma2_windowed" else build_gemma_model(name, tmp_path)
     target = load_model(load_checkpoint(model.checkpoint_dir))

@@ -17,7 +17,7 @@ from refengine.checkpoint import load_checkpoint
 from refengine.model_runner import LlamaModel
 from refengine.model_runner.linear import DenseLinear
 from refengine.model_runner.quant_ops import pack_int4, unpack_int4
-from tests.refengine.quant_fixtures import (  # the quantized_suite fixture is in conftest.py
+from tests.support.quant_fixtures import (  # the quantized_suite fixture is in conftest.py
     FORMATS,
     engine_logits,
     hf_logits,

@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from refengine.checkpoint import load_checkpoint
 from refengine.model_runner import load_model
-from tests.refengine.quant_fixtures import _capture_models, hf_logits, min_cosine, paged_prefill
+from tests.support.quant_fixtures import _capture_models, hf_logits, min_cosine, paged_prefill
 
 VOCAB = 512
 WINDOW = 16
@@ -101,7 +101,7 @@ def _float32(hf_dir: Path) -> Any:
 def _export(hf_dir: Path, out: Path, algo: str, calibration: list[torch.Tensor]) -> Export:
     import modelopt.torch.quantization as mtq
 
-    from pipeline.backends.modelopt_export import QuantRecipe, export_trtllm_checkpoint
+    from pipeline.quantization.modelopt_export import QuantRecipe, export_trtllm_checkpoint
 
     batches = calibration[:2] if "awq" in algo else calibration  # AWQ searches its scales per batch
 

@@ -23,7 +23,7 @@ from refengine.model_runner.quant_ops import (
     unpack_int4,
 )
 from refengine.model_runner.quantized_linear import Fp8Linear, Int4AwqLinear, SmoothQuantLinear
-from tests.refengine.quant_fixtures import add_kv_cache_scales, min_cosine, paged_prefill, quantize_linears
+from tests.support.quant_fixtures import add_kv_cache_scales, min_cosine, paged_prefill, quantize_linears
 
 AWQ = {"quant_algo": "W4A16_AWQ", "group_size": 16, "has_zero_point": False, "pre_quant_scale": True}
 

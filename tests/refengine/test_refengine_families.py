@@ -1,7 +1,7 @@
 """Qwen3, Granite, Phi-3/4, StarCoder2 and Nemotron (refengine/architectures.py rows) from the checkpoints the quantize
 stage writes.
 
-Tiny random transformers models of each family (tests/refengine/family_fixtures.py) are exported through the
+Tiny random transformers models of each family (tests/support/family_fixtures.py) are exported through the
 project's converter and run by the engine: greedy output equals transformers' `generate` token for token
 (unquantized, 32 tokens, several prompts); every cpu weight format (FP8, INT4 AWQ, INT8 SmoothQuant, INT8
 weight-only, W4A8 AWQ) of every family loads, matches ModelOpt's own calibrated fake-quant model and agrees with the
@@ -23,7 +23,7 @@ import torch
 from refengine import ModelLoadError, SamplingParams, load_checkpoint
 from refengine.model_runner import load_model
 from tests.refengine.conftest import hf_greedy
-from tests.refengine.family_fixtures import (
+from tests.support.family_fixtures import (
     FAMILY_SPECS,
     LONG_ROPE_ORIGINAL,
     VOCAB_SIZE,
@@ -32,7 +32,7 @@ from tests.refengine.family_fixtures import (
     family_engine,
     random_prompts,
 )
-from tests.refengine.quant_fixtures import paged_prefill
+from tests.support.quant_fixtures import paged_prefill
 
 MAX_NEW_TOKENS = 32
 QUANTIZED = ("fp8", "int4_awq", "int8_sq", "int8_wo", "w4a8_awq")

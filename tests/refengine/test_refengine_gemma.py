@@ -1,6 +1,6 @@
 """Gemma, Gemma 2 and Gemma 3 text (refengine/model_runner/gemma.py) from the checkpoints the quantize stage writes.
 
-Tiny random transformers models (tests/refengine/gemma_fixtures.py, 16-token windows) exported through the
+Tiny random transformers models (tests/support/gemma_fixtures.py, 16-token windows) exported through the
 project's converter: greedy output equals transformers' `generate` (eager attention) token for token, 32 tokens,
 prompts shorter and much longer than the window; beam search equals transformers' for Gemma 3; every engine
 mechanism (paged KV with prefix reuse, chunked prefill, inflight batching, beams with copy-on-write, speculative
@@ -22,7 +22,7 @@ from refengine import EngineConfig, InvalidRequestError, LLMEngine, ModelLoadErr
 from refengine.gemma_options import GEMMA2_WINDOW
 from refengine.model_runner import load_model
 from tests.refengine.conftest import hf_greedy
-from tests.refengine.gemma_fixtures import VOCAB_SIZE, WINDOW, build_gemma_models
+from tests.support.gemma_fixtures import VOCAB_SIZE, WINDOW, build_gemma_models
 
 MAX_NEW_TOKENS = 32
 WINDOWED = ("gemma2_windowed", "gemma3_text")

@@ -30,8 +30,8 @@ from clients.lora_tensors import convert_peft_adapter
 from refengine import InvalidRequestError, LoraRequest, SamplingParams
 from refengine.model_runner.llama import LlamaModel
 from tests.refengine.conftest import hf_greedy
-from tests.refengine.family_fixtures import FAMILY_SPECS, MOE_SPECS, build_family_model, family_engine, random_prompts
-from tests.refengine.gemma_fixtures import build_gemma_model
+from tests.support.family_fixtures import FAMILY_SPECS, MOE_SPECS, build_family_model, family_engine, random_prompts
+from tests.support.gemma_fixtures import build_gemma_model
 
 MAX_NEW_TOKENS = 16
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]

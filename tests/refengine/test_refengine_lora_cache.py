@@ -1,7 +1,7 @@
 """The LoRA adapter cache's TensorRT-LLM semantics, every bad LoRA input, and the grouped per-adapter updates.
 
 On a small hand-written Llama checkpoint (conftest's `small_checkpoint`: 2 layers, hidden 32) with random adapters in
-NVIDIA's layout (`pipeline.bench.engine.lora.random_adapter`): a task id with weights is loaded and kept; the id alone
+NVIDIA's layout (`bench.engine.lora.random_adapter`): a task id with weights is loaded and kept; the id alone
 finds it, or fails with TensorRT-LLM's "not found in cache" text; least recently used, unpinned adapters are evicted
 within the cache's count and bytes; adapters of requests in flight are pinned, and one more than the cache holds fails
 that request only. Each bad input is an `InvalidRequestError` naming it, raised before anything changes: the cache
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.bench.engine.lora import random_adapter
+from bench.engine.lora import random_adapter
 from refengine import EngineConfig, InvalidRequestError, LLMEngine, LoraRequest, LoraSettings, SamplingParams
 from refengine.lora.batch import LoraBatch, LoraStacks
 

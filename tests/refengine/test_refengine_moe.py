@@ -1,6 +1,6 @@
 """Mixtral, Qwen2-MoE and Qwen3-MoE (refengine/architectures.py rows, model_runner/moe.py) from the converter's checkpoints.
 
-Tiny random transformers models (tests/refengine/family_fixtures.py MOE_SPECS: Mixtral renormalises its top-k routing
+Tiny random transformers models (tests/support/family_fixtures.py MOE_SPECS: Mixtral renormalises its top-k routing
 weights, Qwen2-MoE does not and has a shared expert behind a sigmoid gate, Qwen3-MoE with norm_topk_prob true
 renormalises) are exported by the project's converter (unquantized and FP8) and run by the engine: greedy output equals
 transformers' `generate` (its per-expert loop, eager attention) token for token, several prompts × 32 tokens; beam
@@ -22,9 +22,9 @@ from refengine import ModelLoadError, SamplingParams, load_checkpoint
 from refengine.model_runner import load_model
 from refengine.model_runner.moe import MoeBlock, MoeSpec
 from tests.refengine.conftest import hf_greedy
-from tests.refengine.family_fixtures import MOE_SPECS, VOCAB_SIZE, assert_engine_mechanisms, build_family_model, family_engine, random_prompts
-from tests.refengine.quant_fixtures import paged_prefill
 from tests.refengine.test_refengine_beam_search import hf_beams
+from tests.support.family_fixtures import MOE_SPECS, VOCAB_SIZE, assert_engine_mechanisms, build_family_model, family_engine, random_prompts
+from tests.support.quant_fixtures import paged_prefill
 
 MAX_NEW_TOKENS = 32
 # FP8 (per-expert weight scales, one activation scale per stacked Linear) against the unquantized checkpoint on a

@@ -266,8 +266,8 @@ def render_root_compose(spec: Spec, *, config_path: str = "build_configs/tiny-cp
     )
     header = "\n".join(
         [
-            f"GENERATED from {config_path} by pipeline.deploy.compose.render_root_compose; do not edit. tests/unit/test_deploy.py",
-            "checks that this file equals the rendering (regenerate: UPDATE_GOLDEN=1 pytest tests/unit/test_deploy.py).",
+            f"GENERATED from {config_path} by pipeline.deploy.compose.render_root_compose; do not edit. tests/pipeline/deploy/test_deploy.py",
+            "checks that this file equals the rendering (regenerate: UPDATE_GOLDEN=1 pytest tests/pipeline/deploy/test_deploy.py).",
             "",
             f"Every host path below is under ./deploy/, which `trtllm-pipeline deploy {config_path}` fills from the",
             "deploy artifact (artifacts/<build>/deploy-<digest>/deploy/): the model repository rendered for the",

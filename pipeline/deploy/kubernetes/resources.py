@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.backends import engine_runtime
+from pipeline.backends.engine import runtime as engine_runtime
 from pipeline.config.spec import Spec
 from pipeline.deploy import layout, rules
 from pipeline.deploy.kubernetes import llmapi_forms, names, verify_artifacts, workloads
