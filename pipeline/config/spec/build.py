@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from pipeline.config.spec.choices import BuildRunnerKind, GemmPlugin, KVCacheType, LoraAdapterSource, LoraTargetModule, PluginDType
 from pipeline.config.spec.speculative import SpeculativeSpec
 from pipeline.config.spec.strict import StrictModel
-from pipeline.config.targets import Target
+from pipeline.config.targets import Target, traits_of
 from pipeline.quant_formats import FP8_MIN_SM, WEIGHT_FORMATS
 
 # Format facts the field descriptions below state, read from the format registry.
@@ -17,6 +17,8 @@ _FP8_CONTEXT_FMHA_QUANT = "/".join(str(f.trtllm_quant_algo) for f in WEIGHT_FORM
 _FUSED_MLP_WEIGHTS = " or ".join(
     [str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fused_mlp and f.quantized] + ["unquantized"]
 )
+# The targets build.runner applies to, read from the target traits.
+_RUNNER_TARGETS = " and ".join(t.value for t in Target if traits_of(t).builds_through_runner)
 
 class PluginSpec(StrictModel):
     """trtllm-build plugin and fusion switches, with TensorRT-LLM 1.2 defaults."""
@@ -41,12 +43,12 @@ class LoraSpec(StrictModel):
 
     adapter_dirs: tuple[str, ...] = Field(
         default=(),
-        description="Adapter directories (Hugging Face PEFT: adapter_config.json + adapter_model.safetensors), relative to "
-        "the YAML file; the build puts them at <engine>/lora/<i>/ (trtllm-build --lora_dir; the llmapi build links them "
-        "there for lora_config.lora_dir), and the first one defines the configuration. validate checks each against "
-        "the model (modules, tensor shapes, rank). A dry run needs only adapter_config.json; a build needs the weights "
-        "too. Clients select an adapter per request: lora_task_id / lora_weights / lora_config (engine, cpu), "
-        "lora_id / lora_name / lora_path or trtllm-serve's lora_request (llmapi).",
+        description="Hugging Face PEFT adapter directories (adapter_config.json + adapter_model.safetensors), relative to "
+        "the YAML file; the first defines the LoRA configuration, validate checks each against the model (modules, "
+        "tensor shapes, rank), and a dry run needs only adapter_config.json. The build puts them at <engine>/lora/<i>/ "
+        "(engine: trtllm-build --lora_dir; llmapi: linked there for lora_config.lora_dir). Clients select an adapter per "
+        "request: lora_task_id / lora_weights / lora_config (engine, cpu), lora_id / lora_name / lora_path or "
+        "trtllm-serve's lora_request (llmapi).",
     )
     adapter_source: LoraAdapterSource = Field(
         default=LoraAdapterSource.hf,
@@ -102,10 +104,17 @@ class BuildSpec(StrictModel):
     )
     runner: BuildRunnerKind = Field(
         default=BuildRunnerKind.local,
-        description="Where trtllm-build runs (engine target): local (on PATH), docker (the pinned Triton TRT-LLM image) or dry-run "
-        "(write the commands and configs only, no GPU or weights needed). `run --runner` overrides it.",
+        description=f"Where the GPU jobs of the {_RUNNER_TARGETS} targets run (trtllm-build, and the quantize job with "
+        "quantize.device cuda): local (this host's tools), docker (the version profile's pinned Triton TRT-LLM image) or "
+        "dry-run (write the commands and configs only; no GPU or weights needed). `run --runner` overrides it.",
     )
-    workers: int = Field(default=1, ge=1, le=64, description="trtllm-build --workers: ranks built in parallel (at most the world size).")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="trtllm-build --workers: ranks built in parallel (at most the world size). The llmapi target refuses a "
+        "change.",
+    )
     max_batch_size: int = Field(default=2048, ge=1, le=65_536, description="Maximum requests scheduled per iteration.")
     max_input_len: int = Field(default=1024, ge=1, description="Maximum prompt length of one request, in tokens.")
     max_seq_len: int | None = Field(
@@ -114,24 +123,39 @@ class BuildSpec(StrictModel):
         description="Maximum prompt + output length. Default: the model's max_position_embeddings "
         "(times the RoPE scaling factor where TensorRT-LLM applies it).",
     )
-    max_num_tokens: int = Field(default=8192, ge=1, description="Maximum packed tokens per iteration (the per-step token budget).")
-    opt_num_tokens: int | None = Field(default=None, ge=1, description="TensorRT optimization-profile point; not allowed with plugins.multiple_profiles.")
-    max_beam_width: int = Field(default=1, ge=1, le=64, description="Maximum beams of beam search (the cpu target runs beam search up to it).")
+    max_num_tokens: int = Field(
+        default=8192, ge=1, description="Maximum packed tokens per iteration (the per-step token budget); at least build.tokens_per_block."
+    )
+    opt_num_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="trtllm-build --opt_num_tokens: the token count the TensorRT optimization profile is tuned for. Not with "
+        "build.plugins.multiple_profiles; the llmapi target refuses it.",
+    )
+    max_beam_width: int = Field(
+        default=1, ge=1, le=64, description="Maximum beams of beam search (the cpu target runs beam search up to it); 1 with build.speculative."
+    )
     tokens_per_block: int = Field(default=32, description="Tokens per paged KV-cache block: a power of two in 16..128.")
-    kv_cache_type: KVCacheType = Field(default=KVCacheType.paged, description="paged (needed for inflight batching), continuous or disabled.")
+    kv_cache_type: KVCacheType = Field(
+        default=KVCacheType.paged, description="paged (needed for inflight batching), continuous or disabled; the llmapi target takes only paged."
+    )
     gather_context_logits: bool = Field(
         default=False,
         description="Engine target: keep the logits of every prompt token (trtllm-build --gather_context_logits), so that "
-        "requests can ask for return_context_logits and the OpenAI front end can answer echo with logprobs (prompt "
-        "log-probs, what lm-eval's loglikelihood tasks need). Costs GPU memory for a logits buffer of about max_num_tokens "
-        "× vocab size × 4 bytes (float32 logits): 4.2 GB for a Llama 3 vocabulary (128,256) at max_num_tokens 8192. "
-        "Not with speculative decoding. The cpu target always returns them.",
+        "requests can ask for return_context_logits and the OpenAI front end can answer echo with logprobs (the prompt "
+        "log-probs lm-eval's loglikelihood tasks need). It costs a float32 logits buffer of about max_num_tokens × vocab "
+        "size × 4 bytes of GPU memory (4.2 GB for Llama 3's 128,256 tokens at max_num_tokens 8192) and is refused with "
+        "build.speculative. The cpu target always returns them; the llmapi target refuses it (prompt log-probs are per "
+        "request there).",
     )
     tp_size: int = Field(
         default=1, ge=1, le=64, description="Tensor-parallel ranks; must divide the model's number of KV heads (or be a multiple of it, replicating them)."
     )
     pp_size: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks; must divide the number of layers.")
-    plugins: PluginSpec = Field(default_factory=PluginSpec, description="Plugin and fusion switches.")
+    plugins: PluginSpec = Field(
+        default_factory=PluginSpec,
+        description="trtllm-build plugin and fusion switches; the llmapi target refuses a change (the PyTorch backend has no plugins).",
+    )
     lora: LoraSpec | None = Field(
         default=None,
         description="LoRA adapters: the LoRA plugin in the model's dtype (engine, cpu), LLM()'s lora_config (llmapi). "
@@ -140,7 +164,8 @@ class BuildSpec(StrictModel):
     speculative: SpeculativeSpec | None = Field(
         default=None,
         description="Speculative decoding: a draft model (draft_tokens_external), n-grams of the request's own tokens "
-        "(prompt_lookup) or lookahead decoding. Absent: one token per step.",
+        "(prompt_lookup), lookahead decoding, Medusa or EAGLE heads, or the model's MTP layers (build.speculative.mode). "
+        "Absent: one token per step.",
     )
 
     @model_validator(mode="after")

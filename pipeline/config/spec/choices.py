@@ -75,7 +75,7 @@ class GPUModel(str, Enum):
 
 
 class LoraTargetModule(str, Enum):
-    """TensorRT-LLM LoRA module ids (LoraManager.LORA_MODULE_IDS) of a dense decoder; Hugging Face PEFT name in the comment."""
+    """TensorRT-LLM LoRA module ids (LoraManager.LORA_MODULE_IDS) of a dense decoder; build.lora.target_modules gives each one's Hugging Face PEFT name."""
 
     attn_qkv = "attn_qkv"  # fused q/k/v (no PEFT equivalent in Llama checkpoints)
     attn_q = "attn_q"  # q_proj
@@ -93,7 +93,8 @@ class LoraAdapterSource(str, Enum):
 
 
 class SpeculativeMode(str, Enum):
-    """trtllm-build --speculative_decoding_mode choices (TensorRT-LLM 1.2)."""
+    """build.speculative.mode: trtllm-build's --speculative_decoding_mode choices (TensorRT-LLM 1.2), and prompt_lookup (a
+    draft_tokens_external engine fed n-grams of the request) and mtp (the PyTorch backend's multi-token prediction)."""
 
     lookahead_decoding = "lookahead_decoding"
     draft_tokens_external = "draft_tokens_external"

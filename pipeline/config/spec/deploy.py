@@ -22,16 +22,23 @@ class DeploySpec(StrictModel):
         default=DeployKind.compose, description="How the deployment is rendered and started: compose (docker compose: Triton, Prometheus, Grafana), "
         "kubernetes (manifests with a kustomize base and overlays)."
     )
-    image: str | None = Field(default=None, description="Container image. Default: the pinned Triton TRT-LLM image for engine, a Python slim image for cpu.")
+    image: str | None = Field(
+        default=None,
+        description="Server container image, NAME:TAG or NAME@sha256:<digest>. Default: the pinned Triton TRT-LLM image of "
+        "build.trtllm_version's profile (engine and llmapi targets), or a Python slim base for the cpu image.",
+    )
     bind_address: str = Field(default="127.0.0.1", description="Address the published ports bind to (loopback by default).")
     http_port: int = Field(default=8000, ge=1, le=65535, description="Triton HTTP port.")
     grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton gRPC port.")
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton Prometheus metrics port.")
-    openai_port: int = Field(default=9000, ge=1, le=65535, description="Host port of the OpenAI-compatible front end (cpu profile).")
+    openai_port: int = Field(default=9000, ge=1, le=65535, description="Host port of the OpenAI-compatible front end (trtllm-serve on the llmapi target).")
     prometheus_port: int = Field(default=9090, ge=1, le=65535, description="Host port of Prometheus (published on 127.0.0.1).")
     grafana_port: int = Field(default=3000, ge=1, le=65535, description="Host port of Grafana (published on 127.0.0.1).")
     gpus: tuple[int, ...] = Field(
-        default=(), description="GPU device ids given to the server (engine target); their number must be tp_size × pp_size × LLM instances."
+        default=(),
+        description="Host GPU ids given to the server (engine and llmapi targets); their number must be build.tp_size × "
+        "build.pp_size × serve.instances.tensorrt_llm. Empty: the first that many (0, 1, ...); refused with deploy.kind "
+        "kubernetes (the scheduler assigns GPUs).",
     )
     gpu: GPUModel | None = Field(
         default=None, description="GPU model the engine is built for and served on; enables the compute-capability checks (e.g. FP8 needs SM >= 8.9)."

@@ -59,16 +59,23 @@ class PerformanceGateSpec(StrictModel):
         "serving the packaged repository with the bundled tritonserver (cpu target).",
     )
     concurrency: int = Field(default=4, ge=1, le=4096, description="Concurrent streaming callers (closed loop).")
-    num_requests: int = Field(default=32, ge=1, le=1_000_000, description="Measured requests.")
+    num_requests: int = Field(default=32, ge=1, le=1_000_000, description="Requests measured, after the warm-up requests.")
     warmup_requests: int = Field(default=4, ge=0, le=10_000, description="Requests sent first and not measured.")
-    input_tokens: int = Field(default=128, ge=1, description="Synthetic prompt length in tokens (windows of the bundled held-out text).")
+    input_tokens: int = Field(
+        default=128,
+        ge=1,
+        description="Synthetic prompt length in tokens (windows of the bundled held-out text); at most build.max_input_len, "
+        "and input_tokens + output_tokens at most build.max_seq_len.",
+    )
     output_tokens: int = Field(default=64, ge=1, description="Tokens every request generates (min_tokens = max_tokens).")
-    seed: int = Field(default=0, ge=0, description="Workload seed.")
+    seed: int = Field(default=0, ge=0, description="Seed of the synthetic workload.")
     max_ttft_ms: LatencyLimits | None = Field(default=None, description="Time-to-first-token percentile limits (ms).")
     max_itl_ms: LatencyLimits | None = Field(default=None, description="Inter-token-latency percentile limits (ms).")
     max_e2e_ms: LatencyLimits | None = Field(default=None, description="End-to-end latency percentile limits (ms).")
-    min_output_tokens_per_s: float | None = Field(default=None, gt=0, description="Smallest allowed output throughput at this concurrency.")
-    min_requests_per_s: float | None = Field(default=None, gt=0, description="Smallest allowed request throughput at this concurrency.")
+    min_output_tokens_per_s: float | None = Field(
+        default=None, gt=0, description="Smallest allowed output throughput at this concurrency, in tokens per second."
+    )
+    min_requests_per_s: float | None = Field(default=None, gt=0, description="Smallest allowed request throughput at this concurrency, in requests per second.")
     goodput: GoodputSpec | None = Field(default=None, description="Per-request SLO limits and the share of requests that must meet them.")
     max_regression_pct: float | None = Field(
         default=None,

@@ -6,18 +6,27 @@ from pydantic import Field, model_validator
 
 from pipeline.config.spec.choices import GuidedDecodingBackend, SchedulerPolicy
 from pipeline.config.spec.strict import StrictModel
+from pipeline.config.targets import Target, traits_of
 
+# The targets whose instance counts the package stage plans, read from the target traits.
+_GPU_PACED = " and ".join(t.value for t in Target if traits_of(t).streams_at_gpu_pace)
 _PLANNED = (
-    " Unset: planned by the package stage, on a target that streams at a GPU's pace with deploy.gpu named, from the "
-    "GPU's token rate ÷ one instance's measured rate (`plan --gpu` shows the reasoning); else 1."
+    f" Unset: on the {_GPU_PACED} target with deploy.gpu named, the package stage plans enough instances to keep pace "
+    "with that GPU's token rate (see BENCHMARKS.md; `plan --gpu` shows the reasoning); otherwise 1."
 )
 
 
 class InstanceCounts(StrictModel):
-    preprocessing: int | None = Field(default=None, ge=1, le=64, description="Tokenizer model instances." + _PLANNED)
-    tensorrt_llm: int = Field(default=1, ge=1, le=16, description="LLM model instances.")
-    postprocessing: int | None = Field(default=None, ge=1, le=64, description="Detokenizer model instances." + _PLANNED)
-    bls: int | None = Field(default=None, ge=1, le=64, description="tensorrt_llm_bls model instances." + _PLANNED)
+    preprocessing: int | None = Field(default=None, ge=1, le=64, description="Triton instances of the preprocessing (tokenizer) model." + _PLANNED)
+    tensorrt_llm: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Triton instances of the LLM model (tensorrt_llm). On the engine target each takes build.tp_size × "
+        "build.pp_size GPUs, all listed in deploy.gpus where it is set; the llmapi target refuses more than 1.",
+    )
+    postprocessing: int | None = Field(default=None, ge=1, le=64, description="Triton instances of the postprocessing (detokenizer) model." + _PLANNED)
+    bls: int | None = Field(default=None, ge=1, le=64, description="Triton instances of the tensorrt_llm_bls model." + _PLANNED)
 
 
 class ServeLoraSpec(StrictModel):
@@ -35,7 +44,9 @@ class ServeLoraSpec(StrictModel):
     cache_gpu_memory_fraction: float = Field(
         default=0.05, gt=0.0, lt=1.0, description="lora_cache_gpu_memory_fraction: share of the GPU memory left after the engine and KV cache."
     )
-    cache_host_memory_bytes: int = Field(default=1 << 30, ge=0, description="lora_cache_host_memory_bytes: host cache for adapters (default 1 GiB).")
+    cache_host_memory_bytes: int = Field(
+        default=1 << 30, ge=0, description="lora_cache_host_memory_bytes: host memory for cached adapters, in bytes (default 1 GiB)."
+    )
     prefetch_dir: str | None = Field(
         default=None,
         description="lora_prefetch_dir: adapters loaded when the model starts, one folder per task id "
@@ -54,43 +65,76 @@ class ServeLoraSpec(StrictModel):
 
 
 class ServeSpec(StrictModel):
-    model_name: str = Field(default="ensemble", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name clients call (the ensemble model).")
-    streaming: bool = Field(default=True, description="Allow streaming responses (gRPC streaming, HTTP generate_stream).")
+    model_name: str = Field(
+        default="ensemble",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="Name of the ensemble model, the one clients call. The llmapi target refuses a change (its one model is tensorrt_llm).",
+    )
+    streaming: bool = Field(default=True, description="Allow streaming responses (gRPC streaming, HTTP generate_stream); needs serve.decoupled.")
     decoupled: bool = Field(default=True, description="Triton decoupled transaction policy for the LLM model; required for streaming.")
     instances: InstanceCounts = Field(default_factory=InstanceCounts, description="Model instance counts.")
     kv_cache_free_gpu_mem_fraction: float = Field(
-        default=0.9, gt=0.0, le=1.0, description="Fraction of free memory (after the engine loads) given to the KV cache."
+        default=0.9, gt=0.0, le=1.0, description="Fraction of the GPU memory still free after the engine loads that the KV cache takes."
     )
-    enable_kv_cache_reuse: bool = Field(default=True, description="Reuse KV blocks of identical prompt prefixes; needs paged context FMHA in the engine.")
-    enable_chunked_context: bool = Field(default=True, description="Split long prompts across iterations; needs paged context FMHA in the engine.")
-    batch_scheduler_policy: SchedulerPolicy = Field(default=SchedulerPolicy.guaranteed_no_evict, description="guaranteed_no_evict or max_utilization.")
-    exclude_input_in_output: bool = Field(default=True, description="Return only generated tokens, not the prompt.")
+    enable_kv_cache_reuse: bool = Field(
+        default=True,
+        description="Reuse the KV-cache blocks of identical prompt prefixes across requests. Needs build.plugins.context_fmha "
+        "and use_paged_context_fmha; required with build.speculative.mode draft_tokens_external.",
+    )
+    enable_chunked_context: bool = Field(
+        default=True,
+        description="Split long prompts into chunks processed over several iterations. Needs build.plugins.context_fmha "
+        "and use_paged_context_fmha.",
+    )
+    batch_scheduler_policy: SchedulerPolicy = Field(
+        default=SchedulerPolicy.guaranteed_no_evict,
+        description="How requests are admitted to a batch: guaranteed_no_evict (only when the KV cache can hold the "
+        "request to its end) or max_utilization (as many as fit, pausing some when the cache runs out).",
+    )
+    exclude_input_in_output: bool = Field(
+        default=True,
+        description="Return only the generated tokens, not the prompt. The llmapi target refuses false (a request asks for "
+        "the prompt with sampling_param_exclude_input_from_output).",
+    )
     stream_interval: int = Field(
         default=1,
         ge=1,
         le=1024,
         description=(
-            "Streamed requests get a response on their first decoding step, then every stream_interval-th step, and the last "
-            "(TensorRT-LLM's LLM API stream_interval). 1: every token. Larger values cut the serving stack's CPU per streamed "
-            "token about that many times (BENCHMARKS.md); time to first token is unchanged. cpu and llmapi targets; the "
-            "engine target's tensorrtllm C++ backend has no such parameter and streams every token."
+            "Streamed requests get a response on their first decoding step, then on every stream_interval-th step and with "
+            "their last token (TensorRT-LLM's LLM API stream_interval); 1 sends every token. Larger values cut the serving "
+            "stack's CPU per streamed token about that many times and leave time to first token unchanged (see "
+            "BENCHMARKS.md). cpu and llmapi targets; the engine target refuses values above 1 (its tensorrtllm C++ backend "
+            "streams every token)."
         ),
     )
     postprocessing_dynamic_batching: bool = Field(
         default=False,
         description=(
             "Triton dynamic batching for the postprocessing model: one execution (and one batched tokenizer call) serves "
-            "every streamed response waiting, which cuts its CPU per token several times under concurrency "
-            "(BENCHMARKS.md, issue #34). Off by default: Triton's batcher answers a cancelled stream's postprocessing "
-            "requests itself (every release through r26.06), so postprocessing never stops the generation of a stream "
-            "whose client cancelled the call: it runs to max_tokens, and before r26.03 (the bundled 2.51 included; core "
-            "#466) the ensemble request never ends. Streams ended by a stop to the LLM model instead (the OpenAI front end "
-            "on an ensemble, clients.aio with stop_model) are not affected, nor is the BLS (tensorrt_llm_bls), which "
-            "decodes in itself."
+            "every streamed response waiting, which cuts its CPU per token several times under concurrency (see "
+            "BENCHMARKS.md), and the instance planner counts that rate. Off by default because Triton's batcher (in every "
+            "release up to r26.06) answers a cancelled stream's postprocessing requests itself, so a stream whose client "
+            "cancels the call generates on to max_tokens, and on Triton before r26.03 (the bundled 2.51 included) its "
+            "ensemble request never ends (docs/serving.md). Unaffected: streams ended by a stop to the LLM model (the "
+            "OpenAI front end on an ensemble, clients.aio with stop_model) and the BLS (tensorrt_llm_bls), which decodes "
+            "in itself; the llmapi target refuses it (it has no postprocessing model)."
         ),
     )
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000, description="Dynamic-batching queue delay.")
-    max_queue_size: int = Field(default=0, ge=0, description="Maximum queued requests (0 = unlimited).")
+    max_queue_delay_microseconds: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Triton dynamic batching's max_queue_delay_microseconds for the preprocessing, LLM and BLS models (and "
+        "postprocessing with serve.postprocessing_dynamic_batching): how long a request may wait for a fuller batch, in "
+        "microseconds; 0: no wait. The llmapi target refuses a change (LLM() batches, not Triton).",
+    )
+    max_queue_size: int = Field(
+        default=0,
+        ge=0,
+        description="Triton's max_queue_size for the preprocessing, LLM and BLS models: requests queued beyond it are "
+        "refused; 0: unlimited. The llmapi target refuses a change (LLM() batches, not Triton).",
+    )
     guided_decoding: GuidedDecodingBackend = Field(
         default=GuidedDecodingBackend.xgrammar,
         description=(

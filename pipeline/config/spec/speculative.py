@@ -89,6 +89,10 @@ class DraftQuantizeSpec(StrictModel):
     kv_cache: KVCacheQuant = Field(default=KVCacheQuant.none, description="KV-cache quantization of the draft (as quantize.kv_cache).")
 
 
+# The draft engine's own limits: engine and cpu targets (on llmapi the draft runs inside the model's LLM()).
+_DRAFT_LIMIT = " Leave unset on the llmapi target, where the draft runs inside the model's LLM() with its limits."
+
+
 class DraftModelSpec(StrictModel):
     """The draft model of draft_tokens_external: a smaller model with the same tokenizer, quantized and built like the
     target (its own engine, its own KV cache)."""
@@ -99,15 +103,17 @@ class DraftModelSpec(StrictModel):
     )
     dtype: ModelDType | None = Field(default=None, description="Data type of the draft's non-quantized parts. Default: model.dtype.")
     quantize: DraftQuantizeSpec = Field(default_factory=DraftQuantizeSpec, description="Quantization of the draft. Default: none.")
-    max_batch_size: int | None = Field(default=None, ge=1, le=65_536, description="The draft engine's max_batch_size. Default: build.max_batch_size.")
-    max_input_len: int | None = Field(default=None, ge=1, description="The draft engine's max_input_len. Default: build.max_input_len.")
+    max_batch_size: int | None = Field(
+        default=None, ge=1, le=65_536, description="The draft engine's max_batch_size. Default: build.max_batch_size." + _DRAFT_LIMIT
+    )
+    max_input_len: int | None = Field(default=None, ge=1, description="The draft engine's max_input_len. Default: build.max_input_len." + _DRAFT_LIMIT)
     max_seq_len: int | None = Field(
         default=None,
         ge=2,
-        description="The draft engine's max_seq_len. Default: the target's (build.max_seq_len or the model's) + max_draft_len, "
-        "the longest sequence the draft extends.",
+        description="The draft engine's max_seq_len, at least the target's (build.max_seq_len or the model's) + "
+        "max_draft_len, the longest sequence the draft extends. Default: that sum." + _DRAFT_LIMIT,
     )
-    max_num_tokens: int | None = Field(default=None, ge=1, description="The draft engine's max_num_tokens. Default: build.max_num_tokens.")
+    max_num_tokens: int | None = Field(default=None, ge=1, description="The draft engine's max_num_tokens. Default: build.max_num_tokens." + _DRAFT_LIMIT)
 
 
 class SpeculativeSpec(StrictModel):
@@ -115,7 +121,7 @@ class SpeculativeSpec(StrictModel):
 
     mode: SpeculativeMode = Field(
         description="draft_tokens_external (a draft model, build.speculative.draft), prompt_lookup (n-grams of the "
-        "request's own tokens, no extra model; cpu target), lookahead_decoding (the engine drafts n-grams itself; "
+        "request's own tokens, no extra model; cpu and llmapi targets), lookahead_decoding (the engine drafts n-grams itself; "
         "engine target), medusa (trained Medusa heads propose a tree, build.speculative.medusa; cpu and engine "
         "targets), eagle (a trained EAGLE draft layer, build.speculative.eagle: EAGLE-3 on the llmapi target, EAGLE-1/2 "
         "with a tree of eagle_choices on the engine target) or mtp (the model's "
@@ -125,12 +131,12 @@ class SpeculativeSpec(StrictModel):
     max_draft_len: int | None = Field(
         default=None,
         ge=1,
-        description=f"--max_draft_len: the most tokens drafted per step, 1..{MAX_DRAFT_LEN_CAP}. Required for "
-        "draft_tokens_external, prompt_lookup and eagle on the llmapi target (requests draft num_draft_tokens <= it). Lookahead: derived from "
-        "(W, N, G) as (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), which the engine and Triton's lookahead "
-        "parameters must agree on; set it only to state that value. Medusa: the tree's number of nodes, or a larger "
-        "bound that requests' own medusa_choices may fill. MTP: mtp.num_nextn_predict_layers. EAGLE on the engine target: as Medusa, "
-        "the nodes of eagle.choices.",
+        description=f"--max_draft_len: the most tokens drafted per step, 1..{MAX_DRAFT_LEN_CAP}; required for "
+        "draft_tokens_external, prompt_lookup, and eagle on the llmapi target (requests draft num_draft_tokens <= it). "
+        "Derived for the other modes: lookahead_decoding (N - 2 if N > 1 else 0) + (W - 1 + G) × (N - 1), which the "
+        "engine and Triton's lookahead parameters must agree on (set it only to state that value); medusa, and eagle on "
+        "the engine target, the tree's number of nodes (or a larger bound that requests' own choices may fill); mtp "
+        "mtp.num_nextn_predict_layers, which it must equal.",
     )
     lookahead: LookaheadSpec = Field(default_factory=LookaheadSpec, description="Lookahead (W, N, G) for mode lookahead_decoding.")
     prompt_lookup: PromptLookupSpec = Field(default_factory=PromptLookupSpec, description="N-gram matching for mode prompt_lookup.")
@@ -141,10 +147,11 @@ class SpeculativeSpec(StrictModel):
     draft_vocab_size: int | None = Field(
         default=None,
         ge=1,
-        description="draft_tokens_external, cpu target: the draft proposes only the first N token ids (its lm_head keeps "
-        "those rows: a cheaper draft step; byte-level BPE numbers frequent merges first). 1..the draft's vocab_size; "
-        "costs acceptance, never correctness (the model verifies every draft). Default: the whole vocabulary. The engine "
-        "and llmapi targets refuse it: TensorRT-LLM 1.2's draft-target has no draft-vocabulary cut.",
+        description="Mode draft_tokens_external on the cpu target: the draft proposes only the first N token ids, "
+        "1..the draft's vocab_size (its lm_head keeps those rows, for a cheaper draft step; byte-level BPE numbers "
+        "frequent merges first). It may cost acceptance, never correctness: the model verifies every draft. Unset: the "
+        "whole vocabulary; the engine and llmapi targets refuse it (TensorRT-LLM 1.2's draft-target has no "
+        "draft-vocabulary cut).",
     )
 
     @model_validator(mode="after")

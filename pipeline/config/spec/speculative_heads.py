@@ -67,10 +67,10 @@ class MedusaSpec(StrictModel):
     vocab_size: int | None = Field(
         default=None,
         ge=1,
-        description="Target cpu only: the heads propose only the first M token ids (each head's lm_head keeps those "
-        "rows). Cheaper heads where the vocabulary is large against the hidden size; byte-level BPE numbers frequent "
-        "tokens first, so acceptance falls little; the output never changes (the model verifies every node). "
-        "TensorRT-LLM's Medusa has no such cut. At most the heads' vocab_size.",
+        description="Target cpu only: the heads propose only the first M token ids, at most the heads' vocab_size "
+        "(each head's lm_head keeps those rows: cheaper heads where the vocabulary is large against the hidden size). "
+        "Byte-level BPE numbers frequent tokens first, so acceptance falls little, and the output never changes (the "
+        "model verifies every node). The engine and llmapi targets refuse it (TensorRT-LLM's Medusa has no such cut).",
     )
 
     @model_validator(mode="after")

@@ -41,7 +41,7 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
         raise ValueError(f"build.speculative.medusa.vocab_size is refused on build.target {build.target.value}: {why_not}; "
                          f"target {builders} builds it")
     if speculative.mode is not SpeculativeMode.draft_tokens_external:
-        return  # LoRA with lookahead: a warning of the engine build (trtllm_rules), as before
+        return  # LoRA with lookahead: a warning of the engine build (trtllm_rules)
     if build.lora is not None:
         raise ValueError(
             "build.lora cannot be combined with build.speculative.mode draft_tokens_external: the draft model would "
