@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from clients.aio import AsyncTritonLLMClient
+from clients.client import ProtocolName
 from clients.errors import ClientError
 from clients.sse import openai_events
 
-TRITON_ENDPOINTS = ("grpc", "http")
+TRITON_ENDPOINTS: tuple[ProtocolName, ...] = ("grpc", "http")
 BLS_MODEL = "tensorrt_llm_bls"  # calls tensorrt_llm with request ids of its own: a stop by the client's would find nothing
 STOP_MODEL = "tensorrt_llm"
 DEFAULT_PROMPTS = ("def __init__(self", "import", "class Parser", "for line in", "return self.")
@@ -137,7 +138,7 @@ async def run_chaos(
         raise ValueError("the openai endpoint needs ChaosTargets.openai_url and openai_model")
     rng = random.Random(plan.seed)
     outcome = ChaosOutcome()
-    clients = {
+    clients: dict[tuple[str, str], AsyncTritonLLMClient] = {
         (protocol, model): AsyncTritonLLMClient(
             targets.grpc_url if protocol == "grpc" else targets.http_url, protocol, model, timeout=300.0, retries=0,
             stop_model=STOP_MODEL if plan.grpc_cut == "stop" and model != BLS_MODEL else None,
