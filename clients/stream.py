@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any, Protocol
 
 from clients.errors import ClientError
@@ -186,7 +186,7 @@ class AsyncBeamStream(AsyncTextStream):
 
 def _deltas(
     open_call: Callable[[], Call], policy: RetryPolicy, state: _StreamState, record: Recorder, item: Callable[[Chunk], Any]
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     def open_first() -> tuple[Call, Iterator[Chunk], Chunk | None]:
         call = open_call()
         state.attach(call)
@@ -220,7 +220,7 @@ def _deltas(
 
 async def _async_deltas(
     open_call: Callable[[], Awaitable[AsyncCall]], policy: RetryPolicy, state: _StreamState, record: Recorder, item: Callable[[Chunk], Any]
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     async def open_first() -> tuple[AsyncCall, AsyncIterator[Chunk], Chunk | None]:
         call = await open_call()
         state.attach(call)
