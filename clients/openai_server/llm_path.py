@@ -19,7 +19,7 @@ list is read from the row it was drawn from; a prompt token's from the row befor
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,7 +144,7 @@ async def llm_pieces(
     logprobs: PendingLogprobs,
     on_open,
     on_prompt,
-) -> AsyncIterator[tuple[str, int]]:
+) -> AsyncGenerator[tuple[str, int], None]:
     """(text delta, output tokens so far) per response; each token's log-prob goes to `logprobs`,
     the prompt's (when asked for) to `on_prompt` before the first delta. `on_open(call)` is handed
     the call (to be cancelled)."""

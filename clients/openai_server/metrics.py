@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncGenerator
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 
@@ -64,11 +64,16 @@ class FrontEndMetrics:
 
 
 class _Event(Protocol):
-    index: int
-    completion_tokens: int  # cumulative per choice
+    @property
+    def index(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...  # cumulative per choice
 
 
-async def timed(events: AsyncGenerator[_Event, None], metrics: FrontEndMetrics, started: float) -> AsyncIterator[_Event]:
+_E = TypeVar("_E", bound=_Event)
+
+
+async def timed(events: AsyncGenerator[_E, None], metrics: FrontEndMetrics, started: float) -> AsyncGenerator[_E, None]:
     """`events` unchanged, observing each choice's first-token time (from `started`, a time.monotonic()) and token gaps.
     Closing this closes `events` at once (its cleanup cancels the Triton requests of a client that went away)."""
     last: dict[int, tuple[float, int]] = {}  # choice -> (time of its last token, tokens so far)
