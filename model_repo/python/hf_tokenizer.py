@@ -16,7 +16,10 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -26,6 +29,9 @@ class TokenizerLoadError(RuntimeError):
 
 
 class HFTokenizer:
+    _fast: Tokenizer | None  # tokenizer.json, by the tokenizers library
+    _slow: Any  # else transformers' AutoTokenizer (None with _fast)
+
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         if not self.directory.is_dir():
