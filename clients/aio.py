@@ -18,7 +18,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients.aio_stop import StoppingGrpcCall
 from clients.aio_transport import AioGrpcCall, AioHttpCall
-from clients.client import DEFAULT_TIMEOUT_S, ClientSettings, ProtocolName, configure
+from clients.client import ClientSettings, ProtocolName, configure
+from clients.defaults import DEFAULT_TIMEOUT_S
 from clients.errors import ClientError
 from clients.lora import SentAdapters
 from clients.stream import AsyncBeamStream, AsyncTextStream
@@ -44,7 +45,7 @@ class AsyncTritonLLMClient(ClientSettings):
     ) -> None:
         configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
         self.stop_model = stop_model if protocol == "grpc" else None
-        self._stopping: set[asyncio.Task] = set()  # streams being stopped and read to their end
+        self._stopping: set[asyncio.Task[None]] = set()  # streams being stopped and read to their end
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False

@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -110,7 +111,7 @@ class ChaosOutcome:
         if error is not None and len(self.errors) < _MAX_ERRORS_KEPT:
             self.errors.append(f"{route}: {error}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "sent": self.sent, "done": self.done, "cut": self.cut, "failed": self.failed,
             "seconds": round(self.seconds, 2), "by_route": self.by_route, "errors": self.errors, "stopped": self.stopped,
@@ -242,7 +243,7 @@ async def _openai_read(http: httpx.AsyncClient, targets: ChaosTargets, plan: Cha
         raise _Cut
 
 
-async def _cut_early(read, rng: random.Random) -> None:
+async def _cut_early(read: Coroutine[Any, Any, None], rng: random.Random) -> None:
     """Give the request 0-30 ms (its prompt is usually still in prefill), then cut it: the task is
     cancelled, which cancels the gRPC call or closes the connection."""
     task = asyncio.ensure_future(read)
