@@ -87,7 +87,8 @@ class TextStream(Iterator[str]):
         return tuple(self._record.log_probs)
 
     def __next__(self) -> str:
-        return next(self._deltas)
+        delta: str = next(self._deltas)
+        return delta
 
     def cancel(self) -> None:
         """Stop the request (server-side over gRPC); safe from any thread. Iteration then ends."""
@@ -143,7 +144,8 @@ class AsyncTextStream(AsyncIterator[str]):
         return tuple(self._record.log_probs)
 
     async def __anext__(self) -> str:
-        return await self._deltas.__anext__()
+        delta: str = await self._deltas.__anext__()
+        return delta
 
     def cancel(self) -> None:
         self._state.cancel()
@@ -172,7 +174,8 @@ class BeamStream(TextStream):
     _whole_beams = True
 
     def __next__(self) -> tuple[str, ...]:  # type: ignore[override]
-        return next(self._deltas)
+        beams: tuple[str, ...] = next(self._deltas)
+        return beams
 
 
 class AsyncBeamStream(AsyncTextStream):
@@ -181,7 +184,8 @@ class AsyncBeamStream(AsyncTextStream):
     _whole_beams = True
 
     async def __anext__(self) -> tuple[str, ...]:  # type: ignore[override]
-        return await self._deltas.__anext__()
+        beams: tuple[str, ...] = await self._deltas.__anext__()
+        return beams
 
 
 def _deltas(

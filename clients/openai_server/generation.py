@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import RequestError, ServerUnavailableError
@@ -72,14 +72,22 @@ class ChoiceEvent:
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...  # synchronous
+
+
+_CancellableT = TypeVar("_CancellableT", bound=Cancellable)
+
+
 class OpenStreams:
     """The Triton requests of one OpenAI request, cancellable synchronously (from a finally block of a
-    task being cancelled, where nothing can be awaited) when its client goes away."""
+    task being cancelled, where nothing can be awaited) when its client goes away: ensemble streams
+    (`AsyncTextStream`) and direct calls of the LLM model (`AioGrpcCall`, llm_path.py)."""
 
     def __init__(self) -> None:
-        self._streams: list[AsyncTextStream] = []
+        self._streams: list[Cancellable] = []
 
-    def add(self, stream: AsyncTextStream) -> AsyncTextStream:
+    def add(self, stream: _CancellableT) -> _CancellableT:
         self._streams.append(stream)
         return stream
 
@@ -141,7 +149,7 @@ async def _choice_events(route: Route, plan: ChoicePlan, streams: OpenStreams | 
     yield ChoiceEvent(plan.index, text, logprobs.release(None), finish, tokens, prompt.pop() if prompt else ())
 
 
-def _opened(stream, streams: OpenStreams | None):
+def _opened(stream: _CancellableT, streams: OpenStreams | None) -> _CancellableT:
     if streams is not None:
         streams.add(stream)
     return stream
@@ -184,7 +192,7 @@ async def merged(route: Route, plans: Sequence[ChoicePlan], streams: OpenStreams
             async for event in events:
                 yield event
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[Any] = asyncio.Queue()  # events, then _DONE or an exception, of each choice
 
     async def pump(plan: ChoicePlan) -> None:
         try:

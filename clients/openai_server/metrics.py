@@ -34,7 +34,8 @@ REQUESTS = f"{PREFIX}_requests_total"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-disable_created_metrics()  # the `_created` gauges say when the process started, which `up` already tells
+# The `_created` gauges say when the process started, which `up` already tells.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
 class FrontEndMetrics:

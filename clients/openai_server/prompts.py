@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic.json_schema import JsonDict, JsonValue
+from pydantic.config import JsonDict, JsonValue
 
 _TOKEN_IDS_SCHEMA: JsonDict = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 PROMPT_SCHEMAS: list[JsonValue] = [

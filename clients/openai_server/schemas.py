@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from clients.openai_server.defaults import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from clients.openai_server.prompts import PROMPT_SCHEMAS, checked_prompt, prompt_list

@@ -76,7 +76,8 @@ class HFTokenizer:
         ids = [int(token_id) for token_id in token_ids]
         if self._fast is not None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
-        return self._slow.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        text: str = self._slow.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        return text
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[int]]:
         """`encode` of every text, in one call of the tokenizer."""
@@ -89,7 +90,8 @@ class HFTokenizer:
         lists = [[int(token_id) for token_id in ids] for ids in sequences]
         if self._fast is not None:
             return self._fast.decode_batch(lists, skip_special_tokens=skip_special_tokens)
-        return self._slow.batch_decode(lists, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        texts: list[str] = self._slow.batch_decode(lists, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        return texts
 
     def _special_id(self, key: str) -> int | None:
         token = _token_content(self._config.get(key))
@@ -97,7 +99,8 @@ class HFTokenizer:
             return None
         if self._fast is not None:
             return self._fast.token_to_id(token)
-        return self._slow.convert_tokens_to_ids(token)
+        token_id: int | None = self._slow.convert_tokens_to_ids(token)
+        return token_id
 
 
 def _token_content(value: Any) -> str | None:
