@@ -50,7 +50,8 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from clients.aio import AsyncTritonLLMClient
-    from clients.client import DEFAULT_URLS, TritonLLMClient
+    from clients.client import TritonLLMClient
+    from clients.defaults import DEFAULT_URLS
     from clients.errors import ClientError, ClientTimeoutError, InvalidRequestError, ProtocolError, RequestError, ServerUnavailableError
     from clients.lora import LoraAdapter
     from clients.retry import RetryPolicy

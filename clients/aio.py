@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import aiohttp
 import tritonclient.grpc.aio as grpcaio
@@ -18,14 +18,15 @@ from tritonclient.utils import InferenceServerException
 
 from clients.aio_stop import StoppingGrpcCall
 from clients.aio_transport import AioGrpcCall, AioHttpCall
-from clients.client import DEFAULT_TIMEOUT_S, ProtocolName, configure
+from clients.client import ClientSettings, ProtocolName, configure
+from clients.defaults import DEFAULT_TIMEOUT_S
 from clients.errors import ClientError
 from clients.lora import SentAdapters
 from clients.stream import AsyncBeamStream, AsyncTextStream
 from clients.types import Completion, GenerationRequest
 
 
-class AsyncTritonLLMClient:
+class AsyncTritonLLMClient(ClientSettings):
     """See `TritonLLMClient`; `generate` is awaited, `stream` is iterated with `async for`. With `stop_model` (the
     ensemble's LLM model, e.g. "tensorrt_llm"), a gRPC stream ended early is ended by a `stop` to that model and read
     to its end, never cancelled: what stops it when the ensemble's postprocessing is batched (aio_stop.py); `close()`
@@ -44,7 +45,7 @@ class AsyncTritonLLMClient:
     ) -> None:
         configure(self, url, protocol, model, timeout, retries, retry_backoff_s)
         self.stop_model = stop_model if protocol == "grpc" else None
-        self._stopping: set[asyncio.Task] = set()  # streams being stopped and read to their end
+        self._stopping: set[asyncio.Task[None]] = set()  # streams being stopped and read to their end
         self._grpc: grpcaio.InferenceServerClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
@@ -155,6 +156,10 @@ class AsyncTritonLLMClient:
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
         return self._http
 
+    @overload
+    def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: Literal[False] = False) -> AsyncTextStream: ...
+    @overload
+    def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: Literal[True]) -> AsyncBeamStream: ...
     def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: bool = False) -> AsyncTextStream:
         with_weights = request.lora is not None and self.sent_adapters.needs_weights(request.lora)
         values = request.inputs(stream=stream, whole_beams=whole_beams, lora_weights=with_weights)

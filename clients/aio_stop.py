@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
+from numpy.typing import NDArray
 from tritonclient.utils import np_to_triton_dtype
 
 from clients.aio_transport import AioGrpcCall
@@ -46,14 +47,14 @@ class StoppingGrpcCall:
     tasks), where the client's `close()` awaits them."""
 
     def __init__(
-        self, call: AioGrpcCall, client: grpcaio.InferenceServerClient, stop_model: str, stopping: set[asyncio.Task], *, drain_s: float = DRAIN_S
+        self, call: AioGrpcCall, client: grpcaio.InferenceServerClient, stop_model: str, stopping: set[asyncio.Task[None]], *, drain_s: float = DRAIN_S
     ) -> None:
         self._call = call
         self._client = client
         self._stop_model = stop_model
         self._tasks = stopping
         self._drain_s = drain_s
-        self._items: asyncio.Queue = asyncio.Queue()
+        self._items: asyncio.Queue[Any] = asyncio.Queue()  # chunks, then a _Failed or _END
         self._stopping = False
         self._final = False  # the final response arrived: nothing left to stop
         self._loop = asyncio.get_running_loop()
@@ -96,7 +97,7 @@ class StoppingGrpcCall:
     def close(self) -> None:
         self.cancel()  # after the final response the reader has ended and this does nothing
 
-    def _keep(self, task: asyncio.Task) -> asyncio.Task:
+    def _keep(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -138,7 +139,7 @@ class StoppingGrpcCall:
                 raise error
 
 
-def _tensor(name: str, array: np.ndarray) -> grpcaio.InferInput:
+def _tensor(name: str, array: NDArray[Any]) -> grpcaio.InferInput:
     tensor = grpcaio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor

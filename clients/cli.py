@@ -12,10 +12,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from clients.defaults import DEFAULT_OPENAI_URL, DEFAULT_TIMEOUT_S, DEFAULT_URLS
 from clients.errors import ClientError, ServerUnavailableError
+
+if TYPE_CHECKING:  # imported where used: the parser must not load numpy and safetensors reading
+    from clients.lora import LoraAdapter
 
 
 def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -119,7 +122,7 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     return 0
 
 
-def _lora_adapter(args: argparse.Namespace):
+def _lora_adapter(args: argparse.Namespace) -> LoraAdapter | None:
     """--lora-dir / --lora-task-id as a LoraAdapter (None without either)."""
     from clients.lora import LoraAdapter
 
@@ -135,7 +138,7 @@ def _write_record(args: argparse.Namespace, out: TextIO, text: str, latency_s: f
     out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _infer_openai(args: argparse.Namespace, sampling: dict, out: TextIO, err: TextIO) -> int:
+def _infer_openai(args: argparse.Namespace, sampling: dict[str, Any], out: TextIO, err: TextIO) -> int:
     from clients.api_keys import ApiKeyError, given_api_keys
     from clients.openai_infer import complete
 

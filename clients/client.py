@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast, overload
 
 import requests
 import requests.adapters
@@ -23,10 +23,10 @@ from clients.types import Completion, GenerationRequest
 ProtocolName = Literal["grpc", "http"]
 
 
-def check_protocol(protocol: str) -> str:
+def check_protocol(protocol: str) -> ProtocolName:
     if protocol not in DEFAULT_URLS:
         raise ValueError(f"protocol must be 'grpc' or 'http', got {protocol!r}")
-    return protocol
+    return cast(ProtocolName, protocol)  # DEFAULT_URLS' keys are the two names
 
 
 class _ClosingAdapter(requests.adapters.HTTPAdapter):
@@ -56,8 +56,18 @@ def _session() -> requests.Session:
     return session
 
 
+class ClientSettings:
+    """The settings the sync and async clients share (set by `configure`)."""
+
+    protocol: ProtocolName
+    model: str
+    timeout: float | None
+    retry: RetryPolicy
+    url: str  # normalised: host:port for gRPC, a base URL for HTTP
+
+
 def configure(
-    client: Any, url: str | None, protocol: str, model: str, timeout: float | None, retries: int, retry_backoff_s: float
+    client: ClientSettings, url: str | None, protocol: str, model: str, timeout: float | None, retries: int, retry_backoff_s: float
 ) -> None:
     """The settings the sync and async clients share: protocol, model, timeout, retry policy, normalised URL."""
     client.protocol = check_protocol(protocol)
@@ -68,7 +78,7 @@ def configure(
     client.url = grpc_target(raw_url) if protocol == "grpc" else http_base_url(raw_url)
 
 
-class TritonLLMClient:
+class TritonLLMClient(ClientSettings):
     """A client of one model (the ensemble by default) of a Triton server.
 
     `timeout` (seconds, None for none) bounds each request; past it `ClientTimeoutError` is raised
@@ -214,6 +224,10 @@ class TritonLLMClient:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
+    @overload
+    def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: Literal[False] = False) -> TextStream: ...
+    @overload
+    def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: Literal[True]) -> BeamStream: ...
     def _text_stream(self, request: GenerationRequest, *, stream: bool, whole_beams: bool = False) -> TextStream:
         with_weights = request.lora is not None and self.sent_adapters.needs_weights(request.lora)
         values = request.inputs(stream=stream, whole_beams=whole_beams, lora_weights=with_weights)

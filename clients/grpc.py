@@ -142,7 +142,7 @@ class GrpcCall:
         self.request_id = uuid.uuid4().hex
         self._pool = pool
         self._timeout = timeout
-        self._responses: queue.Queue = queue.Queue()
+        self._responses: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
         self._lock = threading.Lock()
         inputs = infer_inputs(values)
         self._client: grpcclient.InferenceServerClient | None = pool.acquire()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from clients.errors import InvalidRequestError
 from clients.lora_tensors import ADAPTER_CONFIG, WEIGHTS_FILE, convert_peft_adapter, read_lora_tensors
@@ -29,8 +30,8 @@ MAX_TASK_ID = 2**64 - 1
 @dataclass(frozen=True)
 class LoraAdapter:
     task_id: int
-    weights: np.ndarray | None = field(default=None, repr=False)  # [1, rows, values]; None: an adapter the server has cached
-    config: np.ndarray | None = field(default=None, repr=False)  # [1, rows, 3] int32
+    weights: NDArray[Any] | None = field(default=None, repr=False)  # [1, rows, values]; None: an adapter the server has cached
+    config: NDArray[Any] | None = field(default=None, repr=False)  # [1, rows, 3] int32
 
     def __post_init__(self) -> None:
         if isinstance(self.task_id, bool) or not isinstance(self.task_id, int | np.integer) or not 0 <= self.task_id <= MAX_TASK_ID:
@@ -56,7 +57,7 @@ class LoraAdapter:
         return values
 
 
-def digest_task_id(weights: np.ndarray, config: np.ndarray) -> int:
+def digest_task_id(weights: NDArray[Any], config: NDArray[Any]) -> int:
     """A task id (1 .. 2**63 - 1) from the adapter's bytes: equal adapters, equal ids."""
     digest = hashlib.blake2b(digest_size=8)
     for array in (config, weights):

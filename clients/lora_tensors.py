@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from clients.errors import ClientError
 
@@ -61,8 +62,8 @@ class LoraAdapterError(ClientError, ValueError):
 
 @dataclass(frozen=True)
 class LoraTensors:
-    weights: np.ndarray  # [1, rows, max_row], float16 or float32
-    config: np.ndarray  # [1, rows, 3] int32: module_id, layer, rank
+    weights: NDArray[Any]  # [1, rows, max_row], float16 or float32
+    config: NDArray[Any]  # [1, rows, 3] int32: module_id, layer, rank
 
 
 def convert_peft_adapter(adapter_dir: Path | str, dtype: str = "float16") -> LoraTensors:
@@ -72,7 +73,7 @@ def convert_peft_adapter(adapter_dir: Path | str, dtype: str = "float16") -> Lor
         raise LoraAdapterError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} (numpy has no bfloat16)")
     config = _adapter_config(adapter_dir)
     rank, scale = config["r"], _scale(config)
-    rows: list[tuple[int, int, int, np.ndarray]] = []
+    rows: list[tuple[int, int, int, NDArray[Any]]] = []
     for (layer, module), (a, b) in sorted(_lora_pairs(adapter_dir / ADAPTER_WEIGHTS).items()):
         where = f"{ADAPTER_WEIGHTS}: layer {layer} {module}"
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
@@ -144,9 +145,9 @@ def _scale(config: dict[str, Any]) -> float:
     return alpha / math.sqrt(config["r"]) if config.get("use_rslora") else alpha / config["r"]
 
 
-def _lora_pairs(path: Path) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
+def _lora_pairs(path: Path) -> dict[tuple[int, str], tuple[NDArray[Any], NDArray[Any]]]:
     """(layer, PEFT module) -> (lora_A, lora_B) as float32."""
-    halves: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    halves: dict[tuple[int, str], dict[str, NDArray[Any]]] = {}
     for key, value in _read_safetensors(path).items():
         match = _LORA_KEY.match(key)
         if match is None:
@@ -167,13 +168,13 @@ def _lora_pairs(path: Path) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarra
     return pairs
 
 
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+def _read_safetensors(path: Path) -> dict[str, NDArray[Any]]:
     """Every tensor as float32. safetensors' numpy loader has no bfloat16 (numpy lacks the type), so BF16 tensors are read
     from their bytes: the file is an 8-byte little-endian header length, a JSON header ({name: {dtype, shape,
     data_offsets}}), then the data; a bfloat16 is the upper half of a float32."""
     from safetensors import SafetensorError, safe_open
 
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, NDArray[Any]] = {}
     bfloat16: list[str] = []
     try:
         with safe_open(str(path), framework="numpy") as handle:

@@ -61,7 +61,8 @@ async def _text(
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout) as http:
         body = {"model": model or await _only_model(http), "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **_fields(sampling)}
         if not stream:
-            return (await _checked(await http.post("/completions", json=body))).json()["choices"][0]["text"]
+            text: str = (await _checked(await http.post("/completions", json=body))).json()["choices"][0]["text"]
+            return text
         pieces = []
         async with http.stream("POST", "/completions", json=body) as response:
             await _checked(response)
@@ -81,7 +82,7 @@ def _fields(sampling: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _only_model(http: httpx.AsyncClient) -> str:
-    served = [model["id"] for model in (await _checked(await http.get("/models"))).json()["data"]]
+    served: list[str] = [model["id"] for model in (await _checked(await http.get("/models"))).json()["data"]]
     if len(served) != 1:
         raise InvalidRequestError("model", f"{http.base_url}/models serves {', '.join(served) or 'no model'}: name one with --model")
     return served[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ class SSEParser:
         return events + ([event] if event else [])
 
     def _drain(self, *, final: bool) -> list[SSEEvent]:
-        events = []
+        events: list[SSEEvent] = []
         while True:
             end = _line_end(self._buffer, final=final)
             if end is None:
@@ -114,7 +114,7 @@ def chunk_from_event(event: SSEEvent, *, status: int | None = None) -> Chunk:
     return chunk_from_json(payload, status=status)
 
 
-async def openai_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+async def openai_events(lines: AsyncIterator[str]) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON events of an OpenAI SSE stream, given its lines (httpx's `aiter_lines()`), up to `data: [DONE]`. An
     error event (`data: {"error": …}`) raises RequestError with its message; a stream ending without `[DONE]`, or
     data that is not JSON, ProtocolError."""
@@ -129,8 +129,8 @@ async def openai_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, An
         except json.JSONDecodeError as error:
             raise ProtocolError(f"event data is not JSON ({error}): {data[:200]!r}") from None
         if isinstance(event, dict) and "error" in event:
-            error = event["error"]
-            raise RequestError(None, str(error.get("message", error)) if isinstance(error, dict) else str(error))
+            detail = event["error"]
+            raise RequestError(None, str(detail.get("message", detail)) if isinstance(detail, dict) else str(detail))
         yield event
     raise ProtocolError("the stream ended without [DONE]")
 

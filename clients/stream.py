@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any, Protocol
 
 from clients.errors import ClientError
@@ -87,7 +87,8 @@ class TextStream(Iterator[str]):
         return tuple(self._record.log_probs)
 
     def __next__(self) -> str:
-        return next(self._deltas)
+        delta: str = next(self._deltas)
+        return delta
 
     def cancel(self) -> None:
         """Stop the request (server-side over gRPC); safe from any thread. Iteration then ends."""
@@ -143,7 +144,8 @@ class AsyncTextStream(AsyncIterator[str]):
         return tuple(self._record.log_probs)
 
     async def __anext__(self) -> str:
-        return await self._deltas.__anext__()
+        delta: str = await self._deltas.__anext__()
+        return delta
 
     def cancel(self) -> None:
         self._state.cancel()
@@ -172,7 +174,8 @@ class BeamStream(TextStream):
     _whole_beams = True
 
     def __next__(self) -> tuple[str, ...]:  # type: ignore[override]
-        return next(self._deltas)
+        beams: tuple[str, ...] = next(self._deltas)
+        return beams
 
 
 class AsyncBeamStream(AsyncTextStream):
@@ -181,12 +184,13 @@ class AsyncBeamStream(AsyncTextStream):
     _whole_beams = True
 
     async def __anext__(self) -> tuple[str, ...]:  # type: ignore[override]
-        return await self._deltas.__anext__()
+        beams: tuple[str, ...] = await self._deltas.__anext__()
+        return beams
 
 
 def _deltas(
     open_call: Callable[[], Call], policy: RetryPolicy, state: _StreamState, record: Recorder, item: Callable[[Chunk], Any]
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     def open_first() -> tuple[Call, Iterator[Chunk], Chunk | None]:
         call = open_call()
         state.attach(call)
@@ -220,7 +224,7 @@ def _deltas(
 
 async def _async_deltas(
     open_call: Callable[[], Awaitable[AsyncCall]], policy: RetryPolicy, state: _StreamState, record: Recorder, item: Callable[[Chunk], Any]
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     async def open_first() -> tuple[AsyncCall, AsyncIterator[Chunk], Chunk | None]:
         call = await open_call()
         state.attach(call)

@@ -74,14 +74,14 @@ def check_input(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise InvalidRequestError(name, f"{name} must be an integer, got {_shown(value)}")
         low, high = _INTEGER_RANGES[datatype]
-        if not low <= value <= high:
+        if not low <= value <= high:  # type: ignore[operator]  # typeshed's numbers.Real lacks __ge__, which int <= Integral reflects to
             raise InvalidRequestError(name, f"{name} {value} is out of range: the input is {datatype} ({low}..{high})")
         return int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # FP32
         raise InvalidRequestError(name, f"{name} must be a number, got {_shown(value)}")
     if not math.isfinite(value):
         raise InvalidRequestError(name, f"{name} must be a finite number, got {value}")
-    if abs(value) > _FP32_MAX:
+    if abs(value) > _FP32_MAX:  # type: ignore[operator]  # typeshed's Real.__abs__ returns _RealLike, which declares no comparisons
         raise InvalidRequestError(name, f"{name} {value} is out of range: the input is FP32")
     return float(value)
 

@@ -21,16 +21,18 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from clients.aio import AsyncTritonLLMClient
+from clients.client import ProtocolName
 from clients.errors import ClientError
 from clients.sse import openai_events
 
-TRITON_ENDPOINTS = ("grpc", "http")
+TRITON_ENDPOINTS: tuple[ProtocolName, ...] = ("grpc", "http")
 BLS_MODEL = "tensorrt_llm_bls"  # calls tensorrt_llm with request ids of its own: a stop by the client's would find nothing
 STOP_MODEL = "tensorrt_llm"
 DEFAULT_PROMPTS = ("def __init__(self", "import", "class Parser", "for line in", "return self.")
@@ -109,7 +111,7 @@ class ChaosOutcome:
         if error is not None and len(self.errors) < _MAX_ERRORS_KEPT:
             self.errors.append(f"{route}: {error}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "sent": self.sent, "done": self.done, "cut": self.cut, "failed": self.failed,
             "seconds": round(self.seconds, 2), "by_route": self.by_route, "errors": self.errors, "stopped": self.stopped,
@@ -137,7 +139,7 @@ async def run_chaos(
         raise ValueError("the openai endpoint needs ChaosTargets.openai_url and openai_model")
     rng = random.Random(plan.seed)
     outcome = ChaosOutcome()
-    clients = {
+    clients: dict[tuple[str, str], AsyncTritonLLMClient] = {
         (protocol, model): AsyncTritonLLMClient(
             targets.grpc_url if protocol == "grpc" else targets.http_url, protocol, model, timeout=300.0, retries=0,
             stop_model=STOP_MODEL if plan.grpc_cut == "stop" and model != BLS_MODEL else None,
@@ -241,7 +243,7 @@ async def _openai_read(http: httpx.AsyncClient, targets: ChaosTargets, plan: Cha
         raise _Cut
 
 
-async def _cut_early(read, rng: random.Random) -> None:
+async def _cut_early(read: Coroutine[Any, Any, None], rng: random.Random) -> None:
     """Give the request 0-30 ms (its prompt is usually still in prefill), then cut it: the task is
     cancelled, which cancels the gRPC call or closes the connection."""
     task = asyncio.ensure_future(read)

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from clients.load.records import LoadRequest, RequestRecord
 from clients.load.targets import LoadTarget
@@ -52,7 +53,7 @@ class RequestRate:
 
 @dataclass
 class LoadRun:
-    mode: dict
+    mode: dict[str, Any]
     records: list[RequestRecord] = field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0

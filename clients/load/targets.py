@@ -14,6 +14,7 @@ import httpx
 
 from clients.aio import AsyncTritonLLMClient
 from clients.api_keys import bearer_headers
+from clients.client import check_protocol
 from clients.load.llmapi_target import LLMAPI_MODEL, LlmapiModelTarget
 from clients.load.records import LoadRequest, RequestRecord
 from clients.sse import openai_events
@@ -34,7 +35,7 @@ class TritonTarget:
 
     def __init__(self, url: str, protocol: str, model: str = "ensemble", timeout_s: float = 600.0) -> None:
         self.endpoint = protocol
-        self._client = AsyncTritonLLMClient(url, protocol=protocol, model=model, timeout=timeout_s, retries=0)
+        self._client = AsyncTritonLLMClient(url, protocol=check_protocol(protocol), model=model, timeout=timeout_s, retries=0)
         self.url = self._client.url
 
     async def send(self, request: LoadRequest, record: RequestRecord) -> None:

@@ -130,9 +130,9 @@ class Slots:
 def install(app: FastAPI, policy: AccessPolicy) -> None:
     """Guard `app` with `policy` (nothing to do without keys). Install it before the middleware that counts answers,
     so that the counting one, added later and so outside it, sees the 401s and 429s too."""
-    keys = policy.keys
-    if keys is None:
+    if policy.keys is None:
         return
+    keys: KeyRing = policy.keys  # declared: mypy carries no narrowing into the class below
     slots = Slots(policy.max_concurrent_per_key)
     app.state.key_slots = slots
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from clients.aio import AsyncTritonLLMClient
 from clients.errors import RequestError, ServerUnavailableError
 from clients.lora import NOT_CACHED, LoraAdapter
 from clients.openai_server.llm_path import llm_pieces
 from clients.openai_server.logprobs import PendingLogprobs, TokenLogprob
+from clients.openai_server.schemas import FinishReason
 from clients.openai_server.stops import StopMatcher
 from clients.openai_server.tokenizer import PromptTokenizer
 from clients.stream import AsyncTextStream
@@ -66,19 +67,27 @@ class ChoiceEvent:
     index: int
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     completion_tokens: int = 0
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...  # synchronous
+
+
+_CancellableT = TypeVar("_CancellableT", bound=Cancellable)
+
+
 class OpenStreams:
     """The Triton requests of one OpenAI request, cancellable synchronously (from a finally block of a
-    task being cancelled, where nothing can be awaited) when its client goes away."""
+    task being cancelled, where nothing can be awaited) when its client goes away: ensemble streams
+    (`AsyncTextStream`) and direct calls of the LLM model (`AioGrpcCall`, llm_path.py)."""
 
     def __init__(self) -> None:
-        self._streams: list[AsyncTextStream] = []
+        self._streams: list[Cancellable] = []
 
-    def add(self, stream: AsyncTextStream) -> AsyncTextStream:
+    def add(self, stream: _CancellableT) -> _CancellableT:
         self._streams.append(stream)
         return stream
 
@@ -97,7 +106,7 @@ class Route:
     llm_model: str = "tensorrt_llm"
 
 
-async def run_choice(route: Route, plan: ChoicePlan, streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
+async def run_choice(route: Route, plan: ChoicePlan, streams: OpenStreams | None = None) -> AsyncGenerator[ChoiceEvent, None]:
     """The events of one choice; raises the `clients` error Triton's answer maps to. A LoRA adapter's id alone that
     Triton has not cached (evicted, or Triton restarted) is sent once more, with the adapter's weights."""
     for retry in (False, True):
@@ -114,7 +123,7 @@ async def run_choice(route: Route, plan: ChoicePlan, streams: OpenStreams | None
             route.client.sent_adapters.forget(plan.lora)
 
 
-async def _choice_events(route: Route, plan: ChoicePlan, streams: OpenStreams | None) -> AsyncIterator[ChoiceEvent]:
+async def _choice_events(route: Route, plan: ChoicePlan, streams: OpenStreams | None) -> AsyncGenerator[ChoiceEvent, None]:
     logprobs = PendingLogprobs()
     prompt: list[tuple[TokenLogprob, ...]] = []
     if plan.direct:
@@ -136,11 +145,11 @@ async def _choice_events(route: Route, plan: ChoicePlan, streams: OpenStreams | 
             if text or released or opening:
                 yield ChoiceEvent(plan.index, text, released, None, tokens, opening)
     text = matcher.flush()
-    finish = "length" if tokens >= plan.max_tokens else "stop"
+    finish: FinishReason = "length" if tokens >= plan.max_tokens else "stop"
     yield ChoiceEvent(plan.index, text, logprobs.release(None), finish, tokens, prompt.pop() if prompt else ())
 
 
-def _opened(stream, streams: OpenStreams | None):
+def _opened(stream: _CancellableT, streams: OpenStreams | None) -> _CancellableT:
     if streams is not None:
         streams.add(stream)
     return stream
@@ -148,7 +157,7 @@ def _opened(stream, streams: OpenStreams | None):
 
 async def _ensemble_pieces(
     client: AsyncTritonLLMClient, stream: AsyncTextStream, plan: ChoicePlan, logprobs: PendingLogprobs
-) -> AsyncIterator[tuple[str, int]]:
+) -> AsyncGenerator[tuple[str, int], None]:
     """(text delta, tokens so far) of an ensemble request; the tokens' log-probs go to `logprobs`."""
     seen = 0
 
@@ -175,7 +184,7 @@ async def _ensemble_pieces(
 _DONE = object()
 
 
-async def merged(route: Route, plans: Sequence[ChoicePlan], streams: OpenStreams | None = None) -> AsyncIterator[ChoiceEvent]:
+async def merged(route: Route, plans: Sequence[ChoicePlan], streams: OpenStreams | None = None) -> AsyncGenerator[ChoiceEvent, None]:
     """The events of every choice, interleaved in arrival order. The first error ends everything:
     the other requests are cancelled (also when the consumer stops iterating)."""
     if len(plans) == 1:
@@ -183,7 +192,7 @@ async def merged(route: Route, plans: Sequence[ChoicePlan], streams: OpenStreams
             async for event in events:
                 yield event
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[Any] = asyncio.Queue()  # events, then _DONE or an exception, of each choice
 
     async def pump(plan: ChoicePlan) -> None:
         try:
@@ -217,7 +226,7 @@ class ChoiceResult:
     index: int
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     completion_tokens: int = 0
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
 

@@ -26,9 +26,10 @@ GUIDE_PARAMS = ("response_format", "guided_json", "guided_regex", "guided_gramma
 def guide_param(request: _Sampling) -> str | None:
     """The request field that carries its guide (None: no guide; `guide_of` refuses several)."""
     response_format = request.response_format
+    text_format = response_format is not None and response_format.type == "text"  # response_format {"type": "text"}: no guide
     for param in GUIDE_PARAMS:
         value = getattr(request, param)
-        if value is not None and not (param == "response_format" and response_format.type == "text"):
+        if value is not None and not (param == "response_format" and text_format):
             return param
     return None
 

@@ -19,12 +19,13 @@ list is read from the row it was drawn from; a prompt token's from the row befor
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
+from numpy.typing import NDArray
 from tritonclient.utils import np_to_triton_dtype
 
 from clients.lora import SentAdapters
@@ -35,6 +36,7 @@ from model_repo.python.incremental_detokenizer import CONTEXT_TOKENS
 
 if TYPE_CHECKING:  # generation.py imports this module
     from clients.aio import AsyncTritonLLMClient
+    from clients.aio_transport import AioGrpcCall
     from clients.openai_server.generation import ChoicePlan
 
 _NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
@@ -47,8 +49,8 @@ class LLMChunk:
     final: bool
     output_ids: tuple[int, ...] = ()
     log_probs: tuple[float, ...] = ()
-    context_logits: np.ndarray | None = None  # [prompt, vocab], with the first response
-    generation_logits: np.ndarray | None = None  # [len(output_ids), vocab]
+    context_logits: NDArray[Any] | None = None  # [prompt, vocab], with the first response
+    generation_logits: NDArray[Any] | None = None  # [len(output_ids), vocab]
 
 
 def llm_chunk(result: Any) -> LLMChunk:
@@ -118,7 +120,7 @@ def llm_request(plan: ChoicePlan, tokenizer: PromptTokenizer, sent_adapters: Sen
     return inputs, [grpcaio.InferRequestedOutput(name) for name in outputs]
 
 
-def prompt_logprobs(prompt_ids: Sequence[int], context_logits: np.ndarray | None, top: int, tokenizer: PromptTokenizer) -> tuple[TokenLogprob, ...]:
+def prompt_logprobs(prompt_ids: Sequence[int], context_logits: NDArray[Any] | None, top: int, tokenizer: PromptTokenizer) -> tuple[TokenLogprob, ...]:
     """Every prompt token's log-probability given the tokens before it, with offsets into the
     prompt's decoded text."""
     if context_logits is None or context_logits.shape[0] < len(prompt_ids):
@@ -142,9 +144,9 @@ async def llm_pieces(
     tokenizer: PromptTokenizer,
     model: str,
     logprobs: PendingLogprobs,
-    on_open,
-    on_prompt,
-) -> AsyncIterator[tuple[str, int]]:
+    on_open: Callable[[AioGrpcCall], AioGrpcCall],
+    on_prompt: Callable[[tuple[TokenLogprob, ...]], None],
+) -> AsyncGenerator[tuple[str, int], None]:
     """(text delta, output tokens so far) per response; each token's log-prob goes to `logprobs`,
     the prompt's (when asked for) to `on_prompt` before the first delta. `on_open(call)` is handed
     the call (to be cancelled)."""
@@ -157,7 +159,9 @@ async def llm_pieces(
         call.cancel()  # a no-op once the final response is in
 
 
-async def _pieces(call, plan: ChoicePlan, tokenizer: PromptTokenizer, logprobs: PendingLogprobs, on_prompt) -> AsyncIterator[tuple[str, int]]:
+async def _pieces(
+    call: AioGrpcCall, plan: ChoicePlan, tokenizer: PromptTokenizer, logprobs: PendingLogprobs, on_prompt: Callable[[tuple[TokenLogprob, ...]], None]
+) -> AsyncIterator[tuple[str, int]]:
     preceding = list(plan.prompt_ids[-CONTEXT_TOKENS:])
     tokens = 0
     first = True

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,15 @@ class PendingLogprobs:
         return released
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: NDArray[Any]) -> NDArray[Any]:
     """Log-probabilities of logits rows (last axis), in float64."""
     values = np.asarray(logits, dtype=np.float64)
     shifted = values - values.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    logprobs: NDArray[Any] = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return logprobs
 
 
-def top_ids(logprobs: np.ndarray, count: int) -> list[tuple[int, float]]:
+def top_ids(logprobs: NDArray[Any], count: int) -> list[tuple[int, float]]:
     """The `count` most likely (token id, log-probability) of one row, most likely first."""
     if count <= 0:
         return []

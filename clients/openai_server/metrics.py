@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncGenerator
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 
@@ -34,7 +34,8 @@ REQUESTS = f"{PREFIX}_requests_total"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-disable_created_metrics()  # the `_created` gauges say when the process started, which `up` already tells
+# The `_created` gauges say when the process started, which `up` already tells.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
 class FrontEndMetrics:
@@ -64,11 +65,16 @@ class FrontEndMetrics:
 
 
 class _Event(Protocol):
-    index: int
-    completion_tokens: int  # cumulative per choice
+    @property
+    def index(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...  # cumulative per choice
 
 
-async def timed(events: AsyncGenerator[_Event, None], metrics: FrontEndMetrics, started: float) -> AsyncIterator[_Event]:
+_E = TypeVar("_E", bound=_Event)
+
+
+async def timed(events: AsyncGenerator[_E, None], metrics: FrontEndMetrics, started: float) -> AsyncGenerator[_E, None]:
     """`events` unchanged, observing each choice's first-token time (from `started`, a time.monotonic()) and token gaps.
     Closing this closes `events` at once (its cleanup cancels the Triton requests of a client that went away)."""
     last: dict[int, tuple[float, int]] = {}  # choice -> (time of its last token, tokens so far)

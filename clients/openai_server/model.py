@@ -15,9 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
+
+if TYPE_CHECKING:  # for annotations; the functions below import them where they run
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
 DEFAULT_PREPROCESSING = "preprocessing"
 DEFAULT_LLM = "tensorrt_llm"
@@ -115,7 +120,9 @@ class ServedModel:
         )
 
 
-def _triton_setup_error(client, triton_url: str, triton_model: str, error, timeout_s: float) -> str:
+def _triton_setup_error(
+    client: grpcclient.InferenceServerClient, triton_url: str, triton_model: str, error: InferenceServerException, timeout_s: float
+) -> str:
     """One line: what was found at `triton_url` instead of a Triton serving `triton_model`."""
     from tritonclient.utils import InferenceServerException
 
@@ -160,7 +167,8 @@ def _is_ensemble(config: model_config_pb2.ModelConfig) -> bool:
 def _llm_name(config: model_config_pb2.ModelConfig) -> str:
     for step in config.ensemble_scheduling.step:
         if LLM_INPUT in step.input_map:
-            return step.model_name
+            name: str = step.model_name
+            return name
     return _parameters(config).get("tensorrt_llm_model_name") or DEFAULT_LLM
 
 

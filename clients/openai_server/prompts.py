@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-_TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-PROMPT_SCHEMAS = [
+from pydantic.config import JsonDict, JsonValue
+
+_TOKEN_IDS_SCHEMA: JsonDict = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT_SCHEMAS: list[JsonValue] = [
     {"type": "string"},
     {"type": "array", "items": {"type": "string"}, "minItems": 1},
     _TOKEN_IDS_SCHEMA,

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from clients.openai_server.generation import ChoiceEvent, ChoiceResult
 from clients.openai_server.logprobs import TokenLogprob
@@ -69,7 +69,7 @@ def chat_logprobs(items: Iterable[TokenLogprob]) -> ChatLogprobs:
         content=[
             ChatTokenLogprob(
                 token=item.token,
-                logprob=item.logprob,
+                logprob=cast(float, item.logprob),  # a generated token's is never None (only a prompt's first token has none)
                 bytes=list(item.token.encode("utf-8")),
                 top_logprobs=[{"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))} for token, logprob in item.top],
             )
@@ -104,12 +104,12 @@ class Answer:
                 for result in results
             ]
             return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices, usage=total).model_dump(mode="json")
-        choices = []
+        completion_choices = []
         for result in results:
             echo = self.plan.echo[result.index] if self.plan.echo else ""
             logprobs = completion_logprobs(result.logprobs, offset=len(echo), prompt=result.prompt_logprobs) if self.plan.logprobs else None
-            choices.append(CompletionChoice(index=result.index, text=echo + result.text, logprobs=logprobs, finish_reason=result.finish_reason))
-        return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=total).model_dump(mode="json")
+            completion_choices.append(CompletionChoice(index=result.index, text=echo + result.text, logprobs=logprobs, finish_reason=result.finish_reason))
+        return Completion(id=self.id, created=self.created, model=self.model, choices=completion_choices, usage=total).model_dump(mode="json")
 
     # -- streams --------------------------------------------------------------------------------
     def chunks(self, event: ChoiceEvent) -> list[bytes]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -124,7 +125,7 @@ def serve_openai(
     port: int = DEFAULT_PORT,
     on_ready: Callable[[str], None] = print,
     keep_running: Callable[[], bool] = lambda: True,
-    **options,
+    **options: Any,
 ) -> int:
     """Serve until Ctrl-C / SIGTERM (or until `keep_running()` turns false, checked twice a second);
     `on_ready(base_url)` once it listens. `options`: those of `running_openai_server`. Returns 0."""

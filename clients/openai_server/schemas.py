@@ -18,11 +18,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.config import JsonDict
 
 from clients.openai_server.defaults import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from clients.openai_server.prompts import PROMPT_SCHEMAS, checked_prompt, prompt_list
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI's API
+FinishReason = Literal["stop", "length"]
 
 
 class _Strict(BaseModel):
@@ -33,13 +35,13 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-_TEXT_PART_SCHEMA = {
+_TEXT_PART_SCHEMA: JsonDict = {
     "type": "object",
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     "required": ["type", "text"],
     "additionalProperties": False,
 }
-_STOP_SCHEMA = {
+_STOP_SCHEMA: JsonDict = {
     "anyOf": [
         {"type": "string"},
         {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_SEQUENCES},
@@ -239,7 +241,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
 
 
 class Completion(BaseModel):
@@ -274,7 +276,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
 
 
 class ChatCompletion(BaseModel):

@@ -35,7 +35,7 @@ Triton's stub (`triton_python_backend_utils`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 GAUGE = "gauge"
 COUNTER = "counter"
@@ -138,7 +138,7 @@ def _medusa_values(stats: Any, num_heads: int) -> dict[tuple[str, str | None], f
     by_depth = dict.fromkeys(range(1, num_heads + 1), 0)
     for path, count in stats.tree_node_acceptances:
         by_depth[len(path)] += count
-    values = {series_key(MEDUSA_ACCEPTED_BY_DEPTH, str(depth)): count for depth, count in by_depth.items()}
+    values: dict[tuple[str, str | None], float] = {series_key(MEDUSA_ACCEPTED_BY_DEPTH, str(depth)): count for depth, count in by_depth.items()}
     values[series_key(MEDUSA_TREE_STEPS)] = stats.num_tree_steps
     return values
 
@@ -159,7 +159,7 @@ class EngineMetrics:
             triton_family = pb_utils.MetricFamily(name=family.name, description=family.description, kind=kinds[family.kind])
             self._families.append(triton_family)
             for value in family.label_values or (None,):
-                series_labels = dict(labels) if value is None else {**labels, family.label: value}
+                series_labels = dict(labels) if value is None else {**labels, cast(str, family.label): value}  # label values come with a label
                 self._metrics[series_key(family.name, value)] = (family.kind, triton_family.Metric(labels=series_labels))
         self._last: dict[tuple[str, str | None], float] = {}
 

@@ -16,7 +16,10 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -26,6 +29,9 @@ class TokenizerLoadError(RuntimeError):
 
 
 class HFTokenizer:
+    _fast: Tokenizer | None  # tokenizer.json, by the tokenizers library
+    _slow: Any  # else transformers' AutoTokenizer (None with _fast)
+
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         if not self.directory.is_dir():
@@ -70,7 +76,8 @@ class HFTokenizer:
         ids = [int(token_id) for token_id in token_ids]
         if self._fast is not None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
-        return self._slow.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        text: str = self._slow.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        return text
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[int]]:
         """`encode` of every text, in one call of the tokenizer."""
@@ -83,7 +90,8 @@ class HFTokenizer:
         lists = [[int(token_id) for token_id in ids] for ids in sequences]
         if self._fast is not None:
             return self._fast.decode_batch(lists, skip_special_tokens=skip_special_tokens)
-        return self._slow.batch_decode(lists, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        texts: list[str] = self._slow.batch_decode(lists, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        return texts
 
     def _special_id(self, key: str) -> int | None:
         token = _token_content(self._config.get(key))
@@ -91,7 +99,8 @@ class HFTokenizer:
             return None
         if self._fast is not None:
             return self._fast.token_to_id(token)
-        return self._slow.convert_tokens_to_ids(token)
+        token_id: int | None = self._slow.convert_tokens_to_ids(token)
+        return token_id
 
 
 def _token_content(value: Any) -> str | None:

@@ -191,7 +191,7 @@ class WorkerThreads:
                 job(*args)
             except Exception:  # a job reports its own errors; the thread must survive it
                 pass
-            job = args = item = None  # an idle thread must not keep its last request (and its response sender) alive
+            del job, args, item  # an idle thread must not keep its last request (and its response sender) alive
             with self._lock:
                 self._idle += 1
             item = self._jobs.get()
