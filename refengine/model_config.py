@@ -76,7 +76,7 @@ class QuantizationConfig:
 
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
-    group_size: int = 128  # TensorRT-LLM's code default (its checkpoint.md says 64: stale)
+    group_size: int = 128  # TensorRT-LLM's code default (NVIDIA/TensorRT-LLM docs/source/architecture/checkpoint.md says 64: stale)
     has_zero_point: bool = False
     pre_quant_scale: bool = False
     exclude_modules: tuple[str, ...] = ()

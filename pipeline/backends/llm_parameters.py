@@ -164,7 +164,7 @@ def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str, spe
 def guided_decoding_parameters(serve: ServeSpec, *, tokenizer_dir: str, tokenizer_info_path: str) -> dict[str, str]:
     """TensorRT-LLM's guided-decoding parameters (both targets read the same names): the backend, the
     tokenizer-info file the C++ backend needs and the tokenizer_dir the Python backend needs
-    (tensorrtllm_backend docs/guided_decoding.md). Nothing when serve.guided_decoding is none."""
+    (triton-inference-server/tensorrtllm_backend docs/guided_decoding.md). Nothing when serve.guided_decoding is none."""
     if serve.guided_decoding is GuidedDecodingBackend.none:
         return {}
     return {

@@ -9,7 +9,7 @@ checkpoint config writer (`pipeline.backends.trtllm_pretrained`) reads `trtllm_c
 
 Sources: NVIDIA/TensorRT-LLM, 1.2 release line: tensorrt_llm/models/__init__.py (MODEL_MAP) and each class's
 config.py `from_hugging_face` (the checkpoint keys), tensorrt_llm/_torch/models/__init__.py (the PyTorch backend's
-registry), docs/source/legacy/reference/support-matrix.md (the TensorRT backend's precision matrix) and
+registry), NVIDIA/TensorRT-LLM docs/source/legacy/reference/support-matrix.md (the TensorRT backend's precision matrix) and
 examples/models/core/gemma/README.md (Gemma's build and serve rules); ModelOpt 0.47's export_hf_checkpoint per family
 and format, run on CPU (transformers 5.14) and on an H200 (transformers 5.17) with the same results.
 Torch-free: `validate` and `plan` read it.
