@@ -1,4 +1,4 @@
-"""Benchmarks (commands, not timed tests; ARCHITECTURE.md §9): `trtllm-pipeline bench BENCHMARK`.
+"""Benchmarks (commands, not timed tests; docs/architecture.md#benchmarks): `trtllm-pipeline bench BENCHMARK`.
 
 - `load/`: the load sweep (`bench load`; TTFT, ITL, throughput, goodput over a concurrency or
   request-rate sweep), a command over the load-test library `pipeline/load/`.

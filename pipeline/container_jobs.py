@@ -9,7 +9,7 @@ pipeline.quantization.dispatch for the quantize job). Every external command goe
 
 Every `docker run` gets one set of flags (`docker_run_command`): the GPUs, shm and memlock/stack ulimits of
 NVIDIA's launch recipe, the calling user with HOME=/tmp, and no network. No job needs one: trtllm-build reads
-only --checkpoint_dir, --build_config and --lora_dir and writes --output_dir (trtllm.md §1.1, §2.5), and the
+only --checkpoint_dir, --build_config and --lora_dir and writes --output_dir (tensorrt_llm/commands/build.py), and the
 quantize job reads the mounted Hugging Face checkpoint and calibration files with HF_HUB_OFFLINE=1.
 """
 

@@ -7,9 +7,11 @@ trtllm-build features a format excludes. Records are keyed by the YAML values of
 and `KVCacheQuant` (the YAML vocabulary stays there; a test keeps both in step). This module imports nothing from
 the pipeline and nothing heavy, so the spec's validators, `validate` and `plan` read it.
 
-Sources: shared/reference/trtllm.md §1.8 (plugin flags), §1.10 (build-time constraints), §2.3 (QuantAlgo),
-§3.1 (quantize.py's recipes), examples/lookahead's support matrix; quantization.md §4 (ModelOpt 0.47 configs),
-§6 (formats that need CUDA), §8 (exported quantization blocks); serving-and-operations.md §A2 (bytes).
+Sources: NVIDIA/TensorRT-LLM, 1.2 release line: tensorrt_llm/quantization/mode.py (QuantAlgo), builder.py (build-time
+constraints), plugin/plugin.py (plugin flags), examples/quantization/quantize.py (--qformat -> ModelOpt config),
+examples/lookahead/README.md (support matrix); nvidia-modelopt 0.47.0, modelopt/torch/quantization/config.py (the
+configs) and modelopt/torch/export (the quantization blocks it exports). Bytes: 16-bit 2 B, 8-bit 1 B, INT4 0.5 B
+plus one 16-bit scale per group.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ __all__ = [
 ]
 
 TARGETS = ("engine", "cpu", "llmapi")  # the build.target values a record may refuse
-FP8_MIN_SM = 89  # FP8 tensor cores (Ada, Hopper and newer); also the floor of FP8 context FMHA (§1.10)
-# SM 10.x–11.x: trtllm-build refuses INT8/INT4 weight-only, SmoothQuant, per-channel/per-token scaling, INT8 KV (§1.10)
+FP8_MIN_SM = 89  # FP8 tensor cores (Ada, Hopper and newer); also the floor of FP8 context FMHA (builder.py)
+# SM 10.x–11.x: trtllm-build refuses INT8/INT4 weight-only, SmoothQuant, per-channel/per-token scaling, INT8 KV (builder.py)
 BLACKWELL_SMS = range(100, 120)
 _SIXTEEN_BIT = 2.0  # bytes of a float16/bfloat16 value
 
@@ -40,18 +42,18 @@ class WeightFormat:
     """One `quantize.algo`: how it is made, what it costs, where it runs, and what trtllm-build does with it."""
 
     name: str  # the quantize.algo value
-    trtllm_quant_algo: str | None  # checkpoint quantization.quant_algo (§2.3); None: unquantized
-    modelopt_config: str | None  # ModelOpt 0.47 mtq config it is calibrated with; None: no PTQ (§3.1)
-    bytes_per_weight: float  # per decoder-layer parameter, fixed-size block scales included (§A2)
+    trtllm_quant_algo: str | None  # checkpoint quantization.quant_algo (a QuantAlgo name); None: unquantized
+    modelopt_config: str | None  # ModelOpt 0.47 mtq config it is calibrated with; None: no PTQ (as quantize.py maps --qformat)
+    bytes_per_weight: float  # per decoder-layer parameter, fixed-size block scales included
     group_wise: bool = False  # INT4 groups of quantize.group_size along the input dim (AWQ), one 16-bit scale each
-    calibration_needs_cuda: bool = False  # only CUDA runs ModelOpt's fake-quant model of it (quantization.md §6)
+    calibration_needs_cuda: bool = False  # only CUDA runs ModelOpt's fake-quant model of it (0.47 asserts a CUDA amax)
     refused_targets: Mapping[str, str] = field(default_factory=dict)  # build.target -> the rest of "quantize.algo X ..."
     min_sm: int | None = None  # lowest compute capability that runs it (89 = SM 8.9)
     gpu_need: str = ""  # what min_sm stands for, in "quantize.algo X needs ..."
-    blackwell_rejected: bool = False  # trtllm-build refuses it on BLACKWELL_SMS (§1.10)
-    fp8_context_fmha: bool = False  # FP8 context FMHA runs with these weights (§1.8: FP8, W4A8_AWQ, NVFP4)
+    blackwell_rejected: bool = False  # trtllm-build refuses it on BLACKWELL_SMS (builder.py)
+    fp8_context_fmha: bool = False  # FP8 context FMHA runs with these weights (builder.py: FP8, W4A8_AWQ, NVFP4)
     fp8_qdq: bool = False  # FP8 per-tensor QDQ: fp8 GEMM plugin, strongly typed network, 16-bit paged context FMHA without FP8 KV
-    fused_mlp: bool = False  # use_fused_mlp survives (§1.10: forced off for any quant but FP8)
+    fused_mlp: bool = False  # use_fused_mlp survives (builder.py forces it off for any quant but FP8)
     # The TensorRT-LLM layer whose forward() asserts "lora is not supported on ... now" (tensorrt_llm/quantization/
     # layers.py); weight-only, group-wise (AWQ) and FP8 layers add the LoRA branch.
     lora_rejected_by: str | None = None
@@ -60,8 +62,8 @@ class WeightFormat:
     folds_input_scale: bool = False
     lookahead_documented: bool = False  # in examples/lookahead's support matrix (FP16 / BF16 / FP8)
     gemm_plugin: str | None = None  # the --gemm_plugin choice that belongs to this format
-    gemm_plugin_auto: bool = False  # trtllm-build enables that GEMM plugin by itself (§1.8)
-    builder_plugin: tuple[str, str] | None = None  # (plugin_config field trtllm-build sets to the dtype, for what) (§1.10)
+    gemm_plugin_auto: bool = False  # trtllm-build enables that GEMM plugin by itself (build.py)
+    builder_plugin: tuple[str, str] | None = None  # (plugin_config field trtllm-build sets to the dtype, for what) (builder.py)
     eight_bit_gemm: bool = False  # its GEMMs run on 8-bit tensor cores (the planner's FP8/INT8 dense TFLOPS), else 16-bit math
 
     def __post_init__(self) -> None:
@@ -77,7 +79,7 @@ class WeightFormat:
         return self.modelopt_config is not None
 
     def bytes_per_param(self, group_size: int = 128) -> float:
-        """Bytes per decoder-layer parameter; group-wise formats add one 16-bit scale per group (0.516 B at 128, §A2)."""
+        """Bytes per decoder-layer parameter; group-wise formats add one 16-bit scale per group (0.516 B at 128)."""
         return self.bytes_per_weight + (_SIXTEEN_BIT / group_size if self.group_wise else 0.0)
 
     def runs_on(self, target: str) -> bool:
@@ -89,14 +91,14 @@ class KVCacheFormat:
     """One `quantize.kv_cache`: how the KV cache is stored and what it does to trtllm-build's attention features."""
 
     name: str  # the quantize.kv_cache value
-    trtllm_kv_quant_algo: str | None  # checkpoint quantization.kv_cache_quant_algo (§2.3); None: model dtype
+    trtllm_kv_quant_algo: str | None  # checkpoint quantization.kv_cache_quant_algo (FP8, INT8, NVFP4); None: model dtype
     modelopt_num_bits: int | tuple[int, int] | None  # num_bits of ModelOpt's k/v bmm quantizers ((4, 3) = E4M3)
-    bytes_per_element: float  # per K or V element (§A2)
+    bytes_per_element: float  # per K or V element
     refused_targets: Mapping[str, str] = field(default_factory=dict)  # build.target -> the rest of "quantize.kv_cache X ..."
     min_sm: int | None = None
     gpu_need: str = ""
     blackwell_rejected: bool = False
-    fp8: bool = False  # FP8 values: trtllm-build forces a strongly typed network (§1.10)
+    fp8: bool = False  # FP8 values: trtllm-build forces a strongly typed network (builder.py)
     paged_context_fmha: PagedContextFmha = "kept"  # off: always lost; with_fp8_context_fmha: lost unless FP8 context FMHA runs
 
     def __post_init__(self) -> None:
@@ -127,7 +129,7 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType({f.name: f for f i
         blackwell_rejected=True, lora_rejected_by="SmoothQuantLinear", folds_input_scale=True, eight_bit_gemm=True,
     ),
     # Exported unquantized with quant_algo W8A16; trtllm-build quantizes the weights (ModelOpt's own INT8 weight-only
-    # export names its tensors differently from what TensorRT-LLM's W8A16 loader expects, trtllm.md §2.4).
+    # export names its tensors differently from what TensorRT-LLM's W8A16 loader expects: a preprocessed int8 weight with `per_channel_scale`).
     WeightFormat(
         "int8_wo", "W8A16", None, 1.0, refused_targets={"llmapi": _NO_PYTORCH_INT8}, blackwell_rejected=True,
         builder_plugin=("weight_only_quant_matmul_plugin", "weight-only INT8"),
@@ -208,7 +210,7 @@ def sm_needed(weights: WeightFormat, kv: KVCacheFormat) -> int | None:
 
 
 def fp8_context_fmha_loss(weights: WeightFormat, sm: int | None = None) -> Loss | None:
-    """Why trtllm-build turns FP8 context FMHA off (§1.10): the weights are not FP8-family, or the GPU is below
+    """Why trtllm-build turns FP8 context FMHA off (builder.py): the weights are not FP8-family, or the GPU is below
     SM 8.9 (sm None: no GPU declared, not checked); None when it may run."""
     if not weights.fp8_context_fmha:
         return "weights"
@@ -218,7 +220,7 @@ def fp8_context_fmha_loss(weights: WeightFormat, sm: int | None = None) -> Loss 
 
 
 def paged_context_fmha_loss(weights: WeightFormat | None, kv: KVCacheFormat, sm: int | None = None) -> Loss | None:
-    """Why trtllm-build turns paged context FMHA off for these formats (§1.10), so that neither KV-cache reuse nor
+    """Why trtllm-build turns paged context FMHA off for these formats (builder.py), so that neither KV-cache reuse nor
     chunked context can run; None when the formats keep it.
 
     `kv_cache`: an INT8 KV cache always loses it. An FP8 KV cache keeps it only as FP8 paged context FMHA, so it is

@@ -26,7 +26,7 @@ def speculative_summary(build: BuildSpec) -> str | None:
     line = f"speculative decoding: {speculative.mode.value}, drafts from {drafts[speculative.mode]()}; max_draft_len {k}"
     tree = _served_tree(build)
     if traits_of(build.target).follows_trtllm_plugin_rules:
-        # trtllm-build adds an EAGLE engine's num_eagle_layers to max_seq_len too (builder.py, trtllm.md §1.6)
+        # trtllm-build adds an EAGLE engine's num_eagle_layers to max_seq_len too (tensorrt_llm/builder.py)
         extra = k + (tree_depth(tree) if speculative.mode is SpeculativeMode.eagle and tree else 0)
         line += (f"; the engine holds max_seq_len + {extra} tokens per sequence and max_num_tokens >= max_batch_size × {k + 1} "
                  f"= {build.max_batch_size * (k + 1)}")

@@ -1,11 +1,14 @@
 """Supported TensorRT-LLM versions for the engine target, and the trtllm-build command line of each.
 
 One row per version: the Triton image that ships it, its TensorRT and CUDA, and the trtllm-build
-flag set with its defaults. Facts from shared/reference/trtllm.md §1 (flags and defaults; §1.7:
-the auto-parallel flags are gone in 1.2; §1.8: plugin defaults 0.19–1.2) and §5 (container
-matrix). 1.2.x is the last release line that builds engines (trtllm.md, "The engine path is
-legacy upstream"); the Triton release carrying 1.2.1 is not in the recorded matrix, so its tag is
-inferred and marked so (`triton_tag_inferred`).
+flag set with its defaults. Flags and defaults: NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py and
+tensorrt_llm/plugin/plugin.py of each line (plugin defaults of 0.19-1.2: tokens_per_block 32, paged and FP8
+context FMHA on; the auto-parallel flags were removed in 1.2 by NVIDIA/TensorRT-LLM PR #8329). Images, TensorRT
+and CUDA: NVIDIA's Triton release compatibility matrix for the `-trtllm-python-py3` containers
+(docs.nvidia.com/deeplearning/triton-inference-server, "Release Compatibility Matrix"). 1.2.x is the last release
+line that builds engines: trtllm-build and the engine backend were removed from TensorRT-LLM's main branch after
+it (PRs #15763, #15907), and triton-inference-server/tensorrtllm_backend pins 1.2.1 (PR #853). No Triton release
+carrying 1.2.1 is in the matrix, so its tag is inferred and marked so (`triton_tag_inferred`).
 
 `validate_argv` checks a rendered argv against a recorded argument schema (a JSON document, see
 tests/data/trtllm_build_1_2_1_args.json): unknown, removed or deprecated flags, bad choices and
@@ -27,7 +30,7 @@ TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"
 DEFAULT_VERSION = "1.2.1"
 LAST_ENGINE_LINE = (1, 2)  # trtllm-build was removed upstream after the 1.2.x line
 
-# -- trtllm-build flags (trtllm.md §1.1–§1.8), as argv strings ------------------------------------
+# -- trtllm-build flags (commands/build.py and PluginConfig), as argv strings -----------------------
 _INPUT = {
     "--checkpoint_dir": None, "--model_config": None, "--build_config": None, "--model_cls_file": None,
     "--model_cls_name": None, "--output_dir": "engine_outputs", "--workers": "1", "--log_level": "info",
@@ -59,7 +62,7 @@ _PLUGINS = {
     "--multiple_profiles": "disable", "--paged_state": "enable", "--streamingllm": "disable",
     "--use_fused_mlp": "enable", "--pp_reduce_scatter": "disable",
 }
-_AUTO_PARALLEL = {"--auto_parallel": "1", "--gpus_per_node": "8", "--cluster_key": None}  # ≤ 1.1 only (§1.7)
+_AUTO_PARALLEL = {"--auto_parallel": "1", "--gpus_per_node": "8", "--cluster_key": None}  # ≤ 1.1 only (removed in 1.2, PR #8329)
 
 _FLAGS_1_2 = {**_INPUT, **_SIZES, **_KV, **_BUILD, **_LOGITS_LORA_SPEC, **_PLUGINS}
 _FLAGS_1_0_1_1 = {**_FLAGS_1_2, **_AUTO_PARALLEL}
@@ -100,12 +103,12 @@ def _row(version: str, tag: str, inferred: bool, tensorrt: str, cuda: str, sourc
 
 SUPPORTED_VERSIONS: Mapping[str, TrtllmVersion] = MappingProxyType(
     {
-        # Triton tag inferred: trtllm.md §5 records only "26.0x: 1.2.x expected"; the backend Dockerfile
+        # Triton tag inferred: the compatibility matrix has no 26.0x row yet; tensorrtllm_backend's Dockerfile
         # (Mar–Jul 2026) builds 1.2.1 on tritonserver:25.12-py3-min + TensorRT 10.14.1.48 with a CUDA 13.0
         # tarball (Triton 26.02 itself ships CUDA 13.1.1). Check `pip show tensorrt_llm` in the image.
-        "1.2.1": _row("1.2.1", "26.02", True, "10.14.1.48", "13.0", "trtllm.md §5 (backend Dockerfile; tag inferred), §1.7–§1.9", _FLAGS_1_2),
-        "1.1.0": _row("1.1.0", "25.12", False, "10.13.3.9", "13.0.2.006", "trtllm.md §5 (compatibility matrix), §1.7–§1.9", _FLAGS_1_0_1_1),
-        "1.0.0": _row("1.0.0", "25.09", False, "10.11.0.33", "12.9.1.010", "trtllm.md §5 (compatibility matrix; 25.10 ships it too)", _FLAGS_1_0_1_1),
+        "1.2.1": _row("1.2.1", "26.02", True, "10.14.1.48", "13.0", "tensorrtllm_backend Dockerfile.triton.trt_llm_backend (tag inferred)", _FLAGS_1_2),
+        "1.1.0": _row("1.1.0", "25.12", False, "10.13.3.9", "13.0.2.006", "NVIDIA's Triton release compatibility matrix", _FLAGS_1_0_1_1),
+        "1.0.0": _row("1.0.0", "25.09", False, "10.11.0.33", "12.9.1.010", "NVIDIA's Triton release compatibility matrix (25.10 ships it too)", _FLAGS_1_0_1_1),
     }
 )
 
@@ -148,7 +151,7 @@ def _newer_than_engine_line(version: str) -> bool:
 class ArgvSchemaError(PipelineError):
     """A rendered trtllm-build command does not match the recorded argument schema."""
 
-    default_hint = "this is a bug in the command renderer: the flag set must follow shared/reference/trtllm.md §1"
+    default_hint = "this is a bug in the command renderer: the flag set must follow trtllm-build's own (tensorrt_llm/commands/build.py)"
 
 
 def load_argument_schema(path: str | Path) -> dict[str, Any]:

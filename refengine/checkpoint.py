@@ -1,7 +1,7 @@
 """Reading TensorRT-LLM checkpoints and CPU engine directories.
 
 A checkpoint directory is `config.json` (TensorRT-LLM PretrainedConfig) + `rank{N}.safetensors`
-with TensorRT-LLM tensor names (shared/reference/trtllm.md §2). A CPU engine directory has the
+with TensorRT-LLM tensor names (NVIDIA/TensorRT-LLM docs/source/architecture/checkpoint.md). A CPU engine directory has the
 `config.json` of a TensorRT-LLM 1.2 engine (`version`, `pretrained_config`, `build_config`) and
 the weights as `rank0.safetensors`, in the same names. Only world_size 1 is read.
 

@@ -2,7 +2,7 @@
 
 One model class (`model_runner.gemma.GemmaModel`) runs Gemma, Gemma 2 and Gemma 3 (text); the checkpoint's
 `architecture` (the Hugging Face class, as ModelOpt and the pipeline's converter write it) names the variant,
-and these keys (shared/reference/architectures.md §1) give the rest:
+and these keys (TensorRT-LLM 1.2's tensorrt_llm/models/gemma/config.py and the Gemma config groups of modeling_utils.py) give the rest:
 
 - all: norms stored as 1 + w (TensorRT-LLM's RMSNorm multiplies by the stored weight; the converter adds the
   one), embeddings scaled by √hidden, GeGLU with tanh GELU (`hidden_act` gelu_pytorch_tanh), tied embeddings;

@@ -2,7 +2,7 @@
 
 Only the architectures of `refengine.architectures` run here; their rows check the family's own
 options. Anything else is refused with a `ModelLoadError` that names the field. Keys and defaults
-follow TensorRT-LLM's checkpoint format (shared/reference/trtllm.md §2.2).
+follow TensorRT-LLM's checkpoint format (PretrainedConfig in NVIDIA/TensorRT-LLM tensorrt_llm/models/modeling_utils.py).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """The checkpoint's `quantization` block (TensorRT-LLM QuantConfig, trtllm.md §2.2).
+    """The checkpoint's `quantization` block (TensorRT-LLM's QuantConfig: quant_algo, kv_cache_quant_algo, group_size 128, ...).
 
     Whether an algo can run is decided by the model runner (`quantized_linear`, `kv_quant`), which
     refuses unknown ones naming the supported set; here only the field types are checked.
@@ -76,7 +76,7 @@ class QuantizationConfig:
 
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
-    group_size: int = 128  # TensorRT-LLM's code default (its checkpoint.md says 64: stale)
+    group_size: int = 128  # TensorRT-LLM's code default (NVIDIA/TensorRT-LLM docs/source/architecture/checkpoint.md says 64: stale)
     has_zero_point: bool = False
     pre_quant_scale: bool = False
     exclude_modules: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """MkDocs hooks (mkdocs.yml `hooks:`): the pages' links to the rest of the repository.
 
 A page under docs/ links to a repository file the way GitHub and a checkout resolve it, relative to docs/
-(`../BENCHMARKS.md#soak`, `../build_configs/tiny-cpu.yaml`). In the site, BENCHMARKS.md (the record, kept at the
+(`../BENCHMARKS.md`, `../build_configs/tiny-cpu.yaml`). In the site, BENCHMARKS.md (the record, kept at the
 root) is a page of its own, so links to it stay links; other repository files are not published, so a link to one
 becomes its text. A link to a repository file that does not exist is a warning, which fails `mkdocs build --strict`
 as a broken link between pages does.

@@ -4,7 +4,7 @@ Serves, in the real tritonserver, two numpy-only ensembles of Python models on l
   ens3: pre (bytes -> int32 ids) -> mid (decoupled: one response from a relay thread, as the cpu
         `tensorrt_llm` model answers) -> post (ids -> bytes): the shape of preprocessing -> tensorrt_llm ->
         postprocessing without a tokenizer or an engine;
-  ens2: pre -> post (the two-step anchor of shared/reference/triton-on-cpu.md).
+  ens2: pre -> post (the smallest ensemble: two Python steps, no engine between them).
 and times HTTP `/generate` one request at a time, interleaved rounds. Run from the repo root:
   .venv/bin/python scripts/python_backend_floor.py [REQUESTS_PER_ROUND] [ROUNDS]
 """

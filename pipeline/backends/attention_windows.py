@@ -3,7 +3,8 @@ vector, one entry per layer) and the LLM API's `kv_cache_config.max_attention_wi
 
 Sliding-window layers (Gemma 3's local layers, GPT-OSS's sliding layers) keep only their window's tokens in the
 KV cache when the runtime is given the vector; without it every layer keeps the whole sequence (TensorRT-LLM 1.2
-builds Gemma 3 engines with no window of their own: architectures.md §4). Entries are capped at max_seq_len, as
+builds Gemma 3 engines with no window of their own: the window is a runtime setting, NVIDIA/TensorRT-LLM
+examples/models/core/gemma/README.md, "Run Gemma 3"). Entries are capped at max_seq_len, as
 TensorRT-LLM caps them itself.
 """
 

@@ -36,7 +36,7 @@ class BuildJob:
 
 @dataclass(frozen=True)
 class RuntimeAbilities:
-    """What the runtime behind the `tensorrt_llm` model runs, for the engine ↔ Triton checks (trtllm.md §4.9)."""
+    """What the runtime behind the `tensorrt_llm` model runs, for the engine ↔ Triton checks (pipeline.render.consistency)."""
 
     name: str  # as the consistency messages call it
     runs_refengine_engines: bool  # engines written by the cpu build (version 'refengine-…'), else by trtllm-build

@@ -1,6 +1,7 @@
 """The `parameters` of the `tensorrt_llm` model, per target, from the engine and the serve spec.
 
-Engine target: every parameter of the `tensorrtllm` C++ backend (trtllm.md §4.5) gets an
+Engine target: every parameter of the `tensorrtllm` C++ backend (the `parameters` of NVIDIA's
+`all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`, triton-inference-server/tensorrtllm_backend) gets an
 explicit value. The few that do not apply to a decoupled-only, single-node leader-mode deployment
 are left out on purpose, because an empty string would be read as a value: encoder_model_path and
 cross_kv_cache_fraction (encoder-decoder models), max_tokens_in_paged_kv_cache (the fraction sizes
@@ -163,7 +164,7 @@ def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str, spe
 def guided_decoding_parameters(serve: ServeSpec, *, tokenizer_dir: str, tokenizer_info_path: str) -> dict[str, str]:
     """TensorRT-LLM's guided-decoding parameters (both targets read the same names): the backend, the
     tokenizer-info file the C++ backend needs and the tokenizer_dir the Python backend needs
-    (tensorrtllm_backend docs/guided_decoding.md). Nothing when serve.guided_decoding is none."""
+    (triton-inference-server/tensorrtllm_backend docs/guided_decoding.md). Nothing when serve.guided_decoding is none."""
     if serve.guided_decoding is GuidedDecodingBackend.none:
         return {}
     return {

@@ -1,7 +1,8 @@
 """What a model weighs and what its KV cache costs, from config.json alone, per family (the capacity planner's arithmetic).
 
 Parameters: attention (MLA for DeepSeek), a gated or plain MLP, MoE experts (every expert resident; the top-k a
-token reads counted apart), norms; embedding and lm_head stay 16-bit. KV cache (shared/reference/architectures.md §5):
+token reads counted apart), norms; embedding and lm_head stay 16-bit. KV cache (TensorRT-LLM's KV cache manager, NVIDIA/TensorRT-LLM
+cpp/include/tensorrt_llm/batch_manager/kvCacheManager.h and _torch/pyexecutor/resource_manager.py, 1.2 line):
 per layer and token kv_heads/tp (replicated below one) × 2 (K, V) × head_dim × bytes, head_dim being the config's
 own; MLA caches one latent of kv_lora_rank + qk_rope_head_dim once (kvFactor 1, not split by TP); a layer with an
 attention window holds at most that window per sequence.
@@ -94,7 +95,7 @@ def kv_element_bytes(kv_cache_dtype: str) -> float:
 
 
 def kv_bytes_per_layer_token(model: ModelInfo, kv_cache_dtype: str, tp: int = 1) -> int:
-    """One layer's KV bytes for one token on one GPU (architectures.md §5): kv_heads/tp (replicated below one) × 2 (K, V)
+    """One layer's KV bytes for one token on one GPU (as TensorRT-LLM's KV cache manager counts it): kv_heads/tp (replicated below one) × 2 (K, V)
     × head_dim × bytes; MLA caches one latent of kv_lora_rank + qk_rope_head_dim, once (kvFactor 1, not split by TP)."""
     element = kv_element_bytes(kv_cache_dtype)
     if model.mla is not None:

@@ -1,6 +1,6 @@
 """Capacity planning for the engine target: do the weights fit, how many tokens does the KV cache hold.
 
-Formulas and assumptions from shared/reference/serving-and-operations.md §A2:
+The formulas are the usual roofline and KV-capacity arithmetic; the assumptions are the project's:
 - parameters per Llama layer = h·heads·hd + 2·h·kvh·hd + heads·hd·h + 3·h·ffn + 2·h; embedding and
   lm_head = vocab × h each and stay 16-bit (ModelOpt's default excludes lm_head), so only the
   decoder layers take the quantized format's bytes per parameter;
@@ -10,7 +10,9 @@ Formulas and assumptions from shared/reference/serving-and-operations.md §A2:
   partial block per sequence;
 - B = 1 decode bound = memory bandwidth / bytes read per step (all weights except the embedding).
 With tensor parallelism each GPU holds 1/tp of the weights and of the KV heads (KV heads are
-replicated when tp exceeds them). GB are decimal (10^9 bytes), as in the reference.
+replicated when tp exceeds them). GB are decimal (10^9 bytes), as datasheets give them. GPU figures: NVIDIA's
+datasheets (H200: 141 GB HBM3e, 4.8 TB/s, FP8 3,958 / BF16 1,979 TFLOPS with 2:4 sparsity, so half dense; H100:
+80 GB, 3.35 TB/s) and the memory torch reports on a card (`total_memory`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ __all__ = [
 
 GB = 1e9
 KIB = 1024
-DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build default (trtllm.md §1.2)
+DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default --max_num_tokens (tensorrt_llm/commands/build.py)
 MAX_BATCH_SIZE_CAP = 2048  # trtllm-build default max_batch_size
 _SIXTEEN_BIT = 2.0
 
@@ -233,7 +235,7 @@ def _notes(gpu: GpuSpec, full_sequences: int, max_batch_size: int, quant_algo: s
     if gpu.compute_capability < FP8_MIN_SM and _needs_fp8_tensor_cores(quant_algo, kv):
         notes.append(f"{gpu.name} (SM {gpu.compute_capability / 10:.1f}) has no FP8: the build will refuse this format")
     if gpu.source.startswith("[inf]"):
-        notes.append(f"{gpu.name} figures are datasheet values not in the reference: {gpu.source}")
+        notes.append(f"{gpu.name} figures are datasheet values, not measured on such a card: {gpu.source}")
     return tuple(notes)
 
 

@@ -1,13 +1,14 @@
 """How many streamed tokens/s a GPU produces (its roofline), and how many Python-model instances keep pace with it.
 
-The GPU's rate (serving-and-operations.md §A2's formulas) for a reference shape of ISL/OSL 128/128, the shape of
-NVIDIA's highest published output rate (§A1: 27,911 tokens/s for Llama-3.1-8B FP8 on one H200): it is the shape
-that streams the most tokens per second through preprocessing, postprocessing and the BLS, so it sizes them for
-the worst case. B sequences decode together (the engine's max_batch_size, or fewer if the KV cache holds fewer of
-ISL + OSL tokens); one step costs max(weights read + B × (ISL + OSL/2) KV tokens read ÷ HBM bandwidth,
-2 × parameters read × B ÷ dense FLOP/s) and each request's prefill 2 × parameters × ISL ÷ FLOP/s, so
-tokens/s = 1 ÷ (step ÷ B + prefill ÷ OSL). Datasheet bandwidth and dense TFLOPS: an upper bound (NVIDIA's engines
-reach 60–75 % of the compute ceiling on short shapes, §A2), which sizes the Python side with room to spare.
+The GPU's rate (a roofline, below) for a reference shape of ISL/OSL 128/128, the shape of NVIDIA's highest
+published output rate (27,911 tokens/s for Llama-3.1-8B FP8 on one H200, NVIDIA/TensorRT-LLM
+docs/source/performance/perf-overview.md at commit 00f37686): it is the shape that streams the most tokens per
+second through preprocessing, postprocessing and the BLS, so it sizes them for the worst case. B sequences decode
+together (the engine's max_batch_size, or fewer if the KV cache holds fewer of ISL + OSL tokens); one step costs
+max(weights read + B × (ISL + OSL/2) KV tokens read ÷ HBM bandwidth, 2 × parameters read × B ÷ dense FLOP/s) and
+each request's prefill 2 × parameters × ISL ÷ FLOP/s, so tokens/s = 1 ÷ (step ÷ B + prefill ÷ OSL). Datasheet
+bandwidth and dense TFLOPS: an upper bound (NVIDIA's published rates reach 60–75 % of this compute ceiling on short
+shapes: 27.9 k of 46.7 k tokens/s at 8B 128/128), which sizes the Python side with room to spare.
 
 Python instances: each needed rate ÷ what one instance sustains on a core of its own, measured by
 `trtllm-pipeline bench capacity` (the constants below, recorded with their run in BENCHMARKS.md, "The Python

@@ -7,9 +7,11 @@ for it, with the reason. The cpu target runs what the reference engine runs (`re
 own table); the GPU targets no longer inherit its limits. `validate` reads this table; the engine target's
 checkpoint config writer (`pipeline.quantization.trtllm_checkpoint.pretrained`) reads `trtllm_class` and the family keys.
 
-Sources: shared/reference/architectures.md §0 (summary matrix), §1 (MODEL_MAP, checkpoint keys), §2 (PyTorch
-registry, ModelOpt unified checkpoints), §3.2b (ModelOpt 0.47 export, family × format, measured on CPU and
-on an H200), §4 (build and serve rules), and NVIDIA's legacy TensorRT-backend precision matrix quoted there.
+Sources: NVIDIA/TensorRT-LLM, 1.2 release line: tensorrt_llm/models/__init__.py (MODEL_MAP) and each class's
+config.py `from_hugging_face` (the checkpoint keys), tensorrt_llm/_torch/models/__init__.py (the PyTorch backend's
+registry), NVIDIA/TensorRT-LLM docs/source/legacy/reference/support-matrix.md (the TensorRT backend's precision matrix) and
+examples/models/core/gemma/README.md (Gemma's build and serve rules); ModelOpt 0.47's export_hf_checkpoint per family
+and format, run on CPU (transformers 5.14) and on an H200 (transformers 5.17) with the same results.
 Torch-free: `validate` and `plan` read it.
 """
 
@@ -28,7 +30,7 @@ ENGINE_VERSION = "TensorRT-LLM 1.2"
 # Why a family's format is refused, shared by several rows.
 _AWQ_FUSED_EXPERTS = (
     "ModelOpt 0.47 cannot export AWQ for transformers 5's fused MoE experts ('object of type QuantExperts has no "
-    "len()', architectures.md §3.2b): use fp8"
+    "len()', measured with 0.47.0 on CPU and on an H200): use fp8"
 )
 _MOE_WEIGHT_ONLY = (
     "weight-only formats on MoE experts are not built here: TensorRT-LLM's MoE without its plugin (MoeOOTB) raises "
@@ -157,8 +159,8 @@ FAMILIES: tuple[Family, ...] = (
            notes="MLA (one latent KV head), 256 routed + 1 shared expert; PyTorch backend only"),
     Family("gpt_oss", ("gpt_oss",), ("GptOssForCausalLM",), None, True, moe=True,
            refused_formats={
-               "*:int4_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported', §3.2b): use fp8",
-               "*:w4a8_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported', §3.2b): use fp8",
+               "*:int4_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported'): use fp8",
+               "*:w4a8_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported'): use fp8",
            },
            notes="alternating 128-token sliding layers, attention sinks; PyTorch backend only"),
     Family("llama4", ("llama4", "llama4_text"), ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"), None, True,

@@ -30,7 +30,8 @@ _RANK_LIMIT = "build.lora.max_rank ({}), the largest rank the engine and its LoR
 
 
 def check_lora_adapters(spec: Spec, info: ModelInfo) -> list[Issue]:
-    """Every adapter of build.lora against the engine's LoRA settings and the model (trtllm.md §1.5, §4.9 rule 8)."""
+    """Every adapter of build.lora against the engine's LoRA settings and the model: TensorRT-LLM applies LoRA only with an
+    engine built with --lora_plugin, its target modules and a max rank that covers them, and ignores weights in another dtype."""
     lora = spec.build.lora
     if lora is None:
         return []

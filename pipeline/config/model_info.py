@@ -47,7 +47,7 @@ class ModelInfo:
         return sum(window is not None for window in self.layer_windows)
 
     def default_max_seq_len(self) -> int:
-        """What trtllm-build deduces when --max_seq_len is not given (trtllm.md §1.2)."""
+        """What trtllm-build deduces when --max_seq_len is not given (tensorrt_llm/commands/build.py)."""
         length = self.max_position_embeddings
         scaling = self.rope_scaling or {}
         rope_type = scaling.get("rope_type") or scaling.get("type")

@@ -1,6 +1,6 @@
 """The build targets, and what the spec and the plan know about each, below the backends that do the work.
 
-The plan (and the config) cannot import `pipeline.backends` (ARCHITECTURE.md §4: the flow points
+The plan (and the config) cannot import `pipeline.backends` (docs/architecture.md#layers: the flow points
 down to config), yet a target decides what some digests hash and which spec rules apply. Those few
 facts are data, here; every other target fact and operation is the target's backend
 (`pipeline.backends.registry.backend_for`), which carries these traits too.

@@ -2,8 +2,8 @@
 
 - Triton with TensorRT-LLM (gpu profile): the tag of the TensorRT-LLM version profile
   (`pipeline.trtllm_versions`). No digest is recorded for these images, so they are pinned
-  by tag only; `deploy.image` may name `<image>@sha256:<digest>` instead (serving-and-operations.md
-  B3.4: a tag is mutable, a digest is not).
+  by tag only; `deploy.image` may name `<image>@sha256:<digest>` instead (a tag is mutable,
+  a digest is not).
 - Prometheus, Grafana and the Python base of the cpu image: tag and digest. The digests are the
   registry's content addresses of those tags as several independent public deployments pin them;
   `docker buildx imagetools inspect <image>` shows them. A wrong digest fails the pull, never

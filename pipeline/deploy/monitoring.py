@@ -5,7 +5,8 @@ Prometheus scrapes the Triton service's metrics port on the deployment's network
 the project's OpenAI front end (`openai:9000/metrics`: time to first token, inter-token latency) where the
 deployment runs it (not on the llmapi target, whose OpenAI endpoint is trtllm-serve).
 Grafana gets a provisioned Prometheus datasource and one dashboard: Triton's own families
-(triton-on-cpu.md §11), then the LLM model's (model_repo/python/engine_metrics.py; the gauges
+(`nv_inference_*`, `nv_cpu_*`, `nv_pinned_memory_pool_*` on a CPU-only server:
+triton-inference-server/server docs/user_guide/metrics.md), then the LLM model's (model_repo/python/engine_metrics.py; the gauges
 carry TensorRT-LLM's backend names, so those panels read the engine target too):
 
     nv_inference_request_success / _failure      counters, per model

@@ -5,7 +5,7 @@ in prometheus.yml), kubernetes wraps them in a PrometheusRule. Series carry a `b
 static label of the scrape config; kubernetes: the pod label app.kubernetes.io/instance); Triton's
 scrape job is `triton`, the project's OpenAI front end's `openai`.
 
-Recording rules (from Triton's own families, triton-on-cpu.md §11, and the LLM model's gauges, which have
+Recording rules (from Triton's own families, triton-inference-server/server docs/user_guide/metrics.md, and the LLM model's gauges, which have
 TensorRT-LLM's backend names on both targets: model_repo/python/engine_metrics.py):
 
     trtllm_pipeline:queue_to_compute:ratio_rate1m      the autoscaling signal of NVIDIA's Triton autoscaling tutorial:

@@ -1,7 +1,8 @@
 """The commands of the deployed services: `tritonserver` (a typed boundary, like pipeline.serve.command) and
 the OpenAI-compatible front end, for every deploy kind.
 
-Hardening (serving-and-operations.md B1, B4): the whole repository is loaded at start-up and never
+Hardening (triton-inference-server/server docs/customization_guide/deploy.md, "Secure Deployment
+Considerations"): the whole repository is loaded at start-up and never
 changed at run time (`--model-control-mode=none`); the admin APIs need the header `admin-key`
 whose value the deploy kind passes as `admin_key` (a reference to its secret, e.g. compose's `${…}` from
 .env; `--http-restricted-api` / `--grpc-restricted-protocol`, syntax `<api>,<api>,…:<header>=<value>`,
@@ -13,7 +14,8 @@ Engine target: the entrypoint first checks that the container runs the engine's 
 a GPU of the engine's compute capability (`engine_entrypoint`), then hands over to NGC's entrypoint.
 
 Engine target with tp×pp > 1: TensorRT-LLM's leader mode, in the form scripts/launch_triton_server.py
-generates (trtllm.md §4.8) — one `mpirun` with one `-n 1 tritonserver …` block per rank, joined by
+generates (triton-inference-server/tensorrtllm_backend; in 1.x NVIDIA/TensorRT-LLM triton_backend/scripts/) — one
+`mpirun` with one `-n 1 tritonserver …` block per rank, joined by
 `:`. Rank 0 loads and serves the repository; the other ranks load only `tensorrt_llm`
 (explicit mode) and never bind a port. Every rank gets its own Python-backend shm prefix.
 """
@@ -47,7 +49,7 @@ NGC_TRITONSERVER = "tritonserver"  # on PATH in the Triton TRT-LLM image (/opt/t
 NGC_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"  # the NGC images' own ENTRYPOINT
 
 # The cpu image (pipeline.deploy.dockerfile): the wheel's server linked at a fixed path, and the
-# private backend directory of symlinks that `trtllm-pipeline serve` also uses (triton-on-cpu.md §5).
+# private backend directory of symlinks that `trtllm-pipeline serve` also uses (pipeline/serve/installation.py).
 CPU_TRITONSERVER_ROOT = "/opt/tritonserver"
 CPU_BACKEND_DIR = "/opt/triton-backends"
 

@@ -3,8 +3,8 @@
 ModelOpt calibrates the model and `unified_export.export_unified_checkpoint` writes its unified Hugging Face
 checkpoint (`export_hf_checkpoint`, what TensorRT-LLM's PyTorch backend loads); `trtllm_convert` turns that into
 the TensorRT-LLM checkpoint (config.json + rank{N}.safetensors, N = tp_rank + pp_rank * tp_size) trtllm-build
-reads. ModelOpt's own `export_tensorrt_llm_checkpoint` (deprecated in 0.48, removed in 0.49; quantization.md §1,
-§7) is no longer called. The checkpoint's config.json body is `trtllm_pretrained.pretrained_config` (the family's
+reads. ModelOpt's own `export_tensorrt_llm_checkpoint` (deprecated in 0.48, removed in 0.49, as ModelOpt's
+documentation announces) is no longer called. The checkpoint's config.json body is `trtllm_pretrained.pretrained_config` (the family's
 keys), its quantization block what hf_quant_config.json says.
 
 `device` is where the model is loaded and calibrated: `cpu`, or `cuda` (this host's GPU, or the GPU

@@ -1,4 +1,6 @@
-"""Engine ↔ Triton consistency (trtllm.md §4.9), checked before a repository is written.
+"""Engine ↔ Triton consistency, checked before a repository is written: what NVIDIA's `tensorrtllm` backend reads
+from the engine's config.json must agree with the repository (sources:
+triton-inference-server/tensorrtllm_backend docs/model_config.md, inflight_batcher_llm/src/model_instance_state.cc).
 
 Every failed check becomes one line naming both sides and their values; all lines are raised
 together in one StageError, so one run shows everything to fix.
@@ -169,7 +171,7 @@ def _logits(facts: EngineFacts, logits_datatype: str | None) -> list[str]:
 
 
 def _lora(facts: EngineFacts, serve: ServeSpec, target: Target, runtime: RuntimeAbilities, lora_weights_datatype: str | None) -> list[str]:
-    """§4.9 rule 8: LoRA requests need an engine built with the LoRA plugin, weights in its dtype, a cache for its ranks."""
+    """LoRA requests need an engine built with the LoRA plugin, weights in its dtype, a cache for its ranks."""
     if facts.lora_plugin is None:
         if serve.lora is not None:
             return ["serve.lora sets the LoRA cache, but the engine has plugin_config.lora_plugin null (built without LoRA): "
@@ -199,7 +201,7 @@ def _lora(facts: EngineFacts, serve: ServeSpec, target: Target, runtime: Runtime
 
 
 def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target: Target, runtime: RuntimeAbilities) -> list[str]:
-    """§4.9 rule 10: Triton's decoding_mode and lookahead parameters must agree with the engine's speculative mode."""
+    """Triton's decoding_mode and lookahead parameters must agree with the engine's speculative mode."""
     engine_mode = facts.speculative_decoding_mode
     spec_mode = speculative.mode.value if speculative is not None else None
     if not runtime.speculative_decoding:

@@ -127,7 +127,7 @@ LLM_OUTPUTS: tuple[TensorSpec, ...] = (
     *TOKEN_COUNT_OUTPUTS,
 )
 
-# LoRA (engine target, engine built with the LoRA plugin): trtllm.md §4.5. lora_weights holds each module/layer's
+# LoRA (engine target, engine built with the LoRA plugin): NVIDIA's tensorrt_llm/config.pbtxt lora_* inputs. lora_weights holds each module/layer's
 # flattened in/out matrices in the plugin's dtype, lora_config its (module_id, layer, rank) rows.
 LLM_LORA_INPUTS: tuple[TensorSpec, ...] = (
     _scalar("lora_task_id", "TYPE_UINT64"),

@@ -1,5 +1,5 @@
-"""Engine ↔ Triton checks of draft-target speculative decoding (trtllm.md §4.9 rule 10: two tensorrt_llm models and the
-BLS), from the target's and the draft's config.json: TensorRT-LLM 1.2's rules (examples/draft_target_model/README.md)
+"""Engine ↔ Triton checks of draft-target speculative decoding (two tensorrt_llm models and the BLS,
+tensorrt_llm_draft_model_name), from the target's and the draft's config.json: TensorRT-LLM 1.2's rules (examples/draft_target_model/README.md)
 that the engines must keep after the build. Each message names both sides."""
 
 from __future__ import annotations

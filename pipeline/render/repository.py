@@ -232,7 +232,7 @@ class _Tensors:
 
 def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors:
     logits = contract.TRITON_DTYPES[facts.logits_dtype]
-    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (§4.9 rule 8);
+    # LoRA inputs on tensorrt_llm, the ensemble and the BLS, typed like the engine's LoRA plugin (other dtypes are ignored);
     # declared on every repository, as NVIDIA's templates do (FP16 without a plugin), so that a LoRA request
     # to an engine without adapters gets the backend's answer, and the cpu model's refusal, by name (the checks
     # have refused an engine with a LoRA plugin to a runtime without LoRA).

@@ -1,6 +1,7 @@
 """The `tritonserver` bundled in the nvidia-pytriton wheel, and what it needs to run standalone.
 
-Recipe (shared/reference/triton-on-cpu.md §5–§7): a private backend directory of symlinks into the
+Recipe (found by running the nvidia-pytriton 0.7.0 wheel's tritonserver 2.51 on CPU; PyTriton's own launcher,
+pytriton/server/triton_server.py, copies the stub instead and sets LD_LIBRARY_PATH): a private backend directory of symlinks into the
 wheel (the stub is not where the Python backend looks for it, and a copied stub loses its
 `$ORIGIN` RPATH), the virtual environment's `bin` first on PATH (the stub's embedded Python finds
 its prefix, hence the venv's site-packages, through `python3` on PATH), and the base Python's

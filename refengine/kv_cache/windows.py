@@ -9,7 +9,7 @@ which read the whole sequence, so such a release frees nothing for them and refe
 capacity planner knows this (`pipeline.config.families.Family.runtime_windows`: refengine attends over whole
 sequences).
 
-What TensorRT-LLM does (shared/reference/architectures.md §5): its KV cache manager groups the layers by attention
+What TensorRT-LLM does (NVIDIA/TensorRT-LLM cpp/include/tensorrt_llm/batch_manager/kvCacheManager.h): its KV cache manager groups the layers by attention
 window (Triton's `max_attention_window_size` vector, PyTorch's `kv_cache_config.max_attention_window`) and gives
 each group its own block pool; a window-W layer keeps a sequence's last W tokens, so it holds the blocks covering
 positions [L − W, L): at most ⌈W / B⌉ + 1. `layer_blocks_held` computes both figures.

@@ -5,7 +5,7 @@ The families beyond Llama are its options (`decoder_options.DecoderOptions`, rea
 RMSNorm, partial rotary, long-RoPE, Granite's multipliers, a mixture of experts as the MLP (`moe.py`), LayerNorm and
 an ungated MLP (GPT); with none set the computation is Llama's.
 
-Weights come from a TensorRT-LLM checkpoint (names: shared/reference/trtllm.md §2.4) and are
+Weights come from a TensorRT-LLM checkpoint (names: `transformer.layers.{i}.attention.qkv`, `mlp.fc` / `mlp.gate` / `mlp.proj`, ...) and are
 computed in the compute dtype (float32 by default, so results match transformers in float32);
 dense Linear weights whose checkpoint dtype widens exactly (fp16/bf16 → float32) stay in it and
 are widened right before each GEMM (`linear.DenseLinear`), the same values at half the bytes.

@@ -7,7 +7,7 @@
 - INT8 / INT4 weights quantized at load (W8A16): TensorRT-LLM's `symmetric_quantize` (C++):
   scale = max|w| of the output channel × (1/127), q = std::round(w / scale) (half away from zero),
   clipped to [-128, 127]; the dequantization scale is kept in the checkpoint dtype.
-- INT4 packing (ModelOpt `pack_int4_in_uint8`, quantization.md §10): byte[o // 2, i] holds
+- INT4 packing (ModelOpt 0.47 `pack_int4_in_uint8`, modelopt/torch/export/quant_utils.py): byte[o // 2, i] holds
   row 2k in its low nibble and row 2k + 1 in its high nibble, signed (-8..7).
 """
 

@@ -1,8 +1,8 @@
 """Quantized Linear layers: one class per TensorRT-LLM `quant_algo`, built from a checkpoint.
 
-Tensor names and layouts are those of ModelOpt 0.47's TensorRT-LLM export (quantization.md §9),
+Tensor names and layouts are those of ModelOpt 0.47's TensorRT-LLM export (modelopt/torch/export in nvidia-modelopt 0.47.0),
 next to each Linear's `.weight`. The numerics follow what TensorRT-LLM does with them
-(trtllm.md §2.4; `tensorrt_llm.models.modeling_utils.preprocess_weights`):
+(`tensorrt_llm.models.modeling_utils.preprocess_weights`, NVIDIA/TensorRT-LLM 1.2 line):
 
 | quant_algo | weight | activation | output |
 |---|---|---|---|
@@ -16,7 +16,7 @@ Products of codes accumulate in float32 and the scales are applied afterwards, a
 epilogue; outputs come back in the input's dtype. Where TensorRT-LLM stores a derived scale in
 the model dtype (AWQ block scales, W8A16 channel scales, W4A8's s_g / s_w2 in float16 and
 prequant / s_x) it is rounded the same way here. Shared scales: ModelOpt's export already gives
-the fused qkv (and, for FP8, fc/gate) one weight / activation scale (quantization.md §11).
+the fused qkv (and, for FP8, fc/gate) one weight / activation scale (the maximum of the parts).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _load_fp8(store: TensorStore, spec: QuantizedLinearSpec, bias: torch.Tensor 
 
 
 def _load_w8a16(store: TensorStore, spec: QuantizedLinearSpec, bias: torch.Tensor | None) -> WeightOnlyInt8Linear:
-    # Exported unquantized (quantization.md §8: TRT-LLM's quantize.py int8_wo); trtllm-build quantizes.
+    # Exported unquantized with quant_algo W8A16 (as TRT-LLM's quantize.py does for int8_wo); trtllm-build quantizes.
     if store.has(f"{spec.prefix}.per_channel_scale"):
         raise ModelLoadError(
             f"{spec.prefix}: W8A16 weights pre-quantized by convert_checkpoint (--use_weight_only, "

@@ -341,7 +341,7 @@ def test_async_stream_cancels_on_aclose():
 # -- the package boundary ---------------------------------------------------------------------
 @pytest.mark.parametrize("path", sorted(CLIENTS.glob("*.py")), ids=lambda p: p.name)
 def test_clients_never_import_pipeline_or_refengine(path):
-    """ARCHITECTURE §4: clients depend only on the served contract."""
+    """docs/architecture.md#layers: clients depend only on the served contract."""
     imported = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

@@ -32,7 +32,7 @@ def _load_model_code(name: str) -> types.ModuleType:
 
 engine_metrics = _load_model_code("engine_metrics")
 
-# Triton 2.51's own families on a CPU-only server (shared/reference/triton-on-cpu.md §11).
+# Triton 2.51's own families on a CPU-only server (as its /metrics lists them; no GPU families).
 TRITON_FAMILIES = {
     "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes", "nv_cpu_utilization",
     "nv_inference_compute_infer_duration_us", "nv_inference_compute_input_duration_us",

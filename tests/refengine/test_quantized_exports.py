@@ -1,7 +1,7 @@
 """refengine runs every checkpoint format the pipeline exports with ModelOpt, as ModelOpt models it.
 
-For each format (quant_fixtures.FORMATS): the exported layer-0 tensors are those of
-quantization.md §9; refengine's logits for a fixed [2, 48] batch, prefilled through the paged
+For each format (quant_fixtures.FORMATS): the exported layer-0 tensors are those ModelOpt 0.47
+writes for it (`expected_layer0` below); refengine's logits for a fixed [2, 48] batch, prefilled through the paged
 model, match ModelOpt's own fake-quant model (cosine thresholds below, measured numbers are
 printed); greedy decode through the quantized KV cache agrees with a full recompute; the KV
 tensors hold float8/int8 codes when the KV cache is quantized. An NVFP4 checkpoint is refused.
@@ -27,7 +27,7 @@ from tests.support.quant_fixtures import (  # the quantized_suite fixture is in 
     read_config,
 )
 
-# Cosine vs ModelOpt's fake-quant model (quantization.md §11 explains why AWQ is lower: the
+# Cosine vs ModelOpt's fake-quant model (AWQ is lower because ModelOpt's
 # export averages pre_quant_scale over q/k/v and re-quantizes).
 MIN_COSINE_VS_FAKE_QUANT = {
     "int8_wo": 0.999,
@@ -68,7 +68,7 @@ F8, F16, F32, I8 = torch.float8_e4m3fn, torch.float16, torch.float32, torch.int8
 
 
 def expected_layer0(name: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """quantization.md §9 for this model (hidden 256, 4 heads / 2 KV heads of 64, inter 768)."""
+    """The layer-0 tensors ModelOpt 0.47 exports for this model (hidden 256, 4 heads / 2 KV heads of 64, inter 768)."""
     algo, kv_cache = FORMATS[name]
     tensors = {"input_layernorm.weight": (F16, (HIDDEN,)), "post_layernorm.weight": (F16, (HIDDEN,))}
     for linear, (out_f, in_f) in LINEARS.items():

@@ -34,7 +34,7 @@ def test_int4_packing_round_trips_every_code():
     assert packed.shape == (4, 24) and packed.dtype == torch.int8
     assert torch.equal(unpack_int4(packed), codes)
     assert torch.equal(unpack_int4(packed.view(torch.uint8)), codes)
-    # row 2k in the low nibble, row 2k + 1 in the high nibble (quantization.md §10)
+    # row 2k in the low nibble, row 2k + 1 in the high nibble (ModelOpt 0.47 `pack_int4_in_uint8`)
     assert int(pack_int4(torch.tensor([[-1], [2]], dtype=torch.int8))[0, 0]) == 0x2F
 
 

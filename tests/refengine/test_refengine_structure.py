@@ -1,4 +1,4 @@
-"""Architecture rules for refengine (ARCHITECTURE.md §4, §10), checked on the source."""
+"""Architecture rules for refengine (docs/architecture.md#reference-engine, docs/architecture.md#style), checked on the source."""
 
 from __future__ import annotations
 

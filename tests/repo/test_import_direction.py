@@ -1,4 +1,4 @@
-"""The packages' import rules (ARCHITECTURE.md §4): refengine and clients never import pipeline;
+"""The packages' import rules (docs/architecture.md#layers): refengine and clients never import pipeline;
 pipeline reaches refengine only through the cpu backend (and the benchmarks that measure it) and
 clients only where it calls a served model (the CLI, the benchmarks, the load-test library, the performance
 gate). Two exceptions, stdlib-only modules any file may read: refengine's architecture table (the config checks read

@@ -1,4 +1,4 @@
-"""The load-test library sits below the stages (ARCHITECTURE.md §4): the performance gate imports
+"""The load-test library sits below the stages (docs/architecture.md#layers): the performance gate imports
 pipeline.load, which imports neither the stages nor what runs them; the benchmarks' commands
 sit above both, so no import (top-level or inside a function) points from stages to bench."""
 

@@ -1,4 +1,4 @@
-"""The project's size and honesty rules (ARCHITECTURE.md §10), checked on the source of every package:
+"""The project's size and honesty rules (docs/architecture.md#style), checked on the source of every package:
 no module past 400 lines, no `assert` standing in for input checking (python -O strips it), no bare
 `except`. refengine's own stricter rules (no mutable module globals) are in tests/refengine."""
 

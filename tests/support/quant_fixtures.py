@@ -220,7 +220,7 @@ def hf_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Minimum over sequences of the cosine of the flattened logits (quantization.md §11)."""
+    """Minimum over sequences of the cosine of the flattened logits (the measure ModelOpt's fake-quant comparisons use here)."""
     return min(
         torch.nn.functional.cosine_similarity(x.flatten().double(), y.flatten().double(), dim=0).item()
         for x, y in zip(a, b)

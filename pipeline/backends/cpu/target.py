@@ -43,7 +43,7 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
     max_num_tokens = min(build.max_num_tokens, build.max_batch_size * max_seq_len)
     speculative = build.speculative
     draft_len = speculative.draft_len if speculative is not None else 0
-    if speculative is not None:  # trtllm-build's builder: room for the draft tokens of every sequence (trtllm.md §1.6)
+    if speculative is not None:  # trtllm-build's builder: room for the draft tokens of every sequence (builder.py)
         max_seq_len += draft_len
         max_num_tokens = max(max_num_tokens, build.max_batch_size * (draft_len + 1))
     return {

@@ -3,7 +3,8 @@
 `run_build` hands the job to a runner (pipeline.container_jobs: on this host, in the pinned Triton
 TRT-LLM image, or a dry run). Before a real build: the quantized checkpoint this build was planned for, with
 its weights and the LoRA adapters' weights; then `build_config.json` and `trtllm-build.sh` in the engine
-directory; after: the engine directory TensorRT-LLM writes (shared/reference/trtllm.md §2.5). A dry run
+directory; after: the engine directory TensorRT-LLM writes (`config.json` with `version`, `pretrained_config` and
+`build_config`, and one `rank{N}.engine` per rank: NVIDIA/TensorRT-LLM tensorrt_llm/builder.py, `Engine.save`). A dry run
 writes the engine directory's `config.json` instead (no GPU, weights or TensorRT-LLM), so the package and
 deploy stages can render on a CPU-only machine.
 """
@@ -90,7 +91,7 @@ def read_checkpoint_config(build: TrtllmBuild) -> dict[str, Any] | None:
 
 
 def check_checkpoint_matches(config: dict[str, Any], build: TrtllmBuild) -> None:
-    """The checkpoint decides quantization and parallelism (§1.1); it must be the one this build was planned for."""
+    """The checkpoint decides quantization and parallelism (trtllm-build has no tp/pp flags since 0.12); it must be the one this build was planned for."""
     quant, mapping = config.get("quantization") or {}, config.get("mapping") or {}
     expected = build.quantization
     found = {
@@ -120,7 +121,7 @@ def _require_weights(build: TrtllmBuild) -> None:
 
 
 def check_engine_dir(build: TrtllmBuild) -> None:
-    """After a real build: config.json with the pinned version and one rank{N}.engine per rank (§2.5)."""
+    """After a real build: config.json with the pinned version and one rank{N}.engine per rank (Engine.save)."""
     path = build.output_dir / ENGINE_CONFIG_FILE
     try:
         version = json.loads(path.read_text(encoding="utf-8")).get("version")
@@ -128,7 +129,7 @@ def check_engine_dir(build: TrtllmBuild) -> None:
         raise StageError(f"trtllm-build finished but {path} is missing or unreadable ({exc})") from None
     if version != build.version.version:
         raise StageError(f"the engine was built by TensorRT-LLM {version}, but the build pins {build.version.version}; "
-                         "engines only load in the exact version that built them (§1.11)")
+                         "engines only load in the exact version that built them")
     missing = [f"rank{r}.engine" for r in range(build.settings.world_size) if not (build.output_dir / f"rank{r}.engine").is_file()]
     if missing:
         raise StageError(f"trtllm-build finished but {build.output_dir} lacks {', '.join(missing)}")

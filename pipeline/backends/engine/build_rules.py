@@ -1,10 +1,10 @@
 """trtllm-build's build-time constraints and silent auto-overrides, made explicit.
 
-Each rule is one small function over a `_Resolution` (the request being resolved). A rule either
-records an error (all errors are raised together as one SpecError naming fields and values) or a
-`Decision`: a value changed (with the reason), a warning, or a note. Sources: shared/reference/
-trtllm.md §1.10 (builder.build / check_max_num_tokens), §1.6–§1.8, §1.11. The rules run in the
-builder's order, because later ones read what earlier ones decided.
+Each rule is one small function over a `_Resolution`. It records an error (raised together as one SpecError naming fields and values) or a `Decision` (a value
+changed with the reason, a warning, a note), its message stating the rule; rules run in the builder's order, later ones reading earlier decisions. Sources,
+NVIDIA/TensorRT-LLM 1.2 line (most rules already in 0.16; builder.py read at 008b2b8d): tensorrt_llm/builder.py `build()` and `check_max_num_tokens`,
+commands/build.py (defaults, deduced max_seq_len, refused pairs), plugin/plugin.py; prompt cap without chunked context: issues #2702, #2717; decoding_mode:
+triton-inference-server/tensorrtllm_backend all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt.
 """
 
 from __future__ import annotations
@@ -129,23 +129,23 @@ class _Resolution:
 def _seq_len(r: _Resolution) -> None:
     s = r.cur
     if s.max_seq_len is None:
-        r.change("max_seq_len", s.model_max_seq_len, "deduced like trtllm-build: max_position_embeddings × RoPE factor (§1.2)", kind="note")
+        r.change("max_seq_len", s.model_max_seq_len, "deduced like trtllm-build: max_position_embeddings × RoPE factor", kind="note")
     elif s.max_seq_len > s.model_max_seq_len:
-        r.warn("max_seq_len", f"larger than the model's deduced maximum {s.model_max_seq_len}; trtllm-build warns (§1.2)")
+        r.warn("max_seq_len", f"larger than the model's deduced maximum {s.model_max_seq_len}; trtllm-build warns")
     s = r.cur
     if s.max_input_len >= s.max_seq_len:
         r.error(f"build.max_input_len ({s.max_input_len}) must be less than build.max_seq_len ({s.max_seq_len}); "
-                "every request needs room for one output token, and trtllm-build would clip it silently (§1.2)")
+                "every request needs room for one output token, and trtllm-build would clip it silently")
 
 
 def _profiles(r: _Resolution) -> None:
     s = r.cur
     if s.opt_num_tokens is not None and s.multiple_profiles:
         r.error(f"build.opt_num_tokens ({s.opt_num_tokens}) cannot be set with build.plugins.multiple_profiles: true "
-                "(trtllm-build rejects the combination, §1.2)")
+                "(trtllm-build rejects the combination)")
     if s.max_num_tokens < s.tokens_per_block:
         r.error(f"build.max_num_tokens ({s.max_num_tokens}) is less than build.tokens_per_block ({s.tokens_per_block}); "
-                "trtllm-build would raise it silently (§1.10)")
+                "trtllm-build would raise it silently")
 
 
 def _gpu(r: _Resolution) -> None:
@@ -158,7 +158,7 @@ def _gpu(r: _Resolution) -> None:
                    f"SM >= {needed}; declare the GPU to check before building")
         if blackwell_bad:
             r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} "
-                   "cannot be built for Blackwell (SM 10.x–11.x) (§1.10)")
+                   "cannot be built for Blackwell (SM 10.x–11.x)")
         return
     if weights.min_sm is not None and sm < weights.min_sm:
         r.error(f"quantize.algo {s.quant_algo} needs {weights.gpu_need}; the GPU is {r.sm_text}")
@@ -170,7 +170,7 @@ def _gpu(r: _Resolution) -> None:
         what = f"quantize.algo {s.quant_algo}" if weights.blackwell_rejected else f"quantize.kv_cache {s.kv_cache_quant}"
         builds = algos_where(lambda f: f.quantized and not f.blackwell_rejected)
         r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant, "
-                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x (§1.10); "
+                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x; "
                 f"use {listed(builds)}")
 
 
@@ -178,7 +178,7 @@ def _kv_cache_type(r: _Resolution) -> None:
     s = r.cur
     if s.kv_cache_type == "paged" and s.gpt_attention_plugin == "disable":
         r.error("build.kv_cache_type paged needs build.plugins.gpt_attention_plugin (got disable): the paged KV cache "
-                "and inflight batching run in the GPT attention plugin (§1.8)")
+                "and inflight batching run in the GPT attention plugin")
     if s.kv_cache_type != "paged":
         r.change("use_paged_context_fmha", False, f"paged context FMHA reads a paged KV cache; build.kv_cache_type is {s.kv_cache_type}")
 
@@ -190,12 +190,12 @@ def _gemm_plugin(r: _Resolution) -> None:
         r.error(f"build.plugins.gemm_plugin {s.gemm_plugin} needs quantize.algo {listed(owners)} (got {s.quant_algo})")
     if weights.gemm_plugin_auto and s.gemm_plugin == "disable":
         r.change("gemm_plugin", weights.gemm_plugin, f"{weights.trtllm_quant_algo} checkpoints run their GEMMs in the "
-                 f"{weights.gemm_plugin} GEMM plugin (trtllm-build auto-enables it, §1.8)")
+                 f"{weights.gemm_plugin} GEMM plugin (trtllm-build auto-enables it)")
 
 
 def _context_fmha(r: _Resolution) -> None:
     if not r.cur.context_fmha:
-        why = "build.plugins.context_fmha is false, which disables paged and FP8 context FMHA (§1.10)"
+        why = "build.plugins.context_fmha is false, which disables paged and FP8 context FMHA"
         r.change("use_paged_context_fmha", False, why)
         r.change("use_fp8_context_fmha", False, why)
 
@@ -204,9 +204,9 @@ def _fp8_context_fmha(r: _Resolution) -> None:
     loss = fp8_context_fmha_loss(r.weights, r.sm)
     if loss == "weights":
         algos = listed(algos_where(lambda f: f.fp8_context_fmha))
-        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs quantize.algo {algos} (got {r.cur.quant_algo}) (§1.10)")
-    elif loss == "gpu":  # _gpu has already recorded an error for this; mirrors §1.10 for completeness
-        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text} (§1.10)")
+        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs quantize.algo {algos} (got {r.cur.quant_algo})")
+    elif loss == "gpu":  # _gpu has already recorded an error for this; mirrors builder.build for completeness
+        r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text}")
 
 
 def _paged_context_fmha_loss(r: _Resolution) -> None:
@@ -214,12 +214,12 @@ def _paged_context_fmha_loss(r: _Resolution) -> None:
     loss = paged_context_fmha_loss(r.weights, r.kv, r.sm)
     if loss == "kv_cache":
         r.change("use_paged_context_fmha", False, f"quantize.kv_cache {s.kv_cache_quant}: trtllm-build turns paged context "
-                 "FMHA off (so no KV-cache reuse and no chunked context) (§1.10)")
+                 "FMHA off (so no KV-cache reuse and no chunked context)")
     elif loss == "weights":
         r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs FP8-family weights; quantize.kv_cache "
-                 f"{s.kv_cache_quant} with quantize.algo {s.quant_algo} turns it off (§1.10)")
+                 f"{s.kv_cache_quant} with quantize.algo {s.quant_algo} turns it off")
     elif loss == "gpu":
-        r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text} (§1.10)")
+        r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text}")
 
 
 def _paged_context_fmha(r: _Resolution) -> None:
@@ -227,60 +227,60 @@ def _paged_context_fmha(r: _Resolution) -> None:
     if not s.use_paged_context_fmha:
         return
     if kv.paged_context_fmha == "with_fp8_context_fmha" and not s.use_fp8_context_fmha:
-        r.change("use_fp8_context_fmha", True, "paged context FMHA with an FP8 KV cache forces FP8 context FMHA on (§1.10)")
+        r.change("use_fp8_context_fmha", True, "paged context FMHA with an FP8 KV cache forces FP8 context FMHA on")
     elif weights.fp8_qdq and not kv.fp8 and s.use_fp8_context_fmha:
         r.change("use_fp8_context_fmha", False, "FP8 weights without an FP8 KV cache: paged context FMHA runs in 16 bit, "
-                 "trtllm-build turns FP8 context FMHA off (§1.10)")
+                 "trtllm-build turns FP8 context FMHA off")
 
 
 def _fused_mlp(r: _Resolution) -> None:
     if r.cur.use_fused_mlp and not r.weights.fused_mlp:
         r.change("use_fused_mlp", False, f"the fused gate/up GEMM supports only unquantized or FP8 weights, not "
-                 f"quantize.algo {r.cur.quant_algo} (§1.10)")
+                 f"quantize.algo {r.cur.quant_algo}")
 
 
 def _reduce_fusion(r: _Resolution) -> None:
     s = r.cur
     if s.reduce_fusion and (s.tp_size == 1 or s.architecture not in REDUCE_FUSION_ARCHS):
         why = f"build.tp_size is {s.tp_size}" if s.tp_size == 1 else f"architecture {s.architecture} is not one of {', '.join(sorted(REDUCE_FUSION_ARCHS))}"
-        r.change("reduce_fusion", False, f"reduce_fusion needs tp_size > 1 and a Llama/Gemma2/Medusa architecture; {why} (§1.8)")
+        r.change("reduce_fusion", False, f"reduce_fusion needs tp_size > 1 and a Llama/Gemma2/Medusa architecture; {why}")
 
 
 def _num_tokens(r: _Resolution) -> None:
     s = r.cur
     cap = s.max_batch_size * s.max_seq_len
     if not s.remove_input_padding:
-        why = "without remove_input_padding trtllm-build ignores it and uses max_batch_size × max_seq_len (§1.10)"
+        why = "without remove_input_padding trtllm-build ignores it and uses max_batch_size × max_seq_len"
         r.change("max_num_tokens", cap, why)
         r.change("opt_num_tokens", None, why)
         return
     if s.max_num_tokens > cap:
-        r.change("max_num_tokens", cap, f"clamped to max_batch_size × max_seq_len = {s.max_batch_size} × {s.max_seq_len} (§1.10)")
+        r.change("max_num_tokens", cap, f"clamped to max_batch_size × max_seq_len = {s.max_batch_size} × {s.max_seq_len}")
     if not r.cur.context_fmha and r.cur.max_num_tokens < s.max_input_len:
-        r.change("max_num_tokens", s.max_input_len, "without context FMHA a whole prompt must fit one step: raised to max_input_len (§1.10)")
+        r.change("max_num_tokens", s.max_input_len, "without context FMHA a whole prompt must fit one step: raised to max_input_len")
     s = r.cur
     if s.opt_num_tokens is not None and s.opt_num_tokens > s.max_num_tokens:
-        r.change("opt_num_tokens", s.max_num_tokens, "clamped to max_num_tokens (§1.10)")
+        r.change("opt_num_tokens", s.max_num_tokens, "clamped to max_num_tokens")
     if s.max_num_tokens > MAX_NUM_TOKENS_WARN:
-        r.warn("max_num_tokens", f"above {MAX_NUM_TOKENS_WARN}: activations may exceed TensorRT's tensor-volume limit (§1.10)")
+        r.warn("max_num_tokens", f"above {MAX_NUM_TOKENS_WARN}: activations may exceed TensorRT's tensor-volume limit")
     if s.max_num_tokens % s.tokens_per_block:
-        r.warn("max_num_tokens", f"not a multiple of tokens_per_block ({s.tokens_per_block}); chunked context wants one (§1.3)")
+        r.warn("max_num_tokens", f"not a multiple of tokens_per_block ({s.tokens_per_block}); chunked context wants one")
     chunked = s.enable_chunked_context and s.use_paged_context_fmha and s.context_fmha
     if not chunked and s.max_num_tokens < s.max_input_len:
         r.warn("max_num_tokens", f"without chunked context the runtime caps prompts at min(max_seq_len - 1, max_num_tokens) = "
-               f"{min(s.max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len}) (§1.11)")
+               f"{min(s.max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len})")
 
 
 def _notes(r: _Resolution) -> None:
     s, weights = r.cur, r.weights
     if weights.fp8_qdq or r.kv.fp8:
-        r.warn("build_config.strongly_typed", "FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)", kind="note", value=True)
+        r.warn("build_config.strongly_typed", "FP8 weights or an FP8 KV cache force a strongly typed network", kind="note", value=True)
     if weights.builder_plugin is not None:
         plugin, what = weights.builder_plugin
-        r.warn(f"plugin_config.{plugin}", f"set by trtllm-build for {what} (§1.10)", kind="note", value=s.dtype)
+        r.warn(f"plugin_config.{plugin}", f"set by trtllm-build for {what}", kind="note", value=s.dtype)
     if s.world_size > 1:
         r.warn("plugin_config.nccl_plugin", f"forced on by trtllm-build for world size {s.world_size}; tp/pp come from the "
-               "checkpoint's mapping, not from a trtllm-build flag (§1.1, §1.10)", kind="note", value="enabled")
+               "checkpoint's mapping, not from a trtllm-build flag", kind="note", value="enabled")
 
 
 def _lora(r: _Resolution) -> None:
@@ -289,11 +289,11 @@ def _lora(r: _Resolution) -> None:
         if s.lora_dirs or s.lora_target_modules:
             r.error("build.lora.adapter_dirs / build.lora.target_modules are set but the LoRA plugin is disabled "
                     "(--lora_plugin disable): trtllm-build applies the --lora_* flags only with the plugin, so the engine "
-                    "would have no LoRA (§1.5)")
+                    "would have no LoRA")
         return
     if not s.lora_target_modules:
         r.error("build.lora has no target modules (neither build.lora.target_modules nor an adapter's target_modules): "
-                "the engine would get the LoRA plugin but no LoRA inputs (§1.5)")
+                "the engine would get the LoRA plugin but no LoRA inputs")
     if r.weights.lora_rejected_by is not None:
         takes_lora = algos_where(lambda f: f.quantized and f.lora_rejected_by is None) + algos_where(lambda f: not f.quantized)
         r.error(f"build.lora cannot be combined with quantize.algo {s.quant_algo}: TensorRT-LLM's {r.weights.lora_rejected_by} "
@@ -312,17 +312,17 @@ def _speculative(r: _Resolution) -> None:
     if mode is None:
         if s.max_draft_len > 0:
             r.error(f"build.speculative.max_draft_len ({s.max_draft_len}) > 0 needs a speculative decoding mode "
-                    "(build.speculative.mode): trtllm-build only reserves draft tokens for a speculative engine (§1.6)")
+                    "(build.speculative.mode): trtllm-build only reserves draft tokens for a speculative engine")
         return
     if mode not in SPECULATIVE_MODES_BUILT:
         r.error(f"build.speculative.mode {mode} is not built by this pipeline (it needs a trained recurrent drafter); "
                 f"use {', '.join(sorted(SPECULATIVE_MODES_BUILT))}")
     if s.max_draft_len < 1:
-        r.error(f"build.speculative.mode {mode} needs build.speculative.max_draft_len > 0 (got {s.max_draft_len}) (§1.6)")
+        r.error(f"build.speculative.mode {mode} needs build.speculative.max_draft_len > 0 (got {s.max_draft_len})")
     if s.max_beam_width > 1:
         r.error(f"build.speculative.mode {mode} cannot be built with build.max_beam_width {s.max_beam_width}: the runtime "
                 "decodes a speculative engine with its own decoding_mode (lookahead for lookahead_decoding), never "
-                "beam_search: Triton's decoding_mode is one mode per model (§4.5); set max_beam_width 1")
+                "beam_search: Triton's decoding_mode is one mode per model ; set max_beam_width 1")
     if s.kv_cache_type != "paged":
         r.error(f"build.speculative.mode {mode} needs build.kv_cache_type paged (got {s.kv_cache_type}): speculative "
                 "decoding runs under inflight batching on the paged KV cache (examples/lookahead support matrix)")
@@ -337,7 +337,7 @@ def _speculative(r: _Resolution) -> None:
                 "which needs paged context FMHA (examples/draft_target_model/README.md)")
     if s.gather_context_logits:
         r.error("build.gather_context_logits cannot be combined with build.speculative: trtllm-build refuses context "
-                "logits with max_draft_len > 0 (§1.5)")
+                "logits with max_draft_len > 0")
     if mode == "medusa" and s.architecture not in MEDUSA_BASES:
         r.error(f"build.speculative.mode medusa needs a Llama- or Qwen2-family model ({', '.join(MEDUSA_BASES)}); the "
                 f"model is {s.architecture}: TensorRT-LLM's MedusaForCausalLM wraps only those")
@@ -354,16 +354,16 @@ def _speculative(r: _Resolution) -> None:
 
 
 def _speculative_sizes(r: _Resolution) -> None:
-    """builder.build after max_seq_len / max_num_tokens are settled: room for the draft tokens (§1.6)."""
+    """builder.build after max_seq_len / max_num_tokens are settled: room for the draft tokens."""
     s = r.cur
     if s.speculative_decoding_mode is None or s.max_draft_len < 1:
         return
     needed = s.max_batch_size * (s.max_draft_len + 1)
     if s.max_num_tokens < needed:
         r.change("max_num_tokens", needed, f"speculative decoding: trtllm-build raises it to max_batch_size × (max_draft_len + 1) "
-                 f"= {s.max_batch_size} × {s.max_draft_len + 1} (§1.6)")
+                 f"= {s.max_batch_size} × {s.max_draft_len + 1}")
     r.warn("build_config.max_seq_len", f"trtllm-build adds max_draft_len ({s.max_draft_len}) to max_seq_len ({s.max_seq_len}) "
-           "for speculative decoding, so the engine records this value; prompt + output stay bounded by build.max_seq_len (§1.6)",
+           "for speculative decoding, so the engine records this value; prompt + output stay bounded by build.max_seq_len",
            kind="note", value=s.max_seq_len + s.max_draft_len)
 
 

@@ -17,7 +17,7 @@ from pipeline.backends.engine.build_request import BuildRequest
 EAGLE_BASES = ("LlamaForCausalLM", "MistralForCausalLM")
 EAGLE_QUANT_ALGOS = ("none",)
 EAGLE_MAX_BATCH_SIZE = 512
-PAGED_CONTEXT_FMHA_REASON = "trtllm-build turns paged context FMHA on for an EAGLE engine (builder.py, §1.6)"
+PAGED_CONTEXT_FMHA_REASON = "trtllm-build turns paged context FMHA on for an EAGLE engine (builder.py)"
 
 
 def request_eagle_problems(s: BuildRequest) -> list[str]:

@@ -1,7 +1,7 @@
 """Does this runtime run this engine? TensorRT-LLM engines load only in the exact TensorRT-LLM
-version that built them and only on the GPU architecture they were built for (trtllm.md §1.11:
-"Engines are tied to the exact TRT-LLM version … the GPU architecture"); anything else fails deep
-inside the backend with a serialization or kernel error. This module compares the facts the
+version that built them and only on the GPU architecture they were built for (the runtime checks the engine's
+`version`; cross-GPU builds are not supported, NVIDIA/TensorRT-LLM issues #1803 and #1807); anything else fails deep
+inside the backend with a serialization or kernel error (triton-inference-server/tensorrtllm_backend issue #531). This module compares the facts the
 build recorded with the runtime's, before a server starts, and names both values.
 
     check_engine_runtime(EngineRecord("1.2.1", 90, "H200"), RuntimeFacts("1.1.0", "…", (90,)))

@@ -51,7 +51,7 @@ def run_engine_build(spec: Spec, model: ModelInfo, checkpoint_dir: Path, work_di
 
 
 def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
-    """Everything that can be refused before any stage runs: version profile, runner availability, §1.10 rules."""
+    """Everything that can be refused before any stage runs: version profile, runner availability, trtllm-build's rules."""
     try:
         plan_engine_build(spec, model, Path("/nonexistent/checkpoint"), Path("/nonexistent/engine"))
     except SpecError as exc:

@@ -1,13 +1,13 @@
 """The engine target's build: Spec + ModelInfo -> `build_config.json` and the exact `trtllm-build` argv.
 
-Every build-time constraint and silent auto-override of trtllm-build (shared/reference/trtllm.md
-§1.10, with §1.6–§1.8 and §1.11) becomes an explicit decision here: either a SpecError naming the
+Every build-time constraint and silent auto-override of trtllm-build (`trtllm_rules`, which names
+TensorRT-LLM's sources) becomes an explicit decision here: either a SpecError naming the
 fields and values, or a `Decision` that says what was changed (or warned about) and why. The
 rendered files then carry the values TensorRT-LLM will actually use, so nothing changes silently
 between the YAML and the engine.
 
 trtllm-build is given `--build_config` (a full BuildConfig with a `plugin_config` section, so
-`kv_cache_type` is honoured, §1.1) *and* the same values as CLI flags: with `--build_config` the
+`kv_cache_type` is honoured: build.py reads it from that file only then) *and* the same values as CLI flags: with `--build_config` the
 CLI size flags are ignored and the plugin flags form the base that `plugin_config` overrides, so
 the command reads the same either way.
 """
@@ -134,7 +134,7 @@ class TrtllmBuild:
     @property
     def engine_build_config(self) -> dict[str, Any]:
         """`build_config` as trtllm-build records it in the engine's config.json: speculative decoding adds max_draft_len
-        to max_seq_len, EAGLE also num_eagle_layers (builder.build, §1.6), and each LoRA adapter is copied to lora/<i> (Engine.save, §2.5)."""
+        to max_seq_len, EAGLE also num_eagle_layers (builder.build), and each LoRA adapter is copied to lora/<i> (Engine.save)."""
         recorded = copy.deepcopy(self.build_config)
         s = self.settings
         if s.speculative_decoding_mode is not None:
@@ -230,7 +230,7 @@ def _plugin_dtype(value: str) -> str | None:
 def render_build_config(s: BuildRequest, *, timing_cache: Path) -> dict[str, Any]:
     """BuildConfig as TensorRT-LLM 1.2 reads it with --build_config (and records it in the engine's config.json).
 
-    Only the fields trtllm.md §2.5 lists for an engine's build_config (the same keys as the cpu target's
+    Only the fields `Engine.save` (tensorrt_llm/builder.py) writes into an engine's build_config (the same keys as the cpu target's
     `cpu_build_config`, plus the timing-cache paths, force_num_profiles and profiling_verbosity).
     """
     if s.max_seq_len is None:

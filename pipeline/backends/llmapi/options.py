@@ -164,7 +164,7 @@ def build_options(spec: Spec, model: ModelInfo) -> dict[str, Any]:
     flat = {option: value for option, (_, value) in _flat_rows(spec, "build").items()}
     flat["max_seq_len"] = spec.build.max_seq_len or model.default_max_seq_len()
     windows = window_vector(model.layer_windows, flat["max_seq_len"])
-    if windows:  # the PyTorch backend keeps each sliding layer's window only when told (architectures.md §4)
+    if windows:  # the PyTorch backend keeps each sliding layer's window only when told (Gemma README's trtllm-serve examples)
         flat["kv_cache_config.max_attention_window"] = windows
     flat.update(FIXED_OPTIONS)
     options = _nest(flat)

@@ -6,7 +6,7 @@ each with the type and choices NVIDIA's `TorchLlmArgs` gives it. The full record
 enums, defaults and where each was read) is tests/data/llmapi_1_2_1_llm_args.json; the tests check that every
 option here is one of NVIDIA's and every rendered value fits it.
 
-Facts and confidence (tags as in shared/reference/trtllm.md):
+Facts and confidence ([src]: read in the source of that version; [inf]: inferred, not read):
 - 1.2.x is the newest stable line (1.3.0rcN and 1.4.0rcN are release candidates on NVIDIA's documentation
   site, not profiled). The options come from `tensorrt_llm/llmapi/llm_args.py` of the 1.2 era (the stored
   version that still has TrtLlmArgs and PARD: KvCacheConfig with tokens_per_block and free_gpu_memory_fraction

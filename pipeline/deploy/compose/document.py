@@ -6,7 +6,9 @@ same spec always gives the same bytes (golden-tested). Every host path in it is 
 compose file (`./…`), so the file does not depend on where the artifact store lives; machine-
 specific values (secrets, the active profile) come from .env.
 
-Checklist (serving-and-operations.md B1, B4), applied to every service where it fits: pinned
+Checklist (Triton's secure-deployment guide: triton-inference-server/server docs/customization_guide/deploy.md,
+"Secure Deployment Considerations"; NVIDIA's launch flags for the TensorRT-LLM images:
+triton-inference-server/tensorrtllm_backend README.md), applied to every service where it fits: pinned
 image, non-root user, read-only root file system with a tmpfs /tmp, `cap_drop: [ALL]`,
 `no-new-privileges`, ports published on `deploy.bind_address` (loopback by default; Prometheus
 and Grafana always on loopback), read-only mounts of the model repository, engine and tokenizer,

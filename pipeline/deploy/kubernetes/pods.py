@@ -1,4 +1,4 @@
-"""Pod pieces of the kubernetes kind: the hardening (serving-and-operations.md B1/B4, as compose applies it), probes on
+"""Pod pieces of the kubernetes kind: the hardening (as compose applies it, pipeline/deploy/compose/document.py), probes on
 Triton's /v2/health endpoints, the volumes (model claim, shm, /tmp, scripts) and the init container that verifies the
 artifacts on the claim against their manifests."""
 

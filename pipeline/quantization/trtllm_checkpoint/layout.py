@@ -1,11 +1,11 @@
 """Where each TensorRT-LLM checkpoint tensor comes from in a Hugging Face checkpoint, per model family.
 
 The weight layout of the converter (pipeline.quantization.trtllm_checkpoint.convert): Hugging Face module names inside
-`model.layers.{i}.` and at the top, and the TensorRT-LLM names they become inside `transformer.layers.{i}.`
-(quantization.md §10). Sources of the names: ModelOpt 0.47's `layer_utils.build_decoder_config` /
-`build_attention_config` (what its TRT export wrote, Qwen3 and Gemma 2/3 norms included) and TensorRT-LLM's
-`models/model_weights_loader.py` key lists (Phi-3: `qkv_proj` split into q/k/v, `gate_up_proj` into gate (first
-half) and up). Torch-free.
+`model.layers.{i}.` and at the top, and the TensorRT-LLM names they become inside `transformer.layers.{i}.` (q/k/v
+→ attention.qkv, o_proj → attention.dense, gate_proj → mlp.fc, up_proj → mlp.gate, down_proj → mlp.proj). Sources
+of the names: ModelOpt 0.47's `layer_utils.build_decoder_config` / `build_attention_config` (what its TRT export
+wrote, Qwen3 and Gemma 2/3 norms included) and TensorRT-LLM's `models/model_weights_loader.py` key lists (Phi-3:
+`qkv_proj` split into q/k/v, `gate_up_proj` into gate (first half) and up). Torch-free.
 """
 
 from __future__ import annotations

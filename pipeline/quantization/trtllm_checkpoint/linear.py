@@ -1,6 +1,6 @@
 """One quantized Linear of ModelOpt's unified Hugging Face checkpoint, and how it becomes TensorRT-LLM tensors.
 
-A unified checkpoint stores, per Linear `<m>` (quantization.md §9): `<m>.weight` (FP8 E4M3, INT8, INT4 packed two
+A unified checkpoint stores, per Linear `<m>` (as ModelOpt 0.47's `export_hf_checkpoint` writes it): `<m>.weight` (FP8 E4M3, INT8, INT4 packed two
 rows per byte as uint8 [out/2, in], or 16-bit), `<m>.bias`, `<m>.weight_scale` (scalar FP8; [out] INT8; [out, in/g]
 INT4), `<m>.input_scale` (scalar), `<m>.weight_scale_2` (W4A8's FP8 scalar) and `<m>.pre_quant_scale` ([in], AWQ and
 SmoothQuant). ModelOpt 0.47's TensorRT-LLM export writes the same values under other names

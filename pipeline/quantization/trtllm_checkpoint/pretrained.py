@@ -2,7 +2,7 @@
 
 The common keys are what ModelOpt 0.47's TensorRT-LLM export writes for the Llama family and Qwen2 (the dry run
 of those has always matched it); each TensorRT-LLM model class then reads family keys of its own, written here
-as its `from_hugging_face` writes them (shared/reference/architectures.md §1): `qwen_type`, `attn_bias` and
+as its `from_hugging_face` writes them (NVIDIA/TensorRT-LLM tensorrt_llm/models/<family>/config.py, 1.2 line): `qwen_type`, `attn_bias` and
 the `moe` object for QWenForCausalLM; `moe` and Granite's multipliers for LLaMAForCausalLM; `inter_layernorms`,
 soft-capping, `query_pre_attn_scalar` and Gemma 3's local-layer keys for GemmaForCausalLM; partial rotary and
 long-RoPE factors for Phi3ForCausalLM; `gpt_variant` for GPTForCausalLM. The family row
@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.config.families import Family, family_of
 from pipeline.errors import StageError
 
-LONG_ROPE_MIN_POSITIONS = 128000  # Phi-3's config switches to long_rope from here (architectures.md §4)
+LONG_ROPE_MIN_POSITIONS = 128000  # Phi-3's config switches to long_rope from here (tensorrt_llm/models/phi3/config.py)
 _MOE_NORMALIZATION = {"none": 0, "renormalize": 1, "sparse_mixer": 2}
 
 
@@ -215,6 +215,6 @@ _FAMILY_KEYS: dict[str, Callable[[Mapping[str, Any], Family, dict[str, Any]], di
     "Phi3ForCausalLM": _phi3_keys,
     "GPTForCausalLM": _gpt_keys,
 }
-# ModelOpt's `decoder_type` for each TensorRT-LLM class (its MODEL_NAME_TO_TYPE, architectures.md §3.1).
+# ModelOpt's `decoder_type` for each TensorRT-LLM class (MODEL_NAME_TO_TYPE in nvidia-modelopt 0.47.0, modelopt/torch/export/model_utils.py).
 _MODELOPT_DECODER = {"LLaMAForCausalLM": "llama", "QWenForCausalLM": "qwen", "GemmaForCausalLM": "gemma",
                      "Phi3ForCausalLM": "phi3", "GPTForCausalLM": "gpt"}

@@ -1,8 +1,8 @@
 """Read an unquantized TensorRT-LLM checkpoint back into Hugging Face Llama-family tensor names.
 
 A checkpoint is `config.json` + one `rank{N}.safetensors` per rank, N = tp_rank + pp_rank * tp_size
-(trtllm.md §2). This module undoes ModelOpt 0.47's sharding (`postprocess._split_model_config_for_tp`
-and `_split_model_config_for_pp`) and its name map (quantization.md §10). Pure torch + safetensors,
+(NVIDIA/TensorRT-LLM docs/source/architecture/checkpoint.md). This module undoes ModelOpt 0.47's sharding
+(`postprocess._split_model_config_for_tp` and `_split_model_config_for_pp`) and its name map (`trtllm_convert_layout`). Pure torch + safetensors,
 so tests and the verification stage can use it without importing ModelOpt.
 
 Sharding rules undone here:

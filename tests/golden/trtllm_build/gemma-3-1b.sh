@@ -4,7 +4,7 @@
 # rendered by trtllm-pipeline. --build_config is authoritative: with it trtllm-build
 # ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
 # decisions (what differs from the build config, and why):
-#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got none) (§1.10)
+#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got none)
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/gemma-3-1b/quantize/trtllm_checkpoint \

@@ -4,7 +4,7 @@
 # rendered by trtllm-pipeline. --build_config is authoritative: with it trtllm-build
 # ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
 # decisions (what differs from the build config, and why):
-#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)
+#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/t/draft/trtllm_checkpoint \

@@ -5,8 +5,8 @@
 # ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
 # decisions (what differs from the build config, and why):
 #   warning quantize.algo = fp8: no GPU declared: quantize.algo fp8 / quantize.kv_cache fp8 need SM >= 89; declare the GPU to check before building
-#   note build_config.max_seq_len = 8207: trtllm-build adds max_draft_len (15) to max_seq_len (8192) for speculative decoding, so the engine records this value; prompt + output stay bounded by build.max_seq_len (§1.6)
-#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)
+#   note build_config.max_seq_len = 8207: trtllm-build adds max_draft_len (15) to max_seq_len (8192) for speculative decoding, so the engine records this value; prompt + output stay bounded by build.max_seq_len
+#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/llama-3.1-8b-fp8-lookahead/quantize/trtllm_checkpoint \

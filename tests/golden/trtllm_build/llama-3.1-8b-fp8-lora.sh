@@ -6,7 +6,7 @@
 # decisions (what differs from the build config, and why):
 #   warning quantize.algo = fp8: no GPU declared: quantize.algo fp8 / quantize.kv_cache fp8 need SM >= 89; declare the GPU to check before building
 #   note plugin_config.lora_plugin = bfloat16: the LoRA plugin runs in the model dtype bfloat16: a request's lora_weights must be bfloat16 (adapters converted with hf_lora_convert.py --storage-type of another dtype are silently ignored, tensorrtllm_backend#791); the first request of an adapter carries its weights, later ones only lora_task_id
-#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)
+#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/llama-3.1-8b-fp8-lora/quantize/trtllm_checkpoint \

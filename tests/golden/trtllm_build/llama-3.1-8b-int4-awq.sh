@@ -4,10 +4,10 @@
 # rendered by trtllm-pipeline. --build_config is authoritative: with it trtllm-build
 # ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
 # decisions (what differs from the build config, and why):
-#   warning quantize.algo = int4_awq: no GPU declared: quantize.algo int4_awq / quantize.kv_cache none cannot be built for Blackwell (SM 10.x–11.x) (§1.10)
-#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got int4_awq) (§1.10)
-#   changed build.plugins.use_fused_mlp true -> false: the fused gate/up GEMM supports only unquantized or FP8 weights, not quantize.algo int4_awq (§1.10)
-#   note plugin_config.weight_only_groupwise_quant_matmul_plugin = float16: set by trtllm-build for group-wise INT4 (§1.10)
+#   warning quantize.algo = int4_awq: no GPU declared: quantize.algo int4_awq / quantize.kv_cache none cannot be built for Blackwell (SM 10.x–11.x)
+#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got int4_awq)
+#   changed build.plugins.use_fused_mlp true -> false: the fused gate/up GEMM supports only unquantized or FP8 weights, not quantize.algo int4_awq
+#   note plugin_config.weight_only_groupwise_quant_matmul_plugin = float16: set by trtllm-build for group-wise INT4
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/llama-3.1-8b-int4-awq/quantize/trtllm_checkpoint \

@@ -5,8 +5,8 @@
 # ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
 # decisions (what differs from the build config, and why):
 #   warning quantize.algo = fp8: no GPU declared: quantize.algo fp8 / quantize.kv_cache fp8 need SM >= 89; declare the GPU to check before building
-#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network (§1.10)
-#   note plugin_config.nccl_plugin = enabled: forced on by trtllm-build for world size 2; tp/pp come from the checkpoint's mapping, not from a trtllm-build flag (§1.1, §1.10)
+#   note build_config.strongly_typed = true: FP8 weights or an FP8 KV cache force a strongly typed network
+#   note plugin_config.nccl_plugin = enabled: forced on by trtllm-build for world size 2; tp/pp come from the checkpoint's mapping, not from a trtllm-build flag
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/llama-3.3-70b-fp8-tp2/quantize/trtllm_checkpoint \

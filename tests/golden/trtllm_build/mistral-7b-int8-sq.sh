@@ -4,9 +4,9 @@
 # rendered by trtllm-pipeline. --build_config is authoritative: with it trtllm-build
 # ignores the size flags below, which repeat its values; plugin flags are overridden by its plugin_config.
 # decisions (what differs from the build config, and why):
-#   warning quantize.algo = int8_sq: no GPU declared: quantize.algo int8_sq / quantize.kv_cache none cannot be built for Blackwell (SM 10.x–11.x) (§1.10)
-#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got int8_sq) (§1.10)
-#   changed build.plugins.use_fused_mlp true -> false: the fused gate/up GEMM supports only unquantized or FP8 weights, not quantize.algo int8_sq (§1.10)
+#   warning quantize.algo = int8_sq: no GPU declared: quantize.algo int8_sq / quantize.kv_cache none cannot be built for Blackwell (SM 10.x–11.x)
+#   changed build.plugins.use_fp8_context_fmha true -> false: FP8 context FMHA needs quantize.algo fp8, w4a8_awq or nvfp4 (got int8_sq)
+#   changed build.plugins.use_fused_mlp true -> false: the fused gate/up GEMM supports only unquantized or FP8 weights, not quantize.algo int8_sq
 set -euo pipefail
 trtllm-build \
   --checkpoint_dir /artifacts/mistral-7b-int8-sq/quantize/trtllm_checkpoint \

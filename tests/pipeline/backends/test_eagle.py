@@ -163,7 +163,7 @@ def test_the_engine_command_passes_nvidias_parser_with_eagles_side_effects(heads
     assert "--speculative_decoding_mode eagle" in argv and "--max_draft_len 63" in argv
     assert build.build_config["speculative_decoding_mode"] == 32
     assert build.settings.use_paged_context_fmha  # builder.py turns it on for EAGLE
-    # trtllm-build adds max_draft_len and num_eagle_layers (the tree's depth, 4) to max_seq_len (§1.6)
+    # trtllm-build adds max_draft_len and num_eagle_layers (the tree's depth, 4) to max_seq_len (tensorrt_llm/builder.py)
     assert build.engine_build_config["max_seq_len"] == 1024 + 63 + 4
     assert build.build_config["max_num_tokens"] >= 32 * (63 + 1)
 

@@ -197,7 +197,7 @@ def test_the_engine_command_passes_nvidias_parser_with_medusas_side_effects(head
     argv = " ".join(build.argv)
     assert "--speculative_decoding_mode medusa" in argv and "--max_draft_len 7" in argv
     assert build.build_config["speculative_decoding_mode"] == 4
-    assert build.engine_build_config["max_seq_len"] == 1024 + 7  # trtllm-build adds max_draft_len (§1.6)
+    assert build.engine_build_config["max_seq_len"] == 1024 + 7  # trtllm-build adds max_draft_len (tensorrt_llm/builder.py)
     assert build.build_config["max_num_tokens"] >= 32 * (7 + 1)
 
 

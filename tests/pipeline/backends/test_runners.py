@@ -100,7 +100,7 @@ def test_docker_command_pins_the_image_and_mounts(tmp_path):
 
 
 def test_docker_build_runs_without_network_like_the_quantize_job(tmp_path):
-    """One flag set for every job: trtllm-build reads only mounted files (trtllm.md §1.1), so no network either."""
+    """One flag set for every job: trtllm-build reads only mounted files (its --checkpoint_dir, --build_config, --lora_dir), so no network either."""
     build = _build(tmp_path)
     command = list(DockerRunner(uid=1000, gid=1000).command(build_job(build)))
     assert command[:15] == [

@@ -1,4 +1,4 @@
-"""The target seam (ARCHITECTURE.md §4): every target has traits and a backend, and nothing outside
+"""The target seam (docs/architecture.md#target-backends): every target has traits and a backend, and nothing outside
 pipeline/backends/ (and the traits table) compares the build target."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The engine target's trtllm-build command: version table, argument schema, golden commands, §1.10 decisions.
+"""The engine target's trtllm-build command: version table, argument schema, golden commands, the builder's decisions.
 
 Regenerate the golden commands explicitly: `UPDATE_GOLDEN=1 pytest tests/pipeline/backends/test_trtllm_build.py`.
 """
@@ -245,7 +245,7 @@ def test_validator_needs_a_checkpoint_and_the_tool_name():
         validate_argv(["trtllm-buidl", "--checkpoint_dir", "/c"], SCHEMA)
 
 
-# -- §1.10 constraints: errors ---------------------------------------------------------------------------
+# -- builder constraints: errors --------------------------------------------------------------------------
 def test_opt_num_tokens_with_multiple_profiles_is_an_error(base):
     with pytest.raises(SpecError, match=r"build\.opt_num_tokens \(4096\) cannot be set with build\.plugins\.multiple_profiles"):
         _resolve(base, opt_num_tokens=4096, multiple_profiles=True)
@@ -324,7 +324,7 @@ def test_every_violation_is_reported_at_once(base):
     assert "max_num_tokens (16)" in info.value.message and "multiple_profiles" in info.value.message and "FP8 tensor cores" in info.value.message
 
 
-# -- §1.10 silent overrides: explicit decisions ----------------------------------------------------------------
+# -- builder silent overrides: explicit decisions ---------------------------------------------------------------
 _NO_SERVE = {"enable_kv_cache_reuse": False, "enable_chunked_context": False}
 
 
@@ -506,7 +506,7 @@ def test_every_yaml_quant_choice_has_a_trtllm_name():
     assert set(KV_CACHE_FORMATS) == {k.value for k in KVCacheQuant}
 
 
-# -- LoRA and speculative decoding (§1.5, §1.6) -------------------------------------------------------------
+# -- LoRA and speculative decoding --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lora_base() -> BuildRequest:
     loaded = load_config(BUILD_CONFIGS / "llama-3.1-8b-fp8-lora.yaml")

@@ -1,4 +1,5 @@
-"""Capacity planner vs serving-and-operations.md §A2 ("Worked numbers for one H200")."""
+"""Capacity planner vs hand computations with the planner's assumptions: H200 150.1 GB (torch total_memory),
+4.8 TB/s (datasheet), a 5 GB reserve, KV fraction 0.9, embedding and lm_head 16-bit, INT4-AWQ 0.516 B/param."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_kv_bytes_per_token():
     assert kv_bytes_per_token(LLAMA_70B, "bfloat16") == 320 * 1024 and kv_bytes_per_token(LLAMA_70B, "fp8") == 160 * 1024
 
 
-# (model, quant) -> (weight GB, KV space GB, tokens BF16 KV, tokens FP8 KV, B=1 bound at 4.8 TB/s), as §A2 prints them
+# (model, quant) -> (weight GB, KV space GB, tokens BF16 KV, tokens FP8 KV, B=1 bound at 4.8 TB/s), computed by hand
 REFERENCE = {
     ("8B", "none"): (16.1, 116, 886_000, 1_770_000, 320),
     ("8B", "fp8"): (9.1, 122, 934_000, 1_870_000, 598),
@@ -66,14 +67,14 @@ def test_worked_numbers_for_one_h200(key):
 
 
 def test_decode_bound_at_measured_bandwidth():
-    """§A2 also quotes the bound at the measured 4.2 TB/s: 280 tok/s for 8B BF16, 523 for FP8."""
+    """The bound at the 4.2 TB/s an H200 was measured to read: 280 tok/s for 8B BF16, 523 for FP8."""
     for quant, expected in (("none", 280), ("fp8", 523)):
         plan = _h200(LLAMA_8B, quant)
         assert plan.decode_tokens_per_s_b1 * 4.197 / 4.8 == pytest.approx(expected, abs=2)
 
 
 def test_concurrency_check_70b_fp8_at_1000_1000():
-    """§A2: 398 k tokens / 2,000 tokens per sequence ≈ 199 concurrent sequences (block rounding: 63 blocks each)."""
+    """398 k tokens / 2,000 tokens per sequence ≈ 199 concurrent sequences (block rounding: 63 blocks each)."""
     plan = _h200(LLAMA_70B, "fp8", "fp8", max_seq_len=2000, max_batch_size=256)
     assert plan.kv_tokens // 2000 == 199
     assert plan.full_sequences == 197 and plan.recommended_max_batch_size == 197

@@ -3,7 +3,7 @@
 KV bytes per token: Σ over full-attention layers of kv_heads × 2 (K, V) × head_dim × bytes, where head_dim is the
 config's own (Qwen3 and Gemma: not hidden ÷ heads); a sliding layer holds at most its window per sequence (Gemma 3,
 GPT-OSS, where the target's runtime is given the window vector); MLA (DeepSeek) caches one latent of
-kv_lora_rank + qk_rope_head_dim per layer, once (architectures.md §5). MoE: every expert resident, a token reads k.
+kv_lora_rank + qk_rope_head_dim per layer, once (TensorRT-LLM's KV cache manager). MoE: every expert resident, a token reads k.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_gpt_oss_sliding_layers_and_mla():
     assert GPT_OSS.layer_windows.count(128) == 12
     assert kv_bytes_per_token(GPT_OSS, "none", windows=GPT_OSS.layer_windows) == 12 * 8 * 2 * 64 * 2 == 24_576
     assert DEEPSEEK_V3.mla is not None and DEEPSEEK_V3.mla.cached_width == 576
-    assert kv_bytes_per_token(DEEPSEEK_V3, "none") == 61 * 576 * 2 == 70_272  # architectures.md §5's worked example
+    assert kv_bytes_per_token(DEEPSEEK_V3, "none") == 61 * 576 * 2 == 70_272  # 61 layers × (kv_lora_rank 512 + rope 64) × 2 B
     assert kv_bytes_per_token(DEEPSEEK_V3, "none", tp=8) == 70_272  # the latent is not split by TP
 
 

@@ -1,4 +1,4 @@
-"""The planner's streamed tokens/s (a roofline, serving-and-operations.md §A2) and the Python-model instances sized
+"""The planner's streamed tokens/s (a roofline) and the Python-model instances sized
 from it (issue #34): hand computations, the published anchor, and the counts the package stage renders."""
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ def _h200(max_batch_size):
 def test_a_large_batch_is_bound_by_compute_as_the_references_ceiling_formula_says():
     plan = _h200(2048)
     roofline = token_roofline(plan)
-    linear = plan.params.read_per_token + plan.params.embedding  # decoder + lm_head: §A2's P_linear, 7.5 B
+    linear = plan.params.read_per_token + plan.params.embedding  # decoder + lm_head: the linear parameters, 7.5 B
     assert linear / 1e9 == pytest.approx(7.50, abs=0.01)
     assert roofline.bound == "compute" and roofline.batch == 2048
-    # §A2: output tok/s ceiling = F · OSL / (2 · P_linear · (ISL + OSL)); 46.7 k at the measured 1,402 TFLOPS
+    # output tok/s ceiling = F · OSL / (2 · P_linear · (ISL + OSL)); 46.7 k at the measured 1,402 TFLOPS
     assert roofline.tokens_per_s == pytest.approx(1979e12 * 128 / (2 * linear * 256), rel=1e-9)
     assert roofline.tokens_per_s * 1402 / 1979 == pytest.approx(46_700, rel=0.01)
-    assert roofline.tokens_per_s >= 27_911  # an upper bound of NVIDIA's published H200 figure (§A1, 128/128)
+    # an upper bound of NVIDIA's published H200 figure (128/128, NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md at 00f37686)
+    assert roofline.tokens_per_s >= 27_911
 
 
 def test_the_examples_batch_of_64_is_bound_by_memory_bandwidth():

@@ -1,5 +1,5 @@
-"""The quantization-format registry (pipeline/quant_formats.py) against the YAML vocabulary, the reference facts
-(trtllm.md §1.8, §1.10, §2.3, §3.1; quantization.md §4, §8; serving-and-operations.md §A2), what the exporters and
+"""The quantization-format registry (pipeline/quant_formats.py) against the YAML vocabulary, TensorRT-LLM's and
+ModelOpt's facts (the sources are named in that module and next to each table below), what the exporters and
 refengine do, and the one paged-context-FMHA rule as every target applies it."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pipeline.quant_formats import (
 from pipeline.render.consistency import check_consistency
 from tests.conftest import BUILD_CONFIGS, REPO
 
-# trtllm.md §2.3: the QuantAlgo enum of TensorRT-LLM 1.2 (KV_CACHE_QUANT_ALGO_LIST = FP8, INT8, NVFP4).
+# NVIDIA/TensorRT-LLM tensorrt_llm/quantization/mode.py: the QuantAlgo enum of TensorRT-LLM 1.2 (KV_CACHE_QUANT_ALGO_LIST = FP8, INT8, NVFP4).
 TRTLLM_QUANT_ALGOS = {
     "W8A16", "W4A16", "W4A16_AWQ", "W4A8_AWQ", "W8A16_GPTQ", "W4A16_GPTQ", "W8A8_SQ_PER_CHANNEL",
     "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
@@ -41,13 +41,13 @@ TRTLLM_QUANT_ALGOS = {
 TRTLLM_KV_QUANT_ALGOS = {"FP8", "INT8", "NVFP4"}
 
 # What the checkpoint's config.json says for each format, as modelopt_export and trtllm_build wrote it before the
-# registry (quantization.md §8; int8_wo -> W8A16 as TensorRT-LLM's quantize.py patches it, trtllm.md §3.1).
+# registry (ModelOpt 0.47's quantization blocks; int8_wo -> W8A16 as TensorRT-LLM's examples/quantization/quantize.py patches it).
 CHECKPOINT_QUANT_ALGO = {
     "none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_awq": "W4A16_AWQ",
     "w4a8_awq": "W4A8_AWQ", "nvfp4": "NVFP4",
 }
 CHECKPOINT_KV_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8": "INT8"}
-# trtllm.md §3.1 / quantization.md §4: quantize.py's --qformat -> ModelOpt config (int8_wo and none: no PTQ).
+# TensorRT-LLM's examples/quantization/quantize.py and ModelOpt 0.47's config names: quantize.py's --qformat -> ModelOpt config (int8_wo and none: no PTQ).
 MODELOPT_CONFIGS = {
     "none": None, "fp8": "FP8_DEFAULT_CFG", "int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": None,
     "int4_awq": "INT4_AWQ_CFG", "w4a8_awq": "W4A8_AWQ_BETA_CFG", "nvfp4": "NVFP4_DEFAULT_CFG",
@@ -106,14 +106,14 @@ def test_modelopt_has_every_recipe():
 
 
 def test_build_features_each_format_excludes():
-    assert algos_where(lambda f: f.fp8_context_fmha) == ["fp8", "w4a8_awq", "nvfp4"]  # §1.8 use_fp8_context_fmha
-    assert algos_where(lambda f: f.fused_mlp) == ["none", "fp8"]  # §1.10 use_fused_mlp
-    assert algos_where(lambda f: f.blackwell_rejected) == ["int8_sq", "int8_wo", "int4_awq"]  # §1.10 SM100-119
+    assert algos_where(lambda f: f.fp8_context_fmha) == ["fp8", "w4a8_awq", "nvfp4"]  # builder.py: use_fp8_context_fmha
+    assert algos_where(lambda f: f.fused_mlp) == ["none", "fp8"]  # builder.py: use_fused_mlp
+    assert algos_where(lambda f: f.blackwell_rejected) == ["int8_sq", "int8_wo", "int4_awq"]  # builder.py: SM100-119
     assert [k for k, f in KV_CACHE_FORMATS.items() if f.blackwell_rejected] == ["int8"]
     assert {a: f.lora_rejected_by for a, f in WEIGHT_FORMATS.items() if f.lora_rejected_by} == {"int8_sq": "SmoothQuantLinear", "nvfp4": "FP4Linear"}
     assert algos_where(lambda f: f.lookahead_documented) == ["none", "fp8"]  # examples/lookahead: FP16 / BF16 / FP8
     assert {a: f.gemm_plugin for a, f in WEIGHT_FORMATS.items() if f.gemm_plugin} == {"fp8": "fp8", "nvfp4": "nvfp4"}
-    assert algos_where(lambda f: f.gemm_plugin_auto) == ["nvfp4"]  # §1.8: NVFP4 auto-enables gemm_plugin nvfp4
+    assert algos_where(lambda f: f.gemm_plugin_auto) == ["nvfp4"]  # build.py: NVFP4 auto-enables gemm_plugin nvfp4
     assert algos_where(lambda f: f.fp8_qdq) == ["fp8"] and [k for k, f in KV_CACHE_FORMATS.items() if f.fp8] == ["fp8"]
 
 
@@ -143,7 +143,7 @@ def test_the_cpu_target_runs_what_refengine_loads():
 
 
 def test_bytes_per_weight_and_per_kv_element():
-    # serving-and-operations.md §A2: 16-bit 2 B, FP8 1 B, INT4-AWQ at group 128 with FP16 scales 0.516 B.
+    # 16-bit 2 B, FP8 1 B, INT4-AWQ at group 128 with FP16 scales 0.516 B.
     assert weight_format("none").bytes_per_param() == 2.0 and weight_format("fp8").bytes_per_param() == 1.0
     assert round(weight_format("int4_awq").bytes_per_param(128), 3) == 0.516
     assert weight_format("int4_awq").bytes_per_param(64) > weight_format("int4_awq").bytes_per_param(128)
@@ -151,7 +151,7 @@ def test_bytes_per_weight_and_per_kv_element():
     assert {k: f.bytes_per_element for k, f in KV_CACHE_FORMATS.items()} == {"none": 2.0, "fp8": 1.0, "int8": 1.0}
 
 
-# -- the paged-context-FMHA rule (§1.10) ------------------------------------------------------------------------
+# -- the paged-context-FMHA rule (builder.py) -------------------------------------------------------------------
 @pytest.mark.parametrize("algo, kv, sm, expected", [
     ("none", "none", None, None),
     ("int8_sq", "int8", None, "kv_cache"),  # INT8 KV cache => paged context FMHA forced off

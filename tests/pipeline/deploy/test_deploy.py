@@ -1,6 +1,6 @@
 """The docker compose deployment: golden files, the Compose Specification schema, the checks
-`docker compose config` would make, one assertion per hardening item (serving-and-operations.md
-B1/B4), the deployment directory the deploy stage writes, and the checkout's docker-compose.yml.
+`docker compose config` would make, one assertion per hardening item (pipeline/deploy/compose/document.py
+lists them and their sources), the deployment directory the deploy stage writes, and the checkout's docker-compose.yml.
 
 Regenerate the golden files (and the root docker-compose.yml) explicitly:
 `UPDATE_GOLDEN=1 pytest tests/pipeline/deploy/test_deploy.py`. The schema comes from

@@ -21,7 +21,7 @@ from tests.pipeline.deploy.test_deploy import GOLDEN, check_golden, load_spec
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
 
-# Triton 2.51's families on a CPU-only server (triton-on-cpu.md §11), the LLM model's (engine_metrics.py, with the
+# Triton 2.51's families on a CPU-only server (as its /metrics lists them), the LLM model's (engine_metrics.py, with the
 # TensorRT-LLM backend's names), and the OpenAI front end's histograms (read from its own exposition below).
 TRITON_EXPORTED = {
     "up",

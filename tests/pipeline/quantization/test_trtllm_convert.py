@@ -177,7 +177,7 @@ def test_the_converter_writes_what_modelopts_trtllm_export_wrote(case: Case, exp
         _assert_values(case, reference, converted, rank)
 
 
-# Keys pretrained_config writes that ModelOpt's fallback config writer does not (architectures.md §3.1: without
+# Keys pretrained_config writes that ModelOpt's fallback config writer does not (ModelOpt 0.47's model_config_export.py: without
 # tensorrt_llm it writes no family keys, and under transformers 5 no rotary_base)
 _FAMILY_KEYS = {
     "llama": {"attn_bias", "mlp_bias", "rotary_base"},

@@ -1,6 +1,6 @@
 """The converter on TensorRT-LLM's GPTForCausalLM families: StarCoder2 and Nemotron (gpt_variant), unquantized and FP8.
 
-ModelOpt 0.47's TRT export writes no `gpt_variant` and no GPT norms with a bias here (architectures.md §3.1), so the
+ModelOpt 0.47's TRT export writes no `gpt_variant` and no GPT norms with a bias here (its fallback config writer), so the
 expected names come from TensorRT-LLM's `models/gpt/convert.py`: `attention.qkv` [q_r; k_r; v_r] (+ bias),
 `attention.dense` (+ bias, replicated), `mlp.fc` (StarCoder2 `mlp.c_fc`, Nemotron `mlp.up_proj`; + bias, column),
 `mlp.proj` (`mlp.c_proj` / `mlp.down_proj`; + bias, replicated), no `mlp.gate`; `input_layernorm`, `post_layernorm`

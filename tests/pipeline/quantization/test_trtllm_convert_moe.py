@@ -1,6 +1,6 @@
 """The converter on mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE): unquantized and FP8 (+ FP8 KV), TP 1/2.
 
-ModelOpt 0.47's own TensorRT-LLM export cannot write these ('Quant…Experts has no len()', architectures.md §3.2b), so
+ModelOpt 0.47's own TensorRT-LLM export cannot write these ('Quant…Experts has no len()' under transformers 5), so
 the expected layout is TensorRT-LLM's code (pipeline/quantization/trtllm_checkpoint/moe.py says where): the router float32
 [E, H] unsharded and excluded from quantization; `mlp.fc` [E, 2·I/tp, H] = per expert [up_r; gate_r]; `mlp.proj`
 [E, H, I/tp]; FP8 weight scales (E, 1) with gate/up sharing the max (re-quantized), activation scales [1] (the max

@@ -1,4 +1,4 @@
-"""One source of the tensor contract (pipeline/render/contract.py, ARCHITECTURE.md §4): the package
+"""One source of the tensor contract (pipeline/render/contract.py, docs/architecture.md#tensor-contract): the package
 stage writes a contract.json next to the code of each Python model that reads a table of tensor
 names, the models load it (model_repo/python/model_contract.py) instead of carrying a copy, and the
 clients' own tables are checked against it here."""

@@ -432,7 +432,7 @@ CONSISTENCY_CASES = {
     "cpu target needs a cpu-built engine": (dict(config={**tiny_engine_config(), "version": "1.2.1"}), ["build.target is cpu", "'1.2.1'"]),
     "engine target needs a TensorRT-LLM engine": (dict(target="engine"), ["build.target is engine", "'refengine-0.1.0'"]),
     "ensemble name collides": (dict(serve=_serve(model_name="preprocessing")), ["serve.model_name 'preprocessing'"]),
-    # §4.9 rule 8: LoRA
+    # LoRA: the engine's LoRA plugin, dtype and ranks
     "lora cache without a lora engine": (
         dict(config=llama_8b_engine_config(), target="engine", vocab=128256, serve=_serve(lora=ServeLoraSpec())),
         ["serve.lora sets the LoRA cache", "plugin_config.lora_plugin null"],
@@ -450,7 +450,7 @@ CONSISTENCY_CASES = {
         dict(config=lora_engine_config(), target="engine", vocab=128256, lora_weights_datatype="TYPE_FP16"),
         ["Triton lora_weights data type TYPE_FP16", "plugin_config.lora_plugin 'bfloat16' (TYPE_BF16)"],
     ),
-    # §4.9 rule 10: speculative decoding
+    # speculative decoding: decoding_mode and the engine's mode
     "lookahead engine without build.speculative": (
         dict(config=lookahead_engine_config(), target="engine", vocab=128256),
         ["build_config.speculative_decoding_mode lookahead_decoding (max_draft_len 15)", "build.speculative.mode is absent"],
@@ -583,7 +583,7 @@ def test_lookahead_engine_gets_its_decoding_mode_and_window(tmp_path):
     assert values["decoding_mode"] == "lookahead"
     assert (values["lookahead_window_size"], values["lookahead_ngram_size"], values["lookahead_verification_set_size"]) == ("4", "3", "4")
     assert values["max_attention_window_size"] == str(16384 + 15)  # the engine's max_seq_len, draft tokens included
-    # requests may use the max_seq_len of the build config: trtllm-build added the draft tokens on top (§1.6)
+    # requests may use the max_seq_len of the build config: trtllm-build added the draft tokens on top (builder.py)
     assert parameters(parse(repository / "preprocessing" / "config.pbtxt"))["max_seq_len"] == "16384"
 
 
