@@ -23,6 +23,8 @@ import itertools
 from collections.abc import Sequence as SequenceType
 from typing import TYPE_CHECKING
 
+import torch
+
 from refengine.config import BatchingMode, EngineConfig
 from refengine.kv_cache import KVCacheManager
 from refengine.sampling import SamplingParams
@@ -183,7 +185,7 @@ class Scheduler:
     ) -> list[SequenceUpdate]:
         """Apply the sampled tokens: extend, fork (n > 1), finish; returns what changed."""
         updates: list[SequenceUpdate] = []
-        beam_rows = {}
+        beam_rows: dict[int, torch.Tensor] = {}
         for item in scheduler_output.scheduled:
             sequence = self._sequences.get(item.seq_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
@@ -198,7 +200,10 @@ class Scheduler:
                     self._finish(sequence, updates[-1].finish_reason)
                 continue
             if self._beams.is_beam(item.seq_id):
-                beam_rows[item.seq_id] = samples[0].beam_log_probs
+                beam_log_probs = samples[0].beam_log_probs
+                if beam_log_probs is None:
+                    raise ValueError(f"runner returned no beam log-probabilities for beam sequence {item.seq_id}")
+                beam_rows[item.seq_id] = beam_log_probs
                 continue
             if len(samples) != item.num_samples:
                 raise ValueError(
