@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refengine.errors import ModelLoadError
 from refengine.family_options import (
@@ -32,6 +32,9 @@ from refengine.family_options import (
     check_qwen_moe_options,
 )
 from refengine.gemma_options import check_gemma_options
+
+if TYPE_CHECKING:
+    from refengine.model_runner.decoder import DecoderModel
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,11 @@ class Architecture:
         if value is not None and value not in self.variants:
             raise ModelLoadError(f"{self.variant_key} {value!r} is not supported (supported: {', '.join(self.variants)})")
 
-    def load_model_class(self) -> type:
+    def load_model_class(self) -> type[DecoderModel]:
         """The model class (importing it loads torch)."""
         module, _, name = self.model_class.partition(":")
-        return getattr(importlib.import_module(module), name)
+        model_class: type[DecoderModel] = getattr(importlib.import_module(module), name)  # each family's class implements it
+        return model_class
 
 
 ARCHITECTURES = (

@@ -10,9 +10,9 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refengine.checkpoint import load_checkpoint, load_engine_dir
 from refengine.config import EngineConfig
@@ -32,6 +32,14 @@ from refengine.speculative.medusa_planner import MedusaDrafter, MedusaSpeculator
 from refengine.speculative.medusa_tree import as_choices
 from refengine.speculative.planner import Drafter, Speculator, check_draft_logits
 from refengine.stats import EngineStats
+from refengine.step_messages import ScheduledSequence
+
+if TYPE_CHECKING:
+    import torch
+    from xgrammar import TokenizerInfo
+
+    from refengine.guided.compiler import GuidedDecoder
+    from refengine.guided.state import GrammarState
 
 
 class LLMEngine:
@@ -57,9 +65,9 @@ class LLMEngine:
         self._num_steps = 0
         self._num_generated_tokens = 0
         self._num_draft_tokens = [0, 0]  # speculative decoding: drafted, accepted
-        self._guided: Any = None  # refengine.guided.compiler.GuidedDecoder once enabled
+        self._guided: GuidedDecoder | None = None  # once enabled
 
-    def enable_guided_decoding(self, tokenizer_info: str | Path | Any, *, cache_size: int | None = None) -> None:
+    def enable_guided_decoding(self, tokenizer_info: str | Path | TokenizerInfo, *, cache_size: int | None = None) -> None:
         """Serve guided requests, with the vocabulary of TensorRT-LLM's xgrammar tokenizer-info file
         (a path), or of an `xgrammar.TokenizerInfo` of the model's vocabulary size."""
         from refengine.guided.compiler import DEFAULT_CACHE_SIZE, GuidedDecoder
@@ -71,7 +79,7 @@ class LLMEngine:
         self._guided = GuidedDecoder(info, cache_size=cache_size or DEFAULT_CACHE_SIZE)
 
     @property
-    def guided_decoder(self) -> Any:
+    def guided_decoder(self) -> GuidedDecoder | None:
         """The `GuidedDecoder` (compile cache and its figures), or None when guided decoding is off."""
         return self._guided
 
@@ -287,7 +295,7 @@ class LLMEngine:
                     self._held_outputs = [o for o in self._held_outputs if o.request_id != request_id]
 
     # -- internals -------------------------------------------------------------------------
-    def _grammar_of(self, params: SamplingParams):
+    def _grammar_of(self, params: SamplingParams) -> GrammarState | None:
         if params.guided_decoding is None:
             return None
         if self._guided is None:
@@ -341,14 +349,14 @@ class LLMEngine:
             self._lora.release(state.lora_task_id)
         return state
 
-    def _take_context_logits(self, context_logits) -> None:
+    def _take_context_logits(self, context_logits: Mapping[int, tuple[int, torch.Tensor]]) -> None:
         for seq_id, (first_position, rows) in context_logits.items():
             sequence = self._scheduler.get_sequence(seq_id)
             state = self._requests.get(sequence.request_id) if sequence is not None else None
             if state is not None:
                 state.add_context_logits(first_position, rows)
 
-    def _mark_scheduled(self, scheduled) -> None:
+    def _mark_scheduled(self, scheduled: Iterable[ScheduledSequence]) -> None:
         now_ns = time.time_ns()
         for item in scheduled:
             sequence = self._scheduler.get_sequence(item.seq_id)

@@ -79,8 +79,8 @@ class RequestState:
         completion.logprobs.extend(s for s in update.new_samples if s.logprob is not None)
         if self.params.return_generation_logits:
             # An end_id sample joins no output (its logits row neither); a stop sequence's last token does.
-            drawn = [s for s in update.new_samples if s.logits is not None]
-            completion.generation_logits.extend(s.logits for s in drawn[: len(update.new_token_ids)])
+            drawn = [s.logits for s in update.new_samples if s.logits is not None]
+            completion.generation_logits.extend(drawn[: len(update.new_token_ids)])
         if update.cum_log_prob is not None:
             completion.cum_log_prob = update.cum_log_prob
         if update.finish_reason is not None:

@@ -17,12 +17,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from refengine.errors import InvalidRequestError
 from refengine.guided.params import GUIDE_FIELD, GuidedDecodingParams, GuideType
 from refengine.guided.schema_check import check_json_schema
 from refengine.guided.state import GrammarState, allowed_tokens
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar, TokenizerInfo
 
 DEFAULT_CACHE_SIZE = 128
 
@@ -45,14 +48,14 @@ class GuidedDecodingStats:
 
 
 class GuidedDecoder:
-    def __init__(self, tokenizer_info: Any, *, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(self, tokenizer_info: TokenizerInfo, *, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         import xgrammar
 
         self._xgrammar = xgrammar
         self._tokenizer_info = tokenizer_info
         # xgrammar's own cache is unbounded by entries; this one is the bound, so its cache is off.
         self._compiler = xgrammar.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=False)
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._num_compiles = 0
@@ -74,7 +77,7 @@ class GuidedDecoder:
         """A fresh per-sequence state for `params`; raises `InvalidRequestError` if it cannot compile."""
         return GrammarState(self._xgrammar.GrammarMatcher(self.compile(params)), self.vocab_size, self._timing)
 
-    def compile(self, params: GuidedDecodingParams) -> Any:
+    def compile(self, params: GuidedDecodingParams) -> CompiledGrammar:
         key = params.cache_key
         with self._lock:
             compiled = self._cache.get(key)
@@ -94,7 +97,7 @@ class GuidedDecoder:
                 self._cache.popitem(last=False)
         return compiled
 
-    def _compile(self, params: GuidedDecodingParams) -> Any:
+    def _compile(self, params: GuidedDecodingParams) -> CompiledGrammar:
         guide_type, guide = params.guide_type, params.guide
         if guide_type in (GuideType.JSON_SCHEMA, GuideType.STRUCTURAL_TAG):
             try:
@@ -117,7 +120,7 @@ class GuidedDecoder:
         except (RuntimeError, ValueError, TypeError) as error:  # xgrammar reports every refusal as one of these
             raise InvalidRequestError(GUIDE_FIELD, f"xgrammar cannot compile the {guide_type.value} guide: {_reason(error)}") from None
 
-    def _check_accepts_something(self, params: GuidedDecodingParams, compiled: Any) -> None:
+    def _check_accepts_something(self, params: GuidedDecodingParams, compiled: CompiledGrammar) -> None:
         matcher = self._xgrammar.GrammarMatcher(compiled)
         bitmask = self._xgrammar.allocate_token_bitmask(1, self.vocab_size)
         matcher.fill_next_token_bitmask(bitmask)

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from refengine.errors import RefEngineError
+
+if TYPE_CHECKING:
+    from xgrammar import TokenizerInfo
 
 
 class TokenizerInfoError(RefEngineError):
     """The tokenizer-info file is missing, unreadable or does not fit the model."""
 
 
-def load_tokenizer_info(path: str | Path, vocab_size: int) -> Any:
+def load_tokenizer_info(path: str | Path, vocab_size: int) -> TokenizerInfo:
     """An `xgrammar.TokenizerInfo` of `vocab_size` ids (the model's logits; ids past the tokenizer's
     vocabulary are never allowed)."""
     import xgrammar

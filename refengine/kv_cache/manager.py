@@ -190,10 +190,10 @@ class KVCacheManager:
         if self._needs_copy_on_write(slots, num_total_tokens):
             self._copy_last_block(slots)
         while len(slots.blocks) < self.blocks_for_tokens(num_total_tokens):
-            block = self._pool.allocate()
-            if block is None:  # cannot happen after can_allocate; kept as a hard stop
+            new_block = self._pool.allocate()
+            if new_block is None:  # cannot happen after can_allocate; kept as a hard stop
                 raise RuntimeError("block pool ran dry after can_allocate said yes")
-            slots.blocks.append(block)
+            slots.blocks.append(new_block)
         slots.num_slotted_tokens = max(slots.num_slotted_tokens, num_total_tokens)
         self._update_filled_slots(slots)
         if owner is not None:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 import torch
 
-from refengine.lora.modules import ModuleTarget
+from refengine.lora.modules import ModuleTarget, Site
 from refengine.lora.request import ParsedAdapter
 
 
@@ -38,7 +38,7 @@ class LoraAdapter:
     digest: bytes
     nbytes: int
     rank: int  # the largest rank of its rows
-    sites: MappingProxyType  # (layer, Site) -> tuple of ModuleWeights, by module id
+    sites: MappingProxyType[tuple[int, Site], tuple[ModuleWeights, ...]]  # (layer, Site) -> its modules' weights, by module id
 
     @property
     def prefix_salt(self) -> bytes:
@@ -48,7 +48,7 @@ class LoraAdapter:
 
 def build_adapter(task_id: int, parsed: ParsedAdapter, targets: dict[int, ModuleTarget], dtype: torch.dtype) -> LoraAdapter:
     """`dtype`: the compute dtype."""
-    sites: dict = {}
+    sites: dict[tuple[int, Site], list[ModuleWeights]] = {}
     for row in sorted(parsed.rows, key=lambda row: (row.layer, row.module_id)):
         target = targets[row.module_id]
         kept = row.a.dtype if dtype == torch.float32 and row.a.dtype in (torch.float16, torch.bfloat16) else dtype

@@ -104,7 +104,7 @@ class LoraBatch:
         counts = torch.bincount(row_group + 1, minlength=len(adapters) + 1).tolist()  # base rows, then each adapter's
         sizes = counts[1:]
         grouped = torch.argsort(row_group, stable=True)[counts[0] :]  # the adapters' rows, adapter by adapter, in order
-        self._groups = grouped.split(sizes)
+        self._groups = torch.split(grouped, sizes)  # Tensor.split has no annotations; torch.split calls it
         most, total = max(sizes), sum(sizes)
         self._gather = self._mask = self._block = None
         if len(adapters) * most <= max(2 * total, total + _PAD_SLACK_ROWS):

@@ -70,7 +70,7 @@ class ModelLoraShape:
 
     def site_widths(self) -> dict[Site, tuple[int, ...]]:
         """The widths of each site's outputs (the Linears a site's updates add to, in order)."""
-        widths = {Site.QKV: (self.q_size + 2 * self.kv_size,), Site.DENSE: (self.hidden_size,)}
+        widths: dict[Site, tuple[int, ...]] = {Site.QKV: (self.q_size + 2 * self.kv_size,), Site.DENSE: (self.hidden_size,)}
         if self.mlp_size is not None:
             widths[Site.MLP_IN] = (self.mlp_size, self.mlp_size) if self.gated_mlp else (self.mlp_size,)
             widths[Site.PROJ] = (self.hidden_size,)

@@ -226,13 +226,13 @@ def paged_attention(
     output = torch.empty_like(query)
     starts = metadata.query_starts()
     tree_masks = metadata.tree_masks or ()
-    fresh_kv = keys is not None and values is not None and kv_quant is None and kv_cache.dtype == query.dtype
+    fresh_kv = (keys, values) if keys is not None and values is not None and kv_quant is None and kv_cache.dtype == query.dtype else None
     for index, context_len in enumerate(metadata.context_lengths()):
         begin, end = starts[index], starts[index + 1]
         if begin == end:
             continue
-        if fresh_kv and end - begin == context_len:
-            seq_keys, seq_values = keys[begin:end], values[begin:end]
+        if fresh_kv is not None and end - begin == context_len:
+            seq_keys, seq_values = fresh_kv[0][begin:end], fresh_kv[1][begin:end]
         else:
             seq_keys, seq_values = gather_sequence_kv(kv_cache, metadata.block_tables[index], context_len)
             if kv_quant is not None:

@@ -36,7 +36,7 @@ from refengine.model_runner.decoder import KVCacheLayout
 from refengine.model_runner.kv_quant import kv_cache_dtype
 from refengine.model_runner.layers import RotaryEmbedding, geglu, rms_norm, rotate
 from refengine.model_runner.linear import DenseLinear, WeightScratch
-from refengine.model_runner.llama import DecoderLayer, _load_layer, linear_with_lora, load_embeddings
+from refengine.model_runner.llama import DecoderLayer, _load_layer, linear_with_lora, load_embeddings, loaded
 from refengine.model_runner.quantized_linear import check_quantization
 
 
@@ -134,7 +134,7 @@ class GemmaModel:
             ropes[True] = self._cos_sin(self.local_rotary, metadata, hidden.dtype)
         num_tokens = input_ids.shape[0]
         last = len(self.layers) - 1
-        prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
+        prune_to = last_token_of if last_token_of is not None and list(last_token_of) != list(range(num_tokens)) else None
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             base = layer.base
             qkv = linear_with_lora(base.qkv, rms_norm(hidden, base.input_norm, eps), lora, index, Site.QKV)
@@ -147,8 +147,8 @@ class GemmaModel:
             value = qkv[:, qk_size:].reshape(num_tokens, config.num_kv_heads, head_size)
             write_kv_cache(kv_cache, key, value, metadata.slot_mapping, base.kv_quant)
             window, softcap = layer.window, options.attn_logit_softcapping
-            if index == last and prune:
-                rows, kept = metadata.last_tokens(last_token_of)
+            if index == last and prune_to is not None:
+                rows, kept = metadata.last_tokens(prune_to)
                 query, hidden, num_tokens = query[rows], hidden[rows], len(rows)
                 lora = lora.select(rows) if lora is not None else None
                 attention = paged_attention(query, kv_cache, kept, self.scale, base.kv_quant, window=window, softcap=softcap)
@@ -159,16 +159,16 @@ class GemmaModel:
             attention = linear_with_lora(base.dense, attention.reshape(num_tokens, config.q_size), lora, index, Site.DENSE)
             if options.inter_layernorms:
                 hidden = rms_norm(attention, base.post_norm, eps).add_(hidden)
-                normed = rms_norm(hidden, layer.pre_ff_norm, eps)
+                normed = rms_norm(hidden, loaded(layer.pre_ff_norm, "pre_feedforward_layernorm", index), eps)
             else:
                 hidden = attention.add_(hidden)
                 normed = rms_norm(hidden, base.post_norm, eps)
-            fc, gate = base.fc(normed), base.gate(normed)
+            fc, gate = loaded(base.fc, "mlp.fc", index)(normed), loaded(base.gate, "mlp.gate", index)(normed)
             if lora is not None:
                 lora.add(index, Site.MLP_IN, normed, (fc, gate))
-            mlp = linear_with_lora(base.proj, geglu(fc, gate), lora, index, Site.PROJ)
+            mlp = linear_with_lora(loaded(base.proj, "mlp.proj", index), geglu(fc, gate), lora, index, Site.PROJ)
             if options.inter_layernorms:
-                mlp = rms_norm(mlp, layer.post_ff_norm, eps)
+                mlp = rms_norm(mlp, loaded(layer.post_ff_norm, "post_feedforward_layernorm", index), eps)
             hidden = mlp.add_(hidden)
         return rms_norm(hidden, self.final_norm, eps)
 

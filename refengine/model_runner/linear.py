@@ -148,6 +148,7 @@ def load_linear(
 
 def _load_bias(store: TensorStore, spec: LinearSpec, dtype: torch.dtype) -> torch.Tensor | None:
     bias_name = f"{spec.prefix}.bias"
+    bias: torch.Tensor | None
     if spec.bias_required:
         bias = store.get(bias_name, (spec.out_features,))
     else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,8 @@ from refengine.model_runner.layers import (
 from refengine.model_runner.linear import DenseLinear, Linear, LinearSpec, WeightScratch, load_linear, weight_storage
 from refengine.model_runner.moe import MoeBlock, MoeSpec, load_moe
 from refengine.model_runner.quantized_linear import check_quantization
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -170,7 +173,7 @@ class LlamaModel:
         num_tokens = input_ids.shape[0]
         last = len(self.layers) - 1
         # Nothing to prune when every row is already the one token of a sequence asked for.
-        prune = last_token_of is not None and list(last_token_of) != list(range(num_tokens))
+        prune_to = last_token_of if last_token_of is not None and list(last_token_of) != list(range(num_tokens)) else None
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             qkv = linear_with_lora(layer.qkv, self._norm(hidden, layer.input_norm, layer.input_norm_bias), lora, index, Site.QKV)
             query_key = qkv[:, :qk_size].reshape(num_tokens, -1, head_size)
@@ -183,8 +186,8 @@ class LlamaModel:
             query, key = query_key[:, :num_heads], query_key[:, num_heads:]
             value = qkv[:, qk_size:].reshape(num_tokens, config.num_kv_heads, head_size)
             write_kv_cache(kv_cache, key, value, metadata.slot_mapping, layer.kv_quant)
-            if index == last and prune:
-                rows, kept = metadata.last_tokens(last_token_of)
+            if index == last and prune_to is not None:
+                rows, kept = metadata.last_tokens(prune_to)
                 query, hidden, num_tokens = query[rows], hidden[rows], len(rows)
                 lora = lora.select(rows) if lora is not None else None
                 attention = paged_attention(query, kv_cache, kept, self.scale, layer.kv_quant)
@@ -206,13 +209,13 @@ class LlamaModel:
 
     def _mlp(self, layer: DecoderLayer, normed: torch.Tensor, lora: LoraBatch | None, index: int) -> torch.Tensor:
         """proj of SwiGLU(fc, gate), or of the GPT class's ungated act(fc(x)); with the rows' LoRA updates."""
-        activation = self.options.ungated_activation
-        gated = activation is None or layer.gate is not None
-        outputs = (layer.fc(normed), layer.gate(normed)) if gated else (layer.fc(normed),)
+        ungated = self.options.ungated_activation if layer.gate is None else None  # the GPT class's act(fc(x))
+        fc = loaded(layer.fc, "mlp.fc", index)
+        outputs = (fc(normed),) if ungated is not None else (fc(normed), loaded(layer.gate, "mlp.gate", index)(normed))
         if lora is not None:
             lora.add(index, Site.MLP_IN, normed, outputs)
-        inner = swiglu(*outputs) if gated else UNGATED_ACTIVATIONS[activation](outputs[0])
-        return linear_with_lora(layer.proj, inner, lora, index, Site.PROJ)
+        inner = UNGATED_ACTIVATIONS[ungated](outputs[0]) if ungated is not None else swiglu(*outputs)
+        return linear_with_lora(loaded(layer.proj, "mlp.proj", index), inner, lora, index, Site.PROJ)
 
     def _cos_sin(self, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [num_tokens, 1, rotary_dim] in the compute dtype: broadcast over heads and cast once per step,
@@ -240,6 +243,14 @@ class LlamaModel:
         logits = self._logits(hidden).to(torch.float32)
         scale = self.options.output_multiplier_scale
         return logits if scale == 1.0 else logits.mul_(scale)  # Granite: 1 / logits_scaling
+
+
+def loaded(part: T | None, name: str, index: int) -> T:
+    """A part of layer `index` that its model always loads (None only where another part replaces it: an MoE layer's
+    dense MLP, an ungated MLP's gate, the norms of an option that is off)."""
+    if part is None:
+        raise RuntimeError(f"layer {index} has no {name}")
+    return part
 
 
 def linear_with_lora(linear: Linear, x: torch.Tensor, lora: LoraBatch | None, index: int, site: Site) -> torch.Tensor:

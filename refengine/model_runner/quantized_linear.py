@@ -21,8 +21,10 @@ the fused qkv (and, for FP8, fc/gate) one weight / activation scale (the maximum
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,9 @@ from refengine.model_runner.quant_ops import (
     quantize_weight_per_channel,
     unpack_int4,
 )
+
+if TYPE_CHECKING:
+    from refengine.model_runner.linear import Linear
 
 FP8_CODES = (torch.float8_e4m3fn, torch.int8)  # TensorRT-LLM also accepts fp8 bytes stored as int8
 INT4_PACKED = (torch.int8, torch.uint8)
@@ -228,7 +233,7 @@ def _load_w4a8_awq(store: TensorStore, spec: QuantizedLinearSpec, bias: torch.Te
     )
 
 
-_LOADERS = MappingProxyType({
+_LOADERS: MappingProxyType[str, Callable[[TensorStore, QuantizedLinearSpec, torch.Tensor | None], Linear]] = MappingProxyType({
     "FP8": _load_fp8,
     "W8A16": _load_w8a16,
     "W8A8_SQ_PER_CHANNEL": _load_sq,
@@ -251,10 +256,13 @@ def check_quantization(quantization: QuantizationConfig) -> None:
     check_kv_cache_quant_algo(quantization.kv_cache_quant_algo)
 
 
-def load_quantized_linear(store: TensorStore, spec: QuantizedLinearSpec, bias: torch.Tensor | None) -> object:
+def load_quantized_linear(store: TensorStore, spec: QuantizedLinearSpec, bias: torch.Tensor | None) -> Linear:
     """The Linear at `spec.prefix` for `spec.quantization.quant_algo` (not None, not excluded)."""
     check_quantization(spec.quantization)
-    return _LOADERS[spec.quantization.quant_algo](store, spec, bias)
+    algo = spec.quantization.quant_algo
+    if algo is None:
+        raise ValueError(f"{spec.prefix}: no quant_algo; an unquantized Linear is a DenseLinear")
+    return _LOADERS[algo](store, spec, bias)
 
 
 def _positive(tensor: torch.Tensor, name: str) -> torch.Tensor:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from refengine.lora.batch import LoraBatch, LoraStacks
-from refengine.model_runner.attention import build_attention_metadata
+from refengine.model_runner.attention import AttentionMetadata, build_attention_metadata
 from refengine.model_runner.decoder import DecoderModel
 from refengine.model_runner.sampler import Sampler
 from refengine.model_runner.tree_attention import keep_accepted_kv, with_tree
 from refengine.model_runner.tree_verifier import verify_tree
 from refengine.model_runner.verifier import verify_drafts
-from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
+from refengine.step_messages import RunnerOutput, SampledToken, ScheduledSequence, SchedulerOutput
 
 
 def by_adapter(items: tuple[ScheduledSequence, ...]) -> tuple[ScheduledSequence, ...]:
@@ -62,7 +62,7 @@ class ModelRunner:
         if not wanting_context:
             # Hidden states of the sampled sequences' last tokens only (see DecoderModel.forward).
             hidden = self.model.forward(input_ids, self.kv_caches, metadata, last_token_of=sampling, lora=lora)
-            context_logits = {}
+            context_logits: dict[int, tuple[int, torch.Tensor]] = {}
         else:
             hidden, context_logits = self._with_context_logits(input_ids, metadata, items, sampling, wanting_context, lora)
         if not sampling:
@@ -74,14 +74,24 @@ class ModelRunner:
             hidden_states={item.seq_id: hidden[row] for row, item in enumerate(sampling_items) if item.return_hidden},
         )
 
-    def _execute_with_drafts(self, step_id, items, input_ids, metadata, sampling, wanting_context, lora) -> RunnerOutput:
+    def _execute_with_drafts(
+        self,
+        step_id: int,
+        items: tuple[ScheduledSequence, ...],
+        input_ids: torch.Tensor,
+        metadata: AttentionMetadata,
+        sampling: list[int],
+        wanting_context: list[int],
+        lora: LoraBatch | None,
+    ) -> RunnerOutput:
         """A step in which some sequences verify draft tokens: their last k + 1 rows are scored
         (verifier.py; a tree's rows: tree_verifier.py, its accepted K/V moved into place), the other sampled sequences'
         last row is sampled as usual."""
         hidden, context_logits = self._with_context_logits(input_ids, metadata, items, None, wanting_context, lora)
         ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
         plain = [index for index in sampling if not items[index].draft_token_ids]
-        sampled, hidden_states = {}, {}
+        sampled: dict[int, tuple[SampledToken, ...]] = {}
+        hidden_states: dict[int, torch.Tensor] = {}
         if plain:
             logits = self.model.compute_logits(hidden[[ends[index] - 1 for index in plain]])
             sampled.update(self.sampler.sample(logits, [items[index] for index in plain]))
@@ -100,7 +110,15 @@ class ModelRunner:
                 hidden_states[item.seq_id] = rows[accepted[-1] + 1 if accepted else 0]
         return RunnerOutput(step_id=step_id, sampled=sampled, context_logits=context_logits, hidden_states=hidden_states)
 
-    def _with_context_logits(self, input_ids, metadata, items, sampling, wanting_context, lora: LoraBatch | None):
+    def _with_context_logits(
+        self,
+        input_ids: torch.Tensor,
+        metadata: AttentionMetadata,
+        items: tuple[ScheduledSequence, ...],
+        sampling: list[int] | None,
+        wanting_context: list[int],
+        lora: LoraBatch | None,
+    ) -> tuple[torch.Tensor, dict[int, tuple[int, torch.Tensor]]]:
         """Every row's hidden state, so that the logits of each token of the sequences in
         `wanting_context` can be returned: (sampled rows' hidden states, {seq_id: (first position, logits)});
         with `sampling` None, every row's hidden state."""

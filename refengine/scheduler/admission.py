@@ -1,4 +1,4 @@
-"""KV-block arithmetic behind the scheduling policies.
+"""KV-block (and batch-row) arithmetic behind the scheduling policies.
 
 `guaranteed_no_evict` admits a sequence only if the free blocks cover what every running
 sequence may still need to reach `max_tokens` plus what the new one needs. The estimates are
@@ -36,6 +36,11 @@ def no_evict_allows(
 ) -> bool:
     reserved = sum(blocks_to_finish(kv, sequence) for sequence in running)
     return reserved + blocks_to_admit(kv, candidate, prefix) <= kv.num_free_blocks
+
+
+def batch_slots(sequences: Iterable[Sequence]) -> int:
+    """Batch rows the sequences take (a request still to fork into n samples takes n)."""
+    return sum(sequence.num_pending_samples for sequence in sequences)
 
 
 def blocks_for_request(kv_tokens_per_block: int, prompt_len: int, max_tokens: int) -> int:

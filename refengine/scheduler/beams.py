@@ -80,7 +80,7 @@ class BeamGroups:
         """A member finished (or was aborted); the group goes with its last member."""
         request_id = self._request_of.pop(seq_id, None)
         group = self._groups.get(request_id) if request_id is not None else None
-        if group is None:
+        if request_id is None or group is None:
             return
         if seq_id in group.member_ids:
             group.member_ids.remove(seq_id)
@@ -116,8 +116,11 @@ def reassign_beams(kv: KVCacheManager, group: BeamGroup, members: list[Sequence]
     """Give member i the block table, the tokens and the grammar state of the beam it continues,
     plus its new token."""
     kv.reparent([(member.seq_id, members[parent].seq_id) for member, parent in zip(members, step.parents)])
-    if members[0].grammar is not None:
-        states = follow_parents([member.grammar for member in members], step.parents, step.tokens)
+    if members[0].grammar is not None:  # a guided request: every member holds its own state (forks fork it)
+        grammars = [member.grammar for member in members if member.grammar is not None]
+        if len(grammars) != len(members):
+            raise RuntimeError(f"beam request {group.request_id!r}: a beam lost its grammar state")
+        states = follow_parents(grammars, step.parents, step.tokens)
         for member, state in zip(members, states):
             member.grammar = state
     for member, tokens in zip(members, group.search.running_tokens):
@@ -129,7 +132,7 @@ def _whole_beam(
     with_log_probs: bool, finish_reason: FinishReason | None = None,
 ) -> SequenceUpdate:
     """The update that gives returned sequence `index` a beam whole (with its log-probs when the request asks for them)."""
-    samples = ()
+    samples: tuple[SampledToken, ...] = ()
     if with_log_probs:
         samples = tuple(SampledToken(t, lp) for t, lp in zip(tokens, log_probs))
     return SequenceUpdate(

@@ -13,3 +13,4 @@ class Choice:
     num_new_tokens: int
     block_table: tuple[int, ...]
     padding: bool = False  # a finished row of a static batch, computed and discarded
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when the sequence got its blocks

@@ -1,18 +1,19 @@
 """The scheduler: one token-budget loop per step.
 
-Each step it spends at most `max_num_tokens` tokens on at most `max_batch_size` sequences:
-running sequences first (oldest first; a decode costs 1 token, a prefill chunk its length),
-then waiting ones in arrival order. There are no prefill/decode phases: a step mixes prefill
-chunks and decodes. The scheduler owns the KV-cache manager; the model runner only sees the
-block tables in the `SchedulerOutput`.
+Each step it spends at most `max_num_tokens` tokens on at most `max_batch_size` sequences; what
+they are is its batching policy's plan (`policy.py`). There are no prefill/decode phases: a
+step mixes prefill chunks and decodes. The scheduler owns the requests, their sequences, the
+waiting and running queues and the KV-cache manager; the model runner only sees the block
+tables in the `SchedulerOutput`. It applies each step's sampled tokens: extends, forks (n > 1)
+and finishes sequences, and runs the beam groups' search.
 
-When blocks run out for a running sequence, the newest running sequence is preempted by
-recompute (its blocks are freed, it goes back to the waiting queue and later recomputes its
-prompt and output). `guaranteed_no_evict` admits only what can finish, so it never preempts;
-`max_utilization` admits whatever fits now.
+`batching="inflight"` (`inflight_policy.py`): running sequences first, then waiting ones;
+when blocks run out the newest running sequence is preempted by recompute.
+`guaranteed_no_evict` admits only what can finish, so it never preempts; `max_utilization`
+admits whatever fits now.
 
-`batching="static"` (TensorRT-LLM's V1 batching, Hugging Face `generate`): see
-`static_batch.py`. A batch is formed only when none is running and is held until its longest
+`batching="static"` (TensorRT-LLM's V1 batching, Hugging Face `generate`; `static_batch.py`,
+`static_policy.py`): a batch is formed only when none is running and is held until its longest
 request ends; finished sequences stay in it as padding rows that are computed every step.
 """
 
@@ -22,18 +23,20 @@ import itertools
 from collections.abc import Sequence as SequenceType
 from typing import TYPE_CHECKING
 
-from refengine.config import BatchingMode, EngineConfig, SchedulerPolicy
+import torch
+
+from refengine.config import BatchingMode, EngineConfig
 from refengine.kv_cache import KVCacheManager
 from refengine.sampling import SamplingParams
-from refengine.scheduler.admission import no_evict_allows
 from refengine.scheduler.beams import BeamGroups, finish_beams, reassign_beams, running_beam_updates
-from refengine.scheduler.choice import Choice
+from refengine.scheduler.inflight_policy import InflightBatching
+from refengine.scheduler.policy import BatchingPolicy, StepPlan
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.scheduled import scheduled_sequence
 from refengine.scheduler.sequence import FinishReason, Sequence, SequenceStatus, SequenceUpdate
 from refengine.scheduler.speculative_update import apply_verified
-from refengine.scheduler.static_batch import batch_slots, padding_row, release_padding_rows
-from refengine.scheduler.static_schedule import StaticScheduling
+from refengine.scheduler.static_batch import padding_row
+from refengine.scheduler.static_policy import StaticBatching
 from refengine.step_messages import RunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from refengine.lora.adapter import LoraAdapter
 
 
-class Scheduler(StaticScheduling):
+class Scheduler:
     def __init__(self, config: EngineConfig, long_prompt_threshold: int | None = None) -> None:
         """`long_prompt_threshold`: the model fills the KV cache differently for prompts longer than this
         (`KVCacheLayout.long_prompt_threshold`); their cached prefixes are kept apart."""
@@ -54,9 +57,12 @@ class Scheduler(StaticScheduling):
         )
         self._waiting = SequenceQueue()
         self._running = SequenceQueue()
-        self._static = config.batching is BatchingMode.STATIC
-        self._padding_rows = SequenceQueue()  # static batching: finished rows held until the batch ends
         self._beams = BeamGroups()
+        self._policy: BatchingPolicy = (
+            StaticBatching(config, self._kv, self._waiting, self._running, self.has_request)
+            if config.batching is BatchingMode.STATIC
+            else InflightBatching(config, self._kv, self._waiting, self._running, self._beams)
+        )
         self._sequences: dict[int, Sequence] = {}
         self._seq_ids_by_request: dict[str, list[int]] = {}
         self._seq_ids = itertools.count()
@@ -105,7 +111,7 @@ class Scheduler(StaticScheduling):
     @property
     def num_padding_rows(self) -> int:
         """Static batching: finished sequences still held (and computed) in the running batch."""
-        return len(self._padding_rows)
+        return self._policy.num_padding_rows
 
     @property
     def num_padding_tokens(self) -> int:
@@ -170,38 +176,16 @@ class Scheduler(StaticScheduling):
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        if self._static:
-            return self._schedule_static()
-        budget = self._config.max_num_tokens
-        choices: list[Choice] = []
-        preempted: list[Sequence] = []
-        skipped_group = None  # a beam group decodes all its beams in one step, or waits
-        for sequence in self._beams.scheduling_order(self._running):
-            if budget <= 0:
-                break
-            if sequence.status is not SequenceStatus.RUNNING or sequence.request_id == skipped_group:
-                continue  # preempted during this step, or its beam group does not fit the budget
-            if self._beams.group_size_at(sequence) > budget:
-                skipped_group = sequence.request_id
-                continue
-            num_new = self._num_tokens_to_schedule(sequence.num_uncomputed_tokens, budget)
-            if num_new == 0:
-                continue
-            table = self._allocate_or_preempt(sequence, num_new, preempted)
-            if table is None:
-                break  # the sequence itself was preempted: it was the newest one left
-            choices.append(Choice(sequence, num_new, table))
-            budget -= num_new
-        if not preempted:
-            budget = self._admit_waiting(budget, choices)
-        return self._make_output(choices, preempted)
+        plan = self._policy.schedule()
+        self._num_preemptions += len(plan.preempted)
+        return self._make_output(plan)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
     ) -> list[SequenceUpdate]:
         """Apply the sampled tokens: extend, fork (n > 1), finish; returns what changed."""
         updates: list[SequenceUpdate] = []
-        beam_rows = {}
+        beam_rows: dict[int, torch.Tensor] = {}
         for item in scheduler_output.scheduled:
             sequence = self._sequences.get(item.seq_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
@@ -216,7 +200,10 @@ class Scheduler(StaticScheduling):
                     self._finish(sequence, updates[-1].finish_reason)
                 continue
             if self._beams.is_beam(item.seq_id):
-                beam_rows[item.seq_id] = samples[0].beam_log_probs
+                beam_log_probs = samples[0].beam_log_probs
+                if beam_log_probs is None:
+                    raise ValueError(f"runner returned no beam log-probabilities for beam sequence {item.seq_id}")
+                beam_rows[item.seq_id] = beam_log_probs
                 continue
             if len(samples) != item.num_samples:
                 raise ValueError(
@@ -251,75 +238,6 @@ class Scheduler(StaticScheduling):
         return updates
 
     # -- internals -------------------------------------------------------------------------
-    def _num_tokens_to_schedule(self, remaining: int, budget: int) -> int:
-        """All `remaining` tokens if the budget allows, else a chunk (if allowed) or nothing.
-
-        Without chunked context a sequence longer than max_num_tokens (possible only when it
-        recomputes prompt + output after preemption) is still chunked, or it could never run.
-        """
-        chunkable = self._config.enable_chunked_context or remaining > self._config.max_num_tokens
-        if remaining <= budget:
-            return remaining
-        return budget if chunkable else 0
-
-    def _allocate_or_preempt(
-        self, sequence: Sequence, num_new: int, preempted: list[Sequence]
-    ) -> tuple[int, ...] | None:
-        while True:
-            table = self._kv.allocate_slots(sequence.seq_id, sequence.num_computed_tokens + num_new, owner=sequence.request_id)
-            if table is not None:
-                return table
-            victim = next((s for s in reversed(list(self._running)) if not self._beams.is_beam(s.seq_id)), None)
-            if victim is None:  # beams are admitted with a full reservation: this would be a bug
-                raise RuntimeError(f"no KV blocks for beam sequence {sequence.seq_id} and nothing to preempt")
-            self._preempt(victim)
-            preempted.append(victim)
-            if victim is sequence:
-                return None
-
-    def _admit_waiting(self, budget: int, choices: list[Choice]) -> int:
-        policy = self._config.scheduler_policy
-        while budget > 0 and self._waiting:
-            sequence = self._waiting.peek_oldest()
-            if self._num_batch_slots() + sequence.num_pending_samples > self._config.max_batch_size:
-                break
-            prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids, sequence.prefix_salt)
-            num_new = self._num_tokens_to_schedule(sequence.num_tokens - prefix.num_tokens, budget)
-            if num_new == 0:
-                break
-            if policy is SchedulerPolicy.GUARANTEED_NO_EVICT and not no_evict_allows(
-                self._kv, self._running, sequence, prefix
-            ):
-                break
-            if sequence.params.beam_width > 1 and not no_evict_allows(  # beams are never preempted:
-                self._kv, self._beams.members(self._running), sequence, prefix  # reserve them in any policy
-            ):
-                break
-            table = self._kv.allocate_slots(sequence.seq_id, prefix.num_tokens + num_new, prefix, owner=sequence.request_id)
-            if table is None:
-                break
-            self._waiting.remove(sequence)
-            sequence.num_computed_tokens = prefix.num_tokens
-            self._num_prefix_cache_hit_tokens += prefix.num_tokens
-            self._num_prefix_cache_hits += prefix.num_tokens > 0
-            sequence.status = SequenceStatus.RUNNING
-            self._running.insert(sequence)
-            choices.append(Choice(sequence, num_new, table))
-            budget -= num_new
-        return budget
-
-    def _num_batch_slots(self) -> int:
-        return batch_slots(self._running)
-
-    def _preempt(self, sequence: Sequence) -> None:
-        self._running.remove(sequence)
-        self._kv.free(sequence.seq_id)
-        sequence.num_computed_tokens = 0
-        sequence.num_preemptions += 1
-        sequence.status = SequenceStatus.WAITING
-        self._waiting.insert(sequence)
-        self._num_preemptions += 1
-
     def _fork(self, parent: Sequence, num_children: int) -> list[Sequence]:
         children = []
         for offset in range(1, num_children + 1):
@@ -338,12 +256,7 @@ class Scheduler(StaticScheduling):
         was_running = self._running.remove(sequence)
         if not was_running:
             self._waiting.remove(sequence)
-        if self._static and was_running and reason is not FinishReason.ABORTED:
-            self._padding_rows.insert(sequence)  # keeps its slot and blocks until the batch ends
-        else:
-            self._kv.free(sequence.seq_id)
-        if self._static and not self._running:
-            release_padding_rows(self._kv, self._padding_rows)  # the batch's longest request has ended
+        self._policy.retire(sequence, was_running=was_running, aborted=reason is FinishReason.ABORTED)
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
         self._beams.forget(sequence.seq_id)
@@ -355,13 +268,16 @@ class Scheduler(StaticScheduling):
             self._seq_ids_by_request.pop(sequence.request_id, None)
         self._finished_since_last_step.append(sequence.seq_id)
 
-    def _make_output(self, choices: list[Choice], preempted: list[Sequence]) -> SchedulerOutput:
+    def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         scheduled = []
-        for choice in choices:
+        for choice in plan.choices:
             sequence = choice.sequence
             if choice.padding:
                 scheduled.append(padding_row(sequence, choice.block_table))
+                self._num_padding_tokens += 1
                 continue
+            self._num_prefix_cache_hit_tokens += choice.num_cached_tokens
+            self._num_prefix_cache_hits += choice.num_cached_tokens > 0
             start = sequence.num_computed_tokens
             end = start + choice.num_new_tokens
             self._num_prompt_tokens_computed += max(0, min(end, sequence.num_prompt_tokens) - start)
@@ -372,6 +288,6 @@ class Scheduler(StaticScheduling):
             step_id=next(self._step_ids),
             scheduled=tuple(scheduled),
             block_copies=tuple(self._kv.take_block_copies()),
-            preempted_seq_ids=tuple(s.seq_id for s in preempted),
+            preempted_seq_ids=tuple(s.seq_id for s in plan.preempted),
             finished_seq_ids=tuple(finished),
         )

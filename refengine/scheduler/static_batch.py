@@ -19,10 +19,8 @@ prompts took the whole budget (or when max_batch_size exceeds max_num_tokens).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from refengine.kv_cache import CachedPrefix, KVCacheManager
-from refengine.scheduler.admission import no_evict_allows
+from refengine.scheduler.admission import batch_slots, no_evict_allows
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import Sequence, SequenceStatus
 from refengine.step_messages import ScheduledSequence
@@ -30,17 +28,11 @@ from refengine.step_messages import ScheduledSequence
 PADDING_TOKEN_ID = 0  # fed to padding rows of requests without an end_id (a pad id, as in `generate`)
 
 
-def batch_slots(sequences: Iterable[Sequence]) -> int:
-    """Batch rows the sequences take (a request still to fork into n samples takes n)."""
-    return sum(sequence.num_pending_samples for sequence in sequences)
-
-
 def form_batch(kv: KVCacheManager, waiting: SequenceQueue, running: SequenceQueue, max_batch_size: int) -> None:
     """Move the next batch from `waiting` to `running` (which must be empty), first come first
     served, stopping at the first request that does not fit. Members get their blocks when their
     prompt is scheduled; the reservation guarantees the blocks are there."""
-    while waiting:
-        sequence = waiting.peek_oldest()
+    while (sequence := waiting.peek_oldest()) is not None:
         if batch_slots(running) + sequence.num_pending_samples > max_batch_size:
             break
         if not no_evict_allows(kv, running, sequence, kv.find_cached_prefix(sequence.token_ids, sequence.prefix_salt)):

@@ -45,7 +45,7 @@ class DraftModelDrafter:
         self._tokens_per_block = tokens_per_block
         self._vocab_size = min(vocab_size or model.vocab_size, model.vocab_size)
         self._lean = None if lean_slots is None else lean_draft_of(model, *lean_slots, self._vocab_size)
-        if self._lean is None:
+        if lean_slots is None or self._lean is None:
             self._kv = KVCacheManager(num_blocks, tokens_per_block)
             self._kv_caches = model.kv_cache_layout.allocate(num_blocks, tokens_per_block)
         else:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from refengine.model_runner.decoder_options import plain_options
 from refengine.model_runner.layers import rope_inverse_frequencies
-from refengine.model_runner.linear import DenseLinear
+from refengine.model_runner.linear import DenseLinear, Linear
 from refengine.model_runner.llama import LlamaModel
 
 
@@ -50,7 +50,8 @@ class LeanDraft:
         self._qk_size = (self.num_heads + self.num_kv_heads) * self.head_size
         pairs = _interleaved_halves(self.num_heads + self.num_kv_heads, self.head_size, self._qk_size + self.num_kv_heads * self.head_size)
 
-        def weights(linear: DenseLinear, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def weights(layer_linear: Linear | None, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            linear = _dense(layer_linear)
             weight = linear.weight.to(torch.float32)
             bias = None if linear.bias is None else linear.bias.to(torch.float32)
             if rows is not None:
@@ -63,7 +64,7 @@ class LeanDraft:
         self.layers = []
         for layer in model.layers:
             fc, gate = weights(layer.fc), weights(layer.gate)
-            fused_bias = None if fc[1] is None else torch.cat([fc[1], gate[1]])
+            fused_bias = None if fc[1] is None else torch.cat([fc[1], _bias(gate[1])])
             self.layers.append((
                 layer.input_norm.to(torch.float32), packed(*weights(layer.qkv, pairs)), packed(*weights(layer.dense)),
                 layer.post_norm.to(torch.float32), packed(torch.cat([fc[0], gate[0]]), fused_bias), packed(*weights(layer.proj)),
@@ -135,6 +136,20 @@ def _interleaved_halves(num_heads: int, head_size: int, width: int) -> torch.Ten
     within = torch.stack([torch.arange(half), torch.arange(half, head_size)], dim=1).reshape(-1)
     heads = (torch.arange(num_heads).unsqueeze(1) * head_size + within).reshape(-1)
     return torch.cat([heads, torch.arange(num_heads * head_size, width)])
+
+
+def _dense(linear: Linear | None) -> DenseLinear:
+    """A layer's Linear, which `lean_draft_of` found dense."""
+    if not isinstance(linear, DenseLinear):
+        raise TypeError(f"the lean draft path runs dense Linears only, not {type(linear).__name__}")
+    return linear
+
+
+def _bias(bias: torch.Tensor | None) -> torch.Tensor:
+    """The gate's bias, present when fc has one (both follow the checkpoint's mlp_bias_required)."""
+    if bias is None:
+        raise TypeError("the lean draft path fuses fc and gate: fc has a bias, gate none")
+    return bias
 
 
 def lean_draft_of(model: object, num_slots: int, max_seq_len: int, vocab_size: int | None, *, fp16_gemm: bool = True) -> LeanDraft | None:

@@ -62,7 +62,10 @@ def measure_tree_verification(
     return rows
 
 
-def _item(tokens, start, table, params, nodes=(), parents=()) -> ScheduledSequence:
+def _item(
+    tokens: Sequence[int], start: int, table: tuple[int, ...], params: SamplingParams,
+    nodes: Sequence[int] = (), parents: Sequence[int] = (),
+) -> ScheduledSequence:
     return ScheduledSequence(
         seq_id=0, new_token_ids=tuple(tokens), num_computed_tokens=start, block_table=table, num_samples=1, sampling_params=params,
         sampling_seed=0, first_sample_index=0, num_output_tokens=0, draft_token_ids=tuple(nodes), draft_tree_parents=tuple(parents),

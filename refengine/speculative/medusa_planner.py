@@ -27,7 +27,7 @@ from refengine.sampling import SamplingParams
 from refengine.speculative.medusa_heads import MedusaHeads
 from refengine.speculative.medusa_tree import MedusaTree, check_medusa_choices, medusa_tree
 from refengine.speculative.planner import check_draft_logits
-from refengine.step_messages import RunnerOutput, ScheduledSequence, SchedulerOutput
+from refengine.step_messages import RunnerOutput, SampledToken, ScheduledSequence, SchedulerOutput
 
 if TYPE_CHECKING:
     from refengine.guided.state import GrammarState
@@ -148,7 +148,7 @@ class MedusaSpeculator:
             draft_tree_parents=tree.parents, draft_allowed_tokens=masks,
         )
 
-    def _count_accepted(self, item: ScheduledSequence, samples: tuple) -> None:
+    def _count_accepted(self, item: ScheduledSequence, samples: tuple[SampledToken, ...]) -> None:
         """Each accepted node's tree path (a node's token is unique among its siblings: the path follows the tokens)."""
         self.num_tree_steps += 1
         paths = self._paths.pop(item.seq_id, ())

@@ -46,9 +46,10 @@ def as_choices(value: Any, where: str = "medusa_choices") -> tuple[tuple[int, ..
     return tuple(paths)
 
 
-def check_medusa_choices(choices: Sequence[Sequence[int]], num_heads: int, max_draft_len: int, where: str) -> tuple[tuple[int, ...], ...]:
+def check_medusa_choices(choices: object, num_heads: int, max_draft_len: int, where: str) -> tuple[tuple[int, ...], ...]:
     """The paths sorted by (depth, path) after checking them against the heads and max_draft_len (ValueError naming
-    `where`): no duplicate, every proper prefix present, depth <= num_heads, at most max_draft_len nodes."""
+    `where`): no duplicate, every proper prefix present, depth <= num_heads, at most max_draft_len nodes. `choices` is
+    unchecked input, as `as_choices` takes it."""
     paths = as_choices(choices, where)
     seen = set(paths)
     if len(seen) != len(paths):

@@ -141,7 +141,14 @@ class Speculator:
         )
 
 
-def check_draft_logits(params: SamplingParams, speculator: Speculator | None) -> None:
+class HasDrafter(Protocol):
+    """A speculator as `check_draft_logits` sees it: `Speculator` or `MedusaSpeculator`."""
+
+    @property
+    def drafter(self) -> object: ...
+
+
+def check_draft_logits(params: SamplingParams, speculator: HasDrafter | None) -> None:
     """use_draft_logits true asks for draft-target acceptance by the draft's distribution: it needs a draft model
     and drafts (TensorRT-LLM's BLS sends draft logits only with a draft model and num_draft_tokens > 0)."""
     if not params.use_draft_logits:
