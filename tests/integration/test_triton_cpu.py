@@ -410,7 +410,7 @@ def test_metrics_count_the_requests(server):
         after = metrics(server.options.metrics_url)
         return metric(after, "nv_inference_request_success", model=model) - metric(before, "nv_inference_request_success", model=model)
 
-    assert _wait_for(lambda: all(counted(model) == 3 for model in models), 5.0), {model: counted(model) for model in models}
+    assert _wait_for(lambda: all(counted(model) == 3 for model in models), 30.0), {model: counted(model) for model in models}
     after = metrics(server.options.metrics_url)
     assert metric(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max") == 1024
     assert metric(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per") == 32
@@ -652,12 +652,13 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model, beam_w
     for _ in range(3):  # generation is under way
         result, error = responses.get(timeout=30)
         assert error is None, error
-    assert _wait_for(lambda: _kv_blocks_used(server) > 0 and _active_requests(server) > 0, 5.0), "the generation never showed"
+    assert _wait_for(lambda: _kv_blocks_used(server) > 0 and _active_requests(server) > 0, 30.0), "the generation never showed"
     cancelled_at = time.monotonic()
     client.stop_stream(cancel_requests=True)
     client.close()
-    # Freed soon after the cancellation; the generated-token count below shows the request did not just end.
-    assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 5.0), (
+    # Freed after the cancellation (a hang guard: how soon is the machine's load); the generated-token count below
+    # shows the request did not just end.
+    assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 60.0), (
         f"KV blocks still used {time.monotonic() - cancelled_at:.1f} s after the cancellation"
     )
     generated = _moved(before, _idle_engine_figures(server))["generated"]
