@@ -1036,7 +1036,8 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatc
     root = tmp_path / "fake-tritonserver"
     (root / "bin").mkdir(parents=True)
     fake = root / "bin" / "tritonserver"
-    fake.write_text("#!/bin/sh\ntrap '' TERM\nsh -c \"trap '' TERM; sleep 300\" &\nsleep 300\n")
+    ready = tmp_path / "ready"  # written once both processes ignore SIGTERM: no sleep that a loaded machine outruns
+    fake.write_text(f"#!/bin/sh\ntrap '' TERM\nsh -c \"trap '' TERM; : > '{ready}.child'; sleep 300\" &\n: > '{ready}'\nsleep 300\n")
     fake.chmod(0o755)
     repository = tmp_path / "repo"
     repository.mkdir()
@@ -1045,7 +1046,10 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatc
     options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=0)
     triton = TritonServer(options, installation=TritonInstallation(root)).start()
     pid = triton.pid
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and Path(f"{ready}.child").exists()):
+        assert time.monotonic() < deadline and triton.is_running(), "the fake tritonserver never set its traps"
+        time.sleep(0.02)
     started = time.monotonic()
     returncode = triton.stop()
     assert returncode == -signal.SIGKILL
