@@ -139,6 +139,7 @@ def _tally_fields(tally: FleetTally) -> dict[str, Any]:
         "ttft_p50_ms": tally.p50_ms(tally.ttfts),
         "completed": tally.completed,
         "texts_equal": tally.texts_equal,
+        "responses_per_request": {str(count): requests for count, requests in sorted(tally.responses_per_request.items())},
         "errors": tally.errors[:5],
     }
 

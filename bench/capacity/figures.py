@@ -21,6 +21,8 @@ SATURATED_BELOW = 0.9  # delivered ÷ offered under this: the path no longer kee
 KNEE_GAIN = 1.1  # at `max` rate: a point that adds less than 10 % of tokens/s over the previous one is saturation
 STANDIN = "tensorrt_llm"
 SERVER = "tritonserver"
+NO_CPU_SEEN = "no CPU time seen in the measured windows (/proc counts whole ticks): measure longer windows (--window) or more rounds"
+NO_TOKENS_STREAMED = "no tokens streamed in the measured windows (every round stalled)"
 
 
 def rows(result: dict[str, Any], paths: Iterable[BenchPath], options) -> list[dict[str, Any]]:
@@ -61,6 +63,7 @@ def rows(result: dict[str, Any], paths: Iterable[BenchPath], options) -> list[di
             "ttft_p50_ms": _median(entry["ttft_p50_ms"] for entry in entries),
             "completed": sum(entry["completed"] for entry in entries),
             "texts_equal": sum(entry["texts_equal"] for entry in entries),
+            "responses_per_request": _summed(entry.get("responses_per_request", {}) for entry in entries),
             "errors": [error for entry in entries for error in entry["errors"]][:5],
             "stalled": stalls,  # rounds in which the server stopped answering this path (then restarted)
         })
@@ -95,7 +98,11 @@ def saturation(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def per_instance(table: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
     """What one instance of each Python model sustains on a core of its own (1 / its CPU per token), read at the
-    point where its path streamed the most tokens/s; preprocessing per request (one per `max_tokens` tokens)."""
+    point where its path streamed the most tokens/s; preprocessing per request (one per `max_tokens` tokens).
+
+    A model of a path that ran but whose CPU the windows did not show (/proc counts in 1/CLK_TCK ticks: a model
+    that runs once per request, in a short window or on a loaded machine, can add none) is listed as not measured,
+    with why: no figure rather than a guess or a silent gap."""
     wanted = (("postprocessing", "ensemble", "tokens"), ("postprocessing_batched", "ensemble_batched", "tokens"),
               ("tensorrt_llm_bls", "bls", "tokens"), ("preprocessing", "ensemble", "requests"),
               ("floor_postprocessing", "floor", "tokens"), ("floor_postprocessing_batched", "floor_batched", "tokens"),
@@ -103,8 +110,16 @@ def per_instance(table: list[dict[str, Any]], max_tokens: int) -> list[dict[str,
     found = []
     for interval in sorted({row["stream_interval"] for row in table}):
         for stub, path, unit in wanted:
-            points = [row for row in table if row["stream_interval"] == interval and row["path"] == path and row["cpu_ms_per_token"].get(stub)]
+            ran = [row for row in table if row["stream_interval"] == interval and row["path"] == path]
+            points = [row for row in ran if row["cpu_ms_per_token"].get(stub)]
+            if not ran:
+                continue
             if not points:
+                found.append({
+                    "stream_interval": interval, "model": stub, "path": path, "unit": f"{unit}/s", "at_concurrency": None,
+                    "cpu_ms_per_token": None, "per_core": None, "path_tokens_per_s_there": None,
+                    "not_measured": NO_CPU_SEEN if any(row["tokens_per_s"] for row in ran) else NO_TOKENS_STREAMED,
+                })
                 continue
             best = max(points, key=lambda row: row["tokens_per_s"])
             per_token_ms = best["cpu_ms_per_token"][stub]
@@ -136,6 +151,14 @@ def against_nvidia(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _ms(seconds: float, tokens: int) -> float | None:
     return round(seconds * 1000.0 / tokens, 4) if tokens else None
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for entry in counts:
+        for key, value in entry.items():
+            total[key] = total.get(key, 0) + value
+    return dict(sorted(total.items(), key=lambda item: int(item[0])))
 
 
 def _median(values: Iterable[float | None]) -> float | None:

@@ -43,6 +43,9 @@ class FleetTally:
     completed: int = 0
     texts_equal: int = 0
     errors: list[str] = field(default_factory=list)
+    # the whole run's completed requests by how many responses with a text each got (known in advance from the
+    # stand-in's pattern: the first token alone, then stream_interval tokens per response)
+    responses_per_request: dict[int, int] = field(default_factory=dict)
 
     def p50_ms(self, values: list[float]) -> float | None:
         return round(statistics.median(values) * 1000.0, 2) if values else None
@@ -180,6 +183,8 @@ class Fleet:
                 del self._requests[response.id]
                 self.tally.completed += 1
                 self.tally.texts_equal += "".join(request.parts) == self.expected_text
+                counts = self.tally.responses_per_request
+                counts[request.responses] = counts.get(request.responses, 0) + 1
                 if self._sending:
                     follow_up = self._start(stream)
         if follow_up is not None:

@@ -55,6 +55,9 @@ def render_capacity_markdown(summary: dict[str, Any]) -> str:
     lines += ["", "One instance on a core of its own (1 ÷ its CPU per token, at its path's busiest point):", "",
               "| interval | model | path | streams | CPU ms/token | per core | path tok/s there |", "|---:|---|---|---:|---:|---:|---:|"]
     for entry in summary["per_instance"]:
+        if entry.get("per_core") is None:
+            lines.append(f"| {entry['stream_interval']} | {entry['model']} | {entry['path']} | – | not measured: {entry['not_measured']} | – | – |")
+            continue
         lines.append(
             f"| {entry['stream_interval']} | {entry['model']} | {entry['path']} | {entry['at_concurrency']} | {entry['cpu_ms_per_token']:.4f} | "
             f"{entry['per_core']:,.0f} {entry['unit']} | {entry['path_tokens_per_s_there']:,.0f} |"

@@ -14,6 +14,7 @@ import pytest
 from bench.capacity import figures, nvidia
 from bench.capacity.fleet import chunk_tokens
 from bench.capacity.options import CapacityOptions, check_queue, checked_options, integer_list
+from bench.capacity.report import render_capacity_markdown
 from bench.capacity.repository import bench_paths
 from pipeline.errors import SpecError
 
@@ -154,6 +155,32 @@ def test_figures_per_token_cpu_saturation_per_instance_and_the_ratio_to_nvidia()
     assert post["at_concurrency"] == 32 and post["per_core"] == pytest.approx(1000 / 0.15, rel=1e-3)
     [against] = figures.against_nvidia(table)
     assert against["ensemble_vs_nvidia"] == pytest.approx(0.1375 ** -1 / (0.075 ** -1), rel=0.01)
+
+
+def test_a_model_whose_cpu_the_windows_did_not_show_is_reported_not_measured():
+    """/proc counts whole ticks: preprocessing, once per request, may add none in a short window on a loaded machine."""
+    paths = bench_paths("ensemble", nvidia_models=False)
+    options = CapacityOptions(rate="100", max_tokens=64)
+    result = {"measurements": [
+        {**_measurement("ensemble", 8, 1600, {"tritonserver": 0.4, "preprocessing": 0.0, "postprocessing": 0.2}),
+         "responses_per_request": {"64": 20}},
+        {**_measurement("ensemble", 8, 1200, {"tritonserver": 0.3, "preprocessing": 0.0, "postprocessing": 0.1}),
+         "responses_per_request": {"64": 15, "63": 1}},
+        _measurement("bls", 8, 0, {}, stalled=True),
+    ]}
+    table = figures.rows(result, paths, options)
+    assert next(row for row in table if row["path"] == "ensemble")["responses_per_request"] == {"63": 1, "64": 35}
+    found = {(entry["model"], entry["path"]): entry for entry in figures.per_instance(table, options.max_tokens)}
+    assert set(found) == {("postprocessing", "ensemble"), ("preprocessing", "ensemble"), ("tensorrt_llm_bls", "bls")}
+    assert found["postprocessing", "ensemble"]["per_core"] == pytest.approx(1000 / (0.3 * 1000 / 2800), rel=1e-3)
+    assert found["preprocessing", "ensemble"]["per_core"] is None and found["preprocessing", "ensemble"]["cpu_ms_per_token"] is None
+    assert found["preprocessing", "ensemble"]["not_measured"] == figures.NO_CPU_SEEN
+    assert found["tensorrt_llm_bls", "bls"]["not_measured"] == figures.NO_TOKENS_STREAMED
+    summary = {"recipe": {"started": "now", "cpu_count": 2, "load_average_1min": {"start": 1, "end": 1}, "wall_s": 1, "sittings": [],
+                          "options": {"rate": "100", "max_tokens": 64, "rounds": 1, "warmup_s": 1, "window_s": 1}},
+               "rows": table, "saturation": figures.saturation(table), "per_instance": list(found.values()), "against_nvidia": []}
+    table_text = render_capacity_markdown(summary)
+    assert f"| 1 | preprocessing | ensemble | – | not measured: {figures.NO_CPU_SEEN} | – | – |" in table_text
 
 
 def test_nvidias_config_is_filled_as_fill_template_would_and_renamed():

@@ -83,12 +83,16 @@ def test_requests_are_cycled_when_more_are_asked_for_than_the_workload_has():
 
 
 def test_open_loop_sends_at_the_requested_rate_whatever_the_server_does():
-    target = FakeTarget(ttft_s=0.05, gap_s=0.0)  # slower than the arrival gap: requests overlap
+    """Request i is due i/rate after the first and never sent earlier (sleeps do not end early); how much later is
+    the machine's load, so the achieved rate is not asserted (`bench load` reports it). Sends do not wait for answers:
+    a server far slower than the whole schedule still has requests overlapping."""
+    assert list(zip(range(5), RequestRate(50, poisson=False).gaps())) == [(index, 0.02) for index in range(5)]
+    target = FakeTarget(ttft_s=0.5, gap_s=0.0)  # slower than the 0.1 s the six arrivals span
+    before = time.monotonic()
     run = asyncio.run(run_load(target, workload(6, tokens=1), RequestRate(50, poisson=False)))
     starts = [at for at, _ in target.sent]
-    gaps = np.diff(starts)
-    assert gaps.mean() == pytest.approx(0.02, abs=0.008)
-    assert target.max_in_flight >= 2
+    assert all(at - before >= 0.02 * index - 1e-6 for index, at in enumerate(starts)), np.diff(starts)
+    assert starts == sorted(starts) and target.max_in_flight >= 2
     assert len(run.records) == 6
 
 
@@ -101,9 +105,11 @@ def test_poisson_arrivals_are_seeded():
 
 
 def test_a_duration_bound_stops_sending_new_requests():
-    target = FakeTarget(ttft_s=0.02, gap_s=0.0)
-    run = asyncio.run(run_load(target, workload(1000, tokens=1), Concurrency(1), duration_s=0.15))
-    assert 2 <= len(run.records) <= 10
+    """One caller, each request at least 0.05 s: a 0.3 s bound lets at most 6 of the 1000 start, however loaded the
+    machine (a slower one starts fewer); the first starts as the run does."""
+    target = FakeTarget(ttft_s=0.05, gap_s=0.0)
+    run = asyncio.run(run_load(target, workload(1000, tokens=1), Concurrency(1), duration_s=0.3))
+    assert 1 <= len(run.records) <= 6 and len(target.sent) == len(run.records)
 
 
 def test_failures_are_recorded_not_raised_and_miss_the_goodput():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -65,32 +66,43 @@ def samples(text: str, name: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def metrics_text() -> str:
+def served() -> tuple[str, float]:
+    """/metrics after the requests, and the seconds the requests took in all: no choice's time can exceed that,
+    however loaded the machine (a bound that needs no guess)."""
     app = create_app(ServerSettings("127.0.0.1:1", MODEL), tokenizer=PromptTokenizer(TOKENIZER_DIR))
     with TestClient(app) as client:
         app.state.triton = PacedTriton()
+        started = time.monotonic()
         streamed = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 4, "stream": True})
         assert streamed.status_code == 200, streamed.text
         whole = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "n": 2})
         assert whole.status_code == 200, whole.text
+        elapsed = time.monotonic() - started
         assert client.post("/v1/completions", json={"model": "other", "prompt": "x"}).status_code == 404
         response = client.get("/metrics")
         assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-        return response.text
+        return response.text, elapsed
 
 
-def test_first_token_time_is_observed_once_per_choice_streamed_or_not(metrics_text):
+@pytest.fixture(scope="module")
+def metrics_text(served) -> str:
+    return served[0]
+
+
+def test_first_token_time_is_observed_once_per_choice_streamed_or_not(served):
+    metrics_text, elapsed = served
     ttft = samples(metrics_text, TTFT)
     assert ttft["count"] == 3  # one streamed choice, two non-streamed choices
     assert ttft["0.05"] == 0 and ttft["+Inf"] == 3  # each waited FIRST_TOKEN_S (0.06 s) at least
-    assert FIRST_TOKEN_S * 3 <= ttft["sum"] < FIRST_TOKEN_S * 3 + 3.0
+    assert FIRST_TOKEN_S * 3 <= ttft["sum"] <= 3 * elapsed  # each choice's first token came within the requests' time
 
 
-def test_inter_token_latency_is_observed_per_token_after_the_first(metrics_text):
+def test_inter_token_latency_is_observed_per_token_after_the_first(served):
+    metrics_text, elapsed = served
     itl = samples(metrics_text, ITL)
     assert itl["count"] == 3 + 2 * 2  # (4 - 1) + 2 choices × (3 - 1)
     assert itl["0.025"] == 0  # every gap slept TOKEN_GAP_S (0.03 s)
-    assert TOKEN_GAP_S * 7 <= itl["sum"] < TOKEN_GAP_S * 7 + 3.0
+    assert TOKEN_GAP_S * 7 <= itl["sum"] <= 3 * elapsed  # each choice's gaps lie within the requests' time
 
 
 def test_requests_are_counted_by_endpoint_and_status(metrics_text):

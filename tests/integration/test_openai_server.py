@@ -43,6 +43,7 @@ from pipeline.config.spec import Target
 from pipeline.serve import ServerState
 from pipeline.serve.front_end_route import BLS_MODEL, front_end_triton_model, triton_version
 from pipeline.serve.process import start_time_ticks
+from tests.support import postprocessing_batches as batches
 from tests.support.guided_cases import MAX_TOKENS as GUIDED_MAX_TOKENS
 from tests.support.guided_cases import PROMPTS as GUIDED_PROMPTS
 from tests.support.guided_cases import SCHEMAS as GUIDED_SCHEMAS
@@ -313,15 +314,18 @@ def test_the_front_ends_metrics_count_each_choices_first_token_and_gaps(base_url
 
 # -- cancellation -------------------------------------------------------------------------------------
 def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
+    """Freed (the engine idle) having generated fewer than the LONG tokens asked for: cancelled, not run to its end.
+    How soon is the machine's load, not asserted."""
     assert wait_for(lambda: kv_blocks_used(triton) == 0, 20.0), "the KV cache is not idle to begin with"
+    before = batches.generated_when_idle(triton.options.metrics_url)
     stream = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x = ["}], max_tokens=LONG, temperature=0, stream=True)
     for index, _ in enumerate(stream):
         if index == 5:
-            assert wait_for(lambda: kv_blocks_used(triton) > 0, 5.0), "the generation never showed in /metrics"
+            assert wait_for(lambda: kv_blocks_used(triton) > 0, 30.0), "the generation never showed in /metrics"
             break
     stream.close()  # the client goes away mid-stream
-    dropped = time.monotonic()
-    assert wait_for(lambda: kv_blocks_used(triton) == 0, 3.0), f"KV still used {time.monotonic() - dropped:.1f} s after the drop"
+    after = batches.generated_when_idle(triton.options.metrics_url)
+    assert after - before < LONG, f"the dropped stream's request ran to its end ({after - before} tokens)"
 
     # A non-streamed request whose client disconnects is cancelled too.
     host, port = base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
@@ -329,8 +333,9 @@ def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
     with socket.create_connection((host, int(port))) as connection:
         connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        assert wait_for(lambda: kv_blocks_used(triton) > 0, 10.0), "the generation never showed in /metrics"
-    assert wait_for(lambda: kv_blocks_used(triton) == 0, 3.0), "a disconnected non-streamed request kept running"
+        assert wait_for(lambda: kv_blocks_used(triton) > 0, 30.0), "the generation never showed in /metrics"
+    generated = batches.generated_when_idle(triton.options.metrics_url) - after
+    assert generated < LONG, f"a disconnected non-streamed request kept running ({generated} tokens)"
     assert oai.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text is not None
 
 

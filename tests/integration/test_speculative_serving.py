@@ -87,16 +87,16 @@ def _infer(server, model: str, prompt: str, **extra) -> dict:
             "accepted": figures["total_accepted_draft_tokens"], "acceptance_rate": figures["acceptance_rate"]}
 
 
-def _settled_metrics(server) -> dict[str, float]:
-    """/metrics once the cpu models' counters (refreshed every 100 ms) show this process's requests: read until two
-    reads agree."""
-    last, deadline = metrics(server.options.metrics_url), time.monotonic() + 5
+def _settled_metrics(server, shows) -> dict[str, float]:
+    """/metrics once the cpu models' counters (refreshed every 100 ms) show this process's request (`shows`) and two
+    reads 0.3 s apart agree: two stale reads of a refresh a loaded machine delays agree too. 60 s: a hang guard."""
+    last, deadline = metrics(server.options.metrics_url), time.monotonic() + 60
     while time.monotonic() < deadline:
         time.sleep(0.3)
-        if (current := metrics(server.options.metrics_url)) == last:
-            break
+        if (current := metrics(server.options.metrics_url)) == last and shows(current):
+            return current
         last = current
-    return last
+    raise AssertionError(f"/metrics never settled on the request's counts: {last}")
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
@@ -144,8 +144,12 @@ def test_bls_passes_use_draft_logits_on(server, plain_greedy):
 
 
 def test_prometheus_counts_drafted_and_accepted_tokens(server):
+    def drafted(published) -> float:
+        return metric(published, "trtllm_pipeline_draft_tokens_total", model=served_name("draft", "tensorrt_llm"), draft_token_type="drafted")
+
+    before = drafted(metrics(server.options.metrics_url))
     _infer(server, served_name("draft", "ensemble"), PROMPTS[1])
-    published = _settled_metrics(server)
+    published = _settled_metrics(server, lambda current: drafted(current) > before)
     counts = {kind: metric(published, "trtllm_pipeline_draft_tokens_total", model=served_name("draft", "tensorrt_llm"), draft_token_type=kind)
               for kind in ("drafted", "accepted")}
     assert counts["drafted"] > 0 and 0 < counts["accepted"] <= counts["drafted"]
@@ -184,8 +188,12 @@ def test_medusa_refuses_beams_and_external_drafts_by_name(server):
 
 
 def test_prometheus_counts_medusa_tree_steps_and_acceptances_by_depth(server):
+    def steps(published) -> float:
+        return metric(published, "trtllm_pipeline_medusa_tree_steps_total", model=MEDUSA_LLM)
+
+    before = steps(metrics(server.options.metrics_url))
     _infer(server, MEDUSA_ENSEMBLE, PROMPTS[2])
-    published = _settled_metrics(server)
+    published = _settled_metrics(server, lambda current: steps(current) > before)
     steps = metric(published, "trtllm_pipeline_medusa_tree_steps_total", model=MEDUSA_LLM)
     by_depth = {name: value for name, value in published.items()
                 if name.startswith("trtllm_pipeline_medusa_accepted_tokens_total{") and f'model="{MEDUSA_LLM}"' in name}

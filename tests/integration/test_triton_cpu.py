@@ -410,7 +410,7 @@ def test_metrics_count_the_requests(server):
         after = metrics(server.options.metrics_url)
         return metric(after, "nv_inference_request_success", model=model) - metric(before, "nv_inference_request_success", model=model)
 
-    assert _wait_for(lambda: all(counted(model) == 3 for model in models), 5.0), {model: counted(model) for model in models}
+    assert _wait_for(lambda: all(counted(model) == 3 for model in models), 30.0), {model: counted(model) for model in models}
     after = metrics(server.options.metrics_url)
     assert metric(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max") == 1024
     assert metric(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per") == 32
@@ -652,12 +652,13 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model, beam_w
     for _ in range(3):  # generation is under way
         result, error = responses.get(timeout=30)
         assert error is None, error
-    assert _wait_for(lambda: _kv_blocks_used(server) > 0 and _active_requests(server) > 0, 5.0), "the generation never showed"
+    assert _wait_for(lambda: _kv_blocks_used(server) > 0 and _active_requests(server) > 0, 30.0), "the generation never showed"
     cancelled_at = time.monotonic()
     client.stop_stream(cancel_requests=True)
     client.close()
-    # Freed soon after the cancellation; the generated-token count below shows the request did not just end.
-    assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 5.0), (
+    # Freed after the cancellation (a hang guard: how soon is the machine's load); the generated-token count below
+    # shows the request did not just end.
+    assert _wait_for(lambda: _kv_blocks_used(server) == 0 and _active_requests(server) == 0, 60.0), (
         f"KV blocks still used {time.monotonic() - cancelled_at:.1f} s after the cancellation"
     )
     generated = _moved(before, _idle_engine_figures(server))["generated"]
@@ -1035,7 +1036,8 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatc
     root = tmp_path / "fake-tritonserver"
     (root / "bin").mkdir(parents=True)
     fake = root / "bin" / "tritonserver"
-    fake.write_text("#!/bin/sh\ntrap '' TERM\nsh -c \"trap '' TERM; sleep 300\" &\nsleep 300\n")
+    ready = tmp_path / "ready"  # written once both processes ignore SIGTERM: no sleep that a loaded machine outruns
+    fake.write_text(f"#!/bin/sh\ntrap '' TERM\nsh -c \"trap '' TERM; : > '{ready}.child'; sleep 300\" &\n: > '{ready}'\nsleep 300\n")
     fake.chmod(0o755)
     repository = tmp_path / "repo"
     repository.mkdir()
@@ -1044,7 +1046,10 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored(tmp_path, monkeypatc
     options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=0)
     triton = TritonServer(options, installation=TritonInstallation(root)).start()
     pid = triton.pid
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and Path(f"{ready}.child").exists()):
+        assert time.monotonic() < deadline and triton.is_running(), "the fake tritonserver never set its traps"
+        time.sleep(0.02)
     started = time.monotonic()
     returncode = triton.stop()
     assert returncode == -signal.SIGKILL

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -119,3 +120,21 @@ def engine_metric(metrics_url: str, family: str, label: str) -> float:
 
 def generated_tokens(metrics_url: str) -> int:
     return int(engine_metric(metrics_url, "trtllm_pipeline_tokens_total", 'token_type="generated"'))
+
+
+def generated_when_idle(metrics_url: str, timeout_s: float = 60.0) -> int:
+    """The engine's generated-token counter once no request runs and two reads 0.3 s apart agree (the model publishes
+    every 0.1 s). A cancellation is shown by the tokens its request generated, not by how soon the engine went idle:
+    a loaded machine is slow at both, so `timeout_s` is only a hang guard."""
+    deadline = time.monotonic() + timeout_s
+    while not engine_idle(metrics_url):
+        assert time.monotonic() < deadline, f"the engine still generates {timeout_s} s later"
+        time.sleep(0.05)
+    previous = generated_tokens(metrics_url)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        current = generated_tokens(metrics_url)
+        if current == previous and engine_idle(metrics_url):
+            return current
+        previous = current
+    raise AssertionError(f"the generated-token count keeps moving while the engine is idle: {previous}")

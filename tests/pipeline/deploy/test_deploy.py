@@ -699,7 +699,7 @@ def _free_ports(count: int) -> list[int]:
 def _status(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> int:
     request = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:  # a hang guard: a loaded machine answers late
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
