@@ -8,7 +8,7 @@ CONFIG ?= build_configs/tiny-cpu.yaml
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint docs bench venv schema clean compose-e2e dist
+.PHONY: demo test unit lint format typecheck docs bench venv schema clean compose-e2e dist
 
 demo: $(STAMP)
 	$(CLI) validate $(CONFIG)
@@ -29,10 +29,29 @@ demo: $(STAMP)
 test: lint docs
 	$(PY) -m pytest -q --durations=40
 
-# The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter]); `make test` runs them first.
-lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline bench clients refengine model_repo scripts tests
+# The fast loop: every test that starts no tritonserver (docs/development.md says how to run one folder).
+unit: $(STAMP)
+	$(PY) -m pytest -q -m 'not integration' --ignore=tests/integration -p no:cacheprovider
+
+# The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter], [tool.mypy]); `make test` runs them
+# first: lint and format, the import layers, the types, and the repository's own rules (modules under 400 lines, no
+# citation of a file the repository does not hold), each failure naming its file.
+LINTED := pipeline bench clients refengine model_repo scripts tests
+lint: $(STAMP) typecheck
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:cacheprovider tests/repo/test_structure.py tests/repo/test_citations.py
+
+# model_repo/python is a second run: Triton imports its files as top-level modules (pyproject.toml [tool.mypy]).
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy pipeline bench refengine clients
+	$(VENV)/bin/mypy model_repo/python
+
+# Applies the formatter `make lint` checks.
+format: $(STAMP)
+	$(VENV)/bin/ruff format $(LINTED)
+	$(VENV)/bin/ruff check --fix $(LINTED)
 
 # The documentation site (mkdocs.yml) into site/; --strict: a broken link, page or anchor fails it (`make test` runs it).
 # NO_MKDOCS_2_WARNING silences the Material theme's end-of-life notice, printed on every build (docs/development.md).
