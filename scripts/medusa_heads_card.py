@@ -61,7 +61,7 @@ def model_card(stats: dict, title: str) -> str:
         *_accuracy_rows(stats, "heldout_text"),
         "",
         "Trees (`medusa_choices`) built from the greedy-continuation accuracies by Medusa's sparse-tree construction "
-        "(`scripts/medusa_tree.py`): tokens per step = 1 + expected accepted draft tokens, estimated as the product of "
+        "(`scripts/search_medusa_tree.py`): tokens per step = 1 + expected accepted draft tokens, estimated as the product of "
         "the heads' rank accuracies; measured at every position (teacher-forced) of the same continuations, of their "
         "first 64 generated tokens (before a tiny model's greedy text falls into loops) and of held-out text; and "
         "decoded: greedy Medusa decoding walked along the continuations (only the positions a decode visits), for 64 "

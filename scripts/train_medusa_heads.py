@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import medusa_heads_card
-import medusa_tree
+import search_medusa_tree
 import torch
 import torch.nn.functional as F
 import train_default_model as recipe
@@ -146,19 +146,19 @@ def trees_for_budgets(accuracy: dict[str, list], ranks: dict[str, torch.Tensor],
     """Per node budget, the tree built from the greedy-continuation accuracies, its estimated tokens per step, the
     tokens per step measured at every position of each evaluation set, and those of greedy Medusa decoding along
     the `windows` continuations (the positions a decode visits; all of each, and its first 64 new tokens)."""
-    rank_probs = medusa_tree.rank_accuracies(accuracy["greedy_continuations"])
+    rank_probs = search_medusa_tree.rank_accuracies(accuracy["greedy_continuations"])
     measured_on = {name: [tuple(row) for row in true_ranks.tolist()] for name, true_ranks in ranks.items()}
     continuations = ranks["greedy_continuations"]
     sequences = [[tuple(row) for row in window] for window in continuations.reshape(windows, -1, continuations.shape[-1]).tolist()]
     trees = {}
     for budget in budgets:
-        tree = medusa_tree.build_tree(rank_probs, budget)
+        tree = search_medusa_tree.build_tree(rank_probs, budget)
         trees[str(budget)] = dict(
-            expected_tokens_per_step=round(medusa_tree.expected_tokens_per_step(tree, rank_probs), 3),
-            measured_tokens_per_step={name: round(medusa_tree.measured_tokens_per_step(tree, rows), 3) for name, rows in measured_on.items()},
+            expected_tokens_per_step=round(search_medusa_tree.expected_tokens_per_step(tree, rank_probs), 3),
+            measured_tokens_per_step={name: round(search_medusa_tree.measured_tokens_per_step(tree, rows), 3) for name, rows in measured_on.items()},
             decoded_tokens_per_step=dict(
-                greedy_continuations=round(medusa_tree.decoded_tokens_per_step(tree, sequences), 3),
-                greedy_continuations_64_new_tokens=round(medusa_tree.decoded_tokens_per_step(tree, sequences, max_tokens=EARLY_POSITIONS), 3),
+                greedy_continuations=round(search_medusa_tree.decoded_tokens_per_step(tree, sequences), 3),
+                greedy_continuations_64_new_tokens=round(search_medusa_tree.decoded_tokens_per_step(tree, sequences, max_tokens=EARLY_POSITIONS), 3),
             ),
             depth=max(len(node) for node in tree), medusa_choices=tree,
         )

@@ -1,4 +1,4 @@
-"""The Medusa tree builder (scripts/medusa_tree.py): a prefix-closed tree of exactly the node budget that maximises
+"""The Medusa tree builder (scripts/search_medusa_tree.py): a prefix-closed tree of exactly the node budget that maximises
 the estimated tokens per step (checked against every prefix-closed tree of a small case)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.script_modules import import_script
 
-tree_builder = import_script("medusa_tree")
+tree_builder = import_script("search_medusa_tree")
 # per head, top-k accuracy for k = 1..4 (heads further ahead guess worse)
 TOPK = [[0.6, 0.75, 0.82, 0.86], [0.45, 0.6, 0.68, 0.72], [0.35, 0.47, 0.55, 0.6]]
 
