@@ -29,6 +29,14 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 _TMP_PREFIX = ".tmp-"
 
+# Where each stage puts its payload inside its artifact directory. The stages write there and everyone downstream
+# reads through ArtifactRef's accessors below, so a name is stated once.
+CHECKPOINT_DIR = "trtllm_checkpoint"  # quantize (and draft): the TensorRT-LLM checkpoint
+UNIFIED_HF_DIR = "hf_checkpoint"  # quantize: ModelOpt's unified Hugging Face checkpoint, for the llmapi target
+ENGINE_DIR = "engine"  # build (and draft): the engine directory
+REPOSITORY_DIR = "model_repository"  # package: the Triton model repository
+DEPLOY_DIR = "deploy"  # deploy: the deployment directory
+
 
 @dataclass(frozen=True)
 class ArtifactRef:
@@ -38,6 +46,31 @@ class ArtifactRef:
     digest: str
     path: Path
     manifest: dict[str, Any]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The TensorRT-LLM checkpoint of a quantize or draft artifact."""
+        return self.path / CHECKPOINT_DIR
+
+    @property
+    def unified_hf_dir(self) -> Path:
+        """ModelOpt's unified Hugging Face checkpoint of a quantize artifact (llmapi target)."""
+        return self.path / UNIFIED_HF_DIR
+
+    @property
+    def engine_dir(self) -> Path:
+        """The engine directory of a build or draft artifact."""
+        return self.path / ENGINE_DIR
+
+    @property
+    def repository_dir(self) -> Path:
+        """The Triton model repository of a package artifact."""
+        return self.path / REPOSITORY_DIR
+
+    @property
+    def deploy_dir(self) -> Path:
+        """The deployment directory of a deploy artifact."""
+        return self.path / DEPLOY_DIR
 
 
 class ArtifactStore:

@@ -196,11 +196,10 @@ def _stderr_console() -> Console:
 
 def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     from pipeline.backends.cpu.generate import generate_offline
-    from pipeline.stages.build import ENGINE_DIR
 
     results = _build_cpu_target(loaded, store, "generate", "build")
     generation = generate_offline(
-        results["build"].ref.path / ENGINE_DIR,
+        results["build"].ref.engine_dir,
         results["prepare"].ref.path,
         args.prompt,
         max_tokens=args.max_tokens,
@@ -216,14 +215,13 @@ def _generate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespa
 
 def _deploy(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     from pipeline.deploy.registry import deployer_for
-    from pipeline.stages.deploy import DEPLOY_DIR
 
     if (args.services or args.extra_files) and not args.up:
         raise SpecError("--service and --file choose what `deploy --up` starts: add --up", hint="trtllm-pipeline deploy CONFIG --up --service NAME")
     results = {r.name: r for r in run_pipeline(loaded, store, until="deploy", console=console)}
     _verify_shipped(store, results, ("deploy",))
     deployer = deployer_for(loaded.spec.deploy.kind)
-    deployer.export(results["deploy"].ref.path / DEPLOY_DIR, args.out)
+    deployer.export(results["deploy"].ref.deploy_dir, args.out)
     console.print(f"deployment in {args.out}: {deployer.start_command(loaded.spec, args.out)}")
     if args.up:
         deployer.up(loaded.spec, args.out, services=args.services, extra_files=[path.resolve() for path in args.extra_files])
@@ -239,9 +237,8 @@ def _verify_shipped(store: ArtifactStore, results: dict[str, StageResult], names
 
 
 def _packaged_repository(loaded: LoadedConfig, store: ArtifactStore) -> Path:
-    from pipeline.stages.package import REPOSITORY_DIR
 
-    return _build_cpu_target(loaded, store, "openai", "package")["package"].ref.path / REPOSITORY_DIR
+    return _build_cpu_target(loaded, store, "openai", "package")["package"].ref.repository_dir
 
 
 def _serve_state_dir(store: ArtifactStore) -> Path:
@@ -251,12 +248,11 @@ def _serve_state_dir(store: ArtifactStore) -> Path:
 
 def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     from pipeline.serve import ServerOptions, serve_foreground, start_detached
-    from pipeline.stages.package import REPOSITORY_DIR
 
     backend_for(loaded.spec.build.target).check_serving_host(loaded.spec, lambda: _built_engine(loaded, store))
     results = _build_cpu_target(loaded, store, "serve", "package")
     _verify_shipped(store, results, ("prepare", "build", "package"))
-    options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.path / REPOSITORY_DIR)
+    options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.repository_dir)
     if args.detach:
         state = start_detached(
             options, _serve_state_dir(store), timeout=args.timeout, on_cleanup=lambda stale: console.print(stale.message(), markup=False)
@@ -270,12 +266,11 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
 def _built_engine(loaded: LoadedConfig, store: ArtifactStore) -> tuple[Path, dict] | None:
     """The engine directory and build notes of the spec's build artifact, if it exists (for the target's
     check of this machine's runtime before serving: pipeline/backends/engine/runtime.py)."""
-    from pipeline.stages.build import ENGINE_DIR
 
     build = store.lookup(make_plan(loaded).stage("build"))
     if build is None:
         return None
-    return build.path / ENGINE_DIR, build.manifest.get("notes", {})
+    return build.engine_dir, build.manifest.get("notes", {})
 
 
 def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console, the_plan: Plan | None = None) -> int:

@@ -71,14 +71,12 @@ def measure(loaded, results, options: CapacityOptions) -> dict:
     from bench.capacity.bench import run_capacity_bench
     from bench.capacity.report import summarize
     from bench.capacity.repository import bench_paths
-    from pipeline.stages.build import ENGINE_DIR
-    from pipeline.stages.package import REPOSITORY_DIR
 
-    engine_dir = results["build"].ref.path / ENGINE_DIR
+    engine_dir = results["build"].ref.engine_dir
     tokenizer_dir = results["prepare"].ref.path
     batched = batched_postprocessing_config(loaded, engine_dir, tokenizer_dir)
     result = run_capacity_bench(
-        results["package"].ref.path / REPOSITORY_DIR, batched, tokenizer_dir, loaded.spec.deploy, options,
+        results["package"].ref.repository_dir, batched, tokenizer_dir, loaded.spec.deploy, options,
         progress=dim_lines(status_console()),
     )
     paths = bench_paths(loaded.spec.serve.model_name, nvidia_models=options.nvidia_models is not None, only=options.paths)

@@ -29,7 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
     from bench.engine.bench import EngineBenchOptions, run_engine_bench
     from bench.engine.report import render_markdown
-    from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.prepare import checkpoint_dir
 
     _, store, results = build_for_bench(args, build_cpu_target, "bench engine", "build")
@@ -42,10 +41,10 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
         from bench.engine.sharing import run_kv_sharing
 
         out = args.out or store.build_dir / "bench-kv-sharing.json"
-        write_and_print(run_kv_sharing(results["build"].ref.path / ENGINE_DIR), out, True, str, status)  # JSON only
+        write_and_print(run_kv_sharing(results["build"].ref.engine_dir), out, True, str, status)  # JSON only
         return 0
     result = run_engine_bench(
-        results["build"].ref.path / ENGINE_DIR,
+        results["build"].ref.engine_dir,
         checkpoint_dir(results["prepare"].ref.path),
         EngineBenchOptions(num_requests=args.requests, quick=args.quick),
         progress=dim_lines(status),
@@ -56,10 +55,9 @@ def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarge
 
 def _run_lora(args: argparse.Namespace, results: dict, store, status) -> int:
     from bench.engine.lora import LoraBenchOptions, run_lora_bench
-    from pipeline.stages.build import ENGINE_DIR
 
     options = LoraBenchOptions(num_requests=8, num_adapters=4, prompt_len=(8, 32), output_mean=8, output_cap=16, rounds=2) if args.quick else LoraBenchOptions()
-    result = run_lora_bench(results["build"].ref.path / ENGINE_DIR, options, progress=dim_lines(status))
+    result = run_lora_bench(results["build"].ref.engine_dir, options, progress=dim_lines(status))
     out = args.out or store.build_dir / LORA_RESULT_NAME
     write_and_print(result, out, True, str, status)  # the LoRA figures print as JSON only
     target = result["target"]
@@ -70,9 +68,8 @@ def _run_lora(args: argparse.Namespace, results: dict, store, status) -> int:
 
 def _run_guided(args: argparse.Namespace, results: dict, store, status) -> int:
     from bench.engine.guided import run_guided_bench
-    from pipeline.stages.build import ENGINE_DIR
 
-    result = run_guided_bench(results["build"].ref.path / ENGINE_DIR, results["prepare"].ref.path, quick=args.quick, progress=dim_lines(status))
+    result = run_guided_bench(results["build"].ref.engine_dir, results["prepare"].ref.path, quick=args.quick, progress=dim_lines(status))
     out = args.out or store.build_dir / GUIDED_RESULT_NAME
     write_and_print(result, out, True, str, status)  # the guided figures print as JSON only
     status.print(f"wrote {out}")

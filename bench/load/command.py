@@ -174,7 +174,6 @@ def run_load_command(args: argparse.Namespace) -> int:
     from pipeline.load.serving import serving
     from pipeline.load.sweep import run_load_sweep
     from pipeline.runner import run_pipeline
-    from pipeline.stages.package import REPOSITORY_DIR
 
     options = sweep_options(args)
     keys = load_test_keys(args.api_key_file) if "openai" in options.endpoints else None
@@ -198,7 +197,7 @@ def run_load_command(args: argparse.Namespace) -> int:
             endpoints = remote_endpoints(spec, options.endpoints[0], args.url, api_key=keys[0].secret if keys else None)
             result = run_load_sweep(endpoints, workload, options, progress=update, recipe=recipe)
         else:
-            repo = results["package"].ref.path / REPOSITORY_DIR
+            repo = results["package"].ref.repository_dir
             with serving(repo, spec.deploy, model_name=spec.name, openai="openai" in options.endpoints, say=say, api_keys=keys) as endpoints:
                 result = run_load_sweep(endpoints, workload, options, progress=update, recipe=recipe)
     json_path, plot_path = write_results(result, args.out or store.build_dir)

@@ -41,8 +41,6 @@ def sweep_points(text: str | None) -> tuple[int, ...]:
 def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
     from bench.overhead.bench import OverheadOptions, run_serve_bench
     from bench.overhead.report import render_serve_markdown
-    from pipeline.stages.build import ENGINE_DIR
-    from pipeline.stages.package import REPOSITORY_DIR
 
     concurrency = single_concurrency(args.concurrency)  # before building: a typo should not cost a build
     sweep = sweep_points(getattr(args, "sweep", None))
@@ -52,8 +50,8 @@ def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTar
     loaded, store, results = build_for_bench(args, build_cpu_target, "bench overhead", "package")
     status = status_console()
     result = run_serve_bench(
-        results["package"].ref.path / REPOSITORY_DIR,
-        results["build"].ref.path / ENGINE_DIR,
+        results["package"].ref.repository_dir,
+        results["build"].ref.engine_dir,
         results["prepare"].ref.path,
         loaded.spec.deploy,
         options,

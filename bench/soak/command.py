@@ -63,13 +63,12 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget)
     from bench.soak.bench import soak
     from clients.load.chaos import ChaosTargets
     from pipeline.load.serving import serving
-    from pipeline.stages.package import REPOSITORY_DIR
 
     plan = chaos_plan(args)
     loaded, store, results = build_for_bench(args, build_cpu_target, "bench soak", "package")
     status = status_console()
     say = dim_lines(status)
-    repository = results["package"].ref.path / REPOSITORY_DIR
+    repository = results["package"].ref.repository_dir
     with serving(repository, loaded.spec.deploy, model_name=loaded.spec.name, openai="openai" in plan.endpoints, say=say,
                  check_alive=False, openai_triton_model=args.openai_triton_model) as endpoints:
         server = endpoints.server

@@ -59,7 +59,6 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     from bench.speculative.engines import draft_variant, ngram_variant, plain_variant, speculative_kind
     from bench.speculative.prompts import heldout_code_prompts
     from pipeline.calibration import load_tokenizer
-    from pipeline.stages.build import ENGINE_DIR
     from pipeline.stages.prepare import checkpoint_dir
 
     batch_sizes = _batch_sizes(args.batch_sizes)  # before building: a typo should not cost a build
@@ -78,7 +77,7 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     if args.medusa_vocab is not None and (args.medusa is None or args.medusa_vocab < 1):
         raise SpecError(f"--medusa-vocab {args.medusa_vocab}: needs --medusa and a positive number of token ids")
     _, store, results = build_for_bench(args, build_cpu_target, "bench speculative", "build")
-    engine_dir = results["build"].ref.path / ENGINE_DIR
+    engine_dir = results["build"].ref.engine_dir
     work = store.build_dir / "bench-speculative"
     variants = {"plain": plain_variant(engine_dir, work)}
     built = speculative_kind(engine_dir)

@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts import CHECKPOINT_DIR, UNIFIED_HF_DIR
 from pipeline.config.families import family_of
 from pipeline.config.format_rules import needs_calibration
 from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
@@ -45,8 +46,6 @@ from pipeline.sources import package_dir
 from pipeline.trtllm_versions import TrtllmVersion, get_version
 
 SCRIPT_FILE = "quantize.sh"
-CHECKPOINT_DIR = "trtllm_checkpoint"
-UNIFIED_HF_DIR = "hf_checkpoint"  # for the llmapi target (TensorRT-LLM's PyTorch backend)
 CONTAINER_SOURCE = "/opt/trtllm-pipeline"  # PYTHONPATH in the container; the `pipeline` package is mounted below it
 IN_PROCESS = "in-process"
 

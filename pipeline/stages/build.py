@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+from pipeline.artifacts import ENGINE_DIR
 from pipeline.backends.base import BuildJob
 from pipeline.backends.registry import backend_for
 from pipeline.stages.base import StageContext
-from pipeline.stages.quantize import CHECKPOINT_DIR
-
-ENGINE_DIR = "engine"
 
 
 def run(ctx: StageContext) -> None:
     job = BuildJob(
         spec=ctx.spec,
         model=ctx.model,
-        checkpoint_dir=ctx.upstream["quantize"].path / CHECKPOINT_DIR,
+        checkpoint_dir=ctx.upstream["quantize"].checkpoint_dir,
         engine_dir=ctx.out_dir / ENGINE_DIR,
         final_engine_dir=(ctx.final_dir or ctx.out_dir) / ENGINE_DIR,
         log=ctx.log,
-        draft_engine_dir=ctx.upstream["draft"].path / ENGINE_DIR if "draft" in ctx.upstream else None,
+        draft_engine_dir=ctx.upstream["draft"].engine_dir if "draft" in ctx.upstream else None,
     )
     ctx.notes.update(backend_for(ctx.spec.build.target).build(job))

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import ipaddress
 
+from pipeline.artifacts import DEPLOY_DIR
 from pipeline.deploy.base import DeploymentInputs
 from pipeline.deploy.images import server_image
 from pipeline.deploy.registry import deployer_for
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
-from pipeline.stages.build import ENGINE_DIR
-from pipeline.stages.package import REPOSITORY_DIR
-
-DEPLOY_DIR = "deploy"
 
 
 def run(ctx: StageContext) -> None:
@@ -27,11 +24,11 @@ def run(ctx: StageContext) -> None:
     final = (ctx.final_dir or ctx.out_dir) / DEPLOY_DIR
     deployer = deployer_for(spec.deploy.kind)
     inputs = DeploymentInputs(
-        engine_dir=(ctx.upstream["build"].path / ENGINE_DIR).resolve(),
+        engine_dir=ctx.upstream["build"].engine_dir.resolve(),
         tokenizer_dir=ctx.upstream["prepare"].path.resolve(),
-        package_repository=ctx.upstream["package"].path / REPOSITORY_DIR,
+        package_repository=ctx.upstream["package"].repository_dir,
         final_dir=final,
-        draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
+        draft_engine_dir=ctx.upstream["draft"].engine_dir.resolve() if "draft" in ctx.upstream else None,
     )
     deployment = deployer.render(spec, inputs, ctx.out_dir / DEPLOY_DIR)
     problems = deployer.check(deployment.directory)

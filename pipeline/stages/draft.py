@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from pipeline.artifacts import CHECKPOINT_DIR, ENGINE_DIR
 from pipeline.backends.base import BuildJob
 from pipeline.backends.registry import backend_for
 from pipeline.config.model_info import read_model_info
 from pipeline.config.spec.draft import draft_spec
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
-from pipeline.stages.build import ENGINE_DIR
-from pipeline.stages.quantize import CHECKPOINT_DIR, quantize_checkpoint
+from pipeline.stages.quantize import quantize_checkpoint
 
 
 def run(ctx: StageContext) -> None:

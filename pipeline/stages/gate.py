@@ -16,7 +16,6 @@ from pipeline.config.spec import AccuracyGateSpec
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
-from pipeline.stages.quantize import CHECKPOINT_DIR
 
 REPORT = "accuracy.json"
 
@@ -29,7 +28,7 @@ def run(ctx: StageContext) -> None:
     if gate is None:  # the plan only schedules this stage when the gate is configured
         raise StageError("gate stage scheduled without gate.accuracy")
     prepared = ctx.upstream["prepare"].path
-    quantized = ctx.upstream["quantize"].path / CHECKPOINT_DIR
+    quantized = ctx.upstream["quantize"].checkpoint_dir
     windows = heldout_windows(gate, prepared)
     with tempfile.TemporaryDirectory(prefix="trtllm-pipeline-baseline-") as tmp:
         baseline = Path(tmp) / "baseline"

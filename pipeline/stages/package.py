@@ -12,21 +12,20 @@ reasoning goes to the stage's log.
 
 from __future__ import annotations
 
+from pipeline.artifacts import REPOSITORY_DIR
 from pipeline.backends.registry import backend_for
 from pipeline.capacity.for_spec import planned_python_instances
 from pipeline.config.model_info import read_model_info
 from pipeline.render import render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form
 from pipeline.stages.base import StageContext
-from pipeline.stages.build import ENGINE_DIR
 
-REPOSITORY_DIR = "model_repository"
 SERVE_DIR = "trtllm_serve"  # a target in NVIDIA's llmapi layout: the trtllm-serve form of the same options
 
 
 def run(ctx: StageContext) -> None:
     spec = ctx.spec
-    engine_dir = (ctx.upstream["build"].path / ENGINE_DIR).resolve()
+    engine_dir = ctx.upstream["build"].engine_dir.resolve()
     tokenizer_dir = ctx.upstream["prepare"].path.resolve()
     instances, reasoning = planned_python_instances(spec, read_model_info(tokenizer_dir))
     for line in reasoning:
@@ -40,7 +39,7 @@ def run(ctx: StageContext) -> None:
         gpu_device_ids=spec.deploy.gpus,
         dry_run=spec.dry_run,
         speculative=spec.build.speculative,
-        draft_engine_dir=(ctx.upstream["draft"].path / ENGINE_DIR).resolve() if "draft" in ctx.upstream else None,
+        draft_engine_dir=ctx.upstream["draft"].engine_dir.resolve() if "draft" in ctx.upstream else None,
         final_out_dir=(ctx.final_dir or ctx.out_dir) / REPOSITORY_DIR,
         python_instances=instances,
     )

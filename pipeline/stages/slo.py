@@ -87,7 +87,6 @@ def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     from pipeline.load.serving import serving
     from pipeline.load.sweep import SweepOptions, run_load_sweep
     from pipeline.load.workload import LengthDist, TextTokenizer, synthetic_requests
-    from pipeline.stages.package import REPOSITORY_DIR
 
     spec = ctx.spec
     goodput = gate.goodput
@@ -109,7 +108,7 @@ def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
     if gate.url is not None:
         endpoints = remote_endpoints(spec, gate.endpoint.value, gate.url, api_key=keys[0].secret if keys else None)
         return run_load_sweep(endpoints, requests, options)
-    repo = ctx.upstream["package"].path / REPOSITORY_DIR
+    repo = ctx.upstream["package"].repository_dir
     with serving(repo, spec.deploy, model_name=spec.name, openai=gate.endpoint.value == "openai", say=ctx.log, api_keys=keys) as endpoints:
         return run_load_sweep(endpoints, requests, options)
 
