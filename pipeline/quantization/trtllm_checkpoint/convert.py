@@ -36,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import StageError
+from pipeline.quant_formats import weight_format_named
 from pipeline.quantization.trtllm_checkpoint.layout import Layout, layout_for
 from pipeline.quantization.trtllm_checkpoint.linear import (
     Linear,
@@ -54,10 +55,15 @@ __all__ = ["convert_unified_checkpoint", "HF_QUANT_CONFIG"]
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-_AWQ = ("W4A16_AWQ", "W4A8_AWQ")
 # quant_algo the config may ask for while the unified checkpoint holds 16-bit weights: trtllm-build quantizes them
 _BUILD_TIME_QUANT = ("W8A16",)
 _AWQ_VOCAB_MULTIPLE = 64
+
+
+def _group_wise(quant_algo: str | None) -> bool:
+    """The checkpoint's quant_algo is a group-wise INT4 (AWQ) format of pipeline.quant_formats."""
+    weights = weight_format_named(quant_algo)
+    return weights is not None and weights.group_wise
 
 
 def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict, tp_size: int, pp_size: int) -> dict:
@@ -83,7 +89,7 @@ def convert_unified_checkpoint(unified_dir: Path, out_dir: Path, *, config: dict
 
     quant_algo = config["quantization"].get("quant_algo")
     vocab = int(config["vocab_size"])
-    if quant_algo in _AWQ and vocab % _AWQ_VOCAB_MULTIPLE:
+    if _group_wise(quant_algo) and vocab % _AWQ_VOCAB_MULTIPLE:
         config["vocab_size"] = math.ceil(vocab / _AWQ_VOCAB_MULTIPLE) * _AWQ_VOCAB_MULTIPLE
 
     layers = int(config["num_hidden_layers"])
@@ -182,7 +188,7 @@ def layer_tensors(
     tp: int, rank: int, dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
     hf = f"{layout.layers}.{layer}"
-    awq = config["quantization"].get("quant_algo") in _AWQ
+    awq = _group_wise(config["quantization"].get("quant_algo"))
     out: dict[str, torch.Tensor] = {}
 
     def linear(name: str) -> Linear:
