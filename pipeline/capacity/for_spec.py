@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.backends.registry import backend_for
-from pipeline.capacity.planner import CapacityPlan, DraftModel, plan_capacity
+from pipeline.capacity.planner import CapacityPlan, CapacityRequest, DraftModel, plan_capacity
 from pipeline.capacity.streams import python_instances, token_roofline
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.targets import traits_of
@@ -20,7 +20,7 @@ PYTHON_MODELS = ("preprocessing", "postprocessing", "bls")  # serve.instances fi
 def spec_capacity(spec: Spec, model: ModelInfo, *, gpu: str, tp: int | None = None, with_draft: bool = True) -> CapacityPlan:
     """plan_capacity for `spec` on `gpu` (TP `tp`, default build.tp_size), its draft model's weights and KV included."""
     reserve_gb, _ = backend_for(spec.build.target).capacity_reserve(spec)
-    return plan_capacity(
+    return plan_capacity(CapacityRequest(
         model,
         quant_algo=spec.quantize.algo.value,
         kv_cache_dtype=spec.quantize.kv_cache.value,
@@ -34,7 +34,7 @@ def spec_capacity(spec: Spec, model: ModelInfo, *, gpu: str, tp: int | None = No
         draft=draft_for_capacity(spec) if with_draft else None,
         reserve_gb=reserve_gb,
         windows=runtime_windows(spec, model),
-    )
+    ))
 
 
 def runtime_windows(spec: Spec, model: ModelInfo) -> tuple[int | None, ...]:

@@ -34,7 +34,7 @@ from pipeline.errors import SpecError
 from pipeline.quant_formats import FP8_MIN_SM, KV_CACHE_FORMATS, WEIGHT_FORMATS
 
 __all__ = [
-    "GB", "CapacityError", "CapacityPlan", "DraftModel", "ParamCount", "capacity_table", "count_params",
+    "GB", "CapacityError", "CapacityPlan", "CapacityRequest", "DraftModel", "ParamCount", "capacity_table", "count_params",
     "kv_bytes_per_sequence", "kv_bytes_per_token", "plan_capacity", "weight_bytes_per_param",
 ]
 
@@ -106,23 +106,29 @@ class DraftCapacity:
     full_sequences: int
 
 
-def plan_capacity(
-    model: ModelInfo,
-    *,
-    quant_algo: str,
-    kv_cache_dtype: str,
-    gpu: str | GpuSpec,
-    max_seq_len: int,
-    max_batch_size: int = MAX_BATCH_SIZE_CAP,
-    tp: int = 1,
-    kv_cache_free_gpu_mem_fraction: float = 0.9,
-    tokens_per_block: int = 32,
-    group_size: int = 128,
-    reserve_gb: float = RUNTIME_RESERVE_GB,
-    tied_embeddings: bool | None = None,
-    draft: DraftModel | None = None,
-    windows: tuple[int | None, ...] = (),
-) -> CapacityPlan:
+@dataclass(frozen=True)
+class CapacityRequest:
+    """What the planner sizes: `model` in `quant_algo` weights with a `kv_cache_dtype` KV cache on `tp` × `gpu`, built
+    for `max_seq_len` and `max_batch_size` (trtllm-build's defaults elsewhere); a `draft` for draft-target decoding,
+    `windows` the target's per-layer attention windows (None: full attention)."""
+
+    model: ModelInfo
+    quant_algo: str
+    kv_cache_dtype: str
+    gpu: str | GpuSpec
+    max_seq_len: int
+    max_batch_size: int = MAX_BATCH_SIZE_CAP
+    tp: int = 1
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    tokens_per_block: int = 32
+    group_size: int = 128
+    reserve_gb: float = RUNTIME_RESERVE_GB
+    tied_embeddings: bool | None = None
+    draft: DraftModel | None = None
+    windows: tuple[int | None, ...] = ()
+
+
+def plan_capacity(request: CapacityRequest) -> CapacityPlan:
     """How `model` in `quant_algo` with a `kv_cache_dtype` KV cache fits `tp` × `gpu`; CapacityError if it cannot run.
 
     With a `draft` (draft-target decoding) both engines' weights stay on the GPUs and every sequence has KV in both
@@ -131,11 +137,15 @@ def plan_capacity(
 
     `windows` (one per layer, None: full attention) are the per-layer attention windows the target's runtime keeps
     (pipeline.config.families.Family.runtime_windows): a windowed layer holds at most its window per sequence."""
-    gpu = get_gpu(gpu)
-    quant_algo, kv_cache_dtype = str(getattr(quant_algo, "value", quant_algo)), str(getattr(kv_cache_dtype, "value", kv_cache_dtype))
+    model, tp, draft, group_size, reserve_gb = request.model, request.tp, request.draft, request.group_size, request.reserve_gb
+    max_seq_len, max_batch_size, tokens_per_block = request.max_seq_len, request.max_batch_size, request.tokens_per_block
+    kv_cache_free_gpu_mem_fraction, tied_embeddings = request.kv_cache_free_gpu_mem_fraction, request.tied_embeddings
+    gpu = get_gpu(request.gpu)
+    quant_algo = str(getattr(request.quant_algo, "value", request.quant_algo))
+    kv_cache_dtype = str(getattr(request.kv_cache_dtype, "value", request.kv_cache_dtype))
     _check_inputs(model, tp, max_seq_len, max_batch_size, kv_cache_free_gpu_mem_fraction, tokens_per_block)
     params = count_params(model, tied_embeddings=tied_embeddings)
-    windows = tuple(windows)
+    windows = tuple(request.windows)
     sixteen_bit = (params.embedding + params.lm_head + params.final_norm) * _SIXTEEN_BIT
     weights = params.decoder * weight_bytes_per_param(quant_algo, group_size) + sixteen_bit
     per_gpu = weights / tp

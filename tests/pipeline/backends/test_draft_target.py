@@ -306,13 +306,13 @@ def test_the_cpu_build_records_prompt_lookup(tiny_checkpoint, tmp_path):
 
 # -- the capacity planner counts both engines ---------------------------------------------------------------
 def test_the_planner_counts_the_drafts_weights_and_kv_cache():
-    from pipeline.capacity.planner import CapacityError, DraftModel, plan_capacity
+    from pipeline.capacity.planner import CapacityError, CapacityRequest, DraftModel, plan_capacity
 
     target = load_config(ENGINE_DRAFT).model
     draft_model = read_model_info(REPO / "models" / "llama-3.2-1b-instruct")
     common = dict(quant_algo="fp8", kv_cache_dtype="fp8", gpu="H200", max_seq_len=8192, max_batch_size=16, kv_cache_free_gpu_mem_fraction=0.45)
-    alone = plan_capacity(target, **common)
-    both = plan_capacity(target, **common, draft=DraftModel(draft_model, "fp8", "fp8", 8200))
+    alone = plan_capacity(CapacityRequest(target, **common))
+    both = plan_capacity(CapacityRequest(target, **common, draft=DraftModel(draft_model, "fp8", "fp8", 8200)))
     d = both.draft
     # Llama-3.2-1B: 16 layers × 8 KV heads × head_dim 64 × 2 (K, V) × 1 byte (FP8)
     assert d.kv_bytes_per_token == 2 * 16 * 8 * 64
@@ -320,4 +320,4 @@ def test_the_planner_counts_the_drafts_weights_and_kv_cache():
     assert d.kv_space_bytes == pytest.approx(0.45 * (1 - 0.45) * (both.kv_space_bytes / 0.45))
     assert both.full_sequences <= min(alone.full_sequences, d.full_sequences)
     with pytest.raises(CapacityError, match="the draft's KV cache gets"):
-        plan_capacity(target, **{**common, "kv_cache_free_gpu_mem_fraction": 1.0}, draft=DraftModel(draft_model, "fp8", "fp8", 8200))
+        plan_capacity(CapacityRequest(target, **{**common, "kv_cache_free_gpu_mem_fraction": 1.0}, draft=DraftModel(draft_model, "fp8", "fp8", 8200)))

@@ -12,6 +12,7 @@ from rich.console import Console
 from pipeline.capacity.planner import (
     GB,
     CapacityError,
+    CapacityRequest,
     capacity_table,
     count_params,
     kv_bytes_per_token,
@@ -27,7 +28,7 @@ LLAMA_70B = read_model_info(REPO / "models" / "llama-3.3-70b-instruct")
 
 
 def _h200(model, quant, kv="none", **kwargs):
-    return plan_capacity(model, quant_algo=quant, kv_cache_dtype=kv, gpu="H200", max_seq_len=kwargs.pop("max_seq_len", 2048), **kwargs)
+    return plan_capacity(CapacityRequest(model, quant_algo=quant, kv_cache_dtype=kv, gpu="H200", max_seq_len=kwargs.pop("max_seq_len", 2048), **kwargs))
 
 
 def test_parameter_counts():
@@ -88,7 +89,7 @@ def test_70b_bf16_on_one_h200_fits_but_is_not_practical():
 
 def test_70b_bf16_on_one_80gb_gpu_is_impossible():
     with pytest.raises(CapacityError, match=r"needs 141\.1 GB of weights per GPU .* H100-80GB has 85 GB: 61\.1 GB missing \(the weights fit with tp 2\)"):
-        plan_capacity(LLAMA_70B, quant_algo="none", kv_cache_dtype="none", gpu="H100-80GB", max_seq_len=8192)
+        plan_capacity(CapacityRequest(LLAMA_70B, quant_algo="none", kv_cache_dtype="none", gpu="H100-80GB", max_seq_len=8192))
 
 
 def test_kv_cache_smaller_than_one_sequence_is_impossible():
@@ -98,8 +99,8 @@ def test_kv_cache_smaller_than_one_sequence_is_impossible():
 
 
 def test_tensor_parallel_splits_weights_and_kv_heads():
-    one = plan_capacity(LLAMA_70B, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H100-80GB", max_seq_len=16384, max_batch_size=64)
-    two = plan_capacity(LLAMA_70B, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H100-80GB", max_seq_len=16384, max_batch_size=64, tp=2)
+    one = plan_capacity(CapacityRequest(LLAMA_70B, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H100-80GB", max_seq_len=16384, max_batch_size=64))
+    two = plan_capacity(CapacityRequest(LLAMA_70B, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H100-80GB", max_seq_len=16384, max_batch_size=64, tp=2))
     assert two.weight_bytes_per_gpu == pytest.approx(one.weight_bytes_per_gpu / 2)
     assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2 == 80 * 1024
     assert two.kv_tokens > 2 * one.kv_tokens
@@ -127,7 +128,7 @@ def test_gpu_table():
 
 
 def test_fp8_on_a100_is_flagged():
-    plan = plan_capacity(LLAMA_8B, quant_algo="fp8", kv_cache_dtype="none", gpu="A100-80GB", max_seq_len=8192)
+    plan = plan_capacity(CapacityRequest(LLAMA_8B, quant_algo="fp8", kv_cache_dtype="none", gpu="A100-80GB", max_seq_len=8192))
     assert any("has no FP8" in n for n in plan.notes)
 
 
@@ -140,7 +141,7 @@ def test_fp8_on_a100_is_flagged():
 def test_bad_inputs(kwargs, message):
     args = {"quant_algo": "fp8", "kv_cache_dtype": "fp8", "gpu": "H200", "max_seq_len": 4096, **kwargs}
     with pytest.raises(SpecError, match=message):
-        plan_capacity(LLAMA_8B, **args)
+        plan_capacity(CapacityRequest(LLAMA_8B, **args))
 
 
 def test_capacity_table_renders():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.capacity.planner import GB, CapacityError, count_params, kv_bytes_per_sequence, kv_bytes_per_token, plan_capacity
+from pipeline.capacity.planner import GB, CapacityError, CapacityRequest, count_params, kv_bytes_per_sequence, kv_bytes_per_token, plan_capacity
 from pipeline.config.families import family_of
 from pipeline.config.model_info import read_model_info
 from pipeline.config.targets import Target
@@ -78,7 +78,7 @@ def test_parameter_counts_match_the_published_sizes(model, total_b, active_b):
 
 
 def test_moe_decode_bound_reads_the_active_experts_only():
-    plan = plan_capacity(QWEN3_MOE, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H200", max_seq_len=8192, max_batch_size=64)
+    plan = plan_capacity(CapacityRequest(QWEN3_MOE, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H200", max_seq_len=8192, max_batch_size=64))
     assert plan.weight_bytes / GB == pytest.approx(31.2, abs=0.05)  # every expert resident
     params = count_params(QWEN3_MOE)
     read = params.read_per_token * 1.0 + (params.embedding + params.final_norm) * 2.0
@@ -93,6 +93,6 @@ def test_the_engine_keeps_gemma3_windows_and_llmapi_keeps_every_familys():
 
 def test_deepseek_v3_fp8_needs_eight_h200s():
     with pytest.raises(CapacityError, match="needs .* GB of weights per GPU"):
-        plan_capacity(DEEPSEEK_V3, quant_algo="fp8", kv_cache_dtype="none", gpu="H200", max_seq_len=16384, tp=4)
-    plan = plan_capacity(DEEPSEEK_V3, quant_algo="fp8", kv_cache_dtype="none", gpu="H200", max_seq_len=16384, tp=8)
+        plan_capacity(CapacityRequest(DEEPSEEK_V3, quant_algo="fp8", kv_cache_dtype="none", gpu="H200", max_seq_len=16384, tp=4))
+    plan = plan_capacity(CapacityRequest(DEEPSEEK_V3, quant_algo="fp8", kv_cache_dtype="none", gpu="H200", max_seq_len=16384, tp=8))
     assert plan.weight_bytes_per_gpu / GB == pytest.approx(84.1, abs=0.05)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pipeline.capacity.for_spec import planned_python_instances
-from pipeline.capacity.planner import plan_capacity
+from pipeline.capacity.planner import CapacityRequest, plan_capacity
 from pipeline.capacity.streams import BATCHED_POSTPROCESSING, MEASURED, python_instances, token_roofline
 from pipeline.config.loader import load_config
 from pipeline.config.model_info import read_model_info
@@ -20,7 +20,7 @@ RATES = {rate.model: rate.per_instance for rate in MEASURED}
 
 
 def _h200(max_batch_size):
-    return plan_capacity(LLAMA_8B, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H200", max_seq_len=8192, max_batch_size=max_batch_size)
+    return plan_capacity(CapacityRequest(LLAMA_8B, quant_algo="fp8", kv_cache_dtype="fp8", gpu="H200", max_seq_len=8192, max_batch_size=max_batch_size))
 
 
 def test_a_large_batch_is_bound_by_compute_as_the_references_ceiling_formula_says():

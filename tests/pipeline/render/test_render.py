@@ -596,6 +596,7 @@ def test_default_engine_decodes_top_k_top_p_without_lookahead_parameters(tmp_pat
 def test_package_stage_writes_the_repository(tmp_path):
     from types import SimpleNamespace
 
+    from pipeline.artifacts import ArtifactRef
     from pipeline.stages import package
 
     build_dir = tmp_path / "build-x"
@@ -603,7 +604,7 @@ def test_package_stage_writes_the_repository(tmp_path):
     logged = []
     ctx = SimpleNamespace(
         spec=tiny_spec(),
-        upstream={"build": SimpleNamespace(path=build_dir), "prepare": SimpleNamespace(path=TOKENIZER_DIR)},
+        upstream={"build": ArtifactRef("build", "x", build_dir, {}), "prepare": ArtifactRef("prepare", "y", TOKENIZER_DIR, {})},
         out_dir=tmp_path / "package-x",
         final_dir=None,
         log=logged.append,
