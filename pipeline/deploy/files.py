@@ -29,7 +29,7 @@ from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.deploy import dockerfile, images, layout, monitoring, rule_tests, rules
 from pipeline.errors import StageError
-from pipeline.render import ConfigPaths, render_model_repository
+from pipeline.render import ConfigPaths, RepositoryRequest, render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form
 
 SECRET_VARIABLES = (layout.ADMIN_KEY_VARIABLE, layout.GRAFANA_PASSWORD_VARIABLE, layout.OPENAI_API_KEYS_VARIABLE)
@@ -80,11 +80,11 @@ def write_container_repository(
 ) -> list[Path]:
     """`model_repository/` as the container sees it; its files must be the package stage's."""
     repository = out_dir / layout.MODEL_REPOSITORY_DIR
-    written = render_model_repository(
+    written = render_model_repository(RepositoryRequest(
         engine_dir=engine_dir,
         tokenizer_dir=tokenizer_dir,
         serve=spec.serve,
-        target=spec.build.target.value,
+        target=spec.build.target,
         out_dir=repository,
         gpu_device_ids=tuple(range(len(spec.deploy.gpus))),  # the reserved GPUs, as the container numbers them
         config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT, layout.MODELS_MOUNT),
@@ -92,7 +92,7 @@ def write_container_repository(
         speculative=spec.build.speculative,
         draft_engine_dir=draft_engine_dir,
         draft_config_dir=layout.DRAFT_ENGINE_MOUNT,
-    )
+    ))
     if package_repository is not None:
         _check_same_files(repository, package_repository)
     llm_api = backend_for(spec.build.target).llm_api

@@ -36,6 +36,7 @@ from pipeline.render.contract import TensorSpec
 from pipeline.render.contract_files import CONTRACT_FILE, bls_contract, llm_contract
 from pipeline.render.llmapi_repository import render_llmapi_repository
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
+from pipeline.render.repository_request import RepositoryRequest
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from pipeline.render.xgrammar_tokenizer_info import FILE_NAME as TOKENIZER_INFO_FILE
 from pipeline.render.xgrammar_tokenizer_info import write_tokenizer_info
@@ -81,38 +82,16 @@ class ConfigPaths:
     model_repository: str | None = None
 
 
-def render_model_repository(
-    *,
-    engine_dir: Path,
-    tokenizer_dir: Path,
-    serve: ServeSpec,
-    target: Target | str,
-    out_dir: Path,
-    gpu_device_ids: Sequence[int] = (),
-    config_paths: ConfigPaths | None = None,
-    dry_run: bool = False,
-    speculative: SpeculativeSpec | None = None,
-    draft_engine_dir: Path | None = None,
-    draft_config_dir: str | None = None,
-    final_out_dir: Path | None = None,
-    python_instances: Mapping[str, int] | None = None,
-) -> list[Path]:
-    """Check the engine against the serve spec, then write the repository; returns the files written.
-
-    `dry_run` (of the engine target: no weights, so no rank*.engine, and possibly no tokenizer): the
-    rank-file check is skipped, and without tokenizer.json so are the tokenizer checks; the configs
-    still name `engine_dir` and `tokenizer_dir`, which must be complete before the server starts.
-    `speculative` is the spec's build.speculative: the engine's speculative mode is read from its config, the
-    runtime's lookahead (W, N, G) from here. `draft_engine_dir` is the draft stage's engine of draft_tokens_external
-    (the engine target serves it as tensorrt_llm_draft, named `draft_config_dir` in its config); a cpu engine carries
-    its draft inside (<engine>/draft). `final_out_dir`: where `out_dir` will be once the stage succeeds (the absolute
-    paths of files inside the repository name it). `python_instances`: the instance counts of preprocessing,
-    postprocessing and the BLS the package stage planned (pipeline.capacity.for_spec); a count the spec sets wins,
-    and 1 stands in where neither gives one."""
+def render_model_repository(request: RepositoryRequest) -> list[Path]:
+    """Check the engine against the serve spec, then write the repository; returns the files written."""
+    engine_dir, tokenizer_dir, serve, target, out_dir = request.engine_dir, request.tokenizer_dir, request.serve, request.target, request.out_dir
+    gpu_device_ids, speculative, dry_run = request.gpu_device_ids, request.speculative, request.dry_run
+    draft_engine_dir, draft_config_dir, python_instances = request.draft_engine_dir, request.draft_config_dir, request.python_instances
+    config_paths, final_out_dir = request.config_paths, request.final_out_dir
     if out_dir.exists() and any(out_dir.iterdir()):
         raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
     paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
-    llm_api = backend_for(Target(target)).llm_api
+    llm_api = backend_for(target).llm_api
     if llm_api is not None:  # NVIDIA's llmapi layout: one model configured by LLM() options, no engine to check
         return render_llmapi_repository(llm_api, engine_dir=engine_dir, serve=serve, out_dir=out_dir, model_path=paths.engine_dir)
     engine_config = read_engine_config(engine_dir)
@@ -140,11 +119,12 @@ def render_model_repository(
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
     instances = {name: getattr(serve.instances, name) or (python_instances or {}).get(name) or 1 for name in ("preprocessing", "postprocessing", "bls")}
-    configs = _configs(facts, tokenizer, serve, Target(target), llm_model, paths, gpu_device_ids, speculative, tensors, instances)
+    configs = _configs(facts, tokenizer, serve, target, llm_model, paths, gpu_device_ids, speculative, tensors, instances)
     if draft_config is not None and llm_model.serves_draft_model:
         draft_dir = draft_config_dir or str(Path(draft_engine_dir or "").resolve())
-        configs[DRAFT_MODEL_NAME] = _draft_model(engine_facts(draft_config), serve, Target(target), llm_model, draft_dir, gpu_device_ids, tensors)
-        configs["tensorrt_llm_bls"][1]["parameters"]["tensorrt_llm_draft_model_name"] = DRAFT_MODEL_NAME
+        configs[DRAFT_MODEL_NAME] = _draft_model(engine_facts(draft_config), serve, target, llm_model, draft_dir, gpu_device_ids, tensors)
+        _template, bls_context = configs["tensorrt_llm_bls"]
+        bls_context["parameters"]["tensorrt_llm_draft_model_name"] = DRAFT_MODEL_NAME
     contracts = _contracts(tensors)
     environment = template_environment(sources / "templates")
     written: list[Path] = []

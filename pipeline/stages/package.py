@@ -16,7 +16,7 @@ from pipeline.artifacts import REPOSITORY_DIR
 from pipeline.backends.registry import backend_for
 from pipeline.capacity.for_spec import planned_python_instances
 from pipeline.config.model_info import read_model_info
-from pipeline.render import render_model_repository
+from pipeline.render import RepositoryRequest, render_model_repository
 from pipeline.render.llmapi_repository import render_openai_form
 from pipeline.stages.base import StageContext
 
@@ -30,7 +30,7 @@ def run(ctx: StageContext) -> None:
     instances, reasoning = planned_python_instances(spec, read_model_info(tokenizer_dir))
     for line in reasoning:
         ctx.log(line)
-    written = render_model_repository(
+    written = render_model_repository(RepositoryRequest(
         engine_dir=engine_dir,
         tokenizer_dir=tokenizer_dir,
         serve=spec.serve,
@@ -42,7 +42,7 @@ def run(ctx: StageContext) -> None:
         draft_engine_dir=ctx.upstream["draft"].engine_dir.resolve() if "draft" in ctx.upstream else None,
         final_out_dir=(ctx.final_dir or ctx.out_dir) / REPOSITORY_DIR,
         python_instances=instances,
-    )
+    ))
     llm_api = backend_for(spec.build.target).llm_api
     if llm_api is not None:  # its second form: trtllm-serve with the same LLM() options
         serve_dir = ctx.out_dir / SERVE_DIR

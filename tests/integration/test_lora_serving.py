@@ -43,7 +43,7 @@ def lora_build(tiny_cpu, tmp_path_factory):
     """engine and repository of the shared checkpoint built with build.lora, with a prefetch dir."""
     from pipeline.backends.cpu.target import cpu_build_config, write_cpu_engine
     from pipeline.config.loader import load_config
-    from pipeline.render import render_model_repository
+    from pipeline.render import RepositoryRequest, render_model_repository
     from pipeline.stages.quantize import CHECKPOINT_DIR
 
     work = tmp_path_factory.mktemp("lora")
@@ -57,7 +57,7 @@ def lora_build(tiny_cpu, tmp_path_factory):
     write_cpu_engine(checkpoint, engine_dir, version="test",
                      build_config=cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value))
     repository = work / "model_repository"
-    render_model_repository(engine_dir=engine_dir, tokenizer_dir=tiny_cpu["tokenizer"], serve=spec.serve, target="cpu", out_dir=repository)
+    render_model_repository(RepositoryRequest(engine_dir=engine_dir, tokenizer_dir=tiny_cpu["tokenizer"], serve=spec.serve, target="cpu", out_dir=repository))
     return {"engine": engine_dir, "repository": repository}
 
 

@@ -33,7 +33,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from pipeline.config.spec import ServeSpec
-from pipeline.render import ConfigPaths, render_model_repository
+from pipeline.render import ConfigPaths, RepositoryRequest, render_model_repository
 from pipeline.serve import ServerOptions, TritonServer, leaks, read_state, start_detached, stop_detached
 from tests.support.serving import SHUTDOWN_TIMEOUT_S, free_ports, infer_inputs, running_server
 
@@ -179,9 +179,9 @@ def reference(artifacts, model_code):
 @pytest.fixture(scope="module")
 def server(artifacts, tmp_path_factory):
     repository = tmp_path_factory.mktemp("repo") / "model_repository"
-    render_model_repository(
+    render_model_repository(RepositoryRequest(
         engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="cpu", out_dir=repository
-    )
+    ))
     _add_variants(repository)
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
@@ -836,14 +836,14 @@ def _states_and_bls_metadata(repository: Path) -> tuple[dict, dict]:
 
 def test_engine_target_repository_fails_only_for_the_missing_tensorrtllm_backend(artifacts, tmp_path):
     repository = tmp_path / "model_repository"
-    render_model_repository(
+    render_model_repository(RepositoryRequest(
         engine_dir=llama_31_8b_engine(tmp_path / "engine"),
         tokenizer_dir=artifacts["tokenizer"],
         serve=ServeSpec(),
         target="engine",
         out_dir=repository,
         config_paths=ConfigPaths(str(tmp_path / "engine"), str(artifacts["tokenizer"])),
-    )
+    ))
     options = _lenient_options(repository)
     state_dir = tmp_path / "serve-state"
     with pytest.raises(Exception, match="models not ready: .*tensorrt_llm: UNAVAILABLE"):
@@ -873,10 +873,10 @@ def test_lora_and_lookahead_repository_loads_up_to_the_missing_backend(artifacts
         lora_config={"lora_dir": ["lora/0"], "lora_ckpt_source": "hf", "max_lora_rank": 32, "lora_target_modules": ["attn_q", "attn_v"]},
     )
     repository = tmp_path / "model_repository"
-    render_model_repository(
+    render_model_repository(RepositoryRequest(
         engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(lora=ServeLoraSpec(cache_optimal_adapter_size=16)),
         target="engine", out_dir=repository, speculative=SpeculativeSpec(mode="lookahead_decoding"),
-    )
+    ))
     states, bls = _states_and_bls_metadata(repository)
     assert "unable to find backend library for backend 'tensorrtllm'" in states["tensorrt_llm"].reason
     assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
@@ -892,8 +892,8 @@ def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_
     draft = llama_31_8b_engine(tmp_path / "draft", max_seq_len=16384 + 4)
     repository = tmp_path / "model_repository"
     speculative = SpeculativeSpec(mode="draft_tokens_external", max_draft_len=4, draft={"source": str(tmp_path / "unused")})
-    render_model_repository(engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="engine",
-                            out_dir=repository, speculative=speculative, draft_engine_dir=draft)
+    render_model_repository(RepositoryRequest(engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="engine",
+                            out_dir=repository, speculative=speculative, draft_engine_dir=draft))
     states, bls = _states_and_bls_metadata(repository)
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
         assert "unable to find backend library for backend 'tensorrtllm'" in states[name].reason
@@ -904,10 +904,10 @@ def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_
 def tokenizer_only_repository(artifacts, tmp_path: Path) -> Path:
     """The engine target's preprocessing and postprocessing: quick to load, no torch."""
     repository = tmp_path / "model_repository"
-    render_model_repository(
+    render_model_repository(RepositoryRequest(
         engine_dir=llama_31_8b_engine(tmp_path / "engine"), tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(),
         target="engine", out_dir=repository,
-    )
+    ))
     for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
         shutil.rmtree(repository / name)
     return repository
@@ -962,10 +962,10 @@ def test_a_repository_without_streaming_answers_unary_requests(artifacts, refere
     """serve.decoupled false: unary gRPC ModelInfer and HTTP /infer work; a stream request is refused. The same
     server has serve.guided_decoding none: a guide is refused by name before any token."""
     repository = tmp_path / "model_repository"
-    render_model_repository(
+    render_model_repository(RepositoryRequest(
         engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"],
         serve=ServeSpec(streaming=False, decoupled=False, guided_decoding="none"), target="cpu", out_dir=repository,
-    )
+    ))
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5)
     prompt = PROMPTS[0]

@@ -22,11 +22,13 @@ MAX_TOKENS = 24
 def render_batched_repository(tiny_cpu, repository: Path) -> Path:
     """The tiny cpu model's repository with postprocessing batched, rendered into `repository`."""
     from pipeline.config.spec import ServeSpec
-    from pipeline.render import render_model_repository
+    from pipeline.render import RepositoryRequest, render_model_repository
 
     # a 5 ms queue delay, so that requests arriving together are batched even on a fast machine
     serve = ServeSpec(postprocessing_dynamic_batching=True, max_queue_delay_microseconds=5000)
-    render_model_repository(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
+    render_model_repository(
+        RepositoryRequest(engine_dir=tiny_cpu["engine"], tokenizer_dir=tiny_cpu["tokenizer"], serve=serve, target="cpu", out_dir=repository)
+    )
     if "dynamic_batching" not in (repository / "postprocessing" / "config.pbtxt").read_text():
         raise AssertionError("postprocessing was rendered without dynamic_batching")
     return repository

@@ -61,15 +61,15 @@ def _package(spec: Spec, checkpoint: Path, draft_dir: Path | None, tokenizer_dir
     """The spec's speculative cpu engine over `checkpoint` (`draft_dir`: its draft's engine) and its model repository."""
     from pipeline.backends.cpu.speculative import add_speculation
     from pipeline.backends.cpu.target import cpu_build_config, write_cpu_engine
-    from pipeline.render import render_model_repository
+    from pipeline.render import RepositoryRequest, render_model_repository
 
     engine_dir = work / "engine"
     build_config = cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value)
     write_cpu_engine(checkpoint, engine_dir, build_config=build_config, version="test")
     add_speculation(engine_dir, spec.build.speculative, draft_dir, max_seq_len=build_config["max_seq_len"])
     repository = work / "model_repository"
-    render_model_repository(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, serve=spec.serve, target="cpu",
-                            out_dir=repository, speculative=spec.build.speculative)
+    render_model_repository(RepositoryRequest(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, serve=spec.serve, target="cpu",
+                            out_dir=repository, speculative=spec.build.speculative))
     return repository
 
 

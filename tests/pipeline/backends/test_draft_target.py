@@ -22,7 +22,7 @@ from pipeline.config.model_info import read_model_info
 from pipeline.config.spec.draft import draft_spec
 from pipeline.errors import SpecError
 from pipeline.plan import EnvFacts, plan
-from pipeline.render import render_model_repository
+from pipeline.render import RepositoryRequest, render_model_repository
 from pipeline.render.repository import ConfigPaths
 from pipeline.trtllm_versions import get_version
 from tests.conftest import BUILD_CONFIGS, REPO
@@ -173,12 +173,12 @@ def engine_repository(tmp_path_factory) -> Path:
     target, draft = _engine_builds()
     spec = load_config(ENGINE_DRAFT).spec
     out = root / "repository"
-    render_model_repository(
+    render_model_repository(RepositoryRequest(
         engine_dir=_engine_dir(root / "engine", target), tokenizer_dir=REPO / "models" / "tiny-stdlib-llama-tokenizer-absent",
         serve=spec.serve, target="engine", out_dir=out, gpu_device_ids=(0,), dry_run=True, speculative=spec.build.speculative,
         draft_engine_dir=_engine_dir(root / "draft", draft), draft_config_dir="/draft_engine",
         config_paths=ConfigPaths("/engine", "/tokenizer", "/models"),  # as the deployment's container sees them
-    )
+    ))
     return out
 
 
@@ -219,9 +219,9 @@ def test_a_draft_with_another_vocabulary_is_refused_by_the_checks(tmp_path):
     (draft_dir / "config.json").write_text(json.dumps(config))
     spec = load_config(ENGINE_DRAFT).spec
     with pytest.raises(StageError, match="the draft engine's pretrained_config.vocab_size is 32000 but the engine's is 128256"):
-        render_model_repository(engine_dir=_engine_dir(tmp_path / "engine", target), tokenizer_dir=tmp_path, serve=spec.serve,
+        render_model_repository(RepositoryRequest(engine_dir=_engine_dir(tmp_path / "engine", target), tokenizer_dir=tmp_path, serve=spec.serve,
                                 target="engine", out_dir=tmp_path / "out", dry_run=True, speculative=spec.build.speculative,
-                                draft_engine_dir=draft_dir)
+                                draft_engine_dir=draft_dir))
 
 
 # -- cpu target: the engine directory carries the draft -------------------------------------------------------

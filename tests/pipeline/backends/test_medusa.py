@@ -166,12 +166,12 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
     assert json.loads((engine / "medusa" / "config.json").read_text())["medusa_num_heads"] == 3
     # the rendered repository: the cpu tensorrt_llm model carries decoding_mode and the tree, the ensemble and the BLS
     # are the usual ones
-    from pipeline.render import render_model_repository
+    from pipeline.render import RepositoryRequest, render_model_repository
     from pipeline.render.pbtxt import parse_config
 
     out = tmp_path / "repository"
-    render_model_repository(engine_dir=engine, tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve,
-                            target="cpu", out_dir=out, speculative=loaded.spec.build.speculative, dry_run=True)
+    render_model_repository(RepositoryRequest(engine_dir=engine, tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve,
+                            target="cpu", out_dir=out, speculative=loaded.spec.build.speculative, dry_run=True))
     llm = parse_config((out / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
     assert llm.parameters["decoding_mode"].string_value == "medusa"
     assert llm.parameters["medusa_choices"].string_value == "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"

@@ -51,7 +51,7 @@ from pipeline.deploy.images import server_image
 from pipeline.deploy.server_command import CPU_BACKEND_DIR, CPU_TRITONSERVER_ROOT, EXIT_TIMEOUT_SECS, RESTRICTED_APIS, world_size_of
 from pipeline.errors import SpecError, StageError, ToolError
 from pipeline.plan import StagePlan
-from pipeline.render import render_model_repository
+from pipeline.render import RepositoryRequest, render_model_repository
 from pipeline.stages import deploy as deploy_stage
 
 REPO = Path(__file__).resolve().parents[3]
@@ -467,8 +467,8 @@ def tokenizer(directory: Path) -> Path:
 
 
 def package_repository(spec: Spec, engine: Path, tokenizer_dir: Path, out: Path) -> Path:
-    render_model_repository(engine_dir=engine, tokenizer_dir=tokenizer_dir, serve=spec.serve, target=spec.build.target.value,
-                            out_dir=out, gpu_device_ids=spec.deploy.gpus)
+    render_model_repository(RepositoryRequest(engine_dir=engine, tokenizer_dir=tokenizer_dir, serve=spec.serve, target=spec.build.target.value,
+                            out_dir=out, gpu_device_ids=spec.deploy.gpus))
     return out
 
 

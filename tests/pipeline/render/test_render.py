@@ -25,7 +25,7 @@ from pipeline.backends.engine_facts import engine_facts
 from pipeline.backends.llm_parameters import engine_parameters, gpu_device_id_groups
 from pipeline.config.spec import LookaheadSpec, LoraSpec, SchedulerPolicy, ServeLoraSpec, ServeSpec, Spec, SpeculativeSpec
 from pipeline.errors import StageError
-from pipeline.render import ConfigPaths, check_consistency, contract, render_model_repository
+from pipeline.render import ConfigPaths, RepositoryRequest, check_consistency, contract, render_model_repository
 from pipeline.render.contract_files import CONTRACT_FILE
 from pipeline.render.pbtxt import lint_config, pbtxt_string
 
@@ -50,8 +50,7 @@ def tiny_lora_build():
 def test_the_cpu_build_records_build_lora_as_trtllm_build_does():
     build_config = cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")
     assert build_config["plugin_config"]["lora_plugin"] == "float16"  # the LoRA plugin in the model's dtype
-    assert build_config["lora_config"] == {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 16,
-                                           "lora_target_modules": ["attn_q", "attn_v"]}
+    assert build_config["lora_config"] == {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 16, "lora_target_modules": ["attn_q", "attn_v"]}
     assert "lora_plugin" not in cpu_build_config(tiny_spec().build, max_seq_len=1024, dtype="float16")["plugin_config"]
 
 
@@ -119,7 +118,9 @@ def lora_engine_config(max_lora_rank: int = 32) -> dict:
     config = llama_8b_engine_config()
     config["build_config"]["plugin_config"]["lora_plugin"] = "bfloat16"
     config["build_config"]["lora_config"] = {
-        "lora_dir": ["lora/0"], "lora_ckpt_source": "hf", "max_lora_rank": max_lora_rank,
+        "lora_dir": ["lora/0"],
+        "lora_ckpt_source": "hf",
+        "max_lora_rank": max_lora_rank,
         "lora_target_modules": ["attn_q", "attn_k", "attn_v", "attn_dense"],
     }
     return config
@@ -128,9 +129,7 @@ def lora_engine_config(max_lora_rank: int = 32) -> dict:
 def lookahead_engine_config(max_draft_len: int = 15, max_beam_width: int = 1) -> dict:
     """A Llama-3.1-8B engine built with --speculative_decoding_mode lookahead_decoding (max_seq_len 16384 + draft)."""
     config = llama_8b_engine_config()
-    config["build_config"].update(
-        speculative_decoding_mode=8, max_draft_len=max_draft_len, max_seq_len=16384 + max_draft_len, max_beam_width=max_beam_width
-    )
+    config["build_config"].update(speculative_decoding_mode=8, max_draft_len=max_draft_len, max_seq_len=16384 + max_draft_len, max_beam_width=max_beam_width)
     return config
 
 
@@ -152,12 +151,14 @@ def render(tmp_path: Path, *, target: str = "cpu", config: dict | None = None, s
     engine_dir = write_engine_dir(tmp_path / "engine", config, ".safetensors" if target == "cpu" else ".engine")
     out_dir = tmp_path / "model_repository"
     render_model_repository(
-        engine_dir=engine_dir,
-        tokenizer_dir=TOKENIZER_DIR,
-        serve=serve or tiny_spec().serve,
-        target=target,
-        out_dir=out_dir,
-        **kwargs,
+        RepositoryRequest(
+            engine_dir=engine_dir,
+            tokenizer_dir=TOKENIZER_DIR,
+            serve=serve or tiny_spec().serve,
+            target=target,
+            out_dir=out_dir,
+            **kwargs,
+        )
     )
     return out_dir
 
@@ -233,9 +234,25 @@ def test_both_llm_variants_share_the_tensorrt_llm_contract(tmp_path):
     required = {name for name, spec in tensors(cpu.input).items() if not spec[4]}
     assert required == {"input_lengths", "request_output_len"}
     names = set(tensors(cpu.input))
-    assert {"input_ids", "end_id", "pad_id", "streaming", "runtime_top_k", "runtime_top_p", "temperature", "seed",
-            "repetition_penalty", "presence_penalty", "min_tokens", "stop_words_list", "bad_words_list", "beam_width",
-            "num_return_sequences", "return_log_probs", "stop"} <= names
+    assert {
+        "input_ids",
+        "end_id",
+        "pad_id",
+        "streaming",
+        "runtime_top_k",
+        "runtime_top_p",
+        "temperature",
+        "seed",
+        "repetition_penalty",
+        "presence_penalty",
+        "min_tokens",
+        "stop_words_list",
+        "bad_words_list",
+        "beam_width",
+        "num_return_sequences",
+        "return_log_probs",
+        "stop",
+    } <= names
     dims = tensors(cpu.input)
     assert dims["stop_words_list"][:2] == (model_config_pb2.TYPE_INT32, (2, -1))
     assert dims["seed"][0] == model_config_pb2.TYPE_UINT64
@@ -275,9 +292,23 @@ def test_ensemble_wires_preprocessing_llm_postprocessing(tmp_path):
         has_context = "PRECEDING_IDS" in steps["postprocessing"].input_map
         assert has_context == (target == "cpu")
         client_inputs = {t.name for t in config.input}
-        assert {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
-                "presence_penalty", "min_tokens", "bad_words", "stop_words", "end_id", "pad_id",
-                "exclude_input_in_output"} <= client_inputs
+        assert {
+            "text_input",
+            "max_tokens",
+            "stream",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+            "repetition_penalty",
+            "presence_penalty",
+            "min_tokens",
+            "bad_words",
+            "stop_words",
+            "end_id",
+            "pad_id",
+            "exclude_input_in_output",
+        } <= client_inputs
         mapped = set(steps["preprocessing"].input_map.values()) | set(steps["tensorrt_llm"].input_map.values())
         assert client_inputs <= mapped, "every client input reaches a model"
 
@@ -287,15 +318,40 @@ def test_engine_variant_fills_every_backend_parameter(tmp_path):
     repository = render(tmp_path, target="engine", serve=serve, config_paths=ConfigPaths("/engines/llama", "/tok"))
     values = parameters(parse(repository / "tensorrt_llm" / "config.pbtxt"))
     assert set(values) == {
-        "gpt_model_type", "gpt_model_path", "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "batch_scheduler_policy",
-        "kv_cache_free_gpu_mem_fraction", "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks",
-        "max_attention_window_size", "sink_token_length", "enable_kv_cache_reuse", "enable_chunked_context",
-        "exclude_input_in_output", "normalize_log_probs", "cancellation_check_period_ms", "stats_check_period_ms",
-        "iter_stats_max_iterations", "request_stats_max_iterations", "decoding_mode",
-        "speculative_decoding_fast_logits", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode",
-        "cuda_graph_mode", "cuda_graph_cache_size", "num_nodes", "lora_cache_optimal_adapter_size",
-        "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes",
-        "executor_worker_path", "guided_decoding_backend", "xgrammar_tokenizer_info_path", "tokenizer_dir",
+        "gpt_model_type",
+        "gpt_model_path",
+        "max_beam_width",
+        "FORCE_CPU_ONLY_INPUT_TENSORS",
+        "batch_scheduler_policy",
+        "kv_cache_free_gpu_mem_fraction",
+        "kv_cache_host_memory_bytes",
+        "kv_cache_onboard_blocks",
+        "max_attention_window_size",
+        "sink_token_length",
+        "enable_kv_cache_reuse",
+        "enable_chunked_context",
+        "exclude_input_in_output",
+        "normalize_log_probs",
+        "cancellation_check_period_ms",
+        "stats_check_period_ms",
+        "iter_stats_max_iterations",
+        "request_stats_max_iterations",
+        "decoding_mode",
+        "speculative_decoding_fast_logits",
+        "gpu_weights_percent",
+        "enable_context_fmha_fp32_acc",
+        "multi_block_mode",
+        "cuda_graph_mode",
+        "cuda_graph_cache_size",
+        "num_nodes",
+        "lora_cache_optimal_adapter_size",
+        "lora_cache_max_adapter_size",
+        "lora_cache_gpu_memory_fraction",
+        "lora_cache_host_memory_bytes",
+        "executor_worker_path",
+        "guided_decoding_backend",
+        "xgrammar_tokenizer_info_path",
+        "tokenizer_dir",
     }
     assert values["guided_decoding_backend"] == "xgrammar" and values["tokenizer_dir"] == "/tok"
     assert values["xgrammar_tokenizer_info_path"] == str((repository / "tensorrt_llm" / "xgrammar_tokenizer_info.json").resolve())
@@ -408,8 +464,12 @@ CONSISTENCY_CASES = {
         ["deploy.gpus lists 3 GPU(s)", "tp_size 2", "= 2 are needed"],
     ),
     "several instances need gpu ids": (
-        dict(config=llama_8b_engine_config(), target="engine", vocab=128256,
-             serve=_serve(instances=tiny_spec().serve.instances.model_copy(update={"tensorrt_llm": 2}))),
+        dict(
+            config=llama_8b_engine_config(),
+            target="engine",
+            vocab=128256,
+            serve=_serve(instances=tiny_spec().serve.instances.model_copy(update={"tensorrt_llm": 2})),
+        ),
         ["serve.instances.tensorrt_llm is 2", "deploy.gpus is empty"],
     ),
     "world size differs from tp x pp": (
@@ -442,8 +502,10 @@ CONSISTENCY_CASES = {
         ["serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size 16)", "build_config.lora_config.max_lora_rank 32"],
     ),
     "cpu lora cache below the engine's rank": (
-        dict(config={**tiny_engine_config(), "build_config": cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")},
-             serve=_serve(lora=ServeLoraSpec(cache_optimal_adapter_size=4, cache_max_adapter_size=8))),
+        dict(
+            config={**tiny_engine_config(), "build_config": cpu_build_config(tiny_lora_build(), max_seq_len=1024, dtype="float16")},
+            serve=_serve(lora=ServeLoraSpec(cache_optimal_adapter_size=4, cache_max_adapter_size=8)),
+        ),
         ["serve.lora.cache_max_adapter_size (lora_cache_max_adapter_size 8)", "build_config.lora_config.max_lora_rank 16"],
     ),
     "lora weights in another dtype": (
@@ -460,8 +522,12 @@ CONSISTENCY_CASES = {
         ["build_config.speculative_decoding_mode none", "build.speculative.mode is lookahead_decoding"],
     ),
     "lookahead window needs another draft length": (
-        dict(config=lookahead_engine_config(15), target="engine", vocab=128256,
-             speculative=SpeculativeSpec(mode="lookahead_decoding", lookahead=LookaheadSpec(window_size=5))),
+        dict(
+            config=lookahead_engine_config(15),
+            target="engine",
+            vocab=128256,
+            speculative=SpeculativeSpec(mode="lookahead_decoding", lookahead=LookaheadSpec(window_size=5)),
+        ),
         ["(W 5, N 3, G 4) needs max_draft_len 17", "build_config.max_draft_len 15"],
     ),
     "medusa engine": (
@@ -505,7 +571,9 @@ def test_unknown_target_and_missing_engine_keys_are_refused(tmp_path):
     with pytest.raises(StageError, match="build_config.max_seq_len is missing"):
         engine_facts(broken)
     with pytest.raises(StageError, match="does not exist"):
-        render_model_repository(engine_dir=tmp_path / "nothing", tokenizer_dir=TOKENIZER_DIR, serve=ServeSpec(), target="cpu", out_dir=tmp_path / "r")
+        render_model_repository(
+            RepositoryRequest(engine_dir=tmp_path / "nothing", tokenizer_dir=TOKENIZER_DIR, serve=ServeSpec(), target="cpu", out_dir=tmp_path / "r")
+        )
 
 
 # -- pbtxt helpers --------------------------------------------------------------------------------
@@ -513,8 +581,12 @@ def test_pbtxt_strings_are_escaped_and_leftovers_refused():
     assert pbtxt_string('a "b" \\c') == '"a \\"b\\" \\\\c"'
     with pytest.raises(StageError, match="None"):
         pbtxt_string(None)
-    for text, what in (('x: "${engine_dir}"', "placeholder"), ("x: {{ y }}", "Jinja"), ("max_batch_size: None", "None"),
-                       ('value: { string_value: "" }', "empty string")):
+    for text, what in (
+        ('x: "${engine_dir}"', "placeholder"),
+        ("x: {{ y }}", "Jinja"),
+        ("max_batch_size: None", "None"),
+        ('value: { string_value: "" }', "empty string"),
+    ):
         with pytest.raises(StageError, match=what):
             lint_config(text, "model/config.pbtxt")
 
@@ -691,8 +763,11 @@ def test_word_lists_round_trip_and_reject_malformed_offsets(model_code):
 
 
 def _arrays(**values):
-    arrays = {"input_ids": np.array([[1, 317, 289, 0]], dtype=np.int32), "input_lengths": np.array([3], dtype=np.int32),
-              "request_output_len": np.array([8], dtype=np.int32)}
+    arrays = {
+        "input_ids": np.array([[1, 317, 289, 0]], dtype=np.int32),
+        "input_lengths": np.array([3], dtype=np.int32),
+        "request_output_len": np.array([8], dtype=np.int32),
+    }
     for name, value in values.items():
         arrays[name] = np.array([value])
     return arrays
@@ -714,7 +789,8 @@ def test_llm_request_follows_tensorrt_llm_semantics(model_code):
     # NVIDIA's ensemble always sends the decoder placeholder and beam-search knobs; at beam 1 they change nothing
     nvidia = parse_request(
         _arrays(decoder_input_lengths=1, len_penalty=1.0, early_stopping=True, guided_decoding_guide_type=b""),
-        exclude_input_default=True, decoupled=True,
+        exclude_input_default=True,
+        decoupled=True,
     )
     assert nvidia.params == parsed.params.__class__(max_tokens=8, temperature=0.0)
 
@@ -758,13 +834,16 @@ def test_llm_response_adds_token_counts_and_perf_metrics_on_request(model_code):
 
     request = parse_request(
         _arrays(return_perf_metrics=True, return_num_input_tokens=True, return_num_output_tokens=True),
-        exclude_input_default=True, decoupled=True,
+        exclude_input_default=True,
+        decoupled=True,
     )
     metrics = RequestMetrics(100, 150, 200, 260, kv_new_blocks=2, kv_reused_blocks=1)
     completion = CompletionOutput(index=0, token_ids=(5, 6, 7), new_token_ids=(7,))
     streamed = streamed_arrays(request, completion, metrics)
     assert {name: streamed[name].tolist() for name in ("num_input_tokens", "num_output_tokens", "batch_index")} == {
-        "num_input_tokens": [[3]], "num_output_tokens": [[3]], "batch_index": [[0]],
+        "num_input_tokens": [[3]],
+        "num_output_tokens": [[3]],
+        "batch_index": [[0]],
     }
     assert streamed["kv_cache_alloc_total_blocks"].tolist() == [[3]] and streamed["kv_cache_reused_blocks"].tolist() == [[1]]
     assert streamed["last_token_time_ns"].dtype == np.int64 and streamed["last_token_time_ns"].tolist() == [[260]]
@@ -861,9 +940,11 @@ def test_beam_search_returns_every_beam_in_one_response(model_code):
     assert request.params.beam_width == 3 and request.params.n == 3  # every beam by default, as TensorRT-LLM
     beams = [((5, 6, 7), -1.5, (-0.5, -0.5, -0.5)), ((5, 8), -1.75, (-0.5, -1.0)), ((9,), -2.0, (-2.0,))]
     output = RequestOutput(
-        "r", request.prompt_ids,
-        tuple(CompletionOutput(i, t, t, "stop", logprobs=tuple(SampledToken(a, b) for a, b in zip(t, lp)), cum_log_prob=c)
-              for i, (t, c, lp) in enumerate(beams)),
+        "r",
+        request.prompt_ids,
+        tuple(
+            CompletionOutput(i, t, t, "stop", logprobs=tuple(SampledToken(a, b) for a, b in zip(t, lp)), cum_log_prob=c) for i, (t, c, lp) in enumerate(beams)
+        ),
     )
     got = beam_arrays(request, output)
     assert got["output_ids"].tolist() == [[[5, 6, 7], [5, 8, 2], [9, 2, 2]]]  # padded with the end id
