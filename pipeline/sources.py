@@ -11,7 +11,9 @@ from pipeline.errors import StageError
 
 def package_dir(name: str) -> Path:
     """The directory of an importable package, located, not imported."""
-    return Path(importlib.util.find_spec(name).origin).parent
+    found = importlib.util.find_spec(name)
+    assert found is not None and found.origin is not None, name  # callers name the project's own packages
+    return Path(found.origin).parent
 
 
 def model_repo_sources() -> Path:

@@ -166,5 +166,5 @@ def _expected_shape(module: str, info: ModelInfo, model_shapes: dict[str, list[i
     dense_mlp = info.moe is None or int(match.group("layer")) < info.moe.dense_layers
     if name not in sizes or (name not in _ATTENTION and not dense_mlp):
         return None
-    shape, fields = sizes[name]
-    return shape, f"{fields} in {info.path / 'config.json'}"
+    expected, fields = sizes[name]
+    return expected, f"{fields} in {info.path / 'config.json'}"

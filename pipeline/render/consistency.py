@@ -137,7 +137,7 @@ def _paged_context_features(facts: EngineFacts, serve: ServeSpec) -> list[str]:
                 f"serve.{field} is true but the engine has plugin_config.use_paged_context_fmha "
                 f"{facts.use_paged_context_fmha} (context_fmha {facts.context_fmha}); it needs paged context FMHA"
             )
-        if loss is not None:
+        if loss is not None and kv is not None:  # loss is None whenever kv is
             weights = f" with quantization.quant_algo {facts.quant_algo}" if loss == "weights" else ""
             problems.append(
                 f"serve.{field} is true but the engine has quantization.kv_cache_quant_algo {kv.trtllm_kv_quant_algo}"

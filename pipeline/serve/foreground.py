@@ -5,11 +5,15 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from pipeline.errors import ToolError
 from pipeline.serve.cleanup import signal_text
 from pipeline.serve.command import ServerOptions
 from pipeline.serve.server import TritonServer
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal returns and accepts
 
 _POLL_SECONDS = 0.5
 
@@ -56,8 +60,8 @@ def _exited_on_its_own(server: TritonServer, hung: str | None = None) -> ToolErr
     return ToolError(server.command, returncode or -1, f"{what}\n{tail}")
 
 
-def _install_handlers(stop_requested: threading.Event) -> dict[int, object]:
-    previous: dict[int, object] = {}
+def _install_handlers(stop_requested: threading.Event) -> dict[int, _Handler]:
+    previous: dict[int, _Handler] = {}
     if threading.current_thread() is not threading.main_thread():
         return previous  # signal handlers can only be set from the main thread
 
@@ -69,6 +73,6 @@ def _install_handlers(stop_requested: threading.Event) -> dict[int, object]:
     return previous
 
 
-def _restore_handlers(previous: dict[int, object]) -> None:
+def _restore_handlers(previous: dict[int, _Handler]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)

@@ -71,7 +71,7 @@ def not_owned_by_others(directories: Iterable[Path], other_server_starts: Iterab
 
 
 def remove_shm_regions(prefix: str) -> list[Path]:
-    removed = []
+    removed: list[Path] = []
     if not prefix:  # never glob the whole of /dev/shm
         return removed
     for region in SHM_DIR.glob(f"{prefix}*"):

@@ -60,16 +60,17 @@ def run(ctx: StageContext) -> None:
     else:
         record = {"source": str(source), "files": {name: _describe(source / name) for name in info.weight_files}}
         (ctx.out_dir / SOURCE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    num_parameters = sum(n for n, _ in tensors.values())
     summary = {
         "model_type": info.model_type,
         "architecture": info.architecture,
-        "num_parameters": sum(n for n, _ in tensors.values()),
+        "num_parameters": num_parameters,
         "weight_dtypes": sorted({dtype for _, dtype in tensors.values()}),
         "num_tensors": len(tensors),
         "source": str(source),
     }
     (ctx.out_dir / "prepare.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    ctx.log(f"{summary['num_parameters'] / 1e6:.2f} M parameters in {len(info.weight_files)} safetensors file(s)")
+    ctx.log(f"{num_parameters / 1e6:.2f} M parameters in {len(info.weight_files)} safetensors file(s)")
 
 
 def _prepare_config_only(ctx: StageContext) -> None:

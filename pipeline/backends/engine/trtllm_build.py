@@ -235,7 +235,7 @@ def render_build_config(s: BuildRequest, *, timing_cache: Path) -> dict[str, Any
     """
     if s.max_seq_len is None:
         raise PipelineError("render_build_config needs resolved settings (max_seq_len is None)")
-    config = {
+    config: dict[str, Any] = {
         "max_input_len": s.max_input_len,
         "max_seq_len": s.max_seq_len,
         "max_batch_size": s.max_batch_size,

@@ -141,7 +141,8 @@ def check_value(option: str, value: object, kind: OptionType) -> str | None:
         item = OptionType(item_kind, choices=kind.choices, minimum=kind.minimum)
         problems = [check_value(option, entry, item) for entry in value]
         return next((p for p in problems if p is not None), None)
-    expected = {"str": str, "path": str, "int": int, "float": (int, float), "bool": bool}[kind.kind]
+    kinds: dict[str, type | tuple[type, ...]] = {"str": str, "path": str, "int": int, "float": (int, float), "bool": bool}
+    expected = kinds[kind.kind]
     if isinstance(value, bool) and kind.kind != "bool":
         return f"{option}: expects {kind.kind}, got a boolean"
     if not isinstance(value, expected):

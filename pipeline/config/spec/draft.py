@@ -24,9 +24,9 @@ def draft_spec(spec: Spec) -> Spec | None:
 
     build = spec.build
     speculative = build.speculative
-    draft = speculative.draft if speculative is not None else None
-    if draft is None:
+    if speculative is None or speculative.draft is None:
         return None
+    draft = speculative.draft
     target_max_seq_len = build.max_seq_len
     limits: dict[str, Any] = {
         "max_batch_size": draft.max_batch_size or build.max_batch_size,

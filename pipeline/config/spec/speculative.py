@@ -164,9 +164,9 @@ class SpeculativeSpec(StrictModel):
                 raise ValueError(f"build.speculative.{section} applies to mode {owner.value} only, not {mode}")
         if self.draft_vocab_size is not None and self.mode is not SpeculativeMode.draft_tokens_external:
             raise ValueError(f"build.speculative.draft_vocab_size applies to mode draft_tokens_external only (the draft model's vocabulary), not {mode}")
-        section = dict((owner, name) for name, owner in _MODE_SECTIONS).get(self.mode)
-        if self.mode in _REQUIRED_SECTIONS and getattr(self, section or "") is None:
-            raise ValueError(f"build.speculative.{section} is required for mode {mode}: {_REQUIRED_SECTIONS[self.mode]}")
+        required = dict((owner, name) for name, owner in _MODE_SECTIONS).get(self.mode)
+        if self.mode in _REQUIRED_SECTIONS and getattr(self, required or "") is None:
+            raise ValueError(f"build.speculative.{required} is required for mode {mode}: {_REQUIRED_SECTIONS[self.mode]}")
         if self.mode in _NEEDS_MAX_DRAFT_LEN and self.max_draft_len is None:
             raise ValueError(f"build.speculative.max_draft_len is required for mode {mode}: the most tokens drafted per step (e.g. 4)")
         if self.max_draft_len is not None and self.max_draft_len > MAX_DRAFT_LEN_CAP:

@@ -106,17 +106,17 @@ def _substitute(body: str, env: Mapping[str, str]) -> str:
     parsed = _VARIABLE_BODY.match(body)
     if parsed is None:
         raise ValueError(f"invalid interpolation ${{{body}}}")
-    name, operator, argument = parsed.groups()
+    name, operator, argument = parsed.group(1), parsed.group(2), parsed.group(3) or ""  # group 3 is set whenever 2 is
     value = env.get(name)
     if operator is None:
         return value or ""
     unset_or_empty = value is None or (operator.startswith(":") and value == "")
     if operator.endswith("-"):
-        return argument if unset_or_empty else value
+        return argument if unset_or_empty else value or ""
     if operator.endswith("?"):
         if unset_or_empty:
             raise ValueError(f"{name}: {argument}")
-        return value
+        return value or ""
     return "" if unset_or_empty else argument  # `+`: the argument when set
 
 

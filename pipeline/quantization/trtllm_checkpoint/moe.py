@@ -115,6 +115,6 @@ def _stacked(experts: list[Linear], prefix: str, dtype: torch.dtype) -> dict[str
         raise StageError(f"unified checkpoint: {first.name}: FP8 experts need per-tensor weight and input scales")
     return {
         f"{prefix}.weight": weight.contiguous(),
-        f"{prefix}.weights_scaling_factor": torch.stack([s.reshape(1).float() for s in scales]).contiguous(),
-        f"{prefix}.activation_scaling_factor": torch.stack([s.reshape(()).float() for s in inputs]).max().reshape(1),
+        f"{prefix}.weights_scaling_factor": torch.stack([s.reshape(1).float() for s in scales if s is not None]).contiguous(),
+        f"{prefix}.activation_scaling_factor": torch.stack([s.reshape(()).float() for s in inputs if s is not None]).max().reshape(1),
     }
