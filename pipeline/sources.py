@@ -12,7 +12,8 @@ from pipeline.errors import StageError
 def package_dir(name: str) -> Path:
     """The directory of an importable package, located, not imported."""
     found = importlib.util.find_spec(name)
-    assert found is not None and found.origin is not None, name  # callers name the project's own packages
+    if found is None or found.origin is None:
+        raise StageError(f"the package {name!r} cannot be found", hint="reinstall trtllm-pipeline (pip install -e . in a checkout)")
     return Path(found.origin).parent
 
 

@@ -41,7 +41,8 @@ def pretrained_config(hf: Mapping[str, Any], *, dtype: str, mapping: dict[str, A
 
 def _common(hf: Mapping[str, Any], text: Mapping[str, Any], family: Family, *, dtype: str, mapping: dict[str, Any],
             quantization: dict[str, Any]) -> dict[str, Any]:
-    assert family.trtllm_class is not None  # pretrained_config refuses families without one
+    if family.trtllm_class is None:  # pretrained_config refuses such families before this
+        raise StageError(f"{family.name}: TensorRT-LLM 1.2 has no checkpoint class for this family")
     heads, hidden = int(text["num_attention_heads"]), int(text["hidden_size"])
     architectures = hf.get("architectures") or [family.hf_architectures[0]]
     config: dict[str, Any] = {
