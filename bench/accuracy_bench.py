@@ -17,7 +17,12 @@ from pipeline.runner import run_pipeline
 
 # (quantize.algo, quantize.kv_cache): formats refengine executes on CPU (their records run on target cpu).
 FORMATS: tuple[tuple[str, str], ...] = (
-    ("int8_wo", "none"), ("int8_sq", "none"), ("int8_sq", "int8"), ("fp8", "none"), ("fp8", "fp8"), ("int4_awq", "none"),
+    ("int8_wo", "none"),
+    ("int8_sq", "none"),
+    ("int8_sq", "int8"),
+    ("fp8", "none"),
+    ("fp8", "fp8"),
+    ("int4_awq", "none"),
     ("w4a8_awq", "none"),
 )
 # Loose thresholds: this benchmark measures, it does not gate.

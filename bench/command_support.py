@@ -27,9 +27,7 @@ def dim_lines(console: Console) -> Callable[[str], None]:
     return lambda line: console.print(f"[dim]{line}[/dim]")
 
 
-def build_for_bench(
-    args: argparse.Namespace, build_cpu_target: BuildCpuTarget, command: str, until: str
-) -> tuple[LoadedConfig, ArtifactStore, dict[str, Any]]:
+def build_for_bench(args: argparse.Namespace, build_cpu_target: BuildCpuTarget, command: str, until: str) -> tuple[LoadedConfig, ArtifactStore, dict[str, Any]]:
     """The config of `args` loaded, its artifact store, and the stage results up to `until`."""
     from pipeline.artifacts import ArtifactStore, store_root
     from pipeline.config.loader import load_config

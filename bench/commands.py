@@ -35,9 +35,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, **defaults: Any) -> None:
     accuracy.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     soak.add_arguments(_with_config(benchmarks, "soak", soak.HELP, soak.CONFIG_HELP))
     serve = _with_config(benchmarks, "serve", "deprecated: now `bench load` (with --overhead: `bench overhead`)", load.CONFIG_HELP)
-    serve.add_argument(
-        "--overhead", action="store_true", help="deprecated: now `bench overhead`; --requests, --warmup and --concurrency as there"
-    )
+    serve.add_argument("--overhead", action="store_true", help="deprecated: now `bench overhead`; --requests, --warmup and --concurrency as there")
     load.add_arguments(serve)
 
 

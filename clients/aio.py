@@ -65,9 +65,7 @@ class AsyncTritonLLMClient(ClientSettings):
         bad_words: str | Sequence[str] | None = None,
         **options: Any,
     ) -> Completion:
-        request = GenerationRequest(
-            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
-        )
+        request = GenerationRequest(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options)
         return await self.generate_request(request)
 
     def stream(
@@ -84,9 +82,7 @@ class AsyncTritonLLMClient(ClientSettings):
         **options: Any,
     ) -> AsyncTextStream:
         """Text deltas; stop early with `async with` / `aclose()` / `cancel()` (gRPC: cancels on the server)."""
-        request = GenerationRequest(
-            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
-        )
+        request = GenerationRequest(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options)
         return self.stream_request(request)
 
     async def generate_request(self, request: GenerationRequest) -> Completion:

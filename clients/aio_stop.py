@@ -128,8 +128,11 @@ class StoppingGrpcCall:
             repeat_s = min(repeat_s * 2, LAST_REPEAT_S)
 
     async def _send_stop(self) -> None:
-        inputs = [_tensor("stop", np.array([[True]])), _tensor("input_lengths", np.array([[0]], np.int32)),
-                  _tensor("request_output_len", np.array([[1]], np.int32))]
+        inputs = [
+            _tensor("stop", np.array([[True]])),
+            _tensor("input_lengths", np.array([[0]], np.int32)),
+            _tensor("request_output_len", np.array([[1]], np.int32)),
+        ]
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self._stop_model, "inputs": inputs, "request_id": self._call.request_id}

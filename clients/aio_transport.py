@@ -165,4 +165,3 @@ class AioHttpCall:
 
     def close(self) -> None:
         self._response.release()
-

@@ -58,10 +58,7 @@ def parse_api_keys(text: str, source: str) -> tuple[ApiKey, ...]:
             seen_names[key.name] = seen_secrets[key.secret] = where.removeprefix(f"{source} ")
             keys.append(key)
     if not keys:
-        raise ApiKeyError(
-            f"{source} holds no API key (only blank or comment lines): give at least one, {SYNTAX}, "
-            "or leave it out to serve without keys"
-        )
+        raise ApiKeyError(f"{source} holds no API key (only blank or comment lines): give at least one, {SYNTAX}, or leave it out to serve without keys")
     return tuple(keys)
 
 

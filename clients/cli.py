@@ -23,17 +23,20 @@ if TYPE_CHECKING:  # imported where used: the parser must not load numpy and saf
 
 def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--url", help=(
-        f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http, {DEFAULT_OPENAI_URL} for openai)"
-    ))
+    parser.add_argument(
+        "--url", help=(f"server address (default: {DEFAULT_URLS['grpc']} for grpc, {DEFAULT_URLS['http']} for http, {DEFAULT_OPENAI_URL} for openai)")
+    )
     parser.add_argument("--protocol", choices=["grpc", "http", "openai"], default="grpc", help="default grpc; openai: /v1/completions")
-    parser.add_argument("--model", help=(
-        "model to call (default ensemble; tensorrt_llm_bls has the same contract); over openai the served name "
-        "(default: the one /v1/models lists)"
-    ))
-    parser.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
-        "with --protocol openai: send the first key of FILE as Authorization: Bearer (default: of TRTLLM_PIPELINE_API_KEYS, if set)"
-    ))
+    parser.add_argument(
+        "--model",
+        help=("model to call (default ensemble; tensorrt_llm_bls has the same contract); over openai the served name (default: the one /v1/models lists)"),
+    )
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="FILE",
+        help=("with --protocol openai: send the first key of FILE as Authorization: Bearer (default: of TRTLLM_PIPELINE_API_KEYS, if set)"),
+    )
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; sampling needs --top-k or --top-p too (default 0: greedy)")
@@ -44,12 +47,26 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--stop", action="append", default=None, metavar="WORD", help="stop at this word or phrase (repeatable)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds for the whole request (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--retries", type=int, default=2, help="retries while the server cannot be reached (default 2)")
-    parser.add_argument("--lora-dir", type=Path, metavar="DIR", default=None, help=(
-        "send this LoRA adapter with the request (a PEFT adapter directory, or model.lora_weights.npy + model.lora_config.npy "
-        "as `trtllm-pipeline lora convert` writes them): its weights and config with --lora-task-id, as NVIDIA's client does"))
-    parser.add_argument("--lora-task-id", type=int, metavar="N", default=None, help=(
-        "the adapter's task id; alone (without --lora-dir), the server's cached adapter N (sent before, or prefetched). "
-        "Default with --lora-dir: one derived from the adapter's tensors"))
+    parser.add_argument(
+        "--lora-dir",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help=(
+            "send this LoRA adapter with the request (a PEFT adapter directory, or model.lora_weights.npy + model.lora_config.npy "
+            "as `trtllm-pipeline lora convert` writes them): its weights and config with --lora-task-id, as NVIDIA's client does"
+        ),
+    )
+    parser.add_argument(
+        "--lora-task-id",
+        type=int,
+        metavar="N",
+        default=None,
+        help=(
+            "the adapter's task id; alone (without --lora-dir), the server's cached adapter N (sent before, or prefetched). "
+            "Default with --lora-dir: one derived from the adapter's tensors"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help='print {"prompt", "text", "latency_s", "protocol"} as JSON')
     guide = parser.add_mutually_exclusive_group()
     guide.add_argument("--json-schema", metavar="FILE", default=None, help="guided decoding: the answer is JSON valid against this JSON schema file")
@@ -86,8 +103,10 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         return 1
     if args.protocol == "openai":
         if args.lora_dir is not None or args.lora_task_id is not None:
-            err.write("error: --lora-dir / --lora-task-id are Triton inputs; over --protocol openai an adapter is chosen by "
-                      "--model NAME (the front end's --lora NAME=DIR)\n")
+            err.write(
+                "error: --lora-dir / --lora-task-id are Triton inputs; over --protocol openai an adapter is chosen by "
+                "--model NAME (the front end's --lora NAME=DIR)\n"
+            )
             return 1
         return _infer_openai(args, sampling, out, err)
     try:
@@ -155,8 +174,15 @@ def _infer_openai(args: argparse.Namespace, sampling: dict[str, Any], out: TextI
 
     try:
         completion = complete(
-            args.url or DEFAULT_OPENAI_URL, args.prompt, model=args.model, api_key=keys[0].secret if keys else None,
-            max_tokens=args.max_tokens, sampling=sampling, stream=args.stream, timeout=args.timeout, on_text=show,
+            args.url or DEFAULT_OPENAI_URL,
+            args.prompt,
+            model=args.model,
+            api_key=keys[0].secret if keys else None,
+            max_tokens=args.max_tokens,
+            sampling=sampling,
+            stream=args.stream,
+            timeout=args.timeout,
+            on_text=show,
         )
     except ServerUnavailableError as error:
         err.write(f"error: cannot reach {error.url}: {error.reason}\n")

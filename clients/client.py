@@ -66,9 +66,7 @@ class ClientSettings:
     url: str  # normalised: host:port for gRPC, a base URL for HTTP
 
 
-def configure(
-    client: ClientSettings, url: str | None, protocol: str, model: str, timeout: float | None, retries: int, retry_backoff_s: float
-) -> None:
+def configure(client: ClientSettings, url: str | None, protocol: str, model: str, timeout: float | None, retries: int, retry_backoff_s: float) -> None:
     """The settings the sync and async clients share: protocol, model, timeout, retry policy, normalised URL."""
     client.protocol = check_protocol(protocol)
     client.model = model
@@ -126,9 +124,7 @@ class TritonLLMClient(ClientSettings):
         """The whole answer at once. `options`: any other `GenerationRequest` field
         (repetition_penalty, presence_penalty, frequency_penalty, min_tokens, end_id, pad_id,
         exclude_input_in_output, return_log_probs, guided_decoding_guide_type, guided_decoding_guide)."""
-        request = GenerationRequest(
-            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
-        )
+        request = GenerationRequest(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options)
         return self.generate_request(request)
 
     def stream(
@@ -148,9 +144,7 @@ class TritonLLMClient(ClientSettings):
         Stop early with `break` (the dropped stream cancels), `close()`, `cancel()` (from any
         thread) or a `with` block: over gRPC that cancels the request on the server too.
         `completion` holds the whole answer after the last delta."""
-        request = GenerationRequest(
-            prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options
-        )
+        request = GenerationRequest(prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop, bad_words=bad_words, **options)
         return self.stream_request(request)
 
     def generate_request(self, request: GenerationRequest) -> Completion:

@@ -135,8 +135,11 @@ def json_body(values: Mapping[str, Any]) -> bytes:
     takes no 16-bit floats in JSON ("receiving FP16 data via JSON is not supported"): such weights are refused here."""
     weights = values.get("lora_weights")
     if weights is not None and weights.dtype.itemsize == 2:
-        raise InvalidRequestError("lora_weights", f"lora_weights: Triton's HTTP generate endpoint takes no {weights.dtype} values in JSON: send the "
-                                  "adapter's first request over gRPC (protocol grpc); later requests may use HTTP with its task id alone")
+        raise InvalidRequestError(
+            "lora_weights",
+            f"lora_weights: Triton's HTTP generate endpoint takes no {weights.dtype} values in JSON: send the "
+            "adapter's first request over gRPC (protocol grpc); later requests may use HTTP with its task id alone",
+        )
     return json.dumps({name: _json_value(value) for name, value in values.items()}).encode("utf-8")
 
 

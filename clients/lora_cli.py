@@ -17,15 +17,20 @@ EXIT_BAD_INPUT = 2
 def add_lora_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     actions = parser.add_subparsers(dest="lora_command", required=True, metavar="ACTION")
     convert = actions.add_parser(
-        "convert", help="write a PEFT adapter as model.lora_weights.npy / model.lora_config.npy (TensorRT-LLM's hf_lora_convert.py layout)",
+        "convert",
+        help="write a PEFT adapter as model.lora_weights.npy / model.lora_config.npy (TensorRT-LLM's hf_lora_convert.py layout)",
         description="Convert a Hugging Face PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) into the "
         "lora_weights / lora_config tensors that a LoRA request sends, in the files NVIDIA's inflight_batcher_llm_client.py "
         "--lora-path reads.",
     )
     convert.add_argument("adapter_dir", type=Path, help="the PEFT adapter directory")
     convert.add_argument("out_dir", type=Path, help="where to write model.lora_weights.npy and model.lora_config.npy (created)")
-    convert.add_argument("--dtype", choices=["float16", "float32"], default="float16",
-                         help="lora_weights' dtype (default float16, the contract's FP16; it must match the engine's LoRA dtype)")
+    convert.add_argument(
+        "--dtype",
+        choices=["float16", "float32"],
+        default="float16",
+        help="lora_weights' dtype (default float16, the contract's FP16; it must match the engine's LoRA dtype)",
+    )
     return parser
 
 

@@ -42,15 +42,25 @@ WEIGHTS_FILE, CONFIG_FILE, LEGACY_CONFIG_FILE = "model.lora_weights.npy", "model
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 # TensorRT-LLM's module ids of the modules the script writes (tensorrt_llm/lora_manager.py)
-LORA_MODULE_IDS = MappingProxyType(
-    {"attn_qkv": 0, "attn_q": 1, "attn_k": 2, "attn_v": 3, "attn_dense": 4, "mlp_h_to_4h": 5, "mlp_4h_to_h": 6, "mlp_gate": 7}
-)
+LORA_MODULE_IDS = MappingProxyType({"attn_qkv": 0, "attn_q": 1, "attn_k": 2, "attn_v": 3, "attn_dense": 4, "mlp_h_to_4h": 5, "mlp_4h_to_h": 6, "mlp_gate": 7})
 # PEFT (Hugging Face) module name -> TensorRT-LLM module: examples/hf_lora_convert.py's hf_modules_to_trtllm_modules
-HF_MODULES = MappingProxyType({
-    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "qkv_proj": "attn_qkv", "query_key_value": "attn_qkv",
-    "o_proj": "attn_dense", "dense": "attn_dense", "gate_proj": "mlp_h_to_4h", "down_proj": "mlp_4h_to_h",
-    "up_proj": "mlp_gate", "gate_up_proj": "mlp_h_to_4h", "c_fc": "mlp_h_to_4h", "c_proj": "mlp_4h_to_h",
-})
+HF_MODULES = MappingProxyType(
+    {
+        "q_proj": "attn_q",
+        "k_proj": "attn_k",
+        "v_proj": "attn_v",
+        "qkv_proj": "attn_qkv",
+        "query_key_value": "attn_qkv",
+        "o_proj": "attn_dense",
+        "dense": "attn_dense",
+        "gate_proj": "mlp_h_to_4h",
+        "down_proj": "mlp_4h_to_h",
+        "up_proj": "mlp_gate",
+        "gate_up_proj": "mlp_h_to_4h",
+        "c_fc": "mlp_h_to_4h",
+        "c_proj": "mlp_4h_to_h",
+    }
+)
 _SWAPPED_HALVES = ("gate_up_proj",)
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (an adapter name may follow lora_A)
 _LORA_KEY = re.compile(r"(?:^|.*\.)layers\.(\d+)\.(?:.*\.)?(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
@@ -77,8 +87,9 @@ def convert_peft_adapter(adapter_dir: Path | str, dtype: str = "float16") -> Lor
     for (layer, module), (a, b) in sorted(_lora_pairs(adapter_dir / ADAPTER_WEIGHTS).items()):
         where = f"{ADAPTER_WEIGHTS}: layer {layer} {module}"
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
-            raise LoraAdapterError(f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} are not [r, in] and [out, r] with "
-                                   f"r = {rank} ({ADAPTER_CONFIG})")
+            raise LoraAdapterError(
+                f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} are not [r, in] and [out, r] with r = {rank} ({ADAPTER_CONFIG})"
+            )
         if module in _SWAPPED_HALVES:
             half = b.shape[0] // 2
             b = np.concatenate((b[half:], b[:half]))
@@ -118,8 +129,10 @@ def _adapter_config(adapter_dir: Path) -> dict[str, Any]:
         raise LoraAdapterError(f"{adapter_dir}: no {ADAPTER_CONFIG}; not a Hugging Face PEFT adapter directory")
     if not (adapter_dir / ADAPTER_WEIGHTS).is_file():
         if (adapter_dir / PICKLED_WEIGHTS).is_file():
-            raise LoraAdapterError(f"{adapter_dir / PICKLED_WEIGHTS}: pickled weights are never loaded (unpickling runs code); save the "
-                                   f"adapter as {ADAPTER_WEIGHTS} (PEFT's save_pretrained does by default)")
+            raise LoraAdapterError(
+                f"{adapter_dir / PICKLED_WEIGHTS}: pickled weights are never loaded (unpickling runs code); save the "
+                f"adapter as {ADAPTER_WEIGHTS} (PEFT's save_pretrained does by default)"
+            )
         raise LoraAdapterError(f"{adapter_dir}: no {ADAPTER_WEIGHTS}")
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
@@ -127,8 +140,12 @@ def _adapter_config(adapter_dir: Path) -> dict[str, Any]:
         raise LoraAdapterError(f"{config_file}: unreadable ({exc})") from None
     if not isinstance(config, dict) or str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise LoraAdapterError(f"{config_file}: not a LoRA adapter (peft_type {config.get('peft_type')!r})")
-    refused = {"use_dora": "DoRA adapters", "rank_pattern": "per-module ranks (rank_pattern)",
-               "alpha_pattern": "per-module alphas (alpha_pattern)", "modules_to_save": "fully trained modules (modules_to_save)"}
+    refused = {
+        "use_dora": "DoRA adapters",
+        "rank_pattern": "per-module ranks (rank_pattern)",
+        "alpha_pattern": "per-module alphas (alpha_pattern)",
+        "modules_to_save": "fully trained modules (modules_to_save)",
+    }
     for key, what in refused.items():
         if config.get(key):
             raise LoraAdapterError(f"{config_file}: {key} is set; {what} have no place in TensorRT-LLM's lora_weights / lora_config")
@@ -151,12 +168,10 @@ def _lora_pairs(path: Path) -> dict[tuple[int, str], tuple[NDArray[Any], NDArray
     for key, value in _read_safetensors(path).items():
         match = _LORA_KEY.match(key)
         if match is None:
-            raise LoraAdapterError(f"{path.name}: tensor {key} is not a decoder layer's lora_A / lora_B weight; TensorRT-LLM's "
-                                   "lora_weights hold nothing else")
+            raise LoraAdapterError(f"{path.name}: tensor {key} is not a decoder layer's lora_A / lora_B weight; TensorRT-LLM's lora_weights hold nothing else")
         layer, module, half = int(match[1]), match[2], match[3]
         if module not in HF_MODULES:
-            raise LoraAdapterError(f"{path.name}: tensor {key}: module {module} has no TensorRT-LLM LoRA module (known: "
-                                   f"{', '.join(HF_MODULES)})")
+            raise LoraAdapterError(f"{path.name}: tensor {key}: module {module} has no TensorRT-LLM LoRA module (known: {', '.join(HF_MODULES)})")
         halves.setdefault((layer, module), {})[half] = value
     pairs = {}
     for (layer, module), found in halves.items():

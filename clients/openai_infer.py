@@ -32,8 +32,16 @@ class OpenAICompletion:
 
 
 def complete(
-    base_url: str, prompt: str, *, model: str | None, api_key: str | None, max_tokens: int, sampling: dict[str, Any],
-    stream: bool = False, timeout: float = 60.0, on_text: Callable[[str], None] = lambda text: None,
+    base_url: str,
+    prompt: str,
+    *,
+    model: str | None,
+    api_key: str | None,
+    max_tokens: int,
+    sampling: dict[str, Any],
+    stream: bool = False,
+    timeout: float = 60.0,
+    on_text: Callable[[str], None] = lambda text: None,
 ) -> OpenAICompletion:
     """One completion; with `stream`, `on_text` gets each piece of text as it arrives."""
     if sampling.get("beam_width") is not None:
@@ -55,8 +63,15 @@ def complete(
 
 
 async def _text(
-    base: str, headers: dict[str, str], timeout: float, prompt: str, model: str | None, max_tokens: int, sampling: dict[str, Any],
-    stream: bool, on_text: Callable[[str], None],
+    base: str,
+    headers: dict[str, str],
+    timeout: float,
+    prompt: str,
+    model: str | None,
+    max_tokens: int,
+    sampling: dict[str, Any],
+    stream: bool,
+    on_text: Callable[[str], None],
 ) -> str:
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout) as http:
         body = {"model": model or await _only_model(http), "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **_fields(sampling)}

@@ -250,8 +250,13 @@ def chunk_from_json(payload: Mapping[str, Any], *, status: int | None = None, fi
     cum_log_prob = float(cum[0] if beams else cum[-1]) if cum else None
     values = None if log_probs is None else tuple(float(value) for value in _flatten(log_probs))
     return Chunk(
-        text=text, num_tokens=None if beams else num_tokens, cum_log_prob=cum_log_prob, final=final, log_probs=None if beams else values,
-        beams=beams, beam_cum_log_probs=tuple(float(value) for value in cum) if beams else (),
+        text=text,
+        num_tokens=None if beams else num_tokens,
+        cum_log_prob=cum_log_prob,
+        final=final,
+        log_probs=None if beams else values,
+        beams=beams,
+        beam_cum_log_probs=tuple(float(value) for value in cum) if beams else (),
     )
 
 

@@ -82,9 +82,7 @@ def read_documents(path: Path) -> list[str]:
 
 def build_calibration_set(spec: CalibrationSpec, encode: Callable[[str], Sequence[int]], separator_id: int | None) -> CalibrationSet:
     """Tokenize every document, join them with `separator_id`, cut `max_seq_len` windows, pick `num_samples` by seed."""
-    return calibration_windows(
-        calibration_files(spec), encode, separator_id, max_seq_len=spec.max_seq_len, num_samples=spec.num_samples, seed=spec.seed
-    )
+    return calibration_windows(calibration_files(spec), encode, separator_id, max_seq_len=spec.max_seq_len, num_samples=spec.num_samples, seed=spec.seed)
 
 
 def calibration_windows(

@@ -84,7 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_argument("--up", action="store_true", help="then start it: `docker compose up -d` (compose), `kubectl apply -k` (kubernetes)")
     deploy.add_argument("--service", dest="services", action="append", default=[], metavar="NAME", help="with --up: start only this service (repeatable)")
     deploy.add_argument(
-        "--file", dest="extra_files", action="append", default=[], type=Path, metavar="PATH",
+        "--file",
+        dest="extra_files",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
         help="with --up: a compose override file merged after the rendered one (repeatable)",
     )
     # The CLI is the composition root: `infer` is the clients package's own command, mounted here.
@@ -254,9 +259,7 @@ def _serve(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace,
     _verify_shipped(store, results, ("prepare", "build", "package"))
     options = ServerOptions.from_deploy(loaded.spec.deploy, results["package"].ref.repository_dir)
     if args.detach:
-        state = start_detached(
-            options, _serve_state_dir(store), timeout=args.timeout, on_cleanup=lambda stale: console.print(stale.message(), markup=False)
-        )
+        state = start_detached(options, _serve_state_dir(store), timeout=args.timeout, on_cleanup=lambda stale: console.print(stale.message(), markup=False))
         console.print(f"serving {loaded.spec.serve.model_name!r} (pid {state.pid}): HTTP {state.http_url} · gRPC {state.grpc_url}")
         console.print(f"stop it with: trtllm-pipeline stop {args.config}")
         return 0

@@ -25,7 +25,9 @@ def print_capacity(loaded: LoadedConfig, *, gpu: str, tp: int | None, console: C
         console.print(f"streamed tokens/s: n/a ({capacity.gpu.name} has no bandwidth or TFLOPS figure in the planner's GPU table)", markup=False)
         return
     plans = python_instances(
-        roofline.tokens_per_s, osl=roofline.osl, stream_interval=spec.serve.stream_interval,
+        roofline.tokens_per_s,
+        osl=roofline.osl,
+        stream_interval=spec.serve.stream_interval,
         batched_postprocessing=spec.serve.postprocessing_dynamic_batching,
     )
     console.print(stream_table(capacity, roofline, plans))

@@ -36,32 +36,57 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one)")
-    parser.add_argument("--triton-url", help=(
-        "Triton's gRPC host:port, asked for the model's facts (gather flags, limits) at start "
-        "(default: the `serve --detach` server, else one started here); with a repository CONFIG the facts come from the repository"
-    ))
+    parser.add_argument(
+        "--triton-url",
+        help=(
+            "Triton's gRPC host:port, asked for the model's facts (gather flags, limits) at start "
+            "(default: the `serve --detach` server, else one started here); with a repository CONFIG the facts come from the repository"
+        ),
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
     parser.add_argument(
-        "--max-json-depth", type=int, default=DEFAULT_MAX_JSON_DEPTH,
+        "--max-json-depth",
+        type=int,
+        default=DEFAULT_MAX_JSON_DEPTH,
         help=f"request bodies whose arrays/objects nest deeper get 400 (default {DEFAULT_MAX_JSON_DEPTH})",
     )
     parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"most choices (n x prompts) per request (default {DEFAULT_MAX_N})")
     parser.add_argument("--model-name", help="the name clients pass as `model` (default: the build config's name)")
-    parser.add_argument("--lora", dest="lora_modules", action="append", default=[], metavar="NAME=DIR", help=(
-        "serve a LoRA adapter as model NAME (repeatable; listed by /v1/models, as vLLM's --lora-modules): a PEFT adapter "
-        "directory, or one `trtllm-pipeline lora convert` wrote; sent to Triton with the first request that names it"))
-    parser.add_argument("--triton-model", help=(
-        "the Triton model to call (default: tensorrt_llm_bls on a Triton older than 2.57, such as the bundled 2.51; "
-        "else the ensemble: the build config's serve.model_name, `ensemble` for a repository)"
-    ))
+    parser.add_argument(
+        "--lora",
+        dest="lora_modules",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help=(
+            "serve a LoRA adapter as model NAME (repeatable; listed by /v1/models, as vLLM's --lora-modules): a PEFT adapter "
+            "directory, or one `trtllm-pipeline lora convert` wrote; sent to Triton with the first request that names it"
+        ),
+    )
+    parser.add_argument(
+        "--triton-model",
+        help=(
+            "the Triton model to call (default: tensorrt_llm_bls on a Triton older than 2.57, such as the bundled 2.51; "
+            "else the ensemble: the build config's serve.model_name, `ensemble` for a repository)"
+        ),
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a tritonserver started here (default 180)")
     keys = parser.add_argument_group("API keys (docs/api-keys.md)")
-    keys.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
-        "clients must send one of these keys (Authorization: Bearer KEY) on /v1/*: KEY or NAME:KEY per line; "
-        "or set TRTLLM_PIPELINE_API_KEYS (same syntax, comma-separated). Default: no keys, everyone is served"
-    ))
-    keys.add_argument("--max-concurrent-per-key", type=int, metavar="N",
-                      help="generation requests one key may have in flight; more get 429 with Retry-After (default: no limit)")
+    keys.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "clients must send one of these keys (Authorization: Bearer KEY) on /v1/*: KEY or NAME:KEY per line; "
+            "or set TRTLLM_PIPELINE_API_KEYS (same syntax, comma-separated). Default: no keys, everyone is served"
+        ),
+    )
+    keys.add_argument(
+        "--max-concurrent-per-key",
+        type=int,
+        metavar="N",
+        help="generation requests one key may have in flight; more get 429 with Retry-After (default: no limit)",
+    )
     keys.add_argument("--metrics-need-key", action="store_true", help="/metrics asks for a key too (default: open, for the private scrape network)")
     return parser
 
@@ -74,7 +99,8 @@ def access_policy(args: argparse.Namespace) -> Any:
     try:
         keys = configured_api_keys(args.api_key_file)
         return AccessPolicy(
-            KeyRing(keys) if keys is not None else None, max_concurrent_per_key=args.max_concurrent_per_key,
+            KeyRing(keys) if keys is not None else None,
+            max_concurrent_per_key=args.max_concurrent_per_key,
             metrics_need_key=args.metrics_need_key,
         )
     except ApiKeyError as error:
@@ -107,8 +133,13 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
     from clients.openai_server import ModelSetupError, ServedModel
 
     options = {
-        "host": args.host, "port": args.port, "max_body_bytes": args.max_body_bytes, "max_json_depth": args.max_json_depth, "max_n": args.max_n,
-        "access": access_policy(args), "adapters": lora_adapters(args.lora_modules),
+        "host": args.host,
+        "port": args.port,
+        "max_body_bytes": args.max_body_bytes,
+        "max_json_depth": args.max_json_depth,
+        "max_n": args.max_n,
+        "access": access_policy(args),
+        "adapters": lora_adapters(args.lora_modules),
     }
     try:
         if args.config.is_dir():
@@ -120,7 +151,8 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
         return _serve_config(args, options, say, build_package, state_dir)
     except ModelSetupError as error:
         hint = (
-            "check --triton-url (Triton's gRPC port) and --triton-model" if args.triton_url and not args.config.is_dir()
+            "check --triton-url (Triton's gRPC port) and --triton-model"
+            if args.triton_url and not args.config.is_dir()
             else "check the model repository / tokenizer the server reads"
         )
         raise PipelineError(str(error), hint=hint) from None

@@ -104,14 +104,26 @@ def docker_run_command(job: ContainerJob, *, image: str | None, gpus: Sequence[i
     """`docker run` of `job` in NVIDIA's TensorRT-LLM image: the one flag set every job gets, then the job's own."""
     devices = f'"device={",".join(str(g) for g in gpus)}"' if gpus else "all"
     return [
-        "docker", "run", "--rm", "--gpus", devices, "--shm-size", shm_size,
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        devices,
+        "--shm-size",
+        shm_size,
         *(arg for limit in ULIMITS for arg in ("--ulimit", limit)),
-        "-u", f"{uid}:{gid}", "-e", f"HOME={CONTAINER_HOME}",
+        "-u",
+        f"{uid}:{gid}",
+        "-e",
+        f"HOME={CONTAINER_HOME}",
         *(arg for name, value in job.env for arg in ("-e", f"{name}={value}")),
-        "--network", "none",
+        "--network",
+        "none",
         *(arg for mount in job.mounts for arg in ("-v", mount.volume)),
-        "-w", str(job.work_dir),
-        image or job.image, *job.argv,
+        "-w",
+        str(job.work_dir),
+        image or job.image,
+        *job.argv,
     ]
 
 

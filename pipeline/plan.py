@@ -103,8 +103,7 @@ class Plan:
         return {
             "build": self.build_name,
             "stages": [
-                {"name": s.name, "digest": s.digest, "dir": s.dirname, "upstream": s.upstream, "inputs": s.inputs, "tools": s.tools}
-                for s in self.stages
+                {"name": s.name, "digest": s.digest, "dir": s.dirname, "upstream": s.upstream, "inputs": s.inputs, "tools": s.tools} for s in self.stages
             ],
         }
 
@@ -270,7 +269,12 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         "quantize and build the draft model of draft-target speculative decoding",
         applies=_has_draft,
         hashes=(
-            "build", "quantize", "model.dtype", "deploy.gpu", "serve.instances.tensorrt_llm", "dry_run",
+            "build",
+            "quantize",
+            "model.dtype",
+            "deploy.gpu",
+            "serve.instances.tensorrt_llm",
+            "dry_run",
             *(f"serve.{name}" for name in _ENGINE_SERVE_NEEDS),
         ),
         unhashed={"deploy.gpus": _WHERE_IT_RUNS, "deploy.shm_size": _WHERE_IT_RUNS},

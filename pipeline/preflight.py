@@ -37,11 +37,13 @@ def _slo_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     if performance is None:  # no performance gate: nothing to check
         return []
     if performance.url is None and not backend_for(spec.build.target).serves_here and not spec.dry_run:
-        return [(
-            ("gate", "performance", "url"),
-            f"gate.performance serves the packaged repository itself only for the cpu target; for build.target "
-            f"{spec.build.target.value!r} set gate.performance.url to the running deployment of this build",
-        )]
+        return [
+            (
+                ("gate", "performance", "url"),
+                f"gate.performance serves the packaged repository itself only for the cpu target; for build.target "
+                f"{spec.build.target.value!r} set gate.performance.url to the running deployment of this build",
+            )
+        ]
     if performance.url is None and not spec.dry_run and not any((model.path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
         return [(("model", "source"), f"{model.path} has no tokenizer; gate.performance builds its prompts with it")]
     return []
@@ -66,8 +68,8 @@ def _quantize_issues(spec: Spec, model: ModelInfo, *, build_selected: bool = Fal
         where = (
             "with build.runner local ModelOpt calibrates in this process; use --runner docker (the GPU is in the container) "
             "or --runner dry-run, or set quantize.device: cpu"
-            if route == "local" else
-            f"build.target {spec.build.target.value} quantizes in this process; set quantize.device: cpu"
+            if route == "local"
+            else f"build.target {spec.build.target.value} quantizes in this process; set quantize.device: cpu"
         )
         return [(("quantize", "device"), f"quantize.device is cuda, but this machine has no CUDA device: {where}")]
     elif weights.calibration_needs_cuda and route in (IN_PROCESS, "local") and not cuda_available():

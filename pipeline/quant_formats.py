@@ -22,9 +22,25 @@ from types import MappingProxyType
 from typing import Literal
 
 __all__ = [
-    "TARGETS", "FP8_MIN_SM", "BLACKWELL_SMS", "WeightFormat", "KVCacheFormat", "WEIGHT_FORMATS", "KV_CACHE_FORMATS",
-    "weight_format", "kv_cache_format", "weight_format_named", "kv_cache_format_named", "recipe_quantization", "needs_calibration",
-    "fp8_context_fmha_loss", "paged_context_fmha_loss", "sm_needed", "algos_where", "sm_version", "listed",
+    "TARGETS",
+    "FP8_MIN_SM",
+    "BLACKWELL_SMS",
+    "WeightFormat",
+    "KVCacheFormat",
+    "WEIGHT_FORMATS",
+    "KV_CACHE_FORMATS",
+    "weight_format",
+    "kv_cache_format",
+    "weight_format_named",
+    "kv_cache_format_named",
+    "recipe_quantization",
+    "needs_calibration",
+    "fp8_context_fmha_loss",
+    "paged_context_fmha_loss",
+    "sm_needed",
+    "algos_where",
+    "sm_version",
+    "listed",
 ]
 
 TARGETS = ("engine", "cpu", "llmapi")  # the build.target values a record may refuse
@@ -118,50 +134,116 @@ _NO_PYTORCH_INT8 = (
     "kernels (use target engine, or algo fp8 / int4_awq / w4a8_awq)"
 )
 
-WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType({f.name: f for f in (
-    WeightFormat("none", None, None, _SIXTEEN_BIT, fused_mlp=True, lookahead_documented=True),
-    WeightFormat(
-        "fp8", "FP8", "FP8_DEFAULT_CFG", 1.0, min_sm=FP8_MIN_SM, gpu_need=_FP8_TENSOR_CORES, fp8_context_fmha=True,
-        fp8_qdq=True, fused_mlp=True, lookahead_documented=True, gemm_plugin="fp8", eight_bit_gemm=True,
-    ),
-    WeightFormat(
-        "int8_sq", "W8A8_SQ_PER_CHANNEL", "INT8_SMOOTHQUANT_CFG", 1.0, refused_targets={"llmapi": _NO_PYTORCH_INT8},
-        blackwell_rejected=True, lora_rejected_by="SmoothQuantLinear", folds_input_scale=True, eight_bit_gemm=True,
-    ),
-    # Exported unquantized with quant_algo W8A16; trtllm-build quantizes the weights (ModelOpt's own INT8 weight-only
-    # export names its tensors differently from what TensorRT-LLM's W8A16 loader expects: a preprocessed int8 weight with `per_channel_scale`).
-    WeightFormat(
-        "int8_wo", "W8A16", None, 1.0, refused_targets={"llmapi": _NO_PYTORCH_INT8}, blackwell_rejected=True,
-        builder_plugin=("weight_only_quant_matmul_plugin", "weight-only INT8"),
-    ),
-    WeightFormat(
-        "int4_awq", "W4A16_AWQ", "INT4_AWQ_CFG", 0.5, group_wise=True, blackwell_rejected=True, folds_input_scale=True,
-        builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
-    ),
-    WeightFormat(
-        "w4a8_awq", "W4A8_AWQ", "W4A8_AWQ_BETA_CFG", 0.5, group_wise=True, min_sm=FP8_MIN_SM, gpu_need=_FP8_TENSOR_CORES,
-        fp8_context_fmha=True, builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
-        folds_input_scale=True, eight_bit_gemm=True,
-    ),
-    WeightFormat(
-        "nvfp4", "NVFP4", "NVFP4_DEFAULT_CFG", 0.5 + 1 / 16, calibration_needs_cuda=True,  # + an FP8 scale per 16 weights
-        refused_targets={"cpu": "needs build.target engine: NVFP4 runs only on Blackwell GPUs, not on the cpu reference engine"},
-        min_sm=100, gpu_need="a Blackwell GPU (SM >= 10.0)", fp8_context_fmha=True, lora_rejected_by="FP4Linear",
-        gemm_plugin="nvfp4", gemm_plugin_auto=True, eight_bit_gemm=True,
-    ),
-)})
+WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            WeightFormat("none", None, None, _SIXTEEN_BIT, fused_mlp=True, lookahead_documented=True),
+            WeightFormat(
+                "fp8",
+                "FP8",
+                "FP8_DEFAULT_CFG",
+                1.0,
+                min_sm=FP8_MIN_SM,
+                gpu_need=_FP8_TENSOR_CORES,
+                fp8_context_fmha=True,
+                fp8_qdq=True,
+                fused_mlp=True,
+                lookahead_documented=True,
+                gemm_plugin="fp8",
+                eight_bit_gemm=True,
+            ),
+            WeightFormat(
+                "int8_sq",
+                "W8A8_SQ_PER_CHANNEL",
+                "INT8_SMOOTHQUANT_CFG",
+                1.0,
+                refused_targets={"llmapi": _NO_PYTORCH_INT8},
+                blackwell_rejected=True,
+                lora_rejected_by="SmoothQuantLinear",
+                folds_input_scale=True,
+                eight_bit_gemm=True,
+            ),
+            # Exported unquantized with quant_algo W8A16; trtllm-build quantizes the weights (ModelOpt's own INT8 weight-only
+            # export names its tensors differently from what TensorRT-LLM's W8A16 loader expects: a preprocessed int8 weight with `per_channel_scale`).
+            WeightFormat(
+                "int8_wo",
+                "W8A16",
+                None,
+                1.0,
+                refused_targets={"llmapi": _NO_PYTORCH_INT8},
+                blackwell_rejected=True,
+                builder_plugin=("weight_only_quant_matmul_plugin", "weight-only INT8"),
+            ),
+            WeightFormat(
+                "int4_awq",
+                "W4A16_AWQ",
+                "INT4_AWQ_CFG",
+                0.5,
+                group_wise=True,
+                blackwell_rejected=True,
+                folds_input_scale=True,
+                builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
+            ),
+            WeightFormat(
+                "w4a8_awq",
+                "W4A8_AWQ",
+                "W4A8_AWQ_BETA_CFG",
+                0.5,
+                group_wise=True,
+                min_sm=FP8_MIN_SM,
+                gpu_need=_FP8_TENSOR_CORES,
+                fp8_context_fmha=True,
+                builder_plugin=("weight_only_groupwise_quant_matmul_plugin", "group-wise INT4"),
+                folds_input_scale=True,
+                eight_bit_gemm=True,
+            ),
+            WeightFormat(
+                "nvfp4",
+                "NVFP4",
+                "NVFP4_DEFAULT_CFG",
+                0.5 + 1 / 16,
+                calibration_needs_cuda=True,  # + an FP8 scale per 16 weights
+                refused_targets={"cpu": "needs build.target engine: NVFP4 runs only on Blackwell GPUs, not on the cpu reference engine"},
+                min_sm=100,
+                gpu_need="a Blackwell GPU (SM >= 10.0)",
+                fp8_context_fmha=True,
+                lora_rejected_by="FP4Linear",
+                gemm_plugin="nvfp4",
+                gemm_plugin_auto=True,
+                eight_bit_gemm=True,
+            ),
+        )
+    }
+)
 
-KV_CACHE_FORMATS: Mapping[str, KVCacheFormat] = MappingProxyType({f.name: f for f in (
-    KVCacheFormat("none", None, None, _SIXTEEN_BIT),
-    KVCacheFormat(
-        "fp8", "FP8", (4, 3), 1.0, min_sm=FP8_MIN_SM, gpu_need="SM >= 8.9 (Ada/Hopper or newer)", fp8=True,
-        paged_context_fmha="with_fp8_context_fmha",
-    ),
-    KVCacheFormat(
-        "int8", "INT8", 8, 1.0, refused_targets={"llmapi": "does not run on build.target llmapi (use fp8, or target engine)"},
-        blackwell_rejected=True, paged_context_fmha="off",
-    ),
-)})
+KV_CACHE_FORMATS: Mapping[str, KVCacheFormat] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            KVCacheFormat("none", None, None, _SIXTEEN_BIT),
+            KVCacheFormat(
+                "fp8",
+                "FP8",
+                (4, 3),
+                1.0,
+                min_sm=FP8_MIN_SM,
+                gpu_need="SM >= 8.9 (Ada/Hopper or newer)",
+                fp8=True,
+                paged_context_fmha="with_fp8_context_fmha",
+            ),
+            KVCacheFormat(
+                "int8",
+                "INT8",
+                8,
+                1.0,
+                refused_targets={"llmapi": "does not run on build.target llmapi (use fp8, or target engine)"},
+                blackwell_rejected=True,
+                paged_context_fmha="off",
+            ),
+        )
+    }
+)
 
 
 def _value(choice: object) -> str:

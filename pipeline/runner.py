@@ -192,8 +192,15 @@ def _run_stage(
         notes: dict = {}
         with store.create(stage, build_name=loaded.spec.name, notes=notes) as out_dir:
             context = StageContext(
-                stage_def(stage.name).spec_slice(loaded.spec), loaded.model, stage, upstream, out_dir, console, notes,
-                store.path_for(stage), history=functools.partial(store.history, stage.name),
+                stage_def(stage.name).spec_slice(loaded.spec),
+                loaded.model,
+                stage,
+                upstream,
+                out_dir,
+                console,
+                notes,
+                store.path_for(stage),
+                history=functools.partial(store.history, stage.name),
             )
             try:
                 stage_function(stage.name)(context)

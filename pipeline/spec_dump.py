@@ -40,8 +40,14 @@ def dump_build(spec: SpecSlice, *, lora_fingerprint: str, draft_fingerprint: str
 def dump_speculative(speculative: dict[str, Any], draft_source: str) -> dict[str, Any]:
     """`draft_source` stands for the directory the mode reads (the draft's source, or the medusa / eagle heads)."""
     mode = speculative["mode"]
-    sections = {"lookahead_decoding": "lookahead", "prompt_lookup": "prompt_lookup", "draft_tokens_external": "draft",
-                "medusa": "medusa", "eagle": "eagle", "mtp": "mtp"}
+    sections = {
+        "lookahead_decoding": "lookahead",
+        "prompt_lookup": "prompt_lookup",
+        "draft_tokens_external": "draft",
+        "medusa": "medusa",
+        "eagle": "eagle",
+        "mtp": "mtp",
+    }
     dumped = {key: value for key, value in speculative.items() if key not in sections.values() or sections.get(mode) == key}
     if dumped.get("draft") is not None:
         dumped["draft"]["source"] = draft_source

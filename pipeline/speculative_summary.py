@@ -28,12 +28,13 @@ def speculative_summary(build: BuildSpec) -> str | None:
     if traits_of(build.target).follows_trtllm_plugin_rules:
         # trtllm-build adds an EAGLE engine's num_eagle_layers to max_seq_len too (tensorrt_llm/builder.py)
         extra = k + (tree_depth(tree) if speculative.mode is SpeculativeMode.eagle and tree else 0)
-        line += (f"; the engine holds max_seq_len + {extra} tokens per sequence and max_num_tokens >= max_batch_size × {k + 1} "
-                 f"= {build.max_batch_size * (k + 1)}")
+        line += (
+            f"; the engine holds max_seq_len + {extra} tokens per sequence and max_num_tokens >= max_batch_size × {k + 1} = {build.max_batch_size * (k + 1)}"
+        )
     if tree is not None:
         text = choices_text(tree)
         shown = text if len(text) <= _MAX_SHOWN_CHOICES else text[:_MAX_SHOWN_CHOICES] + "…"
-        line += f"; Triton decoding_mode {speculative.mode.value}, {speculative.mode.value}_choices \"{shown}\""
+        line += f'; Triton decoding_mode {speculative.mode.value}, {speculative.mode.value}_choices "{shown}"'
     return line
 
 

@@ -153,8 +153,7 @@ ARCHITECTURES = (
         model_class="refengine.model_runner.gemma:GemmaModel",
         check_options=check_gemma_options,
         refused_architectures=(
-            ("Gemma3ForConditionalGeneration", "Gemma 3's vision tower (vision_config) is not supported: "
-             "refengine runs the text model, Gemma3ForCausalLM"),
+            ("Gemma3ForConditionalGeneration", "Gemma 3's vision tower (vision_config) is not supported: refengine runs the text model, Gemma3ForCausalLM"),
         ),
         notes="Gemma 3 text: Gemma 2's layer plus q/k norms, sliding-window local layers with their own RoPE base",
     ),

@@ -61,14 +61,10 @@ class TensorStore:
     def get(self, name: str, expected_shape: tuple[int, ...], *, floating: bool = True) -> torch.Tensor:
         """The tensor `name`; raises `ModelLoadError` if it is missing or has another shape."""
         if name not in self._tensors:
-            raise ModelLoadError(
-                f"tensor {name!r} (expected shape {tuple(expected_shape)}) is missing from {self._source}"
-            )
+            raise ModelLoadError(f"tensor {name!r} (expected shape {tuple(expected_shape)}) is missing from {self._source}")
         return self._checked(name, expected_shape, floating)
 
-    def get_optional(
-        self, name: str, expected_shape: tuple[int, ...], *, floating: bool = True
-    ) -> torch.Tensor | None:
+    def get_optional(self, name: str, expected_shape: tuple[int, ...], *, floating: bool = True) -> torch.Tensor | None:
         """Like `get`, but `None` when the tensor is absent (e.g. an optional bias)."""
         if name not in self._tensors:
             return None
@@ -80,33 +76,23 @@ class TensorStore:
             raise ModelLoadError(f"tensor {name!r} (a scalar scale) is missing from {self._source}")
         tensor = self._tensors[name]
         if tensor.dim() > 1 or tensor.numel() != 1:
-            raise ModelLoadError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected a scalar ([] or [1]) "
-                f"(in {self._source})"
-            )
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected a scalar ([] or [1]) (in {self._source})")
         if tensor.dtype not in FLOAT_DTYPES:
             raise ModelLoadError(f"tensor {name!r} has dtype {tensor.dtype}, expected a float scale (in {self._source})")
         return tensor.reshape(()).to(torch.float32)
 
-    def get_quantized(
-        self, name: str, expected_shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]
-    ) -> torch.Tensor:
+    def get_quantized(self, name: str, expected_shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
         """Like `get` for quantized codes: the dtype must be one of `dtypes`."""
         tensor = self.get(name, expected_shape, floating=False)
         if tensor.dtype not in dtypes:
             expected = "/".join(str(dtype).removeprefix("torch.") for dtype in dtypes)
-            raise ModelLoadError(
-                f"tensor {name!r} has dtype {tensor.dtype}, expected {expected} (in {self._source})"
-            )
+            raise ModelLoadError(f"tensor {name!r} has dtype {tensor.dtype}, expected {expected} (in {self._source})")
         return tensor
 
     def _checked(self, name: str, expected_shape: tuple[int, ...], floating: bool) -> torch.Tensor:
         tensor = self._tensors[name]
         if tuple(tensor.shape) != tuple(expected_shape):
-            raise ModelLoadError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected_shape)} "
-                f"(in {self._source})"
-            )
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected_shape)} (in {self._source})")
         if floating and tensor.dtype not in FLOAT_DTYPES:
             raise ModelLoadError(
                 f"tensor {name!r} has dtype {tensor.dtype}, expected float16/bfloat16/float32 "
@@ -150,8 +136,7 @@ def load_engine_dir(directory: str | Path) -> EngineDirectory:
     for key in ("pretrained_config", "build_config"):
         if not isinstance(raw.get(key), Mapping):
             raise ModelLoadError(
-                f"{directory / CONFIG_FILE} has no {key!r} object; is this an engine directory? "
-                "(a checkpoint directory is read with load_checkpoint)"
+                f"{directory / CONFIG_FILE} has no {key!r} object; is this an engine directory? (a checkpoint directory is read with load_checkpoint)"
             )
     return EngineDirectory(
         directory=directory,

@@ -125,9 +125,7 @@ class EngineConfig:
         if not isinstance(self.lora, LoraSettings):
             raise EngineConfigError("lora", f"must be LoraSettings, got {type(self.lora).__name__}")
         if self.compute_dtype not in COMPUTE_DTYPES:
-            raise EngineConfigError(
-                "compute_dtype", f"{self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}"
-            )
+            raise EngineConfigError("compute_dtype", f"{self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
 
     @property
     def total_kv_blocks(self) -> int:

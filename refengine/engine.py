@@ -171,8 +171,10 @@ class LLMEngine:
         if not isinstance(self._speculator, MedusaSpeculator):
             return {}
         acceptances = self._speculator.node_acceptances
-        return {"num_tree_steps": self._speculator.num_tree_steps,
-                "tree_node_acceptances": tuple(sorted(acceptances.items(), key=lambda item: (len(item[0]), item[0])))}
+        return {
+            "num_tree_steps": self._speculator.num_tree_steps,
+            "tree_node_acceptances": tuple(sorted(acceptances.items(), key=lambda item: (len(item[0]), item[0]))),
+        }
 
     def has_unfinished(self) -> bool:
         with self._lock:
@@ -211,7 +213,10 @@ class LLMEngine:
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
             self._scheduler.add_request(request_id, prompt, params, seed, grammar, adapter)
             self._requests[request_id] = RequestState(
-                request_id, prompt, params, [CompletionState(i) for i in range(params.n)],
+                request_id,
+                prompt,
+                params,
+                [CompletionState(i) for i in range(params.n)],
                 lora_task_id=adapter.task_id if adapter is not None else None,
             )
         return request_id
@@ -269,9 +274,7 @@ class LLMEngine:
                         self._held_outputs.append(output)
             return [final[request_id] for request_id in request_ids]
 
-    def stream(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, lora: LoraRequest | None = None
-    ) -> Iterator[RequestOutput]:
+    def stream(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, lora: LoraRequest | None = None) -> Iterator[RequestOutput]:
         """Yield this request's outputs step by step, driving the engine from the caller's thread.
 
         Outputs of other requests produced meanwhile are kept for the next `step()`. Closing the
@@ -307,10 +310,7 @@ class LLMEngine:
             return []
         scheduler_output = self._scheduler.schedule()
         if not scheduler_output.scheduled and not scheduler_output.preempted_seq_ids:
-            raise RuntimeError(
-                f"scheduler made no progress with {self._scheduler.num_waiting} waiting and "
-                f"{self._scheduler.num_running} running sequences"
-            )
+            raise RuntimeError(f"scheduler made no progress with {self._scheduler.num_waiting} waiting and {self._scheduler.num_running} running sequences")
         if self._speculator is not None:
             scheduler_output = self._speculator.add_drafts(scheduler_output, self._scheduler)
         self._mark_scheduled(scheduler_output.scheduled)

@@ -14,9 +14,17 @@ from refengine.errors import ModelLoadError
 # Options of TensorRT-LLM's Phi-3 class that only Phi-3-small (block-sparse attention, muP, GeGeLU) or the
 # MoE / small long-RoPE variants (their own mscales) write; none is implemented here.
 _PHI3_SMALL_OPTIONS = (
-    "blocksparse_block_size", "blocksparse_homo_head_pattern", "blocksparse_num_local_blocks",
-    "blocksparse_vertical_stride", "dense_attention_every_n_layers", "gegelu_limit", "mup_attn_multiplier",
-    "mup_embedding_multiplier", "mup_use_scaling", "mup_width_multiplier", "longrope_long_mscale",
+    "blocksparse_block_size",
+    "blocksparse_homo_head_pattern",
+    "blocksparse_num_local_blocks",
+    "blocksparse_vertical_stride",
+    "dense_attention_every_n_layers",
+    "gegelu_limit",
+    "mup_attn_multiplier",
+    "mup_embedding_multiplier",
+    "mup_use_scaling",
+    "mup_width_multiplier",
+    "longrope_long_mscale",
     "longrope_short_mscale",
 )
 # Granite's multipliers (TensorRT-LLM's LLaMA class; 1.0 leaves a Llama unchanged). attention_multiplier is
@@ -25,8 +33,13 @@ GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual
 
 
 def _check_decoder_options(
-    raw: Mapping[str, Any], *, qk_layernorm: bool = False, partial_rotary: bool = False,
-    long_rope: bool = False, multipliers: bool = False, moe: bool = False,
+    raw: Mapping[str, Any],
+    *,
+    qk_layernorm: bool = False,
+    partial_rotary: bool = False,
+    long_rope: bool = False,
+    multipliers: bool = False,
+    moe: bool = False,
 ) -> None:
     """Refuse what the Llama decoder does not implement; the keyword flags name the options a family adds."""
     hidden_act = raw.get("hidden_act", "silu")
@@ -35,9 +48,7 @@ def _check_decoder_options(
     position_embedding = raw.get("position_embedding_type", "rope_gpt_neox")
     allowed = ("rope_gpt_neox", "long_rope") if long_rope else ("rope_gpt_neox",)
     if position_embedding not in allowed:
-        raise ModelLoadError(
-            f"position_embedding_type {position_embedding!r} is not supported (supported: {', '.join(allowed)})"
-        )
+        raise ModelLoadError(f"position_embedding_type {position_embedding!r} is not supported (supported: {', '.join(allowed)})")
     rotary_pct = raw.get("rotary_pct", 1.0)
     if partial_rotary:
         if isinstance(rotary_pct, bool) or not isinstance(rotary_pct, (int, float)) or not 0 < rotary_pct <= 1:
@@ -140,14 +151,14 @@ def check_moe_options(raw: Mapping[str, Any]) -> None:
         supported = ", ".join(f"{value} {label}" for value, label in MOE_NORMALIZATION_MODES.items())
         raise ModelLoadError(f"moe.normalization_mode {mode!r}{name} is not supported (supported: {supported})")
     if moe.get("shared_expert_intermediate_size"):
-        raise ModelLoadError("moe.shared_expert_intermediate_size is set: shared experts inside the MoE block "
-                             "(DeepSeek) are not supported")
+        raise ModelLoadError("moe.shared_expert_intermediate_size is set: shared experts inside the MoE block (DeepSeek) are not supported")
     for key in ("device_limited_n_group", "device_limited_topk_group"):
         if moe.get(key):
             raise ModelLoadError(f"moe.{key} is set: group-limited routing (DeepSeek-V2) is not supported")
     if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
-        raise ModelLoadError("mlp_only_layers / decoder_sparse_step: dense layers between the MoE layers are not "
-                             "supported (every layer's MLP is the mixture of experts)")
+        raise ModelLoadError(
+            "mlp_only_layers / decoder_sparse_step: dense layers between the MoE layers are not supported (every layer's MLP is the mixture of experts)"
+        )
     if raw.get("mlp_bias"):
         raise ModelLoadError("mlp_bias is true: MoE experts with a bias are not supported")
 
@@ -158,24 +169,31 @@ def _check_long_rope(raw: Mapping[str, Any]) -> None:
         raise ModelLoadError(f"original_max_position_embeddings must be an integer > 1 for long_rope, got {original!r}")
     for key in ("longrope_scaling_short_factors", "longrope_scaling_long_factors"):
         factors = raw.get(key)
-        if not isinstance(factors, list) or not factors or not all(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors
-        ):
+        if not isinstance(factors, list) or not factors or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors):
             raise ModelLoadError(f"{key} must be a non-empty list of positive numbers for long_rope, got {factors!r}")
     scaling = raw.get("rotary_scaling") or {}
     # TensorRT-LLM scales cos/sin by sqrt(1 + ln(max_position_embeddings / original) / ln(original)) and
     # reads neither of these; transformers would use them instead.
     for key in ("factor", "attention_factor"):
         if scaling.get(key) is not None:
-            raise ModelLoadError(f"rotary_scaling.{key} is not supported with long_rope (TensorRT-LLM derives the scale "
-                                 "from max_position_embeddings / original_max_position_embeddings)")
+            raise ModelLoadError(
+                f"rotary_scaling.{key} is not supported with long_rope (TensorRT-LLM derives the scale "
+                "from max_position_embeddings / original_max_position_embeddings)"
+            )
 
 
 # TensorRT-LLM's GPT class (GPTConfig) options that other gpt_variants use; none is implemented here.
-_GPT_UNUSED_OPTIONS = MappingProxyType({
-    "q_scaling": 1.0, "embedding_scale": None, "apply_query_key_layer_scaling": False, "inner_layernorm": False,
-    "norm_before_bmm1": False, "qk_layernorm": False, "residual_mlp": False,
-})
+_GPT_UNUSED_OPTIONS = MappingProxyType(
+    {
+        "q_scaling": 1.0,
+        "embedding_scale": None,
+        "apply_query_key_layer_scaling": False,
+        "inner_layernorm": False,
+        "norm_before_bmm1": False,
+        "qk_layernorm": False,
+        "residual_mlp": False,
+    }
+)
 
 
 def check_gpt_options(raw: Mapping[str, Any]) -> None:
@@ -183,8 +201,10 @@ def check_gpt_options(raw: Mapping[str, Any]) -> None:
     MLP (gelu: its tanh approximation; squared-relu), biases per `bias`. GPT-2's learned positions, Persimmon's q/k
     norm, Kosmos-2's inner LayerNorm, query-key layer scaling and MoE are refused by name."""
     if raw.get("gpt_variant") is None:
-        raise ModelLoadError("gpt_variant is missing: TensorRT-LLM's GPT class then runs GPT-2 (learned absolute "
-                             "positions), which the reference engine does not (supported: starcoder2, nemotron)")
+        raise ModelLoadError(
+            "gpt_variant is missing: TensorRT-LLM's GPT class then runs GPT-2 (learned absolute "
+            "positions), which the reference engine does not (supported: starcoder2, nemotron)"
+        )
     hidden_act = raw.get("hidden_act")
     if hidden_act not in ("gelu", "squared-relu"):
         raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here (supported: gelu, squared-relu)")

@@ -45,24 +45,17 @@ class RopeScaling:
             scaling_type = RopeScalingType(name)
         except ValueError:
             supported = ", ".join(t.value for t in RopeScalingType)
-            raise ModelLoadError(
-                f"rotary_scaling type {name!r} is not supported (supported: {supported})"
-            ) from None
+            raise ModelLoadError(f"rotary_scaling type {name!r} is not supported (supported: {supported})") from None
         factor = _positive_float(raw, "factor", "rotary_scaling.factor")
         if scaling_type is RopeScalingType.LINEAR:
             return cls(type=scaling_type, factor=factor)
         low = _positive_float(raw, "low_freq_factor", "rotary_scaling.low_freq_factor")
         high = _positive_float(raw, "high_freq_factor", "rotary_scaling.high_freq_factor")
         if high <= low:
-            raise ModelLoadError(
-                f"rotary_scaling.high_freq_factor ({high}) must exceed low_freq_factor ({low})"
-            )
+            raise ModelLoadError(f"rotary_scaling.high_freq_factor ({high}) must exceed low_freq_factor ({low})")
         original = raw.get("original_max_position_embeddings")
         if not isinstance(original, int) or original <= 0:
-            raise ModelLoadError(
-                "rotary_scaling.original_max_position_embeddings must be a positive integer, "
-                f"got {original!r}"
-            )
+            raise ModelLoadError(f"rotary_scaling.original_max_position_embeddings must be a positive integer, got {original!r}")
         return cls(scaling_type, factor, low, high, original)
 
 
@@ -163,14 +156,9 @@ class ModelConfig:
         num_heads = _positive_int(raw, "num_attention_heads")
         num_kv_heads = _positive_int(raw, "num_key_value_heads", default=num_heads)
         if num_heads % num_kv_heads:
-            raise ModelLoadError(
-                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
-            )
+            raise ModelLoadError(f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})")
         if raw.get("head_size") is None and hidden_size % num_heads:
-            raise ModelLoadError(
-                f"hidden_size ({hidden_size}) is not divisible by num_attention_heads ({num_heads}); "
-                "set head_size"
-            )
+            raise ModelLoadError(f"hidden_size ({hidden_size}) is not divisible by num_attention_heads ({num_heads}); set head_size")
         head_size = _positive_int(raw, "head_size", default=hidden_size // num_heads)
         if head_size % 2:
             raise ModelLoadError(f"head_size ({head_size}) must be even for rotary embeddings")
@@ -189,8 +177,7 @@ class ModelConfig:
             norm_epsilon=float(raw.get("norm_epsilon", 1e-5)),
             rotary_base=float(raw.get("rotary_base", 10000.0)),
             # long_rope's rotary_scaling repeats the short/long factors the model reads from their own keys
-            rope_scaling=RopeScaling() if raw.get("position_embedding_type") == "long_rope"
-            else RopeScaling.from_config(raw.get("rotary_scaling")),
+            rope_scaling=RopeScaling() if raw.get("position_embedding_type") == "long_rope" else RopeScaling.from_config(raw.get("rotary_scaling")),
             max_position_embeddings=raw.get("max_position_embeddings"),
             qkv_bias_required=family.qkv_bias or attn_bias or every_bias,
             # TensorRT-LLM's QWen class reads attn_bias as the q/k/v bias only (its dense has none): optional there

@@ -19,9 +19,7 @@ def validate_prompt(prompt_token_ids: Any, vocab_size: int) -> tuple[int, ...]:
     try:
         prompt = tuple(prompt_token_ids)
     except TypeError:
-        raise InvalidRequestError(
-            "prompt_token_ids", f"must be a list of token ids, got {type(prompt_token_ids).__name__}"
-        ) from None
+        raise InvalidRequestError("prompt_token_ids", f"must be a list of token ids, got {type(prompt_token_ids).__name__}") from None
     if not prompt:
         raise InvalidRequestError("prompt_token_ids", "is empty; a request needs at least one prompt token")
     for index, token_id in enumerate(prompt):
@@ -35,9 +33,7 @@ def validate_prompt(prompt_token_ids: Any, vocab_size: int) -> tuple[int, ...]:
     return prompt
 
 
-def validate_request(
-    prompt_token_ids: Any, params: SamplingParams, config: EngineConfig, vocab_size: int, model_limit: int | None = None
-) -> tuple[int, ...]:
+def validate_request(prompt_token_ids: Any, params: SamplingParams, config: EngineConfig, vocab_size: int, model_limit: int | None = None) -> tuple[int, ...]:
     """The prompt as a tuple, if the request can be served; raises `InvalidRequestError` otherwise.
 
     `model_limit`: the most tokens (prompt + max_tokens) the model computes exactly, where it has such a limit
@@ -57,8 +53,7 @@ def validate_request(
     if prompt_len + params.max_tokens > config.max_seq_len:
         raise InvalidRequestError(
             "max_tokens",
-            f"prompt length {prompt_len} + max_tokens {params.max_tokens} = "
-            f"{prompt_len + params.max_tokens} exceeds max_seq_len {config.max_seq_len}",
+            f"prompt length {prompt_len} + max_tokens {params.max_tokens} = {prompt_len + params.max_tokens} exceeds max_seq_len {config.max_seq_len}",
         )
     if model_limit is not None and prompt_len + params.max_tokens > model_limit:
         raise InvalidRequestError(
@@ -68,9 +63,7 @@ def validate_request(
             "does not give: longer sequences would need it)",
         )
     if params.beam_width > config.max_beam_width:
-        raise InvalidRequestError(
-            "beam_width", f"{params.beam_width} exceeds the engine's max_beam_width {config.max_beam_width}"
-        )
+        raise InvalidRequestError("beam_width", f"{params.beam_width} exceeds the engine's max_beam_width {config.max_beam_width}")
     if params.beam_width > 1 and config.batching is BatchingMode.STATIC:
         raise InvalidRequestError("beam_width", f"{params.beam_width}: beam search runs with inflight batching only, not static")
     if params.beam_width > config.max_batch_size:
@@ -80,14 +73,11 @@ def validate_request(
     if params.n > config.max_batch_size:
         raise InvalidRequestError("n", f"{params.n} exceeds max_batch_size {config.max_batch_size}")
     if params.logprobs is not None and params.logprobs > config.max_logprobs:
-        raise InvalidRequestError(
-            "logprobs", f"{params.logprobs} exceeds the engine's max_logprobs {config.max_logprobs}"
-        )
+        raise InvalidRequestError("logprobs", f"{params.logprobs} exceeds the engine's max_logprobs {config.max_logprobs}")
     if not config.enable_chunked_context and prompt_len > config.max_num_tokens:
         raise InvalidRequestError(
             "prompt_token_ids",
-            f"prompt length {prompt_len} exceeds max_num_tokens {config.max_num_tokens} "
-            "and enable_chunked_context is off",
+            f"prompt length {prompt_len} exceeds max_num_tokens {config.max_num_tokens} and enable_chunked_context is off",
         )
     _check_draft_tokens(params, config)
     _check_fits_cache(prompt_len, params, config)

@@ -107,9 +107,7 @@ class SamplingParams:
         _check_float("frequency_penalty", self.frequency_penalty)
         _check_int("min_tokens", self.min_tokens, minimum=0)
         if self.min_tokens > self.max_tokens:
-            raise InvalidRequestError(
-                "min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}"
-            )
+            raise InvalidRequestError("min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
         for field in ("end_id", "pad_id"):
             if getattr(self, field) is not None:
                 _check_int(field, getattr(self, field), minimum=0)
@@ -149,12 +147,7 @@ class SamplingParams:
     @property
     def needs_token_history(self) -> bool:
         """Whether sampling looks at earlier tokens (penalties, bad words)."""
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-            or bool(self.bad_words)
-        )
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or bool(self.bad_words)
 
     def token_ids_to_check(self) -> Iterable[tuple[str, int]]:
         """(field, token id) pairs that must lie inside the vocabulary."""
@@ -183,9 +176,7 @@ def _check_beam_params(params: SamplingParams) -> None:
     if width == 1:
         return
     if params.n > width:
-        raise InvalidRequestError(
-            "n", f"{params.n} sequences exceed beam_width {width}: beam search returns at most beam_width sequences"
-        )
+        raise InvalidRequestError("n", f"{params.n} sequences exceed beam_width {width}: beam search returns at most beam_width sequences")
     sampling = {
         "top_k": params.top_k not in (0, 1),
         "top_p": params.top_p != 1.0,

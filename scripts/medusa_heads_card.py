@@ -7,10 +7,7 @@ from refengine.speculative.medusa_tree import format_medusa_choices
 
 def _accuracy_rows(stats: dict, where: str) -> list[str]:
     before, after = stats["topk_accuracy_before"][where], stats["topk_accuracy"][where]
-    return [
-        f"| head {h} (token t+{2 + h}) | {before[h][0]:.3f} | **{after[h][0]:.3f}** | {after[h][2]:.3f} | {after[h][9]:.3f} |"
-        for h in range(len(after))
-    ]
+    return [f"| head {h} (token t+{2 + h}) | {before[h][0]:.3f} | **{after[h][0]:.3f}** | {after[h][2]:.3f} | {after[h][9]:.3f} |" for h in range(len(after))]
 
 
 def _tree_rows(stats: dict) -> list[str]:
@@ -74,7 +71,7 @@ def model_card(stats: dict, title: str) -> str:
         "",
         f"The recommended tree (`medusa_choices` in `config.json`) has {stats['recommended_budget']} nodes: every node is "
         "one more position the base model verifies per step, which a GPU does for nearly nothing up to ~64 nodes but a "
-        "CPU pays for (see docs/decoding.md, \"The shipped Medusa heads\"). As Triton's `medusa_choices` parameter:",
+        'CPU pays for (see docs/decoding.md, "The shipped Medusa heads"). As Triton\'s `medusa_choices` parameter:',
         "",
         "```text",
         format_medusa_choices(recommended),

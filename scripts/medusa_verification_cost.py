@@ -41,8 +41,16 @@ def main() -> int:
         heads_dir = args.heads or write_random_medusa_heads(Path(scratch), 4, 1, config.hidden_size, config.vocab_size)
         heads_config = json.loads((heads_dir / "config.json").read_text())
         num_heads = heads_config["medusa_num_heads"]
-        heads = MedusaHeads.load(heads_dir / HEADS_FILE, num_heads, heads_config["medusa_num_layers"], config.hidden_size,
-                                 config.vocab_size, torch.float32, "--heads", fp16_gemm=True)
+        heads = MedusaHeads.load(
+            heads_dir / HEADS_FILE,
+            num_heads,
+            heads_config["medusa_num_layers"],
+            config.hidden_size,
+            config.vocab_size,
+            torch.float32,
+            "--heads",
+            fp16_gemm=True,
+        )
         heads_rows = [measure_heads(heads, config.hidden_size, TREE_WIDTHS[:num_heads], b, args.repeats) for b in (1, 4, 32)]
     rows = measure_tree_verification(model, NODE_COUNTS, args.context, args.repeats)
     print("| tree nodes N | wall ms / step | CPU ms / step | cost vs a plain decode (N = 0) |\n|---:|---:|---:|---:|")

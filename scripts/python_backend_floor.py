@@ -23,8 +23,7 @@ from pipeline.serve import ServerOptions, TritonServer
 
 MODELS = {
     "pre": (
-        "input [ { name: \"TEXT\" data_type: TYPE_STRING dims: [ 1 ] } ]\n"
-        "output [ { name: \"IDS\" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n",
+        'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\noutput [ { name: "IDS" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n',
         """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -40,8 +39,8 @@ class TritonPythonModel:
     ),
     "mid": (
         "model_transaction_policy { decoupled: true }\n"
-        "input [ { name: \"IDS\" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n"
-        "output [ { name: \"OUT_IDS\" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n",
+        'input [ { name: "IDS" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n'
+        'output [ { name: "OUT_IDS" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n',
         """
 import queue
 import threading
@@ -64,8 +63,7 @@ class TritonPythonModel:
 """,
     ),
     "post": (
-        "input [ { name: \"OUT_IDS\" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\n"
-        "output [ { name: \"TEXT_OUT\" data_type: TYPE_STRING dims: [ 1 ] } ]\n",
+        'input [ { name: "OUT_IDS" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]\noutput [ { name: "TEXT_OUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n',
         """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -81,8 +79,7 @@ class TritonPythonModel:
     ),
 }
 STEP = (
-    '{{ model_name: "{model}" model_version: -1 input_map {{ key: "{key_in}" value: "{value_in}" }} '
-    'output_map {{ key: "{key_out}" value: "{value_out}" }} }}'
+    '{{ model_name: "{model}" model_version: -1 input_map {{ key: "{key_in}" value: "{value_in}" }} output_map {{ key: "{key_out}" value: "{value_out}" }} }}'
 )
 ENSEMBLES = {
     "ens3": [("pre", "TEXT", "text_input", "IDS", "_ids"), ("mid", "IDS", "_ids", "OUT_IDS", "_out"), ("post", "OUT_IDS", "_out", "TEXT_OUT", "text_output")],
@@ -99,9 +96,7 @@ def write_repository(root: Path) -> None:
         )
     for name, steps in ENSEMBLES.items():
         (root / name / "1").mkdir(parents=True)
-        rendered = ",\n    ".join(
-            STEP.format(model=m, key_in=ki, value_in=vi, key_out=ko, value_out=vo) for m, ki, vi, ko, vo in steps
-        )
+        rendered = ",\n    ".join(STEP.format(model=m, key_in=ki, value_in=vi, key_out=ko, value_out=vo) for m, ki, vi, ko, vo in steps)
         (root / name / "config.pbtxt").write_text(
             f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 0\n'
             'input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
@@ -139,8 +134,10 @@ def main(requests: int = 300, rounds: int = 3) -> None:
             for index in range(rounds):
                 for model in ENSEMBLES:
                     latencies = sorted(one(model) for _ in range(requests))
-                    print(f"round {index} {model}: p50 {latencies[requests // 2] * 1e3:.3f} ms, "
-                          f"p90 {latencies[requests * 9 // 10] * 1e3:.3f} ms (1-min load {open('/proc/loadavg').read().split()[0]})")
+                    print(
+                        f"round {index} {model}: p50 {latencies[requests // 2] * 1e3:.3f} ms, "
+                        f"p90 {latencies[requests * 9 // 10] * 1e3:.3f} ms (1-min load {open('/proc/loadavg').read().split()[0]})"
+                    )
             connection.close()
         finally:
             print(f"tritonserver exit code {server.stop()}")

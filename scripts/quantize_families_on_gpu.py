@@ -66,8 +66,7 @@ def _one(scratch: Path, model_type: str, algo: str, devices: list[str]) -> dict:
         try:
             result = _run_job(hf_dir, out, algo, device, unified_only=family.trtllm_class is None)
         except Exception as exc:  # noqa: BLE001 - every failure is a row of the report
-            return {**row, "status": f"failed on {device}", "error": f"{type(exc).__name__}: {exc}"[:600],
-                    "traceback": traceback.format_exc()[-1500:]}
+            return {**row, "status": f"failed on {device}", "error": f"{type(exc).__name__}: {exc}"[:600], "traceback": traceback.format_exc()[-1500:]}
         row[f"{device}_seconds"] = round(time.monotonic() - started, 1)
         row[f"{device}_result"] = result["quantization"]
         outputs[device] = out
@@ -81,10 +80,18 @@ def _run_job(hf_dir: Path, out: Path, algo: str, device: str, *, unified_only: b
 
     files = tuple(sorted((REPO / "data" / "calibration").glob("*.txt")))
     request = QuantizeRequest(
-        hf_dir=hf_dir, output_dir=out / "trtllm_checkpoint", dtype="bfloat16", tp_size=1, pp_size=1, algo=algo,
-        kv_cache="fp8" if algo in ("fp8", "w4a8_awq") else "none", group_size=128, device=device,
+        hf_dir=hf_dir,
+        output_dir=out / "trtllm_checkpoint",
+        dtype="bfloat16",
+        tp_size=1,
+        pp_size=1,
+        algo=algo,
+        kv_cache="fp8" if algo in ("fp8", "w4a8_awq") else "none",
+        group_size=128,
+        device=device,
         calibration=CalibrationRequest(files, 32, 128, 8, 0),
-        unified_hf_dir=out / "hf_checkpoint" if unified_only else None, unified_only=unified_only,
+        unified_hf_dir=out / "hf_checkpoint" if unified_only else None,
+        unified_only=unified_only,
     )
     return run_job(request)
 
@@ -96,8 +103,13 @@ def _compare(cpu_dir: Path, cuda_dir: Path, *, unified: bool) -> dict:
     pattern = "hf_checkpoint/*.safetensors" if unified else "trtllm_checkpoint/rank*.safetensors"
     cpu = {k: v for f in sorted(cpu_dir.glob(pattern)) for k, v in load_file(f).items()}
     cuda = {k: v for f in sorted(cuda_dir.glob(pattern)) for k, v in load_file(f).items()}
-    report = {"tensors": len(cpu), "same_names": sorted(cpu) == sorted(cuda), "bit_identical": 0, "largest_scale_ratio": 1.0,
-              "largest_code_mismatch_fraction": 0.0}
+    report = {
+        "tensors": len(cpu),
+        "same_names": sorted(cpu) == sorted(cuda),
+        "bit_identical": 0,
+        "largest_scale_ratio": 1.0,
+        "largest_code_mismatch_fraction": 0.0,
+    }
     for name in sorted(set(cpu) & set(cuda)):
         a, b = cpu[name], cuda[name]
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -110,8 +122,11 @@ def _compare(cpu_dir: Path, cuda_dir: Path, *, unified: bool) -> dict:
             ratio = (a.float().abs() + 1e-12) / (b.float().abs() + 1e-12)
             report["largest_scale_ratio"] = max(report["largest_scale_ratio"], float(torch.maximum(ratio, 1 / ratio).max()))
         else:
-            mismatch = float((a.view(torch.uint8) != b.view(torch.uint8)).float().mean()) if a.element_size() == 1 else float(
-                (a.float() - b.float()).abs().gt(1e-3 * (a.float().abs() + 1e-3)).float().mean())
+            mismatch = (
+                float((a.view(torch.uint8) != b.view(torch.uint8)).float().mean())
+                if a.element_size() == 1
+                else float((a.float() - b.float()).abs().gt(1e-3 * (a.float().abs() + 1e-3)).float().mean())
+            )
             report["largest_code_mismatch_fraction"] = max(report["largest_code_mismatch_fraction"], mismatch)
     return report
 

@@ -191,9 +191,9 @@ def collect_corpus(stdlib: Path):
             train.append((rel, text))
     log(
         f"corpus: {len(files)} .py files under {stdlib}; excluded {n_excl}, "
-        f"too big {n_big}; train {len(train)} files / {train_bytes/1e6:.2f} MB, "
+        f"too big {n_big}; train {len(train)} files / {train_bytes / 1e6:.2f} MB, "
         f"held-out {len(held)} files / "
-        f"{sum(len(t.encode()) for _, t in held)/1e6:.2f} MB"
+        f"{sum(len(t.encode()) for _, t in held) / 1e6:.2f} MB"
     )
     return train, held
 
@@ -357,14 +357,12 @@ def main(argv=None):
         "towards its logits (--out then receives the draft; --data-out is not written)",
     )
     ap.add_argument("--draft-layers", type=int, default=1, help="decoder layers of the draft (--draft-of)")
+    ap.add_argument("--draft-intermediate", type=int, default=None, help="MLP width of the draft (default: the target's)")
+    ap.add_argument("--distill-weight", type=float, default=0.8, help="weight of KL(target || draft) against next-token CE")
     ap.add_argument(
-        "--draft-intermediate", type=int, default=None, help="MLP width of the draft (default: the target's)"
-    )
-    ap.add_argument(
-        "--distill-weight", type=float, default=0.8, help="weight of KL(target || draft) against next-token CE"
-    )
-    ap.add_argument(
-        "--self-distill", type=float, default=0.0,
+        "--self-distill",
+        type=float,
+        default=0.0,
         help="fraction of each draft batch taken from the target's own greedy continuations (--draft-of)",
     )
     ap.add_argument("--generated", type=int, default=256, help="greedy continuations to generate (--self-distill)")
@@ -400,8 +398,8 @@ def main(argv=None):
     (data_dir / "heldout" / "stdlib_heldout.txt").write_text(held_text, encoding="utf-8")
     (data_dir / "calibration" / "stdlib_calib.txt").write_text(calib_text, encoding="utf-8")
     log(
-        f"wrote heldout {len(held_text.encode())/1024:.0f} KiB ({len(held_files)} files), "
-        f"calibration {len(calib_text.encode())/1024:.0f} KiB ({len(calib_files)} files)"
+        f"wrote heldout {len(held_text.encode()) / 1024:.0f} KiB ({len(held_files)} files), "
+        f"calibration {len(calib_text.encode()) / 1024:.0f} KiB ({len(calib_files)} files)"
     )
 
     # ---- tokenizer -----------------------------------------------------
@@ -415,7 +413,7 @@ def main(argv=None):
     train_bytes = sum(len(t.encode()) for _, t in train_docs)
     log(
         f"tokenizer trained in {t_tok:.1f}s; train stream {len(train_stream):,} tokens "
-        f"({train_bytes/len(train_stream):.2f} bytes/token); held-out {len(held_stream):,} tokens"
+        f"({train_bytes / len(train_stream):.2f} bytes/token); held-out {len(held_stream):,} tokens"
     )
 
     # ---- model -----------------------------------------------------------
@@ -482,10 +480,7 @@ def main(argv=None):
                 total_steps = fit
         if step % args.log_every == 0 or step == total_steps:
             history.append((step, round(lv, 4), round(ema, 4)))
-            log(
-                f"step {step}/{total_steps} loss {lv:.4f} (ema {ema:.4f}) lr {lr:.2e} "
-                f"gnorm {float(gnorm):.2f} {elapsed:.0f}s ({elapsed/step:.2f}s/step)"
-            )
+            log(f"step {step}/{total_steps} loss {lv:.4f} (ema {ema:.4f}) lr {lr:.2e} gnorm {float(gnorm):.2f} {elapsed:.0f}s ({elapsed / step:.2f}s/step)")
         if elapsed > budget_s * 1.10 and step < total_steps:  # safety net: the machine slowed down
             log(f"time budget exhausted at step {step}")
             break
@@ -553,7 +548,7 @@ def main(argv=None):
     write_model_card(out_dir, stats, args, samples)
     write_data_readme(data_dir, stats, held_files, calib_files, held_text, calib_text, args)
     log("stats: " + json.dumps({k: v for k, v in stats.items() if k != "history"}))
-    log(f"done in {total_time/60:.1f} min")
+    log(f"done in {total_time / 60:.1f} min")
     return stats
 
 
@@ -618,7 +613,7 @@ tags: [llama, tiny, python, cpu, test-model]
 
 The embedded default model of **trtllm-pipeline**: a tiny Llama-architecture
 causal LM trained from scratch, on CPU, on the `.py` sources of CPython's
-standard library. It is small enough to commit to the repository ({s['safetensors_bytes']/1e6:.1f} MB),
+standard library. It is small enough to commit to the repository ({s["safetensors_bytes"] / 1e6:.1f} MB),
 loads offline with `AutoModelForCausalLM` / `AutoTokenizer`, produces
 recognisably Python-like text, and is trained enough that quantization has a
 measurable effect on perplexity. It is a test fixture, **not** a useful code model.
@@ -628,16 +623,16 @@ measurable effect on perplexity. It is a test fixture, **not** a useful code mod
 | field | value |
 |---|---|
 | architecture | `LlamaForCausalLM` (RMSNorm, RoPE, SwiGLU MLP, no biases) |
-| parameters | {s['params']:,} |
-| vocab_size | {MODEL_KW['vocab_size']} (byte-level BPE, this repo's own) |
-| hidden_size / intermediate_size | {MODEL_KW['hidden_size']} / {MODEL_KW['intermediate_size']} |
-| layers | {MODEL_KW['num_hidden_layers']} |
-| attention heads / KV heads (GQA) / head_dim | {MODEL_KW['num_attention_heads']} / {MODEL_KW['num_key_value_heads']} / {MODEL_KW['head_dim']} |
-| max_position_embeddings | {MODEL_KW['max_position_embeddings']} (trained on {SEQ_LEN}-token windows) |
-| rope_theta | {MODEL_KW['rope_theta']:g} |
-| rms_norm_eps | {MODEL_KW['rms_norm_eps']:g} |
+| parameters | {s["params"]:,} |
+| vocab_size | {MODEL_KW["vocab_size"]} (byte-level BPE, this repo's own) |
+| hidden_size / intermediate_size | {MODEL_KW["hidden_size"]} / {MODEL_KW["intermediate_size"]} |
+| layers | {MODEL_KW["num_hidden_layers"]} |
+| attention heads / KV heads (GQA) / head_dim | {MODEL_KW["num_attention_heads"]} / {MODEL_KW["num_key_value_heads"]} / {MODEL_KW["head_dim"]} |
+| max_position_embeddings | {MODEL_KW["max_position_embeddings"]} (trained on {SEQ_LEN}-token windows) |
+| rope_theta | {MODEL_KW["rope_theta"]:g} |
+| rms_norm_eps | {MODEL_KW["rms_norm_eps"]:g} |
 | tie_word_embeddings | false |
-| stored dtype | float16 (`model.safetensors`, {s['safetensors_bytes']:,} bytes) |
+| stored dtype | float16 (`model.safetensors`, {s["safetensors_bytes"]:,} bytes) |
 | special tokens | `<|pad|>`=0, `<|bos|>`=1, `<|eos|>`=2 |
 
 ## Tokenizer
@@ -652,7 +647,7 @@ unknown tokens). Wrapped as `PreTrainedTokenizerFast`
 
 ## Data
 
-CPython {s['python']} standard library `.py` files (the base interpreter's
+CPython {s["python"]} standard library `.py` files (the base interpreter's
 `sysconfig.get_paths()["stdlib"]`), excluding `site-packages/`, test directories
 (`test/`, `tests/`, `idle_test/`, `test_*.py`), `idlelib/`, `turtledemo/`,
 `lib2to3/tests`, `ensurepip/`, `pydoc_data/`, generated codec tables
@@ -660,34 +655,34 @@ CPython {s['python']} standard library `.py` files (the base interpreter's
 larger than 200 KB. Each file goes to the held-out split iff
 `sha256(relative_path)[:8] % 100 < {HELDOUT_PERCENT}`.
 
-* train: {s['train_files']} files, {s['train_bytes']/1e6:.2f} MB, {s['train_tokens']:,} tokens
-  ({s['train_bytes']/s['train_tokens']:.2f} bytes/token)
-* held-out: {s['heldout_files_total']} files, of which {s['heldout_files_in_txt']} are in
+* train: {s["train_files"]} files, {s["train_bytes"] / 1e6:.2f} MB, {s["train_tokens"]:,} tokens
+  ({s["train_bytes"] / s["train_tokens"]:.2f} bytes/token)
+* held-out: {s["heldout_files_total"]} files, of which {s["heldout_files_in_txt"]} are in
   `data/heldout/stdlib_heldout.txt` (used for the perplexity below)
-* `data/calibration/stdlib_calib.txt`: {s['calib_files']} *train* files for PTQ calibration
+* `data/calibration/stdlib_calib.txt`: {s["calib_files"]} *train* files for PTQ calibration
 
 ## Training
 
-From random init (seed {SEED}), fp32, `torch.set_num_threads({s['threads']})` on a
+From random init (seed {SEED}), fp32, `torch.set_num_threads({s["threads"]})` on a
 2-core CPU: AdamW (betas 0.9/0.95, weight decay 0.1 on matrices, grad-clip 1.0),
 peak lr {args.lr:g} with {args.warmup} warm-up steps then cosine decay to 10 %,
-batch {s['batch']} x {s['seq_len']} tokens sampled at random offsets from the packed
+batch {s["batch"]} x {s["seq_len"]} tokens sampled at random offsets from the packed
 token stream (`<|bos|> doc <|eos|>` per file).
 
-* steps: {s['steps']} ({s['tokens_seen']:,} tokens seen, ~{s['tokens_seen']/s['train_tokens']:.2f} epochs)
-* training-loop time: {s['train_minutes']} min (whole script {s['total_minutes']} min)
-* final train loss: {s['final_train_loss_ema']:.3f} (EMA; last batch {s['final_train_loss_last']:.3f});
-  train-sample perplexity {s['train_sample_ppl']:.2f}
-* **held-out perplexity: {s['heldout_ppl']:.2f}** (mean NLL {s['heldout_nll']:.3f} nats/token over
-  {s['heldout_tokens']:,} tokens, non-overlapping {SEQ_LEN}-token windows, fp32 weights)
-* held-out perplexity of the saved float16 weights (upcast to fp32): {s['heldout_ppl_fp16_weights']:.2f}
+* steps: {s["steps"]} ({s["tokens_seen"]:,} tokens seen, ~{s["tokens_seen"] / s["train_tokens"]:.2f} epochs)
+* training-loop time: {s["train_minutes"]} min (whole script {s["total_minutes"]} min)
+* final train loss: {s["final_train_loss_ema"]:.3f} (EMA; last batch {s["final_train_loss_last"]:.3f});
+  train-sample perplexity {s["train_sample_ppl"]:.2f}
+* **held-out perplexity: {s["heldout_ppl"]:.2f}** (mean NLL {s["heldout_nll"]:.3f} nats/token over
+  {s["heldout_tokens"]:,} tokens, non-overlapping {SEQ_LEN}-token windows, fp32 weights)
+* held-out perplexity of the saved float16 weights (upcast to fp32): {s["heldout_ppl_fp16_weights"]:.2f}
 
 | step | loss | loss EMA |
 |---|---|---|
 {hist}
 
-Versions: Python {s['python']}, torch {s['torch']}, transformers {s['transformers']},
-tokenizers {s['tokenizers']}.
+Versions: Python {s["python"]}, torch {s["torch"]}, transformers {s["transformers"]},
+tokenizers {s["tokenizers"]}.
 
 ## Reproduce
 
@@ -699,9 +694,9 @@ The file split, tokenizer and data files are deterministic. The weights are
 not bit-reproducible across machines: besides CPU floating-point reduction
 order, the cosine schedule is re-planned every 25 steps from the measured step
 time so that training fits in `--minutes` (it can shrink or grow, up to
-`--steps`), so a loaded/shared machine runs fewer steps (this run: {s['steps']}).
+`--steps`), so a loaded/shared machine runs fewer steps (this run: {s["steps"]}).
 For a machine-independent schedule pass a fixed `--steps` and a generous
-`--minutes`, e.g. `--steps {s['steps']} --minutes 600`.
+`--minutes`, e.g. `--steps {s["steps"]} --minutes 600`.
 
 ## Sample greedy generations (48 new tokens)
 
@@ -728,18 +723,18 @@ def write_data_readme(data_dir: Path, s, held_files, calib_files, held_text, cal
 
     held_row = (
         "| `heldout/stdlib_heldout.txt` | held-out files, for perplexity evaluation (fp vs. quantized) | "
-        f"{len(held_text.encode())/1024:.0f} KiB | {len(held_files)} | `{sha(held_text)[:16]}…` |"
+        f"{len(held_text.encode()) / 1024:.0f} KiB | {len(held_files)} | `{sha(held_text)[:16]}…` |"
     )
     calib_row = (
         "| `calibration/stdlib_calib.txt` | **training-split** files, for PTQ calibration (disjoint from held-out) | "
-        f"{len(calib_text.encode())/1024:.0f} KiB | {len(calib_files)} | `{sha(calib_text)[:16]}…` |"
+        f"{len(calib_text.encode()) / 1024:.0f} KiB | {len(calib_files)} | `{sha(calib_text)[:16]}…` |"
     )
     text = f"""# data/
 
 Small text corpora used with the embedded default model
 (`models/tiny-stdlib-llama`). Both are generated by
 `scripts/train_default_model.py` (command: `{_cmd(args)}`) from the `.py`
-sources of the CPython {s['python']} standard library (PSF license).
+sources of the CPython {s["python"]} standard library (PSF license).
 
 Files are split by `sha256(path relative to the stdlib dir)`: ~{HELDOUT_PERCENT} % go to
 the held-out split and are never seen in tokenizer or model training; the rest
@@ -759,8 +754,8 @@ in path order, each preceded by a 3-line header:
 
 Reference numbers (fp32 evaluation, non-overlapping {SEQ_LEN}-token windows over
 the whole `stdlib_heldout.txt`, a `<|bos|>` token prepended once):
-held-out perplexity {s['heldout_ppl']:.2f} with the trained fp32 weights,
-{s['heldout_ppl_fp16_weights']:.2f} with the committed float16 weights.
+held-out perplexity {s["heldout_ppl"]:.2f} with the trained fp32 weights,
+{s["heldout_ppl_fp16_weights"]:.2f} with the committed float16 weights.
 
 Held-out files: {", ".join(f"`{f}`" for f in held_files)}
 

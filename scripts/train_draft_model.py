@@ -69,8 +69,11 @@ def target_continuations(target, stream, count: int, seq_len: int, prompt_len: i
         for first in range(0, count, 16):
             prompts = torch.stack([stream[s : s + prompt_len] for s in starts[first : first + 16]])
             out = target.generate(
-                input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                max_new_tokens=seq_len + 1 - prompt_len, min_new_tokens=seq_len + 1 - prompt_len,
+                input_ids=prompts,
+                attention_mask=torch.ones_like(prompts),
+                do_sample=False,
+                max_new_tokens=seq_len + 1 - prompt_len,
+                min_new_tokens=seq_len + 1 - prompt_len,
             )
             windows.extend(out[:, : seq_len + 1])
     return torch.stack(windows)
@@ -116,14 +119,15 @@ def train_draft(args, recipe) -> dict:
     before = greedy_agreement(draft, target, held_stream, seq_len)
     held_own = target_continuations(target, held_stream, 32, seq_len, 64, recipe.SEED)[:, :seq_len].reshape(-1)
     own_before = greedy_agreement(draft, target, held_own, seq_len)
-    recipe.log(f"greedy agreement with the target on held-out text before training: {before:.3f}, "
-               f"on its continuations of held-out prompts: {own_before:.3f}")
+    recipe.log(f"greedy agreement with the target on held-out text before training: {before:.3f}, on its continuations of held-out prompts: {own_before:.3f}")
 
     decay = [p for p in draft.parameters() if p.dim() >= 2]
     no_decay = [p for p in draft.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     generated = None
     own = round(args.batch * args.self_distill)
@@ -177,11 +181,18 @@ def train_draft(args, recipe) -> dict:
         shutil.copyfile(target_dir / name, out_dir / name)
     recipe.patch_compat(out_dir)
     stats = dict(
-        draft_of=str(target_dir), layers=draft.config.num_hidden_layers, params=num_params, steps=step,
-        train_minutes=round(train_minutes, 2), total_minutes=round((time.time() - started) / 60, 2),
-        greedy_agreement_before=round(before, 4), greedy_agreement_after=round(after, 4),
-        continuation_agreement_before=round(own_before, 4), continuation_agreement_after=round(own_after, 4),
-        heldout_ppl=round(held_ppl, 3), heldout_nll=round(held_nll, 4),
+        draft_of=str(target_dir),
+        layers=draft.config.num_hidden_layers,
+        params=num_params,
+        steps=step,
+        train_minutes=round(train_minutes, 2),
+        total_minutes=round((time.time() - started) / 60, 2),
+        greedy_agreement_before=round(before, 4),
+        greedy_agreement_after=round(after, 4),
+        continuation_agreement_before=round(own_before, 4),
+        continuation_agreement_after=round(own_after, 4),
+        heldout_ppl=round(held_ppl, 3),
+        heldout_nll=round(held_nll, 4),
         safetensors_bytes=(out_dir / "model.safetensors").stat().st_size,
         command=(
             f".venv/bin/python scripts/train_default_model.py --draft-of {args.draft_of} --out {args.out} "

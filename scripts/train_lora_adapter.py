@@ -44,12 +44,11 @@ def heldout_files(heldout_text: str) -> dict[str, str]:
     index = 0
     while index < len(lines):
         if lines[index] == recipe.SEPARATOR and index + 2 < len(lines) and lines[index + 1].startswith("# file: "):
-            name = lines[index + 1][len("# file: "):]
+            name = lines[index + 1][len("# file: ") :]
             end = index + 3
-            while end < len(lines) and not (lines[end] == recipe.SEPARATOR and end + 1 < len(lines)
-                                            and lines[end + 1].startswith("# file: ")):
+            while end < len(lines) and not (lines[end] == recipe.SEPARATOR and end + 1 < len(lines) and lines[end + 1].startswith("# file: ")):
                 end += 1
-            files[name] = "\n".join(lines[index + 3:end]) + "\n"
+            files[name] = "\n".join(lines[index + 3 : end]) + "\n"
             index = end
         else:
             index += 1
@@ -87,8 +86,7 @@ def base_and_adapter_nll(model, stream: torch.Tensor, max_windows: int | None = 
 def attach_lora(base_model, rank: int, alpha: int, dropout: float):
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(MODULES),
-                        bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(MODULES), bias="none", task_type="CAUSAL_LM")
     return get_peft_model(base_model, config)
 
 
@@ -104,7 +102,7 @@ def train(model, stream: torch.Tensor, args, evaluate) -> list[dict]:
         for group in opt.param_groups:
             group["lr"] = recipe.lr_at(step - 1, args.steps, args.lr, args.warmup)
         starts = torch.randint(0, last_start, (args.batch,), generator=gen).tolist()
-        batch = torch.stack([stream[s:s + recipe.SEQ_LEN + 1] for s in starts])
+        batch = torch.stack([stream[s : s + recipe.SEQ_LEN + 1] for s in starts])
         logits = model(input_ids=batch[:, :-1]).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -113,14 +111,12 @@ def train(model, stream: torch.Tensor, args, evaluate) -> list[dict]:
         opt.step()
         ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
         if step % args.eval_every == 0 or step == args.steps:
-            row = {"step": step, "train_loss_ema": round(ema, 4), "eval_nll": evaluate(),
-                   "seconds": round(time.time() - started, 1)}
+            row = {"step": step, "train_loss_ema": round(ema, 4), "eval_nll": evaluate(), "seconds": round(time.time() - started, 1)}
             history.append(row)
             recipe.log(f"step {step}/{args.steps} {row}")
         if time.time() - started > args.minutes * 60:
             recipe.log(f"--minutes {args.minutes:g} spent at step {step}; stopping")
-            history.append({"step": step, "train_loss_ema": round(ema, 4), "eval_nll": evaluate(),
-                            "seconds": round(time.time() - started, 1)})
+            history.append({"step": step, "train_loss_ema": round(ema, 4), "eval_nll": evaluate(), "seconds": round(time.time() - started, 1)})
             break
     return history
 
@@ -160,25 +156,25 @@ def write_readme(out_dir: Path, record: dict) -> None:
     s, d = record["result"], record["data"]
     text = f"""# tiny-stdlib-llama-turtle-lora
 
-A rank-{record['rank']} Hugging Face PEFT LoRA adapter for `models/tiny-stdlib-llama` (the embedded default
+A rank-{record["rank"]} Hugging Face PEFT LoRA adapter for `models/tiny-stdlib-llama` (the embedded default
 model), trained by `scripts/train_lora_adapter.py` on one module of the base model's held-out text: the
-first {d['train_lines']} lines of `{d['file']}` in `data/heldout/stdlib_heldout.txt`. Its lines from
-{d['eval_first_line']} to the end (the last {d['eval_fraction']:.0%}) were kept out of training and measure the adapter.
-It is a test fixture for multi-LoRA serving: small (float16, {record['adapter_bytes']:,} bytes), on every
-linear layer of the decoder (PEFT {', '.join(MODULES)};
-TensorRT-LLM {', '.join(record['trtllm_modules'])}), with an effect large enough to see.
+first {d["train_lines"]} lines of `{d["file"]}` in `data/heldout/stdlib_heldout.txt`. Its lines from
+{d["eval_first_line"]} to the end (the last {d["eval_fraction"]:.0%}) were kept out of training and measure the adapter.
+It is a test fixture for multi-LoRA serving: small (float16, {record["adapter_bytes"]:,} bytes), on every
+linear layer of the decoder (PEFT {", ".join(MODULES)};
+TensorRT-LLM {", ".join(record["trtllm_modules"])}), with an effect large enough to see.
 
 | mean next-token NLL (nats) | base | with the adapter |
 |---|---|---|
-| held-out tail of `{d['file']}` ({d['eval_tokens']:,} tokens) | {s['eval_nll_base']} | {s['eval_nll_adapter']} |
-| the other held-out files (first {record['other_windows']} windows) | {s['other_nll_base']} | {s['other_nll_adapter']} |
+| held-out tail of `{d["file"]}` ({d["eval_tokens"]:,} tokens) | {s["eval_nll_base"]} | {s["eval_nll_adapter"]} |
+| the other held-out files (first {record["other_windows"]} windows) | {s["other_nll_base"]} | {s["other_nll_adapter"]} |
 
-Training: {record['steps']} steps of AdamW (lr {record['lr']:g}, {record['warmup']} warm-up steps, cosine decay),
-batch {record['batch']} × {record['seq_len']} tokens at random offsets of the training lines
-({d['train_tokens']:,} tokens), lora_alpha {record['alpha']}, dropout {record['dropout']:g},
-{record['threads']} CPU thread(s), {record['train_minutes']} min. Every figure: `{RECORD}`.
+Training: {record["steps"]} steps of AdamW (lr {record["lr"]:g}, {record["warmup"]} warm-up steps, cosine decay),
+batch {record["batch"]} × {record["seq_len"]} tokens at random offsets of the training lines
+({d["train_tokens"]:,} tokens), lora_alpha {record["alpha"]}, dropout {record["dropout"]:g},
+{record["threads"]} CPU thread(s), {record["train_minutes"]} min. Every figure: `{RECORD}`.
 
-Reproduce: `{record['command']}`
+Reproduce: `{record["command"]}`
 """
     (out_dir / "README.md").write_text(text, encoding="utf-8")
 
@@ -225,36 +221,57 @@ def main(argv=None) -> int:
     history = train(model, train_stream, args, lambda: mean_nll(model, eval_stream))
     train_minutes = round((time.time() - loop_start) / 60, 2)
     save_adapter(model, out_dir, args.base)
-    (eval_base, eval_adapter), (other_base, other_adapter) = reloaded_nll(
-        args.base, out_dir, [(eval_stream, None), (other_stream, args.other_windows)])
+    (eval_base, eval_adapter), (other_base, other_adapter) = reloaded_nll(args.base, out_dir, [(eval_stream, None), (other_stream, args.other_windows)])
     if not eval_adapter < eval_base:
         raise SystemExit(f"the adapter did not lower the held-out loss of {args.file}: {eval_adapter} >= {eval_base}")
     from pipeline.config.lora_adapters import HF_TO_TRTLLM_MODULE
 
     record = {
-        "base": args.base, "rank": args.rank, "alpha": args.alpha, "dropout": args.dropout, "peft_modules": list(MODULES),
-        "trtllm_modules": [HF_TO_TRTLLM_MODULE[name] for name in MODULES], "trainable_params": trainable,
-        "steps": history[-1]["step"], "batch": args.batch, "seq_len": recipe.SEQ_LEN, "lr": args.lr,
-        "warmup": args.warmup, "threads": args.threads, "train_minutes": train_minutes,
-        "total_minutes": round((time.time() - started) / 60, 2), "other_windows": args.other_windows,
+        "base": args.base,
+        "rank": args.rank,
+        "alpha": args.alpha,
+        "dropout": args.dropout,
+        "peft_modules": list(MODULES),
+        "trtllm_modules": [HF_TO_TRTLLM_MODULE[name] for name in MODULES],
+        "trainable_params": trainable,
+        "steps": history[-1]["step"],
+        "batch": args.batch,
+        "seq_len": recipe.SEQ_LEN,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "threads": args.threads,
+        "train_minutes": train_minutes,
+        "total_minutes": round((time.time() - started) / 60, 2),
+        "other_windows": args.other_windows,
         "adapter_bytes": (out_dir / "adapter_model.safetensors").stat().st_size,
         "data": {
-            "source": f"{args.data_out}/heldout/stdlib_heldout.txt", "file": args.file, "eval_fraction": args.eval_fraction,
-            "train_lines": eval_first_line - 1, "eval_first_line": eval_first_line,
-            "train_tokens": len(train_stream), "eval_tokens": len(eval_stream),
-            "train_sha256": _sha(train_text), "eval_sha256": _sha(eval_text),
+            "source": f"{args.data_out}/heldout/stdlib_heldout.txt",
+            "file": args.file,
+            "eval_fraction": args.eval_fraction,
+            "train_lines": eval_first_line - 1,
+            "eval_first_line": eval_first_line,
+            "train_tokens": len(train_stream),
+            "eval_tokens": len(eval_stream),
+            "train_sha256": _sha(train_text),
+            "eval_sha256": _sha(eval_text),
         },
         "result": {
-            "eval_nll_base": eval_base, "eval_nll_adapter": eval_adapter,
+            "eval_nll_base": eval_base,
+            "eval_nll_adapter": eval_adapter,
             "eval_nll_drop": round(eval_base - eval_adapter, 4),
-            "other_nll_base": other_base, "other_nll_adapter": other_adapter,
+            "other_nll_base": other_base,
+            "other_nll_adapter": other_adapter,
             "measured": "the saved float16 adapter reloaded onto the base model (transformers + peft; base: the "
-                        "adapter disabled), fp32 compute, mean NLL in nats over non-overlapping 256-token windows "
-                        "after one BOS",
+            "adapter disabled), fp32 compute, mean NLL in nats over non-overlapping 256-token windows "
+            "after one BOS",
         },
         "history": history,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": sys.modules["transformers"].__version__, "peft": sys.modules["peft"].__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": sys.modules["transformers"].__version__,
+            "peft": sys.modules["peft"].__version__,
+        },
         "command": "python scripts/train_lora_adapter.py " + shlex.join(sys.argv[1:] if argv is None else argv),
     }
     (out_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

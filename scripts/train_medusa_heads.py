@@ -53,9 +53,7 @@ class MedusaHeads(torch.nn.Module):
         super().__init__()
         vocab, hidden = base_lm_head.shape
         self.num_layers = num_layers
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(num_layers)) for _ in range(num_heads)
-        )
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(num_layers)) for _ in range(num_heads))
         self.lm_heads = torch.nn.ModuleList(torch.nn.Linear(hidden, vocab, bias=False) for _ in range(num_heads))
         with torch.no_grad():
             for head, lm_head in zip(self.blocks, self.lm_heads):
@@ -160,7 +158,8 @@ def trees_for_budgets(accuracy: dict[str, list], ranks: dict[str, torch.Tensor],
                 greedy_continuations=round(search_medusa_tree.decoded_tokens_per_step(tree, sequences), 3),
                 greedy_continuations_64_new_tokens=round(search_medusa_tree.decoded_tokens_per_step(tree, sequences, max_tokens=EARLY_POSITIONS), 3),
             ),
-            depth=max(len(node) for node in tree), medusa_choices=tree,
+            depth=max(len(node) for node in tree),
+            medusa_choices=tree,
         )
     return trees
 
@@ -276,15 +275,23 @@ def main(argv=None) -> dict:
     save_file(state, str(out_dir / HEADS_FILE))
     vocab, hidden = base.lm_head.weight.shape
     config = {
-        "medusa_num_heads": args.heads, "medusa_num_layers": args.layers, "hidden_size": hidden, "vocab_size": vocab,
-        "medusa_hidden_act": "silu", "base_model_name_or_path": base_dir.name,
+        "medusa_num_heads": args.heads,
+        "medusa_num_layers": args.layers,
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "medusa_hidden_act": "silu",
+        "base_model_name_or_path": base_dir.name,
         "medusa_choices": trees[str(args.recommend)]["medusa_choices"],
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     stats = dict(
-        base_model=str(base_dir), num_heads=args.heads, num_layers=args.layers,
-        trainable_params=sum(p.numel() for p in heads.parameters()), steps=steps,
-        train_minutes=round(train_minutes, 2), total_minutes=round((time.time() - started) / 60, 2),
+        base_model=str(base_dir),
+        num_heads=args.heads,
+        num_layers=args.layers,
+        trainable_params=sum(p.numel() for p in heads.parameters()),
+        steps=steps,
+        train_minutes=round(train_minutes, 2),
+        total_minutes=round((time.time() - started) / 60, 2),
         last_batch_loss_per_head=[round(value, 4) for value in last_losses],
         data=dict(
             training="the default model's training split (train_default_model.collect_corpus of the stdlib: "
@@ -298,11 +305,18 @@ def main(argv=None) -> dict:
         ),
         topk_accuracy_before={name: topk_accuracies(ranks) for name, ranks in before.items()},
         topk_accuracy=accuracy,
-        trees=trees, recommended_budget=args.recommend,
-        check=dict(windows=4, seq_len=recipe.SEQ_LEN, positions=check_positions, head0_top1=round(check_top1, 4),
-                   what="head 0's top-1 accuracy over every position t with a token t+2 in the first 4 held-out windows"),
+        trees=trees,
+        recommended_budget=args.recommend,
+        check=dict(
+            windows=4,
+            seq_len=recipe.SEQ_LEN,
+            positions=check_positions,
+            head0_top1=round(check_top1, 4),
+            what="head 0's top-1 accuracy over every position t with a token t+2 in the first 4 held-out windows",
+        ),
         safetensors_bytes=(out_dir / HEADS_FILE).stat().st_size,
-        torch=torch.__version__, python=platform.python_version(),
+        torch=torch.__version__,
+        python=platform.python_version(),
         command=".venv/bin/python scripts/train_medusa_heads.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
     )
     (out_dir / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")

@@ -31,8 +31,13 @@ Say = Callable[[str], None]
 
 
 def run_capacity_bench(
-    packaged: Path, batched_postprocessing_config: str, tokenizer_dir: Path, deploy: Any, options: CapacityOptions,
-    *, progress: Say | None = None,
+    packaged: Path,
+    batched_postprocessing_config: str,
+    tokenizer_dir: Path,
+    deploy: Any,
+    options: CapacityOptions,
+    *,
+    progress: Say | None = None,
 ) -> dict[str, Any]:
     """Every stream interval, round and path, each path's round in a server of its own; a JSON-ready dict (`measurements`:
     one entry per interval, point, path and round)."""
@@ -46,17 +51,21 @@ def run_capacity_bench(
         with tempfile.TemporaryDirectory(prefix="capacity-bench-") as scratch:
             repository = Path(scratch) / "model_repository"
             cycle = write_bench_repository(
-                packaged, batched_postprocessing_config, repository, rate=options.rate, stream_interval=interval,
-                tokenizer_dir=tokenizer_dir, nvidia_dir=options.nvidia_models,
+                packaged,
+                batched_postprocessing_config,
+                repository,
+                rate=options.rate,
+                stream_interval=interval,
+                tokenizer_dir=tokenizer_dir,
+                nvidia_dir=options.nvidia_models,
             )
             expected = _expected_text(repository, tokenizer_dir, options, cycle)
             paths = bench_paths(ensemble_name(repository), nvidia_models=options.nvidia_models is not None, only=options.paths)
             say(f"stream_interval {interval}: {len(paths)} paths, stand-in at {options.rate} tokens/s per request")
             for number in range(options.rounds):  # each round: every path in turn, each in a server of its own
-                for path in paths[number % len(paths):] + paths[: number % len(paths)]:
+                for path in paths[number % len(paths) :] + paths[: number % len(paths)]:
                     with _Sitting(repository, deploy, options, say) as sitting:
-                        sittings.append({"stream_interval": interval, "round": number, "path": path.name,
-                                         "server_version": sitting.endpoints.server_version})
+                        sittings.append({"stream_interval": interval, "round": number, "path": path.name, "server_version": sitting.endpoints.server_version})
                         for concurrency in options.concurrency:
                             entry = sitting.measure(path, concurrency, interval, expected)
                             measurements.append({"stream_interval": interval, "concurrency": concurrency, "round": number, **entry})
@@ -88,10 +97,17 @@ class _Sitting:
         self.endpoints: Any = None
 
     def __enter__(self) -> _Sitting:
-        self.endpoints = self._stack.enter_context(serving(
-            self._repository, self._deploy, model_name="ensemble", openai=False, startup_timeout=self._options.startup_timeout_s,
-            say=lambda line: None, check_alive=False,
-        ))
+        self.endpoints = self._stack.enter_context(
+            serving(
+                self._repository,
+                self._deploy,
+                model_name="ensemble",
+                openai=False,
+                startup_timeout=self._options.startup_timeout_s,
+                say=lambda line: None,
+                check_alive=False,
+            )
+        )
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -102,8 +118,13 @@ class _Sitting:
             return _measure(self.endpoints, path, concurrency, interval, self._options, expected)
         except Exception as error:  # the server stalled or died: recorded with what its log says
             server = self.endpoints.server
-            return {"path": path.name, "stubs": list(path.stubs), "stalled": f"{type(error).__name__}: {error}",
-                    "server_running": server.is_running(), "server_errors": server.error_lines()[:5]}
+            return {
+                "path": path.name,
+                "stubs": list(path.stubs),
+                "stalled": f"{type(error).__name__}: {error}",
+                "server_running": server.is_running(),
+                "server_errors": server.error_lines()[:5],
+            }
 
 
 def _measure(endpoints, path: BenchPath, concurrency: int, interval: int, options: CapacityOptions, expected: dict[str, str]) -> dict[str, Any]:
@@ -113,8 +134,14 @@ def _measure(endpoints, path: BenchPath, concurrency: int, interval: int, option
         clocks[end] = (group_cpu_by_process(endpoints.server.pid), time.process_time())
 
     fleet = Fleet(
-        endpoints.grpc, path.model, prompt=options.prompt, max_tokens=options.max_tokens, stream_interval=interval,
-        concurrency=concurrency, expected_text=expected[path.name], stall_s=options.stall_s,
+        endpoints.grpc,
+        path.model,
+        prompt=options.prompt,
+        max_tokens=options.max_tokens,
+        stream_interval=interval,
+        concurrency=concurrency,
+        expected_text=expected[path.name],
+        stall_s=options.stall_s,
     )
     try:
         tally = fleet.run(warmup_s=options.warmup_s, window_s=options.window_s, on_window=on_window)
@@ -160,8 +187,14 @@ def _expected_text(repository: Path, tokenizer_dir: Path, options: CapacityOptio
 
 def _recipe_options(options: CapacityOptions) -> dict[str, Any]:
     return {
-        "concurrency": list(options.concurrency), "stream_intervals": list(options.stream_intervals), "rate": options.rate,
-        "max_tokens": options.max_tokens, "rounds": options.rounds, "warmup_s": options.warmup_s, "window_s": options.window_s,
-        "nvidia_models": str(options.nvidia_models) if options.nvidia_models else None, "prompt": options.prompt,
+        "concurrency": list(options.concurrency),
+        "stream_intervals": list(options.stream_intervals),
+        "rate": options.rate,
+        "max_tokens": options.max_tokens,
+        "rounds": options.rounds,
+        "warmup_s": options.warmup_s,
+        "window_s": options.window_s,
+        "nvidia_models": str(options.nvidia_models) if options.nvidia_models else None,
+        "prompt": options.prompt,
         "paths": list(options.paths) or "all",
     }

@@ -45,28 +45,30 @@ def rows(result: dict[str, Any], paths: Iterable[BenchPath], options) -> list[di
         python_ms = _ms(sum(cpu.get(stub, 0.0) for stub in stubs), tokens)
         offered = options.offered_tokens_per_s(concurrency)
         rate = tokens / window if window else 0.0  # 0: every round stalled
-        out.append({
-            "stream_interval": interval,
-            "concurrency": concurrency,
-            "path": name,
-            "label": labels[name].label if name in labels else name,
-            "tokens_per_s": round(rate, 1),
-            "offered_tokens_per_s": offered,
-            "delivered_fraction": round(rate / offered, 3) if offered else None,
-            "cpu_ms_per_token": per_token,
-            "python_models": list(stubs),
-            "python_cpu_ms_per_token": python_ms,
-            "python_tokens_per_cpu_s": round(1000.0 / python_ms, 1) if python_ms else None,
-            "server_cpu_ms_per_token": _ms(sum(cpu.values()), tokens),
-            "client_cpu_ms_per_token": _ms(sum(entry["client_cpu_s"] for entry in entries), tokens),
-            "gap_p50_ms": _median(entry["gap_p50_ms"] for entry in entries),
-            "ttft_p50_ms": _median(entry["ttft_p50_ms"] for entry in entries),
-            "completed": sum(entry["completed"] for entry in entries),
-            "texts_equal": sum(entry["texts_equal"] for entry in entries),
-            "responses_per_request": _summed(entry.get("responses_per_request", {}) for entry in entries),
-            "errors": [error for entry in entries for error in entry["errors"]][:5],
-            "stalled": stalls,  # rounds in which the server stopped answering this path (then restarted)
-        })
+        out.append(
+            {
+                "stream_interval": interval,
+                "concurrency": concurrency,
+                "path": name,
+                "label": labels[name].label if name in labels else name,
+                "tokens_per_s": round(rate, 1),
+                "offered_tokens_per_s": offered,
+                "delivered_fraction": round(rate / offered, 3) if offered else None,
+                "cpu_ms_per_token": per_token,
+                "python_models": list(stubs),
+                "python_cpu_ms_per_token": python_ms,
+                "python_tokens_per_cpu_s": round(1000.0 / python_ms, 1) if python_ms else None,
+                "server_cpu_ms_per_token": _ms(sum(cpu.values()), tokens),
+                "client_cpu_ms_per_token": _ms(sum(entry["client_cpu_s"] for entry in entries), tokens),
+                "gap_p50_ms": _median(entry["gap_p50_ms"] for entry in entries),
+                "ttft_p50_ms": _median(entry["ttft_p50_ms"] for entry in entries),
+                "completed": sum(entry["completed"] for entry in entries),
+                "texts_equal": sum(entry["texts_equal"] for entry in entries),
+                "responses_per_request": _summed(entry.get("responses_per_request", {}) for entry in entries),
+                "errors": [error for entry in entries for error in entry["errors"]][:5],
+                "stalled": stalls,  # rounds in which the server stopped answering this path (then restarted)
+            }
+        )
     return sorted(out, key=lambda row: (row["stream_interval"], row["concurrency"], list(labels).index(row["path"]) if row["path"] in labels else 99))
 
 
@@ -88,11 +90,15 @@ def saturation(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 at = previous
                 break
             previous = row
-        found.append({
-            "stream_interval": key[0], "path": key[1], "saturated_at": at["concurrency"] if at else None,
-            "tokens_per_s_there": at["tokens_per_s"] if at else None,
-            "peak_tokens_per_s": max(row["tokens_per_s"] for row in points),
-        })
+        found.append(
+            {
+                "stream_interval": key[0],
+                "path": key[1],
+                "saturated_at": at["concurrency"] if at else None,
+                "tokens_per_s_there": at["tokens_per_s"] if at else None,
+                "peak_tokens_per_s": max(row["tokens_per_s"] for row in points),
+            }
+        )
     return found
 
 
@@ -103,10 +109,16 @@ def per_instance(table: list[dict[str, Any]], max_tokens: int) -> list[dict[str,
     A model of a path that ran but whose CPU the windows did not show (/proc counts in 1/CLK_TCK ticks: a model
     that runs once per request, in a short window or on a loaded machine, can add none) is listed as not measured,
     with why: no figure rather than a guess or a silent gap."""
-    wanted = (("postprocessing", "ensemble", "tokens"), ("postprocessing_batched", "ensemble_batched", "tokens"),
-              ("tensorrt_llm_bls", "bls", "tokens"), ("preprocessing", "ensemble", "requests"),
-              ("floor_postprocessing", "floor", "tokens"), ("floor_postprocessing_batched", "floor_batched", "tokens"),
-              ("nv_postprocessing", "nvidia", "tokens"), ("nv_preprocessing", "nvidia", "requests"))
+    wanted = (
+        ("postprocessing", "ensemble", "tokens"),
+        ("postprocessing_batched", "ensemble_batched", "tokens"),
+        ("tensorrt_llm_bls", "bls", "tokens"),
+        ("preprocessing", "ensemble", "requests"),
+        ("floor_postprocessing", "floor", "tokens"),
+        ("floor_postprocessing_batched", "floor_batched", "tokens"),
+        ("nv_postprocessing", "nvidia", "tokens"),
+        ("nv_preprocessing", "nvidia", "requests"),
+    )
     found = []
     for interval in sorted({row["stream_interval"] for row in table}):
         for stub, path, unit in wanted:
@@ -115,20 +127,35 @@ def per_instance(table: list[dict[str, Any]], max_tokens: int) -> list[dict[str,
             if not ran:
                 continue
             if not points:
-                found.append({
-                    "stream_interval": interval, "model": stub, "path": path, "unit": f"{unit}/s", "at_concurrency": None,
-                    "cpu_ms_per_token": None, "per_core": None, "path_tokens_per_s_there": None,
-                    "not_measured": NO_CPU_SEEN if any(row["tokens_per_s"] for row in ran) else NO_TOKENS_STREAMED,
-                })
+                found.append(
+                    {
+                        "stream_interval": interval,
+                        "model": stub,
+                        "path": path,
+                        "unit": f"{unit}/s",
+                        "at_concurrency": None,
+                        "cpu_ms_per_token": None,
+                        "per_core": None,
+                        "path_tokens_per_s_there": None,
+                        "not_measured": NO_CPU_SEEN if any(row["tokens_per_s"] for row in ran) else NO_TOKENS_STREAMED,
+                    }
+                )
                 continue
             best = max(points, key=lambda row: row["tokens_per_s"])
             per_token_ms = best["cpu_ms_per_token"][stub]
             per_core = 1000.0 / per_token_ms / (max_tokens if unit == "requests" else 1)
-            found.append({
-                "stream_interval": interval, "model": stub, "path": path, "unit": f"{unit}/s", "at_concurrency": best["concurrency"],
-                "cpu_ms_per_token": per_token_ms, "per_core": round(per_core, 1),
-                "path_tokens_per_s_there": best["tokens_per_s"],
-            })
+            found.append(
+                {
+                    "stream_interval": interval,
+                    "model": stub,
+                    "path": path,
+                    "unit": f"{unit}/s",
+                    "at_concurrency": best["concurrency"],
+                    "cpu_ms_per_token": per_token_ms,
+                    "per_core": round(per_core, 1),
+                    "path_tokens_per_s_there": best["tokens_per_s"],
+                }
+            )
     return found
 
 

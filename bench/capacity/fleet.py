@@ -70,7 +70,15 @@ def chunk_tokens(index: int, max_tokens: int, stream_interval: int) -> int:
 
 class Fleet:
     def __init__(
-        self, url: str, model: str, *, prompt: str, max_tokens: int, stream_interval: int, concurrency: int, expected_text: str,
+        self,
+        url: str,
+        model: str,
+        *,
+        prompt: str,
+        max_tokens: int,
+        stream_interval: int,
+        concurrency: int,
+        expected_text: str,
         stall_s: float = 60.0,
     ) -> None:
         import numpy as np

@@ -47,13 +47,23 @@ def render_capacity_markdown(summary: dict[str, Any]) -> str:
             f"{_f(cpu.get(figures.STANDIN))} | {stubs} | {_f(row['client_cpu_ms_per_token'])} | {_f(row['gap_p50_ms'], 1)} | "
             f"{row['texts_equal']}/{row['completed']}{' · stalled ' + str(len(row['stalled'])) + '×' if row['stalled'] else ''} |"
         )
-    lines += ["", "Saturation (paced: delivered < 90 % of offered; max: < 10 % more tok/s than the point before):", "",
-              "| interval | path | saturates at streams | tok/s there | peak tok/s |", "|---:|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "Saturation (paced: delivered < 90 % of offered; max: < 10 % more tok/s than the point before):",
+        "",
+        "| interval | path | saturates at streams | tok/s there | peak tok/s |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for entry in summary["saturation"]:
         at = entry["saturated_at"] if entry["saturated_at"] is not None else "not reached"
         lines.append(f"| {entry['stream_interval']} | {entry['path']} | {at} | {_f(entry['tokens_per_s_there'], 0)} | {entry['peak_tokens_per_s']:,.0f} |")
-    lines += ["", "One instance on a core of its own (1 ÷ its CPU per token, at its path's busiest point):", "",
-              "| interval | model | path | streams | CPU ms/token | per core | path tok/s there |", "|---:|---|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "One instance on a core of its own (1 ÷ its CPU per token, at its path's busiest point):",
+        "",
+        "| interval | model | path | streams | CPU ms/token | per core | path tok/s there |",
+        "|---:|---|---|---:|---:|---:|---:|",
+    ]
     for entry in summary["per_instance"]:
         if entry.get("per_core") is None:
             lines.append(f"| {entry['stream_interval']} | {entry['model']} | {entry['path']} | – | not measured: {entry['not_measured']} | – | – |")
@@ -63,8 +73,13 @@ def render_capacity_markdown(summary: dict[str, Any]) -> str:
             f"{entry['per_core']:,.0f} {entry['unit']} | {entry['path_tokens_per_s_there']:,.0f} |"
         )
     if summary["against_nvidia"]:
-        lines += ["", "Streamed tokens per CPU-second of the Python models, this project's ÷ NVIDIA's (same stand-in, same server):", "",
-                  "| interval | streams | NVIDIA | ensemble | ÷ NVIDIA | ensemble, batched postprocessing | ÷ NVIDIA |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Streamed tokens per CPU-second of the Python models, this project's ÷ NVIDIA's (same stand-in, same server):",
+            "",
+            "| interval | streams | NVIDIA | ensemble | ÷ NVIDIA | ensemble, batched postprocessing | ÷ NVIDIA |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for entry in summary["against_nvidia"]:
             lines.append(
                 f"| {entry['stream_interval']} | {entry['concurrency']} | {entry['nvidia_tokens_per_cpu_s']:,.0f} | "

@@ -60,8 +60,12 @@ def bench_paths(ensemble: str, *, nvidia_models: bool, only: tuple[str, ...] = (
         BenchPath("ensemble_batched", "ensemble, postprocessing dynamic batching", "ensemble_batched", ("preprocessing", "postprocessing_batched")),
         BenchPath("bls", "BLS (as packaged)", "tensorrt_llm_bls", ("preprocessing", "tensorrt_llm_bls")),
         BenchPath("floor", "ensemble, no-op postprocessing (floor)", "ensemble_floor", ("preprocessing", "floor_postprocessing")),
-        BenchPath("floor_batched", "ensemble, no-op postprocessing, dynamic batching (floor)", "ensemble_floor_batched",
-                  ("preprocessing", "floor_postprocessing_batched")),
+        BenchPath(
+            "floor_batched",
+            "ensemble, no-op postprocessing, dynamic batching (floor)",
+            "ensemble_floor_batched",
+            ("preprocessing", "floor_postprocessing_batched"),
+        ),
     ]
     if nvidia_models:
         paths.append(BenchPath("nvidia", "ensemble, NVIDIA's pre/postprocessing", "ensemble_nvidia", ("nv_preprocessing", "nv_postprocessing")))
@@ -69,8 +73,15 @@ def bench_paths(ensemble: str, *, nvidia_models: bool, only: tuple[str, ...] = (
 
 
 def write_bench_repository(
-    packaged: Path, batched_postprocessing_config: str, out: Path, *, rate: str, stream_interval: int, tokenizer_dir: Path,
-    nvidia_dir: Path | None = None, cancellation_check_period_ms: int = 1000,
+    packaged: Path,
+    batched_postprocessing_config: str,
+    out: Path,
+    *,
+    rate: str,
+    stream_interval: int,
+    tokenizer_dir: Path,
+    nvidia_dir: Path | None = None,
+    cancellation_check_period_ms: int = 1000,
 ) -> list[int]:
     """Write the bench's repository into `out` (new); the stand-in's token cycle (what it will generate)."""
     if out.exists():
@@ -90,8 +101,13 @@ def write_bench_repository(
     if nvidia_dir is not None:
         preprocessing = _parse(out / "preprocessing" / "config.pbtxt")
         nvidia.install(nvidia_dir, out, tokenizer_dir=_parameter(preprocessing, "tokenizer_dir"), max_batch_size=preprocessing.max_batch_size)
-        _write_ensemble(out, ensemble, "ensemble_nvidia", {"preprocessing": "nv_preprocessing", "postprocessing": "nv_postprocessing"},
-                        drop_inputs={"postprocessing": ("PRECEDING_IDS",)})
+        _write_ensemble(
+            out,
+            ensemble,
+            "ensemble_nvidia",
+            {"preprocessing": "nv_preprocessing", "postprocessing": "nv_postprocessing"},
+            drop_inputs={"postprocessing": ("PRECEDING_IDS",)},
+        )
     return cycle
 
 

@@ -38,8 +38,7 @@ from bench.engine.systems import (
 )
 from bench.engine.workload import PrefixWorkload, Workload, make_prefix_workload, make_workload
 
-QUICK = {"num_requests": 16, "prompt_len": (16, 64), "output_mean": 12, "output_cap": 48, "max_batch_size": 4,
-         "prefix_requests": 8, "prefix_wave_size": 4}
+QUICK = {"num_requests": 16, "prompt_len": (16, 64), "output_mean": 12, "output_cap": 48, "max_batch_size": 4, "prefix_requests": 8, "prefix_wave_size": 4}
 PREFIX_REQUESTS, PREFIX_WAVE_SIZE, PREFIX_OUTPUT_LEN = 32, 8, 16
 SYSTEMS = ("refengine_inflight", "refengine_static", "hf_static_generate", "hf_continuous_batching")
 Say = Callable[[str], None]
@@ -71,8 +70,11 @@ class EngineBenchOptions:
         options = self
         if self.quick:
             options = dataclasses.replace(
-                self, num_requests=min(self.num_requests, QUICK["num_requests"]), prompt_len=QUICK["prompt_len"],
-                output_mean=QUICK["output_mean"], output_cap=QUICK["output_cap"],
+                self,
+                num_requests=min(self.num_requests, QUICK["num_requests"]),
+                prompt_len=QUICK["prompt_len"],
+                output_mean=QUICK["output_mean"],
+                output_cap=QUICK["output_cap"],
             )
         rounds = self.rounds if self.rounds is not None else (1 if self.quick else 2)
         return dataclasses.replace(options, prompt_len=tuple(options.prompt_len), rounds=rounds)
@@ -124,16 +126,23 @@ def run_engine_bench(
     torch.set_num_threads(options.num_threads)
     try:
         engine, static_engine, model, setup = _load(engine_dir, hf_model_dir, options)
-        say(f"workload: {setup.workload.num_requests} requests, {sum(map(len, setup.workload.prompts))} prompt tokens, "
+        say(
+            f"workload: {setup.workload.num_requests} requests, {sum(map(len, setup.workload.prompts))} prompt tokens, "
             f"{setup.workload.num_output_tokens} output tokens; B={setup.batch_size}, torch threads={options.num_threads}, "
-            f"rounds={options.rounds}")
+            f"rounds={options.rounds}"
+        )
         runs = _interleaved_rounds(engine, static_engine, model, setup, options.rounds, say)
         del engine, static_engine
         runs["hf_static_generate"].append(_hf_static(model, setup, say))
         del model
         prefix_workload = make_prefix_workload(
-            options.prefix_requests, vocab_size=setup.vocab_size, shared_prefix_len=options.shared_prefix_len,
-            output_len=PREFIX_OUTPUT_LEN, wave_size=options.prefix_wave_size, seed=options.seed)
+            options.prefix_requests,
+            vocab_size=setup.vocab_size,
+            shared_prefix_len=options.shared_prefix_len,
+            output_len=PREFIX_OUTPUT_LEN,
+            wave_size=options.prefix_wave_size,
+            seed=options.seed,
+        )
         prefix = _prefix_reuse(engine_dir, options, setup, prefix_workload, say)
     finally:
         torch.set_num_threads(previous_threads)
@@ -153,14 +162,22 @@ def _load(engine_dir: Path, hf_model_dir: Path, options: EngineBenchOptions) -> 
     if batch_size != config.max_batch_size:
         static_overrides["max_batch_size"] = batch_size
     static_engine = LLMEngine.from_engine_dir(engine_dir, **static_overrides)
-    workload = make_workload(options.num_requests, vocab_size=vocab_size, prompt_len=options.prompt_len,
-                             output_mean=options.output_mean, output_cap=options.output_cap, seed=options.seed)
-    warmup = make_workload(min(4, batch_size), vocab_size=vocab_size, prompt_len=(16, 64),
-                           output_mean=8, output_cap=16, seed=options.seed + 1)
+    workload = make_workload(
+        options.num_requests,
+        vocab_size=vocab_size,
+        prompt_len=options.prompt_len,
+        output_mean=options.output_mean,
+        output_cap=options.output_cap,
+        seed=options.seed,
+    )
+    warmup = make_workload(min(4, batch_size), vocab_size=vocab_size, prompt_len=(16, 64), output_mean=8, output_cap=16, seed=options.seed + 1)
     model, pad_token_id = _load_hf_model(hf_model_dir)
-    cb_settings = HFContinuousSettings(block_size=config.tokens_per_block, num_blocks=config.total_kv_blocks,
-                                       max_batch_tokens=config.max_num_tokens,
-                                       max_requests_per_batch=config.max_batch_size)
+    cb_settings = HFContinuousSettings(
+        block_size=config.tokens_per_block,
+        num_blocks=config.total_kv_blocks,
+        max_batch_tokens=config.max_num_tokens,
+        max_requests_per_batch=config.max_batch_size,
+    )
     setup = EngineSetup(config, vocab_size, batch_size, overrides, static_overrides, workload, warmup, pad_token_id, cb_settings)
     return engine, static_engine, model, setup
 
@@ -180,8 +197,7 @@ def _interleaved_rounds(engine: Any, static_engine: Any, model: Any, setup: Engi
         runs["refengine_static"].append(run_refengine(static_engine, workload))
         say(_line("(b)", runs["refengine_static"][-1]))
         say(f"{tag} (d) transformers continuous batching ...")
-        runs["hf_continuous_batching"].append(
-            run_hf_continuous(model, workload, settings=setup.cb_settings, pad_token_id=setup.pad_token_id, warmup=warmup))
+        runs["hf_continuous_batching"].append(run_hf_continuous(model, workload, settings=setup.cb_settings, pad_token_id=setup.pad_token_id, warmup=warmup))
         say(_line("(d)", runs["hf_continuous_batching"][-1]))
     return runs
 
@@ -195,16 +211,17 @@ def _hf_static(model: Any, setup: EngineSetup, say: Say) -> SystemRun:
     return run
 
 
-def _prefix_reuse(
-    engine_dir: Path, options: EngineBenchOptions, setup: EngineSetup, workload: PrefixWorkload, say: Say
-) -> dict[str, dict[str, Any]]:
+def _prefix_reuse(engine_dir: Path, options: EngineBenchOptions, setup: EngineSetup, workload: PrefixWorkload, say: Say) -> dict[str, dict[str, Any]]:
     """The prefix-reuse figures with `enable_prefix_caching` off, then on."""
     prefix = {}
     for enable in (False, True):
-        say(f"prefix reuse {'on' if enable else 'off'}: {options.prefix_requests} requests, shared prefix "
-            f"{options.shared_prefix_len} tokens, waves of {[len(w) for w in workload.waves]} ...")
+        say(
+            f"prefix reuse {'on' if enable else 'off'}: {options.prefix_requests} requests, shared prefix "
+            f"{options.shared_prefix_len} tokens, waves of {[len(w) for w in workload.waves]} ..."
+        )
         prefix["on" if enable else "off"] = run_prefix_reuse(
-            engine_dir, setup.overrides, workload, enable=enable, warmup_prompt=setup.warmup.prompts[0]).figures
+            engine_dir, setup.overrides, workload, enable=enable, warmup_prompt=setup.warmup.prompts[0]
+        ).figures
     return prefix
 
 
@@ -213,8 +230,7 @@ def _line(label: str, run: SystemRun) -> str:
     steps = f" in {f['engine_steps']} steps" if "engine_steps" in f else ""
     useful = f.get("useful_fraction_of_generated", 1)
     padding = f" ({100 * useful:.1f} % of generated tokens useful)" if useful < 1 else ""
-    return (f"{label} {f['useful_output_tokens']} tokens in {f['wall_s']:.2f} s (cpu {f['cpu_s']:.2f} s){steps}: "
-            f"{f['tokens_per_s']:.0f} tok/s{padding}")
+    return f"{label} {f['useful_output_tokens']} tokens in {f['wall_s']:.2f} s (cpu {f['cpu_s']:.2f} s){steps}: {f['tokens_per_s']:.0f} tok/s{padding}"
 
 
 def _load_hf_model(hf_model_dir: Path) -> tuple[Any, int]:

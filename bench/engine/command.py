@@ -21,9 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
     parser.add_argument("--guided", action="store_true", help="instead: guided decoding (xgrammar) vs unguided per-token cost, compile time, cache hit rate")
-    parser.add_argument("--lora", action="store_true", help=(
-        "instead: tokens/s of 32 requests spread over 8 LoRA adapters vs the same batch without adapters, in one run "
-        "(--quick: 8 requests over 4 adapters); JSON only"))
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help=(
+            "instead: tokens/s of 32 requests spread over 8 LoRA adapters vs the same batch without adapters, in one run "
+            "(--quick: 8 requests over 4 adapters); JSON only"
+        ),
+    )
 
 
 def run_engine_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:

@@ -11,12 +11,17 @@ from typing import Any
 
 from bench.engine.systems import HFContinuousSettings, SystemRun
 
-TARGETS = {"inflight_vs_static": 3.0, "inflight_vs_hf_continuous": 1.5, "kv_paged_utilisation": 0.90,
-           "shared_prefill_skipped": 0.90}
+TARGETS = {"inflight_vs_static": 3.0, "inflight_vs_hf_continuous": 1.5, "kv_paged_utilisation": 0.90, "shared_prefill_skipped": 0.90}
+
 
 def engine_result(
-    call: str, dirs: dict[str, Path], setup: Any, runs: dict[str, list[SystemRun]], prefix: dict[str, dict[str, Any]],
-    prefix_workload: Any, num_threads: int,
+    call: str,
+    dirs: dict[str, Path],
+    setup: Any,
+    runs: dict[str, list[SystemRun]],
+    prefix: dict[str, dict[str, Any]],
+    prefix_workload: Any,
+    num_threads: int,
 ) -> dict[str, Any]:
     """The JSON-ready result. `call`: the recipe's call; `dirs`: engine_dir and hf_model_dir;
     `setup`: what bench.py loaded (engine config, batch size, overrides, workload, HF settings)."""
@@ -42,8 +47,7 @@ def engine_result(
         "kv_utilisation": runs["refengine_inflight"][0].extra["kv_utilisation"],
         "prefix_reuse": _prefix_summary(prefix, prefix_workload, config.tokens_per_block),
         "agreement_with_refengine_inflight": {
-            name: _agreement(reference, system_runs[0].outputs)
-            for name, system_runs in runs.items() if name != "refengine_inflight"
+            name: _agreement(reference, system_runs[0].outputs) for name, system_runs in runs.items() if name != "refengine_inflight"
         },
     }
     result["ratios"] = _ratios(systems, runs)
@@ -53,17 +57,20 @@ def engine_result(
 
 def _engine_config(config: Any) -> dict[str, Any]:
     return {
-        "max_batch_size": config.max_batch_size, "max_num_tokens": config.max_num_tokens,
-        "max_seq_len": config.max_seq_len, "tokens_per_block": config.tokens_per_block,
-        "num_kv_blocks": config.total_kv_blocks, "scheduler_policy": config.scheduler_policy.value,
+        "max_batch_size": config.max_batch_size,
+        "max_num_tokens": config.max_num_tokens,
+        "max_seq_len": config.max_seq_len,
+        "tokens_per_block": config.tokens_per_block,
+        "num_kv_blocks": config.total_kv_blocks,
+        "scheduler_policy": config.scheduler_policy.value,
         "enable_chunked_context": config.enable_chunked_context,
-        "enable_prefix_caching": config.enable_prefix_caching, "compute_dtype": config.compute_dtype,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "compute_dtype": config.compute_dtype,
     }
 
 
 def _hf_continuous(settings: HFContinuousSettings) -> dict[str, Any]:
-    return {"api": "init_continuous_batching + add_request(ids, max_new_tokens=N, eos_token_id=-1), per-request lengths",
-            "config": settings.as_dict()}
+    return {"api": "init_continuous_batching + add_request(ids, max_new_tokens=N, eos_token_id=-1), per-request lengths", "config": settings.as_dict()}
 
 
 def _best_of(runs: list[SystemRun]) -> dict[str, Any]:
@@ -83,20 +90,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _ratios(systems: dict[str, dict[str, Any]], runs: dict[str, list[SystemRun]]) -> dict[str, Any]:
     a = systems["refengine_inflight"]
     out: dict[str, Any] = {}
-    pairs = (("inflight_vs_static", "refengine_static"), ("inflight_vs_hf_static", "hf_static_generate"),
-             ("inflight_vs_hf_continuous", "hf_continuous_batching"))
+    pairs = (
+        ("inflight_vs_static", "refengine_static"),
+        ("inflight_vs_hf_static", "hf_static_generate"),
+        ("inflight_vs_hf_continuous", "hf_continuous_batching"),
+    )
     for key, other in pairs:
         out[key] = _ratio(a["tokens_per_s"], systems[other]["tokens_per_s"])
         out[key + "_cpu_time"] = _ratio(a["tokens_per_cpu_s"], systems[other]["tokens_per_cpu_s"])
     out["per_round_wall"] = [
-        {key: _ratio(runs[other][i].figures["wall_s"], runs["refengine_inflight"][i].figures["wall_s"])
-         for key, other in pairs if len(runs[other]) > i}
+        {key: _ratio(runs[other][i].figures["wall_s"], runs["refengine_inflight"][i].figures["wall_s"]) for key, other in pairs if len(runs[other]) > i}
         for i in range(len(runs["refengine_inflight"]))
     ]
     b = systems["refengine_static"]
     out["steps_static_over_inflight"] = _ratio(b["engine_steps"], a["engine_steps"])
-    out["generated_rows_static_over_inflight"] = _ratio(b["generated_tokens_incl_padding_rows"],
-                                                        a["generated_tokens_incl_padding_rows"])
+    out["generated_rows_static_over_inflight"] = _ratio(b["generated_tokens_incl_padding_rows"], a["generated_tokens_incl_padding_rows"])
     return out
 
 
@@ -104,8 +112,7 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
     ratios = result["ratios"]
     values = {
         "inflight_vs_static": (ratios["inflight_vs_static"], ratios["inflight_vs_static_cpu_time"]),
-        "inflight_vs_hf_continuous": (ratios["inflight_vs_hf_continuous"],
-                                      ratios["inflight_vs_hf_continuous_cpu_time"]),
+        "inflight_vs_hf_continuous": (ratios["inflight_vs_hf_continuous"], ratios["inflight_vs_hf_continuous_cpu_time"]),
         "kv_paged_utilisation": (result["kv_utilisation"].get("paged_mean", 0.0), None),
         "shared_prefill_skipped": (result["prefix_reuse"]["on"]["shared_prefill_skipped_fraction"], None),
     }
@@ -128,8 +135,7 @@ def _prefix_summary(runs: dict[str, dict[str, Any]], workload: Any, tokens_per_b
         "shared_prefix_len": shared,
         "output_len": workload.output_len,
         "waves": [len(w) for w in workload.waves],
-        "submission": "a wave is submitted once the previous one finished; the first wave (1 request) "
-                      "computes the shared prefix",
+        "submission": "a wave is submitted once the previous one finished; the first wave (1 request) computes the shared prefix",
         "on": on,
         "off": off,
         "prefill_tokens_saved_fraction": round(1 - on["prefill_tokens_computed"] / off["prefill_tokens_computed"], 4),
@@ -146,8 +152,11 @@ def _agreement(reference: dict[int, tuple[int, ...]], other: dict[int, tuple[int
         a, b = reference[i], other[i]
         same = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         fractions.append(same / max(len(a), 1))
-    return {"requests": len(common), "identical_outputs": sum(1 for i in common if reference[i] == other[i]),
-            "mean_matching_prefix_fraction": round(sum(fractions) / len(fractions), 4) if common else None}
+    return {
+        "requests": len(common),
+        "identical_outputs": sum(1 for i in common if reference[i] == other[i]),
+        "mean_matching_prefix_fraction": round(sum(fractions) / len(fractions), 4) if common else None,
+    }
 
 
 def _machine(num_threads: int) -> dict[str, Any]:
@@ -164,7 +173,13 @@ def _machine(num_threads: int) -> dict[str, Any]:
         load: float | None = round(os.getloadavg()[0], 2)
     except OSError:
         load = None
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "torch_threads": num_threads,
-            "load_average_1min_at_end": load}
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": num_threads,
+        "load_average_1min_at_end": load,
+    }

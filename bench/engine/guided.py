@@ -40,9 +40,7 @@ TIMED_SCHEMA = "long-array"  # never completes within max_tokens: every request 
 Say = Callable[[str], None]
 
 
-def run_guided_bench(
-    engine_dir: Path, tokenizer_dir: Path, *, quick: bool = False, rounds: int = 2, progress: Say = lambda _: None
-) -> dict[str, Any]:
+def run_guided_bench(engine_dir: Path, tokenizer_dir: Path, *, quick: bool = False, rounds: int = 2, progress: Say = lambda _: None) -> dict[str, Any]:
     import torch
 
     from pipeline.render.tokenizer_facts import tokenizer_facts
@@ -97,9 +95,7 @@ def run_guided_bench(
         }
         for case, figures in best.items()
     }
-    decoders = run_decoder_cases(
-        engine_dir, decoder._tokenizer_info, prompts, guide, max_tokens=max_tokens, rounds=1 if quick else rounds, progress=progress
-    )
+    decoders = run_decoder_cases(engine_dir, decoder._tokenizer_info, prompts, guide, max_tokens=max_tokens, rounds=1 if quick else rounds, progress=progress)
     return {
         "max_tokens": max_tokens,
         "schema": TIMED_SCHEMA,

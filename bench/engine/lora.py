@@ -87,11 +87,16 @@ def run_lora_bench(engine_dir: Path, options: LoraBenchOptions = LoraBenchOption
         modules = [module_name(module_id) for module_id in sorted(targets)]
         for task_id in range(options.num_adapters):
             engine.load_lora_adapter(task_id, *random_adapter(targets, cache.shape.num_layers, options.rank, options.seed + task_id))
-        workload = make_workload(options.num_requests, vocab_size=engine.vocab_size, prompt_len=options.prompt_len,
-                                 output_mean=options.output_mean, output_cap=options.output_cap, seed=options.seed)
+        workload = make_workload(
+            options.num_requests,
+            vocab_size=engine.vocab_size,
+            prompt_len=options.prompt_len,
+            output_mean=options.output_mean,
+            output_cap=options.output_cap,
+            seed=options.seed,
+        )
         adapters = [LoraRequest(index % options.num_adapters) for index in range(options.num_requests)]
-        warmup = make_workload(options.num_adapters, vocab_size=engine.vocab_size, prompt_len=(8, 16), output_mean=4,
-                               output_cap=8, seed=options.seed + 1)
+        warmup = make_workload(options.num_adapters, vocab_size=engine.vocab_size, prompt_len=(8, 16), output_mean=4, output_cap=8, seed=options.seed + 1)
         run_refengine(engine, warmup)
         run_refengine(engine, warmup, lora=adapters[: options.num_adapters])
         rounds: dict[str, list[SystemRun]] = {"base": [], "lora": []}
@@ -107,9 +112,12 @@ def run_lora_bench(engine_dir: Path, options: LoraBenchOptions = LoraBenchOption
     round_ratios = [round(lora.figures["tokens_per_s"] / base.figures["tokens_per_s"], 3) for base, lora in zip(rounds["base"], rounds["lora"])]
     median = statistics.median(round_ratios)
     return {
-        "recipe": {"call": options.call(), "engine_dir": str(engine_dir), "adapters": f"{options.num_adapters} random adapters "
-                   f"of rank {options.rank} on modules {modules} of every layer, cached before the clock starts",
-                   "workload": workload.summary()},
+        "recipe": {
+            "call": options.call(),
+            "engine_dir": str(engine_dir),
+            "adapters": f"{options.num_adapters} random adapters of rank {options.rank} on modules {modules} of every layer, cached before the clock starts",
+            "workload": workload.summary(),
+        },
         "systems": {name: run.figures for name, run in best.items()},
         "rounds": {name: [run.figures["tokens_per_s"] for run in runs] for name, runs in rounds.items()},
         "round_ratios": round_ratios,

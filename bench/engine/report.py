@@ -10,8 +10,7 @@ LABELS = {
     "hf_static_generate": "(c) transformers `generate`, left-padded batches of B",
     "hf_continuous_batching": "(d) transformers continuous batching",
 }
-RATIO_KEYS = {"refengine_static": "inflight_vs_static", "hf_static_generate": "inflight_vs_hf_static",
-              "hf_continuous_batching": "inflight_vs_hf_continuous"}
+RATIO_KEYS = {"refengine_static": "inflight_vs_static", "hf_static_generate": "inflight_vs_hf_static", "hf_continuous_batching": "inflight_vs_hf_continuous"}
 
 
 def _num(value: Any, digits: int = 2) -> str:
@@ -68,8 +67,7 @@ def _systems_table(result: dict[str, Any]) -> list[str]:
             f"{_num(ratios[key]) + '×' if key else '1×'} | {_num(ratios[key + '_cpu_time']) + '×' if key else '1×'} | "
             f"{identical} |"
         )
-    lines += ["", "Rounds (wall s): " + "; ".join(
-        f"{LABELS[n].split(' ')[0]} {result['systems'][n]['rounds_wall_s']}" for n in LABELS) + "."]
+    lines += ["", "Rounds (wall s): " + "; ".join(f"{LABELS[n].split(' ')[0]} {result['systems'][n]['rounds_wall_s']}" for n in LABELS) + "."]
     static, hf_static = result["systems"]["refengine_static"], result["systems"]["hf_static_generate"]
     if "generated_tokens_incl_padding_rows" in static:
         lines.append(
@@ -78,7 +76,8 @@ def _systems_table(result: dict[str, Any]) -> list[str]:
             f"{static['generated_tokens_incl_padding_rows']}), (c) {100 * hf_static['useful_fraction_of_generated']:.1f} % "
             f"({hf_static['useful_output_tokens']} of {hf_static['generated_tokens_incl_padding_rows']}); "
             f"(b) against (a): {ratios['steps_static_over_inflight']}× the steps, "
-            f"{ratios.get('generated_rows_static_over_inflight')}× the generated rows.")
+            f"{ratios.get('generated_rows_static_over_inflight')}× the generated rows."
+        )
     return lines
 
 
@@ -87,8 +86,7 @@ def _kv_table(kv: dict[str, Any]) -> list[str]:
         "",
         "| KV cache during (a), live tokens / allocated capacity | mean over steps | token-weighted |",
         "|---|---:|---:|",
-        f"| paged: blocks in use × {kv['tokens_per_block']} tokens | {100 * kv['paged_mean']:.1f} % | "
-        f"{100 * kv['paged_token_weighted']:.1f} % |",
+        f"| paged: blocks in use × {kv['tokens_per_block']} tokens | {100 * kv['paged_mean']:.1f} % | {100 * kv['paged_token_weighted']:.1f} % |",
         f"| contiguous: max_seq_len {kv['max_seq_len']} per running request | {100 * kv['contiguous_mean']:.1f} % | "
         f"{100 * kv['contiguous_token_weighted']:.1f} % |",
     ]

@@ -47,8 +47,13 @@ def run_kv_sharing(engine_dir: Path, *, beam_width: int = 4, prompt_len: int = 1
         run.pop("outputs", None)
     blocks_alone = -(-(prompt_len + max_tokens) // engine.config.tokens_per_block)
     return {
-        "recipe": {"beam_width": beam_width, "prompt_len": prompt_len, "max_tokens": max_tokens, "seed": seed,
-                   "tokens_per_block": engine.config.tokens_per_block},
+        "recipe": {
+            "beam_width": beam_width,
+            "prompt_len": prompt_len,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "tokens_per_block": engine.config.tokens_per_block,
+        },
         "blocks_per_sequence_alone": blocks_alone,
         "runs": runs,
         "beam_vs_greedy_blocks": round(runs["independent_greedy"]["peak_blocks"] / runs["beam_search"]["peak_blocks"], 2),

@@ -81,9 +81,7 @@ class KVProbe:
         if running == 0:
             return
         usage = self._engine.kv_cache_usage()
-        self.samples.append(
-            (usage.num_live_tokens, usage.num_used_blocks * self._tokens_per_block, running * self._max_seq_len)
-        )
+        self.samples.append((usage.num_live_tokens, usage.num_used_blocks * self._tokens_per_block, running * self._max_seq_len))
 
     def figures(self) -> dict[str, Any]:
         samples = [s for s in self.samples if s[1] > 0]
@@ -120,8 +118,7 @@ def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = Fal
     preemptions0, padding0 = scheduler.num_preemptions, scheduler.num_padding_tokens
     clock = _Clock()
     index_of = {
-        engine.add_request(workload.prompts[i], greedy(workload.output_lens[i]), lora=lora[i] if lora else None): i
-        for i in range(workload.num_requests)
+        engine.add_request(workload.prompts[i], greedy(workload.output_lens[i]), lora=lora[i] if lora else None): i for i in range(workload.num_requests)
     }
     while engine.has_unfinished():
         for output in engine.step():
@@ -138,8 +135,7 @@ def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = Fal
     figures["preemptions"] = scheduler.num_preemptions - preemptions0
     padding = scheduler.num_padding_tokens - padding0
     figures["generated_tokens_incl_padding_rows"] = figures["useful_output_tokens"] + padding
-    figures["useful_fraction_of_generated"] = round(
-        figures["useful_output_tokens"] / figures["generated_tokens_incl_padding_rows"], 4)
+    figures["useful_fraction_of_generated"] = round(figures["useful_output_tokens"] / figures["generated_tokens_incl_padding_rows"], 4)
     figures["all_requests_ran_their_length"] = _ran_their_length(outputs, workload.output_lens)
     run = SystemRun(figures, outputs)
     if probe is not None:
@@ -214,9 +210,7 @@ def run_hf_continuous(
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    config = GenerationConfig(
-        do_sample=False, eos_token_id=-1, pad_token_id=pad_token_id, max_new_tokens=workload.output_cap
-    )
+    config = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=pad_token_id, max_new_tokens=workload.output_cap)
     cb_config = ContinuousBatchingConfig(**settings.as_dict())
     manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb_config)
     restore = _cpu_memory_breakdown_without_psutil()
@@ -267,8 +261,7 @@ def _cpu_memory_breakdown_without_psutil() -> Callable[[], None]:
 
 def _hf_submit_and_collect(manager: Any, workload: Workload, timeout_s: float) -> dict[int, tuple[int, ...]]:
     index_of = {
-        manager.add_request(list(prompt), max_new_tokens=n, eos_token_id=-1): i
-        for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens))
+        manager.add_request(list(prompt), max_new_tokens=n, eos_token_id=-1): i for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens))
     }
     outputs: dict[int, tuple[int, ...]] = {}
     deadline = time.monotonic() + timeout_s
@@ -279,16 +272,11 @@ def _hf_submit_and_collect(manager: Any, workload: Workload, timeout_s: float) -
                 raise RuntimeError(f"transformers continuous batching failed {result.request_id}: {result.error}")
             outputs[index_of[result.request_id]] = tuple(result.generated_tokens)
         elif result is None and (not manager.is_running() or time.monotonic() > deadline):
-            raise RuntimeError(
-                f"transformers continuous batching stopped with {len(outputs)}/{len(index_of)} requests done"
-                f" ({manager.fatal_error!r})"
-            )
+            raise RuntimeError(f"transformers continuous batching stopped with {len(outputs)}/{len(index_of)} requests done ({manager.fatal_error!r})")
     return outputs
 
 
-def run_prefix_reuse(
-    engine_dir: Path, overrides: dict[str, Any], workload: PrefixWorkload, *, enable: bool, warmup_prompt: Sequence[int]
-) -> SystemRun:
+def run_prefix_reuse(engine_dir: Path, overrides: dict[str, Any], workload: PrefixWorkload, *, enable: bool, warmup_prompt: Sequence[int]) -> SystemRun:
     """Submit the waves one after the other (the next once the previous finished); count the
     prompt tokens served from the cache and time each request's first token."""
     engine = LLMEngine.from_engine_dir(engine_dir, **{**overrides, "enable_prefix_caching": enable})

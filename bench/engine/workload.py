@@ -48,12 +48,15 @@ class Workload:
             "seed": self.seed,
             "prompt_len_range": list(self.prompt_len),
             "output_len_distribution": f"geometric(mean={self.output_mean:g}), capped at {self.output_cap}",
-            "prompt_tokens": {"total": sum(prompt_lens), "mean": round(statistics.fmean(prompt_lens), 1),
-                              "min": min(prompt_lens), "max": max(prompt_lens)},
-            "output_tokens": {"total": sum(outputs), "mean": round(statistics.fmean(outputs), 1),
-                              "min": outputs[0], "p50": outputs[len(outputs) // 2],
-                              "p90": outputs[min(len(outputs) - 1, (9 * len(outputs)) // 10)],
-                              "max": outputs[-1]},
+            "prompt_tokens": {"total": sum(prompt_lens), "mean": round(statistics.fmean(prompt_lens), 1), "min": min(prompt_lens), "max": max(prompt_lens)},
+            "output_tokens": {
+                "total": sum(outputs),
+                "mean": round(statistics.fmean(outputs), 1),
+                "min": outputs[0],
+                "p50": outputs[len(outputs) // 2],
+                "p90": outputs[min(len(outputs) - 1, (9 * len(outputs)) // 10)],
+                "max": outputs[-1],
+            },
         }
 
 

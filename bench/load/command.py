@@ -75,10 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", help="concurrent callers, comma-separated sweep (default 1,2,4,8)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     load = parser.add_argument_group("load sweep")
-    load.add_argument("--endpoint", type=_endpoints, default=("grpc",), metavar="LIST",
-                      help="grpc, http and/or openai, comma-separated (default grpc); several are interleaved at each point")
-    load.add_argument("--request-rate", type=_rate_list, default=(), metavar="LIST",
-                      help="open loop: arrivals per second, comma-separated (Poisson unless --constant-rate); replaces --concurrency")
+    load.add_argument(
+        "--endpoint",
+        type=_endpoints,
+        default=("grpc",),
+        metavar="LIST",
+        help="grpc, http and/or openai, comma-separated (default grpc); several are interleaved at each point",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=_rate_list,
+        default=(),
+        metavar="LIST",
+        help="open loop: arrivals per second, comma-separated (Poisson unless --constant-rate); replaces --concurrency",
+    )
     load.add_argument("--constant-rate", action="store_true", help="evenly spaced arrivals instead of Poisson")
     load.add_argument("--duration", type=_positive_float, metavar="S", help="stop sending new requests of a point after S seconds")
     load.add_argument("--input-tokens", type=int, default=128, metavar="N", help="synthetic prompt length mean (default 128)")
@@ -90,10 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--slo-itl-ms", type=_positive_float, metavar="MS", help="goodput: inter-token latency limit")
     load.add_argument("--slo-e2e-ms", type=_positive_float, metavar="MS", help="goodput: end-to-end latency limit")
     load.add_argument("--url", help="measure this running server instead of starting one (Triton host:port for grpc/http, base URL for openai)")
-    load.add_argument("--api-key-file", type=Path, metavar="FILE", help=(
-        "the openai endpoint sends the first key of FILE (default: of TRTLLM_PIPELINE_API_KEYS, if set); a front end "
-        "started here asks for the keys"
-    ))
+    load.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="FILE",
+        help=("the openai endpoint sends the first key of FILE (default: of TRTLLM_PIPELINE_API_KEYS, if set); a front end started here asks for the keys"),
+    )
     load.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     load.add_argument("--out", type=Path, help=f"directory for {RESULT_NAME}.json and .png (default <artifacts>/<name>/)")
 
@@ -136,8 +148,13 @@ def build_workload(args: argparse.Namespace, spec: Any, tokenizer_dir: Path, cou
     if inputs.mean > spec.build.max_input_len:
         raise SpecError(f"--input-tokens {inputs.mean} exceeds build.max_input_len {spec.build.max_input_len}")
     requests = synthetic_requests(
-        TextTokenizer(tokenizer_dir), count, input_tokens=inputs, output_tokens=output,
-        max_input_len=spec.build.max_input_len, max_output_len=max_output, seed=args.seed,
+        TextTokenizer(tokenizer_dir),
+        count,
+        input_tokens=inputs,
+        output_tokens=output,
+        max_input_len=spec.build.max_input_len,
+        max_output_len=max_output,
+        seed=args.seed,
     )
     return requests, f"synthetic prompts of {inputs.describe()} tokens, output {output.describe()} tokens"
 
@@ -183,8 +200,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     status = status_console()
     if args.url is None and not backend_for(spec.build.target).serves_here:
         raise SpecError(
-            f"bench load starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: "
-            "measure its running deployment with --url"
+            f"bench load starts the cpu target here; {loaded.path} has build.target {spec.build.target.value!r}: measure its running deployment with --url"
         )
     until = "prepare" if args.url else "package"
     results = {r.name: r for r in run_pipeline(loaded, store, until=until, console=status)}

@@ -150,16 +150,18 @@ def load_in_process(repo: Path, engine_dir: Path, tokenizer_dir: Path, options: 
     [reference] = engine.generate([prompt_ids], SamplingParams(max_tokens=tokens, temperature=0.0, end_id=tok.tokenizer.eos_id))
     reference_ids = list(reference.outputs[0].token_ids)
     if len(reference_ids) != tokens:
-        raise ValueError(
-            f"the prompt {options.prompt!r} ends after {len(reference_ids)} of {tokens} greedy tokens (end id); choose another prompt"
-        )
+        raise ValueError(f"the prompt {options.prompt!r} ends after {len(reference_ids)} of {tokens} greedy tokens (end id); choose another prompt")
     expected = {1: tok.delta(prompt_ids, reference_ids[:1]), tokens: tok.delta(prompt_ids, reference_ids)}
     return InProcessSetup(tok, engine, loop_engine, settings, prompt_ids, expected)
 
 
 def measure_served(
-    repo: Path, deploy: DeploySpec, local: InProcessSetup, options: OverheadOptions,
-    paths: tuple[tuple[MeasuredPath, ...], tuple[MeasuredPath, ...]], say: Say,
+    repo: Path,
+    deploy: DeploySpec,
+    local: InProcessSetup,
+    options: OverheadOptions,
+    paths: tuple[tuple[MeasuredPath, ...], tuple[MeasuredPath, ...]],
+    say: Say,
 ) -> ServerSitting:
     """One tritonserver sitting on free loopback ports: parts (1) and (2) over `paths` (single-token,
     streamed), then the server stopped, whatever happened."""
@@ -168,7 +170,11 @@ def measure_served(
     http_port, grpc_port, metrics_port = free_ports(3)
     server_options = dataclasses.replace(
         ServerOptions.from_deploy(deploy, repo),
-        bind_address=LOOPBACK, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5,
+        bind_address=LOOPBACK,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        exit_timeout_secs=5,
     )
     loop = EngineLoop(local.loop_engine).start()
     server = TritonServer(server_options)
@@ -177,22 +183,37 @@ def measure_served(
         startup_s, version = _start(server, options, say)
         workers = functools.partial(_workers, local=local, loop=loop, server_options=server_options, prompt=options.prompt)
         common = {"server_pgid": server.pid, "say": say, "all_workers": open_workers, "stats_url": server_options.http_url}
-        say(f"(1) 1-token requests: {options.requests} per path after {options.warmup} warm-up, "
-            f"{options.concurrency} caller(s), {options.rounds} rounds")
+        say(f"(1) 1-token requests: {options.requests} per path after {options.warmup} warm-up, {options.concurrency} caller(s), {options.rounds} rounds")
         single = run_part(
-            paths[0], functools.partial(workers, max_tokens=1, callers=options.concurrency),
-            requests=options.requests, warmup=options.warmup, rounds=options.rounds, title="(1)", **common,
+            paths[0],
+            functools.partial(workers, max_tokens=1, callers=options.concurrency),
+            requests=options.requests,
+            warmup=options.warmup,
+            rounds=options.rounds,
+            title="(1)",
+            **common,
         )
-        say(f"(2) {options.stream_tokens}-token requests: {options.stream_requests} per path after "
-            f"{options.stream_warmup} warm-up, {options.stream_rounds} rounds")
+        say(
+            f"(2) {options.stream_tokens}-token requests: {options.stream_requests} per path after "
+            f"{options.stream_warmup} warm-up, {options.stream_rounds} rounds"
+        )
         streamed = run_part(
-            paths[1], functools.partial(workers, max_tokens=options.stream_tokens, callers=1),
-            requests=options.stream_requests, warmup=options.stream_warmup, rounds=options.stream_rounds, title="(2)", **common,
+            paths[1],
+            functools.partial(workers, max_tokens=options.stream_tokens, callers=1),
+            requests=options.stream_requests,
+            warmup=options.stream_warmup,
+            rounds=options.stream_rounds,
+            title="(2)",
+            **common,
         )
         sweep_paths = _measured(SWEEP_PATHS, options)
         swept = run_sweep(
-            sweep_paths, functools.partial(workers, max_tokens=options.stream_tokens), options.sweep,
-            minimum_requests=options.sweep_requests, rounds=2, **common,
+            sweep_paths,
+            functools.partial(workers, max_tokens=options.stream_tokens),
+            options.sweep,
+            minimum_requests=options.sweep_requests,
+            rounds=2,
+            **common,
         )
         metrics = environment.engine_metrics(server_options.metrics_url)
     except BaseException as error:
@@ -211,8 +232,7 @@ def measure_served(
 def _start(server: TritonServer, options: OverheadOptions, say: Say) -> tuple[float, str | None]:
     """Start the server (with torch's threads for its stubs) and wait for it: (start-up seconds, its version)."""
     server_options = server.options
-    say(f"starting tritonserver on {LOOPBACK} (HTTP {server_options.http_port}, gRPC {server_options.grpc_port}, "
-        f"metrics {server_options.metrics_port})")
+    say(f"starting tritonserver on {LOOPBACK} (HTTP {server_options.http_port}, gRPC {server_options.grpc_port}, metrics {server_options.metrics_port})")
     t0 = time.monotonic()
     threads = options.torch_threads
     with environment.bench_environment({"OMP_NUM_THREADS": str(threads)} if threads is not None else {}):
@@ -224,9 +244,7 @@ def _start(server: TritonServer, options: OverheadOptions, say: Say) -> tuple[fl
     return startup_s, version
 
 
-def _workers(
-    path: MeasuredPath, *, local: InProcessSetup, loop: Any, server_options: ServerOptions, prompt: str, max_tokens: int, callers: int
-) -> list:
+def _workers(path: MeasuredPath, *, local: InProcessSetup, loop: Any, server_options: ServerOptions, prompt: str, max_tokens: int, callers: int) -> list:
     """The callers of one path, each with its own connection (`engine.generate` has one caller by nature)."""
     if path.kind == "inprocess":
         return [InProcess(local.engine, local.tok, prompt, max_tokens)]

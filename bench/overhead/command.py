@@ -44,9 +44,7 @@ def run_overhead_command(args: argparse.Namespace, build_cpu_target: BuildCpuTar
 
     concurrency = single_concurrency(args.concurrency)  # before building: a typo should not cost a build
     sweep = sweep_points(getattr(args, "sweep", None))
-    options = OverheadOptions(
-        requests=args.requests or 200, warmup=20 if args.warmup is None else args.warmup, concurrency=concurrency, sweep=sweep
-    )
+    options = OverheadOptions(requests=args.requests or 200, warmup=20 if args.warmup is None else args.warmup, concurrency=concurrency, sweep=sweep)
     loaded, store, results = build_for_bench(args, build_cpu_target, "bench overhead", "package")
     status = status_console()
     result = run_serve_bench(

@@ -34,8 +34,12 @@ def single_token_rows(
 
 
 def streaming_rows(
-    paths: Sequence[MeasuredPath], tallies: dict[str, Any], expected: str, tokens: int,
-    single_rows: list[dict[str, Any]], mismatches: list[str],
+    paths: Sequence[MeasuredPath],
+    tallies: dict[str, Any],
+    expected: str,
+    tokens: int,
+    single_rows: list[dict[str, Any]],
+    mismatches: list[str],
 ) -> list[dict[str, Any]]:
     """Part (2)'s rows: per-token cost, its marginal cost over part (1), and what streaming adds."""
     one_token = {row["path"]: row for row in single_rows}
@@ -52,9 +56,7 @@ def streaming_rows(
     return rows
 
 
-def _stream_row(
-    path: MeasuredPath, tally: Any, expected: str, tokens: int, one_token: dict[str, dict[str, Any]], mismatches: list[str]
-) -> dict[str, Any]:
+def _stream_row(path: MeasuredPath, tally: Any, expected: str, tokens: int, one_token: dict[str, dict[str, Any]], mismatches: list[str]) -> dict[str, Any]:
     row = result_row(path, tally, 1)
     _check_texts(row, tally, expected, f"(2) {path.name}", mismatches)
     p50 = row["latency_ms"]["p50"]

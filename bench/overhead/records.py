@@ -43,10 +43,17 @@ class OverheadOptions:
     def counts(self) -> dict[str, Any]:
         """The request counts, as the recipe records them."""
         return {
-            "requests": self.requests, "warmup": self.warmup, "concurrency": self.concurrency, "rounds": self.rounds,
-            "stream_tokens": self.stream_tokens, "stream_requests": self.stream_requests, "stream_warmup": self.stream_warmup,
-            "stream_rounds": self.stream_rounds, "include_bls": self.include_bls,
-            "sweep": list(self.sweep), "sweep_requests": self.sweep_requests,
+            "requests": self.requests,
+            "warmup": self.warmup,
+            "concurrency": self.concurrency,
+            "rounds": self.rounds,
+            "stream_tokens": self.stream_tokens,
+            "stream_requests": self.stream_requests,
+            "stream_warmup": self.stream_warmup,
+            "stream_rounds": self.stream_rounds,
+            "include_bls": self.include_bls,
+            "sweep": list(self.sweep),
+            "sweep_requests": self.sweep_requests,
         }
 
 

@@ -114,8 +114,17 @@ def _process_label(argv: list[bytes]) -> str:
 
 
 def run_part(
-    paths, make_workers: Callable[[MeasuredPath], list], *, requests: int, warmup: int, rounds: int,
-    server_pgid: int, say: Callable[[str], None], title: str, all_workers: list, stats_url: str | None = None,
+    paths,
+    make_workers: Callable[[MeasuredPath], list],
+    *,
+    requests: int,
+    warmup: int,
+    rounds: int,
+    server_pgid: int,
+    say: Callable[[str], None],
+    title: str,
+    all_workers: list,
+    stats_url: str | None = None,
 ) -> dict[str, _Tally]:
     workers = {}
     for path in paths:
@@ -126,7 +135,7 @@ def run_part(
         _run_round(workers[path.name], warmup, _Tally(), None)
     per_round = _split(requests, rounds)
     for number, count in enumerate(per_round):
-        order = list(paths[number % len(paths):]) + list(paths[: number % len(paths)])
+        order = list(paths[number % len(paths) :]) + list(paths[: number % len(paths)])
         for path in order:
             served = path.kind in ("http", "grpc")
             _run_round(workers[path.name], count, tallies[path.name], server_pgid if served else None, stats_url if served else None)
@@ -185,8 +194,8 @@ def result_row(path: MeasuredPath, tally: _Tally, callers: int) -> dict[str, Any
         "total_cpu_ms_per_request": round((tally.server_cpu + tally.client_cpu) * 1000.0 / count, 3),
         "responses_per_request": round(statistics.fmean(sample.responses for sample in tally.samples), 3),
         "http_reconnects": tally.reconnects if path.kind == "http" else None,
-        "server_cpu_ms_per_request_by_process": {
-            label: round(seconds * 1000.0 / count, 3) for label, seconds in sorted(tally.server_cpu_by_process.items())
-        } if server else None,
+        "server_cpu_ms_per_request_by_process": {label: round(seconds * 1000.0 / count, 3) for label, seconds in sorted(tally.server_cpu_by_process.items())}
+        if server
+        else None,
         "model_stats_per_request": model_stats.per_request(tally.model_stats, count) if tally.model_stats else None,
     }

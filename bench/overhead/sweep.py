@@ -26,8 +26,13 @@ def requests_at(callers: int, minimum: int) -> int:
 
 
 def run_sweep(
-    paths: Sequence[MeasuredPath], make_workers: Callable[..., list], points: Sequence[int], *, minimum_requests: int,
-    rounds: int, **common: Any,
+    paths: Sequence[MeasuredPath],
+    make_workers: Callable[..., list],
+    points: Sequence[int],
+    *,
+    minimum_requests: int,
+    rounds: int,
+    **common: Any,
 ) -> dict[int, dict[str, Any]]:
     """Each point's tallies by path name; `make_workers(path, callers=N)` and `common` (`say` and
     the rest of `run_part`'s keywords) as parts (1) and (2)."""
@@ -36,8 +41,13 @@ def run_sweep(
         requests = requests_at(callers, minimum_requests)
         common["say"](f"(4) {callers} concurrent stream(s): {requests} requests per path")
         tallies[callers] = run_part(
-            paths, lambda path, callers=callers: make_workers(path, callers=callers),
-            requests=requests, warmup=callers, rounds=rounds, title=f"(4) N={callers}", **common,
+            paths,
+            lambda path, callers=callers: make_workers(path, callers=callers),
+            requests=requests,
+            warmup=callers,
+            rounds=rounds,
+            title=f"(4) N={callers}",
+            **common,
         )
     return tallies
 
@@ -53,22 +63,26 @@ def sweep_rows(paths: Sequence[MeasuredPath], tallies: dict[int, dict[str, Any]]
             if wrong:
                 mismatches.append(f"(4) N={callers} {path.name}: {wrong} texts differ from the in-process text")
             served = path.kind == "grpc"
-            rows.append({
-                "callers": callers,
-                "path": path.name,
-                "label": path.label,
-                "requests": count,
-                "output_tokens_per_s": round(output_tokens / sum(tally.round_wall), 1),
-                "ttft_p50_ms": round(statistics.median(sample.ttft for sample in tally.samples) * 1000.0, 2),
-                "gap_p50_ms": round(statistics.median(gap for sample in tally.samples for gap in sample.gaps) * 1000.0, 2),
-                "server_cpu_ms_per_token": round(tally.server_cpu * 1000.0 / output_tokens, 4) if served else None,
-                "server_cpu_ms_per_token_by_process": {
-                    label: round(seconds * 1000.0 / output_tokens, 4) for label, seconds in sorted(tally.server_cpu_by_process.items())
-                } if served else None,
-                "client_cpu_ms_per_token": round(tally.client_cpu * 1000.0 / output_tokens, 4),
-                "total_cpu_ms_per_token": round((tally.server_cpu + tally.client_cpu) * 1000.0 / output_tokens, 4),
-                "texts_match_in_process": wrong == 0,
-            })
+            rows.append(
+                {
+                    "callers": callers,
+                    "path": path.name,
+                    "label": path.label,
+                    "requests": count,
+                    "output_tokens_per_s": round(output_tokens / sum(tally.round_wall), 1),
+                    "ttft_p50_ms": round(statistics.median(sample.ttft for sample in tally.samples) * 1000.0, 2),
+                    "gap_p50_ms": round(statistics.median(gap for sample in tally.samples for gap in sample.gaps) * 1000.0, 2),
+                    "server_cpu_ms_per_token": round(tally.server_cpu * 1000.0 / output_tokens, 4) if served else None,
+                    "server_cpu_ms_per_token_by_process": {
+                        label: round(seconds * 1000.0 / output_tokens, 4) for label, seconds in sorted(tally.server_cpu_by_process.items())
+                    }
+                    if served
+                    else None,
+                    "client_cpu_ms_per_token": round(tally.client_cpu * 1000.0 / output_tokens, 4),
+                    "total_cpu_ms_per_token": round((tally.server_cpu + tally.client_cpu) * 1000.0 / output_tokens, 4),
+                    "texts_match_in_process": wrong == 0,
+                }
+            )
     return rows
 
 

@@ -29,7 +29,7 @@ from pipeline.serve.cleanup import received_signals, signal_line
 
 GREEDY_PROMPT = "def __init__(self"
 GREEDY_TOKENS = 24
-_SERIES = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
+_SERIES = re.compile(r"^(\w+)\{([^}]*)\} (\S+)$")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def judge(outcome: ChaosOutcome, before: Vitals, after: Vitals, greedy_before: s
     problems = []
     if not after.ready:
         problems.append("the server is not ready after the traffic")
-    new_signals = after.signals[len(before.signals):]
+    new_signals = after.signals[len(before.signals) :]
     if new_signals:
         counts = {line: new_signals.count(line) for line in dict.fromkeys(new_signals)}
         problems.append("the server log shows " + ", ".join(line if n == 1 else f"{line} ×{n}" for line, n in counts.items()))
@@ -123,8 +123,9 @@ def judge(outcome: ChaosOutcome, before: Vitals, after: Vitals, greedy_before: s
     return problems
 
 
-def soak(plan: ChaosPlan, targets: ChaosTargets, *, server_pid: int, metrics_url: str, log_path: Path,
-         progress: Callable[[str], None] = lambda line: None) -> SoakVerdict:
+def soak(
+    plan: ChaosPlan, targets: ChaosTargets, *, server_pid: int, metrics_url: str, log_path: Path, progress: Callable[[str], None] = lambda line: None
+) -> SoakVerdict:
     """Run `plan` against a served model (its tritonserver is `server_pid`) and judge the result."""
     read = lambda: read_vitals(server_pid, targets.http_url, metrics_url, log_path)  # noqa: E731
     greedy_before = greedy_answer(targets.grpc_url)
@@ -137,8 +138,10 @@ def soak(plan: ChaosPlan, targets: ChaosTargets, *, server_pid: int, metrics_url
         return f"the server log showed {signals[-1]}" if len(signals) > known_signals else None
 
     outcome = asyncio.run(run_chaos(plan, targets, stop_reason=server_died))
-    progress(f"traffic: {outcome.sent} sent, {outcome.done} done, {outcome.cut} cut, {outcome.failed} failed in {outcome.seconds:.0f} s"
-             + (f"; stopped early: {outcome.stopped}" if outcome.stopped else ""))
+    progress(
+        f"traffic: {outcome.sent} sent, {outcome.done} done, {outcome.cut} cut, {outcome.failed} failed in {outcome.seconds:.0f} s"
+        + (f"; stopped early: {outcome.stopped}" if outcome.stopped else "")
+    )
     drained = wait_until_idle(read)
     try:
         greedy_after = greedy_answer(targets.grpc_url) if drained.ready else None
@@ -148,8 +151,13 @@ def soak(plan: ChaosPlan, targets: ChaosTargets, *, server_pid: int, metrics_url
     after = wait_until_idle(read)  # the gauges are published every 100 ms: let them show the greedy request's end
     progress(f"after: {_describe(after)}")
     return SoakVerdict(
-        plan=asdict(plan), traffic=outcome.as_dict(), before=_vitals_dict(before), after=_vitals_dict(after),
-        greedy_before=greedy_before, greedy_after=greedy_after, problems=judge(outcome, before, after, greedy_before, greedy_after),
+        plan=asdict(plan),
+        traffic=outcome.as_dict(),
+        before=_vitals_dict(before),
+        after=_vitals_dict(after),
+        greedy_before=greedy_before,
+        greedy_after=greedy_after,
+        problems=judge(outcome, before, after, greedy_before, greedy_after),
     )
 
 

@@ -10,10 +10,7 @@ from bench.command_support import BuildCpuTarget, build_for_bench, dim_lines, st
 from pipeline.errors import SpecError, StageError
 
 RESULT_NAME = "bench-soak.json"
-HELP = (
-    "chaos traffic (streams over gRPC, HTTP SSE and OpenAI, a share cut by the client) for a while; "
-    "exits 1 on a crash, a leak or a changed greedy answer"
-)
+HELP = "chaos traffic (streams over gRPC, HTTP SSE and OpenAI, a share cut by the client) for a while; exits 1 on a crash, a leak or a changed greedy answer"
 CONFIG_HELP = "build config YAML (target cpu)"
 
 
@@ -23,10 +20,10 @@ def add_arguments(soak: argparse.ArgumentParser) -> None:
     soak.add_argument("--concurrency", type=int, default=64, metavar="N", help="concurrent streams (default 64)")
     soak.add_argument("--cut-fraction", type=float, default=0.5, metavar="F", help="share of streams the client cuts (default 0.5)")
     soak.add_argument("--endpoints", default="grpc,http,openai", metavar="LIST", help="grpc, http, openai (default all three)")
-    soak.add_argument("--triton-models", default="ensemble,tensorrt_llm_bls", metavar="LIST",
-                      help="Triton models the gRPC and HTTP streams go to (default both)")
-    soak.add_argument("--openai-triton-model", default="ensemble", metavar="NAME",
-                      help="the Triton model behind the OpenAI front end (default ensemble)")
+    soak.add_argument(
+        "--triton-models", default="ensemble,tensorrt_llm_bls", metavar="LIST", help="Triton models the gRPC and HTTP streams go to (default both)"
+    )
+    soak.add_argument("--openai-triton-model", default="ensemble", metavar="NAME", help="the Triton model behind the OpenAI front end (default ensemble)")
     soak.add_argument("--max-tokens", default="16,200", metavar="LOW,HIGH", help="output length range (default 16,200)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -69,8 +66,15 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget)
     status = status_console()
     say = dim_lines(status)
     repository = results["package"].ref.repository_dir
-    with serving(repository, loaded.spec.deploy, model_name=loaded.spec.name, openai="openai" in plan.endpoints, say=say,
-                 check_alive=False, openai_triton_model=args.openai_triton_model) as endpoints:
+    with serving(
+        repository,
+        loaded.spec.deploy,
+        model_name=loaded.spec.name,
+        openai="openai" in plan.endpoints,
+        say=say,
+        check_alive=False,
+        openai_triton_model=args.openai_triton_model,
+    ) as endpoints:
         server = endpoints.server
         targets = ChaosTargets(endpoints.grpc, endpoints.http, endpoints.openai, endpoints.model_name)
         verdict = soak(plan, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path, progress=say)

@@ -126,8 +126,10 @@ def _tree_figures(stats: Any) -> dict[str, Any]:
     """Medusa: mean accepted tokens per tree step, and how often each tree node (by its path) was accepted."""
     if not stats.num_tree_steps:
         return {}
-    return {"accepted_per_tree_step": round(stats.num_accepted_draft_tokens / stats.num_tree_steps, 3),
-            "tree_node_acceptances": {str(list(path)): count for path, count in stats.tree_node_acceptances}}
+    return {
+        "accepted_per_tree_step": round(stats.num_accepted_draft_tokens / stats.num_tree_steps, 3),
+        "tree_node_acceptances": {str(list(path)): count for path, count in stats.tree_node_acceptances},
+    }
 
 
 def run_speculative_bench(
@@ -193,10 +195,14 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
 
 def render_markdown(result: dict[str, Any]) -> str:
     names = [name for name in result["variants"] if name != "plain"]
-    header = "| batch | requests | plain tok/s | " + " | ".join(
-        f"{n} tok/s | {n} speed-up (wall) | {n} speed-up (CPU) | {n} CPU speed-up, median of rounds | {n} acceptance | "
-        f"{n} tokens/step | {n} = plain" for n in names
-    ) + " |"
+    header = (
+        "| batch | requests | plain tok/s | "
+        + " | ".join(
+            f"{n} tok/s | {n} speed-up (wall) | {n} speed-up (CPU) | {n} CPU speed-up, median of rounds | {n} acceptance | {n} tokens/step | {n} = plain"
+            for n in names
+        )
+        + " |"
+    )
     lines = [header, "|" + "---|" * (3 + 7 * len(names))]
     for row in result["rows"]:
         cells = [str(row["batch_size"]), str(row["requests"]), f"{row['plain']['tokens_per_second']:.1f}"]
@@ -205,7 +211,14 @@ def render_markdown(result: dict[str, Any]) -> str:
             rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
             rounds = r["cpu_speedup_per_round"]
             median = f"{r['cpu_speedup_median']:.2f}x" + (f" ({min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else "")
-            cells += [f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x", f"{r['cpu_speedup']:.2f}x", median, rate,
-                      f"{r['tokens_per_target_step']:.2f}", "yes" if r["same_output_as_plain"] else "NO"]
+            cells += [
+                f"{r['tokens_per_second']:.1f}",
+                f"{r['speedup']:.2f}x",
+                f"{r['cpu_speedup']:.2f}x",
+                median,
+                rate,
+                f"{r['tokens_per_target_step']:.2f}",
+                "yes" if r["same_output_as_plain"] else "NO",
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

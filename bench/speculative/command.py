@@ -22,26 +22,45 @@ CONFIG_HELP = "build config YAML (target cpu)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=Path, help="draft model directory (Hugging Face, same tokenizer) for draft-target speculation")
     parser.add_argument("--ngram", action="store_true", help="also measure n-gram (prompt-lookup) speculation")
-    parser.add_argument("--medusa", type=Path, help="a Medusa heads directory (medusa_lm_head.safetensors + config.json) for Medusa "
-                        "speculation; also measures the CPU cost of verifying a tree of N = 0..64 nodes")
+    parser.add_argument(
+        "--medusa",
+        type=Path,
+        help="a Medusa heads directory (medusa_lm_head.safetensors + config.json) for Medusa "
+        "speculation; also measures the CPU cost of verifying a tree of N = 0..64 nodes",
+    )
     parser.add_argument("--medusa-choices", help='the Medusa tree, TensorRT-LLM syntax ("{0}, {0, 0}, {1}"; default: the heads\' own)')
-    parser.add_argument("--medusa-vocab", type=int, help="also measure --medusa with the heads proposing only the first M token ids "
-                        "(refengine_speculative.medusa_vocab_size)")
+    parser.add_argument(
+        "--medusa-vocab", type=int, help="also measure --medusa with the heads proposing only the first M token ids (refengine_speculative.medusa_vocab_size)"
+    )
     parser.add_argument("--max-draft-len", type=int, default=4, help="draft tokens per step for --draft / --ngram (default 4)")
     parser.add_argument("--ngram-size", type=int, default=3, help="max_matching_ngram_size for --ngram (default 3)")
-    parser.add_argument("--draft-vocab", type=int, help="also measure the --draft drafting only the first N token ids "
-                        "(refengine_speculative.draft_vocab_size)")
-    parser.add_argument("--fixed-draft-len", action="store_true", help="also measure each speculative variant with every "
-                        "request sending num_draft_tokens = --max-draft-len (a fixed draft length instead of the adaptive one)")
+    parser.add_argument("--draft-vocab", type=int, help="also measure the --draft drafting only the first N token ids (refengine_speculative.draft_vocab_size)")
+    parser.add_argument(
+        "--fixed-draft-len",
+        action="store_true",
+        help="also measure each speculative variant with every "
+        "request sending num_draft_tokens = --max-draft-len (a fixed draft length instead of the adaptive one)",
+    )
     parser.add_argument("--batch-sizes", default="1,4,32", help="comma-separated batch sizes (default 1,4,32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the systems: each system's best round "
-                        "is reported, and the median over rounds of each variant's CPU speed-up against the same round's plain run "
-                        "(default 1; more steadies the figures on a loaded machine)")
-    parser.add_argument("--fp32-gemm", action="store_true", help="run every system with float32 GEMMs (EngineConfig.fp16_weight_gemm "
-                        "false: bit for bit F.linear) instead of fbgemm's fp16-weight GEMM")
-    parser.add_argument("--with-fp32-gemm-plain", action="store_true", help="also measure the plain target on float32 GEMMs "
-                        "(plain_fp32_gemm), beside the plain target on the fp16-weight GEMM")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="interleaved rounds over the systems: each system's best round "
+        "is reported, and the median over rounds of each variant's CPU speed-up against the same round's plain run "
+        "(default 1; more steadies the figures on a loaded machine)",
+    )
+    parser.add_argument(
+        "--fp32-gemm",
+        action="store_true",
+        help="run every system with float32 GEMMs (EngineConfig.fp16_weight_gemm false: bit for bit F.linear) instead of fbgemm's fp16-weight GEMM",
+    )
+    parser.add_argument(
+        "--with-fp32-gemm-plain",
+        action="store_true",
+        help="also measure the plain target on float32 GEMMs (plain_fp32_gemm), beside the plain target on the fp16-weight GEMM",
+    )
     parser.add_argument("--quick", action="store_true", help="a small workload (seconds, for smoke tests)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument("--out", type=Path, help=f"also write the JSON result here (default: <artifacts>/<name>/{RESULT_NAME})")
@@ -102,11 +121,15 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     if len(variants) == 1:
         raise SpecError("bench speculative: nothing to compare; pass --draft DIR, --ngram and/or --medusa DIR (or build with a speculative section)")
     tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))
-    options = SpeculativeBenchOptions(batch_sizes=batch_sizes, max_tokens=args.max_tokens, max_draft_len=args.max_draft_len, quick=args.quick,
-                                       repeats=args.repeats, fp16_weight_gemm=not args.fp32_gemm)
-    prompts = heldout_code_prompts(
-        lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.bos_token_id, 8, options.prompt_tokens
+    options = SpeculativeBenchOptions(
+        batch_sizes=batch_sizes,
+        max_tokens=args.max_tokens,
+        max_draft_len=args.max_draft_len,
+        quick=args.quick,
+        repeats=args.repeats,
+        fp16_weight_gemm=not args.fp32_gemm,
     )
+    prompts = heldout_code_prompts(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.bos_token_id, 8, options.prompt_tokens)
     status = status_console()
     result = run_speculative_bench(variants, prompts, options, progress=dim_lines(status))
     if args.medusa is not None:

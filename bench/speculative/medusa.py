@@ -11,8 +11,9 @@ from typing import Any
 NODE_COUNTS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
-def medusa_variant(engine_dir: Path, work_dir: Path, heads_dir: Path, medusa_choices: str | None = None,
-                   vocab_size: int | None = None, name: str = "medusa") -> Path:
+def medusa_variant(
+    engine_dir: Path, work_dir: Path, heads_dir: Path, medusa_choices: str | None = None, vocab_size: int | None = None, name: str = "medusa"
+) -> Path:
     """The target marked for Medusa with `heads_dir` (its tree: `medusa_choices`, else the heads' recommended one;
     `vocab_size` M: the heads propose the first M token ids)."""
     from bench.speculative.engines import linked_copy
@@ -44,11 +45,21 @@ def verification_cost(medusa_engine_dir: Path, fp16_weight_gemm: bool, quick: bo
     try:
         model = load_model(engine.checkpoint, torch.float32, fp16_weight_gemm)
         num_heads = section["num_medusa_heads"]
-        heads = MedusaHeads.load(medusa_engine_dir / section["medusa_heads"], num_heads, section["num_medusa_layers"], config.hidden_size,
-                                 config.vocab_size, torch.float32, "--medusa", fp16_gemm=fp16_weight_gemm)
+        heads = MedusaHeads.load(
+            medusa_engine_dir / section["medusa_heads"],
+            num_heads,
+            section["num_medusa_layers"],
+            config.hidden_size,
+            config.vocab_size,
+            torch.float32,
+            "--medusa",
+            fp16_gemm=fp16_weight_gemm,
+        )
         top_k = TREE_WIDTHS[:num_heads]
-        return {"nodes": measure_tree_verification(model, counts, repeats=repeats),
-                "heads": [measure_heads(heads, config.hidden_size, top_k, batch, repeats) for batch in (1, 4, 32)]}
+        return {
+            "nodes": measure_tree_verification(model, counts, repeats=repeats),
+            "heads": [measure_heads(heads, config.hidden_size, top_k, batch, repeats) for batch in (1, 4, 32)],
+        }
     finally:
         torch.set_num_threads(previous)
 

@@ -113,8 +113,14 @@ class ChaosOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "sent": self.sent, "done": self.done, "cut": self.cut, "failed": self.failed,
-            "seconds": round(self.seconds, 2), "by_route": self.by_route, "errors": self.errors, "stopped": self.stopped,
+            "sent": self.sent,
+            "done": self.done,
+            "cut": self.cut,
+            "failed": self.failed,
+            "seconds": round(self.seconds, 2),
+            "by_route": self.by_route,
+            "errors": self.errors,
+            "stopped": self.stopped,
         }
 
 
@@ -130,9 +136,7 @@ class _Cut(Exception):
     pass
 
 
-async def run_chaos(
-    plan: ChaosPlan, targets: ChaosTargets, *, stop_reason: Callable[[], str | None] = lambda: None
-) -> ChaosOutcome:
+async def run_chaos(plan: ChaosPlan, targets: ChaosTargets, *, stop_reason: Callable[[], str | None] = lambda: None) -> ChaosOutcome:
     """Run the plan. `stop_reason` is asked every second; once it names a reason (say, the server
     died) the streams still open are abandoned, uncounted, and the outcome says why it stopped."""
     if "openai" in plan.endpoints and not (targets.openai_url and targets.openai_model):
@@ -141,7 +145,11 @@ async def run_chaos(
     outcome = ChaosOutcome()
     clients: dict[tuple[str, str], AsyncTritonLLMClient] = {
         (protocol, model): AsyncTritonLLMClient(
-            targets.grpc_url if protocol == "grpc" else targets.http_url, protocol, model, timeout=300.0, retries=0,
+            targets.grpc_url if protocol == "grpc" else targets.http_url,
+            protocol,
+            model,
+            timeout=300.0,
+            retries=0,
             stop_model=STOP_MODEL if plan.grpc_cut == "stop" and model != BLS_MODEL else None,
         )
         for protocol in TRITON_ENDPOINTS
@@ -228,8 +236,12 @@ async def _openai_read(http: httpx.AsyncClient, targets: ChaosTargets, plan: Cha
     base = (targets.openai_url or "").rstrip("/")
     url = f"{base if base.endswith('/v1') else base + '/v1'}/completions"
     body = {
-        "model": targets.openai_model, "prompt": request.prompt, "max_tokens": request.max_tokens,
-        "temperature": plan.temperature, "top_k": plan.top_k, "stream": True,
+        "model": targets.openai_model,
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": plan.temperature,
+        "top_k": plan.top_k,
+        "stream": True,
     }
     async with http.stream("POST", url, json=body) as response:
         if response.status_code != 200:

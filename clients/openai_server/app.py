@@ -44,7 +44,7 @@ from clients.openai_server.schemas import ChatCompletion, ChatCompletionRequest,
 from clients.openai_server.tokenizer import PromptTokenizer
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-STREAM_DOC = "server-sent events `data: <chunk JSON>`, then `data: [DONE]`; an error after the first event is one `data: {\"error\": …}` event."
+STREAM_DOC = 'server-sent events `data: <chunk JSON>`, then `data: [DONE]`; an error after the first event is one `data: {"error": …}` event.'
 T = TypeVar("T")
 
 
@@ -81,16 +81,25 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     tokenizer = tokenizer or PromptTokenizer(settings.model.tokenizer_dir, add_special_tokens=settings.model.add_special_tokens)
     context = Context(settings.model, tokenizer, settings.max_n, settings.adapters)
     created = int(time.time())
-    cards = {card.id: card for card in [ModelCard(id=settings.model.name, created=created, root=settings.model.name)] + [
-        ModelCard(id=name, created=created, root=name, parent=settings.model.name) for name in settings.adapters  # as vLLM lists them
-    ]}
+    cards = {
+        card.id: card
+        for card in [ModelCard(id=settings.model.name, created=created, root=settings.model.name)]
+        + [
+            ModelCard(id=name, created=created, root=name, parent=settings.model.name)
+            for name in settings.adapters  # as vLLM lists them
+        ]
+    }
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = getattr(app.state, "triton", None) is None  # tests may set a scripted client before starting
         if own:
             app.state.triton = AsyncTritonLLMClient(
-                settings.triton_url, "grpc", settings.model.triton_model, timeout=settings.request_timeout_s, retries=settings.triton_retries,
+                settings.triton_url,
+                "grpc",
+                settings.model.triton_model,
+                timeout=settings.request_timeout_s,
+                retries=settings.triton_retries,
                 stop_model=settings.model.llm_model if settings.model.ensemble else None,  # clients/aio_stop.py
             )
         try:

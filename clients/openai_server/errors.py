@@ -27,7 +27,13 @@ class OpenAIError(Exception):
     """An error answer: HTTP `status` and the fields of OpenAI's error object."""
 
     def __init__(
-        self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None, code: str | None = None,
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -69,8 +75,7 @@ def json_too_deep(limit: int) -> OpenAIError:
 
 def missing_api_key() -> OpenAIError:
     return _unauthorized(
-        "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth "
-        "(i.e. Authorization: Bearer YOUR_KEY)."
+        "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
     )
 
 

@@ -42,9 +42,7 @@ class FrontEndMetrics:
     def __init__(self, *, keyed: bool = False) -> None:
         self.keyed = keyed
         self.registry = CollectorRegistry(auto_describe=True)
-        self.ttft = Histogram(
-            TTFT, "Time from receiving a request to the first token of each of its choices.", buckets=TTFT_BUCKETS, registry=self.registry
-        )
+        self.ttft = Histogram(TTFT, "Time from receiving a request to the first token of each of its choices.", buckets=TTFT_BUCKETS, registry=self.registry)
         self.itl = Histogram(ITL, "Time between consecutive tokens of a choice.", buckets=ITL_BUCKETS, registry=self.registry)
         labels = ("endpoint", "status", "key") if keyed else ("endpoint", "status")
         help_text = "Requests answered, by endpoint, HTTP status" + (" and API key name." if keyed else ".")

@@ -57,7 +57,13 @@ class ServedModel:
 
     @classmethod
     def from_parameters(
-        cls, parameters: Mapping[str, str], *, name: str, triton_model: str, source: str, llm_model: str = DEFAULT_LLM,
+        cls,
+        parameters: Mapping[str, str],
+        *,
+        name: str,
+        triton_model: str,
+        source: str,
+        llm_model: str = DEFAULT_LLM,
         ensemble: bool = False,
     ) -> ServedModel:
         """From the preprocessing model's string parameters; `source` names where they came from."""
@@ -91,7 +97,11 @@ class ServedModel:
         preprocessing = _preprocessing_name(model_config)
         config = _read_config(repository / preprocessing / "config.pbtxt")
         return cls.from_parameters(
-            _parameters(config), name=name, triton_model=triton_model, source=str(repository / preprocessing), llm_model=_llm_name(model_config),
+            _parameters(config),
+            name=name,
+            triton_model=triton_model,
+            source=str(repository / preprocessing),
+            llm_model=_llm_name(model_config),
             ensemble=_is_ensemble(model_config),
         )
 
@@ -115,14 +125,16 @@ class ServedModel:
         finally:
             client.close()
         return cls.from_parameters(
-            _parameters(config), name=name, triton_model=triton_model, source=f"{triton_url}/{preprocessing}", llm_model=_llm_name(model_config),
+            _parameters(config),
+            name=name,
+            triton_model=triton_model,
+            source=f"{triton_url}/{preprocessing}",
+            llm_model=_llm_name(model_config),
             ensemble=_is_ensemble(model_config),
         )
 
 
-def _triton_setup_error(
-    client: grpcclient.InferenceServerClient, triton_url: str, triton_model: str, error: InferenceServerException, timeout_s: float
-) -> str:
+def _triton_setup_error(client: grpcclient.InferenceServerClient, triton_url: str, triton_model: str, error: InferenceServerException, timeout_s: float) -> str:
     """One line: what was found at `triton_url` instead of a Triton serving `triton_model`."""
     from tritonclient.utils import InferenceServerException
 

@@ -107,14 +107,16 @@ def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
             "logprobs": _nullable(
                 {"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS if context.model.generation_logits else 0},
                 "The sampled token's log-probability and this many most likely alternatives per token"
-                + ("" if context.model.generation_logits else " (this engine returns no alternatives: 0)") + ".",
+                + ("" if context.model.generation_logits else " (this engine returns no alternatives: 0)")
+                + ".",
             ),
             "suffix": _nullable({"type": "string", "maxLength": 0}, none),
             "best_of": _nullable({"type": "integer", "minimum": 1}, "1 or n: more candidates than answers are not supported."),
             "echo": _nullable(
                 {"type": "boolean"},
                 "The prompt before the answer; with `logprobs`, the prompt tokens' log-probs too. Not with `stream`"
-                + ("" if context.model.context_logits else "; this engine returns none: not with `logprobs`") + ".",
+                + ("" if context.model.context_logits else "; this engine returns none: not with `logprobs`")
+                + ".",
             ),
         },
         "ChatCompletionRequest": {
@@ -123,7 +125,8 @@ def planning_rules(context: Context) -> dict[str, dict[str, dict[str, Any]]]:
             "top_logprobs": _nullable(
                 {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS if context.model.generation_logits else 0},
                 "With logprobs: this many most likely alternatives per token"
-                + ("" if context.model.generation_logits else " (this engine returns none: 0)") + ".",
+                + ("" if context.model.generation_logits else " (this engine returns none: 0)")
+                + ".",
             ),
             **{name: _nullable({"type": "array", "maxItems": 0}, none) for name in ("tools", "functions")},
             **{name: {"enum": [None, "none"], "description": none} for name in ("tool_choice", "function_call")},

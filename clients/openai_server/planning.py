@@ -190,7 +190,8 @@ def _check_logits(context: Context, *, prompt_logprobs: bool, top: int, param: s
         )
     if top and not context.model.generation_logits:
         raise unsupported(
-            param, f"{param} {top} needs the engine's generation logits, and this model repository does not declare them "
+            param,
+            f"{param} {top} needs the engine's generation logits, and this model repository does not declare them "
             "(gather_generation_logits: a repository packaged before they were; package it again); ask for the sampled "
             "token's log-probability only (0)",
         )
@@ -218,7 +219,8 @@ def _prompt_ids(prompt: str, context: Context, param: str) -> list[int]:
         raise bad_request(
             f"The prompt is {size} bytes, more than this model's maximum input length of {context.model.max_input_len} tokens "
             f"can hold (at most {limit} bytes); it was not tokenized.",
-            param=param, code="context_length_exceeded",
+            param=param,
+            code="context_length_exceeded",
         )
     ids = context.tokenizer.encode(prompt)
     if not ids:
@@ -231,7 +233,8 @@ def _check_input_length(tokens: int, context: Context, param: str) -> None:
     if tokens > context.model.max_input_len:
         raise bad_request(
             f"The prompt is {tokens} tokens, more than this model's maximum input length of {context.model.max_input_len} tokens.",
-            param=param, code="context_length_exceeded",
+            param=param,
+            code="context_length_exceeded",
         )
 
 
@@ -247,7 +250,8 @@ def _max_tokens(requested: int | None, prompt_tokens: int, context: Context, *, 
         raise bad_request(
             f"max_tokens {requested} is more than this model can generate after a {prompt_tokens}-token prompt: "
             f"its context length is {context.model.max_seq_len} tokens, which leaves {room}.",
-            param="max_tokens", code="context_length_exceeded",
+            param="max_tokens",
+            code="context_length_exceeded",
         )
     return requested
 

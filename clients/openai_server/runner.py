@@ -91,14 +91,18 @@ def running_openai_server(
     """
     served = resolve_model(triton_url, model_name=model_name, model=model, model_repository=model_repository, triton_model=triton_model)
     settings = ServerSettings(
-        triton_url, served, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, max_n=max_n, request_timeout_s=request_timeout_s,
-        access=access or AccessPolicy(), adapters=dict(adapters or {}),
+        triton_url,
+        served,
+        max_body_bytes=max_body_bytes,
+        max_json_depth=max_json_depth,
+        max_n=max_n,
+        request_timeout_s=request_timeout_s,
+        access=access or AccessPolicy(),
+        adapters=dict(adapters or {}),
     )
     app = create_app(settings)
     listener = _bind(host, port)
-    config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, loop="asyncio", lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
-    )
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, loop="asyncio", lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, name="openai-server", daemon=True)
     thread.start()

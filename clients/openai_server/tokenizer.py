@@ -102,4 +102,3 @@ class PromptTokenizer:
         bos_id = self._tokenizer.bos_id
         with_bos = self.encode("a")
         return bos_id is not None and bool(with_bos) and with_bos[0] == bos_id
-

@@ -184,9 +184,7 @@ def split_rows(arrays: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     return rows
 
 
-def parse_batch(
-    arrays: Mapping[str, np.ndarray], *, exclude_input_default: bool, decoupled: bool
-) -> list[GenerateRequest] | StopRequest:
+def parse_batch(arrays: Mapping[str, np.ndarray], *, exclude_input_default: bool, decoupled: bool) -> list[GenerateRequest] | StopRequest:
     """`parse_request` for each row of a (possibly batched) request; errors name the row when B > 1."""
     rows = split_rows(arrays)
     parsed = []

@@ -33,9 +33,7 @@ from refengine import CompletionOutput, RequestMetrics
 Arrays = dict[str, np.ndarray]
 
 
-def streamed_arrays(
-    request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None, context_logits=None
-) -> Arrays:
+def streamed_arrays(request: GenerateRequest, completion: CompletionOutput, metrics: RequestMetrics | None = None, context_logits=None) -> Arrays:
     """The response for the tokens `completion` gained since the previous one (`context_logits`:
     the request's, when this response carries them)."""
     new_ids = list(completion.new_token_ids)

@@ -27,6 +27,7 @@ def decoding_mode_warning(decoding_mode: str, medusa_engine: bool) -> str | None
     if medusa_engine and mode and mode != MEDUSA:
         return f"decoding_mode {decoding_mode!r}: the engine is a Medusa engine; decoding with medusa (as TensorRT-LLM overwrites it)"
     if not medusa_engine and mode == MEDUSA:
-        return ("decoding_mode 'medusa': the engine was not built for Medusa (build.speculative.mode: medusa); decoding "
-                "without it (as TensorRT-LLM overwrites it)")
+        return (
+            "decoding_mode 'medusa': the engine was not built for Medusa (build.speculative.mode: medusa); decoding without it (as TensorRT-LLM overwrites it)"
+        )
     return None

@@ -21,9 +21,7 @@ class ParameterError(ValueError):
 
 class ModelParameters:
     def __init__(self, model_config: Mapping[str, Any], model_directory: str | Path) -> None:
-        self._values = {
-            key: str(value.get("string_value", "")) for key, value in (model_config.get("parameters") or {}).items()
-        }
+        self._values = {key: str(value.get("string_value", "")) for key, value in (model_config.get("parameters") or {}).items()}
         self._model_name = model_config.get("name", "?")
         self._repository_root = Path(model_directory).resolve().parent
 

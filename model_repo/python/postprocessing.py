@@ -68,8 +68,7 @@ class TritonPythonModel:
             log_error(f"postprocessing failed: {type(error).__name__}: {error}")
             return [error_response(f"postprocessing failed: {error}", pb_utils.TritonError.INTERNAL) for _ in requests]
         return [
-            pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", [next(texts) for _ in outcome])])
-            if isinstance(outcome, list) else outcome
+            pb_utils.InferenceResponse(output_tensors=[string_tensor("OUTPUT", [next(texts) for _ in outcome])]) if isinstance(outcome, list) else outcome
             for outcome in read
         ]
 
@@ -112,4 +111,3 @@ class TritonPythonModel:
         self._stopped_request_ids.append(request_id)
         for message in send_stop(self.llm_model_name, request_id, keep=self._finished_calls.hold):
             log_error(f"stop request for {request_id!r} failed: {message}")
-

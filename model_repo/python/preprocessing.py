@@ -133,9 +133,7 @@ class TritonPythonModel:
         if not ids:
             raise BadRequest("text_input is empty: it encodes to no tokens")
         if len(ids) > self.max_input_len:
-            raise BadRequest(
-                f"text_input encodes to {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}"
-            )
+            raise BadRequest(f"text_input encodes to {len(ids)} tokens, more than the engine's max_input_len {self.max_input_len}")
 
     @staticmethod
     def _check_bytes(value, name, limit, what):
@@ -169,9 +167,7 @@ class TritonPythonModel:
             missing = "embedding_bias_words" if words is None else "embedding_bias_weights"
             raise BadRequest(f"{missing} is missing: embedding_bias_words and embedding_bias_weights go together")
         if words.ndim != 2 or weights.shape != words.shape or words.shape[0] != batch:
-            raise BadRequest(
-                f"embedding_bias_words {list(words.shape)} and embedding_bias_weights {list(weights.shape)} must both have shape [batch, n]"
-            )
+            raise BadRequest(f"embedding_bias_words {list(words.shape)} and embedding_bias_weights {list(weights.shape)} must both have shape [batch, n]")
         if not np.isfinite(weights).all():
             raise BadRequest("embedding_bias_weights must be finite numbers")
         bias = np.zeros((batch, self.tokenizer.vocab_size), dtype=np.float32)
@@ -219,10 +215,7 @@ def _refuse_unknown_parameters(request):
         return
     unknown = sorted(key for key in parameters if not key.startswith(TRITON_RESERVED_PREFIX))
     if unknown:
-        raise BadRequest(
-            f"unknown input or parameter {', '.join(repr(k) for k in unknown)}; "
-            "see the model's inputs with GET /v2/models/<model>/config"
-        )
+        raise BadRequest(f"unknown input or parameter {', '.join(repr(k) for k in unknown)}; see the model's inputs with GET /v2/models/<model>/config")
 
 
 def _refuse_decoder_query(inputs):

@@ -60,7 +60,7 @@ def draft_target_generate(
         # the first stop word that ends among the new tokens ends the output there (draft tokens included)
         ends = [end for end in range(before + 1, len(output) + 1) if _ends_with_stop_word(output[:end], stop_words)]
         if ends:
-            del output[ends[0]:]
+            del output[ends[0] :]
             break
     return SpeculativeResult(output, drafted, accepted, steps)
 
@@ -75,7 +75,7 @@ def _common_prefix(proposal: Sequence[int], emitted: Sequence[int]) -> int:
 
 
 def _ends_with_stop_word(tokens: Sequence[int], stop_words: Sequence[Sequence[int]]) -> bool:
-    return any(word and len(tokens) >= len(word) and list(tokens[-len(word):]) == list(word) for word in stop_words)
+    return any(word and len(tokens) >= len(word) and list(tokens[-len(word) :]) == list(word) for word in stop_words)
 
 
 def use_draft_logits_refusal(wanted: bool | None, *, max_draft_len: int, drafts: bool) -> str | None:
@@ -84,8 +84,7 @@ def use_draft_logits_refusal(wanted: bool | None, *, max_draft_len: int, drafts:
     if not wanted:
         return None
     if max_draft_len <= 0:
-        return ("use_draft_logits: true needs draft-target speculative decoding (build.speculative.mode "
-                "draft_tokens_external); the engine was built without it")
+        return "use_draft_logits: true needs draft-target speculative decoding (build.speculative.mode draft_tokens_external); the engine was built without it"
     if not drafts:
         return "use_draft_logits: true needs num_draft_tokens > 0 (the draft whose logits the target gets)"
     return None

@@ -120,8 +120,7 @@ class TritonPythonModel:
         self._relays = [queue.SimpleQueue() for _ in range(RELAY_THREADS)]
         self._next_relay = itertools.cycle(self._relays)
         self._relay_threads = [
-            threading.Thread(target=self._relay, args=(relay,), name=f"tensorrt_llm-relay-{index}", daemon=True)
-            for index, relay in enumerate(self._relays)
+            threading.Thread(target=self._relay, args=(relay,), name=f"tensorrt_llm-relay-{index}", daemon=True) for index, relay in enumerate(self._relays)
         ]
         for thread in self._relay_threads:
             thread.start()
@@ -136,8 +135,9 @@ class TritonPythonModel:
         ).start()
 
     def execute(self, requests):
-        return answer_each(requests, self._accept, refusals=ContractError, model="tensorrt_llm",
-                           channel=lambda request: ResponseChannel(request.get_response_sender(), FINAL))
+        return answer_each(
+            requests, self._accept, refusals=ContractError, model="tensorrt_llm", channel=lambda request: ResponseChannel(request.get_response_sender(), FINAL)
+        )
 
     def finalize(self):
         self._watcher.stop()
@@ -157,8 +157,9 @@ class TritonPythonModel:
             channel.send(None if self._decoupled else pb_utils.InferenceResponse(output_tensors=[]), final=True)
             return
         if not self._serves_lora and any(row.lora is not None for row in parsed):
-            raise ContractError("lora_task_id: this engine was built without LoRA (plugin_config.lora_plugin is not set): "
-                                "build it with build.lora to serve adapters")
+            raise ContractError(
+                "lora_task_id: this engine was built without LoRA (plugin_config.lora_plugin is not set): build it with build.lora to serve adapters"
+            )
         if len(parsed) > 1 and not self._decoupled:
             raise ContractError(f"input_ids: a batch of {len(parsed)} prompts needs the model in decoupled mode (one response per prompt)")
         batch = BatchChannel(channel, len(parsed))

@@ -129,11 +129,11 @@ class TritonPythonModel:
             missing = [name for name in selection if name not in given]
             raise ValueError(f"{', '.join(missing)} missing: an adapter is chosen by lora_id, lora_name and lora_path together")
         if not self._serves_lora:
-            raise ValueError("lora_id / lora_name / lora_path: this model serves no LoRA adapter (its model.yaml has no "
-                             "lora_config: build it with build.lora)")
+            raise ValueError("lora_id / lora_name / lora_path: this model serves no LoRA adapter (its model.yaml has no lora_config: build it with build.lora)")
         if source not in (None, "hf"):
-            raise ValueError(f"lora_ckpt_source {source!r}: only hf (PEFT adapter_config.json + adapter_model.safetensors) "
-                             "is served; a .nemo archive holds pickled weights")
+            raise ValueError(
+                f"lora_ckpt_source {source!r}: only hf (PEFT adapter_config.json + adapter_model.safetensors) is served; a .nemo archive holds pickled weights"
+            )
         path = selection["lora_path"]
         if not os.path.isdir(path):
             raise ValueError(f"lora_path {path!r} is not a directory on this server (the build's adapters are at <model>/lora/<i>)")

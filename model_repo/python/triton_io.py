@@ -88,13 +88,10 @@ def arrays_response(arrays: Mapping[str, np.ndarray], requested: Collection[str]
     stub dies with SIGSEGV or "malloc(): unaligned fastbin chunk"). Fixed in python_backend
     r24.12 (#390, "Hold GIL when deleting numpy array"); the bundled server is r24.10.
     """
-    return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor(name, array) for name, array in arrays.items() if name in requested]
-    )
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, array) for name, array in arrays.items() if name in requested])
 
 
-def answer_each(requests: Iterable[Any], accept: Callable[[Any, Any], None], *, refusals: type[Exception], model: str,
-                channel: Callable[[Any], Any]) -> None:
+def answer_each(requests: Iterable[Any], accept: Callable[[Any, Any], None], *, refusals: type[Exception], model: str, channel: Callable[[Any], Any]) -> None:
     """A decoupled model's `execute`: each request gets its response channel (`channel(request)`, a
     response_channel.ResponseChannel over its sender) and `accept(request, channel)`; a refusal (`refusals`) is
     answered INVALID_ARG with its message, anything else INTERNAL and logged, and the model keeps serving."""

@@ -59,10 +59,7 @@ def from_word_list(array: np.ndarray, name: str = "word list") -> tuple[tuple[in
         if offset < 0:
             break
         if offset <= start or offset > len(ids):
-            raise WordListError(
-                f"{name}: offset {offset} must be greater than the previous offset {start} "
-                f"and at most the row length {len(ids)}"
-            )
+            raise WordListError(f"{name}: offset {offset} must be greater than the previous offset {start} and at most the row length {len(ids)}")
         word = tuple(ids[start:offset])
         if any(token_id < 0 for token_id in word):
             raise WordListError(f"{name}: negative token id in word {list(word)}")

@@ -20,7 +20,12 @@ CPU_ENGINE_VERSION_PREFIX = "refengine-"
 # SpeculativeDecodingMode values an engine's build_config records (tensorrt_llm/models/modeling_utils.py) -> the
 # trtllm-build --speculative_decoding_mode name (None: no speculative decoding).
 SPECULATIVE_MODE_NAMES = {
-    1: None, 2: "draft_tokens_external", 4: "medusa", 8: "lookahead_decoding", 16: "explicit_draft_tokens", 32: "eagle",
+    1: None,
+    2: "draft_tokens_external",
+    4: "medusa",
+    8: "lookahead_decoding",
+    16: "explicit_draft_tokens",
+    32: "eagle",
 }
 # the other way: the value a BuildConfig records for a --speculative_decoding_mode choice (None: NONE = 1)
 SPECULATIVE_DECODING_MODE: dict[str | None, int] = {name: value for value, name in SPECULATIVE_MODE_NAMES.items()}

@@ -20,21 +20,23 @@ PYTHON_MODELS = ("preprocessing", "postprocessing", "bls")  # serve.instances fi
 def spec_capacity(spec: Spec, model: ModelInfo, *, gpu: str, tp: int | None = None, with_draft: bool = True) -> CapacityPlan:
     """plan_capacity for `spec` on `gpu` (TP `tp`, default build.tp_size), its draft model's weights and KV included."""
     reserve_gb, _ = backend_for(spec.build.target).capacity_reserve(spec)
-    return plan_capacity(CapacityRequest(
-        model,
-        quant_algo=spec.quantize.algo.value,
-        kv_cache_dtype=spec.quantize.kv_cache.value,
-        gpu=gpu,
-        max_seq_len=spec.build.max_seq_len or model.default_max_seq_len(),
-        max_batch_size=spec.build.max_batch_size,
-        tp=tp or spec.build.tp_size,
-        kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
-        tokens_per_block=spec.build.tokens_per_block,
-        group_size=spec.quantize.group_size,
-        draft=draft_for_capacity(spec) if with_draft else None,
-        reserve_gb=reserve_gb,
-        windows=runtime_windows(spec, model),
-    ))
+    return plan_capacity(
+        CapacityRequest(
+            model,
+            quant_algo=spec.quantize.algo.value,
+            kv_cache_dtype=spec.quantize.kv_cache.value,
+            gpu=gpu,
+            max_seq_len=spec.build.max_seq_len or model.default_max_seq_len(),
+            max_batch_size=spec.build.max_batch_size,
+            tp=tp or spec.build.tp_size,
+            kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
+            tokens_per_block=spec.build.tokens_per_block,
+            group_size=spec.quantize.group_size,
+            draft=draft_for_capacity(spec) if with_draft else None,
+            reserve_gb=reserve_gb,
+            windows=runtime_windows(spec, model),
+        )
+    )
 
 
 def runtime_windows(spec: Spec, model: ModelInfo) -> tuple[int | None, ...]:
@@ -76,10 +78,14 @@ def planned_python_instances(spec: Spec, model: ModelInfo) -> tuple[dict[str, in
         else:
             rate = roofline.tokens_per_s
     serve = spec.serve
-    plans = {
-        plan.model: plan
-        for plan in python_instances(rate, stream_interval=serve.stream_interval, batched_postprocessing=serve.postprocessing_dynamic_batching)
-    } if rate else {}
+    plans = (
+        {
+            plan.model: plan
+            for plan in python_instances(rate, stream_interval=serve.stream_interval, batched_postprocessing=serve.postprocessing_dynamic_batching)
+        }
+        if rate
+        else {}
+    )
     counts, lines = {}, []
     for name in PYTHON_MODELS:
         if given[name] is not None:

@@ -111,8 +111,7 @@ def kv_bytes_per_token(model: ModelInfo, kv_cache_dtype: str, tp: int = 1, windo
     return full_layers * kv_bytes_per_layer_token(model, kv_cache_dtype, tp)
 
 
-def kv_bytes_per_sequence(model: ModelInfo, kv_cache_dtype: str, tp: int, length: int, tokens_per_block: int,
-                          windows: tuple[int | None, ...] = ()) -> int:
+def kv_bytes_per_sequence(model: ModelInfo, kv_cache_dtype: str, tp: int, length: int, tokens_per_block: int, windows: tuple[int | None, ...] = ()) -> int:
     """Block-rounded KV bytes one `length`-token sequence holds on one GPU: every token in full layers, the last
     min(length, window) tokens (plus the block being filled) in each windowed layer."""
     per_layer = kv_bytes_per_layer_token(model, kv_cache_dtype, tp)

@@ -34,8 +34,18 @@ from pipeline.errors import SpecError
 from pipeline.quant_formats import FP8_MIN_SM, KV_CACHE_FORMATS, WEIGHT_FORMATS
 
 __all__ = [
-    "GB", "CapacityError", "CapacityPlan", "CapacityRequest", "DraftModel", "ParamCount", "capacity_table", "count_params",
-    "kv_bytes_per_sequence", "kv_bytes_per_token", "plan_capacity", "weight_bytes_per_param",
+    "GB",
+    "CapacityError",
+    "CapacityPlan",
+    "CapacityRequest",
+    "DraftModel",
+    "ParamCount",
+    "capacity_table",
+    "count_params",
+    "kv_bytes_per_sequence",
+    "kv_bytes_per_token",
+    "plan_capacity",
+    "weight_bytes_per_param",
 ]
 
 GB = 1e9
@@ -175,25 +185,42 @@ def plan_capacity(request: CapacityRequest) -> CapacityPlan:
     full_sequences = int(kv_space // one_sequence)
     draft_capacity = None
     if draft is not None:
-        draft_capacity = _draft_capacity(draft, tp, draft_weights, (budget - per_gpu_all - kv_space) * kv_cache_free_gpu_mem_fraction,
-                                         tokens_per_block, label)
+        draft_capacity = _draft_capacity(draft, tp, draft_weights, (budget - per_gpu_all - kv_space) * kv_cache_free_gpu_mem_fraction, tokens_per_block, label)
         full_sequences = min(full_sequences, draft_capacity.full_sequences)
     batch = min(max_batch_size, full_sequences)
     num_tokens = min(DEFAULT_MAX_NUM_TOKENS, batch * max_seq_len)
     num_tokens = max(tokens_per_block, num_tokens // tokens_per_block * tokens_per_block)
     # a step reads the decoder (a MoE's top-k experts only) and the output projection (the embedding when tied)
-    read_per_step = (params.read_per_token * weight_bytes_per_param(quant_algo, group_size)
-                     + (params.embedding + params.final_norm) * _SIXTEEN_BIT) / tp
+    read_per_step = (params.read_per_token * weight_bytes_per_param(quant_algo, group_size) + (params.embedding + params.final_norm) * _SIXTEEN_BIT) / tp
     decode = gpu.bandwidth_tbps * 1e12 / read_per_step if gpu.bandwidth_tbps else None
     notes = _notes(gpu, full_sequences, max_batch_size, quant_algo, kv_cache_dtype)
     return CapacityPlan(
-        model=model.path.name, gpu=gpu, tp=tp, quant_algo=quant_algo, kv_cache_dtype=kv_cache_dtype, max_seq_len=max_seq_len,
-        max_batch_size=max_batch_size, kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
-        tokens_per_block=tokens_per_block, reserve_gb=reserve_gb, params=params, weight_bytes=weights, weight_bytes_per_gpu=per_gpu,
-        kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, kv_tokens=kv_tokens, full_sequences=full_sequences,
-        recommended_max_batch_size=batch, recommended_max_num_tokens=num_tokens, fits=full_sequences >= max_batch_size,
-        decode_tokens_per_s_b1=decode, notes=notes, draft=draft_capacity, kv_bytes_per_sequence=one_sequence,
-        windowed_layers=sum(w is not None for w in windows), read_bytes_per_step=read_per_step,
+        model=model.path.name,
+        gpu=gpu,
+        tp=tp,
+        quant_algo=quant_algo,
+        kv_cache_dtype=kv_cache_dtype,
+        max_seq_len=max_seq_len,
+        max_batch_size=max_batch_size,
+        kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+        tokens_per_block=tokens_per_block,
+        reserve_gb=reserve_gb,
+        params=params,
+        weight_bytes=weights,
+        weight_bytes_per_gpu=per_gpu,
+        kv_bytes_per_token=kv_token,
+        kv_space_bytes=kv_space,
+        kv_tokens=kv_tokens,
+        full_sequences=full_sequences,
+        recommended_max_batch_size=batch,
+        recommended_max_num_tokens=num_tokens,
+        fits=full_sequences >= max_batch_size,
+        decode_tokens_per_s_b1=decode,
+        notes=notes,
+        draft=draft_capacity,
+        kv_bytes_per_sequence=one_sequence,
+        windowed_layers=sum(w is not None for w in windows),
+        read_bytes_per_step=read_per_step,
     )
 
 
@@ -213,8 +240,12 @@ def _draft_capacity(draft: DraftModel, tp: int, weights_per_gpu: float, kv_space
             "serve.kv_cache_free_gpu_mem_fraction (NVIDIA's draft-target example uses 0.5 for each model)"
         )
     return DraftCapacity(
-        model=draft.model.path.name, params=count_params(draft.model), weight_bytes_per_gpu=weights_per_gpu,
-        kv_bytes_per_token=kv_token, kv_space_bytes=kv_space, full_sequences=int(kv_space // kv_token) // tokens_per_block // blocks_per_seq,
+        model=draft.model.path.name,
+        params=count_params(draft.model),
+        weight_bytes_per_gpu=weights_per_gpu,
+        kv_bytes_per_token=kv_token,
+        kv_space_bytes=kv_space,
+        full_sequences=int(kv_space // kv_token) // tokens_per_block // blocks_per_seq,
     )
 
 
@@ -274,8 +305,10 @@ def capacity_table(plan: CapacityPlan) -> Any:
         ("GPU memory / runtime reserve", f"{plan.gpu.memory_gb:g} GB / {plan.reserve_gb:g} GB"),
         (f"KV space per GPU (× {plan.kv_cache_free_gpu_mem_fraction:g})", f"{plan.kv_space_bytes / GB:.1f} GB"),
         ("KV bytes per token per GPU" + (" (full-attention layers)" if plan.windowed_layers else ""), f"{plan.kv_bytes_per_token / KIB:g} KiB"),
-        (f"KV per {plan.max_seq_len}-token sequence per GPU"
-         + (f" ({plan.windowed_layers} windowed layers capped)" if plan.windowed_layers else ""), f"{plan.kv_bytes_per_sequence / 2**20:,.1f} MiB"),
+        (
+            f"KV per {plan.max_seq_len}-token sequence per GPU" + (f" ({plan.windowed_layers} windowed layers capped)" if plan.windowed_layers else ""),
+            f"{plan.kv_bytes_per_sequence / 2**20:,.1f} MiB",
+        ),
         ("tokens in the KV cache", f"{plan.kv_tokens:,}"),
         (f"full {plan.max_seq_len}-token sequences", f"{plan.full_sequences:,}"),
         ("recommended max_batch_size", f"{plan.recommended_max_batch_size:,}"),

@@ -29,7 +29,7 @@ from pipeline.quant_formats import WEIGHT_FORMATS
 
 REFERENCE_ISL = 128
 REFERENCE_OSL = 128
-MEASURED_IN = "BENCHMARKS.md, \"The Python models keep pace with a GPU (issue #34)\""
+MEASURED_IN = 'BENCHMARKS.md, "The Python models keep pace with a GPU (issue #34)"'
 
 
 @dataclass(frozen=True)
@@ -89,14 +89,17 @@ def token_roofline(plan: CapacityPlan, *, isl: int = REFERENCE_ISL, osl: int = R
     step_s = max(memory_s, compute_s)
     prefill_s = flops_per_token * isl / (tflops * 1e12)
     return TokenRoofline(
-        tokens_per_s=1.0 / (step_s / batch + prefill_s / osl), batch=batch, step_s=step_s,
-        bound="memory bandwidth" if memory_s >= compute_s else "compute", prefill_s=prefill_s, isl=isl, osl=osl,
+        tokens_per_s=1.0 / (step_s / batch + prefill_s / osl),
+        batch=batch,
+        step_s=step_s,
+        bound="memory bandwidth" if memory_s >= compute_s else "compute",
+        prefill_s=prefill_s,
+        isl=isl,
+        osl=osl,
     )
 
 
-def python_instances(
-    tokens_per_s: float, *, osl: int = REFERENCE_OSL, stream_interval: int = 1, batched_postprocessing: bool = False
-) -> list[InstancePlan]:
+def python_instances(tokens_per_s: float, *, osl: int = REFERENCE_OSL, stream_interval: int = 1, batched_postprocessing: bool = False) -> list[InstancePlan]:
     """Instances of preprocessing, postprocessing (`batched_postprocessing`: with dynamic batching) and the BLS that keep
     pace with `tokens_per_s` streamed tokens."""
     plans = []
@@ -108,11 +111,17 @@ def python_instances(
         else:
             needed, per = tokens_per_s / stream_interval, f"{tokens_per_s:,.0f} tokens/s ÷ stream_interval {stream_interval}"
         instances = max(1, math.ceil(needed / rate.per_instance))
-        plans.append(InstancePlan(
-            model=rate.model, needed=needed, unit=rate.unit, per_instance=rate.per_instance, instances=instances,
-            cores=needed / rate.per_instance,
-            reasoning=f"{per} = {needed:,.0f} {rate.unit}; one instance sustains {rate.per_instance:,.0f} ({MEASURED_IN}) → {instances}",
-        ))
+        plans.append(
+            InstancePlan(
+                model=rate.model,
+                needed=needed,
+                unit=rate.unit,
+                per_instance=rate.per_instance,
+                instances=instances,
+                cores=needed / rate.per_instance,
+                reasoning=f"{per} = {needed:,.0f} {rate.unit}; one instance sustains {rate.per_instance:,.0f} ({MEASURED_IN}) → {instances}",
+            )
+        )
     return plans
 
 

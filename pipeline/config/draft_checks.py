@@ -30,24 +30,48 @@ def draft_issues(spec: Spec, info: ModelInfo, check_model: Callable[[Spec, Model
         return [(WHERE, f"{source}: {exc}")]
     issues = [(WHERE, f"the draft: {message}") for _, message in check_model(draft, draft_info)]
     if draft_info.vocab_size != info.vocab_size:
-        issues.append((WHERE, (
-            f"the draft's vocab_size ({draft_info.vocab_size}, {source / 'config.json'}) differs from the model's "
-            f"({info.vocab_size}): draft tokens are token ids the model verifies, so both need one tokenizer")))
+        issues.append(
+            (
+                WHERE,
+                (
+                    f"the draft's vocab_size ({draft_info.vocab_size}, {source / 'config.json'}) differs from the model's "
+                    f"({info.vocab_size}): draft tokens are token ids the model verifies, so both need one tokenizer"
+                ),
+            )
+        )
     elif _tokenizer_digest(source) not in (None, _tokenizer_digest(info.path)) and _tokenizer_digest(info.path) is not None:
-        issues.append((WHERE, (
-            f"the draft's tokenizer ({source / 'tokenizer.json'}) has another vocabulary or merges than the model's "
-            f"({info.path / 'tokenizer.json'}): draft tokens are token ids the model verifies, so both need one tokenizer")))
+        issues.append(
+            (
+                WHERE,
+                (
+                    f"the draft's tokenizer ({source / 'tokenizer.json'}) has another vocabulary or merges than the model's "
+                    f"({info.path / 'tokenizer.json'}): draft tokens are token ids the model verifies, so both need one tokenizer"
+                ),
+            )
+        )
     build, speculative = spec.build, spec.build.speculative
     if speculative is not None and speculative.draft_vocab_size is not None and speculative.draft_vocab_size > draft_info.vocab_size:
-        issues.append((("build", "speculative", "draft_vocab_size"), (
-            f"build.speculative.draft_vocab_size ({speculative.draft_vocab_size}) exceeds the draft's vocab_size "
-            f"({draft_info.vocab_size}, {source / 'config.json'}): it keeps the first N of the draft's token ids")))
+        issues.append(
+            (
+                ("build", "speculative", "draft_vocab_size"),
+                (
+                    f"build.speculative.draft_vocab_size ({speculative.draft_vocab_size}) exceeds the draft's vocab_size "
+                    f"({draft_info.vocab_size}, {source / 'config.json'}): it keeps the first N of the draft's token ids"
+                ),
+            )
+        )
     if speculative is not None and speculative.draft is not None and speculative.draft.max_seq_len is not None:
         model_len = build.max_seq_len or info.default_max_seq_len()
         if speculative.draft.max_seq_len < model_len + speculative.draft_len:
-            issues.append((("build", "speculative", "draft", "max_seq_len"), (
-                f"build.speculative.draft.max_seq_len ({speculative.draft.max_seq_len}) must hold the model's max_seq_len "
-                f"({model_len}) + build.speculative.max_draft_len ({speculative.draft_len})")))
+            issues.append(
+                (
+                    ("build", "speculative", "draft", "max_seq_len"),
+                    (
+                        f"build.speculative.draft.max_seq_len ({speculative.draft.max_seq_len}) must hold the model's max_seq_len "
+                        f"({model_len}) + build.speculative.max_draft_len ({speculative.draft_len})"
+                    ),
+                )
+            )
     return issues
 
 

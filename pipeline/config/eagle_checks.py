@@ -30,16 +30,18 @@ def eagle_draft_shapes(config: dict, vocab: int) -> dict[str, list[int]]:
     shapes = {"fc.weight": [hidden, 2 * hidden], "fc.bias": [hidden], "embed_tokens.weight": [vocab, hidden]}
     for layer in range(int(config["num_hidden_layers"])):
         prefix = f"layers.{layer}"
-        shapes.update({
-            f"{prefix}.self_attn.q_proj.weight": [heads * head_dim, hidden],
-            f"{prefix}.self_attn.k_proj.weight": [kv_heads * head_dim, hidden],
-            f"{prefix}.self_attn.v_proj.weight": [kv_heads * head_dim, hidden],
-            f"{prefix}.self_attn.o_proj.weight": [hidden, heads * head_dim],
-            f"{prefix}.mlp.gate_proj.weight": [inter, hidden],
-            f"{prefix}.mlp.up_proj.weight": [inter, hidden],
-            f"{prefix}.mlp.down_proj.weight": [hidden, inter],
-            f"{prefix}.post_attention_layernorm.weight": [hidden],
-        })
+        shapes.update(
+            {
+                f"{prefix}.self_attn.q_proj.weight": [heads * head_dim, hidden],
+                f"{prefix}.self_attn.k_proj.weight": [kv_heads * head_dim, hidden],
+                f"{prefix}.self_attn.v_proj.weight": [kv_heads * head_dim, hidden],
+                f"{prefix}.self_attn.o_proj.weight": [hidden, heads * head_dim],
+                f"{prefix}.mlp.gate_proj.weight": [inter, hidden],
+                f"{prefix}.mlp.up_proj.weight": [inter, hidden],
+                f"{prefix}.mlp.down_proj.weight": [hidden, inter],
+                f"{prefix}.post_attention_layernorm.weight": [hidden],
+            }
+        )
         if layer > 0:
             shapes[f"{prefix}.input_layernorm.weight"] = [hidden]
     return shapes
@@ -59,15 +61,21 @@ def eagle_draft_issues(heads: Path, info: ModelInfo, tp_size: int) -> list[str]:
     for key, model_value in (("hidden_size", info.hidden_size), ("vocab_size", info.vocab_size)):
         value = config.get(key)
         if value is not None and value != model_value:
-            issues.append(f"{heads / 'config.json'} {key} ({value}) differs from the model's ({model_value}, "
-                          f"{info.path / 'config.json'}): an EAGLE layer reads the model's hidden states and tokens, so "
-                          "it must be trained for this model")
+            issues.append(
+                f"{heads / 'config.json'} {key} ({value}) differs from the model's ({model_value}, "
+                f"{info.path / 'config.json'}): an EAGLE layer reads the model's hidden states and tokens, so "
+                "it must be trained for this model"
+            )
     if config.get("hidden_act", "silu") != "silu":
-        issues.append(f"{heads / 'config.json'} hidden_act {config['hidden_act']!r}: TensorRT-LLM's EAGLE example builds "
-                      "the draft layer with silu (convert_checkpoint.py --hidden_act default)")
+        issues.append(
+            f"{heads / 'config.json'} hidden_act {config['hidden_act']!r}: TensorRT-LLM's EAGLE example builds "
+            "the draft layer with silu (convert_checkpoint.py --hidden_act default)"
+        )
     if int(config["num_attention_heads"]) % tp_size:
-        issues.append(f"{heads / 'config.json'} num_attention_heads ({config['num_attention_heads']}) is not divisible by "
-                      f"build.tp_size ({tp_size}): TensorRT-LLM splits the draft layer over every rank")
+        issues.append(
+            f"{heads / 'config.json'} num_attention_heads ({config['num_attention_heads']}) is not divisible by "
+            f"build.tp_size ({tp_size}): TensorRT-LLM splits the draft layer over every rank"
+        )
     return issues or _tensor_issues(files, eagle_draft_shapes(config, info.vocab_size))
 
 
@@ -79,8 +87,10 @@ def _config(heads: Path) -> tuple[dict, str | None]:
         return {}, f"{heads} is not an EAGLE-1/2 draft checkpoint directory: {problem}"
     architectures = " ".join(str(a) for a in config.get("architectures") or [])
     if "draft_vocab_size" in config or "eagle3" in architectures.lower():
-        return {}, (f"{heads} is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture in its config.json): "
-                    "build.target engine builds EAGLE-1/2 (trtllm-build's EagleForCausalLM); EAGLE-3 runs on target llmapi")
+        return {}, (
+            f"{heads} is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture in its config.json): "
+            "build.target engine builds EAGLE-1/2 (trtllm-build's EagleForCausalLM); EAGLE-3 runs on target llmapi"
+        )
     for key in _CONFIG_INTS:
         value = config.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -98,8 +108,10 @@ def _tensor_issues(files: list[Path], expected: dict[str, list[int]]) -> list[st
     missing = [key for key in expected if key not in header]
     if missing:
         where = files[0].parent
-        return [f"{where} has no tensor {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''} (SafeAILab EAGLE's "
-                "layout: fc.weight/bias, embed_tokens.weight, layers.{l}.* for the num_hidden_layers of its config.json)"]
+        return [
+            f"{where} has no tensor {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''} (SafeAILab EAGLE's "
+            "layout: fc.weight/bias, embed_tokens.weight, layers.{l}.* for the num_hidden_layers of its config.json)"
+        ]
     issues = []
     for key, shape in expected.items():
         path, entry = header[key]

@@ -42,8 +42,7 @@ _GEMMA_W4A8 = (
     "Gemma needs ModelOpt's awq_lite alpha_step 1 for W4A8 AWQ ('default search overflows in TRT-LLM kernels', "
     "modelopt_recipes/huggingface/gemma), which this tool does not apply yet: use int4_awq or fp8"
 )
-_REFENGINE_MOE = ("the cpu reference engine runs MoE experts unquantized or FP8 (the converter stacks them so, "
-                  "refengine/model_runner/moe.py): use fp8 or none")
+_REFENGINE_MOE = "the cpu reference engine runs MoE experts unquantized or FP8 (the converter stacks them so, refengine/model_runner/moe.py): use fp8 or none"
 _STARCODER2_MATRIX = "NVIDIA's TensorRT-backend precision matrix lists only FP8, W8A16 and W4A16 for StarCoder2"
 
 
@@ -105,69 +104,158 @@ class Family:
             "refengine": f"the cpu reference engine runs {', '.join(REFENGINE_MODEL_TYPES)} only",
         }[backend]
         instead = self.targets()
-        where = f"use build.target {' or '.join(instead)}" if instead else (
-            f"no {ENGINE_VERSION} backend runs it (neither trtllm-build nor the PyTorch backend)")
+        where = (
+            f"use build.target {' or '.join(instead)}" if instead else (f"no {ENGINE_VERSION} backend runs it (neither trtllm-build nor the PyTorch backend)")
+        )
         return f"{self.name} does not run on build.target {target.value}: {why}; {where}"
 
 
 def _moe_refusals(*, engine_smoothquant: bool = True) -> dict[str, str]:
-    refused = {"*:int4_awq": _AWQ_FUSED_EXPERTS, "*:w4a8_awq": _AWQ_FUSED_EXPERTS, "trtllm-build:int8_wo": _MOE_WEIGHT_ONLY,
-               "refengine:int8_wo": _REFENGINE_MOE, "refengine:int8_sq": _REFENGINE_MOE}
+    refused = {
+        "*:int4_awq": _AWQ_FUSED_EXPERTS,
+        "*:w4a8_awq": _AWQ_FUSED_EXPERTS,
+        "trtllm-build:int8_wo": _MOE_WEIGHT_ONLY,
+        "refengine:int8_wo": _REFENGINE_MOE,
+        "refengine:int8_sq": _REFENGINE_MOE,
+    }
     if engine_smoothquant:
         refused["trtllm-build:int8_sq"] = _MOE_SMOOTHQUANT
     return refused
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("llama",), ("LlamaForCausalLM",), "LLaMAForCausalLM", True,
-           notes="Llama 2/3/3.1/3.2/3.3, Code Llama"),
-    Family("mistral", ("mistral",), ("MistralForCausalLM",), "LLaMAForCausalLM", True,
-           notes="Mistral 7B, Mistral-NeMo (the LLaMA class; the engine ignores HF sliding_window)"),
-    Family("mixtral", ("mixtral",), ("MixtralForCausalLM",), "LLaMAForCausalLM", True, moe=True,
-           refused_formats=_moe_refusals(), notes="the LLaMA class with moe{top_k, RENORMALIZE}"),
+    Family("llama", ("llama",), ("LlamaForCausalLM",), "LLaMAForCausalLM", True, notes="Llama 2/3/3.1/3.2/3.3, Code Llama"),
+    Family(
+        "mistral",
+        ("mistral",),
+        ("MistralForCausalLM",),
+        "LLaMAForCausalLM",
+        True,
+        notes="Mistral 7B, Mistral-NeMo (the LLaMA class; the engine ignores HF sliding_window)",
+    ),
+    Family(
+        "mixtral",
+        ("mixtral",),
+        ("MixtralForCausalLM",),
+        "LLaMAForCausalLM",
+        True,
+        moe=True,
+        refused_formats=_moe_refusals(),
+        notes="the LLaMA class with moe{top_k, RENORMALIZE}",
+    ),
     Family("qwen2", ("qwen2",), ("Qwen2ForCausalLM",), "QWenForCausalLM", True, notes="Qwen2, Qwen2.5"),
-    Family("qwen2_moe", ("qwen2_moe",), ("Qwen2MoeForCausalLM",), "QWenForCausalLM", True, moe=True,
-           refused_formats=_moe_refusals(), notes="routed + shared experts"),
-    Family("qwen3", ("qwen3",), ("Qwen3ForCausalLM",), "QWenForCausalLM", True,
-           notes="q/k RMSNorm, head_dim independent of hidden ÷ heads, no QKV bias (TensorRT backend since 1.0)"),
-    Family("qwen3_moe", ("qwen3_moe",), ("Qwen3MoeForCausalLM",), "QWenForCausalLM", True, moe=True,
-           refused_formats=_moe_refusals(), notes="Qwen3-30B-A3B, Qwen3-235B-A22B"),
-    Family("gemma", ("gemma",), ("GemmaForCausalLM",), "GemmaForCausalLM", False,
-           refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, notes="Gemma 1"),
-    Family("gemma2", ("gemma2",), ("Gemma2ForCausalLM",), "GemmaForCausalLM", False,
-           refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, max_seq_len_without_windows=4096,
-           max_seq_len_rule="the TensorRT-LLM Gemma 2 checkpoint and engine have no sliding-window attention; NVIDIA's Gemma "
-           "README limits it "
-           "to 4096 tokens, its local layers' window",
-           notes="soft-capping, pre/post feed-forward norms, alternating 4096-token local layers"),
-    Family("gemma3_text", ("gemma3_text",), ("Gemma3ForCausalLM",), "GemmaForCausalLM", True,
-           refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, engine_windows=True,
-           notes="Gemma 3 text (1B; the text part of larger ones): local layers windowed through the runtime's "
-           "per-layer max_attention_window_size"),
-    Family("phi3", ("phi3",), ("Phi3ForCausalLM",), "Phi3ForCausalLM", True,
-           notes="Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini (long_rope for the 128k variants)"),
-    Family("granite", ("granite",), ("GraniteForCausalLM",), "LLaMAForCausalLM", False,
-           notes="Granite 3 dense: the LLaMA class with embedding/attention/residual/logits multipliers"),
-    Family("starcoder2", ("starcoder2",), ("Starcoder2ForCausalLM",), "GPTForCausalLM", True,
-           refused_formats={"trtllm-build:int8_sq": _STARCODER2_MATRIX, "trtllm-build:int4_awq": _STARCODER2_MATRIX,
-                            "trtllm-build:w4a8_awq": _STARCODER2_MATRIX},
-           notes="the GPT class (gpt_variant starcoder2): LayerNorm with bias, GELU MLP"),
-    Family("nemotron", ("nemotron",), ("NemotronForCausalLM",), "GPTForCausalLM", True,
-           notes="Nemotron-3/4, Minitron: the GPT class (gpt_variant nemotron), squared-ReLU MLP"),
-    Family("deepseek_v3", ("deepseek_v3",), ("DeepseekV3ForCausalLM",), None, True, moe=True,
-           refused_formats=_moe_refusals(engine_smoothquant=False),
-           notes="MLA (one latent KV head), 256 routed + 1 shared expert; PyTorch backend only"),
-    Family("gpt_oss", ("gpt_oss",), ("GptOssForCausalLM",), None, True, moe=True,
-           refused_formats={
-               "*:int4_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported'): use fp8",
-               "*:w4a8_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported'): use fp8",
-           },
-           notes="alternating 128-token sliding layers, attention sinks; PyTorch backend only"),
-    Family("llama4", ("llama4", "llama4_text"), ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"), None, True,
-           moe=True, refused_formats=_moe_refusals(engine_smoothquant=False),
-           notes="Llama 4 Scout/Maverick (MoE with a shared expert, chunked attention); PyTorch backend only"),
-    Family("olmo2", ("olmo2", "olmo"), ("Olmo2ForCausalLM", "OlmoForCausalLM"), None, False,
-           notes="no TensorRT-LLM 1.2 backend builds it"),
+    Family(
+        "qwen2_moe",
+        ("qwen2_moe",),
+        ("Qwen2MoeForCausalLM",),
+        "QWenForCausalLM",
+        True,
+        moe=True,
+        refused_formats=_moe_refusals(),
+        notes="routed + shared experts",
+    ),
+    Family(
+        "qwen3",
+        ("qwen3",),
+        ("Qwen3ForCausalLM",),
+        "QWenForCausalLM",
+        True,
+        notes="q/k RMSNorm, head_dim independent of hidden ÷ heads, no QKV bias (TensorRT backend since 1.0)",
+    ),
+    Family(
+        "qwen3_moe",
+        ("qwen3_moe",),
+        ("Qwen3MoeForCausalLM",),
+        "QWenForCausalLM",
+        True,
+        moe=True,
+        refused_formats=_moe_refusals(),
+        notes="Qwen3-30B-A3B, Qwen3-235B-A22B",
+    ),
+    Family("gemma", ("gemma",), ("GemmaForCausalLM",), "GemmaForCausalLM", False, refused_formats={"*:w4a8_awq": _GEMMA_W4A8}, notes="Gemma 1"),
+    Family(
+        "gemma2",
+        ("gemma2",),
+        ("Gemma2ForCausalLM",),
+        "GemmaForCausalLM",
+        False,
+        refused_formats={"*:w4a8_awq": _GEMMA_W4A8},
+        max_seq_len_without_windows=4096,
+        max_seq_len_rule="the TensorRT-LLM Gemma 2 checkpoint and engine have no sliding-window attention; NVIDIA's Gemma "
+        "README limits it "
+        "to 4096 tokens, its local layers' window",
+        notes="soft-capping, pre/post feed-forward norms, alternating 4096-token local layers",
+    ),
+    Family(
+        "gemma3_text",
+        ("gemma3_text",),
+        ("Gemma3ForCausalLM",),
+        "GemmaForCausalLM",
+        True,
+        refused_formats={"*:w4a8_awq": _GEMMA_W4A8},
+        engine_windows=True,
+        notes="Gemma 3 text (1B; the text part of larger ones): local layers windowed through the runtime's per-layer max_attention_window_size",
+    ),
+    Family("phi3", ("phi3",), ("Phi3ForCausalLM",), "Phi3ForCausalLM", True, notes="Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini (long_rope for the 128k variants)"),
+    Family(
+        "granite",
+        ("granite",),
+        ("GraniteForCausalLM",),
+        "LLaMAForCausalLM",
+        False,
+        notes="Granite 3 dense: the LLaMA class with embedding/attention/residual/logits multipliers",
+    ),
+    Family(
+        "starcoder2",
+        ("starcoder2",),
+        ("Starcoder2ForCausalLM",),
+        "GPTForCausalLM",
+        True,
+        refused_formats={"trtllm-build:int8_sq": _STARCODER2_MATRIX, "trtllm-build:int4_awq": _STARCODER2_MATRIX, "trtllm-build:w4a8_awq": _STARCODER2_MATRIX},
+        notes="the GPT class (gpt_variant starcoder2): LayerNorm with bias, GELU MLP",
+    ),
+    Family(
+        "nemotron",
+        ("nemotron",),
+        ("NemotronForCausalLM",),
+        "GPTForCausalLM",
+        True,
+        notes="Nemotron-3/4, Minitron: the GPT class (gpt_variant nemotron), squared-ReLU MLP",
+    ),
+    Family(
+        "deepseek_v3",
+        ("deepseek_v3",),
+        ("DeepseekV3ForCausalLM",),
+        None,
+        True,
+        moe=True,
+        refused_formats=_moe_refusals(engine_smoothquant=False),
+        notes="MLA (one latent KV head), 256 routed + 1 shared expert; PyTorch backend only",
+    ),
+    Family(
+        "gpt_oss",
+        ("gpt_oss",),
+        ("GptOssForCausalLM",),
+        None,
+        True,
+        moe=True,
+        refused_formats={
+            "*:int4_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported'): use fp8",
+            "*:w4a8_awq": "ModelOpt 0.47 refuses AWQ for GPT-OSS ('gptossforcausallm not supported'): use fp8",
+        },
+        notes="alternating 128-token sliding layers, attention sinks; PyTorch backend only",
+    ),
+    Family(
+        "llama4",
+        ("llama4", "llama4_text"),
+        ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"),
+        None,
+        True,
+        moe=True,
+        refused_formats=_moe_refusals(engine_smoothquant=False),
+        notes="Llama 4 Scout/Maverick (MoE with a shared expert, chunked attention); PyTorch backend only",
+    ),
+    Family("olmo2", ("olmo2", "olmo"), ("Olmo2ForCausalLM", "OlmoForCausalLM"), None, False, notes="no TensorRT-LLM 1.2 backend builds it"),
 )
 
 _BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.hf_model_types}

@@ -29,10 +29,7 @@ def check_format_rules(quantize: QuantizeSpec, build: BuildSpec, serve: ServeSpe
         if not record.runs_on(target):
             raise ValueError(f"{field} {record.name} {record.refused_targets[target]}")
     if needs_calibration(quantize) and not quantize.calibration.files:
-        raise ValueError(
-            f"quantize.calibration.files is empty, but quantize.algo {weights.name} with quantize.kv_cache {kv.name} "
-            "needs calibration text"
-        )
+        raise ValueError(f"quantize.calibration.files is empty, but quantize.algo {weights.name} with quantize.kv_cache {kv.name} needs calibration text")
     plugins = build.plugins
     explicit = "use_fp8_context_fmha" in plugins.model_fields_set and plugins.use_fp8_context_fmha
     if traits.runs_fp8_context_fmha and explicit and quant_formats.fp8_context_fmha_loss(weights) is not None:

@@ -58,9 +58,15 @@ def medusa_issues(medusa: MedusaSpec, info: ModelInfo) -> list[Issue]:
     depth = tree_depth(medusa.tree)
     if depth > num_heads:
         deepest = next(path for path in medusa.tree if len(path) == depth)
-        issues.append((CHOICES, (
-            f"build.speculative.medusa.choices path {deepest} is {depth} deep: it reads head {depth - 1}, which does not "
-            f"exist (the heads in {heads} are {num_heads}: heads 0..{num_heads - 1}, medusa_num_heads in {heads / MEDUSA_CONFIG_FILE})")))
+        issues.append(
+            (
+                CHOICES,
+                (
+                    f"build.speculative.medusa.choices path {deepest} is {depth} deep: it reads head {depth - 1}, which does not "
+                    f"exist (the heads in {heads} are {num_heads}: heads 0..{num_heads - 1}, medusa_num_heads in {heads / MEDUSA_CONFIG_FILE})"
+                ),
+            )
+        )
     return issues
 
 
@@ -81,8 +87,9 @@ def _config_issues(config: dict, heads: Path, info: ModelInfo) -> list[str]:
     for key, model_value in (("hidden_size", info.hidden_size), ("vocab_size", info.vocab_size)):
         value = config.get(key)
         if value is not None and value != model_value:
-            issues.append(f"{config_file} {key} ({value}) differs from the model's ({model_value}, {info.path / 'config.json'}): "
-                          "the heads were trained on another model")
+            issues.append(
+                f"{config_file} {key} ({value}) differs from the model's ({model_value}, {info.path / 'config.json'}): the heads were trained on another model"
+            )
     act = config.get("medusa_hidden_act", "silu")
     if act != "silu":
         issues.append(f"{config_file} medusa_hidden_act {act!r}: the Medusa heads TensorRT-LLM and refengine run use silu")
@@ -101,19 +108,19 @@ def _tensor_issues(header: dict, weights: Path, num_heads: int, num_layers: int,
     for key, shape in expected.items():
         entry = header.get(key)
         if not isinstance(entry, dict):
-            issues.append(f"{weights} has no tensor {key} (medusa_num_heads {num_heads}, medusa_num_layers {num_layers} "
-                          "in the heads' config.json)")
+            issues.append(f"{weights} has no tensor {key} (medusa_num_heads {num_heads}, medusa_num_layers {num_layers} in the heads' config.json)")
             continue
         if entry.get("shape") != shape:
-            issues.append(f"{weights} {key} has shape {entry.get('shape')}, expected {shape} (the model's hidden_size "
-                          f"{hidden}, vocab_size {vocab})")
+            issues.append(f"{weights} {key} has shape {entry.get('shape')}, expected {shape} (the model's hidden_size {hidden}, vocab_size {vocab})")
         if entry.get("dtype") not in _FLOAT_DTYPES:
             issues.append(f"{weights} {key} has dtype {entry.get('dtype')}: Medusa heads are float16, bfloat16 or float32")
     extra = sorted(key for key in header if key != "__metadata__" and key not in expected)
     if extra:
-        issues.append(f"{weights} holds tensors the heads' config.json does not describe ({', '.join(extra[:4])}"
-                      f"{', ...' if len(extra) > 4 else ''}): medusa_num_heads {num_heads} and medusa_num_layers {num_layers} "
-                      "must match the file")
+        issues.append(
+            f"{weights} holds tensors the heads' config.json does not describe ({', '.join(extra[:4])}"
+            f"{', ...' if len(extra) > 4 else ''}): medusa_num_heads {num_heads} and medusa_num_layers {num_layers} "
+            "must match the file"
+        )
     return issues
 
 
@@ -126,8 +133,13 @@ def _eagle_issues(heads: Path, info: ModelInfo) -> list[Issue]:
         return [(where, f"{heads} has no *.safetensors (only safetensors are accepted)")]
     hidden = config.get("hidden_size")
     if hidden is not None and hidden != info.hidden_size:
-        return [(where, f"{heads / 'config.json'} hidden_size ({hidden}) differs from the model's ({info.hidden_size}): an "
-                        "EAGLE-3 layer reads the model's hidden states, so it must be trained for this model")]
+        return [
+            (
+                where,
+                f"{heads / 'config.json'} hidden_size ({hidden}) differs from the model's ({info.hidden_size}): an "
+                "EAGLE-3 layer reads the model's hidden states, so it must be trained for this model",
+            )
+        ]
     return []
 
 
@@ -135,7 +147,13 @@ def _mtp_issues(mtp: MtpSpec, info: ModelInfo) -> list[Issue]:
     layers = info.text_config.get("num_nextn_predict_layers") or 0
     if layers >= mtp.num_nextn_predict_layers:
         return []
-    return [(("build", "speculative", "mode"), (
-        f"build.speculative.mode mtp needs the model's own multi-token-prediction layers: {info.path / 'config.json'} "
-        f"num_nextn_predict_layers is {layers}, below build.speculative.mtp.num_nextn_predict_layers "
-        f"({mtp.num_nextn_predict_layers}) (MTP is trained into DeepSeek-V3-family checkpoints)"))]
+    return [
+        (
+            ("build", "speculative", "mode"),
+            (
+                f"build.speculative.mode mtp needs the model's own multi-token-prediction layers: {info.path / 'config.json'} "
+                f"num_nextn_predict_layers is {layers}, below build.speculative.mtp.num_nextn_predict_layers "
+                f"({mtp.num_nextn_predict_layers}) (MTP is trained into DeepSeek-V3-family checkpoints)"
+            ),
+        )
+    ]

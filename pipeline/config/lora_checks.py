@@ -47,17 +47,27 @@ def check_lora_adapters(spec: Spec, info: ModelInfo) -> list[Issue]:
             continue
         config_file = adapter.path / ADAPTER_CONFIG
         if adapter.pickled_only:
-            issues.append((where, f"{adapter.path} holds only {PICKLED_WEIGHTS} (pickled weights, which can run code when "
-                                  f"loaded): refused; save the adapter with safetensors ({ADAPTER_WEIGHTS}: "
-                                  "model.save_pretrained(dir, safe_serialization=True))"))
+            issues.append(
+                (
+                    where,
+                    f"{adapter.path} holds only {PICKLED_WEIGHTS} (pickled weights, which can run code when "
+                    f"loaded): refused; save the adapter with safetensors ({ADAPTER_WEIGHTS}: "
+                    "model.save_pretrained(dir, safe_serialization=True))",
+                )
+            )
         if adapter.rank > lora.max_rank:
             issues.append((where, f"the adapter's rank r = {adapter.rank} ({config_file}) exceeds {_RANK_LIMIT.format(lora.max_rank)}"))
         wanted = declared or _first_adapter_modules(lora.adapter_dirs)
         missing = [module for module in adapter.target_modules if module not in wanted]
         if wanted and missing:
             source = "build.lora.target_modules" if declared else "the first adapter's target_modules"
-            issues.append((where, f"the adapter trains {', '.join(missing)} ({config_file}), which {source} "
-                                  f"({', '.join(wanted)}) does not list: the engine would silently skip them"))
+            issues.append(
+                (
+                    where,
+                    f"the adapter trains {', '.join(missing)} ({config_file}), which {source} "
+                    f"({', '.join(wanted)}) does not list: the engine would silently skip them",
+                )
+            )
         if adapter.has_weights:
             issues += [(where, message) for message in _tensor_issues(adapter, info, model_shapes, lora.max_rank)]
     return issues
@@ -95,8 +105,9 @@ def _tensor_issues(adapter: AdapterInfo, info: ModelInfo, model_shapes: dict[str
             continue  # metadata, or tensors TensorRT-LLM does not apply as low-rank updates
         matrices.setdefault(match.group("module"), {})[match.group("matrix")] = (key, entry["shape"])
     if not matrices:
-        return [f"{weights}: holds no lora_A / lora_B matrix (keys like base_model.model.model.layers.0.self_attn."
-                "q_proj.lora_A.weight): not a PEFT LoRA adapter"]
+        return [
+            f"{weights}: holds no lora_A / lora_B matrix (keys like base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight): not a PEFT LoRA adapter"
+        ]
     issues: list[str] = []
     for module, pair in sorted(matrices.items()):
         issues += _module_issues(weights, module, pair, adapter, info, model_shapes, max_rank)
@@ -105,8 +116,15 @@ def _tensor_issues(adapter: AdapterInfo, info: ModelInfo, model_shapes: dict[str
     return issues
 
 
-def _module_issues(weights: Path, module: str, pair: dict[str, tuple[str, list[int]]], adapter: AdapterInfo,
-                   info: ModelInfo, model_shapes: dict[str, list[int]] | None, max_rank: int) -> list[str]:
+def _module_issues(
+    weights: Path,
+    module: str,
+    pair: dict[str, tuple[str, list[int]]],
+    adapter: AdapterInfo,
+    info: ModelInfo,
+    model_shapes: dict[str, list[int]] | None,
+    max_rank: int,
+) -> list[str]:
     if set(pair) != {"A", "B"}:
         have, lacking = next(iter(pair)), "B" if "A" in pair else "A"
         return [f"{weights}: {pair[have][0]} has no lora_{lacking} partner for module {module}"]
@@ -120,23 +138,28 @@ def _module_issues(weights: Path, module: str, pair: dict[str, tuple[str, list[i
     if rank > max_rank:
         issues.append(f"{weights}: {a_key} has rank {rank} (shape {a_shape}), above {_RANK_LIMIT.format(max_rank)}")
     elif rank != adapter.rank and not adapter.varies_rank:
-        issues.append(f"{weights}: {a_key} has rank {rank} (shape {a_shape}), but {adapter.path / ADAPTER_CONFIG} says "
-                      f"r = {adapter.rank}")
+        issues.append(f"{weights}: {a_key} has rank {rank} (shape {a_shape}), but {adapter.path / ADAPTER_CONFIG} says r = {adapter.rank}")
     expected = _expected_shape(module, info, model_shapes)
     layer = _LAYER_MODULE.search(module)
     if expected is None and model_shapes is None and layer is not None and int(layer.group("layer")) >= info.num_layers:
-        issues.append(f"{weights}: {a_key} adapts layer {layer.group('layer')}, but the model has num_hidden_layers "
-                      f"{info.num_layers} ({info.path / 'config.json'}): the adapter was trained for another model")
+        issues.append(
+            f"{weights}: {a_key} adapts layer {layer.group('layer')}, but the model has num_hidden_layers "
+            f"{info.num_layers} ({info.path / 'config.json'}): the adapter was trained for another model"
+        )
     elif expected is None and model_shapes is not None:
-        issues.append(f"{weights}: {a_key} adapts {module}, which the model ({info.path}) does not have "
-                      f"(no tensor {module}.weight): the adapter was trained for another model")
+        issues.append(
+            f"{weights}: {a_key} adapts {module}, which the model ({info.path}) does not have "
+            f"(no tensor {module}.weight): the adapter was trained for another model"
+        )
     if expected is None:
         return issues
     (out_features, in_features), origin = expected
     if a_shape[1] != in_features or b_shape[0] != out_features:
-        issues.append(f"{weights}: {a_key} {a_shape} / {b_key} {b_shape} do not fit {module} of the model, "
-                      f"[out_features {out_features}, in_features {in_features}] ({origin}); expected "
-                      f"[{rank}, {in_features}] and [{out_features}, {rank}]: the adapter was trained for another model")
+        issues.append(
+            f"{weights}: {a_key} {a_shape} / {b_key} {b_shape} do not fit {module} of the model, "
+            f"[out_features {out_features}, in_features {in_features}] ({origin}); expected "
+            f"[{rank}, {in_features}] and [{out_features}, {rank}]: the adapter was trained for another model"
+        )
     return issues
 
 

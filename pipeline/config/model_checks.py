@@ -114,12 +114,17 @@ def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     """The family table's word on this model: known, taken by build.target, in quantize.algo, within its limits."""
     config_file = info.path / "config.json"
     if not info.has_architectures:
-        return [(("model", "source"), f"{config_file}: architectures is missing; a Hugging Face checkpoint names its "
-                                      "model class there (e.g. [\"LlamaForCausalLM\"])")]
+        return [
+            (("model", "source"), f'{config_file}: architectures is missing; a Hugging Face checkpoint names its model class there (e.g. ["LlamaForCausalLM"])')
+        ]
     family = family_of(info.model_type)
     if family is None:
-        return [(("model", "source"), f"{config_file}: model_type {info.model_type!r} ({info.architecture}) is not a family "
-                                      f"this tool knows; known: {', '.join(known_model_types())}")]
+        return [
+            (
+                ("model", "source"),
+                f"{config_file}: model_type {info.model_type!r} ({info.architecture}) is not a family this tool knows; known: {', '.join(known_model_types())}",
+            )
+        ]
     target, algo = spec.build.target, spec.quantize.algo.value
     refusal = family.target_refusal(target, info.architecture)
     if refusal is not None:
@@ -127,17 +132,25 @@ def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     issues: list[Issue] = []
     why = family.format_refusal(target, algo)
     if why is not None:
-        issues.append((("quantize", "algo"), f"quantize.algo {algo} is not built for {family.name} on build.target "
-                                             f"{target.value}: {why}"))
+        issues.append((("quantize", "algo"), f"quantize.algo {algo} is not built for {family.name} on build.target {target.value}: {why}"))
     max_seq_len, limit = spec.build.max_seq_len or info.default_max_seq_len(), family.max_seq_len_on(target)
     if limit is not None and max_seq_len > limit:
         origin = "build.max_seq_len" if spec.build.max_seq_len else f"max_position_embeddings in {config_file} (build.max_seq_len unset)"
-        issues.append((("build", "max_seq_len"), f"{family.name} on build.target {target.value} takes at most {limit} "
-                                                 f"tokens, got {max_seq_len} from {origin}: {family.max_seq_len_rule}"))
+        issues.append(
+            (
+                ("build", "max_seq_len"),
+                f"{family.name} on build.target {target.value} takes at most {limit} tokens, got {max_seq_len} from {origin}: {family.max_seq_len_rule}",
+            )
+        )
     window = max((w for w in info.layer_windows if w is not None), default=None)
     if window is not None and window > info.max_position_embeddings:
-        issues.append((("model", "source"), f"{config_file}: sliding_window {window} is larger than max_position_embeddings "
-                                            f"{info.max_position_embeddings}: no sequence is long enough to fill it"))
+        issues.append(
+            (
+                ("model", "source"),
+                f"{config_file}: sliding_window {window} is larger than max_position_embeddings "
+                f"{info.max_position_embeddings}: no sequence is long enough to fill it",
+            )
+        )
     return issues
 
 

@@ -195,8 +195,7 @@ def _layer_windows(text: dict[str, Any], layers: int, where: str) -> tuple[int |
             raise ModelConfigError(f"{where}: layer_types must list one attention type per layer ({layers}), got {layer_types!r:.60}")
         unknown = sorted({t for t in layer_types if t not in ("sliding_attention", "full_attention")})
         if unknown:
-            raise ModelConfigError(f"{where}: layer_types has {', '.join(map(repr, unknown))}; "
-                                   "known: 'sliding_attention', 'full_attention'")
+            raise ModelConfigError(f"{where}: layer_types has {', '.join(map(repr, unknown))}; known: 'sliding_attention', 'full_attention'")
         windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
     elif text.get("sliding_window_pattern") is not None:
         pattern = _integer(text, "sliding_window_pattern", where)

@@ -74,8 +74,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "tensorrt_llm_bls drafts only with a draft model, tensorrt_llm_draft_model_name), so a served "
             "draft_tokens_external engine would never receive draft tokens; use draft_tokens_external with a draft "
             "model, or lookahead_decoding (the engine's own n-gram drafting)",
-            "mtp": "multi-token prediction runs on TensorRT-LLM's PyTorch backend only (MTPDecodingConfig); trtllm-build "
-            "has no MTP mode",
+            "mtp": "multi-token prediction runs on TensorRT-LLM's PyTorch backend only (MTPDecodingConfig); trtllm-build has no MTP mode",
         },
         no_stream_interval_because="the tensorrtllm C++ backend sends one response per generated token: its config.pbtxt "
         "has no stream_interval parameter (that is an LLM API option of TensorRT-LLM's PyTorch backend: target llmapi)",
@@ -102,8 +101,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "with n-grams of the request (prompt_lookup) or with Medusa heads (medusa), not with lookahead decoding's "
             "Jacobi n-gram pool",
             "eagle": "the reference engine (refengine) has no EAGLE draft layer; its tree speculation is medusa",
-            "mtp": "the reference engine (refengine) runs no multi-token-prediction layers (the DeepSeek-V3 family "
-            "is not a refengine model)",
+            "mtp": "the reference engine (refengine) runs no multi-token-prediction layers (the DeepSeek-V3 family is not a refengine model)",
         },
     ),
     Target.llmapi: TargetTraits(

@@ -86,8 +86,10 @@ def _head_dim_issues(info: ModelInfo, layer: dict[str, list[int]], config_file: 
             expected += 2 * info.num_kv_heads * info.head_dim
         if rows != expected:
             key = f"head_dim {info.head_size}" if info.head_size is not None else f"hidden_size ÷ num_attention_heads = {info.head_dim}"
-            return [f"{config_file}: {key} disagrees with the weights: layer 0's {name} has {rows} rows, "
-                    f"{info.num_heads} heads × {info.head_dim} would give {expected}"]
+            return [
+                f"{config_file}: {key} disagrees with the weights: layer 0's {name} has {rows} rows, "
+                f"{info.num_heads} heads × {info.head_dim} would give {expected}"
+            ]
     return []
 
 
@@ -100,8 +102,7 @@ def _expert_issues(info: ModelInfo, by_layer: dict[int, dict[str, list[int]]], c
         fused = [(name, shape) for name, shape in layer.items() if _FUSED_EXPERTS.search(name)]
         for name, shape in fused:
             if shape and shape[0] != moe.num_experts:
-                return [f"{config_file}: {moe.source_key} is {moe.num_experts}, but layer {index}'s {name} holds "
-                        f"{shape[0]} experts"]
+                return [f"{config_file}: {moe.source_key} is {moe.num_experts}, but layer {index}'s {name} holds {shape[0]} experts"]
         per_pattern: dict[str, set[int]] = {}
         for name in layer:
             match = _EXPERT.search(name)
@@ -112,11 +113,12 @@ def _expert_issues(info: ModelInfo, by_layer: dict[int, dict[str, list[int]]], c
                 continue
             missing = sorted(set(range(moe.num_experts)) - experts)
             if not missing:
-                return [f"{config_file}: {moe.source_key} is {moe.num_experts}, but layer {index} has tensors of expert "
-                        f"{max(experts)}"]
+                return [f"{config_file}: {moe.source_key} is {moe.num_experts}, but layer {index} has tensors of expert {max(experts)}"]
             tensor = pattern.replace("experts.N.", f"experts.{missing[0]}.")
-            return [f"{config_file}: {moe.source_key} is {moe.num_experts}, but the checkpoint lacks layer {index}'s "
-                    f"{tensor}" + (f" (and {len(missing) - 1} more experts)" if len(missing) > 1 else "")]
+            return [
+                f"{config_file}: {moe.source_key} is {moe.num_experts}, but the checkpoint lacks layer {index}'s "
+                f"{tensor}" + (f" (and {len(missing) - 1} more experts)" if len(missing) > 1 else "")
+            ]
     return []
 
 

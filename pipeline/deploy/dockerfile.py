@@ -93,8 +93,7 @@ def project_root() -> Path:
     missing = [name for name in (*PROJECT_FILES, *PROJECT_PACKAGES) if not (root / name).exists()]
     if missing:
         raise StageError(
-            f"{root} is not a trtllm-pipeline source checkout (missing: {', '.join(missing)}); "
-            "the cpu image is built from the project's source",
+            f"{root} is not a trtllm-pipeline source checkout (missing: {', '.join(missing)}); the cpu image is built from the project's source",
             hint="run trtllm-pipeline from a source checkout (pip install -e .)",
         )
     return root

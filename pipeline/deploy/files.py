@@ -75,24 +75,31 @@ def require_new_directory(out_dir: Path) -> None:
 
 
 def write_container_repository(
-    spec: Spec, out_dir: Path, *, engine_dir: Path, tokenizer_dir: Path, package_repository: Path | None,
+    spec: Spec,
+    out_dir: Path,
+    *,
+    engine_dir: Path,
+    tokenizer_dir: Path,
+    package_repository: Path | None,
     draft_engine_dir: Path | None = None,
 ) -> list[Path]:
     """`model_repository/` as the container sees it; its files must be the package stage's."""
     repository = out_dir / layout.MODEL_REPOSITORY_DIR
-    written = render_model_repository(RepositoryRequest(
-        engine_dir=engine_dir,
-        tokenizer_dir=tokenizer_dir,
-        serve=spec.serve,
-        target=spec.build.target,
-        out_dir=repository,
-        gpu_device_ids=tuple(range(len(spec.deploy.gpus))),  # the reserved GPUs, as the container numbers them
-        config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT, layout.MODELS_MOUNT),
-        dry_run=spec.dry_run,
-        speculative=spec.build.speculative,
-        draft_engine_dir=draft_engine_dir,
-        draft_config_dir=layout.DRAFT_ENGINE_MOUNT,
-    ))
+    written = render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine_dir,
+            tokenizer_dir=tokenizer_dir,
+            serve=spec.serve,
+            target=spec.build.target,
+            out_dir=repository,
+            gpu_device_ids=tuple(range(len(spec.deploy.gpus))),  # the reserved GPUs, as the container numbers them
+            config_paths=ConfigPaths(layout.ENGINE_MOUNT, layout.TOKENIZER_MOUNT, layout.MODELS_MOUNT),
+            dry_run=spec.dry_run,
+            speculative=spec.build.speculative,
+            draft_engine_dir=draft_engine_dir,
+            draft_config_dir=layout.DRAFT_ENGINE_MOUNT,
+        )
+    )
     if package_repository is not None:
         _check_same_files(repository, package_repository)
     llm_api = backend_for(spec.build.target).llm_api

@@ -130,9 +130,7 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     (
         "LLM requests",
         "short",
-        tuple(
-            (f'sum(nv_trt_llm_request_metrics{{request_type="{kind}"}})', kind) for kind in ("active", "waiting", "scheduled")
-        ),
+        tuple((f'sum(nv_trt_llm_request_metrics{{request_type="{kind}"}})', kind) for kind in ("active", "waiting", "scheduled")),
     ),
     ("Pending requests", "short", (("sum by (model) (nv_inference_pending_request_count)", "{{model}}"),)),
     ("Failures", "reqps", ((_rate("nv_inference_request_failure"), "{{model}}"),)),

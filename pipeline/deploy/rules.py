@@ -128,8 +128,7 @@ def alerting_rules(spec: Spec) -> list[dict[str, Any]]:
             bounds.pending_for,
             "warning",
             f"Requests of {where} wait in Triton's queue",
-            f"Mean queue time of model {{{{ $labels.model }}}} exceeds deploy.alerts.queue_time_ms ({bounds.queue_time_ms:g} ms) "
-            f"(see {QUEUE_MS}).",
+            f"Mean queue time of model {{{{ $labels.model }}}} exceeds deploy.alerts.queue_time_ms ({bounds.queue_time_ms:g} ms) (see {QUEUE_MS}).",
         ),
         alert(
             "TritonKVCacheNearlyFull",
@@ -146,8 +145,7 @@ def alerting_rules(spec: Spec) -> list[dict[str, Any]]:
             bounds.pending_for,
             "critical",
             f"Requests of {where} fail",
-            f"More than deploy.alerts.failure_ratio ({bounds.failure_ratio:g}) of the requests of model {{{{ $labels.model }}}} fail "
-            f"(see {FAILURE_RATIO}).",
+            f"More than deploy.alerts.failure_ratio ({bounds.failure_ratio:g}) of the requests of model {{{{ $labels.model }}}} fail (see {FAILURE_RATIO}).",
         ),
     ]
 

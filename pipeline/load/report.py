@@ -51,11 +51,15 @@ def render_load_markdown(result: dict[str, Any]) -> str:
     for point in result["points"]:
         lines.append("| " + " | ".join(_cell(key, value_at(point, key)) for key, _ in _COLUMNS) + " |")
     if result.get("overhead"):
-        lines += ["", "OpenAI front end vs Triton gRPC at the same load (ms added at p50; throughput ratio):", "",
-                  "| load | TTFT | ITL | e2e | throughput × |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "OpenAI front end vs Triton gRPC at the same load (ms added at p50; throughput ratio):",
+            "",
+            "| load | TTFT | ITL | e2e | throughput × |",
+            "|---|---|---|---|---|",
+        ]
         for row in result["overhead"]:
-            lines.append(f"| {row['mode']} | {row['ttft_p50_ms_added']} | {row['itl_p50_ms_added']} | "
-                         f"{row['e2e_p50_ms_added']} | {row['throughput_ratio']} |")
+            lines.append(f"| {row['mode']} | {row['ttft_p50_ms_added']} | {row['itl_p50_ms_added']} | {row['e2e_p50_ms_added']} | {row['throughput_ratio']} |")
     errors = {error: count for point in result["points"] for error, count in point.get("errors", {}).items()}
     if errors:
         lines += ["", "Errors: " + "; ".join(f"{count}× {error}" for error, count in errors.items())]

@@ -43,8 +43,15 @@ def server_version(http_url: str) -> str | None:
 
 @contextlib.contextmanager
 def serving(
-    repo: Path, deploy: Any, *, model_name: str, openai: bool, startup_timeout: float = 180.0,
-    say: Callable[[str], None] = lambda line: None, check_alive: bool = True, openai_triton_model: str | None = None,
+    repo: Path,
+    deploy: Any,
+    *,
+    model_name: str,
+    openai: bool,
+    startup_timeout: float = 180.0,
+    say: Callable[[str], None] = lambda line: None,
+    check_alive: bool = True,
+    openai_triton_model: str | None = None,
     api_keys: Sequence[ApiKey] | None = None,
 ) -> Iterator[Endpoints]:
     """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when `openai` (calling
@@ -56,13 +63,20 @@ def serving(
     http_port, grpc_port, metrics_port = free_ports(3)
     options = dataclasses.replace(
         ServerOptions.from_deploy(deploy, repo),
-        bind_address=LOOPBACK, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5,
+        bind_address=LOOPBACK,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        exit_timeout_secs=5,
     )
     with TritonServer(options) as server:
         say(f"starting tritonserver on {LOOPBACK} (HTTP {http_port}, gRPC {grpc_port})")
         server.wait_until_ready(timeout=startup_timeout)
         endpoints = Endpoints(
-            grpc=f"{LOOPBACK}:{grpc_port}", http=options.http_url, model_name=model_name, server_version=server_version(options.http_url),
+            grpc=f"{LOOPBACK}:{grpc_port}",
+            http=options.http_url,
+            model_name=model_name,
+            server_version=server_version(options.http_url),
             server=server,
         )
         if not openai:

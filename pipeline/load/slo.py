@@ -39,9 +39,7 @@ def threshold_failures(point: dict[str, Any], gate: PerformanceGateSpec) -> list
     if gate.goodput is not None and point["requests"]:
         share = 100.0 * point["good_requests"] / point["requests"]
         if share < gate.goodput.min_pct:
-            failures.append(
-                f"goodput {share:.1f}% of requests met the SLO {point['slo']}, below gate.performance.goodput.min_pct {gate.goodput.min_pct}%"
-            )
+            failures.append(f"goodput {share:.1f}% of requests met the SLO {point['slo']}, below gate.performance.goodput.min_pct {gate.goodput.min_pct}%")
     return failures
 
 
@@ -66,8 +64,7 @@ def regression_failures(change: dict[str, Any] | None, gate: PerformanceGateSpec
     if gate.max_regression_pct is None or not change or not change.get("comparable"):
         return []
     return [
-        f"{metric} is {pct:.1f}% worse than the stored result {change['against']} "
-        f"(gate.performance.max_regression_pct {gate.max_regression_pct}%)"
+        f"{metric} is {pct:.1f}% worse than the stored result {change['against']} (gate.performance.max_regression_pct {gate.max_regression_pct}%)"
         for metric, pct in change["worse_pct"].items()
         if pct > gate.max_regression_pct
     ]

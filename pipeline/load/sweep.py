@@ -79,8 +79,12 @@ def run_load_sweep(
     return {
         "benchmark": "load",
         "started_at": started_at.isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_before": round(load_before, 2),
-                    "load_avg_after": round(os.getloadavg()[0], 2)},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg_before": round(load_before, 2),
+            "load_avg_after": round(os.getloadavg()[0], 2),
+        },
         "server_version": endpoints.server_version,
         "recipe": {
             **(recipe or {}),
@@ -100,7 +104,10 @@ async def _measure(
 ) -> dict[str, Any]:
     openai = endpoint == "openai"
     target = make_target(
-        endpoint, endpoints.url(endpoint), model=endpoints.model_name if openai else None, contract=endpoints.triton_contract,
+        endpoint,
+        endpoints.url(endpoint),
+        model=endpoints.model_name if openai else None,
+        contract=endpoints.triton_contract,
         api_key=endpoints.api_key if openai else None,
     )
     total = options.requests_per_point
@@ -113,9 +120,7 @@ async def _measure(
             progress(label, done, total)
 
     try:
-        run = await run_load(
-            target, workload, mode, warmup=options.warmup, max_requests=total, duration_s=options.duration_s, on_done=on_done
-        )
+        run = await run_load(target, workload, mode, warmup=options.warmup, max_requests=total, duration_s=options.duration_s, on_done=on_done)
     finally:
         await target.close()
     return summarize(run, options.slo)
@@ -131,14 +136,15 @@ def openai_overhead(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         grpc, openai = pair.get("grpc"), pair.get("openai")
         if not grpc or not openai or not grpc["completed"] or not openai["completed"]:
             continue
-        rows.append({
-            "mode": key,
-            "ttft_p50_ms_added": round(openai["ttft_ms"]["p50"] - grpc["ttft_ms"]["p50"], 3),
-            "e2e_p50_ms_added": round(openai["e2e_ms"]["p50"] - grpc["e2e_ms"]["p50"], 3),
-            "itl_p50_ms_added": _difference(openai.get("itl_ms"), grpc.get("itl_ms")),
-            "throughput_ratio": round(openai["output_tokens_per_s"] / grpc["output_tokens_per_s"], 4)
-            if grpc["output_tokens_per_s"] else None,
-        })
+        rows.append(
+            {
+                "mode": key,
+                "ttft_p50_ms_added": round(openai["ttft_ms"]["p50"] - grpc["ttft_ms"]["p50"], 3),
+                "e2e_p50_ms_added": round(openai["e2e_ms"]["p50"] - grpc["e2e_ms"]["p50"], 3),
+                "itl_p50_ms_added": _difference(openai.get("itl_ms"), grpc.get("itl_ms")),
+                "throughput_ratio": round(openai["output_tokens_per_s"] / grpc["output_tokens_per_s"], 4) if grpc["output_tokens_per_s"] else None,
+            }
+        )
     return rows
 
 

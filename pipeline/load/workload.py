@@ -81,9 +81,7 @@ def synthetic_requests(
         length = input_tokens.sample(rng, min(max_input_len, len(stream) - 1))
         start = rng.randrange(0, len(stream) - length)
         prompt = tokenizer.decode(stream[start : start + length])
-        requests.append(
-            LoadRequest(prompt, output_tokens.sample(rng, max_output_len), input_tokens=len(tokenizer.encode(prompt)))
-        )
+        requests.append(LoadRequest(prompt, output_tokens.sample(rng, max_output_len), input_tokens=len(tokenizer.encode(prompt))))
     return requests
 
 

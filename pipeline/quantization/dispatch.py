@@ -109,16 +109,24 @@ def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None,
     algo = spec.quantize.algo.value
     why = family.format_refusal(spec.build.target, algo) if family is not None else None
     if why:  # validate refuses it first; the job in NVIDIA's image cannot read the table, so it is refused here too
-        raise StageError(f"{family.name} in quantize.algo {algo} is refused on build.target {spec.build.target.value}: {why}",
-                         hint="pick a format the family table takes (docs/targets.md: Model families)")
+        raise StageError(
+            f"{family.name} in quantize.algo {algo} is refused on build.target {spec.build.target.value}: {why}",
+            hint="pick a format the family table takes (docs/targets.md: Model families)",
+        )
     if family is None or family.trtllm_class is None:
         if traits_of(spec.build.target).exports_unified_hf:
             return None, True
         what = "is not in the family table" if family is None else f"({family.name}) is not in TensorRT-LLM 1.2's MODEL_MAP"
-        raise StageError(f"{hf_dir / 'config.json'}: model_type {hf.get('model_type')!r} {what}, so it has no TensorRT-LLM "
-                         "checkpoint to quantize into", hint="build.target llmapi takes its unified checkpoint")
-    config = pretrained_config(hf, dtype=spec.model.dtype.value, mapping=checkpoint_mapping(spec.build.tp_size, spec.build.pp_size),
-                               quantization=recipe_quantization(spec.quantize.algo, spec.quantize.kv_cache))
+        raise StageError(
+            f"{hf_dir / 'config.json'}: model_type {hf.get('model_type')!r} {what}, so it has no TensorRT-LLM checkpoint to quantize into",
+            hint="build.target llmapi takes its unified checkpoint",
+        )
+    config = pretrained_config(
+        hf,
+        dtype=spec.model.dtype.value,
+        mapping=checkpoint_mapping(spec.build.tp_size, spec.build.pp_size),
+        quantization=recipe_quantization(spec.quantize.algo, spec.quantize.kv_cache),
+    )
     return config, False
 
 
@@ -236,8 +244,10 @@ def render_script(job: QuantizeJob, docker_command: Sequence[str] | None = None)
     r, v = job.request, job.version
     lines = [
         "#!/usr/bin/env bash",
-        (f"# quantize job for {job.name}: {r.algo} weights, {r.kv_cache} KV cache, calibrated on {r.device}; "
-         f"TensorRT-LLM checkpoint (tp={r.tp_size}, pp={r.pp_size}) for TensorRT-LLM {v.version}"),
+        (
+            f"# quantize job for {job.name}: {r.algo} weights, {r.kv_cache} KV cache, calibrated on {r.device}; "
+            f"TensorRT-LLM checkpoint (tp={r.tp_size}, pp={r.pp_size}) for TensorRT-LLM {v.version}"
+        ),
         f"# request: {job.request_path}",
         "# rendered by trtllm-pipeline. Needs this project's pipeline/ package importable, with torch (CUDA),",
         "# transformers and nvidia-modelopt (export_hf_checkpoint), as in NVIDIA's image:",

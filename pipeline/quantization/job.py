@@ -92,8 +92,10 @@ class QuantizeRequest:
         if data.get("format") != REQUEST_FORMAT:
             raise StageError(f"{source}: format is {data.get('format')!r}, expected {REQUEST_FORMAT!r} (written by another version?)")
         names = {f.name for f in fields(cls)}
-        unknown, missing = set(data) - names - {"format"}, {"hf_dir", "output_dir", "dtype", "tp_size", "pp_size", "algo", "kv_cache",
-                                                           "group_size", "device", "calibration"} - set(data)
+        unknown, missing = (
+            set(data) - names - {"format"},
+            {"hf_dir", "output_dir", "dtype", "tp_size", "pp_size", "algo", "kv_cache", "group_size", "device", "calibration"} - set(data),
+        )
         if unknown or missing:
             raise StageError(f"{source}: unknown fields {sorted(unknown)}, missing fields {sorted(missing)}")
         values = {key: data[key] for key in names if key in data}
@@ -174,8 +176,11 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
         )
     recipe = QuantRecipe(request.algo, request.kv_cache, request.group_size)
     what = "unquantized" if recipe.algo == "none" and recipe.kv_cache == "none" else f"{recipe.algo} weights, {recipe.kv_cache} KV cache"
-    target = (f"unified Hugging Face checkpoint only ({request.unified_hf_dir})" if request.unified_only
-              else f"TensorRT-LLM checkpoint (tp={request.tp_size}, pp={request.pp_size})")
+    target = (
+        f"unified Hugging Face checkpoint only ({request.unified_hf_dir})"
+        if request.unified_only
+        else f"TensorRT-LLM checkpoint (tp={request.tp_size}, pp={request.pp_size})"
+    )
     log(f"{what} → {request.dtype} {target} with ModelOpt on {device}")
     config = export_trtllm_checkpoint(
         request.hf_dir,

@@ -158,15 +158,19 @@ def _family_checkpoint_config(hf: dict[str, Any], *, dtype: str, tp_size: int, p
 
     family = family_of(str(hf.get("model_type")))
     if family is None or family.trtllm_class is None:
-        where = "it is not in the family table" if family is None else (
-            "it is not in TensorRT-LLM 1.2's MODEL_MAP; build.target llmapi takes its unified checkpoint")
+        where = (
+            "it is not in the family table"
+            if family is None
+            else ("it is not in TensorRT-LLM 1.2's MODEL_MAP; build.target llmapi takes its unified checkpoint")
+        )
         raise StageError(f"model_type {hf.get('model_type')!r} has no TensorRT-LLM checkpoint: {where}")
     why = family.format_refusal(Target.engine, quant.algo)
     if why:
-        raise StageError(f"export: {family.name} in quantize.algo {quant.algo} is refused for the TensorRT-LLM checkpoint "
-                         f"(trtllm-build): {why}", hint="pick a format the family table takes (docs/targets.md: Model families)")
-    return pretrained_config(hf, dtype=dtype, mapping=checkpoint_mapping(tp_size, pp_size),
-                             quantization=recipe_quantization(quant.algo, quant.kv_cache))
+        raise StageError(
+            f"export: {family.name} in quantize.algo {quant.algo} is refused for the TensorRT-LLM checkpoint (trtllm-build): {why}",
+            hint="pick a format the family table takes (docs/targets.md: Model families)",
+        )
+    return pretrained_config(hf, dtype=dtype, mapping=checkpoint_mapping(tp_size, pp_size), quantization=recipe_quantization(quant.algo, quant.kv_cache))
 
 
 def _unified_quantization(unified_dir: Path, quant: QuantRecipe) -> dict[str, Any]:
@@ -205,9 +209,7 @@ def _read_hf_config(hf_dir: Path) -> dict[str, Any]:
     return config
 
 
-def _check_request(
-    hf: dict[str, Any], out_dir: Path, *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe, convert: bool = True
-) -> None:
+def _check_request(hf: dict[str, Any], out_dir: Path, *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe, convert: bool = True) -> None:
     """Reject, before any weights load, what the export or the conversion would reject later or do wrongly."""
     if convert:
         _check_convertible(hf)
@@ -253,8 +255,7 @@ def _check_convertible(hf: dict[str, Any]) -> None:
         arch = " (" + ", ".join(hf["architectures"]) + ")" if hf.get("architectures") else ""
         supported = ", ".join(t for layout in LAYOUTS for t in layout.model_types)
         raise StageError(
-            f"model_type {model_type!r}{arch} is not supported by the TensorRT-LLM checkpoint export ({exc.message}); "
-            f"supported: {supported}",
+            f"model_type {model_type!r}{arch} is not supported by the TensorRT-LLM checkpoint export ({exc.message}); supported: {supported}",
             hint="the llmapi target loads the unified Hugging Face checkpoint of more families (pipeline.config.families)",
         ) from None
 
@@ -300,9 +301,7 @@ def _load_model(hf_dir: Path, torch_dtype: torch.dtype) -> torch.nn.Module:
     hf_logging.disable_progress_bar()  # the pipeline shows its own progress
     hint = "model.source must hold the weights as *.safetensors (pickle checkpoints are never loaded)"
     with _step("load", f"AutoModelForCausalLM.from_pretrained({hf_dir})", hint):
-        model = AutoModelForCausalLM.from_pretrained(
-            hf_dir, dtype=torch_dtype, low_cpu_mem_usage=True, use_safetensors=True, local_files_only=True
-        )
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch_dtype, low_cpu_mem_usage=True, use_safetensors=True, local_files_only=True)
     return model.eval()
 
 
@@ -318,9 +317,7 @@ def _step(step: str, what: str, hint: str = "re-run with --verbose for the Model
     except StageError:
         raise
     except Exception as exc:
-        raise StageError(
-            f"{step}: {what} failed: {type(exc).__name__}: {exc}".rstrip(": "), hint=hint
-        ) from exc
+        raise StageError(f"{step}: {what} failed: {type(exc).__name__}: {exc}".rstrip(": "), hint=hint) from exc
     finally:
         if printed.getvalue().strip():
             log.debug("%s output:\n%s", step, printed.getvalue().rstrip())

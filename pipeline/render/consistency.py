@@ -102,9 +102,7 @@ def _engine_kind(facts: EngineFacts, target: Target, runtime: RuntimeAbilities) 
 def _batching(facts: EngineFacts, serve: ServeSpec, triton_max_batch_size: int | None) -> list[str]:
     problems = []
     if triton_max_batch_size is not None and triton_max_batch_size > facts.max_batch_size:
-        problems.append(
-            f"Triton max_batch_size {triton_max_batch_size} exceeds the engine's build_config.max_batch_size {facts.max_batch_size}"
-        )
+        problems.append(f"Triton max_batch_size {triton_max_batch_size} exceeds the engine's build_config.max_batch_size {facts.max_batch_size}")
     if facts.kv_cache_type != "PAGED" or not facts.paged_kv_cache:
         problems.append(
             f"inflight batching needs a paged KV cache, but the engine has build_config.kv_cache_type {facts.kv_cache_type!r} "
@@ -174,8 +172,10 @@ def _lora(facts: EngineFacts, serve: ServeSpec, target: Target, runtime: Runtime
     """LoRA requests need an engine built with the LoRA plugin, weights in its dtype, a cache for its ranks."""
     if facts.lora_plugin is None:
         if serve.lora is not None:
-            return ["serve.lora sets the LoRA cache, but the engine has plugin_config.lora_plugin null (built without LoRA): "
-                    "rebuild with build.lora, or remove serve.lora"]
+            return [
+                "serve.lora sets the LoRA cache, but the engine has plugin_config.lora_plugin null (built without LoRA): "
+                "rebuild with build.lora, or remove serve.lora"
+            ]
         return []
     if not runtime.lora:
         return [f"build.target is {target.value} but the engine has plugin_config.lora_plugin {facts.lora_plugin!r}: {runtime.name} does not run LoRA"]
@@ -195,8 +195,7 @@ def _lora(facts: EngineFacts, serve: ServeSpec, target: Target, runtime: Runtime
             f"build_config.lora_config.max_lora_rank {facts.max_lora_rank}: adapters of the ranks the engine accepts would not fit"
         )
     if not facts.lora_target_modules:
-        problems.append("engine plugin_config.lora_plugin is set but build_config.lora_config.lora_target_modules is empty: "
-                        "the engine has no LoRA inputs")
+        problems.append("engine plugin_config.lora_plugin is set but build_config.lora_config.lora_target_modules is empty: the engine has no LoRA inputs")
     return problems
 
 
@@ -219,8 +218,7 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
     if engine_mode in ("medusa", "eagle"):
         return _tree_fits(facts, speculative)
     if engine_mode != "lookahead_decoding":
-        return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no "
-                "ReDrafter parameters for it"]
+        return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no ReDrafter parameters for it"]
     problems = []
     la = speculative.lookahead
     if speculative.draft_len != facts.max_draft_len:
@@ -230,8 +228,10 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
             "the runtime's lookahead configuration must equal the engine's"
         )
     if facts.max_beam_width > 1:
-        problems.append(f"the engine has build_config.speculative_decoding_mode lookahead_decoding and build_config.max_beam_width "
-                        f"{facts.max_beam_width}: decoding_mode lookahead excludes beam_search")
+        problems.append(
+            f"the engine has build_config.speculative_decoding_mode lookahead_decoding and build_config.max_beam_width "
+            f"{facts.max_beam_width}: decoding_mode lookahead excludes beam_search"
+        )
     return problems
 
 
@@ -242,13 +242,17 @@ def _tree_fits(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
     tree = section.tree if section is not None else []
     problems = []
     if len(tree) > facts.max_draft_len:
-        problems.append(f"build.speculative.{speculative.mode.value}.choices has {len(tree)} nodes but the engine has "
-                        f"build_config.max_draft_len {facts.max_draft_len}: a {speculative.mode.value} engine verifies at "
-                        "most max_draft_len nodes per step")
+        problems.append(
+            f"build.speculative.{speculative.mode.value}.choices has {len(tree)} nodes but the engine has "
+            f"build_config.max_draft_len {facts.max_draft_len}: a {speculative.mode.value} engine verifies at "
+            "most max_draft_len nodes per step"
+        )
     if facts.num_eagle_layers and tree and tree_depth(tree) != facts.num_eagle_layers:
-        problems.append(f"build.speculative.eagle.choices is {tree_depth(tree)} deep but the engine has "
-                        f"pretrained_config.num_eagle_layers {facts.num_eagle_layers}: TensorRT-LLM's EAGLE needs every "
-                        "tree exactly as deep as num_eagle_layers (examples/eagle/README.md)")
+        problems.append(
+            f"build.speculative.eagle.choices is {tree_depth(tree)} deep but the engine has "
+            f"pretrained_config.num_eagle_layers {facts.num_eagle_layers}: TensorRT-LLM's EAGLE needs every "
+            "tree exactly as deep as num_eagle_layers (examples/eagle/README.md)"
+        )
     return problems
 
 
@@ -270,8 +274,7 @@ def _beams(facts: EngineFacts, target: Target, runtime: RuntimeAbilities, max_be
         problems.append(f"Triton max_beam_width {max_beam_width} exceeds the engine's build_config.max_beam_width {facts.max_beam_width}")
     if not runtime.beam_search and facts.max_beam_width != 1:
         problems.append(
-            f"build.target is {target.value} but the engine's build_config.max_beam_width is {facts.max_beam_width}: "
-            f"{runtime.name} does not do beam search (1)"
+            f"build.target is {target.value} but the engine's build_config.max_beam_width is {facts.max_beam_width}: {runtime.name} does not do beam search (1)"
         )
     return problems
 
@@ -290,8 +293,7 @@ def _parallelism(
         problems.append(f"engine mapping.world_size {facts.world_size} differs from tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks}")
     if not runtime.multiple_ranks and ranks != 1:
         problems.append(
-            f"build.target is {target.value} but the engine has tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks} ranks: "
-            f"{runtime.name} runs one rank"
+            f"build.target is {target.value} but the engine has tp_size {facts.tp_size} × pp_size {facts.pp_size} = {ranks} ranks: {runtime.name} runs one rank"
         )
     if rank_files is not None:
         expected = [f"rank{i}{runtime.weight_suffix}" for i in range(facts.world_size)]

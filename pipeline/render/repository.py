@@ -224,10 +224,7 @@ def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors
     draft_inputs = contract.LLM_DRAFT_INPUTS if llm_model.takes_draft_tokens else ()
     return _Tensors(
         llm_inputs=resolved(
-            contract.LLM_INPUTS
-            + draft_inputs
-            + contract.LLM_LORA_INPUTS
-            + (contract.CPU_LLM_EXTRA_INPUTS if llm_model.reads_num_draft_tokens else ())
+            contract.LLM_INPUTS + draft_inputs + contract.LLM_LORA_INPUTS + (contract.CPU_LLM_EXTRA_INPUTS if llm_model.reads_num_draft_tokens else ())
         ),
         llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
         client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
@@ -329,15 +326,24 @@ def read_draft_config(engine_dir: Path, engine_config: Mapping[str, Any], draft_
 
 
 def _draft_model(
-    draft: EngineFacts, serve: ServeSpec, target: Target, llm_model: TritonLlmModel, engine_dir: str,
-    gpu_device_ids: Sequence[int], tensors: _Tensors,
+    draft: EngineFacts,
+    serve: ServeSpec,
+    target: Target,
+    llm_model: TritonLlmModel,
+    engine_dir: str,
+    gpu_device_ids: Sequence[int],
+    tensors: _Tensors,
 ) -> tuple[str, dict[str, Any]]:
     """tensorrt_llm_draft: NVIDIA's tensorrt_llm template for the draft engine (examples/draft_target_model/README.md:
     a copy of tensorrt_llm renamed, filled with the draft's engine_dir), on the same GPUs, sized by the draft engine."""
     parameters = backend_for(target).llm_parameters(draft, serve, engine_dir=engine_dir, gpu_device_ids=gpu_device_ids, speculative=None)
     return llm_model.template, {
-        "name": DRAFT_MODEL_NAME, "max_batch_size": draft.max_batch_size, "serve": serve,
-        "inputs": tensors.llm_inputs, "outputs": tensors.llm_outputs, "parameters": parameters,
+        "name": DRAFT_MODEL_NAME,
+        "max_batch_size": draft.max_batch_size,
+        "serve": serve,
+        "inputs": tensors.llm_inputs,
+        "outputs": tensors.llm_outputs,
+        "parameters": parameters,
     }
 
 

@@ -1,9 +1,9 @@
 """Running the bundled `tritonserver` on a rendered model repository (cpu target, any machine).
 
-    TritonServer(options)                  context manager: start, wait_until_ready, stop
-    serve_foreground(options)              until Ctrl-C / SIGTERM
-    start_detached(options, state_dir)     keeps running; `stop_detached(state_dir)` ends it
-                                           (after a crash too: a StopResult says what was left)
+TritonServer(options)                  context manager: start, wait_until_ready, stop
+serve_foreground(options)              until Ctrl-C / SIGTERM
+start_detached(options, state_dir)     keeps running; `stop_detached(state_dir)` ends it
+                                       (after a crash too: a StopResult says what was left)
 """
 
 from pipeline.serve.command import ServerOptions, server_command

@@ -65,10 +65,9 @@ class ServerOptions:
         return f"http://{self.client_host}:{self.metrics_port}/metrics"
 
 
-def server_command(
-    installation: TritonInstallation, options: ServerOptions, *, model_repository: Path, backend_dir: Path
-) -> list[str]:
+def server_command(installation: TritonInstallation, options: ServerOptions, *, model_repository: Path, backend_dir: Path) -> list[str]:
     """The argv of the server; `model_repository` is the directory actually served (a private copy)."""
+
     def flag(value: bool) -> str:
         return "true" if value else "false"
 

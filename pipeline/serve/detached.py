@@ -172,9 +172,7 @@ def stop_detached(state_dir: Path) -> StopResult:
     return _clean_up(state, state_dir, already_exited=False, wait=5.0 if exited else 0.0, killed_after_timeout=not exited)
 
 
-def _clean_up(
-    state: ServerState, state_dir: Path, *, already_exited: bool, wait: float = 0.0, killed_after_timeout: bool = False
-) -> StopResult:
+def _clean_up(state: ServerState, state_dir: Path, *, already_exited: bool, wait: float = 0.0, killed_after_timeout: bool = False) -> StopResult:
     group = process.end_server_group(state.pid, state.start_ticks, state.shm_prefix, wait=wait)
     orphans, orphans_failed = process.kill_processes(process.orphaned_stubs(Path(state.workspace)))
     keeps = f"{state_dir / STATE_FILE} is kept: run the command again once they are gone"
@@ -209,8 +207,13 @@ def _clean_up_orphans(state_dir: Path) -> StopResult | None:
     killed, failed = process.kill_processes(found)
     check_all_gone(failed, f"the stubs an earlier server left in {state_dir / WORKSPACE_DIR}")
     return StopResult(
-        state=None, already_exited=True, crash_signal=None, log_path=None, killed_after_timeout=False,
-        cleanup=Cleanup(group=process.GroupCleanup(pgid=0), orphans=tuple(killed)), state_dir=state_dir,
+        state=None,
+        already_exited=True,
+        crash_signal=None,
+        log_path=None,
+        killed_after_timeout=False,
+        cleanup=Cleanup(group=process.GroupCleanup(pgid=0), orphans=tuple(killed)),
+        state_dir=state_dir,
     )
 
 

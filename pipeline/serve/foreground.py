@@ -50,8 +50,7 @@ def _exited_on_its_own(server: TritonServer, hung: str | None = None) -> ToolErr
     signal line; it is killed): an error saying how, and what was left."""
     tail = server.log_tail()  # before stop(): the log goes with the temporary workspace
     returncode = server.stop()
-    what = (f"tritonserver crashed ({hung}) and hung in its signal handler; it was killed" if hung
-            else "tritonserver exited on its own")
+    what = f"tritonserver crashed ({hung}) and hung in its signal handler; it was killed" if hung else "tritonserver exited on its own"
     if returncode is not None and returncode < 0 and not hung:
         what += f": it crashed ({signal_text(-returncode)})"
     summary = server.last_cleanup.summary() if server.last_cleanup else ""

@@ -172,9 +172,7 @@ def read_process(pid: int) -> ProcessInfo | None:
         return None
     comm = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2 :].split()
-    return ProcessInfo(
-        pid=pid, comm=comm, state=fields[0], pgid=int(fields[2]), start_ticks=int(fields[19]), rss_bytes=int(fields[21]) * _PAGE_SIZE
-    )
+    return ProcessInfo(pid=pid, comm=comm, state=fields[0], pgid=int(fields[2]), start_ticks=int(fields[19]), rss_bytes=int(fields[21]) * _PAGE_SIZE)
 
 
 def group_members(pgid: int) -> list[ProcessInfo]:

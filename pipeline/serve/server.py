@@ -225,8 +225,7 @@ class TritonServer:
         errors = [
             line
             for line in lines
-            if (_ERROR_LINE.match(line) or "failed to load" in line or "UNAVAILABLE" in line)
-            and not any(harmless in line for harmless in _HARMLESS_ERRORS)
+            if (_ERROR_LINE.match(line) or "failed to load" in line or "UNAVAILABLE" in line) and not any(harmless in line for harmless in _HARMLESS_ERRORS)
         ]
         return errors[:limit]
 

@@ -45,8 +45,5 @@ def run(ctx: StageContext) -> None:
     if not image.pinned_by_digest:
         ctx.log(f"[yellow]image not pinned by digest[/yellow]: {image.reference} ({image.note})")
     if not ipaddress.ip_address(spec.deploy.bind_address).is_loopback:
-        ctx.log(
-            f"[yellow]Triton's ports are published on {spec.deploy.bind_address}, not loopback[/yellow]: "
-            "put an authenticating proxy in front of them"
-        )
+        ctx.log(f"[yellow]Triton's ports are published on {spec.deploy.bind_address}, not loopback[/yellow]: put an authenticating proxy in front of them")
     ctx.log(f"start it with: {deployment.start}")

@@ -29,8 +29,7 @@ def run(ctx: StageContext) -> None:
     model = read_model_info(spec.model.source)
     if not spec.dry_run and not model.weight_files:
         raise StageError(
-            f"build.speculative.draft.source {model.path} has no *.safetensors weights (config-only model directories "
-            "can be planned, not built)",
+            f"build.speculative.draft.source {model.path} has no *.safetensors weights (config-only model directories can be planned, not built)",
             hint="put the draft's checkpoint there (saved with safe_serialization=True), or use --runner dry-run",
         )
     quantize_notes: dict = {}

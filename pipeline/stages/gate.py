@@ -43,9 +43,7 @@ def run(ctx: StageContext) -> None:
             f"{gate.max_perplexity_increase_pct}% (baseline {metrics.baseline_perplexity:.3f} → {metrics.perplexity:.3f})"
         )
     if metrics.token_agreement < gate.min_token_agreement:
-        failures.append(
-            f"token agreement {metrics.token_agreement:.4f} is below gate.accuracy.min_token_agreement {gate.min_token_agreement}"
-        )
+        failures.append(f"token agreement {metrics.token_agreement:.4f} is below gate.accuracy.min_token_agreement {gate.min_token_agreement}")
     verdict = "failed" if failures else "passed"
     report = {
         "verdict": verdict,

@@ -30,19 +30,21 @@ def run(ctx: StageContext) -> None:
     instances, reasoning = planned_python_instances(spec, read_model_info(tokenizer_dir))
     for line in reasoning:
         ctx.log(line)
-    written = render_model_repository(RepositoryRequest(
-        engine_dir=engine_dir,
-        tokenizer_dir=tokenizer_dir,
-        serve=spec.serve,
-        target=spec.build.target,
-        out_dir=ctx.out_dir / REPOSITORY_DIR,
-        gpu_device_ids=spec.deploy.gpus,
-        dry_run=spec.dry_run,
-        speculative=spec.build.speculative,
-        draft_engine_dir=ctx.upstream["draft"].engine_dir.resolve() if "draft" in ctx.upstream else None,
-        final_out_dir=(ctx.final_dir or ctx.out_dir) / REPOSITORY_DIR,
-        python_instances=instances,
-    ))
+    written = render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine_dir,
+            tokenizer_dir=tokenizer_dir,
+            serve=spec.serve,
+            target=spec.build.target,
+            out_dir=ctx.out_dir / REPOSITORY_DIR,
+            gpu_device_ids=spec.deploy.gpus,
+            dry_run=spec.dry_run,
+            speculative=spec.build.speculative,
+            draft_engine_dir=ctx.upstream["draft"].engine_dir.resolve() if "draft" in ctx.upstream else None,
+            final_out_dir=(ctx.final_dir or ctx.out_dir) / REPOSITORY_DIR,
+            python_instances=instances,
+        )
+    )
     llm_api = backend_for(spec.build.target).llm_api
     if llm_api is not None:  # its second form: trtllm-serve with the same LLM() options
         serve_dir = ctx.out_dir / SERVE_DIR

@@ -92,5 +92,7 @@ def _record_dry_run(ctx: StageContext, request: QuantizeRequest, job, docker_com
     }
     (ctx.out_dir / "quantize.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     ctx.notes.update(dry_run=True, quantization={"quant_algo": request.algo, "kv_cache": request.kv_cache})
-    ctx.log(f"dry run: wrote {SCRIPT_FILE} and {REQUEST_FILE} for the {request.algo} / KV {request.kv_cache} recipe on {request.device}; "
-            "nothing is calibrated or exported")
+    ctx.log(
+        f"dry run: wrote {SCRIPT_FILE} and {REQUEST_FILE} for the {request.algo} / KV {request.kv_cache} recipe on {request.device}; "
+        "nothing is calibrated or exported"
+    )

@@ -99,9 +99,13 @@ def _measure(ctx: StageContext, gate: PerformanceGateSpec) -> dict[str, Any]:
         seed=gate.seed,
     )
     requests = synthetic_requests(
-        TextTokenizer(ctx.upstream["prepare"].path), gate.num_requests,
-        input_tokens=LengthDist(gate.input_tokens), output_tokens=LengthDist(gate.output_tokens),
-        max_input_len=spec.build.max_input_len, max_output_len=gate.output_tokens, seed=gate.seed,
+        TextTokenizer(ctx.upstream["prepare"].path),
+        gate.num_requests,
+        input_tokens=LengthDist(gate.input_tokens),
+        output_tokens=LengthDist(gate.output_tokens),
+        max_input_len=spec.build.max_input_len,
+        max_output_len=gate.output_tokens,
+        seed=gate.seed,
     )
     keys = load_test_keys(None) if gate.endpoint.value == "openai" else None
     ctx.log(f"{gate.num_requests} requests of {gate.input_tokens}→{gate.output_tokens} tokens, {gate.concurrency} concurrent, over {gate.endpoint.value}")

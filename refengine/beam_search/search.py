@@ -156,9 +156,7 @@ class BeamSearch:
             hits |= torch.tensor([[ends_with_stop_sequence(generated, self._stop_sequences) for generated, _ in candidates]], dtype=torch.bool)
         return hits
 
-    def _update_finished(
-        self, candidates: list[tuple[tuple[int, ...], tuple[float, ...]]], top_scores: torch.Tensor, hits: torch.Tensor
-    ) -> None:
+    def _update_finished(self, candidates: list[tuple[tuple[int, ...], tuple[float, ...]]], top_scores: torch.Tensor, hits: torch.Tensor) -> None:
         width = self.beam_width
         top_mask = torch.zeros(hits.shape[-1], dtype=torch.bool)
         top_mask[:width] = True

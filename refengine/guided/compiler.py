@@ -69,9 +69,7 @@ class GuidedDecoder:
 
     def stats(self) -> GuidedDecodingStats:
         with self._lock:
-            return GuidedDecodingStats(
-                self._num_compiles, self._num_hits, self._compile_seconds, self._timing.count, self._timing.seconds, len(self._cache)
-            )
+            return GuidedDecodingStats(self._num_compiles, self._num_hits, self._compile_seconds, self._timing.count, self._timing.seconds, len(self._cache))
 
     def new_state(self, params: GuidedDecodingParams) -> GrammarState:
         """A fresh per-sequence state for `params`; raises `InvalidRequestError` if it cannot compile."""

@@ -14,9 +14,7 @@ from typing import Any
 from refengine.errors import InvalidRequestError
 from refengine.guided.params import GUIDE_FIELD
 
-UNENFORCED_KEYWORDS = frozenset(
-    {"not", "if", "then", "else", "allOf", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef"}
-)
+UNENFORCED_KEYWORDS = frozenset({"not", "if", "then", "else", "allOf", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef"})
 
 
 def check_json_schema(schema: Any) -> None:

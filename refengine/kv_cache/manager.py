@@ -290,12 +290,7 @@ class KVCacheManager:
     # -- internals -------------------------------------------------------------------------
     def _needs_copy_on_write(self, slots: _SequenceSlots, num_total_tokens: int) -> bool:
         writes_into_last_block = slots.num_slotted_tokens % self._tokens_per_block != 0
-        return (
-            num_total_tokens > slots.num_slotted_tokens
-            and writes_into_last_block
-            and bool(slots.blocks)
-            and slots.blocks[-1].ref_count > 1
-        )
+        return num_total_tokens > slots.num_slotted_tokens and writes_into_last_block and bool(slots.blocks) and slots.blocks[-1].ref_count > 1
 
     def _copy_last_block(self, slots: _SequenceSlots) -> None:
         shared = slots.blocks[-1]

@@ -15,9 +15,7 @@ def hash_block(parent_hash: bytes | None, block_token_ids: Sequence[int], salt: 
     return digest.digest()
 
 
-def hash_full_blocks(
-    token_ids: Sequence[int], tokens_per_block: int, num_blocks: int, known: Sequence[bytes] = (), salt: bytes = b""
-) -> list[bytes]:
+def hash_full_blocks(token_ids: Sequence[int], tokens_per_block: int, num_blocks: int, known: Sequence[bytes] = (), salt: bytes = b"") -> list[bytes]:
     """Hashes of the first `num_blocks` blocks of `token_ids`, extending the `known` ones."""
     hashes = list(known[:num_blocks])
     for index in range(len(hashes), num_blocks):

@@ -54,5 +54,6 @@ def build_adapter(task_id: int, parsed: ParsedAdapter, targets: dict[int, Module
         kept = row.a.dtype if dtype == torch.float32 and row.a.dtype in (torch.float16, torch.bfloat16) else dtype
         weights = ModuleWeights(row.module_id, row.a.t().to(kept).contiguous(), row.b.t().to(kept).contiguous(), target.placements)
         sites.setdefault((row.layer, target.site), []).append(weights)
-    return LoraAdapter(task_id, parsed.digest, parsed.nbytes, max(row.rank for row in parsed.rows),
-                       MappingProxyType({key: tuple(modules) for key, modules in sites.items()}))
+    return LoraAdapter(
+        task_id, parsed.digest, parsed.nbytes, max(row.rank for row in parsed.rows), MappingProxyType({key: tuple(modules) for key, modules in sites.items()})
+    )

@@ -82,8 +82,9 @@ class LoraCache:
         parsed = parse_adapter(request, self.targets, self.shape.num_layers, self.settings.max_adapter_size)
         if entry is not None:
             if entry.adapter.digest != parsed.digest:
-                raise InvalidRequestError(TASK_ID, f"LoRA task {task_id} is cached with other weights; send these under a new "
-                                                   "lora_task_id (or the cached adapter's id alone)")
+                raise InvalidRequestError(
+                    TASK_ID, f"LoRA task {task_id} is cached with other weights; send these under a new lora_task_id (or the cached adapter's id alone)"
+                )
             self._entries.move_to_end(task_id)
             return entry.adapter
         self._make_room(task_id, parsed.nbytes)
@@ -95,8 +96,10 @@ class LoraCache:
         """Evict least recently used unpinned adapters until `nbytes` more fit; refuse (evicting nothing) if they cannot."""
         budget, most = self.settings.host_memory_bytes, self.settings.max_adapters
         if nbytes > budget:
-            raise InvalidRequestError(WEIGHTS, f"the adapter of LoRA task {task_id} holds {nbytes} bytes, more than the whole LoRA "
-                                               f"cache ({budget} bytes, lora_cache_host_memory_bytes)")
+            raise InvalidRequestError(
+                WEIGHTS,
+                f"the adapter of LoRA task {task_id} holds {nbytes} bytes, more than the whole LoRA cache ({budget} bytes, lora_cache_host_memory_bytes)",
+            )
         evictable = [tid for tid, entry in self._entries.items() if entry.pins == 0]
         held, count, victims = self.nbytes, len(self._entries), []
         while (held + nbytes > budget or (most is not None and count + 1 > most)) and evictable:
@@ -106,8 +109,10 @@ class LoraCache:
             count -= 1
         if held + nbytes > budget or (most is not None and count + 1 > most):
             in_flight = sum(1 for entry in self._entries.values() if entry.pins)
-            raise InvalidRequestError(TASK_ID, f"PEFT Cache is full. Could not store taskId={task_id}: {in_flight} adapters in flight "
-                                               f"hold the cache ({self.nbytes} of {budget} bytes"
-                                               + (f", at most {most} adapters" if most is not None else "") + ")")
+            raise InvalidRequestError(
+                TASK_ID,
+                f"PEFT Cache is full. Could not store taskId={task_id}: {in_flight} adapters in flight "
+                f"hold the cache ({self.nbytes} of {budget} bytes" + (f", at most {most} adapters" if most is not None else "") + ")",
+            )
         for victim in victims:
             del self._entries[victim]

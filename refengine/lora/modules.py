@@ -34,12 +34,29 @@ import enum
 from dataclasses import dataclass
 from types import MappingProxyType
 
-LORA_MODULE_IDS = MappingProxyType({
-    "attn_qkv": 0, "attn_q": 1, "attn_k": 2, "attn_v": 3, "attn_dense": 4, "mlp_h_to_4h": 5, "mlp_4h_to_h": 6,
-    "mlp_gate": 7, "cross_attn_qkv": 8, "cross_attn_q": 9, "cross_attn_k": 10, "cross_attn_v": 11,
-    "cross_attn_dense": 12, "moe_h_to_4h": 13, "moe_4h_to_h": 14, "moe_gate": 15, "moe_router": 16,
-    "mlp_router": 17, "mlp_gate_up": 18,
-})
+LORA_MODULE_IDS = MappingProxyType(
+    {
+        "attn_qkv": 0,
+        "attn_q": 1,
+        "attn_k": 2,
+        "attn_v": 3,
+        "attn_dense": 4,
+        "mlp_h_to_4h": 5,
+        "mlp_4h_to_h": 6,
+        "mlp_gate": 7,
+        "cross_attn_qkv": 8,
+        "cross_attn_q": 9,
+        "cross_attn_k": 10,
+        "cross_attn_v": 11,
+        "cross_attn_dense": 12,
+        "moe_h_to_4h": 13,
+        "moe_4h_to_h": 14,
+        "moe_gate": 15,
+        "moe_router": 16,
+        "mlp_router": 17,
+        "mlp_gate_up": 18,
+    }
+)
 LORA_MODULE_NAMES = MappingProxyType({module_id: name for name, module_id in LORA_MODULE_IDS.items()})
 
 

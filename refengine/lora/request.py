@@ -64,14 +64,15 @@ def check_task_id(request: LoraRequest) -> int:
         raise InvalidRequestError(TASK_ID, f"must be an unsigned 64-bit integer, got {task_id!r}")
     if (request.weights is None) != (request.config is None):
         missing, given = (WEIGHTS, CONFIG) if request.weights is None else (CONFIG, WEIGHTS)
-        raise InvalidRequestError(missing, f"is missing: {given} came without it, and a request for LoRA inference must have both "
-                                           "lora_weights and lora_config, or neither (the task id of a cached adapter alone)")
+        raise InvalidRequestError(
+            missing,
+            f"is missing: {given} came without it, and a request for LoRA inference must have both "
+            "lora_weights and lora_config, or neither (the task id of a cached adapter alone)",
+        )
     return task_id
 
 
-def parse_adapter(
-    request: LoraRequest, targets: dict[int, ModuleTarget], num_layers: int, max_rank: int
-) -> ParsedAdapter:
+def parse_adapter(request: LoraRequest, targets: dict[int, ModuleTarget], num_layers: int, max_rank: int) -> ParsedAdapter:
     """The rows of `request`'s weights and config, checked against the model's `targets` (module id -> target)."""
     weights = _matrix(request.weights, WEIGHTS, "values")
     config = _matrix(request.config, CONFIG, "columns")
@@ -94,15 +95,17 @@ def parse_adapter(
         target = _check_row(where, module_id, layer, rank, dora, targets, num_layers, max_rank)
         needed = rank * (target.in_features + target.out_features)
         if weights.shape[1] < needed:
-            raise InvalidRequestError(WEIGHTS, f"{where}: needs rank × (in + out) = {rank} × ({target.in_features} + "
-                                               f"{target.out_features}) = {needed} values, the rows have {weights.shape[1]}")
+            raise InvalidRequestError(
+                WEIGHTS,
+                f"{where}: needs rank × (in + out) = {rank} × ({target.in_features} + "
+                f"{target.out_features}) = {needed} values, the rows have {weights.shape[1]}",
+            )
         if (module_id, layer) in seen:
             raise InvalidRequestError(CONFIG, f"{where}: a second row for {module_name(module_id)} of layer {layer}")
         seen.add((module_id, layer))
         values = weights[index, :needed]
         split = rank * target.in_features
-        rows.append(LoraRow(module_id, layer, rank, values[:split].reshape(rank, target.in_features),
-                            values[split:].reshape(target.out_features, rank)))
+        rows.append(LoraRow(module_id, layer, rank, values[:split].reshape(rank, target.in_features), values[split:].reshape(target.out_features, rank)))
         digest.update(f"{module_id},{layer},{rank};".encode())
         digest.update(values.contiguous().view(torch.uint8).numpy().tobytes())
         nbytes += needed * weights.element_size()
@@ -123,8 +126,9 @@ def _check_row(
     if rank <= 0:
         raise InvalidRequestError(CONFIG, f"{where}: the rank (adapter size) must be > 0")
     if rank > max_rank:
-        raise InvalidRequestError(CONFIG, f"{where}: rank {rank} exceeds the largest adapter size {max_rank} "
-                                          "(lora_cache_max_adapter_size, at most the build's max_lora_rank)")
+        raise InvalidRequestError(
+            CONFIG, f"{where}: rank {rank} exceeds the largest adapter size {max_rank} (lora_cache_max_adapter_size, at most the build's max_lora_rank)"
+        )
     return target
 
 

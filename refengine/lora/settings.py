@@ -34,8 +34,9 @@ class LoraSettings:
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
             unknown = [name for name in self.target_modules if name not in LORA_MODULE_IDS]
             if unknown:
-                raise EngineConfigError("lora.target_modules", f"{', '.join(map(str, unknown))} are not TensorRT-LLM LoRA modules "
-                                        f"(known: {', '.join(LORA_MODULE_IDS)})")
+                raise EngineConfigError(
+                    "lora.target_modules", f"{', '.join(map(str, unknown))} are not TensorRT-LLM LoRA modules (known: {', '.join(LORA_MODULE_IDS)})"
+                )
 
     @classmethod
     def from_build_config(cls, build_config: Mapping[str, Any]) -> LoraSettings | None:

@@ -142,9 +142,7 @@ def write_kv_cache(
     flat[1].index_copy_(0, slot_mapping, values)
 
 
-def gather_sequence_kv(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_sequence_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values [context_len, num_kv_heads, head_size] of one sequence, in order."""
     block_size = kv_cache.shape[2]
     num_blocks = -(-context_len // block_size)

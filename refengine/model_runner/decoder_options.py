@@ -39,8 +39,9 @@ class DecoderOptions:
         head_size = config.head_size
         rotary_dim = int(head_size * float(raw.get("rotary_pct", 1.0)))
         if rotary_dim < 2 or rotary_dim % 2:
-            raise ModelLoadError(f"rotary_pct {raw.get('rotary_pct')} gives rotary dimension {rotary_dim} of head_size "
-                                 f"{head_size}; it must be even and at least 2")
+            raise ModelLoadError(
+                f"rotary_pct {raw.get('rotary_pct')} gives rotary dimension {rotary_dim} of head_size {head_size}; it must be even and at least 2"
+            )
         attention_multiplier = raw.get("attention_multiplier")
         # TensorRT-LLM: q_scaling = 1 / attention_multiplier, scale = 1 / (sqrt(head_size) * q_scaling)
         scale = head_size**-0.5 if attention_multiplier in (None, 1.0) else attention_multiplier / math.sqrt(head_size)
@@ -69,8 +70,7 @@ def _gpt_block(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
         return {}
     hidden_act = raw.get("hidden_act")
     if hidden_act not in UNGATED_ACTIVATIONS:
-        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here "
-                             f"(supported: {', '.join(UNGATED_ACTIVATIONS)})")
+        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here (supported: {', '.join(UNGATED_ACTIVATIONS)})")
     return {"layer_norm": True, "ungated_activation": hidden_act}
 
 

@@ -80,9 +80,7 @@ class GemmaModel:
     @property
     def kv_cache_layout(self) -> KVCacheLayout:
         config = self.config
-        return KVCacheLayout(
-            config.num_layers, config.num_kv_heads, config.head_size, kv_cache_dtype(config.kv_cache_quant_algo, self.dtype)
-        )
+        return KVCacheLayout(config.num_layers, config.num_kv_heads, config.head_size, kv_cache_dtype(config.kv_cache_quant_algo, self.dtype))
 
     @property
     def vocab_size(self) -> int:
@@ -107,9 +105,7 @@ class GemmaModel:
         embedding, lm_head = load_embeddings(store, config, dtype)
         scratch = WeightScratch()
         layers = [
-            _load_gemma_layer(
-                store, config, options, index, _load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm), dtype
-            )
+            _load_gemma_layer(store, config, options, index, _load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm), dtype)
             for index in range(config.num_layers)
         ]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,)).to(dtype)
@@ -153,9 +149,7 @@ class GemmaModel:
                 lora = lora.select(rows) if lora is not None else None
                 attention = paged_attention(query, kv_cache, kept, self.scale, base.kv_quant, window=window, softcap=softcap)
             else:
-                attention = paged_attention(
-                    query, kv_cache, metadata, self.scale, base.kv_quant, key, value, window=window, softcap=softcap
-                )
+                attention = paged_attention(query, kv_cache, metadata, self.scale, base.kv_quant, key, value, window=window, softcap=softcap)
             attention = linear_with_lora(base.dense, attention.reshape(num_tokens, config.q_size), lora, index, Site.DENSE)
             if options.inter_layernorms:
                 hidden = rms_norm(attention, base.post_norm, eps).add_(hidden)
@@ -183,9 +177,7 @@ class GemmaModel:
         return cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
 
 
-def _load_gemma_layer(
-    store: TensorStore, config: ModelConfig, options: GemmaOptions, index: int, base: DecoderLayer, dtype: torch.dtype
-) -> GemmaLayer:
+def _load_gemma_layer(store: TensorStore, config: ModelConfig, options: GemmaOptions, index: int, base: DecoderLayer, dtype: torch.dtype) -> GemmaLayer:
     prefix = f"transformer.layers.{index}"
     hidden, head = config.hidden_size, config.head_size
     layer = GemmaLayer(base, window=options.layer_windows[index])

@@ -47,8 +47,11 @@ def layer_norm(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     """LayerNorm over the last dimension, in float32 (TensorRT-LLM's LayerNorm, transformers' nn.LayerNorm; Nemotron's
     LayerNorm1P is this with weight + 1, which the converter stores)."""
     normed = F.layer_norm(
-        hidden.to(torch.float32), hidden.shape[-1:], weight.to(torch.float32),
-        None if bias is None else bias.to(torch.float32), epsilon,
+        hidden.to(torch.float32),
+        hidden.shape[-1:],
+        weight.to(torch.float32),
+        None if bias is None else bias.to(torch.float32),
+        epsilon,
     )
     return normed.to(hidden.dtype)
 
@@ -83,9 +86,7 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.T
     high_freq_wavelen = old_context_len / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (old_context_len / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor
-    )
+    smooth = (old_context_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)

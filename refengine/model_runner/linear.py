@@ -140,9 +140,7 @@ def load_linear(
     if quantization.quant_algo is None or is_excluded(spec.prefix, quantization):
         weight = store.get(f"{spec.prefix}.weight", (spec.out_features, spec.in_features))
         return DenseLinear(weight_storage(weight, dtype), _load_bias(store, spec, dtype), dtype, scratch, fp16_gemm)
-    quantized_spec = QuantizedLinearSpec(
-        spec.prefix, spec.in_features, spec.out_features, quantization, checkpoint_dtype
-    )
+    quantized_spec = QuantizedLinearSpec(spec.prefix, spec.in_features, spec.out_features, quantization, checkpoint_dtype)
     return load_quantized_linear(store, quantized_spec, _load_bias(store, spec, dtype))
 
 

@@ -123,8 +123,12 @@ class LlamaModel:
         moe_h_to_4h / moe_4h_to_h / moe_gate, are not run here)."""
         config = self.config
         return ModelLoraShape(
-            config.num_layers, config.hidden_size, config.q_size, config.kv_size,
-            None if self.options.moe else config.intermediate_size, gated_mlp=self.options.ungated_activation is None,
+            config.num_layers,
+            config.hidden_size,
+            config.q_size,
+            config.kv_size,
+            None if self.options.moe else config.intermediate_size,
+            gated_mlp=self.options.ungated_activation is None,
             fused_gate_up=architecture_for_checkpoint(config.architecture).lora_fused_gate_up,
         )
 
@@ -138,8 +142,18 @@ class LlamaModel:
         embedding, lm_head = load_embeddings(store, config, dtype)
         scratch = WeightScratch()  # shared by the model's Linears whose weights are kept narrower
         layers = [
-            _load_layer(store, config, index, dtype, scratch, fp16_gemm, options.qk_layernorm, options.layer_norm,
-                        gated_mlp=options.ungated_activation is None, moe=options.moe)
+            _load_layer(
+                store,
+                config,
+                index,
+                dtype,
+                scratch,
+                fp16_gemm,
+                options.qk_layernorm,
+                options.layer_norm,
+                gated_mlp=options.ungated_activation is None,
+                moe=options.moe,
+            )
             for index in range(config.num_layers)
         ]
         final_norm = store.get("transformer.ln_f.weight", (config.hidden_size,))
@@ -178,9 +192,7 @@ class LlamaModel:
             qkv = linear_with_lora(layer.qkv, self._norm(hidden, layer.input_norm, layer.input_norm_bias), lora, index, Site.QKV)
             query_key = qkv[:, :qk_size].reshape(num_tokens, -1, head_size)
             if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: RMSNorm over each head, before RoPE
-                query_key = torch.cat(
-                    (rms_norm(query_key[:, :num_heads], layer.q_norm, eps), rms_norm(query_key[:, num_heads:], layer.k_norm, eps)), dim=1
-                )
+                query_key = torch.cat((rms_norm(query_key[:, :num_heads], layer.q_norm, eps), rms_norm(query_key[:, num_heads:], layer.k_norm, eps)), dim=1)
             # RoPE on query and key heads together: one elementwise pass instead of two.
             query_key = rotate_partial(query_key, cos, sin, rotary_dim)
             query, key = query_key[:, :num_heads], query_key[:, num_heads:]
@@ -276,8 +288,16 @@ def load_embeddings(store: TensorStore, config: ModelConfig, dtype: torch.dtype)
 
 
 def _load_layer(
-    store: TensorStore, config: ModelConfig, index: int, dtype: torch.dtype, scratch: WeightScratch | None = None,
-    fp16_gemm: bool = False, qk_layernorm: bool = False, layer_norm: bool = False, *, gated_mlp: bool = True,
+    store: TensorStore,
+    config: ModelConfig,
+    index: int,
+    dtype: torch.dtype,
+    scratch: WeightScratch | None = None,
+    fp16_gemm: bool = False,
+    qk_layernorm: bool = False,
+    layer_norm: bool = False,
+    *,
+    gated_mlp: bool = True,
     moe: MoeSpec | None = None,
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"

@@ -75,8 +75,7 @@ class SharedExpert:
 class MoeBlock:
     """x [tokens, hidden] -> the weighted sum of its top-k experts' SwiGLU MLPs (plus the shared expert)."""
 
-    def __init__(self, spec: MoeSpec, router: torch.Tensor, fc: list[Linear], proj: list[Linear],
-                 shared: SharedExpert | None = None) -> None:
+    def __init__(self, spec: MoeSpec, router: torch.Tensor, fc: list[Linear], proj: list[Linear], shared: SharedExpert | None = None) -> None:
         self.spec = spec
         self.router = router  # [E, hidden] float32
         self.fc = fc  # per expert, [2·I, hidden]
@@ -117,8 +116,13 @@ def _gated(up_gate: torch.Tensor, inner: int) -> torch.Tensor:
 
 
 def load_moe(
-    store: TensorStore, config: ModelConfig, spec: MoeSpec, prefix: str, dtype: torch.dtype,
-    scratch: WeightScratch | None = None, fp16_gemm: bool = False,
+    store: TensorStore,
+    config: ModelConfig,
+    spec: MoeSpec,
+    prefix: str,
+    dtype: torch.dtype,
+    scratch: WeightScratch | None = None,
+    fp16_gemm: bool = False,
 ) -> MoeBlock:
     """The MoE block at `prefix` (`transformer.layers.N.mlp`)."""
     hidden, inner, experts = config.hidden_size, spec.intermediate_size, spec.num_experts
@@ -130,8 +134,9 @@ def load_moe(
         size, checkpoint_dtype = spec.shared_intermediate_size, getattr(torch, config.dtype)
 
         def linear(name: str, in_features: int, out_features: int) -> Linear:
-            return load_linear(store, LinearSpec(f"{prefix}.{name}", in_features, out_features), config.quantization,
-                               dtype, checkpoint_dtype, scratch, fp16_gemm)
+            return load_linear(
+                store, LinearSpec(f"{prefix}.{name}", in_features, out_features), config.quantization, dtype, checkpoint_dtype, scratch, fp16_gemm
+            )
 
         gate = store.get(f"{prefix}.shared_expert_gate.weight", (1, hidden)).to(dtype)
         shared = SharedExpert(linear("shared_expert.fc", hidden, 2 * size), linear("shared_expert.proj", size, hidden), gate)
@@ -139,8 +144,13 @@ def load_moe(
 
 
 def _experts(
-    store: TensorStore, config: ModelConfig, prefix: str, shape: tuple[int, int, int], dtype: torch.dtype,
-    scratch: WeightScratch | None, fp16_gemm: bool,
+    store: TensorStore,
+    config: ModelConfig,
+    prefix: str,
+    shape: tuple[int, int, int],
+    dtype: torch.dtype,
+    scratch: WeightScratch | None,
+    fp16_gemm: bool,
 ) -> list[Linear]:
     """One Linear per expert over its slice of the stacked weight [E, out, in]."""
     if store.has(f"{prefix}.bias"):

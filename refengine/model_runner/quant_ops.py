@@ -36,9 +36,7 @@ def round_half_away_from_zero(x: torch.Tensor) -> torch.Tensor:
     return torch.where(tie, torch.trunc(x) + torch.sign(x), rounded)
 
 
-def quantize_weight_per_channel(
-    weight: torch.Tensor, bits: int, scale_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight_per_channel(weight: torch.Tensor, bits: int, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel weight quantization as trtllm-build does it for W8A16.
 
     weight [out, in] -> (codes [out, in] int8, dequantization scale [out] in `scale_dtype`).

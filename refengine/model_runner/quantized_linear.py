@@ -68,8 +68,7 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> t
 class Fp8Linear:
     """FP8 per-tensor weights and activations (quant_algo FP8)."""
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
-                 bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight = weight.view(torch.float8_e4m3fn)  # [out, in] codes
         self.weight_scale = weight_scale
         self.input_scale = input_scale
@@ -99,8 +98,9 @@ class WeightOnlyInt8Linear:
 class SmoothQuantLinear:
     """INT8 per-channel weights, per-tensor INT8 activations after smoothing (W8A8_SQ_PER_CHANNEL)."""
 
-    def __init__(self, codes: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
-                 smoother: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, codes: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor, smoother: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> None:
         self.weight = codes  # [out, in] int8
         self.weight_scale = weight_scale  # [out] float32
         self.input_scale = input_scale  # scalar float32
@@ -120,8 +120,7 @@ class SmoothQuantLinear:
 class Int4AwqLinear:
     """Group-wise INT4 weights with AWQ's pre-quant scale, unquantized activations (W4A16_AWQ)."""
 
-    def __init__(self, codes: torch.Tensor, group_scales: torch.Tensor, group_size: int,
-                 prequant: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    def __init__(self, codes: torch.Tensor, group_scales: torch.Tensor, group_size: int, prequant: torch.Tensor | None, bias: torch.Tensor | None) -> None:
         self.weight = codes  # [out, in] int8 holding -8..7
         self.group_scales = group_scales  # [out, in / group], in the checkpoint dtype
         self.group_size = group_size
@@ -143,8 +142,15 @@ class Int4AwqLinear:
 class W4A8AwqLinear:
     """Group-wise INT4 weights dequantized to FP8, FP8 activations (W4A8_AWQ)."""
 
-    def __init__(self, codes: torch.Tensor, fp8_group_scales: torch.Tensor, group_size: int,
-                 input_multiplier: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        fp8_group_scales: torch.Tensor,
+        group_size: int,
+        input_multiplier: torch.Tensor,
+        alpha: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> None:
         self.weight = codes  # [out, in] int8 holding -8..7
         self.fp8_group_scales = fp8_group_scales  # s_g / s_w2 in float16, [out, in / group]
         self.group_size = group_size
@@ -200,10 +206,7 @@ def _int4_parts(store: TensorStore, spec: QuantizedLinearSpec) -> tuple[torch.Te
     p, out_f, in_f = spec.prefix, spec.out_features, spec.in_features
     group = spec.quantization.group_size
     if out_f % 2 or in_f % group:
-        raise ModelLoadError(
-            f"{p}: INT4 needs an even out_features and in_features divisible by group_size {group} "
-            f"(got out {out_f}, in {in_f})"
-        )
+        raise ModelLoadError(f"{p}: INT4 needs an even out_features and in_features divisible by group_size {group} (got out {out_f}, in {in_f})")
     packed = store.get_quantized(f"{p}.weight", (out_f // 2, in_f), INT4_PACKED)
     scales = store.get(f"{p}.weights_scaling_factor", (out_f, in_f // group))
     _positive(scales, f"{p}.weights_scaling_factor")
@@ -228,18 +231,18 @@ def _load_w4a8_awq(store: TensorStore, spec: QuantizedLinearSpec, bias: torch.Te
     # As TensorRT-LLM's preprocess_weights: scale / scale_2 in float16, prequant / act in model dtype.
     fp8_group_scales = (scales.to(torch.float32) / weight_scale_2).to(torch.float16)
     multiplier = (prequant.to(torch.float32) / input_scale).to(spec.checkpoint_dtype)
-    return W4A8AwqLinear(
-        codes, fp8_group_scales, spec.quantization.group_size, multiplier, input_scale * weight_scale_2, bias
-    )
+    return W4A8AwqLinear(codes, fp8_group_scales, spec.quantization.group_size, multiplier, input_scale * weight_scale_2, bias)
 
 
-_LOADERS: MappingProxyType[str, Callable[[TensorStore, QuantizedLinearSpec, torch.Tensor | None], Linear]] = MappingProxyType({
-    "FP8": _load_fp8,
-    "W8A16": _load_w8a16,
-    "W8A8_SQ_PER_CHANNEL": _load_sq,
-    "W4A16_AWQ": _load_w4a16_awq,
-    "W4A8_AWQ": _load_w4a8_awq,
-})
+_LOADERS: MappingProxyType[str, Callable[[TensorStore, QuantizedLinearSpec, torch.Tensor | None], Linear]] = MappingProxyType(
+    {
+        "FP8": _load_fp8,
+        "W8A16": _load_w8a16,
+        "W8A8_SQ_PER_CHANNEL": _load_sq,
+        "W4A16_AWQ": _load_w4a16_awq,
+        "W4A8_AWQ": _load_w4a8_awq,
+    }
+)
 SUPPORTED_QUANT_ALGOS = tuple(_LOADERS)
 
 
@@ -248,8 +251,7 @@ def check_quantization(quantization: QuantizationConfig) -> None:
     algo = quantization.quant_algo
     if algo is not None and algo not in _LOADERS:
         raise ModelLoadError(
-            f"quantization.quant_algo {algo!r} is not supported by the reference engine "
-            f"(supported: {', '.join(SUPPORTED_QUANT_ALGOS)}, or null)"
+            f"quantization.quant_algo {algo!r} is not supported by the reference engine (supported: {', '.join(SUPPORTED_QUANT_ALGOS)}, or null)"
         )
     if algo in ("W4A16_AWQ", "W4A8_AWQ") and quantization.has_zero_point:
         raise ModelLoadError(f"quantization.has_zero_point is true: {algo} with zero points is not supported")

@@ -70,7 +70,9 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         sampling_items = [items[index] for index in sampling]
         return RunnerOutput(
-            step_id=scheduler_output.step_id, sampled=self.sampler.sample(logits, sampling_items), context_logits=context_logits,
+            step_id=scheduler_output.step_id,
+            sampled=self.sampler.sample(logits, sampling_items),
+            context_logits=context_logits,
             hidden_states={item.seq_id: hidden[row] for row, item in enumerate(sampling_items) if item.return_hidden},
         )
 
@@ -126,8 +128,7 @@ class ModelRunner:
         ends = torch.tensor([item.num_new_tokens for item in items]).cumsum(0).tolist()
         starts = [end - item.num_new_tokens for end, item in zip(ends, items)]
         context_logits = {
-            items[index].seq_id: (items[index].num_computed_tokens, self.model.compute_logits(hidden[starts[index] : ends[index]]))
-            for index in wanting_context
+            items[index].seq_id: (items[index].num_computed_tokens, self.model.compute_logits(hidden[starts[index] : ends[index]])) for index in wanting_context
         }
         return (hidden if sampling is None else hidden[[ends[index] - 1 for index in sampling]]), context_logits
 

@@ -60,9 +60,7 @@ def _apply_penalties(logits: torch.Tensor, params: SamplingParams, history: Sequ
     ids, counts = torch.unique(torch.tensor(history, dtype=torch.int64), return_counts=True)
     if params.repetition_penalty != 1.0:  # Hugging Face's RepetitionPenaltyLogitsProcessor
         scores = logits[ids]
-        logits[ids] = torch.where(
-            scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty
-        )
+        logits[ids] = torch.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
     if params.presence_penalty:
         logits[ids] -= params.presence_penalty
     if params.frequency_penalty:
@@ -84,9 +82,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
 
 
 class Sampler:
-    def sample(
-        self, logits: torch.Tensor, items: Sequence[ScheduledSequence]
-    ) -> dict[int, tuple[SampledToken, ...]]:
+    def sample(self, logits: torch.Tensor, items: Sequence[ScheduledSequence]) -> dict[int, tuple[SampledToken, ...]]:
         """`logits` [len(items), vocab] float32: one row per item with num_samples > 0."""
         sampled: dict[int, tuple[SampledToken, ...]] = {}
         for row, item in zip(logits, items):

@@ -63,9 +63,14 @@ def plain_greedy(item: ScheduledSequence) -> bool:
     """Greedy, and nothing (apply_logit_processors, logprobs, generation logits) to do per row."""
     params = item.sampling_params
     return (
-        params.is_greedy and params.logprobs is None and not params.return_generation_logits and not params.logit_bias
-        and not params.needs_token_history and (params.end_id is None or item.num_output_tokens >= params.min_tokens)
-        and item.allowed_tokens is None and item.draft_allowed_tokens is None
+        params.is_greedy
+        and params.logprobs is None
+        and not params.return_generation_logits
+        and not params.logit_bias
+        and not params.needs_token_history
+        and (params.end_id is None or item.num_output_tokens >= params.min_tokens)
+        and item.allowed_tokens is None
+        and item.draft_allowed_tokens is None
     )
 
 

@@ -31,9 +31,7 @@ def blocks_to_admit(kv: KVCacheManager, sequence: Sequence, prefix: CachedPrefix
     return max(0, sequence.num_pending_samples * full_size - already_live)
 
 
-def no_evict_allows(
-    kv: KVCacheManager, running: Iterable[Sequence], candidate: Sequence, prefix: CachedPrefix
-) -> bool:
+def no_evict_allows(kv: KVCacheManager, running: Iterable[Sequence], candidate: Sequence, prefix: CachedPrefix) -> bool:
     reserved = sum(blocks_to_finish(kv, sequence) for sequence in running)
     return reserved + blocks_to_admit(kv, candidate, prefix) <= kv.num_free_blocks
 

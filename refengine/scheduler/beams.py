@@ -128,16 +128,28 @@ def reassign_beams(kv: KVCacheManager, group: BeamGroup, members: list[Sequence]
 
 
 def _whole_beam(
-    group: BeamGroup, seq_id: int, index: int, tokens: tuple[int, ...], log_probs: tuple[float, ...], cum_log_prob: float,
-    with_log_probs: bool, finish_reason: FinishReason | None = None,
+    group: BeamGroup,
+    seq_id: int,
+    index: int,
+    tokens: tuple[int, ...],
+    log_probs: tuple[float, ...],
+    cum_log_prob: float,
+    with_log_probs: bool,
+    finish_reason: FinishReason | None = None,
 ) -> SequenceUpdate:
     """The update that gives returned sequence `index` a beam whole (with its log-probs when the request asks for them)."""
     samples: tuple[SampledToken, ...] = ()
     if with_log_probs:
         samples = tuple(SampledToken(t, lp) for t, lp in zip(tokens, log_probs))
     return SequenceUpdate(
-        seq_id=seq_id, request_id=group.request_id, sample_index=index, new_token_ids=tokens, new_samples=samples,
-        finish_reason=finish_reason, cum_log_prob=cum_log_prob, replaces_output=True,
+        seq_id=seq_id,
+        request_id=group.request_id,
+        sample_index=index,
+        new_token_ids=tokens,
+        new_samples=samples,
+        finish_reason=finish_reason,
+        cum_log_prob=cum_log_prob,
+        replaces_output=True,
     )
 
 
@@ -146,20 +158,33 @@ def running_beam_updates(group: BeamGroup, members: list[Sequence]) -> list[Sequ
     returned sequence (TensorRT-LLM streams every beam in full at each step)."""
     search, params = group.search, members[0].params
     return [
-        _whole_beam(group, members[index].seq_id, index, search.running_tokens[index], search.running_log_probs[index],
-                    float(search.running_scores[0, index]), params.logprobs is not None)
+        _whole_beam(
+            group,
+            members[index].seq_id,
+            index,
+            search.running_tokens[index],
+            search.running_log_probs[index],
+            float(search.running_scores[0, index]),
+            params.logprobs is not None,
+        )
         for index in range(params.n)
     ]
 
 
-def finish_beams(
-    group: BeamGroup, members: list[Sequence], finish: Callable[[Sequence, FinishReason], None]
-) -> list[SequenceUpdate]:
+def finish_beams(group: BeamGroup, members: list[Sequence], finish: Callable[[Sequence, FinishReason], None]) -> list[SequenceUpdate]:
     """The request's best `n` beams as one update per returned sequence; every member finishes."""
     params = members[0].params
     updates = [
-        _whole_beam(group, members[min(index, len(members) - 1)].seq_id, index, beam.token_ids, beam.token_log_probs,
-                    beam.cum_log_prob, params.logprobs is not None, FinishReason.STOP if beam.stopped else FinishReason.LENGTH)
+        _whole_beam(
+            group,
+            members[min(index, len(members) - 1)].seq_id,
+            index,
+            beam.token_ids,
+            beam.token_log_probs,
+            beam.cum_log_prob,
+            params.logprobs is not None,
+            FinishReason.STOP if beam.stopped else FinishReason.LENGTH,
+        )
         for index, beam in enumerate(group.search.best(params.n))
     ]
     for member in members:

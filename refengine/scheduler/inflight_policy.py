@@ -22,9 +22,7 @@ from refengine.scheduler.sequence import Sequence, SequenceStatus
 class InflightBatching:
     """A `BatchingPolicy` over the scheduler's queues, KV cache and beam groups (shared, not copied)."""
 
-    def __init__(
-        self, config: EngineConfig, kv: KVCacheManager, waiting: SequenceQueue, running: SequenceQueue, beams: BeamGroups
-    ) -> None:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, waiting: SequenceQueue, running: SequenceQueue, beams: BeamGroups) -> None:
         self._config = config
         self._kv = kv
         self._waiting = waiting
@@ -62,9 +60,7 @@ class InflightBatching:
             self._admit_waiting(budget, plan.choices)
         return plan
 
-    def _allocate_or_preempt(
-        self, sequence: Sequence, num_new: int, preempted: list[Sequence]
-    ) -> tuple[int, ...] | None:
+    def _allocate_or_preempt(self, sequence: Sequence, num_new: int, preempted: list[Sequence]) -> tuple[int, ...] | None:
         while True:
             table = self._kv.allocate_slots(sequence.seq_id, sequence.num_computed_tokens + num_new, owner=sequence.request_id)
             if table is not None:
@@ -86,12 +82,13 @@ class InflightBatching:
             num_new = tokens_to_schedule(self._config, sequence.num_tokens - prefix.num_tokens, budget)
             if num_new == 0:
                 break
-            if policy is SchedulerPolicy.GUARANTEED_NO_EVICT and not no_evict_allows(
-                self._kv, self._running, sequence, prefix
-            ):
+            if policy is SchedulerPolicy.GUARANTEED_NO_EVICT and not no_evict_allows(self._kv, self._running, sequence, prefix):
                 break
             if sequence.params.beam_width > 1 and not no_evict_allows(  # beams are never preempted:
-                self._kv, self._beams.members(self._running), sequence, prefix  # reserve them in any policy
+                self._kv,
+                self._beams.members(self._running),
+                sequence,
+                prefix,  # reserve them in any policy
             ):
                 break
             table = self._kv.allocate_slots(sequence.seq_id, prefix.num_tokens + num_new, prefix, owner=sequence.request_id)

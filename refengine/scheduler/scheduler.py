@@ -180,9 +180,7 @@ class Scheduler:
         self._num_preemptions += len(plan.preempted)
         return self._make_output(plan)
 
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
-    ) -> list[SequenceUpdate]:
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[SequenceUpdate]:
         """Apply the sampled tokens: extend, fork (n > 1), finish; returns what changed."""
         updates: list[SequenceUpdate] = []
         beam_rows: dict[int, torch.Tensor] = {}
@@ -206,10 +204,7 @@ class Scheduler:
                 beam_rows[item.seq_id] = beam_log_probs
                 continue
             if len(samples) != item.num_samples:
-                raise ValueError(
-                    f"runner returned {len(samples)} samples for sequence {item.seq_id}, "
-                    f"expected {item.num_samples}"
-                )
+                raise ValueError(f"runner returned {len(samples)} samples for sequence {item.seq_id}, expected {item.num_samples}")
             family = [sequence] + self._fork(sequence, len(samples) - 1)
             for member, sample in zip(family, samples):
                 added, reason = member.append_sample(sample)

@@ -133,9 +133,7 @@ class Sequence:
             raise RuntimeError(f"sequence {self.seq_id}: token {sample.token_id} was sampled against its grammar's mask")
         if grammar is not None and grammar.is_terminated:
             return (), FinishReason.STOP
-        if params.end_id is not None and sample.token_id == params.end_id and (
-            self.num_output_tokens >= params.min_tokens
-        ):
+        if params.end_id is not None and sample.token_id == params.end_id and (self.num_output_tokens >= params.min_tokens):
             return (), FinishReason.STOP
         self.output_token_ids.append(sample.token_id)
         self._token_ids.append(sample.token_id)

@@ -17,9 +17,7 @@ from refengine.scheduler.sequence import FinishReason, Sequence, SequenceUpdate
 from refengine.step_messages import SampledToken, ScheduledSequence
 
 
-def apply_verified(
-    sequence: Sequence, item: ScheduledSequence, samples: SequenceType[SampledToken], kv: KVCacheManager
-) -> SequenceUpdate:
+def apply_verified(sequence: Sequence, item: ScheduledSequence, samples: SequenceType[SampledToken], kv: KVCacheManager) -> SequenceUpdate:
     num_drafts = len(item.draft_token_ids)
     if not 1 <= len(samples) <= num_drafts + 1:
         raise ValueError(f"runner returned {len(samples)} tokens for sequence {sequence.seq_id} with {num_drafts} drafts")

@@ -66,9 +66,7 @@ def padding_row(sequence: Sequence, block_table: tuple[int, ...]) -> ScheduledSe
     )
 
 
-def allocate_reserved(
-    kv: KVCacheManager, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None, owner: str | None
-) -> tuple[int, ...]:
+def allocate_reserved(kv: KVCacheManager, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None, owner: str | None) -> tuple[int, ...]:
     """Slots within the batch's reservation: running out is a bug of the reservation, not a wait."""
     table = kv.allocate_slots(sequence.seq_id, num_total_tokens, prefix, owner=owner)
     if table is None:

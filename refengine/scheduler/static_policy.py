@@ -83,8 +83,6 @@ class StaticBatching:
         choices.sort(key=lambda choice: choice.sequence.sort_key)
         return StepPlan(choices)
 
-    def _allocate_reserved(
-        self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None
-    ) -> tuple[int, ...]:
+    def _allocate_reserved(self, sequence: Sequence, num_total_tokens: int, prefix: CachedPrefix | None = None) -> tuple[int, ...]:
         owner = sequence.request_id if self._has_request(sequence.request_id) else None  # padding rows count for nobody
         return allocate_reserved(self._kv, sequence, num_total_tokens, prefix, owner)

@@ -36,7 +36,12 @@ class DraftModelDrafter:
     has_draft_distribution = True  # a sampled draft carries q (Draft.probs)
 
     def __init__(
-        self, model: DecoderModel, num_blocks: int, tokens_per_block: int, *, vocab_size: int | None = None,
+        self,
+        model: DecoderModel,
+        num_blocks: int,
+        tokens_per_block: int,
+        *,
+        vocab_size: int | None = None,
         lean_slots: tuple[int, int] | None = None,
     ) -> None:
         """`lean_slots` (num_slots, max_seq_len): run a dense Llama draft on the lean path with that many
@@ -97,10 +102,7 @@ class DraftModelDrafter:
                 if open_grammar and len(tokens[request.seq_id]) < request.num_draft_tokens:
                     following.append((request, [token], position))
             active = following
-        return {
-            seq_id: Draft(tuple(drafted), torch.stack(probs[seq_id]) if probs[seq_id] else None)
-            for seq_id, drafted in tokens.items()
-        }
+        return {seq_id: Draft(tuple(drafted), torch.stack(probs[seq_id]) if probs[seq_id] else None) for seq_id, drafted in tokens.items()}
 
     def _reserve(self, seq_id: int, num_tokens: int) -> bool:
         if self._lean is None:

@@ -65,10 +65,16 @@ class LeanDraft:
         for layer in model.layers:
             fc, gate = weights(layer.fc), weights(layer.gate)
             fused_bias = None if fc[1] is None else torch.cat([fc[1], _bias(gate[1])])
-            self.layers.append((
-                layer.input_norm.to(torch.float32), packed(*weights(layer.qkv, pairs)), packed(*weights(layer.dense)),
-                layer.post_norm.to(torch.float32), packed(torch.cat([fc[0], gate[0]]), fused_bias), packed(*weights(layer.proj)),
-            ))
+            self.layers.append(
+                (
+                    layer.input_norm.to(torch.float32),
+                    packed(*weights(layer.qkv, pairs)),
+                    packed(*weights(layer.dense)),
+                    layer.post_norm.to(torch.float32),
+                    packed(torch.cat([fc[0], gate[0]]), fused_bias),
+                    packed(*weights(layer.proj)),
+                )
+            )
         self.embedding = model.embedding.to(torch.float32)
         self.final_norm = model.final_norm.to(torch.float32)
         self.lm_head = packed(model.lm_head.to(torch.float32)[: self.vocab_size], None)

@@ -32,8 +32,14 @@ def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config:
                 f"{medusa.vocab_size} exceeds the model's vocab_size {model_config.vocab_size} (the heads keep the first M token ids)",
             )
         heads = MedusaHeads.load(
-            medusa.heads_file, medusa.num_heads, medusa.num_layers, model_config.hidden_size, model_config.vocab_size,
-            torch_dtype(config.compute_dtype), f"{SPECULATIVE_KEY}.medusa_heads", fp16_gemm=config.fp16_weight_gemm,
+            medusa.heads_file,
+            medusa.num_heads,
+            medusa.num_layers,
+            model_config.hidden_size,
+            model_config.vocab_size,
+            torch_dtype(config.compute_dtype),
+            f"{SPECULATIVE_KEY}.medusa_heads",
+            fp16_gemm=config.fp16_weight_gemm,
             medusa_vocab_size=medusa.vocab_size,
         )
         return MedusaDrafter(heads, medusa.choices, settings.max_draft_len)
@@ -56,6 +62,9 @@ def load_drafter(engine: EngineDirectory, settings: SpeculativeSettings, config:
     model = load_model(draft.checkpoint, torch_dtype(config.compute_dtype))
     blocks_per_sequence = -(-config.max_seq_len // config.tokens_per_block)
     return DraftModelDrafter(
-        model, config.max_batch_size * blocks_per_sequence, config.tokens_per_block, vocab_size=settings.draft_vocab_size,
+        model,
+        config.max_batch_size * blocks_per_sequence,
+        config.tokens_per_block,
+        vocab_size=settings.draft_vocab_size,
         lean_slots=(config.max_batch_size, config.max_seq_len),
     )

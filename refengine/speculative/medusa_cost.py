@@ -29,7 +29,11 @@ def benchmark_tree(num_nodes: int, widths: Sequence[int] = TREE_WIDTHS) -> tuple
 
 
 def measure_tree_verification(
-    model: DecoderModel, node_counts: Sequence[int], context_len: int = 128, repeats: int = 20, tokens_per_block: int = 32,
+    model: DecoderModel,
+    node_counts: Sequence[int],
+    context_len: int = 128,
+    repeats: int = 20,
+    tokens_per_block: int = 32,
 ) -> list[dict[str, Any]]:
     """Per N: the median wall and CPU milliseconds of one greedy verification step at batch 1 after `context_len`
     cached tokens (over `repeats` rounds that run every N once), and its wall cost relative to N = 0 (a plain decode)."""
@@ -63,12 +67,25 @@ def measure_tree_verification(
 
 
 def _item(
-    tokens: Sequence[int], start: int, table: tuple[int, ...], params: SamplingParams,
-    nodes: Sequence[int] = (), parents: Sequence[int] = (),
+    tokens: Sequence[int],
+    start: int,
+    table: tuple[int, ...],
+    params: SamplingParams,
+    nodes: Sequence[int] = (),
+    parents: Sequence[int] = (),
 ) -> ScheduledSequence:
     return ScheduledSequence(
-        seq_id=0, new_token_ids=tuple(tokens), num_computed_tokens=start, block_table=table, num_samples=1, sampling_params=params,
-        sampling_seed=0, first_sample_index=0, num_output_tokens=0, draft_token_ids=tuple(nodes), draft_tree_parents=tuple(parents),
+        seq_id=0,
+        new_token_ids=tuple(tokens),
+        num_computed_tokens=start,
+        block_table=table,
+        num_samples=1,
+        sampling_params=params,
+        sampling_seed=0,
+        first_sample_index=0,
+        num_output_tokens=0,
+        draft_token_ids=tuple(nodes),
+        draft_tree_parents=tuple(parents),
     )
 
 

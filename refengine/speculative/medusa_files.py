@@ -25,8 +25,15 @@ HEADS_SUBDIR = "medusa"
 
 
 def write_random_medusa_heads(
-    directory: Path, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int, seed: int = 0,
-    medusa_choices: Sequence[Sequence[int]] | None = None, base_model: str = "base", scale: float = 0.05,
+    directory: Path,
+    num_heads: int,
+    num_layers: int,
+    hidden_size: int,
+    vocab_size: int,
+    seed: int = 0,
+    medusa_choices: Sequence[Sequence[int]] | None = None,
+    base_model: str = "base",
+    scale: float = 0.05,
 ) -> Path:
     """Random float16 heads in the Medusa layout (what untrained heads would propose: greedy output must not change)."""
     from safetensors.torch import save_file
@@ -45,8 +52,12 @@ def write_random_medusa_heads(
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / HEADS_FILE))
     config: dict[str, Any] = {
-        "medusa_num_heads": num_heads, "medusa_num_layers": num_layers, "hidden_size": hidden_size, "vocab_size": vocab_size,
-        "medusa_hidden_act": "silu", "base_model_name_or_path": base_model,
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "hidden_size": hidden_size,
+        "vocab_size": vocab_size,
+        "medusa_hidden_act": "silu",
+        "base_model_name_or_path": base_model,
     }
     if medusa_choices is not None:
         config["medusa_choices"] = [list(path) for path in medusa_choices]
@@ -54,8 +65,13 @@ def write_random_medusa_heads(
     return directory
 
 
-def write_medusa_engine(engine_dir: Path, heads_dir: Path, medusa_choices: Sequence[Sequence[int]] | None = None,
-                        max_draft_len: int | None = None, medusa_vocab_size: int | None = None) -> None:
+def write_medusa_engine(
+    engine_dir: Path,
+    heads_dir: Path,
+    medusa_choices: Sequence[Sequence[int]] | None = None,
+    max_draft_len: int | None = None,
+    medusa_vocab_size: int | None = None,
+) -> None:
     """Mark a CPU engine directory as a Medusa engine: the heads copied to `<engine_dir>/medusa/`, the
     `refengine_speculative` section and TensorRT-LLM's build_config fields (speculative_decoding_mode 4, max_draft_len:
     the tree's node count unless given). `medusa_choices` None: the heads' recommended tree (their config.json);
@@ -80,8 +96,12 @@ def write_medusa_engine(engine_dir: Path, heads_dir: Path, medusa_choices: Seque
     config["build_config"]["max_draft_len"] = draft_len
     config["build_config"]["speculative_decoding_mode"] = MODE_MEDUSA
     config[SPECULATIVE_KEY] = {
-        "kind": "medusa", "max_draft_len": draft_len, "medusa_heads": f"{HEADS_SUBDIR}/{HEADS_FILE}",
-        "num_medusa_heads": num_heads, "num_medusa_layers": num_layers, "medusa_choices": [list(p) for p in choices],
+        "kind": "medusa",
+        "max_draft_len": draft_len,
+        "medusa_heads": f"{HEADS_SUBDIR}/{HEADS_FILE}",
+        "num_medusa_heads": num_heads,
+        "num_medusa_layers": num_layers,
+        "medusa_choices": [list(p) for p in choices],
     }
     if medusa_vocab_size is not None:
         config[SPECULATIVE_KEY]["medusa_vocab_size"] = medusa_vocab_size

@@ -33,8 +33,12 @@ class MedusaHeads:
     Every head's first residual layer reads the same hidden state: the K layers run as one GEMM ([K * H, H])."""
 
     def __init__(
-        self, residual_layers: list[list[tuple[torch.Tensor, torch.Tensor]]], projections: list[torch.Tensor],
-        dtype: torch.dtype = torch.float32, fp16_gemm: bool = False, vocab_size: int | None = None,
+        self,
+        residual_layers: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        projections: list[torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        fp16_gemm: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
         self.dtype = dtype
         self.hidden_size = projections[0].shape[1]
@@ -42,7 +46,8 @@ class MedusaHeads:
         first = [layers[0] for layers in residual_layers if layers]
         self.first_layers = (  # every head's layer 0 at once: [K * H, H]
             DenseLinear(torch.cat([w for w, _ in first]), torch.cat([b for _, b in first]).to(dtype), dtype, None, fp16_gemm)
-            if len(first) == len(projections) else None
+            if len(first) == len(projections)
+            else None
         )
         skip = 1 if self.first_layers is not None else 0
         self.later_layers = [  # [head][the layers after the fused ones]: W x + b
@@ -58,8 +63,16 @@ class MedusaHeads:
 
     @classmethod
     def load(
-        cls, path: Path, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int, dtype: torch.dtype, field: str,
-        fp16_gemm: bool = False, medusa_vocab_size: int | None = None,
+        cls,
+        path: Path,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        dtype: torch.dtype,
+        field: str,
+        fp16_gemm: bool = False,
+        medusa_vocab_size: int | None = None,
     ) -> MedusaHeads:
         """The heads of `path` in the compute dtype, proposing the first `medusa_vocab_size` token ids (None: all); a
         missing tensor or one whose size disagrees with the model (hidden size, vocabulary) is an `EngineConfigError`
@@ -80,8 +93,10 @@ class MedusaHeads:
 
         hidden_what = f"hidden size {tensors_hidden(tensors)} vs the model's {hidden_size}"
         layers = [
-            [(get(f"{h}.{layer}.linear.weight", (hidden_size, hidden_size), hidden_what), get(f"{h}.{layer}.linear.bias", (hidden_size,), hidden_what))
-             for layer in range(num_layers)]
+            [
+                (get(f"{h}.{layer}.linear.weight", (hidden_size, hidden_size), hidden_what), get(f"{h}.{layer}.linear.bias", (hidden_size,), hidden_what))
+                for layer in range(num_layers)
+            ]
             for h in range(num_heads)
         ]
         vocab_what = f"vocab size {tensors_vocab(tensors, num_layers)} vs the model's {vocab_size}, hidden size vs {hidden_size}"

@@ -144,8 +144,12 @@ class MedusaSpeculator:
             return item
         self._paths[item.seq_id] = tree.paths
         return dataclasses.replace(
-            item, new_token_ids=item.new_token_ids + tokens, block_table=table, draft_token_ids=tokens,
-            draft_tree_parents=tree.parents, draft_allowed_tokens=masks,
+            item,
+            new_token_ids=item.new_token_ids + tokens,
+            block_table=table,
+            draft_token_ids=tokens,
+            draft_tree_parents=tree.parents,
+            draft_allowed_tokens=masks,
         )
 
     def _count_accepted(self, item: ScheduledSequence, samples: tuple[SampledToken, ...]) -> None:

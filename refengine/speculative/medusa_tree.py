@@ -25,7 +25,7 @@ _CHOICES = re.compile(rf"\s*{_PATH}(?:\s*,\s*{_PATH})*\s*")
 def parse_medusa_choices(text: str, where: str = "medusa_choices") -> tuple[tuple[int, ...], ...]:
     """The paths of NVIDIA's string form `"{0}, {0, 0}, {1}"` (ValueError naming `where` when malformed)."""
     if not isinstance(text, str) or not _CHOICES.fullmatch(text):
-        raise ValueError(f"{where}: {text!r:.120} is not a list of paths like \"{{0}}, {{0, 0}}, {{1}}\" (braces, comma-separated ints)")
+        raise ValueError(f'{where}: {text!r:.120} is not a list of paths like "{{0}}, {{0, 0}}, {{1}}" (braces, comma-separated ints)')
     return tuple(tuple(int(index) for index in path.split(",")) for path in re.findall(r"\{([^{}]*)\}", text))
 
 

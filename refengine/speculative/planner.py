@@ -89,7 +89,8 @@ class Speculator:
                 schedule = self._adaptive.get(item.seq_id)
                 if schedule is None:  # from the counters it has now (a preempted sequence keeps them)
                     schedule = self._adaptive[item.seq_id] = AdaptiveDraftLength(
-                        self.max_draft_len, sequence.num_draft_tokens, sequence.num_accepted_draft_tokens)
+                        self.max_draft_len, sequence.num_draft_tokens, sequence.num_accepted_draft_tokens
+                    )
                 wanted = schedule.next_length(sequence.num_draft_tokens, sequence.num_accepted_draft_tokens)
             else:
                 wanted = params.num_draft_tokens
@@ -98,9 +99,7 @@ class Speculator:
                 continue
             budget -= k
             grammar = sequence.grammar.fork() if sequence.grammar is not None else None
-            requests.append(
-                DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index, grammar)
-            )
+            requests.append(DraftRequest(item.seq_id, tuple(sequence.token_ids), k, params, item.sampling_seed, item.first_sample_index, grammar))
         if not requests:
             return output
         drafts = self.drafter.propose(requests)

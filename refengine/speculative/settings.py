@@ -131,7 +131,11 @@ def _medusa_settings(engine_dir: Path, section: Mapping[str, Any], max_draft_len
 
 
 def check_draft_fits(
-    target_dir: Path, target_vocab_size: int, target_max_seq_len: int, draft_dir: Path, draft_vocab_size: int,
+    target_dir: Path,
+    target_vocab_size: int,
+    target_max_seq_len: int,
+    draft_dir: Path,
+    draft_vocab_size: int,
     draft_build_config: Mapping[str, Any],
 ) -> None:
     """The draft must speak the target's vocabulary and hold every position the target drafts at.
@@ -160,8 +164,12 @@ def _digest(path: Path) -> str:
 
 
 def write_speculative_section(
-    engine_dir: Path, kind: str, max_draft_len: int, draft_engine_dir: str | None = None,
-    max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE, draft_vocab_size: int | None = None,
+    engine_dir: Path,
+    kind: str,
+    max_draft_len: int,
+    draft_engine_dir: str | None = None,
+    max_matching_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE,
+    draft_vocab_size: int | None = None,
 ) -> None:
     """Mark a CPU engine directory as built for speculation (tests, benchmarks): the contract's
     `refengine_speculative` key plus TensorRT-LLM's build_config fields, as the cpu build writes them."""

@@ -176,8 +176,9 @@ def stuck_log(unloaded: tuple[str, ...], stuck: tuple[str, ...]) -> str:
     """tritonserver's log of a stop that unloaded `unloaded` and timed out on `stuck`."""
     loaded = "".join(f"I1201 model_lifecycle.cc:839] \"successfully loaded '{m}'\"\n" for m in unloaded + stuck)
     gone = "".join(f"I1201 model_lifecycle.cc:624] \"successfully unloaded '{m}' version 1\"\n" for m in unloaded)
-    return (loaded + "Signal (15) received.\n" + gone + f"server.cc:345] \"Timeout 0: Found {len(stuck)} live models\"\n"
-            "Exit timeout expired. Exiting immediately.\n")
+    return (
+        loaded + "Signal (15) received.\n" + gone + f'server.cc:345] "Timeout 0: Found {len(stuck)} live models"\nExit timeout expired. Exiting immediately.\n'
+    )
 
 
 def test_only_a_stuck_ensemble_without_a_crash_is_excused_at_stop(tmp_path):

@@ -74,8 +74,7 @@ def built_default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     config = root / "tiny-cpu.yaml"
     config.write_text(text)
     loaded = load_config(config, ())
-    results = {r.name: r for r in run_pipeline(loaded, ArtifactStore(root / "artifacts", loaded.spec.name),
-                                                 console=Console(quiet=True))}
+    results = {r.name: r for r in run_pipeline(loaded, ArtifactStore(root / "artifacts", loaded.spec.name), console=Console(quiet=True))}
     return results["build"].ref.path / "engine", checkpoint_dir(results["prepare"].ref.path)
 
 
@@ -103,15 +102,17 @@ def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[
     assert systems["hf_static_generate"]["generated_tokens_incl_padding_rows"] >= useful
     # (b) is true static batching: as many generated rows (padding included) as generate's (c).
     assert static["batching"] == "static" and inflight["batching"] == "inflight"
-    assert static["generated_tokens_incl_padding_rows"] == systems["hf_static_generate"][
-        "generated_tokens_incl_padding_rows"]
+    assert static["generated_tokens_incl_padding_rows"] == systems["hf_static_generate"]["generated_tokens_incl_padding_rows"]
     assert inflight["generated_tokens_incl_padding_rows"] == useful
     same = result["agreement_with_refengine_inflight"]["refengine_static"]
     assert same["identical_outputs"] == same["requests"] == result["workload"]["num_requests"]
 
     ratios = result["ratios"]
-    for key, other in (("inflight_vs_static", "refengine_static"), ("inflight_vs_hf_static", "hf_static_generate"),
-                       ("inflight_vs_hf_continuous", "hf_continuous_batching")):
+    for key, other in (
+        ("inflight_vs_static", "refengine_static"),
+        ("inflight_vs_hf_static", "hf_static_generate"),
+        ("inflight_vs_hf_continuous", "hf_continuous_batching"),
+    ):
         assert ratios[key] == pytest.approx(inflight["tokens_per_s"] / systems[other]["tokens_per_s"], rel=0.01)
     assert result["targets"]["inflight_vs_static"]["value"] == ratios["inflight_vs_static"]
     assert result["targets"]["inflight_vs_hf_continuous"]["value"] == ratios["inflight_vs_hf_continuous"]
@@ -128,13 +129,10 @@ def test_quick_run_reports_every_section_with_sane_figures(built_default: tuple[
     assert prefix["on"]["prefill_tokens_computed"] < prefix["off"]["prefill_tokens_computed"]
     assert prefix["on"]["cache_hit_tokens_per_wave"][0] == 0  # the first wave computes the prefix
 
-    assert set(result["targets"]) == {"inflight_vs_static", "inflight_vs_hf_continuous", "kv_paged_utilisation",
-                                      "shared_prefill_skipped"}
+    assert set(result["targets"]) == {"inflight_vs_static", "inflight_vs_hf_continuous", "kv_paged_utilisation", "shared_prefill_skipped"}
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
-    assert ratios["steps_static_over_inflight"] == pytest.approx(
-        static["engine_steps"] / inflight["engine_steps"], rel=0.01)
-    assert ratios["generated_rows_static_over_inflight"] == pytest.approx(
-        static["generated_tokens_incl_padding_rows"] / useful, rel=0.01)
+    assert ratios["steps_static_over_inflight"] == pytest.approx(static["engine_steps"] / inflight["engine_steps"], rel=0.01)
+    assert ratios["generated_rows_static_over_inflight"] == pytest.approx(static["generated_tokens_incl_padding_rows"] / useful, rel=0.01)
 
     table = render_markdown(result)
     assert "(a) refengine, inflight batching" in table and "(d) transformers continuous batching" in table
@@ -162,10 +160,10 @@ def test_static_system_holds_each_batch_until_its_longest_request(built_default:
     groups = [range(i, min(i + 4, 10)) for i in range(0, 10, 4)]
     longest = [max(workload.output_lens[i] for i in group) for group in groups]
     assert static.figures["engine_steps"] == sum(longest)  # every batch's prompts fit one step
-    assert static.figures["generated_tokens_incl_padding_rows"] == sum(
-        len(group) * n for group, n in zip(groups, longest))
+    assert static.figures["generated_tokens_incl_padding_rows"] == sum(len(group) * n for group, n in zip(groups, longest))
     assert static.figures["useful_fraction_of_generated"] == pytest.approx(
-        workload.num_output_tokens / static.figures["generated_tokens_incl_padding_rows"], abs=1e-4)
+        workload.num_output_tokens / static.figures["generated_tokens_incl_padding_rows"], abs=1e-4
+    )
     assert inflight.figures["generated_tokens_incl_padding_rows"] == workload.num_output_tokens
     assert inflight.figures["engine_steps"] < static.figures["engine_steps"]
 
@@ -229,8 +227,11 @@ def test_speculative_bench_with_medusa_heads_matches_plain_greedy(built_default:
     engine_dir, hf_dir = built_default
     heads = write_random_medusa_heads(tmp_path / "heads", 4, 1, 256, 4096, medusa_choices=[[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]])
     tree = "{0}, {1}, {2}, {3}, {0, 0}, {0, 1}"
-    variants = {"plain": engine_dir, "medusa": medusa_variant(engine_dir, tmp_path, heads, tree),
-                "medusa_vocab1024": medusa_variant(engine_dir, tmp_path, heads, tree, 1024, "medusa_vocab1024")}
+    variants = {
+        "plain": engine_dir,
+        "medusa": medusa_variant(engine_dir, tmp_path, heads, tree),
+        "medusa_vocab1024": medusa_variant(engine_dir, tmp_path, heads, tree, 1024, "medusa_vocab1024"),
+    }
     encode, _ = load_encoder(hf_dir)
     options = SpeculativeBenchOptions(batch_sizes=(1, 4), max_tokens=16, quick=True)
     result = run_speculative_bench(variants, heldout_code_prompts(encode, 1, 8, 48), options)

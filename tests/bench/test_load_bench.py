@@ -52,8 +52,11 @@ def test_prompts_from_files(tmp_path):
 
 @pytest.mark.parametrize(
     "line, message",
-    [("not json", "prompts.jsonl:1: not a JSON line"), ('{"text": "x"}', 'expected an object with a "prompt" string'),
-     ('{"prompt": "x", "max_tokens": 0}', "max_tokens must be a positive integer, got 0")],
+    [
+        ("not json", "prompts.jsonl:1: not a JSON line"),
+        ('{"text": "x"}', 'expected an object with a "prompt" string'),
+        ('{"prompt": "x", "max_tokens": 0}', "max_tokens must be a positive integer, got 0"),
+    ],
 )
 def test_bad_prompt_files_name_the_line(tmp_path, line, message):
     path = tmp_path / "prompts.jsonl"
@@ -72,24 +75,46 @@ def test_an_empty_prompt_file_is_refused(tmp_path):
 def sweep_point(endpoint: str, concurrency: int, ttft: float, throughput: float) -> dict:
     dist = lambda base: {"p50": base, "p90": base * 1.2, "p99": base * 1.5}  # noqa: E731
     return {
-        "endpoint": endpoint, "label": f"{endpoint} c{concurrency}", "mode": {"concurrency": concurrency},
-        "requests": 8, "completed": 8, "failed": 0, "errors": {}, "requests_per_s": throughput / 16,
-        "output_tokens_per_s": throughput, "ttft_ms": dist(ttft), "itl_ms": dist(5.0), "e2e_ms": dist(ttft + 80),
+        "endpoint": endpoint,
+        "label": f"{endpoint} c{concurrency}",
+        "mode": {"concurrency": concurrency},
+        "requests": 8,
+        "completed": 8,
+        "failed": 0,
+        "errors": {},
+        "requests_per_s": throughput / 16,
+        "output_tokens_per_s": throughput,
+        "ttft_ms": dist(ttft),
+        "itl_ms": dist(5.0),
+        "e2e_ms": dist(ttft + 80),
         "goodput_requests_per_s": throughput / 16,
     }
 
 
 def sweep() -> dict:
-    points = [sweep_point("grpc", 1, 20.0, 150.0), sweep_point("openai", 1, 23.0, 140.0),
-              sweep_point("grpc", 4, 30.0, 330.0), sweep_point("openai", 4, 35.0, 300.0)]
-    return {"started_at": "2026-11-29T00:00:00+00:00", "recipe": {"workload": "w", "requests_per_point": 8, "warmup": 1, "slo": {}},
-            "points": points, "overhead": openai_overhead(points)}
+    points = [
+        sweep_point("grpc", 1, 20.0, 150.0),
+        sweep_point("openai", 1, 23.0, 140.0),
+        sweep_point("grpc", 4, 30.0, 330.0),
+        sweep_point("openai", 4, 35.0, 300.0),
+    ]
+    return {
+        "started_at": "2026-11-29T00:00:00+00:00",
+        "recipe": {"workload": "w", "requests_per_point": 8, "warmup": 1, "slo": {}},
+        "points": points,
+        "overhead": openai_overhead(points),
+    }
 
 
 def test_openai_overhead_is_the_difference_at_the_same_load():
     rows = openai_overhead(sweep()["points"])
-    assert rows[0] == {"mode": "concurrency=1", "ttft_p50_ms_added": 3.0, "e2e_p50_ms_added": 3.0, "itl_p50_ms_added": 0.0,
-                       "throughput_ratio": round(140 / 150, 4)}
+    assert rows[0] == {
+        "mode": "concurrency=1",
+        "ttft_p50_ms_added": 3.0,
+        "e2e_p50_ms_added": 3.0,
+        "itl_p50_ms_added": 0.0,
+        "throughput_ratio": round(140 / 150, 4),
+    }
     assert len(rows) == 2
 
 
@@ -121,6 +146,5 @@ def test_bad_bench_arguments_exit_2_with_the_reason(argv, message, capsys, tmp_p
 
 
 def test_url_with_several_endpoints_is_refused(capsys, tmp_path):
-    code = main(["--artifacts", str(tmp_path), "bench", "load", str(REPO / "build_configs/tiny-cpu.yaml"),
-                 "--url", "127.0.0.1:1", "--endpoint", "grpc,http"])
+    code = main(["--artifacts", str(tmp_path), "bench", "load", str(REPO / "build_configs/tiny-cpu.yaml"), "--url", "127.0.0.1:1", "--endpoint", "grpc,http"])
     assert code == 2 and "--url measures one endpoint" in capsys.readouterr().err

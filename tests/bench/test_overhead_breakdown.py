@@ -29,8 +29,12 @@ def test_statistics_differences_per_client_request():
     rows = model_stats.per_request(total, client_requests=2)
     assert list(rows) == ["preprocessing", "postprocessing"]  # the pipeline's order; models that ran only
     assert rows["postprocessing"] == {
-        "queue_us": 4.0, "compute_input_us": 8.0, "compute_infer_us": 12.0, "compute_output_us": 16.0,
-        "requests_per_request": 4.0, "executions_per_request": 2.0,
+        "queue_us": 4.0,
+        "compute_input_us": 8.0,
+        "compute_infer_us": 12.0,
+        "compute_output_us": 16.0,
+        "requests_per_request": 4.0,
+        "executions_per_request": 2.0,
     }
     assert rows["preprocessing"]["requests_per_request"] == 1.0 and rows["preprocessing"]["queue_us"] == 2.0
 

@@ -120,9 +120,11 @@ def test_a_beam_stream_keeps_the_last_whole_beams_and_ignores_the_empty_final_re
     from clients.record import Recorder, beam_texts
 
     record = Recorder("grpc", 8, whole_beams=True)
-    steps = [Chunk(text="a", beams=("a", "b"), beam_cum_log_probs=(-1.0, -1.5)),
-             Chunk(text="bc", beams=("bc", "ad"), beam_cum_log_probs=(-1.2, -1.4)),  # beam 0 now continues "b"
-             Chunk(text="", final=True)]  # the empty final response
+    steps = [
+        Chunk(text="a", beams=("a", "b"), beam_cum_log_probs=(-1.0, -1.5)),
+        Chunk(text="bc", beams=("bc", "ad"), beam_cum_log_probs=(-1.2, -1.4)),  # beam 0 now continues "b"
+        Chunk(text="", final=True),
+    ]  # the empty final response
     assert [beam_texts(chunk) for chunk in steps] == [("a", "b"), ("bc", "ad"), ()]
     for chunk in steps:
         record.add(chunk)
@@ -138,8 +140,14 @@ def test_a_beam_stream_keeps_the_last_whole_beams_and_ignores_the_empty_final_re
 def test_generation_request_sends_only_what_is_set():
     request = GenerationRequest("hi", 8, top_k=40, seed=3, stop="\n", bad_words=[" sys", " os"])
     assert request.inputs(stream=True) == {
-        "text_input": "hi", "max_tokens": 8, "stop_words": ["\n"], "bad_words": [" sys", " os"],
-        "temperature": 0.0, "top_k": 40, "seed": 3, "stream": True,
+        "text_input": "hi",
+        "max_tokens": 8,
+        "stop_words": ["\n"],
+        "bad_words": [" sys", " os"],
+        "temperature": 0.0,
+        "top_k": 40,
+        "seed": 3,
+        "stream": True,
     }
     assert GenerationRequest("hi", 8, temperature=None).inputs(stream=False) == {"text_input": "hi", "max_tokens": 8, "stream": False}
     with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
@@ -154,9 +162,14 @@ def test_grpc_inputs_have_the_ensembles_datatypes_and_shapes():
     request = GenerationRequest("hé", 8, top_p=0.5, seed=2**63, stop=["a", "b"], return_log_probs=True)
     tensors = {t.name(): t for t in infer_inputs(request.inputs(stream=True))}
     assert {name: (t.datatype(), t.shape()) for name, t in tensors.items()} == {
-        "text_input": ("BYTES", [1, 1]), "max_tokens": ("INT32", [1, 1]), "stop_words": ("BYTES", [1, 2]),
-        "temperature": ("FP32", [1, 1]), "top_p": ("FP32", [1, 1]), "seed": ("UINT64", [1, 1]),
-        "return_log_probs": ("BOOL", [1, 1]), "stream": ("BOOL", [1, 1]),
+        "text_input": ("BYTES", [1, 1]),
+        "max_tokens": ("INT32", [1, 1]),
+        "stop_words": ("BYTES", [1, 2]),
+        "temperature": ("FP32", [1, 1]),
+        "top_p": ("FP32", [1, 1]),
+        "seed": ("UINT64", [1, 1]),
+        "return_log_probs": ("BOOL", [1, 1]),
+        "stream": ("BOOL", [1, 1]),
     }
 
 
@@ -373,8 +386,12 @@ def test_infer_beam_width_prints_every_beam(monkeypatch):
 
     class FakeClient:
         def __init__(self, *args, **kwargs): ...
-        def __enter__(self): return self
-        def __exit__(self, *exc): return None
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
         def generate(self, prompt, **options):
             sent.update(options)
             return Completion("best", 0.1, beams=("best", "second"))

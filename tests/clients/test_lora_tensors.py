@@ -30,10 +30,29 @@ from pipeline.cli import main
 
 # TensorRT-LLM's LoraManager.LORA_MODULE_IDS and hf_lora_convert.py's hf_modules_to_trtllm_modules, as published
 NVIDIA_IDS = {"attn_qkv": 0, "attn_q": 1, "attn_k": 2, "attn_v": 3, "attn_dense": 4, "mlp_h_to_4h": 5, "mlp_4h_to_h": 6, "mlp_gate": 7}
-NVIDIA_MODULES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_dense", "qkv_proj": "attn_qkv",
-                  "gate_proj": "mlp_h_to_4h", "up_proj": "mlp_gate", "down_proj": "mlp_4h_to_h", "gate_up_proj": "mlp_h_to_4h"}
-TINY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+NVIDIA_MODULES = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_dense",
+    "qkv_proj": "attn_qkv",
+    "gate_proj": "mlp_h_to_4h",
+    "up_proj": "mlp_gate",
+    "down_proj": "mlp_4h_to_h",
+    "gate_up_proj": "mlp_h_to_4h",
+}
+TINY = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def _peft_model(model_type: str, targets: list[str], rank: int = 4, alpha: float = 16, **lora: object):
@@ -163,8 +182,10 @@ def test_adapters_the_layout_cannot_hold_are_refused_by_name(tmp_path, llama_ada
 def test_unknown_modules_and_lone_halves_are_refused(tmp_path, llama_adapter) -> None:
     directory, _ = llama_adapter
     (tmp_path / "adapter_config.json").write_text((directory / "adapter_config.json").read_text())
-    expert = {"base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_A.weight": torch.zeros(4, 32),
-              "base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_B.weight": torch.zeros(64, 4)}
+    expert = {
+        "base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_A.weight": torch.zeros(4, 32),
+        "base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_B.weight": torch.zeros(64, 4),
+    }
     save_file(expert, str(tmp_path / "adapter_model.safetensors"))
     with pytest.raises(LoraAdapterError, match="module w1 has no TensorRT-LLM LoRA module"):
         convert_peft_adapter(tmp_path)

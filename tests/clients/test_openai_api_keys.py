@@ -68,8 +68,20 @@ def test_keys_are_named_or_numbered_and_whitespace_comments_and_commas_are_handl
         (f"{ALICE}:alice", "keys.txt line 1: the key is shorter than 16 characters"),  # written the wrong way round
         (f"9lives:{ALICE}", "keys.txt line 1: the part before ':' is not a name"),
     ],
-    ids=["empty", "blank-and-comments", "duplicate-name", "name-of-a-numbered-key", "duplicate-key", "short", "short-entry",
-         "long", "space", "not-ascii", "key-name-reversed", "name-not-a-name"],
+    ids=[
+        "empty",
+        "blank-and-comments",
+        "duplicate-name",
+        "name-of-a-numbered-key",
+        "duplicate-key",
+        "short",
+        "short-entry",
+        "long",
+        "space",
+        "not-ascii",
+        "key-name-reversed",
+        "name-not-a-name",
+    ],
 )
 def test_every_bad_key_list_is_refused_naming_the_line_and_never_a_key(text, says):
     message = refusal(text)
@@ -132,19 +144,30 @@ def tokenizer():
     return PromptTokenizer(TOKENIZER_DIR)
 
 
-ROUTES = [("GET", "/v1/models", None), ("GET", "/v1/models/tiny", None), ("POST", "/v1/completions", COMPLETION),
-          ("POST", "/v1/chat/completions", CHAT), ("POST", "/v1/completions", {**COMPLETION, "stream": True}), ("GET", "/v1/nothing", None)]
+ROUTES = [
+    ("GET", "/v1/models", None),
+    ("GET", "/v1/models/tiny", None),
+    ("POST", "/v1/completions", COMPLETION),
+    ("POST", "/v1/chat/completions", CHAT),
+    ("POST", "/v1/completions", {**COMPLETION, "stream": True}),
+    ("GET", "/v1/nothing", None),
+]
 
 
 def test_no_key_or_a_wrong_one_is_a_401_in_openais_shape_on_every_v1_route(keyed):
     client = keyed()
     for method, path, body in ROUTES:
-        for headers, says in (({}, "You didn't provide an API key"), (bearer(ALICE[:-1] + "X"), "Incorrect API key provided."),
-                              (bearer(ALICE + "X"), "Incorrect API key provided."), (bearer(""), "You didn't provide an API key")):
+        for headers, says in (
+            ({}, "You didn't provide an API key"),
+            (bearer(ALICE[:-1] + "X"), "Incorrect API key provided."),
+            (bearer(ALICE + "X"), "Incorrect API key provided."),
+            (bearer(""), "You didn't provide an API key"),
+        ):
             response = client.request(method, path, json=body, headers=headers)
             assert response.status_code == 401, (path, response.text)
-            assert response.json() == {"error": {"message": response.json()["error"]["message"], "type": "invalid_request_error",
-                                                 "param": None, "code": "invalid_api_key"}}
+            assert response.json() == {
+                "error": {"message": response.json()["error"]["message"], "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+            }
             assert says in response.json()["error"]["message"] and response.headers["www-authenticate"] == "Bearer"
             assert ALICE[:12] not in response.text
 
@@ -238,7 +261,9 @@ def test_a_key_at_its_limit_gets_429_with_retry_after_while_another_key_is_serve
     assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"] == {
         "message": "Too many concurrent requests for API key 'alice': at most 1 at once. Retry when one of them has finished.",
-        "type": "requests", "param": None, "code": "rate_limit_exceeded",
+        "type": "requests",
+        "param": None,
+        "code": "rate_limit_exceeded",
     }
     assert (other.status_code, listed.status_code, first.status_code, again.status_code) == (200, 200, 200, 200)
     assert app.state.key_slots.in_flight("alice") == 0

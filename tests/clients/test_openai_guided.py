@@ -57,7 +57,8 @@ def test_infer_guide_options(tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA))
     assert guide_options(parser.parse_args(["p", "--json-schema", str(schema)])) == {
-        "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": json.dumps(SCHEMA)
+        "guided_decoding_guide_type": "json_schema",
+        "guided_decoding_guide": json.dumps(SCHEMA),
     }
     assert guide_options(parser.parse_args(["p", "--regex", "[0-9]+"]))["guided_decoding_guide_type"] == "regex"
     assert guide_options(parser.parse_args(["p"])) == {}

@@ -99,8 +99,14 @@ def test_missing_model_or_messages_is_missing_required_parameter():
         with pytest.raises(ValidationError) as raised:
             schema.model_validate_json(json.dumps(body))
         error = from_validation_error(raised.value)
-        assert error.body() == {"error": {"message": f"Missing required parameter: '{param}'.", "type": "invalid_request_error",
-                                          "param": param, "code": "missing_required_parameter"}}
+        assert error.body() == {
+            "error": {
+                "message": f"Missing required parameter: '{param}'.",
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "missing_required_parameter",
+            }
+        }
 
 
 def test_chat_content_may_be_text_parts_only():
@@ -132,8 +138,12 @@ def test_triton_errors_map_to_statuses(error, status, code):
 
 # -- templating ----------------------------------------------------------------------------------
 def test_plain_chat_template_is_the_documented_one(tokenizer):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+    ]
     expected = "Be brief.\n\nUser: hi\nAssistant: hello\nUser: bye\nAssistant:"
     assert plain_chat_prompt(messages) == expected
     assert not tokenizer.has_chat_template and chat_prompt(messages, tokenizer) == expected
@@ -143,8 +153,7 @@ def test_the_tokenizers_chat_template_is_used_without_a_second_bos(tmp_path):
     directory = shutil.copytree(TOKENIZER_DIR, tmp_path / "tok", ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((directory / "tokenizer_config.json").read_text())
     config["chat_template"] = (
-        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<assistant>{% endif %}"
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
     )
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     with_template = PromptTokenizer(directory)
@@ -351,6 +360,7 @@ def _fake_values(tensor) -> np.ndarray:
 
 class FakeTriton:
     url = "127.0.0.1:1"
+
     def __init__(self, script):
         self.script = script  # GenerationRequest -> FakeStream
         self.requests, self.streams = [], []
@@ -467,12 +477,19 @@ def test_completion_and_chat_bodies(app_client):
 def test_chat_stream_has_role_content_finish_usage_and_done(app_client, tokenizer):
     client, _ = app_client(echo_words)
     prompt_tokens = tokenizer.count("User: x\nAssistant:")
-    response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-                                                         "stream": True, "stream_options": {"include_usage": True}})
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}},
+    )
     assert response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.text)
     assert [e["choices"][0]["delta"] if e["choices"] else None for e in events] == [
-        {"role": "assistant", "content": ""}, {"content": " w"}, {"content": " w"}, {}, None]
+        {"role": "assistant", "content": ""},
+        {"content": " w"},
+        {"content": " w"},
+        {},
+        None,
+    ]
     assert events[3]["choices"][0]["finish_reason"] == "length" and all(e["usage"] is None for e in events[:-1])
     assert events[-1]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2}
 
@@ -499,8 +516,12 @@ def test_errors_before_the_stream_keep_their_status_and_after_it_go_into_it(app_
 
 def test_malformed_bodies_and_the_size_limit(app_client):
     client, _ = app_client(echo_words, max_body_bytes=100)
-    cases = [(b"{", 400, "invalid_json"), (b"[1]", 400, "invalid_json"), (b'{"model": "tiny"}', 400, "missing_required_parameter"),
-             (json.dumps({"model": "tiny", "prompt": "x" * 200}).encode(), 413, "request_too_large")]
+    cases = [
+        (b"{", 400, "invalid_json"),
+        (b"[1]", 400, "invalid_json"),
+        (b'{"model": "tiny"}', 400, "missing_required_parameter"),
+        (json.dumps({"model": "tiny", "prompt": "x" * 200}).encode(), 413, "request_too_large"),
+    ]
     for body, status, code in cases:
         response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
         assert (response.status_code, response.json()["error"]["code"]) == (status, code), body
@@ -552,8 +573,8 @@ def test_the_nesting_limit_is_a_setting(app_client):
         (b'[{"a": "[[[["}]', False),  # brackets in a string
         (b'["\\"[[[[", "\\\\", "[[[["]', False),  # an escaped quote, an escaped backslash
         (b'["\\\\"[[]]]', True),  # the string ends after the escaped backslash
-        (b'[[1],[2],[3],[{}]]', True),
-        (b'[[1],[2],[3],[4]]', False),
+        (b"[[1],[2],[3],[{}]]", True),
+        (b"[[1],[2],[3],[4]]", False),
         (b'["[[[[', False),  # an unterminated string hides the rest, as a parser stops there
         (b"[[[", True),  # unterminated, but a parser would still go 3 deep before finding out
         (b"]]]][[[", False),  # a parser stops at the first ]
@@ -592,8 +613,10 @@ def test_the_size_limit_is_exact_whether_declared_or_streamed(app_client):
         start = b'{"model": "tiny", "max_tokens": 1, "prompt": "x", "user": "'
         return start + b"x" * (size - len(start) - 2) + b'"}'
 
-    for send in (lambda data: client.post("/v1/completions", content=data),  # Content-Length
-                 lambda data: client.post("/v1/completions", content=iter([data[:50], data[50:]]))):  # chunked, no length
+    for send in (
+        lambda data: client.post("/v1/completions", content=data),  # Content-Length
+        lambda data: client.post("/v1/completions", content=iter([data[:50], data[50:]])),
+    ):  # chunked, no length
         assert send(body(limit)).status_code == 200
         error = error_of(send(body(limit + 1)), 413)
         assert error["code"] == "request_too_large" and f"limit of {limit} bytes" in error["message"]
@@ -641,8 +664,13 @@ def test_openapi_documents_every_body_and_answer(app_client):
     document = client.get("/openapi.json").json()
     components = document["components"]["schemas"]
     assert "HTTPValidationError" not in components and "422" not in json.dumps(document["paths"])
-    expected = {("/v1/completions", "post"): (400, 404, 413, 503), ("/v1/chat/completions", "post"): (400, 404, 413, 503),
-                ("/v1/models/{model_id}", "get"): (404,), ("/health", "get"): (503,), ("/v1/models", "get"): ()}
+    expected = {
+        ("/v1/completions", "post"): (400, 404, 413, 503),
+        ("/v1/chat/completions", "post"): (400, 404, 413, 503),
+        ("/v1/models/{model_id}", "get"): (404,),
+        ("/health", "get"): (503,),
+        ("/v1/models", "get"): (),
+    }
     for (path, method), statuses in expected.items():
         operation = document["paths"][path][method]
         assert "200" in operation["responses"]
@@ -653,11 +681,17 @@ def test_openapi_documents_every_body_and_answer(app_client):
     assert "text/event-stream" in document["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
     validator = Draft202012Validator({**body, "components": document["components"]})
     validator.validate({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "n": 2, "stop": ["\n"]})
-    for refused in ({"model": "gpt-4", "messages": [{"role": "user"}]}, {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]},
-                    {"model": "tiny", "messages": [{"role": "user"}], "n": 9}, {"model": "tiny", "messages": [{"role": "user"}], "tools": [{}]},
-                    {"model": "tiny", "messages": []}, {"model": "tiny", "messages": [{"role": "user"}], "temprature": 1}):
+    for refused in (
+        {"model": "gpt-4", "messages": [{"role": "user"}]},
+        {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]},
+        {"model": "tiny", "messages": [{"role": "user"}], "n": 9},
+        {"model": "tiny", "messages": [{"role": "user"}], "tools": [{}]},
+        {"model": "tiny", "messages": []},
+        {"model": "tiny", "messages": [{"role": "user"}], "temprature": 1},
+    ):
         assert not validator.is_valid(refused), refused
         assert client.post("/v1/chat/completions", json=refused).status_code in (400, 404)  # what it documents, it refuses
+
 
 # -- what the server needs of the clients library ---------------------------------------------------------------
 class FakeResult:
@@ -816,12 +850,12 @@ def test_the_llm_model_is_read_from_the_served_models_config(tmp_path):
     tensorrt_llm_model_name (here renamed, as in a repository serving several models), else tensorrt_llm."""
     configs = {
         "a-ensemble": 'name: "a-ensemble"\nplatform: "ensemble"\nensemble_scheduling { step [\n'
-                      '{ model_name: "a-preprocessing" model_version: -1 input_map { key: "QUERY" value: "text_input" } },\n'
-                      '{ model_name: "a-tensorrt_llm" model_version: -1 input_map { key: "input_ids" value: "_INPUT_ID" } } ] }\n',
-        "a-bls": 'name: "a-bls"\nbackend: "python"\n'
-                 'parameters { key: "tensorrt_llm_model_name" value { string_value: "a-tensorrt_llm" } }\n',
+        '{ model_name: "a-preprocessing" model_version: -1 input_map { key: "QUERY" value: "text_input" } },\n'
+        '{ model_name: "a-tensorrt_llm" model_version: -1 input_map { key: "input_ids" value: "_INPUT_ID" } } ] }\n',
+        "a-bls": 'name: "a-bls"\nbackend: "python"\nparameters { key: "tensorrt_llm_model_name" value { string_value: "a-tensorrt_llm" } }\n',
         "llm": 'name: "llm"\nbackend: "python"\n',
-        "a-preprocessing": 'name: "a-preprocessing"\nbackend: "python"\n' + "".join(
+        "a-preprocessing": 'name: "a-preprocessing"\nbackend: "python"\n'
+        + "".join(
             f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
             for key, value in {"tokenizer_dir": TOKENIZER_DIR, "max_input_len": 48, "max_seq_len": 64}.items()
         ),

@@ -76,8 +76,9 @@ class Client:
 
 async def _stopped_after(responses: int, client: Client, *, drain_s: float = 5.0):
     tasks: set[asyncio.Task] = set()
-    call = StoppingGrpcCall(AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None),
-                            client, "tensorrt_llm", tasks, drain_s=drain_s)
+    call = StoppingGrpcCall(
+        AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None), client, "tensorrt_llm", tasks, drain_s=drain_s
+    )
     seen = 0
     async for _chunk in call.chunks():
         seen += 1
@@ -115,8 +116,7 @@ def test_cancel_from_another_thread_stops_on_the_calls_loop():
 
     async def scenario():
         tasks: set[asyncio.Task] = set()
-        call = StoppingGrpcCall(AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None),
-                                client, "tensorrt_llm", tasks)
+        call = StoppingGrpcCall(AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None), client, "tensorrt_llm", tasks)
         chunks = call.chunks()
         await anext(chunks)
         await asyncio.to_thread(call.cancel)
@@ -134,8 +134,7 @@ def test_a_finished_stream_sends_no_stop():
 
     async def scenario():
         tasks: set[asyncio.Task] = set()
-        call = StoppingGrpcCall(AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None),
-                                client, "tensorrt_llm", tasks)
+        call = StoppingGrpcCall(AioGrpcCall(client, "url", "ensemble", {"text_input": "x", "max_tokens": 9}, timeout=None), client, "tensorrt_llm", tasks)
         finals = [chunk.final async for chunk in call.chunks()]
         call.close()  # what a stream does after its final response
         await asyncio.wait(set(tasks))

@@ -52,8 +52,15 @@ def test_default_model_builds_and_serves_on_the_gpu(tmp_path: Path) -> None:
 
     http_port, grpc_port, metrics_port = free_ports(3)
     server = subprocess.Popen(
-        ["tritonserver", f"--model-repository={repository}", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-         f"--metrics-port={metrics_port}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"],
+        [
+            "tritonserver",
+            f"--model-repository={repository}",
+            f"--http-port={http_port}",
+            f"--grpc-port={grpc_port}",
+            f"--metrics-port={metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+        ],
     )
     try:
         deadline = time.monotonic() + 600

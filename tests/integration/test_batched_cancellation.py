@@ -150,8 +150,10 @@ def test_the_openai_front_end_on_the_ensemble_stops_a_dropped_stream_and_a_stop_
     options = server.options
     tokens_before = batches.generated_tokens(options.metrics_url)
     ensemble_before = batches.model_stats(options.http_url, "ensemble")[0]
-    with running_openai_server(options.grpc_url, model_name="tiny", model_repository=repository, triton_model="ensemble") as url, \
-            openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60) as oai:
+    with (
+        running_openai_server(options.grpc_url, model_name="tiny", model_repository=repository, triton_model="ensemble") as url,
+        openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60) as oai,
+    ):
         stream = oai.completions.create(model="tiny", prompt=batches.PROMPTS[0], max_tokens=STOPPED_MAX_TOKENS, temperature=0, stream=True)
         for index, _ in enumerate(stream):
             if index == STOP_AFTER:

@@ -40,10 +40,18 @@ def test_a_short_run_measures_each_path_with_the_texts_the_stand_in_decodes_to(t
     loaded the machine is (the figures are `bench capacity`'s output, BENCHMARKS.md). A model whose CPU the window did
     not show is reported as not measured, never as a figure."""
     loaded, batched = batched_config
-    options = checked_options(CapacityOptions(
-        concurrency=(4,), stream_intervals=(1, 4), rate="50", max_tokens=32, rounds=1, warmup_s=0.5, window_s=1.5,
-        paths=("ensemble", "ensemble_batched"),
-    ))
+    options = checked_options(
+        CapacityOptions(
+            concurrency=(4,),
+            stream_intervals=(1, 4),
+            rate="50",
+            max_tokens=32,
+            rounds=1,
+            warmup_s=0.5,
+            window_s=1.5,
+            paths=("ensemble", "ensemble_batched"),
+        )
+    )
     paths = bench_paths("ensemble", nvidia_models=False, only=options.paths)
     result = run_capacity_bench(tiny_cpu["repository"], batched, tiny_cpu["tokenizer"], loaded.spec.deploy, options)
     summary = summarize(result, paths, options)
@@ -94,12 +102,23 @@ def _tokens(result) -> int:
 
 def test_the_stand_in_ends_a_stopped_request_with_nothing_left_in_flight(tiny_cpu, batched_config, tmp_path):
     repository = tmp_path / "model_repository"
-    write_bench_repository(tiny_cpu["repository"], batched_config[1], repository, rate="20", stream_interval=1, tokenizer_dir=tiny_cpu["tokenizer"],
-                           cancellation_check_period_ms=100)
+    write_bench_repository(
+        tiny_cpu["repository"],
+        batched_config[1],
+        repository,
+        rate="20",
+        stream_interval=1,
+        tokenizer_dir=tiny_cpu["tokenizer"],
+        cancellation_check_period_ms=100,
+    )
     with serving_repository(repository, tmp_path / "serve") as server:
         request_id = f"stopped-{uuid.uuid4().hex}"
-        arrays = {"input_ids": np.array([[5, 6, 7]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32),
-                  "request_output_len": np.array([[500]], dtype=np.int32), "streaming": np.array([[True]], dtype=np.bool_)}
+        arrays = {
+            "input_ids": np.array([[5, 6, 7]], dtype=np.int32),
+            "input_lengths": np.array([[3]], dtype=np.int32),
+            "request_output_len": np.array([[500]], dtype=np.int32),
+            "streaming": np.array([[True]], dtype=np.bool_),
+        }
         client = grpcclient.InferenceServerClient(server.options.grpc_url)
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))

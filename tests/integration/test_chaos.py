@@ -57,11 +57,13 @@ def test_cut_streams_on_every_endpoint_leave_the_server_as_it_was(served):
 def _stream(grpc_url: str, model: str, prompt: str, max_tokens: int, *, request_id: str, cancel_after_final: bool = False) -> str:
     """One greedy gRPC stream read to its final response; its text. `cancel_after_final`: then
     cancel it anyway, as a client that closes its stream late does."""
-    inputs = infer_inputs({
-        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
-        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
-        "stream": np.array([[True]], dtype=np.bool_),
-    })
+    inputs = infer_inputs(
+        {
+            "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+            "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+            "stream": np.array([[True]], dtype=np.bool_),
+        }
+    )
     client = grpcclient.InferenceServerClient(grpc_url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -102,12 +104,14 @@ def test_the_same_request_id_twice_and_a_cancel_after_the_final_response(served,
 def _beam_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, beam_width: int, cut_after: int | None) -> int:
     """One streamed beam-search request over gRPC; cut (cancelled) after `cut_after` responses, else read to its
     final response. The number of responses read; every response carries one text per returned beam."""
-    inputs = infer_inputs({
-        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
-        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
-        "stream": np.array([[True]], dtype=np.bool_),
-        "beam_width": np.array([[beam_width]], dtype=np.int32),
-    })
+    inputs = infer_inputs(
+        {
+            "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+            "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+            "stream": np.array([[True]], dtype=np.bool_),
+            "beam_width": np.array([[beam_width]], dtype=np.int32),
+        }
+    )
     client = grpcclient.InferenceServerClient(grpc_url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))

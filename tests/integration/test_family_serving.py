@@ -29,8 +29,22 @@ from tests.support.serving import greedy_reference, packaged, serving_repository
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The model types the cpu target runs today (refengine.architectures.HF_MODEL_TYPES): one config each.
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen2_moe",
-            "qwen3_moe", "starcoder2", "nemotron")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "granite",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "starcoder2",
+    "nemotron",
+)
 MAX_TOKENS = 12
 # The demo's prompts (Makefile): gRPC streamed, HTTP, and one for the OpenAI front end.
 GRPC_PROMPT, HTTP_PROMPT, OPENAI_PROMPT = "def __init__(self", "def main(", "class Parser"
@@ -53,8 +67,7 @@ def builds(tmp_path_factory) -> dict[str, dict[str, Path]]:
     store = root / "store"
     for family in FAMILIES:
         checkpoint = make_family_checkpoint(family, root / "checkpoints" / family)
-        code = main(["--artifacts", str(store), "run", str(config), "--set", f"model.source={checkpoint}", "--set", f"name={family}",
-                     "--until", "package"])
+        code = main(["--artifacts", str(store), "run", str(config), "--set", f"model.source={checkpoint}", "--set", f"name={family}", "--until", "package"])
         assert code == 0, f"run {family}: exit {code}"
     return {family: packaged(family, store) for family in FAMILIES}
 
@@ -110,9 +123,12 @@ def test_infer_over_http_equals_refengine_on_the_ensemble_and_the_bls(family, se
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_openai_completion_equals_refengine(family, server, repository, references):
-    with running_openai_server(
-        server.options.grpc_url, model_name=family, model_repository=repository, triton_model=served_name(family, "ensemble")
-    ) as base_url, openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:
+    with (
+        running_openai_server(
+            server.options.grpc_url, model_name=family, model_repository=repository, triton_model=served_name(family, "ensemble")
+        ) as base_url,
+        openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client,
+    ):
         answer = client.completions.create(model=family, prompt=OPENAI_PROMPT, max_tokens=MAX_TOKENS, temperature=0)
         # top log-probs go to the family's LLM model directly (the front end tokenizes and detokenizes)
         direct = client.completions.create(model=family, prompt=OPENAI_PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=1)

@@ -18,8 +18,12 @@ def test_the_repository_loads_up_to_the_missing_tensorrt_llm_package(tmp_path):
     repository = build_and_package(CONFIG, tmp_path / "store", ("build.runner=dry-run",))["repository"]
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-        exit_timeout_secs=SHUTDOWN_TIMEOUT_S, exit_on_error=False,  # stay up to report the model's state
+        model_repository=repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        exit_timeout_secs=SHUTDOWN_TIMEOUT_S,
+        exit_on_error=False,  # stay up to report the model's state
     )
     triton = TritonServer(options, workspace=tmp_path / "server").start()
     try:
@@ -60,7 +64,11 @@ def _serve_with_standin(tmp_path, overrides: tuple[str, ...]):
     shutil.copytree(STANDIN / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=SHUTDOWN_TIMEOUT_S,
+        model_repository=repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        exit_timeout_secs=SHUTDOWN_TIMEOUT_S,
     )
     return TritonServer(options, workspace=tmp_path / "server").start(), http_port
 
@@ -117,8 +125,7 @@ def test_each_request_selects_its_adapter_or_none_and_bad_selections_are_refused
         }
     finally:
         returncode = triton.stop()
-    assert [event["text_output"] for event in with_adapter] == [" example-w0 example-w1"] == [
-        event["text_output"] for event in with_adapter_again]
+    assert [event["text_output"] for event in with_adapter] == [" example-w0 example-w1"] == [event["text_output"] for event in with_adapter_again]
     assert [event["text_output"] for event in without] == [" w0 w1"]
     messages = {case: " ".join(event.get("error", "") for event in events) for case, events in refusals.items()}
     assert "lora_id, lora_path missing: an adapter is chosen by lora_id, lora_name and lora_path together" in messages["partial"]
@@ -131,8 +138,7 @@ def test_lora_inputs_to_a_model_built_without_build_lora_are_refused(tmp_path):
     triton, port = _serve_with_standin(tmp_path, ())
     try:
         triton.wait_until_ready(timeout=120)
-        events = _stream(port, {"text_input": "hello", "sampling_param_max_tokens": 2, "lora_id": 1, "lora_name": "a",
-                                "lora_path": str(ADAPTER)})
+        events = _stream(port, {"text_input": "hello", "sampling_param_max_tokens": 2, "lora_id": 1, "lora_name": "a", "lora_path": str(ADAPTER)})
     finally:
         returncode = triton.stop()
     assert "this model serves no LoRA adapter (its model.yaml has no lora_config: build it with build.lora)" in events[0]["error"]

@@ -24,9 +24,27 @@ def cli(root, *argv, check=True) -> subprocess.CompletedProcess:
 def test_a_concurrency_sweep_over_grpc_and_http_writes_json_and_a_plot(private_tiny_cpu, tmp_path):
     out = tmp_path / "results"
     result = cli(  # on a copy of the session's build: the stages are cached, only the bench runs
-        private_tiny_cpu["root"], "bench", "load", str(REPO / "build_configs" / "tiny-cpu.yaml"),
-        "--endpoint", "grpc,http", "--concurrency", "1,3", "--requests", "6", "--warmup", "1",
-        "--input-tokens", "24", "--output-tokens", "8", "--slo-ttft-ms", "60000", "--json", "--out", str(out),
+        private_tiny_cpu["root"],
+        "bench",
+        "load",
+        str(REPO / "build_configs" / "tiny-cpu.yaml"),
+        "--endpoint",
+        "grpc,http",
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "6",
+        "--warmup",
+        "1",
+        "--input-tokens",
+        "24",
+        "--output-tokens",
+        "8",
+        "--slo-ttft-ms",
+        "60000",
+        "--json",
+        "--out",
+        str(out),
     )
     printed = json.loads(result.stdout)
     assert printed == json.loads((out / "bench-serve-load.json").read_text())
@@ -45,12 +63,19 @@ def unmissable(ceiling: int) -> list[str]:
     """--set overrides that put every threshold of tiny-cpu-slo.yaml where no machine, however loaded, misses it
     (latencies up to `ceiling` ms, any throughput above 0, any regression): the gate's verdict is then the test's
     choice, not the machine's. A different `ceiling` is a different build digest, so the slo stage runs again."""
-    return [argument for setting in (
-        f"gate.performance.max_ttft_ms.p50={ceiling}", f"gate.performance.max_ttft_ms.p99={ceiling}",
-        f"gate.performance.max_itl_ms.p99={ceiling}", "gate.performance.min_output_tokens_per_s=0.001",
-        f"gate.performance.goodput.ttft_ms={ceiling}", f"gate.performance.goodput.itl_ms={ceiling}",
-        f"gate.performance.max_regression_pct={ceiling}",
-    ) for argument in ("--set", setting)]
+    return [
+        argument
+        for setting in (
+            f"gate.performance.max_ttft_ms.p50={ceiling}",
+            f"gate.performance.max_ttft_ms.p99={ceiling}",
+            f"gate.performance.max_itl_ms.p99={ceiling}",
+            "gate.performance.min_output_tokens_per_s=0.001",
+            f"gate.performance.goodput.ttft_ms={ceiling}",
+            f"gate.performance.goodput.itl_ms={ceiling}",
+            f"gate.performance.max_regression_pct={ceiling}",
+        )
+        for argument in ("--set", setting)
+    ]
 
 
 def test_the_performance_gate_passes_and_fails_on_purpose(tmp_path):

@@ -50,12 +50,12 @@ def lora_build(tiny_cpu, tmp_path_factory):
     prefetch = work / "prefetch"
     write_lora_tensors(convert_peft_adapter(ADAPTER), prefetch / str(PREFETCHED))
     (prefetch / "not-a-task").mkdir()  # skipped, as TensorRT-LLM skips it
-    spec = load_config(REPO / "build_configs" / "tiny-cpu.yaml",
-                       [f"build.lora.adapter_dirs=[{ADAPTER}]", f"serve.lora.prefetch_dir={prefetch}"]).spec
+    spec = load_config(REPO / "build_configs" / "tiny-cpu.yaml", [f"build.lora.adapter_dirs=[{ADAPTER}]", f"serve.lora.prefetch_dir={prefetch}"]).spec
     [checkpoint] = tiny_cpu["root"].glob(f"tiny-cpu/quantize-*/{CHECKPOINT_DIR}")
     engine_dir = work / "engine"
-    write_cpu_engine(checkpoint, engine_dir, version="test",
-                     build_config=cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value))
+    write_cpu_engine(
+        checkpoint, engine_dir, version="test", build_config=cpu_build_config(spec.build, max_seq_len=spec.build.max_seq_len, dtype=spec.model.dtype.value)
+    )
     repository = work / "model_repository"
     render_model_repository(RepositoryRequest(engine_dir=engine_dir, tokenizer_dir=tiny_cpu["tokenizer"], serve=spec.serve, target="cpu", out_dir=repository))
     return {"engine": engine_dir, "repository": repository}
@@ -88,8 +88,7 @@ def reference(lora_build, tiny_cpu, adapters):
     for name in (None, *requests):
         for prompt in PROMPTS:
             ids = tokenizer.encode(prompt)
-            [output] = engine.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, end_id=tokenizer.eos_id),
-                                       lora=requests.get(name))
+            [output] = engine.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, end_id=tokenizer.eos_id), lora=requests.get(name))
             texts[name, prompt] = text_delta(tokenizer.decode, ids[-CONTEXT_TOKENS:], list(output.outputs[0].token_ids))
     return texts
 
@@ -114,9 +113,15 @@ def peft_merged(tiny_cpu):
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
         with torch.no_grad():
-            generated = merged.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
-                                        max_new_tokens=MAX_TOKENS, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id)
-        new = generated[0, len(ids):].tolist()
+            generated = merged.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                eos_token_id=tokenizer.eos_id,
+                pad_token_id=tokenizer.eos_id,
+            )
+        new = generated[0, len(ids) :].tolist()
         if tokenizer.eos_id in new:  # the ensemble's text stops before the end token
             new = new[: new.index(tokenizer.eos_id)]
         texts[prompt] = text_delta(tokenizer.decode, ids[-CONTEXT_TOKENS:], new)
@@ -218,7 +223,7 @@ def test_bad_lora_inputs_are_refused_by_name_and_other_requests_are_unaffected(s
     good = [_inputs(PROMPTS[2]), _inputs(PROMPTS[2], 34)]
     texts, errors = _stream(server, "ensemble", [*bad.values(), *good])  # the same refusals beside two good requests
     assert len(errors) == len(bad)
-    assert texts[len(bad):] == [reference[None, PROMPTS[2]], reference["turtle", PROMPTS[2]]]
+    assert texts[len(bad) :] == [reference[None, PROMPTS[2]], reference["turtle", PROMPTS[2]]]
 
 
 # -- clients: the library, infer, the OpenAI front end ----------------------------------------------------------------
@@ -278,8 +283,10 @@ def test_the_openai_front_end_serves_each_adapter_as_a_model(server, lora_build,
     from clients.openai_server import running_openai_server
 
     adapters = {"turtle": LoraAdapter.from_dir(ADAPTER, 81)}
-    with running_openai_server(server.options.grpc_url, model_name="tiny-cpu", model_repository=lora_build["repository"],
-                               adapters=adapters) as base_url, httpx.Client(base_url=base_url, timeout=120) as http:
+    with (
+        running_openai_server(server.options.grpc_url, model_name="tiny-cpu", model_repository=lora_build["repository"], adapters=adapters) as base_url,
+        httpx.Client(base_url=base_url, timeout=120) as http,
+    ):
         listed = http.get("/models").json()["data"]
         assert [(card["id"], card["parent"]) for card in listed] == [("tiny-cpu", None), ("turtle", "tiny-cpu")]
         for model, name in (("turtle", "turtle"), ("tiny-cpu", None)):

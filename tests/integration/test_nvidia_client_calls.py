@@ -22,9 +22,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROMPT = "def __init__(self"
 OUTPUT_LEN = 12
 PERF_METRICS = (
-    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
-    "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
-    "total_accepted_draft_tokens", "total_draft_tokens",
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
 )
 MODELS = ("ensemble", "tensorrt_llm_bls")
 
@@ -152,8 +159,10 @@ def test_preprocessing_gives_the_decoder_placeholder_and_tensorrt_llm_takes_it(s
         pre = client.infer(
             "preprocessing",
             infer_inputs({"QUERY": np.array([[PROMPT]]).astype(object), "REQUEST_OUTPUT_LEN": np.array([[OUTPUT_LEN]], dtype=np.int32)}),
-            outputs=[grpcclient.InferRequestedOutput(name) for name in
-                     ("INPUT_ID", "REQUEST_INPUT_LEN", "DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN", "OUT_END_ID", "OUT_PAD_ID")],
+            outputs=[
+                grpcclient.InferRequestedOutput(name)
+                for name in ("INPUT_ID", "REQUEST_INPUT_LEN", "DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN", "OUT_END_ID", "OUT_PAD_ID")
+            ],
         )
     finally:
         client.close()
@@ -198,7 +207,7 @@ def test_embedding_bias_words_steer_the_output(served, model):
     """--embedding-bias-words W --embedding-bias-weights -100 for the first word of the greedy answer:
     the answer changes (refengine's own test shows the biased token is never chosen)."""
     [plain] = texts(run(served.options.grpc_url, model, nvidia_inputs(streaming=False)))
-    word = plain[len(PROMPT):].split()[0]
+    word = plain[len(PROMPT) :].split()[0]
     arrays = nvidia_inputs(
         streaming=False,
         embedding_bias_words=np.array([[word]], dtype=object),

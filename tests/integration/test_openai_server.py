@@ -80,7 +80,10 @@ def default_route(triton) -> str:
 @pytest.fixture(scope="module")
 def base_url(triton, artifacts, default_route):
     with running_openai_server(
-        triton.options.grpc_url, model_name=MODEL, model_repository=artifacts["repository"], max_body_bytes=BODY_LIMIT,
+        triton.options.grpc_url,
+        model_name=MODEL,
+        model_repository=artifacts["repository"],
+        max_body_bytes=BODY_LIMIT,
         triton_model=default_route,
     ) as url:
         yield url
@@ -141,8 +144,9 @@ def test_completions_equal_the_triton_clients_greedy_answers(oai, reference, pro
         answer = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
         assert answer.choices[0].text == expected.text and answer.choices[0].finish_reason == expected.finish_reason
         assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt_tokens(prompt), expected.num_tokens)
-        chunks = list(oai.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-                                             stream_options={"include_usage": True}))
+        chunks = list(
+            oai.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True, stream_options={"include_usage": True})
+        )
         assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
         assert chunks[-1].usage.model_dump() == answer.usage.model_dump() and not chunks[-1].choices
 
@@ -170,7 +174,8 @@ def test_stop_n_seed_and_logprobs(oai, reference):
     sampled = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=1.0, seed=7)
     three = oai.completions.create(n=3, **sampled)
     assert [c.index for c in three.choices] == [0, 1, 2] and three.usage.completion_tokens == sum(
-        len(c.logprobs.tokens) for c in oai.completions.create(n=3, logprobs=0, **sampled).choices)
+        len(c.logprobs.tokens) for c in oai.completions.create(n=3, logprobs=0, **sampled).choices
+    )
     assert [c.text for c in three.choices] == [c.text for c in oai.completions.create(n=3, **sampled).choices]  # seeded
     assert oai.completions.create(**sampled).choices[0].text == three.choices[0].text  # choice 0 has the seed itself
 
@@ -189,12 +194,10 @@ def test_prompt_logprobs_score_a_greedy_continuation_as_greedy(oai, encode):
     prompt = PROMPTS[0]
     generated = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=0).choices[0]
     context = encode(prompt)
-    continuation = encode(prompt + generated.text)[len(context):]
+    continuation = encode(prompt + generated.text)[len(context) :]
     assert continuation, generated.text
     for max_tokens in (0, 1):  # lm-eval asks for one token and drops it; 0 asks for none
-        [choice] = oai.completions.create(
-            model=MODEL, prompt=[context + continuation], max_tokens=max_tokens, temperature=0, logprobs=1, echo=True
-        ).choices
+        [choice] = oai.completions.create(model=MODEL, prompt=[context + continuation], max_tokens=max_tokens, temperature=0, logprobs=1, echo=True).choices
         scored = choice.logprobs
         assert len(scored.tokens) == len(context) + len(continuation) + max_tokens
         assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None  # nothing predicts the first token
@@ -238,7 +241,7 @@ def test_logit_bias_forces_and_bans_tokens(oai, encode):
     assert answer.usage.completion_tokens == 4 and len(set(answer.choices[0].logprobs.tokens)) == 1
     plain = oai.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1, temperature=0, logprobs=1).choices[0]
     [first] = plain.logprobs.top_logprobs[0]
-    banned = encode(PROMPTS[0] + plain.text)[len(encode(PROMPTS[0])):][:1]
+    banned = encode(PROMPTS[0] + plain.text)[len(encode(PROMPTS[0])) :][:1]
     again = oai.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1, temperature=0, logit_bias={str(banned[0]): -100}).choices[0]
     assert again.text != plain.text and first
 
@@ -296,7 +299,6 @@ def test_an_unreachable_triton_is_503(artifacts):
             assert http.get(url.removesuffix("/v1") + "/health").status_code == 503 and http.get("/models").status_code == 200
 
 
-
 def _front_end_counts(base_url: str) -> dict[str, float]:
     text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
     return {name: float(value) for name, value in re.findall(r"^(trtllm_pipeline_openai_\w+_count) (\S+)$", text, re.M)}
@@ -331,8 +333,9 @@ def test_a_dropped_sse_stream_frees_its_request(triton, oai, base_url):
     host, port = base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
     body = json.dumps({"model": MODEL, "prompt": "import", "max_tokens": LONG, "temperature": 0}).encode()
     with socket.create_connection((host, int(port))) as connection:
-        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        connection.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
         assert wait_for(lambda: kv_blocks_used(triton) > 0, 30.0), "the generation never showed in /metrics"
     generated = batches.generated_when_idle(triton.options.metrics_url) - after
     assert generated < LONG, f"a disconnected non-streamed request kept running ({generated} tokens)"
@@ -364,10 +367,19 @@ def _openai_command(*args: str) -> Iterator[tuple[subprocess.Popen, list[str]]]:
 def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton, artifacts):
     state_dir = artifacts["root"] / MODEL / ".serve"
     state = ServerState(
-        pid=triton.pid, start_ticks=start_time_ticks(triton.pid), command=triton.command, http_url=triton.options.http_url,
-        grpc_url=triton.options.grpc_url, metrics_url=triton.options.metrics_url, log_path=str(triton.log_path),
-        shm_prefix=triton.options.shm_prefix, python_env_dirs=[], exit_timeout_secs=5, workspace=str(triton.workspace),
-        model_repository=str(artifacts["repository"]), started_at="now",
+        pid=triton.pid,
+        start_ticks=start_time_ticks(triton.pid),
+        command=triton.command,
+        http_url=triton.options.http_url,
+        grpc_url=triton.options.grpc_url,
+        metrics_url=triton.options.metrics_url,
+        log_path=str(triton.log_path),
+        shm_prefix=triton.options.shm_prefix,
+        python_env_dirs=[],
+        exit_timeout_secs=5,
+        workspace=str(triton.workspace),
+        model_repository=str(artifacts["repository"]),
+        started_at="now",
     )  # as `serve --detach` records it
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "server.json").write_text(json.dumps(asdict(state)))
@@ -394,14 +406,23 @@ def test_the_openai_command_with_a_triton_url_reads_what_that_triton_serves(trit
     with _openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url, *choice) as (process, lines):
         assert f"model {triton_model or BLS_MODEL!r}" in lines[0]
         with httpx.Client(base_url=lines[-1], timeout=30) as http:
-            with http.stream("POST", "/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0,
-                                                           "stream": True}) as streamed:
+            with http.stream(
+                "POST", "/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+            ) as streamed:
                 events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
             assert events[-1] == "[DONE]"
             assert "".join(json.loads(event)["choices"][0]["text"] for event in events[:-1]) == reference(PROMPTS[0]).text
-            response = http.post("/completions", json={
-                "model": MODEL, "prompt": "def foo(x):\n    return x", "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,
-            })
+            response = http.post(
+                "/completions",
+                json={
+                    "model": MODEL,
+                    "prompt": "def foo(x):\n    return x",
+                    "max_tokens": 1,
+                    "temperature": 0,
+                    "logprobs": 1,
+                    "echo": True,
+                },
+            )
             assert response.status_code == 200, response.text
             logprobs = response.json()["choices"][0]["logprobs"]
             assert logprobs["token_logprobs"][0] is None and all(value <= 0 for value in logprobs["token_logprobs"][1:])
@@ -440,9 +461,24 @@ def test_the_openai_command_with_a_bad_triton_url_says_what_it_found_and_exits_1
         [front_port] = free_ports(1)
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline", "--artifacts", str(request.getfixturevalue("tmp_path")), "openai", config,
-             "--triton-url", url, *extra, "--port", str(front_port)],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "--artifacts",
+                str(request.getfixturevalue("tmp_path")),
+                "openai",
+                config,
+                "--triton-url",
+                url,
+                *extra,
+                "--port",
+                str(front_port),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert done.returncode == 1, (done.stdout, done.stderr)
     [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -461,8 +497,12 @@ def test_guided_answers_over_triton_grpc_and_http_validate_against_their_schemas
             for prompt in GUIDED_PROMPTS:
                 for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_p": 0.95, "seed": 3}):
                     answer = client.generate(
-                        prompt, max_tokens=GUIDED_MAX_TOKENS, return_log_probs=True, **sampling,
-                        guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(schema),
+                        prompt,
+                        max_tokens=GUIDED_MAX_TOKENS,
+                        return_log_probs=True,
+                        **sampling,
+                        guided_decoding_guide_type="json_schema",
+                        guided_decoding_guide=json.dumps(schema),
                     )
                     assert answer.finish_reason == "stop", (name, prompt, answer.text)
                     validated(answer.text, schema)
@@ -473,8 +513,12 @@ def test_every_guided_beam_over_triton_validates_against_its_schema(triton):
     with TritonLLMClient(triton.options.grpc_url, "grpc", timeout=120) as client:
         for name, schema in GUIDED_SCHEMAS.items():
             answer = client.generate(
-                GUIDED_PROMPTS[0], max_tokens=GUIDED_MAX_TOKENS, beam_width=4, return_log_probs=True,
-                guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(schema),
+                GUIDED_PROMPTS[0],
+                max_tokens=GUIDED_MAX_TOKENS,
+                beam_width=4,
+                return_log_probs=True,
+                guided_decoding_guide_type="json_schema",
+                guided_decoding_guide=json.dumps(schema),
             )
             assert len(answer.beams) == 4 and len(set(answer.beams)) > 1, (name, answer.beams)
             for text in answer.beams:
@@ -491,8 +535,13 @@ def test_guided_answers_through_the_openai_front_end_validate(oai):
             assert completion.choices[0].finish_reason == "stop"
             validated(completion.choices[0].text, schema)
             chat = oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=GUIDED_MAX_TOKENS,
-                temperature=1.0, seed=5, n=2, response_format=response_format,
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=GUIDED_MAX_TOKENS,
+                temperature=1.0,
+                seed=5,
+                n=2,
+                response_format=response_format,
             )
             for choice in chat.choices:
                 assert choice.finish_reason == "stop"
@@ -565,11 +614,27 @@ def test_the_performance_gate_measures_an_openai_url_serving_another_name(triton
     monkeypatch.setenv(API_KEYS_VARIABLE, f"gate:{KEY_A}")  # the gate sends the variable's first key (#36)
     keys = AccessPolicy(KeyRing(read_api_key_file(key_file)))
     with running_openai_server(triton.options.grpc_url, model_name="engine", model_repository=artifacts["repository"], access=keys) as url:
-        gate = ["gate.performance.endpoint=openai", f"gate.performance.url={url}", "gate.performance.num_requests=4",
-                "gate.performance.warmup_requests=0", "gate.performance.concurrency=2", "gate.performance.input_tokens=16",
-                "gate.performance.output_tokens=4", "gate.performance.max_e2e_ms.p99=60000"]
-        code = main(["--artifacts", str(artifacts["root"]), "run", str(REPO / "build_configs" / "tiny-cpu.yaml"), "--until", "slo",
-                     *(token for setting in gate for token in ("--set", setting))])
+        gate = [
+            "gate.performance.endpoint=openai",
+            f"gate.performance.url={url}",
+            "gate.performance.num_requests=4",
+            "gate.performance.warmup_requests=0",
+            "gate.performance.concurrency=2",
+            "gate.performance.input_tokens=16",
+            "gate.performance.output_tokens=4",
+            "gate.performance.max_e2e_ms.p99=60000",
+        ]
+        code = main(
+            [
+                "--artifacts",
+                str(artifacts["root"]),
+                "run",
+                str(REPO / "build_configs" / "tiny-cpu.yaml"),
+                "--until",
+                "slo",
+                *(token for setting in gate for token in ("--set", setting)),
+            ]
+        )
     assert code == 0
     [report_path] = sorted((artifacts["root"] / MODEL).glob("slo-*/performance.json"))
     report = json.loads(report_path.read_text())
@@ -611,8 +676,11 @@ def test_with_keys_the_official_client_is_served_with_its_key_and_refused_withou
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
     for path in ("/models", "/completions"):
-        response = httpx.post(f"{keyed_url}{path}", json={"model": MODEL, "prompt": "x"}, timeout=30) if path != "/models" \
+        response = (
+            httpx.post(f"{keyed_url}{path}", json={"model": MODEL, "prompt": "x"}, timeout=30)
+            if path != "/models"
             else httpx.get(f"{keyed_url}{path}", timeout=30)
+        )
         assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(keyed_url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
 
@@ -661,9 +729,33 @@ def test_infer_and_bench_load_send_the_key(keyed_url, key_file, artifacts, tmp_p
     assert "[401] You didn't provide an API key" in err and "--api-key-file" in err
 
     out = tmp_path / "bench"
-    code = main(["--artifacts", str(artifacts["root"]), "bench", "load", str(REPO / "build_configs" / f"{MODEL}.yaml"),
-                 "--endpoint", "openai", "--url", keyed_url, "--api-key-file", str(key_file), "--concurrency", "1", "--requests", "3",
-                 "--warmup", "0", "--input-tokens", "16", "--output-tokens", "4", "--out", str(out)])
+    code = main(
+        [
+            "--artifacts",
+            str(artifacts["root"]),
+            "bench",
+            "load",
+            str(REPO / "build_configs" / f"{MODEL}.yaml"),
+            "--endpoint",
+            "openai",
+            "--url",
+            keyed_url,
+            "--api-key-file",
+            str(key_file),
+            "--concurrency",
+            "1",
+            "--requests",
+            "3",
+            "--warmup",
+            "0",
+            "--input-tokens",
+            "16",
+            "--output-tokens",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     [point] = json.loads((out / "bench-serve-load.json").read_text())["points"]
     assert (point["completed"], point["failed"], point["output_tokens"]) == (3, 0, 12), point["errors"]
@@ -673,8 +765,11 @@ def _raw_status(base_url: str, header: str, body: bytes) -> int:
     """The status of a POST /v1/completions sent byte for byte, with `header` as written."""
     host, port = base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=60) as connection:
-        connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\nContent-Type: application/json\r\n".encode()
-                           + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        connection.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
         status_line = connection.makefile("rb").readline().decode()
     return int(status_line.split()[1])
 
@@ -683,14 +778,26 @@ def test_the_openai_command_with_a_key_file_refuses_bad_authorizations_and_never
     """The command's whole output (uvicorn's log included) over every bad Authorization of the issue holds no key."""
     config = str(REPO / "build_configs" / f"{MODEL}.yaml")
     with _openai_command(
-        "--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url,
-        "--api-key-file", str(key_file), "--max-concurrent-per-key", "2",
+        "--artifacts",
+        str(artifacts["root"]),
+        "openai",
+        config,
+        "--triton-url",
+        triton.options.grpc_url,
+        "--api-key-file",
+        str(key_file),
+        "--max-concurrent-per-key",
+        "2",
     ) as (process, lines):
         assert "API keys: alice, key2; at most 2 concurrent requests per key" in "\n".join(lines)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
         with httpx.Client(base_url=lines[-1], timeout=60) as http:
             for value, status in [
-                (None, 401), (f"Bearer {WRONG_KEY}", 401), (f"Basic {KEY_A}", 401), (KEY_A, 401), ("Bearer " + "w" * 10_240, 401),
+                (None, 401),
+                (f"Bearer {WRONG_KEY}", 401),
+                (f"Basic {KEY_A}", 401),
+                (KEY_A, 401),
+                ("Bearer " + "w" * 10_240, 401),
                 (f"bearer {KEY_B}", 200),
             ]:
                 response = http.post("/completions", json=body, headers={"Authorization": value} if value else {})

@@ -31,9 +31,7 @@ def artifacts(private_tiny_cpu) -> Path:
 
 def cli(root: Path, *args: str, ports: list[int]) -> subprocess.CompletedProcess:
     overrides = [f"--set=deploy.{name}_port={port}" for name, port in zip(("http", "grpc", "metrics"), ports)]
-    return subprocess.run(
-        [str(CLI), "--artifacts", str(root), *args, str(CONFIG), *overrides], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([str(CLI), "--artifacts", str(root), *args, str(CONFIG), *overrides], capture_output=True, text=True, timeout=120)
 
 
 def test_stop_after_the_server_was_killed_ends_its_stubs_and_names_the_dead_server(artifacts):

@@ -64,12 +64,14 @@ def plain_greedy(tiny_cpu):
 
 def _infer(server, model: str, prompt: str, **extra) -> dict:
     """One non-streamed request over a gRPC stream (the models are decoupled): its text and draft figures."""
-    inputs = infer_inputs({
-        "text_input": np.array([[prompt.encode()]], dtype=np.object_),
-        "max_tokens": np.array([[MAX_TOKENS]], dtype=np.int32),
-        "return_perf_metrics": np.array([[True]], dtype=np.bool_),
-        **{name: value if isinstance(value, np.ndarray) else np.array([[value]], dtype=np.int32) for name, value in extra.items()},
-    })
+    inputs = infer_inputs(
+        {
+            "text_input": np.array([[prompt.encode()]], dtype=np.object_),
+            "max_tokens": np.array([[MAX_TOKENS]], dtype=np.int32),
+            "return_perf_metrics": np.array([[True]], dtype=np.bool_),
+            **{name: value if isinstance(value, np.ndarray) else np.array([[value]], dtype=np.int32) for name, value in extra.items()},
+        }
+    )
     outputs = [grpcclient.InferRequestedOutput(name) for name in ("text_output", *DRAFT_FIGURES)]
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.options.grpc_url)
@@ -83,8 +85,12 @@ def _infer(server, model: str, prompt: str, **extra) -> dict:
     if error is not None:
         raise error
     figures = {name: result.as_numpy(name).reshape(-1)[0].item() for name in DRAFT_FIGURES}
-    return {"text": result.as_numpy("text_output").reshape(-1)[0].decode(), "drafted": figures["total_draft_tokens"],
-            "accepted": figures["total_accepted_draft_tokens"], "acceptance_rate": figures["acceptance_rate"]}
+    return {
+        "text": result.as_numpy("text_output").reshape(-1)[0].decode(),
+        "drafted": figures["total_draft_tokens"],
+        "accepted": figures["total_accepted_draft_tokens"],
+        "acceptance_rate": figures["acceptance_rate"],
+    }
 
 
 def _settled_metrics(server, shows) -> dict[str, float]:
@@ -122,8 +128,9 @@ def test_bls_passes_num_draft_tokens_on(server, plain_greedy):
     assert one["drafted"] < _infer(server, DRAFT_BLS, prompt)["drafted"]
 
 
-@pytest.mark.parametrize("value, message", [(5, "num_draft_tokens: 5 exceeds the engine's max_draft_len (4)"),
-                                            (-1, "num_draft_tokens: must be 0 (no drafts) or more, got -1")])
+@pytest.mark.parametrize(
+    "value, message", [(5, "num_draft_tokens: 5 exceeds the engine's max_draft_len (4)"), (-1, "num_draft_tokens: must be 0 (no drafts) or more, got -1")]
+)
 def test_bls_refuses_a_bad_num_draft_tokens_by_name(server, value, message):
     with pytest.raises(InferenceServerException, match=message.replace("(", r"\(").replace(")", r"\)")):
         _infer(server, DRAFT_BLS, PROMPTS[0], num_draft_tokens=value)
@@ -136,8 +143,13 @@ def test_bls_passes_use_draft_logits_on(server, plain_greedy):
     for value in (True, False):
         assert _infer(server, DRAFT_BLS, PROMPTS[0], use_draft_logits=flag(value))["text"] == plain_greedy[PROMPTS[0]]
     sampled = {"temperature": np.array([[1.0]], dtype=np.float32), "top_p": np.array([[1.0]], dtype=np.float32)}  # top_p 0 is greedy
-    accepted = {value: sum(_infer(server, DRAFT_BLS, prompt, use_draft_logits=flag(value), seed=np.array([[7 + i]], dtype=np.uint64),
-                                  **sampled)["accepted"] for i, prompt in enumerate(PROMPTS)) for value in (True, False)}
+    accepted = {
+        value: sum(
+            _infer(server, DRAFT_BLS, prompt, use_draft_logits=flag(value), seed=np.array([[7 + i]], dtype=np.uint64), **sampled)["accepted"]
+            for i, prompt in enumerate(PROMPTS)
+        )
+        for value in (True, False)
+    }
     assert accepted[False] < accepted[True]
     with pytest.raises(InferenceServerException, match=r"use_draft_logits: true needs num_draft_tokens > 0"):
         _infer(server, DRAFT_BLS, PROMPTS[0], num_draft_tokens=0, use_draft_logits=flag(True))
@@ -150,8 +162,10 @@ def test_prometheus_counts_drafted_and_accepted_tokens(server):
     before = drafted(metrics(server.options.metrics_url))
     _infer(server, served_name("draft", "ensemble"), PROMPTS[1])
     published = _settled_metrics(server, lambda current: drafted(current) > before)
-    counts = {kind: metric(published, "trtllm_pipeline_draft_tokens_total", model=served_name("draft", "tensorrt_llm"), draft_token_type=kind)
-              for kind in ("drafted", "accepted")}
+    counts = {
+        kind: metric(published, "trtllm_pipeline_draft_tokens_total", model=served_name("draft", "tensorrt_llm"), draft_token_type=kind)
+        for kind in ("drafted", "accepted")
+    }
     assert counts["drafted"] > 0 and 0 < counts["accepted"] <= counts["drafted"]
 
 
@@ -181,8 +195,14 @@ def test_medusa_refuses_beams_and_external_drafts_by_name(server):
     assert status == 400 and "beam_width: 2 exceeds the engine's max_beam_width 1" in body["error"], body
     with pytest.raises(InferenceServerException, match=r"num_draft_tokens: the engine was built without draft-target"):
         _infer(server, served_name("medusa", "tensorrt_llm_bls"), PROMPTS[0], num_draft_tokens=2)
-    inputs = infer_inputs({"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32),
-                           "request_output_len": np.array([[4]], dtype=np.int32), "num_draft_tokens": np.array([[2]], dtype=np.int32)})
+    inputs = infer_inputs(
+        {
+            "input_ids": np.array([[1, 2, 3]], dtype=np.int32),
+            "input_lengths": np.array([[3]], dtype=np.int32),
+            "request_output_len": np.array([[4]], dtype=np.int32),
+            "num_draft_tokens": np.array([[2]], dtype=np.int32),
+        }
+    )
     with pytest.raises(InferenceServerException, match=r"num_draft_tokens: 2: a Medusa engine drafts with its own heads"):
         stream_infer(server.options.grpc_url, MEDUSA_LLM, inputs, output="output_ids")
 
@@ -195,8 +215,9 @@ def test_prometheus_counts_medusa_tree_steps_and_acceptances_by_depth(server):
     _infer(server, MEDUSA_ENSEMBLE, PROMPTS[2])
     published = _settled_metrics(server, lambda current: steps(current) > before)
     steps = metric(published, "trtllm_pipeline_medusa_tree_steps_total", model=MEDUSA_LLM)
-    by_depth = {name: value for name, value in published.items()
-                if name.startswith("trtllm_pipeline_medusa_accepted_tokens_total{") and f'model="{MEDUSA_LLM}"' in name}
+    by_depth = {
+        name: value for name, value in published.items() if name.startswith("trtllm_pipeline_medusa_accepted_tokens_total{") and f'model="{MEDUSA_LLM}"' in name
+    }
     accepted = metric(published, "trtllm_pipeline_draft_tokens_total", model=MEDUSA_LLM, draft_token_type="accepted")
     assert steps > 0 and accepted > 0
     assert len(by_depth) == medusa_num_heads() and sum(by_depth.values()) == accepted  # depth 1 .. the number of heads
@@ -206,8 +227,10 @@ def test_prometheus_counts_medusa_tree_steps_and_acceptances_by_depth(server):
 def test_the_openai_front_end_on_the_medusa_build_answers_as_plain(server, plain_greedy):
     """The front end reads the model's limits and tokenizer through Triton's model-configuration API (renamed models)."""
     route = served_name("medusa", front_end_triton_model(triton_version(server.options.grpc_url), "ensemble"))
-    with (running_openai_server(server.options.grpc_url, model_name="tiny-cpu-medusa", triton_model=route) as base_url,
-          openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client):
+    with (
+        running_openai_server(server.options.grpc_url, model_name="tiny-cpu-medusa", triton_model=route) as base_url,
+        openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client,
+    ):
         completion = client.completions.create(model="tiny-cpu-medusa", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0)
     assert completion.choices[0].text == plain_greedy[PROMPTS[1]]
 

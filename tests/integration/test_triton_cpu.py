@@ -179,9 +179,9 @@ def reference(artifacts, model_code):
 @pytest.fixture(scope="module")
 def server(artifacts, tmp_path_factory):
     repository = tmp_path_factory.mktemp("repo") / "model_repository"
-    render_model_repository(RepositoryRequest(
-        engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="cpu", out_dir=repository
-    ))
+    render_model_repository(
+        RepositoryRequest(engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="cpu", out_dir=repository)
+    )
     _add_variants(repository)
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(
@@ -309,8 +309,12 @@ def test_beam_search_returns_every_beam_as_refengine_computes_them(server, refer
     [expected] = engine.generate([prompt_ids], params)
     words = {"stop_words": _words(*stop_words)} if stop_words else {}
     inputs = client_inputs(
-        prompt, 12, stream=False,
-        beam_width=(np.array([[4]], dtype=np.int32), "INT32"), return_log_probs=(np.array([[True]]), "BOOL"), **words,
+        prompt,
+        12,
+        stream=False,
+        beam_width=(np.array([[4]], dtype=np.int32), "INT32"),
+        return_log_probs=(np.array([[True]]), "BOOL"),
+        **words,
     )
     got = _final_arrays(server.options.grpc_url, model, inputs, ("text_output", "cum_log_probs"))
     texts = [value.decode("utf-8") for value in got["text_output"].reshape(-1)]
@@ -334,8 +338,12 @@ def test_streamed_beams_come_whole_each_step_as_refengine_streams_them(server, r
     params = SamplingParams(max_tokens=10, temperature=0.0, end_id=tokenizer.eos_id, beam_width=3, n=2, logprobs=0)
     expected = list(engine.stream(prompt_ids, params))
     inputs = client_inputs(
-        prompt, 10, stream=True, beam_width=(np.array([[3]], dtype=np.int32), "INT32"),
-        num_return_sequences=(np.array([[2]], dtype=np.int32), "INT32"), return_log_probs=(np.array([[True]]), "BOOL"),
+        prompt,
+        10,
+        stream=True,
+        beam_width=(np.array([[3]], dtype=np.int32), "INT32"),
+        num_return_sequences=(np.array([[2]], dtype=np.int32), "INT32"),
+        return_log_probs=(np.array([[True]]), "BOOL"),
     )
     got = _responses(server.options.grpc_url, model, inputs, ("text_output", "cum_log_probs"))
     assert len(got) == len(expected) > 2
@@ -469,11 +477,14 @@ BAD_REQUESTS = {
     "unknown input": ({"text_input": "x", "max_tokens": 4, "no_such_input": 1}, 400, "unknown input or parameter 'no_such_input'"),
     # Refused by their byte length, before tokenizing (the tokenizer's longest token is 45 bytes).
     "prompt over the byte bound": (
-        {"text_input": "x" * 40_000, "max_tokens": 4}, 400,
+        {"text_input": "x" * 40_000, "max_tokens": 4},
+        400,
         "text_input is 40000 bytes, more than the engine's max_input_len 768 tokens can hold (at most 34560 bytes); it was not tokenized",
     ),
     "stop word over the byte bound": (
-        {"text_input": "x", "max_tokens": 4, "stop_words": ["y" * 50_000]}, 400, "stop_words is 50000 bytes, longer than any sequence",
+        {"text_input": "x", "max_tokens": 4, "stop_words": ["y" * 50_000]},
+        400,
+        "stop_words is 50000 bytes, longer than any sequence",
     ),
     # TensorRT-LLM's SamplingConfig: temperature >= 0 (also when greedy decoding ignores it); the
     # project also refuses a non-finite one and one above 100.
@@ -568,8 +579,7 @@ def test_bad_grpc_requests_name_the_problem_and_the_server_stays_ready(server):
     )
     assert "max_tokens must be at least 1" in _grpc_error(server, client_inputs("x", 0, stream=True), model="tensorrt_llm_bls")
     drafted = client_inputs("x", 4, stream=False, num_draft_tokens=(np.array([[4]], dtype=np.int32), "INT32"))
-    assert "num_draft_tokens: the engine was built without draft-target speculative decoding" in _grpc_error(
-        server, drafted, model="tensorrt_llm_bls")
+    assert "num_draft_tokens: the engine was built without draft-target speculative decoding" in _grpc_error(server, drafted, model="tensorrt_llm_bls")
     by_logits = client_inputs("x", 4, stream=False, use_draft_logits=(np.array([[True]], dtype=np.bool_), "BOOL"))
     assert "use_draft_logits: true needs draft-target speculative decoding" in _grpc_error(server, by_logits, model="tensorrt_llm_bls")
     not_utf8 = client_inputs("x", 4, stream=False)
@@ -636,13 +646,15 @@ def test_a_cancelled_stream_frees_its_kv_blocks(server, reference, model, beam_w
     beams = {"beam_width": np.array([[beam_width]], dtype=np.int32)} if beam_width > 1 else {}
     if model == "tensorrt_llm":
         prompt_ids = reference.tokenizer.encode(PROMPTS[0])
-        inputs = infer_inputs({
-            "input_ids": np.array([prompt_ids], dtype=np.int32),
-            "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
-            "request_output_len": np.array([[600]], dtype=np.int32),
-            "streaming": np.array([[True]], dtype=np.bool_),
-            **beams,
-        })
+        inputs = infer_inputs(
+            {
+                "input_ids": np.array([prompt_ids], dtype=np.int32),
+                "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
+                "request_output_len": np.array([[600]], dtype=np.int32),
+                "streaming": np.array([[True]], dtype=np.bool_),
+                **beams,
+            }
+        )
     else:
         inputs = client_inputs(PROMPTS[0], 600, stream=True, **{name: (array, "INT32") for name, array in beams.items()})
     client = grpcclient.InferenceServerClient(server.options.grpc_url)
@@ -794,16 +806,35 @@ def llama_31_8b_engine(directory: Path, **build_config) -> Path:
     config = {
         "version": "1.2.1",
         "pretrained_config": {
-            "architecture": "LlamaForCausalLM", "dtype": "bfloat16", "logits_dtype": "float32", "vocab_size": 128256,
-            "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "max_position_embeddings": 131072, "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "logits_dtype": "float32",
+            "vocab_size": 128256,
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 131072,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
             "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
         },
         "build_config": {
-            "max_batch_size": 256, "max_input_len": 8192, "max_seq_len": 16384, "max_num_tokens": 8192,
-            "max_beam_width": 1, "kv_cache_type": "PAGED", "gather_context_logits": False, "gather_generation_logits": False,
-            "plugin_config": {"gpt_attention_plugin": "auto", "context_fmha": True, "use_paged_context_fmha": True,
-                              "paged_kv_cache": True, "remove_input_padding": True, "tokens_per_block": 32},
+            "max_batch_size": 256,
+            "max_input_len": 8192,
+            "max_seq_len": 16384,
+            "max_num_tokens": 8192,
+            "max_beam_width": 1,
+            "kv_cache_type": "PAGED",
+            "gather_context_logits": False,
+            "gather_generation_logits": False,
+            "plugin_config": {
+                "gpt_attention_plugin": "auto",
+                "context_fmha": True,
+                "use_paged_context_fmha": True,
+                "paged_kv_cache": True,
+                "remove_input_padding": True,
+                "tokens_per_block": 32,
+            },
         },
     }
     config["build_config"]["plugin_config"].update(build_config.pop("plugin_config", {}))
@@ -817,8 +848,13 @@ def _lenient_options(repository: Path) -> ServerOptions:
     """A server on fresh ports that starts with models failing to load (the engine target's missing backend)."""
     http_port, grpc_port, metrics_port = free_ports(3)
     return ServerOptions(
-        model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-        exit_timeout_secs=5, exit_on_error=False, strict_readiness=False,
+        model_repository=repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        exit_timeout_secs=5,
+        exit_on_error=False,
+        strict_readiness=False,
     )
 
 
@@ -836,14 +872,16 @@ def _states_and_bls_metadata(repository: Path) -> tuple[dict, dict]:
 
 def test_engine_target_repository_fails_only_for_the_missing_tensorrtllm_backend(artifacts, tmp_path):
     repository = tmp_path / "model_repository"
-    render_model_repository(RepositoryRequest(
-        engine_dir=llama_31_8b_engine(tmp_path / "engine"),
-        tokenizer_dir=artifacts["tokenizer"],
-        serve=ServeSpec(),
-        target="engine",
-        out_dir=repository,
-        config_paths=ConfigPaths(str(tmp_path / "engine"), str(artifacts["tokenizer"])),
-    ))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=llama_31_8b_engine(tmp_path / "engine"),
+            tokenizer_dir=artifacts["tokenizer"],
+            serve=ServeSpec(),
+            target="engine",
+            out_dir=repository,
+            config_paths=ConfigPaths(str(tmp_path / "engine"), str(artifacts["tokenizer"])),
+        )
+    )
     options = _lenient_options(repository)
     state_dir = tmp_path / "serve-state"
     with pytest.raises(Exception, match="models not ready: .*tensorrt_llm: UNAVAILABLE"):
@@ -868,15 +906,24 @@ def test_lora_and_lookahead_repository_loads_up_to_the_missing_backend(artifacts
     from pipeline.config.spec import ServeLoraSpec, SpeculativeSpec
 
     engine = llama_31_8b_engine(
-        tmp_path / "engine", plugin_config={"lora_plugin": "bfloat16"}, speculative_decoding_mode=8, max_draft_len=15,
+        tmp_path / "engine",
+        plugin_config={"lora_plugin": "bfloat16"},
+        speculative_decoding_mode=8,
+        max_draft_len=15,
         max_seq_len=16384 + 15,
         lora_config={"lora_dir": ["lora/0"], "lora_ckpt_source": "hf", "max_lora_rank": 32, "lora_target_modules": ["attn_q", "attn_v"]},
     )
     repository = tmp_path / "model_repository"
-    render_model_repository(RepositoryRequest(
-        engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(lora=ServeLoraSpec(cache_optimal_adapter_size=16)),
-        target="engine", out_dir=repository, speculative=SpeculativeSpec(mode="lookahead_decoding"),
-    ))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine,
+            tokenizer_dir=artifacts["tokenizer"],
+            serve=ServeSpec(lora=ServeLoraSpec(cache_optimal_adapter_size=16)),
+            target="engine",
+            out_dir=repository,
+            speculative=SpeculativeSpec(mode="lookahead_decoding"),
+        )
+    )
     states, bls = _states_and_bls_metadata(repository)
     assert "unable to find backend library for backend 'tensorrtllm'" in states["tensorrt_llm"].reason
     assert states["preprocessing"].ready and states["postprocessing"].ready and states["tensorrt_llm_bls"].ready
@@ -892,8 +939,17 @@ def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_
     draft = llama_31_8b_engine(tmp_path / "draft", max_seq_len=16384 + 4)
     repository = tmp_path / "model_repository"
     speculative = SpeculativeSpec(mode="draft_tokens_external", max_draft_len=4, draft={"source": str(tmp_path / "unused")})
-    render_model_repository(RepositoryRequest(engine_dir=engine, tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(), target="engine",
-                            out_dir=repository, speculative=speculative, draft_engine_dir=draft))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine,
+            tokenizer_dir=artifacts["tokenizer"],
+            serve=ServeSpec(),
+            target="engine",
+            out_dir=repository,
+            speculative=speculative,
+            draft_engine_dir=draft,
+        )
+    )
     states, bls = _states_and_bls_metadata(repository)
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
         assert "unable to find backend library for backend 'tensorrtllm'" in states[name].reason
@@ -904,10 +960,15 @@ def test_draft_target_repository_loads_up_to_the_missing_backend(artifacts, tmp_
 def tokenizer_only_repository(artifacts, tmp_path: Path) -> Path:
     """The engine target's preprocessing and postprocessing: quick to load, no torch."""
     repository = tmp_path / "model_repository"
-    render_model_repository(RepositoryRequest(
-        engine_dir=llama_31_8b_engine(tmp_path / "engine"), tokenizer_dir=artifacts["tokenizer"], serve=ServeSpec(),
-        target="engine", out_dir=repository,
-    ))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=llama_31_8b_engine(tmp_path / "engine"),
+            tokenizer_dir=artifacts["tokenizer"],
+            serve=ServeSpec(),
+            target="engine",
+            out_dir=repository,
+        )
+    )
     for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
         shutil.rmtree(repository / name)
     return repository
@@ -962,10 +1023,15 @@ def test_a_repository_without_streaming_answers_unary_requests(artifacts, refere
     """serve.decoupled false: unary gRPC ModelInfer and HTTP /infer work; a stream request is refused. The same
     server has serve.guided_decoding none: a guide is refused by name before any token."""
     repository = tmp_path / "model_repository"
-    render_model_repository(RepositoryRequest(
-        engine_dir=artifacts["engine"], tokenizer_dir=artifacts["tokenizer"],
-        serve=ServeSpec(streaming=False, decoupled=False, guided_decoding="none"), target="cpu", out_dir=repository,
-    ))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=artifacts["engine"],
+            tokenizer_dir=artifacts["tokenizer"],
+            serve=ServeSpec(streaming=False, decoupled=False, guided_decoding="none"),
+            target="cpu",
+            out_dir=repository,
+        )
+    )
     http_port, grpc_port, metrics_port = free_ports(3)
     options = ServerOptions(model_repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, exit_timeout_secs=5)
     prompt = PROMPTS[0]
@@ -976,13 +1042,16 @@ def test_a_repository_without_streaming_answers_unary_requests(artifacts, refere
                 result = client.infer(model, client_inputs(prompt, MAX_TOKENS, stream=False))
                 assert result.as_numpy("text_output").reshape(-1)[0].decode() == reference(prompt)
                 guided = client_inputs(
-                    prompt, MAX_TOKENS, stream=False,
+                    prompt,
+                    MAX_TOKENS,
+                    stream=False,
                     guided_decoding_guide_type=(np.array([[b"json"]], dtype=np.object_), "BYTES"),
                 )
                 with pytest.raises(InferenceServerException, match=r"guided_decoding_guide_type: guided decoding is off on this server"):
                     client.infer(model, guided)
         http = httpclient.InferenceServerClient(options.http_url.removeprefix("http://"))
         try:
+
             def http_inputs(stream: bool):
                 inputs = []
                 for name, array, datatype in (
@@ -1015,9 +1084,16 @@ def test_command_binds_every_endpoint_to_the_configured_address(tmp_path):
     options = ServerOptions(model_repository=tmp_path, http_port=1, grpc_port=2, metrics_port=3)
     command = server_command(installation, options, model_repository=tmp_path, backend_dir=tmp_path / "b")
     assert command[0] == str(installation.binary)
-    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                 "--model-control-mode=explicit", "--load-model=*", "--disable-auto-complete-config",
-                 "--allow-gpu-metrics=false", f"--backend-config=python,shm-region-prefix-name={options.shm_prefix}"):
+    for flag in (
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--disable-auto-complete-config",
+        "--allow-gpu-metrics=false",
+        f"--backend-config=python,shm-region-prefix-name={options.shm_prefix}",
+    ):
         assert flag in command
     assert options.shm_prefix.startswith("triton_python_backend_shm_region_trtllmpipe_")
     backends = make_backend_directory(installation, tmp_path / "backends")

@@ -48,8 +48,7 @@ def test_the_installed_wheel_builds_serves_and_answers_from_outside_the_checkout
         return done.stdout
 
     dist = tmp_path / "dist"
-    step("build the wheel", [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)], cwd=REPO, timeout=300,
-         here=True)
+    step("build the wheel", [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)], cwd=REPO, timeout=300, here=True)
     [wheel] = dist.glob("trtllm_pipeline-*.whl")
 
     venv = tmp_path / "venv"
@@ -78,10 +77,18 @@ def test_the_installed_wheel_builds_serves_and_answers_from_outside_the_checkout
     assert "package" in packaged and (work / "artifacts" / "tiny-cpu").is_dir(), packaged
     step("serve --detach", [cli, "serve", "tiny.yaml", "--detach"], cwd=work, timeout=300)
     try:
-        grpc = step("infer (gRPC, streamed)", [cli, "infer", PROMPT, "--url", f"127.0.0.1:{grpc_port}", "--stream", "--max-tokens", str(MAX_TOKENS)],
-                    cwd=work, timeout=120)
-        http = step("infer (HTTP)", [cli, "infer", PROMPT, "--url", f"127.0.0.1:{http_port}", "--protocol", "http", "--max-tokens", str(MAX_TOKENS)],
-                    cwd=work, timeout=120)
+        grpc = step(
+            "infer (gRPC, streamed)",
+            [cli, "infer", PROMPT, "--url", f"127.0.0.1:{grpc_port}", "--stream", "--max-tokens", str(MAX_TOKENS)],
+            cwd=work,
+            timeout=120,
+        )
+        http = step(
+            "infer (HTTP)",
+            [cli, "infer", PROMPT, "--url", f"127.0.0.1:{http_port}", "--protocol", "http", "--max-tokens", str(MAX_TOKENS)],
+            cwd=work,
+            timeout=120,
+        )
     finally:
         stopped = step("stop", [cli, "stop", "tiny.yaml"], cwd=work, timeout=180)
     assert grpc.strip() and grpc.strip() == http.strip(), (grpc, http)  # greedy: the same text over both protocols

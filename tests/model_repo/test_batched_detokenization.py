@@ -91,7 +91,11 @@ def test_a_batch_mixing_streamed_non_streamed_and_context_free_pieces(tokenizer)
     ]
     decode = CountingDecode(tokenizer)
     assert text_deltas(decode, pieces) == [
-        text_delta(tokenizer.decode, *pieces[0]), TEXT, tokenizer.decode(prompt + ids), tokenizer.decode(ids[3:5]), "",
+        text_delta(tokenizer.decode, *pieces[0]),
+        TEXT,
+        tokenizer.decode(prompt + ids),
+        tokenizer.decode(ids[3:5]),
+        "",
     ]
     assert decode.calls == 1
 

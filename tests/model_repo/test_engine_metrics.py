@@ -67,12 +67,7 @@ def test_promql_selectors():
 def dashboard_selectors() -> list[tuple[str, str, dict[str, str]]]:
     spec = Spec.model_validate(yaml.safe_load((REPO / "build_configs" / "tiny-cpu.yaml").read_text()))
     panels = monitoring.dashboard(spec, "cpu")["panels"]
-    return [
-        (panel["title"], name, labels)
-        for panel in panels
-        for target in panel["targets"]
-        for name, labels in promql_selectors(target["expr"])
-    ]
+    return [(panel["title"], name, labels) for panel in panels for target in panel["targets"] for name, labels in promql_selectors(target["expr"])]
 
 
 FRONT_END_BUCKETS = {f"{front_end_metrics.TTFT}_bucket", f"{front_end_metrics.ITL}_bucket"}
@@ -106,9 +101,7 @@ def test_the_dashboard_shows_engine_metrics_next_to_tritons():
     assert {("trtllm_pipeline_tokens_total", ("prompt_reused",)), ("trtllm_pipeline_tokens_total", ("prompt_computed",))} <= read[
         "Prefix-cache hit rate (prompt tokens)"
     ]
-    assert {("trtllm_pipeline_prefix_cache_hits_total", ()), ("trtllm_pipeline_preemptions_total", ())} <= read[
-        "Prefix hits and preemptions"
-    ]
+    assert {("trtllm_pipeline_prefix_cache_hits_total", ()), ("trtllm_pipeline_preemptions_total", ())} <= read["Prefix hits and preemptions"]
     assert ("nv_trt_llm_general_metrics", ("iteration_counter",)) in read["Engine iterations / s"]
     assert (f"{front_end_metrics.TTFT}_bucket", ()) in read["Time to first token (OpenAI front end)"]
     assert (f"{front_end_metrics.ITL}_bucket", ()) in read["Inter-token latency (OpenAI front end)"]
@@ -263,8 +256,9 @@ def test_speculative_draft_tokens_are_counters():
     assert values[("trtllm_pipeline_draft_tokens_total", "accepted")] == 5
 
 
-MEDUSA_STATS = EngineStats(num_draft_tokens=40, num_accepted_draft_tokens=9, num_tree_steps=6,
-                           tree_node_acceptances=(((0,), 5), ((1,), 1), ((0, 0), 2), ((0, 0, 0), 1)))
+MEDUSA_STATS = EngineStats(
+    num_draft_tokens=40, num_accepted_draft_tokens=9, num_tree_steps=6, tree_node_acceptances=(((0,), 5), ((1,), 1), ((0, 0), 2), ((0, 0, 0), 1))
+)
 
 
 def test_a_medusa_engine_publishes_tree_steps_and_acceptances_by_depth():
@@ -280,8 +274,7 @@ def test_a_medusa_engine_publishes_tree_steps_and_acceptances_by_depth():
 def test_medusa_families_exist_on_medusa_engines_only(stub):
     plain = engine_metrics.engine_values(FakeEngine(counts=MEDUSA_STATS), active_requests=0)
     assert not any(name.startswith("trtllm_pipeline_medusa_") for name, _ in plain)
-    metrics = engine_metrics.EngineMetrics(FakeEngine(counts=MEDUSA_STATS, num_medusa_heads=3), {"model": "m", "version": "1"},
-                                           active_requests=lambda: 0)
+    metrics = engine_metrics.EngineMetrics(FakeEngine(counts=MEDUSA_STATS, num_medusa_heads=3), {"model": "m", "version": "1"}, active_requests=lambda: 0)
     metrics.update()
     assert [f.name for f in FakeFamily.created] == [f.name for f in engine_metrics.families(3)]
     assert [m.labels["depth"] for m in series_family(engine_metrics.MEDUSA_ACCEPTED_BY_DEPTH).metrics] == ["1", "2", "3"]

@@ -19,10 +19,19 @@ def test_medusa_choices_empty_means_the_engines_tree(raw, expected):
     assert medusa_parameters.medusa_choices(raw) == expected
 
 
-@pytest.mark.parametrize("mode, medusa_engine, warned", [
-    ("", True, None), ("medusa", True, None), ("MEDUSA", True, None), ("top_k_top_p", True, "decoding with medusa"),
-    ("", False, None), ("top_k_top_p", False, None), ("beam_search", False, None), ("medusa", False, "decoding without it"),
-])
+@pytest.mark.parametrize(
+    "mode, medusa_engine, warned",
+    [
+        ("", True, None),
+        ("medusa", True, None),
+        ("MEDUSA", True, None),
+        ("top_k_top_p", True, "decoding with medusa"),
+        ("", False, None),
+        ("top_k_top_p", False, None),
+        ("beam_search", False, None),
+        ("medusa", False, "decoding without it"),
+    ],
+)
 def test_a_decoding_mode_that_disagrees_with_the_engine_is_overwritten_with_a_warning(mode, medusa_engine, warned):
     warning = medusa_parameters.decoding_mode_warning(mode, medusa_engine)
     if warned is None:

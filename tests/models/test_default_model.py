@@ -30,9 +30,7 @@ N_WINDOWS = 4
 MEASURED_WINDOW_PPL = 90.63
 PPL_BOUND = MEASURED_WINDOW_PPL * 1.3
 
-pytestmark = pytest.mark.skipif(
-    not (MODEL_DIR / "model.safetensors").exists(), reason="default model not present"
-)
+pytestmark = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").exists(), reason="default model not present")
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +51,7 @@ def model():
 
 def test_files_present_no_pickles_and_small():
     names = {p.name for p in MODEL_DIR.iterdir()}
-    for required in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                     "tokenizer_config.json", "README.md"):
+    for required in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md"):
         assert required in names, required
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
     size = (MODEL_DIR / "model.safetensors").stat().st_size
@@ -122,7 +119,7 @@ def test_greedy_generation(tok, model, prompt):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=20, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] > ids.shape[1]
-    new_text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    new_text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert new_text.strip(), repr(new_text)
 
 
@@ -134,7 +131,7 @@ def _heldout_windows(tok):
     n = (len(ids) - 1) // SEQ_LEN
     assert n >= N_WINDOWS
     picks = [round(i * (n - 1) / (N_WINDOWS - 1)) for i in range(N_WINDOWS)]
-    return torch.tensor([ids[j * SEQ_LEN: j * SEQ_LEN + SEQ_LEN + 1] for j in picks])
+    return torch.tensor([ids[j * SEQ_LEN : j * SEQ_LEN + SEQ_LEN + 1] for j in picks])
 
 
 def test_data_files():

@@ -54,14 +54,12 @@ def test_draft_agrees_with_the_target_on_its_continuations_of_heldout_prompts(se
     assert script.greedy_agreement(draft, target, stream, 256, max_windows=8) >= 0.55
 
 
-
 def test_a_self_distill_fraction_outside_0_to_1_is_refused_by_name_before_anything_is_written(tmp_path):
     import subprocess
     import sys
 
     out = tmp_path / "draft"
-    command = [sys.executable, str(REPO / "scripts" / "train_default_model.py"), "--draft-of", str(TARGET_DIR), "--out", str(out),
-               "--self-distill", "1.5"]
+    command = [sys.executable, str(REPO / "scripts" / "train_default_model.py"), "--draft-of", str(TARGET_DIR), "--out", str(out), "--self-distill", "1.5"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "--self-distill must be a fraction from 0 to 1, got 1.5" in result.stderr
     assert not out.exists()

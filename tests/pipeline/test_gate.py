@@ -31,7 +31,7 @@ build:
   max_num_tokens: 1024
 gate:
   accuracy:
-    heldout_files: ["{REPO / 'data' / 'heldout' / '*.txt'}"]
+    heldout_files: ["{REPO / "data" / "heldout" / "*.txt"}"]
     num_windows: 4
     window_len: 128
     max_perplexity_increase_pct: 2.0

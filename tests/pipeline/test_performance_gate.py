@@ -35,12 +35,17 @@ def spec_error(path: Path) -> str:
 
 def point(**overrides) -> dict:
     base = {
-        "requests": 10, "completed": 10, "failed": 0, "errors": {},
+        "requests": 10,
+        "completed": 10,
+        "failed": 0,
+        "errors": {},
         "ttft_ms": {"p50": 40.0, "p90": 60.0, "p99": 80.0},
         "itl_ms": {"p50": 10.0, "p90": 12.0, "p99": 14.0},
         "e2e_ms": {"p50": 300.0, "p90": 400.0, "p99": 450.0},
-        "output_tokens_per_s": 300.0, "requests_per_s": 9.0,
-        "good_requests": 9, "slo": {"ttft_ms": 50.0},
+        "output_tokens_per_s": 300.0,
+        "requests_per_s": 9.0,
+        "good_requests": 9,
+        "slo": {"ttft_ms": 50.0},
     }
     base.update(overrides)
     return base
@@ -80,8 +85,12 @@ def test_the_slo_stage_is_planned_between_package_and_deploy_and_feeds_deploy(tm
     assert names.index("package") < names.index("slo") < names.index("deploy")
     deploy = next(stage for stage in the_plan.stages if stage.name == "deploy")
     assert "slo" in deploy.upstream
-    without = plan(load_config(config_with_gate(tmp_path, "min_requests_per_s: 1\n")).spec.model_copy(
-        update={"gate": loaded.spec.gate.model_copy(update={"performance": None})}), EnvFacts(tools={}, model_fingerprint="m"))
+    without = plan(
+        load_config(config_with_gate(tmp_path, "min_requests_per_s: 1\n")).spec.model_copy(
+            update={"gate": loaded.spec.gate.model_copy(update={"performance": None})}
+        ),
+        EnvFacts(tools={}, model_fingerprint="m"),
+    )
     assert "slo" not in without.names()
 
 
@@ -97,8 +106,14 @@ def test_the_engine_target_needs_a_url_to_measure_unless_dry_run(tmp_path):
 def test_every_missed_threshold_is_named_with_value_and_limit():
     failures = threshold_failures(
         point(),
-        gate(max_ttft_ms={"p50": 30, "p99": 100}, max_itl_ms={"p99": 13}, max_e2e_ms={"p90": 500},
-             min_output_tokens_per_s=400, min_requests_per_s=5, goodput={"ttft_ms": 50, "min_pct": 95}),
+        gate(
+            max_ttft_ms={"p50": 30, "p99": 100},
+            max_itl_ms={"p99": 13},
+            max_e2e_ms={"p90": 500},
+            min_output_tokens_per_s=400,
+            min_requests_per_s=5,
+            goodput={"ttft_ms": 50, "min_pct": 95},
+        ),
     )
     assert failures == [
         "ttft_ms p50 40.00 ms exceeds gate.performance.max_ttft_ms.p50 30.0 ms",
@@ -158,8 +173,13 @@ def test_the_previous_report_is_the_newest_measured_one_the_store_holds(tmp_path
         stored("d" * 16, "2026-01-04T00:00:00Z", None),
     )
     ctx = StageContext(
-        spec=None, model=None, plan=StagePlan("slo", "e" * 16, {}, {}, {}, "slo"), upstream={}, out_dir=tmp_path,
-        console=Console(quiet=True), history=lambda: history,
+        spec=None,
+        model=None,
+        plan=StagePlan("slo", "e" * 16, {}, {}, {}, "slo"),
+        upstream={},
+        out_dir=tmp_path,
+        console=Console(quiet=True),
+        history=lambda: history,
     )
     assert previous_report(ctx) == {"verdict": "failed", "point": point(failed=1), "digest": "b" * 16, "created": "2026-01-02T00:00:00Z"}
     assert previous_report(dataclasses.replace(ctx, history=lambda: ())) is None

@@ -222,8 +222,7 @@ def test_lora_adapters_enter_the_build_digest_by_content(tmp_path: Path) -> None
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}')
     path = tmp_path / "cfg.yaml"
-    path.write_text(CONFIG.replace("target: cpu", "target: engine") + "  lora:\n    adapter_dirs: [adapter]\n"
-                    "  speculative:\n    mode: lookahead_decoding\n")
+    path.write_text(CONFIG.replace("target: cpu", "target: engine") + "  lora:\n    adapter_dirs: [adapter]\n  speculative:\n    mode: lookahead_decoding\n")
     loaded = load_config(path)
     facts = gather_facts(loaded)
     first = {stage.name: stage for stage in plan(loaded.spec, facts).stages}

@@ -52,7 +52,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
 def test_first_run_builds_every_stage_then_everything_is_cached(built) -> None:
     config, artifacts, first = built
     assert [(name, r.outcome) for name, r in first.items()] == [
-        ("prepare", "built"), ("quantize", "built"), ("build", "built"), ("package", "built"), ("deploy", "built")
+        ("prepare", "built"),
+        ("quantize", "built"),
+        ("build", "built"),
+        ("package", "built"),
+        ("deploy", "built"),
     ]
     second = _run(config, artifacts)
     assert all(r.outcome == "cached" for r in second.values())
@@ -63,7 +67,11 @@ def test_changing_a_build_field_reruns_build_only(built) -> None:
     config, artifacts, first = built
     changed = _run(config, artifacts, "build.max_seq_len=900")
     assert [(n, r.outcome) for n, r in changed.items()] == [
-        ("prepare", "cached"), ("quantize", "cached"), ("build", "built"), ("package", "built"), ("deploy", "built")
+        ("prepare", "cached"),
+        ("quantize", "cached"),
+        ("build", "built"),
+        ("package", "built"),
+        ("deploy", "built"),
     ]
     engine = json.loads((changed["build"].ref.path / "engine" / "config.json").read_text())
     assert engine["build_config"]["max_seq_len"] == 900
@@ -142,9 +150,11 @@ def test_tp2_checkpoint_has_two_ranks_that_concatenate_back(built, tmp_path: Pat
     ckpt = sharded["quantize"].ref.path / "trtllm_checkpoint"
     assert json.loads((ckpt / "config.json").read_text())["mapping"]["tp_size"] == 2
     full = first["quantize"].ref.path / "trtllm_checkpoint" / "rank0.safetensors"
-    with safe_open(full, framework="pt") as f, safe_open(ckpt / "rank0.safetensors", framework="pt") as r0, safe_open(
-        ckpt / "rank1.safetensors", framework="pt"
-    ) as r1:
+    with (
+        safe_open(full, framework="pt") as f,
+        safe_open(ckpt / "rank0.safetensors", framework="pt") as r0,
+        safe_open(ckpt / "rank1.safetensors", framework="pt") as r1,
+    ):
         dense = "transformer.layers.0.attention.dense.weight"  # row-parallel: split along the input dim
         assert torch.equal(torch.cat([r0.get_tensor(dense), r1.get_tensor(dense)], dim=1), f.get_tensor(dense))
         fc = "transformer.layers.0.mlp.fc.weight"  # column-parallel: split along the output dim
@@ -238,9 +248,9 @@ def test_generate_command_matches_transformers_greedy(built, capsys: pytest.Capt
     result = json.loads(capsys.readouterr().out)
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float16).float()
     with torch.no_grad():
-        expected = model.generate(
-            torch.tensor([result["prompt_token_ids"]]), max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=0
-        )[0, len(result["prompt_token_ids"]) :].tolist()
+        expected = model.generate(torch.tensor([result["prompt_token_ids"]]), max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=0)[
+            0, len(result["prompt_token_ids"]) :
+        ].tolist()
     assert result["output_token_ids"] == expected[: len(result["output_token_ids"])]
     assert len(result["output_token_ids"]) == 24 or result["finish_reason"] == "stop"
     assert result["text"] and result["prompt"] == prompt

@@ -91,6 +91,7 @@ def assert_reads_are_hashed(recorded: Recorded) -> None:
 
 def unhashed_reads(recorded: Recorded) -> dict[str, list[str]]:
     """stage -> the paths it read that neither its digest, nor an upstream one, hashes (nor an exemption covers)."""
+
     def hashed_through(name: str) -> set[str]:
         found = set(recorded.hashed[name])
         for upstream in recorded.upstream[name]:
@@ -131,10 +132,17 @@ def fake_load_test(monkeypatch: pytest.MonkeyPatch) -> None:
         yield sweep.Endpoints(grpc="127.0.0.1:1", http="http://127.0.0.1:2", model_name=model_name)
 
     point = {
-        "requests": 10, "completed": 10, "failed": 0, "errors": {},
-        "ttft_ms": {"p50": 40.0, "p90": 60.0, "p99": 80.0}, "itl_ms": {"p50": 10.0, "p90": 12.0, "p99": 14.0},
-        "e2e_ms": {"p50": 300.0, "p90": 400.0, "p99": 450.0}, "output_tokens_per_s": 300.0, "requests_per_s": 9.0,
-        "good_requests": 10, "slo": {"ttft_ms": 2000.0},
+        "requests": 10,
+        "completed": 10,
+        "failed": 0,
+        "errors": {},
+        "ttft_ms": {"p50": 40.0, "p90": 60.0, "p99": 80.0},
+        "itl_ms": {"p50": 10.0, "p90": 12.0, "p99": 14.0},
+        "e2e_ms": {"p50": 300.0, "p90": 400.0, "p99": 450.0},
+        "output_tokens_per_s": 300.0,
+        "requests_per_s": 9.0,
+        "good_requests": 10,
+        "slo": {"ttft_ms": 2000.0},
     }
     monkeypatch.setattr(serving_module, "serving", serving)
     monkeypatch.setattr(sweep, "run_load_sweep", lambda endpoints, requests, options: {"points": [point], "server_version": "fake"})
@@ -270,4 +278,3 @@ def test_a_stage_that_reads_an_undeclared_field_fails_naming_it(tmp_path, monkey
     loaded = load_config(path)
     with pytest.raises(StageError, match=r"prepare failed: UndeclaredSpecRead: the prepare stage read spec.serve"):
         runner.run_pipeline(loaded, ArtifactStore(tmp_path / "artifacts", "tiny-cpu"), until="prepare", console=Console(quiet=True))
-

@@ -67,8 +67,10 @@ def test_two_runs_of_one_config_with_different_overrides_at_once_both_finish(tmp
 
     config = str(REPO / "build_configs" / "tiny-cpu.yaml")
     command = [sys.executable, "-m", "pipeline", "--artifacts", str(tmp_path / "artifacts"), "run", config, "--until", "build"]
-    runs = [subprocess.Popen([*command, "--set", f"build.max_seq_len={length}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for length in (900, 1000)]
+    runs = [
+        subprocess.Popen([*command, "--set", f"build.max_seq_len={length}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for length in (900, 1000)
+    ]
     outputs = [run.communicate(timeout=600)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     builds = sorted((tmp_path / "artifacts" / "tiny-cpu").glob("build-*"))

@@ -45,4 +45,3 @@ def test_lean_logits_equal_the_general_paths(tmp_path, checkpoint_writer, fp16_g
     ]
     for feeds in steps:
         torch.testing.assert_close(lean.forward(feeds), _general_logits(model, kv_caches, feeds), rtol=1e-4, atol=1e-4)
-

@@ -71,8 +71,10 @@ CHUNKED_PREFIX = {"enable_chunked_context": True, "max_num_tokens": 7, "enable_p
 @pytest.mark.parametrize("changes", [{}, PREEMPTING, CHUNKED_PREFIX], ids=["default", "preempting", "chunked+prefix"])
 def test_greedy_medusa_equals_plain_greedy(setup, heads, tree, changes):
     config = CONFIG.replace(**changes)
-    params = [SamplingParams(max_tokens=m, temperature=0, stop_token_ids=stop, end_id=end)
-              for m, stop, end in itertools.islice(itertools.cycle([(20, (), None), (9, ((5, 9),), None), (17, (), 3)]), len(PROMPTS))]
+    params = [
+        SamplingParams(max_tokens=m, temperature=0, stop_token_ids=stop, end_id=end)
+        for m, stop, end in itertools.islice(itertools.cycle([(20, (), None), (9, ((5, 9),), None), (17, (), 3)]), len(PROMPTS))
+    ]
     plain = LLMEngine(setup["model"], config).generate(PROMPTS, params)
     engine = LLMEngine(setup["model"], config.replace(max_draft_len=16), _drafter(setup, heads, TREES[tree]))
     free_before = engine.scheduler.kv_cache.num_free_blocks
@@ -96,8 +98,10 @@ def test_greedy_medusa_equals_plain_greedy(setup, heads, tree, changes):
 
 def test_medusa_and_plain_requests_share_steps(setup):
     """A batch mixing Medusa sequences (the engine's tree, a request's own) and sequences that turn speculation off."""
-    params = [SamplingParams(max_tokens=15, temperature=0, medusa_choices="{0}, {1}, {0, 0}" if i % 3 == 1 else None,
-                             num_draft_tokens=0 if i % 3 == 2 else None) for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(max_tokens=15, temperature=0, medusa_choices="{0}, {1}, {0, 0}" if i % 3 == 1 else None, num_draft_tokens=0 if i % 3 == 2 else None)
+        for i in range(len(PROMPTS))
+    ]
     plain = LLMEngine(setup["model"], CONFIG).generate(PROMPTS, SamplingParams(max_tokens=15, temperature=0))
     engine = LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), _drafter(setup, "close", MC_LIKE))
     outputs = engine.generate(PROMPTS, params)
@@ -125,15 +129,18 @@ def test_choices_parse_check_and_format():
     assert tree.cut(3, 5).paths == ((0,), (1,), (0, 0)) and tree.cut(9, 1).paths == ((0,), (1,))
 
 
-@pytest.mark.parametrize("choices, match", [
-    ("{0}, {0, 0", "not a list of paths"),
-    ("[[0]]", "not a list of paths"),
-    ([[0], [0, 0], [0, 0, 0]], "3 deep; the engine has 2"),
-    ([[0, 0]], "needs its prefix"),
-    ([[0], [0]], "more than once"),
-    ([[i] for i in range(5)], "exceed max_draft_len 4"),
-    ([[0, -1]], "not a non-negative int"),
-])
+@pytest.mark.parametrize(
+    "choices, match",
+    [
+        ("{0}, {0, 0", "not a list of paths"),
+        ("[[0]]", "not a list of paths"),
+        ([[0], [0, 0], [0, 0, 0]], "3 deep; the engine has 2"),
+        ([[0, 0]], "needs its prefix"),
+        ([[0], [0]], "more than once"),
+        ([[i] for i in range(5)], "exceed max_draft_len 4"),
+        ([[0, -1]], "not a non-negative int"),
+    ],
+)
 def test_bad_choices_are_refused_by_name(choices, match):
     with pytest.raises(ValueError, match=f"where: .*{match}"):
         check_medusa_choices(parse_medusa_choices(choices, "where") if isinstance(choices, str) else choices, 2, 4, "where")
@@ -195,17 +202,20 @@ def _edit(engine_dir: Path, change) -> None:
     (engine_dir / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda c: c["refengine_speculative"].update(medusa_heads="nowhere.safetensors"), "refengine_speculative.medusa_heads"),
-    (lambda c: c["refengine_speculative"].update(num_medusa_heads=0), "refengine_speculative.num_medusa_heads"),
-    (lambda c: c["refengine_speculative"].update(num_medusa_layers="1"), "refengine_speculative.num_medusa_layers"),
-    (lambda c: c["refengine_speculative"].update(num_medusa_layers=2), "refengine_speculative.medusa_heads"),
-    (lambda c: c["refengine_speculative"].update(num_medusa_heads=4), "refengine_speculative.medusa_heads"),
-    (lambda c: c["refengine_speculative"].update(medusa_choices=[[0, 0]]), "refengine_speculative.medusa_choices"),
-    (lambda c: c["refengine_speculative"].update(medusa_choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), "refengine_speculative.medusa_choices"),
-    (lambda c: c["build_config"].update(speculative_decoding_mode=2), "build_config.speculative_decoding_mode"),
-    (lambda c: c["build_config"].update(max_draft_len=5), "refengine_speculative.max_draft_len"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda c: c["refengine_speculative"].update(medusa_heads="nowhere.safetensors"), "refengine_speculative.medusa_heads"),
+        (lambda c: c["refengine_speculative"].update(num_medusa_heads=0), "refengine_speculative.num_medusa_heads"),
+        (lambda c: c["refengine_speculative"].update(num_medusa_layers="1"), "refengine_speculative.num_medusa_layers"),
+        (lambda c: c["refengine_speculative"].update(num_medusa_layers=2), "refengine_speculative.medusa_heads"),
+        (lambda c: c["refengine_speculative"].update(num_medusa_heads=4), "refengine_speculative.medusa_heads"),
+        (lambda c: c["refengine_speculative"].update(medusa_choices=[[0, 0]]), "refengine_speculative.medusa_choices"),
+        (lambda c: c["refengine_speculative"].update(medusa_choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), "refengine_speculative.medusa_choices"),
+        (lambda c: c["build_config"].update(speculative_decoding_mode=2), "build_config.speculative_decoding_mode"),
+        (lambda c: c["build_config"].update(max_draft_len=5), "refengine_speculative.max_draft_len"),
+    ],
+)
 def test_bad_medusa_settings_are_refused_by_field(setup, edit, field):
     engine_dir = _engine_dir(setup)
     _edit(engine_dir, edit)
@@ -255,15 +265,15 @@ def test_sampled_medusa_is_distributed_as_the_target(tmp_path, checkpoint_writer
 
     from tests.refengine.test_speculative_decoding import _chi_square, _exact_joint
 
-    target_dir = checkpoint_writer(tmp_path / "t", seed=21, vocab_size=SAMPLE_VOCAB, hidden_size=SAMPLE_HIDDEN, intermediate_size=24,
-                                   num_hidden_layers=1)
+    target_dir = checkpoint_writer(tmp_path / "t", seed=21, vocab_size=SAMPLE_VOCAB, hidden_size=SAMPLE_HIDDEN, intermediate_size=24, num_hidden_layers=1)
     tensor_rewriter(target_dir, lambda tensors: tensors.update({"lm_head.weight": tensors["lm_head.weight"] * 6}))
     target = load_model(load_checkpoint(target_dir))
     heads_dir = write_random_medusa_heads(tmp_path / "heads", 2, 1, SAMPLE_HIDDEN, SAMPLE_VOCAB, seed=4, scale=0.3)
     heads = MedusaHeads.load(heads_dir / HEADS_FILE, 2, 1, SAMPLE_HIDDEN, SAMPLE_VOCAB, torch.float32, "medusa_heads")
     tree = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0))
-    config = EngineConfig(max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=6,
-                          scheduler_policy="max_utilization")
+    config = EngineConfig(
+        max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=6, scheduler_policy="max_utilization"
+    )
     engine = LLMEngine(target, config, MedusaDrafter(heads, tree, 6))
     prompt = [4, 0, 5]
     outputs = engine.generate([prompt] * NUM_SAMPLES, [SamplingParams(max_tokens=3, temperature=temperature, seed=i) for i in range(NUM_SAMPLES)])
@@ -336,8 +346,9 @@ def test_n_samples_streaming_and_stream_interval(setup):
     streamed = list(LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16), drafter).stream(PROMPTS[3], SamplingParams(max_tokens=16, temperature=0)))
     sizes = [len(o.outputs[0].new_token_ids) for o in streamed]
     assert sum(sizes) == 16 and max(sizes) > 1
-    every_other = list(LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16, stream_interval=2), drafter).stream(
-        PROMPTS[3], SamplingParams(max_tokens=16, temperature=0)))
+    every_other = list(
+        LLMEngine(setup["model"], CONFIG.replace(max_draft_len=16, stream_interval=2), drafter).stream(PROMPTS[3], SamplingParams(max_tokens=16, temperature=0))
+    )
     assert len(every_other) < len(streamed) and every_other[-1].outputs[0].token_ids == streamed[-1].outputs[0].token_ids
 
 
@@ -367,8 +378,7 @@ def test_greedy_medusa_on_sliding_window_models_equals_transformers(tmp_path, na
     generator = torch.Generator().manual_seed(1)
     projections = [lm_head + 0.3 * lm_head.std() * torch.randn(lm_head.shape, generator=generator) for _ in range(HEADS)]
     heads = MedusaHeads([[(torch.zeros(hidden, hidden), torch.zeros(hidden))] for _ in range(HEADS)], projections)
-    engine = LLMEngine(target, EngineConfig(tokens_per_block=4, max_num_tokens=128, max_batch_size=4, max_draft_len=16),
-                       MedusaDrafter(heads, MC_LIKE, 16))
+    engine = LLMEngine(target, EngineConfig(tokens_per_block=4, max_num_tokens=128, max_batch_size=4, max_draft_len=16), MedusaDrafter(heads, MC_LIKE, 16))
     prompts = [[7, 8, 9, 10] * 6, [(5 * i) % 60 + 3 for i in range(41)]]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
     for prompt, output in zip(prompts, outputs):
@@ -396,10 +406,12 @@ def test_a_tree_is_cut_to_the_blocks_free_and_gives_them_back(setup, policy):
 def test_greedy_medusa_on_a_quantized_kv_cache_equals_plain(tmp_path, checkpoint_writer, tensor_rewriter, algo):
     """The accepted nodes' K/V codes move as bytes (float8 has no CPU index_copy): greedy output is plain greedy's on the
     same quantized cache."""
-    target_dir = checkpoint_writer(tmp_path / "t", seed=3, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
-                                   quantization={"quant_algo": None, "kv_cache_quant_algo": algo})
-    tensor_rewriter(target_dir, lambda tensors: tensors.update(
-        {f"transformer.layers.{i}.attention.kv_cache_scaling_factor": torch.tensor([0.05]) for i in range(2)}))
+    target_dir = checkpoint_writer(
+        tmp_path / "t", seed=3, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, quantization={"quant_algo": None, "kv_cache_quant_algo": algo}
+    )
+    tensor_rewriter(
+        target_dir, lambda tensors: tensors.update({f"transformer.layers.{i}.attention.kv_cache_scaling_factor": torch.tensor([0.05]) for i in range(2)})
+    )
     model = load_model(load_checkpoint(target_dir))
     assert model.kv_cache_dtype == (torch.float8_e4m3fn if algo == "FP8" else torch.int8)
     heads = MedusaHeads.load(_close_heads(tmp_path / "heads", target_dir) / HEADS_FILE, HEADS, 1, HIDDEN, VOCAB, torch.float32, "h")

@@ -68,8 +68,7 @@ def test_bad_medusa_vocab_sizes_are_refused_by_field(dirs, value):
 def test_fused_first_layers_compute_each_head_as_written():
     """x_0 = x; x_{l+1} = x_l + SiLU(W_l x_l + b_l); logits = W_lm x_L, for heads of two residual layers."""
     generator = torch.Generator().manual_seed(1)
-    layers = [[(torch.randn(HIDDEN, HIDDEN, generator=generator) / 8, torch.randn(HIDDEN, generator=generator)) for _ in range(2)]
-              for _ in range(HEADS)]
+    layers = [[(torch.randn(HIDDEN, HIDDEN, generator=generator) / 8, torch.randn(HIDDEN, generator=generator)) for _ in range(2)] for _ in range(HEADS)]
     projections = [torch.randn(VOCAB, HIDDEN, generator=generator) for _ in range(HEADS)]
     hidden = torch.randn(3, HIDDEN, generator=generator)
     expected = []

@@ -79,12 +79,15 @@ def expected_layer0(name: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]
             t.update(weight=(F8, (out_f, in_f)), weights_scaling_factor=(F32, (1,)), activation_scaling_factor=(F32, (1,)))
         elif algo == "int8_sq":
             t.update(
-                weight=(I8, (out_f, in_f)), weights_scaling_factor=(F32, (out_f,)),
-                activation_scaling_factor=(F32, (1,)), prequant_scaling_factor=(F16, (in_f,)),
+                weight=(I8, (out_f, in_f)),
+                weights_scaling_factor=(F32, (out_f,)),
+                activation_scaling_factor=(F32, (1,)),
+                prequant_scaling_factor=(F16, (in_f,)),
             )
         else:  # int4_awq, w4a8_awq: packed int4 [out/2, in], block-128 scales [out, in/128]
             t.update(
-                weight=(I8, (out_f // 2, in_f)), weights_scaling_factor=(F32, (out_f, in_f // 128)),
+                weight=(I8, (out_f // 2, in_f)),
+                weights_scaling_factor=(F32, (out_f, in_f // 128)),
                 prequant_scaling_factor=(F16, (in_f,)),
             )
             if algo == "w4a8_awq":

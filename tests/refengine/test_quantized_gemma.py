@@ -47,8 +47,11 @@ WINDOW = 16
 FAMILIES: dict[str, dict[str, Any]] = {
     "gemma": {},
     "gemma2": {"sliding_window": WINDOW, "query_pre_attn_scalar": 64},
-    "gemma3_text": {"sliding_window": WINDOW, "query_pre_attn_scalar": 64,
-                    "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]},
+    "gemma3_text": {
+        "sliding_window": WINDOW,
+        "query_pre_attn_scalar": 64,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    },
 }
 FORMATS = ("fp8", "int8_sq", "int8_wo", "int4_awq")
 # format -> (min cosine, min top-1 agreement) of the engine against ModelOpt's fake-quant model before the export
@@ -76,9 +79,21 @@ def _tiny(model_type: str, directory: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        model_type, vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.05,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, **FAMILIES[model_type],
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        initializer_range=0.05,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **FAMILIES[model_type],
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -165,8 +180,10 @@ def test_engine_matches_modelopt_fake_quant(gemmas, family, algo):
     engine = _engine_logits(export.checkpoint_dir)
     fake_quant, unquantized = hf_logits(export.fake_quant, tokens), hf_logits(gemmas[family].unquantized, tokens)
     cosine, agreement = min_cosine(engine, fake_quant), _agreement(engine, fake_quant)
-    line = (f"\n{family} {algo}: engine vs fake-quant cos {cosine:.5f} top-1 {agreement:.3f}; fake-quant vs unquantized "
-            f"cos {min_cosine(fake_quant, unquantized):.5f} top-1 {_agreement(fake_quant, unquantized):.3f}")
+    line = (
+        f"\n{family} {algo}: engine vs fake-quant cos {cosine:.5f} top-1 {agreement:.3f}; fake-quant vs unquantized "
+        f"cos {min_cosine(fake_quant, unquantized):.5f} top-1 {_agreement(fake_quant, unquantized):.3f}"
+    )
     if export.exported is not None:
         exported = hf_logits(export.exported, tokens)
         cos_exported, agree_exported = min_cosine(engine, exported), _agreement(engine, exported)

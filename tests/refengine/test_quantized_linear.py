@@ -92,11 +92,13 @@ def test_quantized_kv_cache_stores_codes(algo, dtype, scale):
     assert ((read_back - keys).abs() <= bound).all()
     # attention sees exactly the dequantized K/V
     plain = torch.zeros(2, 3, 4, 2, 8)
-    write_kv_cache(plain, quantizer.dequantize(quantizer.quantize(keys), torch.float32),
-                   quantizer.dequantize(quantizer.quantize(values), torch.float32), metadata.slot_mapping)
-    torch.testing.assert_close(
-        paged_attention(query, kv_cache, metadata, 0.3, quantizer), paged_attention(query, plain, metadata, 0.3)
+    write_kv_cache(
+        plain,
+        quantizer.dequantize(quantizer.quantize(keys), torch.float32),
+        quantizer.dequantize(quantizer.quantize(values), torch.float32),
+        metadata.slot_mapping,
     )
+    torch.testing.assert_close(paged_attention(query, kv_cache, metadata, 0.3, quantizer), paged_attention(query, plain, metadata, 0.3))
 
 
 @pytest.mark.parametrize(

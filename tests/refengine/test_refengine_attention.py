@@ -62,18 +62,14 @@ def test_paged_attention_equals_dense(batch):
     queries = [torch.randn(q, num_heads, head_size, generator=generator) for _, q in sequences]
 
     # The cached prefix is written first, then this step's tokens via the metadata's slots.
-    cached = build_attention_metadata(
-        [c - q for c, q in sequences], [0] * len(sequences), tables, block_size
-    )
+    cached = build_attention_metadata([c - q for c, q in sequences], [0] * len(sequences), tables, block_size)
     write_kv_cache(
         kv_cache,
         torch.cat([k[: c - q] for k, (c, q) in zip(keys, sequences)]),
         torch.cat([v[: c - q] for v, (c, q) in zip(values, sequences)]),
         cached.slot_mapping,
     )
-    metadata = build_attention_metadata(
-        [q for _, q in sequences], [c - q for c, q in sequences], tables, block_size
-    )
+    metadata = build_attention_metadata([q for _, q in sequences], [c - q for c, q in sequences], tables, block_size)
     write_kv_cache(
         kv_cache,
         torch.cat([k[c - q :] for k, (c, q) in zip(keys, sequences)]),
@@ -82,9 +78,7 @@ def test_paged_attention_equals_dense(batch):
     )
     scale = head_size**-0.5
     paged = paged_attention(torch.cat(queries), kv_cache, metadata, scale)
-    dense = torch.cat(
-        [dense_causal_attention(q, k, v, scale) for q, k, v in zip(queries, keys, values)]
-    )
+    dense = torch.cat([dense_causal_attention(q, k, v, scale) for q, k, v in zip(queries, keys, values)])
     torch.testing.assert_close(paged, dense, rtol=1e-5, atol=1e-5)
 
 

@@ -44,17 +44,13 @@ def test_alone_matches_transformers(tiny_model, hf_greedy_fn, prompts, alone):
 
 
 def test_batched_with_31_others(checkpoint_dir, prompts, alone):
-    engine = LLMEngine.from_checkpoint(
-        checkpoint_dir, EngineConfig(tokens_per_block=8, max_batch_size=32, max_num_tokens=2048)
-    )
+    engine = LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(tokens_per_block=8, max_batch_size=32, max_num_tokens=2048))
     target_output, _ = _run_batch(engine, *prompts)
     assert target_output == alone
 
 
 def test_chunked_prefill_with_small_token_budget(checkpoint_dir, prompts, alone):
-    config = EngineConfig(
-        tokens_per_block=4, max_batch_size=32, max_num_tokens=7, enable_chunked_context=True
-    )
+    config = EngineConfig(tokens_per_block=4, max_batch_size=32, max_num_tokens=7, enable_chunked_context=True)
     engine = LLMEngine.from_checkpoint(checkpoint_dir, config)
     target_output, _ = _run_batch(engine, *prompts)
     assert target_output == alone
@@ -97,17 +93,13 @@ def test_prefix_reuse(checkpoint_dir, prompts, alone):
     assert first.outputs[0].token_ids == alone
     assert outputs[0].outputs[0].token_ids == alone
     fresh = LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(tokens_per_block=4))
-    assert [o.outputs[0].token_ids for o in fresh.generate(sharing, GREEDY)] == [
-        o.outputs[0].token_ids for o in outputs[1:]
-    ]
+    assert [o.outputs[0].token_ids for o in fresh.generate(sharing, GREEDY)] == [o.outputs[0].token_ids for o in outputs[1:]]
 
 
 def test_prefix_reuse_of_a_whole_block_aligned_prompt(checkpoint_dir, prompts):
     """Every block of the prompt is cached; the last token must still be computed for logits."""
     aligned = prompts[0][:20]
-    engine = LLMEngine.from_checkpoint(
-        checkpoint_dir, EngineConfig(tokens_per_block=4, enable_prefix_caching=True)
-    )
+    engine = LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(tokens_per_block=4, enable_prefix_caching=True))
     first = engine.generate([aligned], GREEDY)[0].outputs[0].token_ids
     second = engine.generate([aligned], GREEDY)[0].outputs[0].token_ids
     assert engine.scheduler.num_prefix_cache_hit_tokens == 16
@@ -147,8 +139,6 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(checkpoint_dir, p
     params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=99)
     alone_engine = LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(tokens_per_block=8))
     [alone_output] = alone_engine.generate([target], params)
-    batch_engine = LLMEngine.from_checkpoint(
-        checkpoint_dir, EngineConfig(tokens_per_block=8, max_batch_size=32, max_num_tokens=2048)
-    )
+    batch_engine = LLMEngine.from_checkpoint(checkpoint_dir, EngineConfig(tokens_per_block=8, max_batch_size=32, max_num_tokens=2048))
     target_output, _ = _run_batch(batch_engine, target, others, params)
     assert target_output == alone_output.outputs[0].token_ids

@@ -81,9 +81,7 @@ def default_model(tmp_path_factory):
 
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32, attn_implementation="eager").eval()
     directory = tmp_path_factory.mktemp("ckpt_default")
-    export_tensorrt_llm_checkpoint(
-        model, "llama", dtype=torch.float16, export_dir=directory, inference_tensor_parallel=1, inference_pipeline_parallel=1
-    )
+    export_tensorrt_llm_checkpoint(model, "llama", dtype=torch.float16, export_dir=directory, inference_tensor_parallel=1, inference_pipeline_parallel=1)
     _add_rope_fields(directory / "config.json", model.config)
     return model, directory
 
@@ -199,26 +197,38 @@ def hf_beams_with_stop_sequences(model, prompt, stops, *, beams, max_new_tokens,
 
     class EndsWithStop(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            return torch.tensor([_stop_end(row[len(prompt):].tolist(), stops) is not None for row in input_ids])
+            return torch.tensor([_stop_end(row[len(prompt) :].tolist(), stops) is not None for row in input_ids])
 
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
-                             num_beams=beams, num_return_sequences=beams, max_new_tokens=max_new_tokens, pad_token_id=0,
-                             stopping_criteria=StoppingCriteriaList([EndsWithStop()]), return_dict_in_generate=True, **search)
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=beams,
+            num_return_sequences=beams,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=0,
+            stopping_criteria=StoppingCriteriaList([EndsWithStop()]),
+            return_dict_in_generate=True,
+            **search,
+        )
     results = []
     for row in out.sequences:
-        tokens = row[len(prompt):].tolist()
+        tokens = row[len(prompt) :].tolist()
         end = next((i + 1 for i in range(len(tokens)) if _stop_end(tokens[: i + 1], stops) is not None), max_new_tokens)
         results.append(tuple(tokens[:end]))
     return results
 
 
 def _stop_end(tokens, stops):
-    return next((stop for stop in stops if len(stop) <= len(tokens) and tuple(tokens[-len(stop):]) == stop), None)
+    return next((stop for stop in stops if len(stop) <= len(tokens) and tuple(tokens[-len(stop) :]) == stop), None)
 
 
-@pytest.mark.parametrize("stop_len, search", [(1, dict(early_stopping=False)), (2, dict(early_stopping=True)),
-                                              (2, dict(early_stopping="never", length_penalty=0.5))], ids=["one-token", "two-tokens", "never"])
+@pytest.mark.parametrize(
+    "stop_len, search",
+    [(1, dict(early_stopping=False)), (2, dict(early_stopping=True)), (2, dict(early_stopping="never", length_penalty=0.5))],
+    ids=["one-token", "two-tokens", "never"],
+)
 def test_stop_sequences_finish_beams_as_transformers_stopping_criteria_do(tiny_model, stop_len, search):
     """Stop sequences the beams produce early (tokens 2.. of the best unconstrained beam), so stopped and running beams
     compete; each stopped beam keeps its stop sequence (TensorRT-LLM's stop words) and says finish_reason stop."""

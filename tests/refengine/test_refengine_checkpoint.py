@@ -82,12 +82,8 @@ def test_missing_tensor_is_named(tmp_path, checkpoint_writer, tensor_rewriter):
 
 def test_misshaped_tensor_names_both_shapes(tmp_path, checkpoint_writer, tensor_rewriter):
     directory = checkpoint_writer(tmp_path / "ckpt")
-    tensor_rewriter(
-        directory, lambda t: t.update({"transformer.layers.0.attention.qkv.weight": torch.zeros(40, 32, dtype=torch.float16)})
-    )
-    with pytest.raises(
-        ModelLoadError, match=r"'transformer.layers.0.attention.qkv.weight' has shape \(40, 32\), expected \(64, 32\)"
-    ):
+    tensor_rewriter(directory, lambda t: t.update({"transformer.layers.0.attention.qkv.weight": torch.zeros(40, 32, dtype=torch.float16)}))
+    with pytest.raises(ModelLoadError, match=r"'transformer.layers.0.attention.qkv.weight' has shape \(40, 32\), expected \(64, 32\)"):
         LlamaModel.from_checkpoint(load_checkpoint(directory))
 
 
@@ -101,9 +97,7 @@ def test_qwen_needs_qkv_bias(tmp_path, checkpoint_writer, tensor_rewriter):
 
 def test_integer_weights_without_quantization_are_refused(tmp_path, checkpoint_writer, tensor_rewriter):
     directory = checkpoint_writer(tmp_path / "ckpt")
-    tensor_rewriter(
-        directory, lambda t: t.update({"transformer.layers.0.mlp.proj.weight": torch.zeros(32, 48, dtype=torch.int8)})
-    )
+    tensor_rewriter(directory, lambda t: t.update({"transformer.layers.0.mlp.proj.weight": torch.zeros(32, 48, dtype=torch.int8)}))
     with pytest.raises(ModelLoadError, match="has dtype torch.int8"):
         LlamaModel.from_checkpoint(load_checkpoint(directory))
 

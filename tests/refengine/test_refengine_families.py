@@ -46,8 +46,13 @@ QUANTIZED = ("fp8", "int4_awq", "int8_sq", "int8_wo", "w4a8_awq")
 # quantization of these tiny models, not the converter's or the engine's: ModelOpt's fake-quant model measures the same
 # against the unquantized one (0.673; 0.47), and the engine agrees with it (test_quantized_checkpoints_match_modelopt).
 MIN_AGREEMENT = {
-    "fp8": (0.72, 0.92), "int4_awq": (0.5, 0.75), "int8_wo": (0.95, 0.999), "int8_sq": (0.55, 0.65), "w4a8_awq": (0.4, 0.75),
-    "fp8_kv_fp8": (0.72, 0.92), "int8_sq_kv_int8": (0.55, 0.65),  # Qwen3 measures 0.79 / 0.973 and 0.79 / 0.895
+    "fp8": (0.72, 0.92),
+    "int4_awq": (0.5, 0.75),
+    "int8_wo": (0.95, 0.999),
+    "int8_sq": (0.55, 0.65),
+    "w4a8_awq": (0.4, 0.75),
+    "fp8_kv_fp8": (0.72, 0.92),
+    "int8_sq_kv_int8": (0.55, 0.65),  # Qwen3 measures 0.79 / 0.973 and 0.79 / 0.895
 }
 # Against ModelOpt's calibrated fake-quant model as its unified export prepares it (AWQ / SmoothQuant pre-quant scales
 # averaged over q/k/v and folded into the norm), on the same batch: minimum per-position cosine. Measured: int4_awq
@@ -59,7 +64,12 @@ MIN_AGREEMENT = {
 # AWQ on separate q/k/v measures 0.76-0.96 (the export changes the model); Phi-3's fused qkv_proj / gate_up_proj are
 # one Linear each there, so nothing is averaged: 0.9996-0.9999.
 MIN_COSINE_VS_FAKE_QUANT = {
-    "fp8": 0.975, "int4_awq": 0.998, "int8_sq": 0.995, "w4a8_awq": 0.98, "fp8_kv_fp8": 0.975, "int8_sq_kv_int8": 0.995,
+    "fp8": 0.975,
+    "int4_awq": 0.998,
+    "int8_sq": 0.995,
+    "w4a8_awq": 0.98,
+    "fp8_kv_fp8": 0.975,
+    "int8_sq_kv_int8": 0.995,
 }
 KV_CACHE_FAMILY = "qwen3"  # also exported with an FP8 / INT8 KV cache
 KV_CACHE = {"fp8_kv_fp8": torch.float8_e4m3fn, "int8_sq_kv_int8": torch.int8}
@@ -139,9 +149,12 @@ def test_quantized_checkpoints_match_modelopt_fake_quant(families, name, fmt):
         before_export = family.fake_quant[fmt](tokens).logits.reshape(-1, VOCAB_SIZE).float()
         unquantized = family.hf_model(tokens).logits.reshape(-1, VOCAB_SIZE)
     agreement, cosine = _compare(engine, fake_quant)
-    print(f"{name} {fmt}: vs fake-quant top-1 {agreement:.3f} min cosine {cosine:.5f}; vs it before export "
-          "{:.3f} / {:.4f}; engine vs unquantized {:.3f} / {:.4f}, fake-quant vs unquantized {:.3f} / {:.4f}".format(
-              *_compare(engine, before_export), *_compare(engine, unquantized), *_compare(fake_quant, unquantized)))
+    print(
+        f"{name} {fmt}: vs fake-quant top-1 {agreement:.3f} min cosine {cosine:.5f}; vs it before export "
+        "{:.3f} / {:.4f}; engine vs unquantized {:.3f} / {:.4f}, fake-quant vs unquantized {:.3f} / {:.4f}".format(
+            *_compare(engine, before_export), *_compare(engine, unquantized), *_compare(fake_quant, unquantized)
+        )
+    )
     assert cosine >= MIN_COSINE_VS_FAKE_QUANT[fmt]
 
 
@@ -194,21 +207,39 @@ def test_long_rope_table_follows_the_prompt_length(families, tmp_path):
 
 
 # A StarCoder2 checkpoint config as the converter writes it (the writer's Llama tensors are not read: refused first).
-GPT = {"architecture": "Starcoder2ForCausalLM", "gpt_variant": "starcoder2", "hidden_act": "gelu", "rmsnorm": False,
-       "bias": True, "position_embedding_type": "rope_gpt_neox", "q_scaling": 1.0, "apply_query_key_layer_scaling": False,
-       "inner_layernorm": False}
+GPT = {
+    "architecture": "Starcoder2ForCausalLM",
+    "gpt_variant": "starcoder2",
+    "hidden_act": "gelu",
+    "rmsnorm": False,
+    "bias": True,
+    "position_embedding_type": "rope_gpt_neox",
+    "q_scaling": 1.0,
+    "apply_query_key_layer_scaling": False,
+    "inner_layernorm": False,
+}
 
 
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"architecture": "Phi3SmallForCausalLM", "blocksparse_block_size": 64, "blocksparse_vertical_stride": 8},
-         "blocksparse_block_size is set: block-sparse attention (Phi-3-small)"),
+        (
+            {"architecture": "Phi3SmallForCausalLM", "blocksparse_block_size": 64, "blocksparse_vertical_stride": 8},
+            "blocksparse_block_size is set: block-sparse attention (Phi-3-small)",
+        ),
         ({"architecture": "Phi3SmallForCausalLM", "gegelu_limit": 20.0}, "gegelu_limit is set"),
         ({"architecture": "PhiMoEForCausalLM", "moe": {"num_experts": 16, "top_k": 2}}, "moe.num_experts > 0"),
-        ({"architecture": "Phi3ForCausalLM", "position_embedding_type": "long_rope", "original_max_position_embeddings": 64,
-          "longrope_scaling_short_factors": [1.0] * 4, "longrope_scaling_long_factors": [2.0] * 4,
-          "rotary_scaling": {"type": "longrope", "attention_factor": 1.3}}, "rotary_scaling.attention_factor"),
+        (
+            {
+                "architecture": "Phi3ForCausalLM",
+                "position_embedding_type": "long_rope",
+                "original_max_position_embeddings": 64,
+                "longrope_scaling_short_factors": [1.0] * 4,
+                "longrope_scaling_long_factors": [2.0] * 4,
+                "rotary_scaling": {"type": "longrope", "attention_factor": 1.3},
+            },
+            "rotary_scaling.attention_factor",
+        ),
         ({"architecture": "Phi3ForCausalLM", "position_embedding_type": "long_rope"}, "original_max_position_embeddings"),
         ({"architecture": "Phi3ForCausalLM", "position_embedding_type": "alibi"}, "position_embedding_type 'alibi'"),
         ({"architecture": "Qwen3ForCausalLM", "qwen_type": "qwen3", "qk_layernorm": False}, "qk_layernorm must be true"),
@@ -216,22 +247,25 @@ GPT = {"architecture": "Starcoder2ForCausalLM", "gpt_variant": "starcoder2", "hi
         ({"architecture": "LlamaForCausalLM", "embedding_multiplier": 12.0}, "embedding_multiplier 12.0 is not supported"),
         ({"architecture": "LlamaForCausalLM", "rotary_pct": 0.5}, "rotary_pct 0.5 is not supported"),
         ({"architecture": "GraniteForCausalLM", "residual_multiplier": -1}, "residual_multiplier must be a positive"),
-        *[({**GPT, **changes}, named) for changes, named in [
-            ({"gpt_variant": None}, "gpt_variant is missing: TensorRT-LLM's GPT class then runs GPT-2"),
-            ({"gpt_variant": "persimmon"}, "gpt_variant 'persimmon' is not supported (supported: starcoder2, nemotron)"),
-            ({"architecture": "GPTForCausalLM", "gpt_variant": "gpt2"}, "gpt_variant 'gpt2' is not supported"),
-            ({"position_embedding_type": "learned_absolute"}, "position_embedding_type 'learned_absolute' is not supported"),
-            ({"hidden_act": "silu"}, "hidden_act 'silu' is not supported by the GPT class here (supported: gelu, squared-relu)"),
-            ({"hidden_act": "geglu"}, "hidden_act 'geglu' is not supported by the GPT class"),
-            ({"rmsnorm": True}, "rmsnorm is true; the GPT class here runs LayerNorm"),
-            ({"q_scaling": 0.5}, "q_scaling 0.5 is not supported by the GPT class here"),
-            ({"apply_query_key_layer_scaling": True}, "apply_query_key_layer_scaling True is not supported"),
-            ({"inner_layernorm": True}, "inner_layernorm True is not supported"),
-            ({"qk_layernorm": True}, "qk_layernorm True is not supported"),
-            ({"embedding_scale": 2.0}, "embedding_scale 2.0 is not supported"),
-            ({"moe": {"num_experts": 4, "top_k": 2}}, "moe.num_experts > 0"),
-            ({"rotary_pct": 0.0}, "rotary_pct 0.0 must be a number in (0, 1]"),
-        ]],
+        *[
+            ({**GPT, **changes}, named)
+            for changes, named in [
+                ({"gpt_variant": None}, "gpt_variant is missing: TensorRT-LLM's GPT class then runs GPT-2"),
+                ({"gpt_variant": "persimmon"}, "gpt_variant 'persimmon' is not supported (supported: starcoder2, nemotron)"),
+                ({"architecture": "GPTForCausalLM", "gpt_variant": "gpt2"}, "gpt_variant 'gpt2' is not supported"),
+                ({"position_embedding_type": "learned_absolute"}, "position_embedding_type 'learned_absolute' is not supported"),
+                ({"hidden_act": "silu"}, "hidden_act 'silu' is not supported by the GPT class here (supported: gelu, squared-relu)"),
+                ({"hidden_act": "geglu"}, "hidden_act 'geglu' is not supported by the GPT class"),
+                ({"rmsnorm": True}, "rmsnorm is true; the GPT class here runs LayerNorm"),
+                ({"q_scaling": 0.5}, "q_scaling 0.5 is not supported by the GPT class here"),
+                ({"apply_query_key_layer_scaling": True}, "apply_query_key_layer_scaling True is not supported"),
+                ({"inner_layernorm": True}, "inner_layernorm True is not supported"),
+                ({"qk_layernorm": True}, "qk_layernorm True is not supported"),
+                ({"embedding_scale": 2.0}, "embedding_scale 2.0 is not supported"),
+                ({"moe": {"num_experts": 4, "top_k": 2}}, "moe.num_experts > 0"),
+                ({"rotary_pct": 0.0}, "rotary_pct 0.0 must be a number in (0, 1]"),
+            ]
+        ],
         ({"architecture": "LlamaForCausalLM", "hidden_act": "gelu"}, "hidden_act 'gelu' is not supported (supported: silu)"),
     ],
 )
@@ -243,8 +277,13 @@ def test_options_refengine_does_not_implement_are_refused_by_name(checkpoint_wri
 
 def test_long_rope_factors_must_cover_the_rotary_dimension(checkpoint_writer, tmp_path):
     directory = checkpoint_writer(
-        tmp_path / "ckpt", architecture="Phi3ForCausalLM", position_embedding_type="long_rope", rotary_pct=0.5,
-        original_max_position_embeddings=64, longrope_scaling_short_factors=[1.0] * 4, longrope_scaling_long_factors=[2.0] * 4,
+        tmp_path / "ckpt",
+        architecture="Phi3ForCausalLM",
+        position_embedding_type="long_rope",
+        rotary_pct=0.5,
+        original_max_position_embeddings=64,
+        longrope_scaling_short_factors=[1.0] * 4,
+        longrope_scaling_long_factors=[2.0] * 4,
     )
     with pytest.raises(ModelLoadError, match="longrope_scaling_short_factors has 4 factors; rotary dimension 4 needs 2"):
         load_model(load_checkpoint(directory))

@@ -73,11 +73,18 @@ def test_windows_change_the_output(gemmas):
 def hf_beams(model, prompt, *, beams, max_new_tokens, num_return):
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
-            num_beams=beams, num_return_sequences=num_return, max_new_tokens=max_new_tokens, eos_token_id=None,
-            pad_token_id=0, return_dict_in_generate=True, output_scores=True,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=beams,
+            num_return_sequences=num_return,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_scores=True,
         )
-    return [(tuple(row[len(prompt):].tolist()), float(score)) for row, score in zip(out.sequences, out.sequences_scores)]
+    return [(tuple(row[len(prompt) :].tolist()), float(score)) for row, score in zip(out.sequences, out.sequences_scores)]
 
 
 @pytest.mark.parametrize(("length", "beams", "max_tokens"), [(5, 4, 14), (20, 4, 8), (30, 2, 10)])
@@ -97,8 +104,7 @@ def test_every_engine_mechanism_runs_the_family(gemmas, name):
     """Prefix reuse, chunked prefill (8-token chunks: windows span chunks), inflight batching and a beam request
     beside greedy ones: the greedy outputs are still transformers' own, the beams equal running alone."""
     model = gemmas[name]
-    engine = _engine(model.checkpoint_dir, tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
-                     enable_prefix_caching=True, max_beam_width=2)
+    engine = _engine(model.checkpoint_dir, tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True, enable_prefix_caching=True, max_beam_width=2)
     base = _prompts(name)[-1]
     prompts = [base, base[:-3] + [5, 6, 7], base[:17] + [9]]
     greedy = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
@@ -227,13 +233,22 @@ def test_kv_blocks_of_a_4k_token_gemma3_sequence(gemmas, checkpoint_writer, tmp_
     from refengine.kv_cache.windows import layer_blocks_held
 
     # the same KV per token: 4 layers, 2 KV heads of 32 (the writer takes head_size = hidden / heads)
-    llama = checkpoint_writer(tmp_path / "llama", vocab_size=VOCAB_SIZE, hidden_size=128, num_hidden_layers=4,
-                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=8192)
+    llama = checkpoint_writer(
+        tmp_path / "llama",
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=8192,
+    )
     prompt = [random.Random(4).randrange(3, VOCAB_SIZE) for _ in range(4096)]
     held = {}
     for name, directory in (("gemma3_text", gemmas["gemma3_text"].checkpoint_dir), ("llama", llama)):
-        engine = _engine(directory, tokens_per_block=32, max_seq_len=4200, max_input_len=4096, max_num_tokens=4096,
-                         max_batch_size=1, enable_chunked_context=True)
+        engine = _engine(
+            directory, tokens_per_block=32, max_seq_len=4200, max_input_len=4096, max_num_tokens=4096, max_batch_size=1, enable_chunked_context=True
+        )
         engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0))
         engine.step()  # the prompt's prefill; its one sampled token has no slot yet
         held[name] = engine.kv_cache_usage().num_used_blocks

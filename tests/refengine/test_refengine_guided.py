@@ -157,8 +157,18 @@ def test_grammar_state_hooks_for_beams_and_speculation(engine):
         ("json_schema", '{"enum": ["' + "a" * MAX_GUIDE_BYTES + '"]}', "guided_decoding_guide", "at most 65536 bytes"),
     ],
     ids=[
-        "invalid-json", "unsupported-type", "invalid-schema", "unsupported-keyword", "empty-range", "bad-regex",
-        "regex-outside-vocab", "undefined-rule", "empty-grammar", "no-guide", "unknown-type", "too-big",
+        "invalid-json",
+        "unsupported-type",
+        "invalid-schema",
+        "unsupported-keyword",
+        "empty-range",
+        "bad-regex",
+        "regex-outside-vocab",
+        "undefined-rule",
+        "empty-grammar",
+        "no-guide",
+        "unknown-type",
+        "too-big",
     ],
 )
 def test_bad_guides_are_refused_by_field_before_any_token(engine, guide_type, guide, field, reason):

@@ -17,9 +17,7 @@ def _prompts(seed: int) -> list[list[int]]:
 def test_greedy_matches_transformers(tiny_model, hf_greedy_fn, any_model_name):
     name = any_model_name
     model = tiny_model(name)
-    engine = LLMEngine.from_checkpoint(
-        model.checkpoint_dir, EngineConfig(tokens_per_block=8, max_num_tokens=128, max_batch_size=8)
-    )
+    engine = LLMEngine.from_checkpoint(model.checkpoint_dir, EngineConfig(tokens_per_block=8, max_num_tokens=128, max_batch_size=8))
     prompts = _prompts(seed=len(name))
     outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0))
     for prompt, output in zip(prompts, outputs):

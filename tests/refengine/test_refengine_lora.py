@@ -36,9 +36,15 @@ from tests.support.gemma_fixtures import build_gemma_model
 MAX_NEW_TOKENS = 16
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EVERY_PROJECTION = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
-TARGETS = {"llama": EVERY_PROJECTION, "qwen3": EVERY_PROJECTION, "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-           "qwen3_moe": ATTENTION, "gemma": EVERY_PROJECTION, "gemma3_text": EVERY_PROJECTION,
-           "starcoder2": ATTENTION + ["c_fc", "c_proj"]}
+TARGETS = {
+    "llama": EVERY_PROJECTION,
+    "qwen3": EVERY_PROJECTION,
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+    "qwen3_moe": ATTENTION,
+    "gemma": EVERY_PROJECTION,
+    "gemma3_text": EVERY_PROJECTION,
+    "starcoder2": ATTENTION + ["c_fc", "c_proj"],
+}
 RANK, ALPHA = 4, 8
 
 
@@ -129,8 +135,7 @@ def test_prefix_blocks_are_keyed_by_adapter_and_one_forward_runs_per_step(lora_m
     forwards = []
     original = LlamaModel.forward
     monkeypatch.setattr(LlamaModel, "forward", lambda self, *args, **kwargs: forwards.append(1) or original(self, *args, **kwargs))
-    engine = family_engine(case.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
-                           enable_prefix_caching=True)
+    engine = family_engine(case.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True, enable_prefix_caching=True)
     prompt = random_prompts("llama", (30,))[0]
 
     def run(task_id, *, weights: bool = False):

@@ -123,11 +123,13 @@ BAD_INPUTS = {
     "rank 0": (lambda r: _config(r, 0, 2, 0), "lora_config", "must be > 0"),
     "a rank above the cache's largest": (lambda r: _config(r, 0, 2, 9), "lora_config", "rank 9 exceeds the largest adapter size 8"),
     "a module twice in a layer": (lambda r: _config(r, 1, 0, int(r.config[0, 0, 0])), "lora_config", "a second row for attn_qkv of layer 0"),
-    "a DoRA row": (lambda r: LoraRequest(r.task_id, r.weights, np.concatenate((r.config, np.ones_like(r.config[:, :, :1])), axis=2)),
-                   "lora_config", "is_dora is set"),
+    "a DoRA row": (
+        lambda r: LoraRequest(r.task_id, r.weights, np.concatenate((r.config, np.ones_like(r.config[:, :, :1])), axis=2)),
+        "lora_config",
+        "is_dora is set",
+    ),
     "NaN in the weights": (_with_nan, "lora_weights", "row 3 holds NaN or infinite values"),
-    "a cached task id with other weights": (lambda r: LoraRequest(1, r.weights * 2, r.config), "lora_task_id",
-                                            "LoRA task 1 is cached with other weights"),
+    "a cached task id with other weights": (lambda r: LoraRequest(1, r.weights * 2, r.config), "lora_task_id", "LoRA task 1 is cached with other weights"),
 }
 
 

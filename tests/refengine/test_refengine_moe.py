@@ -98,8 +98,9 @@ def test_grouping_by_expert_equals_a_per_token_computation(renormalize):
     spec = MoeSpec(experts, top_k, renormalize, inner)
     fc = [torch.randn(2 * inner, hidden, generator=generator) for _ in range(experts)]
     proj = [torch.randn(hidden, inner, generator=generator) for _ in range(experts)]
-    block = MoeBlock(spec, torch.randn(experts, hidden, generator=generator),
-                     [lambda rows, w=w: rows @ w.T for w in fc], [lambda rows, w=w: rows @ w.T for w in proj])
+    block = MoeBlock(
+        spec, torch.randn(experts, hidden, generator=generator), [lambda rows, w=w: rows @ w.T for w in fc], [lambda rows, w=w: rows @ w.T for w in proj]
+    )
     x = torch.randn(11, hidden, generator=generator)
     weights, chosen = block.route(x)
     expected = torch.zeros_like(x)
@@ -114,34 +115,43 @@ def test_grouping_by_expert_equals_a_per_token_computation(renormalize):
     torch.testing.assert_close(block(x), expected, rtol=1e-5, atol=1e-5)
 
 
-_QWEN3_MOE = {"architecture": "Qwen3MoeForCausalLM", "qwen_type": "qwen3_moe", "qk_layernorm": True,
-              "moe_intermediate_size": 32, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 1}}
+_QWEN3_MOE = {
+    "architecture": "Qwen3MoeForCausalLM",
+    "qwen_type": "qwen3_moe",
+    "qk_layernorm": True,
+    "moe_intermediate_size": 32,
+    "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 1},
+}
 
 
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 2}},
-         "moe.normalization_mode 2 (SPARSE_MIXER) is not supported (supported: 0 NONE, 1 RENORMALIZE)"),
-        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 4}},
-         "moe.normalization_mode 4 (DEVICE_LIMITED_RENORM) is not supported"),
-        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": "softmax"}},
-         "moe.normalization_mode 'softmax' is not supported"),
-        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "device_limited_n_group": 2}},
-         "moe.device_limited_n_group is set: group-limited routing"),
-        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "shared_expert_intermediate_size": 64}},
-         "moe.shared_expert_intermediate_size is set"),
+        (
+            {**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 2}},
+            "moe.normalization_mode 2 (SPARSE_MIXER) is not supported (supported: 0 NONE, 1 RENORMALIZE)",
+        ),
+        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 4}}, "moe.normalization_mode 4 (DEVICE_LIMITED_RENORM) is not supported"),
+        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": "softmax"}}, "moe.normalization_mode 'softmax' is not supported"),
+        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "device_limited_n_group": 2}}, "moe.device_limited_n_group is set: group-limited routing"),
+        ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 2, "shared_expert_intermediate_size": 64}}, "moe.shared_expert_intermediate_size is set"),
         ({**_QWEN3_MOE, "moe": {"num_experts": 4, "top_k": 5}}, "moe.top_k must be an integer in [1, moe.num_experts = 4]"),
         ({**_QWEN3_MOE, "mlp_only_layers": [0]}, "mlp_only_layers / decoder_sparse_step"),
         ({**_QWEN3_MOE, "moe_shared_expert_intermediate_size": 64}, "Qwen3-MoE has no shared expert"),
         ({**_QWEN3_MOE, "moe_intermediate_size": 0}, "moe_intermediate_size must be a positive integer"),
         ({**_QWEN3_MOE, "qk_layernorm": False}, "qk_layernorm must be true for qwen_type 'qwen3_moe'"),
         ({**_QWEN3_MOE, "qwen_type": "qwen3"}, "qwen_type 'qwen3' is not supported (supported: qwen3_moe)"),
-        ({"architecture": "Qwen2MoeForCausalLM", "qwen_type": "qwen2_moe", "moe_intermediate_size": 32,
-          "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 0}}, "moe_shared_expert_intermediate_size must be positive"),
+        (
+            {
+                "architecture": "Qwen2MoeForCausalLM",
+                "qwen_type": "qwen2_moe",
+                "moe_intermediate_size": 32,
+                "moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 0},
+            },
+            "moe_shared_expert_intermediate_size must be positive",
+        ),
         ({"architecture": "MixtralForCausalLM"}, "moe must be an object with num_experts and top_k for MixtralForCausalLM"),
-        ({"architecture": "MixtralForCausalLM", "moe": {"num_experts": 4, "top_k": 2}, "mlp_bias": True},
-         "mlp_bias is true: MoE experts with a bias"),
+        ({"architecture": "MixtralForCausalLM", "moe": {"num_experts": 4, "top_k": 2}, "mlp_bias": True}, "mlp_bias is true: MoE experts with a bias"),
     ],
 )
 def test_moe_options_refengine_does_not_implement_are_refused_by_name(checkpoint_writer, tmp_path, changes, named):

@@ -52,9 +52,7 @@ class FakeRunner:
                 row = torch.log_softmax(torch.tensor([self.rng.gauss(0, 2) for _ in range(VOCAB)]), dim=-1)
                 sampled[item.seq_id] = (SampledToken(-1, beam_log_probs=row),)
             elif item.num_samples:
-                sampled[item.seq_id] = tuple(
-                    SampledToken(self.rng.randrange(VOCAB)) for _ in range(item.num_samples)
-                )
+                sampled[item.seq_id] = tuple(SampledToken(self.rng.randrange(VOCAB)) for _ in range(item.num_samples))
         return RunnerOutput(step_id=output.step_id, sampled=sampled)
 
 
@@ -72,11 +70,7 @@ def workloads(draw, under_pressure=False):
         max_num_tokens=draw(st.integers(4, 48)),
         tokens_per_block=tokens_per_block,
         num_kv_blocks=draw(st.integers(blocks_for_longest_request, blocks_for_longest_request + spare_blocks)),
-        scheduler_policy=(
-            "max_utilization"
-            if under_pressure
-            else draw(st.sampled_from(["guaranteed_no_evict", "max_utilization"]))
-        ),
+        scheduler_policy=("max_utilization" if under_pressure else draw(st.sampled_from(["guaranteed_no_evict", "max_utilization"]))),
         enable_chunked_context=draw(st.booleans()),
         enable_prefix_caching=draw(st.booleans()),
         max_num_samples=3,
@@ -166,9 +160,7 @@ def _run_workload(config, requests, seed):
 
 
 def _decode_config(**changes):
-    values = dict(
-        max_batch_size=4, max_num_tokens=16, tokens_per_block=4, num_kv_blocks=16, max_input_len=32, max_seq_len=64
-    )
+    values = dict(max_batch_size=4, max_num_tokens=16, tokens_per_block=4, num_kv_blocks=16, max_input_len=32, max_seq_len=64)
     values.update(changes)
     return EngineConfig(**values)
 

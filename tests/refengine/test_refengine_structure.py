@@ -55,12 +55,8 @@ def test_modules_stay_small_and_honest(path):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 if isinstance(target, ast.Name) and target.id != "__all__":
-                    assert target.id.isupper() or target.id == "TokenLogprob", (
-                        f"module-level variable {target.id!r} in {_relative(path)}"
-                    )
-                    assert not isinstance(node.value, (ast.List, ast.Dict, ast.Set)), (
-                        f"mutable module-level {target.id!r} in {_relative(path)}"
-                    )
+                    assert target.id.isupper() or target.id == "TokenLogprob", f"module-level variable {target.id!r} in {_relative(path)}"
+                    assert not isinstance(node.value, (ast.List, ast.Dict, ast.Set)), f"mutable module-level {target.id!r} in {_relative(path)}"
 
 
 def test_public_facade():

@@ -86,8 +86,10 @@ PREEMPTING = {"scheduler_policy": "max_utilization", "num_kv_blocks": 14}
 )
 def test_greedy_speculation_equals_plain_greedy(models, kind, changes):
     config = CONFIG.replace(**changes)
-    params = [SamplingParams(max_tokens=m, temperature=0, stop_token_ids=stop, end_id=end)
-              for m, stop, end in itertools.islice(itertools.cycle([(20, (), None), (9, ((5, 9),), None), (17, (), 3)]), len(PROMPTS))]
+    params = [
+        SamplingParams(max_tokens=m, temperature=0, stop_token_ids=stop, end_id=end)
+        for m, stop, end in itertools.islice(itertools.cycle([(20, (), None), (9, ((5, 9),), None), (17, (), 3)]), len(PROMPTS))
+    ]
     plain = LLMEngine(models["target"], config).generate(PROMPTS, params)
     engine = LLMEngine(models["target"], config.replace(max_draft_len=4), _drafter(models, kind))
     speculative = engine.generate(PROMPTS, params)
@@ -211,8 +213,11 @@ def test_use_draft_logits_needs_a_draft_model_and_drafts(models):
     cases = [
         (LLMEngine(target, CONFIG), SamplingParams(use_draft_logits=True), "built without speculative decoding"),
         (LLMEngine(target, config, NGramDrafter(3)), SamplingParams(use_draft_logits=True), "drafting n-grams"),
-        (LLMEngine(target, config, DraftModelDrafter(draft, 256, CONFIG.tokens_per_block)),
-         SamplingParams(use_draft_logits=True, num_draft_tokens=0), "num_draft_tokens 0"),
+        (
+            LLMEngine(target, config, DraftModelDrafter(draft, 256, CONFIG.tokens_per_block)),
+            SamplingParams(use_draft_logits=True, num_draft_tokens=0),
+            "num_draft_tokens 0",
+        ),
     ]
     for engine, params, message in cases:
         with pytest.raises(InvalidRequestError, match=message) as error:
@@ -311,7 +316,8 @@ def sample_models(tmp_path_factory, checkpoint_writer, tensor_rewriter):
     target = checkpoint_writer(root / "t", seed=21, vocab_size=SAMPLE_VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=1)
     draft = checkpoint_writer(root / "d", seed=22, vocab_size=SAMPLE_VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=1)
     scale = lambda tensors: tensors.update(  # noqa: E731 - sharper distributions than the 0.1-scale init
-        {"lm_head.weight": tensors["lm_head.weight"] * 6})
+        {"lm_head.weight": tensors["lm_head.weight"] * 6}
+    )
     tensor_rewriter(target, scale)
     tensor_rewriter(draft, scale)
     return load_model(load_checkpoint(target)), load_model(load_checkpoint(draft))
@@ -370,12 +376,14 @@ def test_sampled_speculation_is_distributed_as_the_target(sample_models, kind):
     if kind == "draft_model-lean-vocab":  # q is zero on ids 4 and 5, which the draft never proposes
         drafter = DraftModelDrafter(draft, 512, 4, vocab_size=4, lean_slots=(100, 48))
         assert drafter.is_lean
-    config = EngineConfig(max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=2,
-                          scheduler_policy="max_utilization")
+    config = EngineConfig(
+        max_batch_size=100, max_input_len=32, max_seq_len=48, max_num_tokens=2048, tokens_per_block=4, max_draft_len=2, scheduler_policy="max_utilization"
+    )
     engine = LLMEngine(target, config, drafter)
     use_draft_logits = False if kind == "draft_model-token-compare" else None  # accepted by comparing tokens, q one-hot
-    outputs = engine.generate([prompt] * NUM_SAMPLES, [
-        SamplingParams(max_tokens=3, temperature=temperature, seed=i, use_draft_logits=use_draft_logits) for i in range(NUM_SAMPLES)])
+    outputs = engine.generate(
+        [prompt] * NUM_SAMPLES, [SamplingParams(max_tokens=3, temperature=temperature, seed=i, use_draft_logits=use_draft_logits) for i in range(NUM_SAMPLES)]
+    )
     counts: dict[tuple[int, ...], int] = {}
     for output in outputs:
         cell = tuple(output.outputs[0].token_ids)

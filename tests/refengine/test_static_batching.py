@@ -29,8 +29,7 @@ VOCAB = 16
 def test_batching_defaults_to_inflight_and_parses_static():
     assert EngineConfig().batching.value == "inflight"
     assert EngineConfig(batching="STATIC").batching.value == "static"
-    config = EngineConfig.from_build_config({"max_batch_size": 4, "max_seq_len": 64, "max_input_len": 32},
-                                            batching="static")
+    config = EngineConfig.from_build_config({"max_batch_size": 4, "max_seq_len": 64, "max_input_len": 32}, batching="static")
     assert config.batching.value == "static" and config.max_batch_size == 4
 
 
@@ -110,8 +109,7 @@ def test_static_outputs_are_identical_to_inflight(small_checkpoint, max_batch_si
     params.append(SamplingParams(max_tokens=6, temperature=0))
     results, logprobs = {}, {"inflight": {}, "static": {}}
     for batching in ("inflight", "static"):
-        engine = _engine(small_checkpoint, batching, max_batch_size=max_batch_size,
-                         enable_prefix_caching=prefix_caching)
+        engine = _engine(small_checkpoint, batching, max_batch_size=max_batch_size, enable_prefix_caching=prefix_caching)
         results[batching], _ = _run(engine, prompts, params, logprobs=logprobs[batching])
         kv = engine.scheduler.kv_cache
         assert kv.num_free_blocks == kv.num_blocks  # everything released at the end
@@ -172,8 +170,9 @@ def test_finished_rows_are_computed_every_step_until_the_batch_ends(small_checkp
     records = _recording_scheduler(engine)
     used_blocks: list[int] = []
     padding_rows: list[int] = []
-    outputs, steps = _run(engine, prompts, params, record=lambda e: (
-        used_blocks.append(e.kv_cache_usage().num_used_blocks), padding_rows.append(e.scheduler.num_padding_rows)))
+    outputs, steps = _run(
+        engine, prompts, params, record=lambda e: (used_blocks.append(e.kv_cache_usage().num_used_blocks), padding_rows.append(e.scheduler.num_padding_rows))
+    )
     assert steps == 9 + 6
 
     batch1 = records[:9]
@@ -270,7 +269,7 @@ class SlotCheckingRunner:
             sequence = self.scheduler.get_sequence(item.seq_id)
             if sequence is not None:
                 self.tokens[item.seq_id] = sequence.token_ids
-                expected_new = sequence.token_ids[item.num_computed_tokens: item.num_total_tokens]
+                expected_new = sequence.token_ids[item.num_computed_tokens : item.num_total_tokens]
                 assert list(item.new_token_ids) == expected_new
             else:  # a padding row: one token right after its frozen tokens
                 assert item.num_new_tokens == 1 and item.num_computed_tokens <= len(self.tokens[item.seq_id])

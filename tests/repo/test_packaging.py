@@ -22,7 +22,10 @@ def test_the_wheel_carries_model_repo_and_the_installed_package_finds_it(tmp_pat
     out = tmp_path / "wheel"
     build = subprocess.run(
         [sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"],
-        cwd=source, capture_output=True, text=True, timeout=120,
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = out / build.stdout.strip().splitlines()[-1]

@@ -43,11 +43,7 @@ def test_the_tree_maximises_the_estimated_tokens_per_step_over_every_prefix_clos
     ranks = tree_builder.rank_accuracies([[0.5, 0.8, 0.9], [0.4, 0.55]])
     nodes = [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(2)]
     for budget in range(1, len(nodes) + 1):
-        best = max(
-            tree_builder.expected_tokens_per_step(subset, ranks)
-            for subset in itertools.combinations(nodes, budget)
-            if _prefix_closed(subset)
-        )
+        best = max(tree_builder.expected_tokens_per_step(subset, ranks) for subset in itertools.combinations(nodes, budget) if _prefix_closed(subset))
         built = tree_builder.build_tree(ranks, budget)
         assert tree_builder.expected_tokens_per_step(built, ranks) == pytest.approx(best)
 
@@ -81,4 +77,3 @@ def test_a_budget_beyond_the_nodes_the_measured_ranks_allow_is_refused():
         tree_builder.build_tree(ranks, 7)
     with pytest.raises(ValueError, match="budget must be 1 to 6"):
         tree_builder.build_tree(ranks, 0)
-

@@ -24,9 +24,19 @@ import torch
 
 VOCAB_SIZE = 256
 _COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": False,
-    "initializer_range": 0.08, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.08,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
 }
 LONG_ROPE_ORIGINAL = 64  # original_max_position_embeddings of the long-RoPE model: prompts cross it
 # name -> (model_type, config overrides)
@@ -34,19 +44,26 @@ FAMILY_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     # head_dim 32 while hidden / heads is 16
     "qwen3": ("qwen3", {"head_dim": 32}),
     # Granite 3's multipliers, none of them 1 (attention_multiplier is not 1 / sqrt(head_dim) = 0.25)
-    "granite": ("granite", {"embedding_multiplier": 12.0, "attention_multiplier": 0.05, "residual_multiplier": 0.22,
-                            "logits_scaling": 8.0}),
+    "granite": ("granite", {"embedding_multiplier": 12.0, "attention_multiplier": 0.05, "residual_multiplier": 0.22, "logits_scaling": 8.0}),
     # Phi-3-mini-4k style: fused qkv / gate_up, full rotary, no scaling
     "phi3": ("phi3", {"sliding_window": None}),
     # Phi-4-mini / Phi-3.5 128k style: partial rotary 0.75 and long-RoPE (the converter writes long_rope from 128000)
-    "phi3_longrope": ("phi3", {
-        "sliding_window": None, "max_position_embeddings": 131072, "original_max_position_embeddings": LONG_ROPE_ORIGINAL,
-        "partial_rotary_factor": 0.75,
-        "rope_parameters": {
-            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
-            "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0], "long_factor": [1.2, 1.8, 3.0, 6.0, 12.0, 24.0],
+    "phi3_longrope": (
+        "phi3",
+        {
+            "sliding_window": None,
+            "max_position_embeddings": 131072,
+            "original_max_position_embeddings": LONG_ROPE_ORIGINAL,
+            "partial_rotary_factor": 0.75,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0],
+                "long_factor": [1.2, 1.8, 3.0, 6.0, 12.0, 24.0],
+            },
         },
-    }),
+    ),
     # TensorRT-LLM's GPT class: LayerNorm with bias, biased attention and MLP, GELU (tanh), no sliding window
     "starcoder2": ("starcoder2", {"sliding_window": None, "norm_epsilon": 1e-5}),
     # LayerNorm1P (stored as weight + 1), squared-ReLU MLP without bias, partial rotary 0.5
@@ -60,15 +77,15 @@ KV_CACHE_FORMATS = {"fp8_kv_fp8": ("fp8", "fp8"), "int8_sq_kv_int8": ("int8_sq",
 # released Qwen3-MoE). Routers are scaled up (ROUTER_SCALE) so that routing is decisive, not a near-tie of 1e-7.
 MOE_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
-    "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                                "shared_expert_intermediate_size": 128, "norm_topk_prob": False}),
-    "qwen3_moe": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "head_dim": 32,
-                                "norm_topk_prob": True}),
+    "qwen2_moe": (
+        "qwen2_moe",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128, "norm_topk_prob": False},
+    ),
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "head_dim": 32, "norm_topk_prob": True}),
 }
 ROUTER_SCALE = 8.0
 # Each model's weight seed, fixed per name: adding a model leaves the others' weights (and measured numbers) unchanged.
-SEEDS = {"granite": 0, "phi3": 1, "phi3_longrope": 2, "qwen3": 3, "starcoder2": 4, "nemotron": 5,
-         "mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2}
+SEEDS = {"granite": 0, "phi3": 1, "phi3_longrope": 2, "qwen3": 3, "starcoder2": 4, "nemotron": 5, "mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2}
 
 
 @dataclass
@@ -121,7 +138,10 @@ def _reference(hf_dir: Path, moe: bool = False) -> Any:
 
 
 def build_family_model(
-    name: str, root: Path, formats: tuple[str, ...] = ("fp16",), specs: dict[str, tuple[str, dict[str, Any]]] = FAMILY_SPECS,
+    name: str,
+    root: Path,
+    formats: tuple[str, ...] = ("fp16",),
+    specs: dict[str, tuple[str, dict[str, Any]]] = FAMILY_SPECS,
 ) -> FamilyModel:
     """The model `name` of `specs` (FAMILY_SPECS or MOE_SPECS) with its checkpoint in each format (fp16 or a
     quantize.algo value)."""
@@ -148,12 +168,19 @@ def build_family_model(
         recipe = QuantRecipe(algo, kv_cache, group_size=32)
         # The checkpoint config the quantize stage passes for build.target cpu (the family table's cpu cells: StarCoder2
         # takes formats there that trtllm-build does not, which the export's own default would refuse).
-        config = pretrained_config(hf_config, dtype="float16", mapping=checkpoint_mapping(1, 1),
-                                   quantization=recipe_quantization(recipe.algo, recipe.kv_cache))
+        config = pretrained_config(hf_config, dtype="float16", mapping=checkpoint_mapping(1, 1), quantization=recipe_quantization(recipe.algo, recipe.kv_cache))
         captured: dict[str, Any] = {}
         with _capture_models(captured):
-            export_trtllm_checkpoint(hf_dir, root / name / fmt, dtype="float16", tp_size=1, pp_size=1, quant=recipe,
-                                     forward_loop=None if fmt == "fp16" else forward_loop, checkpoint_config=config)
+            export_trtllm_checkpoint(
+                hf_dir,
+                root / name / fmt,
+                dtype="float16",
+                tp_size=1,
+                pp_size=1,
+                quant=recipe,
+                forward_loop=None if fmt == "fp16" else forward_loop,
+                checkpoint_config=config,
+            )
         if fmt not in ("fp16", "int8_wo"):  # int8_wo is exported unquantized (the engine quantizes at load)
             family.fake_quant[fmt] = captured["before"].float().eval()
             family.fake_quant_exported[fmt] = captured["after"].float().eval()
@@ -184,8 +211,9 @@ def assert_engine_mechanisms(family: FamilyModel, base: list[int], max_new_token
     from refengine import SamplingParams
     from tests.refengine.conftest import hf_greedy
 
-    engine = family_engine(family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True,
-                           enable_prefix_caching=True, max_beam_width=2)
+    engine = family_engine(
+        family.checkpoints["fp16"], tokens_per_block=4, max_num_tokens=8, enable_chunked_context=True, enable_prefix_caching=True, max_beam_width=2
+    )
     prompts = [base, base[:-3] + [5, 6, 7], base[:17] + [9]]  # shared prefixes: the later ones reuse cached blocks
     greedy = SamplingParams(max_tokens=max_new_tokens, temperature=0)
     beam = SamplingParams(max_tokens=8, beam_width=2, n=2, temperature=0)

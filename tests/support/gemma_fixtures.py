@@ -27,24 +27,40 @@ import torch
 VOCAB_SIZE = 256
 WINDOW = 16
 _COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512,
-    "tie_word_embeddings": True, "initializer_range": 0.2, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "initializer_range": 0.2,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
     "pad_token_id": 0,
 }
 # name -> (model_type, config overrides); head_dim 32 while hidden / heads is 16
 GEMMA_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma": ("gemma", {"num_hidden_layers": 2}),
     # soft caps small enough that tanh bends the tiny model's scores and logits
-    "gemma2": ("gemma2", {"sliding_window": WINDOW, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5,
-                          "final_logit_softcapping": 2.5}),
+    "gemma2": ("gemma2", {"sliding_window": WINDOW, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 2.5}),
     # layers 0, 1, 3 local (pattern 3); the global layers' RoPE with Gemma 3 4B's linear scaling
-    "gemma3_text": ("gemma3_text", {
-        "sliding_window": WINDOW, "query_pre_attn_scalar": 24, "final_logit_softcapping": 2.5,
-        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
-    }),
+    "gemma3_text": (
+        "gemma3_text",
+        {
+            "sliding_window": WINDOW,
+            "query_pre_attn_scalar": 24,
+            "final_logit_softcapping": 2.5,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        },
+    ),
 }
 
 
@@ -96,5 +112,3 @@ def _hf_model(model_type: str, overrides: dict[str, Any], seed: int) -> Any:
                 parameter.mul_(0.1)
             parameter.copy_(parameter.half().float())
     return model
-
-

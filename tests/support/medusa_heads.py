@@ -12,8 +12,17 @@ from safetensors.numpy import save_file
 DEFAULT_CHOICES = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0]]
 
 
-def write_medusa_heads(directory: Path, *, num_heads: int = 3, num_layers: int = 1, hidden: int = 256, vocab: int = 4096,
-                       choices: list[list[int]] | None = DEFAULT_CHOICES, seed: int = 0, **config_overrides) -> Path:
+def write_medusa_heads(
+    directory: Path,
+    *,
+    num_heads: int = 3,
+    num_layers: int = 1,
+    hidden: int = 256,
+    vocab: int = 4096,
+    choices: list[list[int]] | None = DEFAULT_CHOICES,
+    seed: int = 0,
+    **config_overrides,
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     tensors = {}
@@ -23,8 +32,14 @@ def write_medusa_heads(directory: Path, *, num_heads: int = 3, num_layers: int =
             tensors[f"{h}.{layer}.linear.bias"] = rng.standard_normal((hidden,)).astype(np.float16)
         tensors[f"{h}.{num_layers}.weight"] = rng.standard_normal((vocab, hidden)).astype(np.float16)
     save_file(tensors, str(directory / "medusa_lm_head.safetensors"))
-    config = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers, "hidden_size": hidden, "vocab_size": vocab,
-              "medusa_hidden_act": "silu", "base_model_name_or_path": "tiny-stdlib-llama"}
+    config = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "medusa_hidden_act": "silu",
+        "base_model_name_or_path": "tiny-stdlib-llama",
+    }
     if choices is not None:
         config["medusa_choices"] = choices
     config.update(config_overrides)

@@ -152,7 +152,11 @@ def _build_suite(root: Path) -> QuantizedSuite:
         start, captured = time.perf_counter(), {}
         with _capture_models(captured):
             config = export_trtllm_checkpoint(
-                hf_dir, root / name, dtype="float16", tp_size=1, pp_size=1,
+                hf_dir,
+                root / name,
+                dtype="float16",
+                tp_size=1,
+                pp_size=1,
                 quant=QuantRecipe(algo, kv_cache),
                 forward_loop=short_forward_loop if "awq" in algo else forward_loop,
             )
@@ -161,14 +165,23 @@ def _build_suite(root: Path) -> QuantizedSuite:
             captured["before"] = mtq.quantize(model, copy.deepcopy(mtq.INT8_WEIGHT_ONLY_CFG), forward_loop)
             captured.pop("after", None)  # no quantizers: the model was saved as it is
         suite.exports[name] = QuantizedExport(
-            name, root / name, config, _float32(captured["before"]), _float32(captured.get("after")),
+            name,
+            root / name,
+            config,
+            _float32(captured["before"]),
+            _float32(captured.get("after")),
             time.perf_counter() - start,
         )
     start = time.perf_counter()
     with contextlib.suppress(Exception):  # NVFP4 needs CUDA for a forward; max calibration may pass
         export_trtllm_checkpoint(
-            hf_dir, root / "nvfp4", dtype="float16", tp_size=1, pp_size=1,
-            quant=QuantRecipe("nvfp4"), forward_loop=forward_loop,
+            hf_dir,
+            root / "nvfp4",
+            dtype="float16",
+            tp_size=1,
+            pp_size=1,
+            quant=QuantRecipe("nvfp4"),
+            forward_loop=forward_loop,
         )
         suite.nvfp4_dir = root / "nvfp4"
     suite.seconds["nvfp4"] = time.perf_counter() - start
@@ -221,10 +234,7 @@ def hf_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 def min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """Minimum over sequences of the cosine of the flattened logits (the measure ModelOpt's fake-quant comparisons use here)."""
-    return min(
-        torch.nn.functional.cosine_similarity(x.flatten().double(), y.flatten().double(), dim=0).item()
-        for x, y in zip(a, b)
-    )
+    return min(torch.nn.functional.cosine_similarity(x.flatten().double(), y.flatten().double(), dim=0).item() for x, y in zip(a, b))
 
 
 def read_config(checkpoint_dir: Path) -> dict[str, Any]:

@@ -37,9 +37,19 @@ def free_ports(count: int) -> list[int]:
 def build_and_package(config: str, root: Path, overrides: tuple[str, ...] = ()) -> dict[str, Path]:
     """Run the pipeline's own CLI on build_configs/<config>.yaml up to the package stage."""
     subprocess.run(
-        [str(CLI), "--artifacts", str(root), "run", str(REPO / "build_configs" / f"{config}.yaml"), "--until", "package",
-         *(f"--set={override}" for override in overrides)],
-        check=True, capture_output=True, timeout=600,
+        [
+            str(CLI),
+            "--artifacts",
+            str(root),
+            "run",
+            str(REPO / "build_configs" / f"{config}.yaml"),
+            "--until",
+            "package",
+            *(f"--set={override}" for override in overrides),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     return packaged(config, root)
 
@@ -163,7 +173,9 @@ def greedy_reference(engine_dir: Path, tokenizer_dir: Path, default_max_tokens: 
     def greedy_text(prompt: str, max_tokens: int = default_max_tokens, stop_words: tuple = ()) -> str:
         prompt_ids = tokenizer.encode(prompt)
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=0.0, end_id=tokenizer.eos_id,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            end_id=tokenizer.eos_id,
             stop_token_ids=[tokenizer.encode(word, add_special_tokens=False) for word in stop_words],
         )
         [output] = engine.generate([prompt_ids], params)

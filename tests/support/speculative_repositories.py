@@ -51,8 +51,10 @@ def build_speculative_repository(shared: dict[str, Path], work: Path) -> Path:
     draft = draft_spec(spec)
     draft_dir = work / "draft-engine"
     write_cpu_engine(
-        _early_exit_checkpoint(checkpoint, work / "draft-checkpoint", DRAFT_LAYERS), draft_dir,
-        build_config=cpu_build_config(draft.build, max_seq_len=draft.build.max_seq_len, dtype=draft.model.dtype.value), version="test",
+        _early_exit_checkpoint(checkpoint, work / "draft-checkpoint", DRAFT_LAYERS),
+        draft_dir,
+        build_config=cpu_build_config(draft.build, max_seq_len=draft.build.max_seq_len, dtype=draft.model.dtype.value),
+        version="test",
     )
     return _package(spec, checkpoint, draft_dir, shared["tokenizer"], work)
 
@@ -68,8 +70,11 @@ def _package(spec: Spec, checkpoint: Path, draft_dir: Path | None, tokenizer_dir
     write_cpu_engine(checkpoint, engine_dir, build_config=build_config, version="test")
     add_speculation(engine_dir, spec.build.speculative, draft_dir, max_seq_len=build_config["max_seq_len"])
     repository = work / "model_repository"
-    render_model_repository(RepositoryRequest(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, serve=spec.serve, target="cpu",
-                            out_dir=repository, speculative=spec.build.speculative))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, serve=spec.serve, target="cpu", out_dir=repository, speculative=spec.build.speculative
+        )
+    )
     return repository
 
 

@@ -74,9 +74,7 @@ def output_ids(prompt_ids: Sequence[int], max_tokens: int, cycle: Sequence[int])
     return tuple(cycle[(start + index) % len(cycle)] for index in range(max_tokens))
 
 
-def parse_rows(
-    arrays: Mapping[str, np.ndarray], *, cycle: Sequence[int], decoupled: bool, exclude_input_default: bool
-) -> list[Generation] | None:
+def parse_rows(arrays: Mapping[str, np.ndarray], *, cycle: Sequence[int], decoupled: bool, exclude_input_default: bool) -> list[Generation] | None:
     """The generations of one Triton request (one per row of input_ids); None for TensorRT-LLM's `stop` request."""
     stop = arrays.get("stop")
     if stop is not None and stop.size and bool(stop.reshape(-1)[0]):

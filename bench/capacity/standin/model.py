@@ -127,8 +127,7 @@ class TritonPythonModel:
         self._in_flight: dict[int, _Entry] = {}
         self._pacers = [_Pacer(self._rate, self._interval, self._finished, f"standin-pacer-{i}") for i in range(PACERS)]
         self._next_pacer = itertools.cycle(self._pacers)
-        family = pb_utils.MetricFamily(name="nv_trt_llm_request_metrics", description="Requests in the stand-in",
-                                       kind=pb_utils.MetricFamily.GAUGE)
+        family = pb_utils.MetricFamily(name="nv_trt_llm_request_metrics", description="Requests in the stand-in", kind=pb_utils.MetricFamily.GAUGE)
         self._metric_family = family
         self._active = family.Metric(labels={"model": args["model_name"], "version": str(args["model_version"]), "request_type": "active"})
         self._watcher = CancellationWatcher(
@@ -139,8 +138,13 @@ class TritonPythonModel:
         ).start()
 
     def execute(self, requests):
-        return answer_each(requests, self._accept, refusals=StandinError, model="tensorrt_llm (stand-in)",
-                           channel=lambda request: ResponseChannel(request.get_response_sender(), FINAL))
+        return answer_each(
+            requests,
+            self._accept,
+            refusals=StandinError,
+            model="tensorrt_llm (stand-in)",
+            channel=lambda request: ResponseChannel(request.get_response_sender(), FINAL),
+        )
 
     def finalize(self):
         self._watcher.stop()

@@ -32,8 +32,7 @@ __all__ = ["SPECULATIVE_KEY", "DRAFT_ENGINE_DIR", "MEDUSA_DIR", "add_speculation
 SPECULATIVE_KEY = "refengine_speculative"
 DRAFT_ENGINE_DIR = "draft"
 MEDUSA_DIR = "medusa"
-_KINDS = {SpeculativeMode.draft_tokens_external: "draft_model", SpeculativeMode.prompt_lookup: "ngram",
-          SpeculativeMode.medusa: "medusa"}
+_KINDS = {SpeculativeMode.draft_tokens_external: "draft_model", SpeculativeMode.prompt_lookup: "ngram", SpeculativeMode.medusa: "medusa"}
 
 
 def speculative_record(speculative: SpeculativeSpec) -> dict[str, Any]:
@@ -57,8 +56,12 @@ def _medusa_record(medusa: MedusaSpec) -> dict[str, Any]:
         config = json.loads((medusa.heads / MEDUSA_CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise StageError(f"build.speculative.medusa.heads: cannot read {medusa.heads / MEDUSA_CONFIG_FILE} ({exc})") from None
-    record: dict[str, Any] = {"medusa_heads": f"{MEDUSA_DIR}/{MEDUSA_HEADS_FILE}", "num_medusa_heads": config["medusa_num_heads"],
-                              "num_medusa_layers": config["medusa_num_layers"], "medusa_choices": medusa.tree}
+    record: dict[str, Any] = {
+        "medusa_heads": f"{MEDUSA_DIR}/{MEDUSA_HEADS_FILE}",
+        "num_medusa_heads": config["medusa_num_heads"],
+        "num_medusa_layers": config["medusa_num_layers"],
+        "medusa_choices": medusa.tree,
+    }
     if medusa.vocab_size is not None:
         record["medusa_vocab_size"] = medusa.vocab_size
     return record
@@ -85,8 +88,9 @@ def add_speculation(engine_dir: Path, speculative: SpeculativeSpec | None, draft
         draft_config = json.loads((draft_engine_dir / "config.json").read_text())
         draft_seq_len = draft_config["build_config"]["max_seq_len"]
         if draft_seq_len < max_seq_len:
-            raise StageError(f"build.speculative.draft: the draft engine's max_seq_len ({draft_seq_len}) is below the "
-                             f"engine's ({max_seq_len}, max_draft_len included)")
+            raise StageError(
+                f"build.speculative.draft: the draft engine's max_seq_len ({draft_seq_len}) is below the engine's ({max_seq_len}, max_draft_len included)"
+            )
         shutil.copytree(draft_engine_dir, engine_dir / DRAFT_ENGINE_DIR)
     if record["kind"] == "medusa" and speculative.medusa is not None:
         record.update(_medusa_record(speculative.medusa))

@@ -37,9 +37,7 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
     `quantize` formats; None: unquantized). A speculative engine records its max_draft_len and mode flag as
     trtllm-build does, max_seq_len included (trtllm-build adds max_draft_len to it)."""
     plugins = build.plugins
-    keeps_paged_context_fmha = quantize is None or paged_context_fmha_loss(
-        weight_format(quantize.algo), kv_cache_format(quantize.kv_cache)
-    ) is None
+    keeps_paged_context_fmha = quantize is None or paged_context_fmha_loss(weight_format(quantize.algo), kv_cache_format(quantize.kv_cache)) is None
     max_num_tokens = min(build.max_num_tokens, build.max_batch_size * max_seq_len)
     speculative = build.speculative
     draft_len = speculative.draft_len if speculative is not None else 0
@@ -91,9 +89,14 @@ def _lora_on_folded_scales(spec: Spec) -> list[Issue]:
     if spec.build.lora is None or not weights.folds_input_scale:
         return []
     fits = [name for name, f in WEIGHT_FORMATS.items() if not f.folds_input_scale and f.runs_on(Target.cpu)]
-    return [(("build", "lora"), f"build.lora cannot be combined with quantize.algo {weights.name} on build.target cpu: its "
-             "checkpoint folds an activation scale into the norm before each Linear, so the reference engine's LoRA update would "
-             f"read the scaled input, not the model's; use quantize.algo {', '.join(fits)}")]
+    return [
+        (
+            ("build", "lora"),
+            f"build.lora cannot be combined with quantize.algo {weights.name} on build.target cpu: its "
+            "checkpoint folds an activation scale into the norm before each Linear, so the reference engine's LoRA update would "
+            f"read the scaled input, not the model's; use quantize.algo {', '.join(fits)}",
+        )
+    ]
 
 
 def _lora_config(build: BuildSpec) -> dict[str, Any]:
@@ -103,8 +106,7 @@ def _lora_config(build: BuildSpec) -> dict[str, Any]:
     if lora is None:
         return {"lora_dir": [], "lora_ckpt_source": "hf", "max_lora_rank": 64, "lora_target_modules": []}
     modules = spec_target_modules(lora)
-    return {"lora_dir": [], "lora_ckpt_source": lora.adapter_source.value, "max_lora_rank": lora.max_rank,
-            "lora_target_modules": list(modules)}
+    return {"lora_dir": [], "lora_ckpt_source": lora.adapter_source.value, "max_lora_rank": lora.max_rank, "lora_target_modules": list(modules)}
 
 
 def write_cpu_engine(checkpoint_dir: Path, engine_dir: Path, *, build_config: dict[str, Any], version: str) -> None:
@@ -169,16 +171,23 @@ class CpuBackend:
         build = spec.build
         issues: list[Issue] = []
         if build.max_beam_width > build.max_batch_size:  # refengine runs each beam as a batch row
-            issues.append((("build", "max_beam_width"), f"build.max_beam_width {build.max_beam_width} exceeds build.max_batch_size "
-                           f"{build.max_batch_size}: the cpu engine runs each beam as a row of the batch"))
+            issues.append(
+                (
+                    ("build", "max_beam_width"),
+                    f"build.max_beam_width {build.max_beam_width} exceeds build.max_batch_size "
+                    f"{build.max_batch_size}: the cpu engine runs each beam as a row of the batch",
+                )
+            )
         ranks = build.tp_size * build.pp_size
         if ranks == 1:
             return issues
-        return issues + [(
-            ("build", "tp_size"),
-            f"build.target cpu runs one rank, but build.tp_size ({build.tp_size}) × build.pp_size "
-            f"({build.pp_size}) = {ranks}; use --until quantize to export a sharded checkpoint only",
-        )]
+        return issues + [
+            (
+                ("build", "tp_size"),
+                f"build.target cpu runs one rank, but build.tp_size ({build.tp_size}) × build.pp_size "
+                f"({build.pp_size}) = {ranks}; use --until quantize to export a sharded checkpoint only",
+            )
+        ]
 
     def build(self, job: BuildJob) -> dict[str, Any]:
         build = job.spec.build

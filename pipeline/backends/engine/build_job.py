@@ -102,8 +102,10 @@ def check_checkpoint_matches(config: dict[str, Any], build: TrtllmBuild) -> None
     }
     wrong = [f"{key} is {got!r}, the build expects {want!r}" for key, (got, want) in found.items() if got != want]
     if wrong:
-        raise StageError(f"{build.checkpoint_dir}/config.json does not match the build config: " + "; ".join(wrong),
-                         hint="re-run the quantize stage for this config (or --force it)")
+        raise StageError(
+            f"{build.checkpoint_dir}/config.json does not match the build config: " + "; ".join(wrong),
+            hint="re-run the quantize stage for this config (or --force it)",
+        )
 
 
 def _require_weights(build: TrtllmBuild) -> None:
@@ -116,8 +118,10 @@ def _require_weights(build: TrtllmBuild) -> None:
     for directory in build.settings.lora_dirs:
         absent = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (Path(directory) / name).is_file()]
         if absent:
-            raise RunnerUnavailable(f"LoRA adapter {directory} lacks {', '.join(absent)}: trtllm-build --lora_dir needs the "
-                                    "adapter's config and weights (a dry run needs only adapter_config.json)")
+            raise RunnerUnavailable(
+                f"LoRA adapter {directory} lacks {', '.join(absent)}: trtllm-build --lora_dir needs the "
+                "adapter's config and weights (a dry run needs only adapter_config.json)"
+            )
 
 
 def check_engine_dir(build: TrtllmBuild) -> None:
@@ -128,8 +132,10 @@ def check_engine_dir(build: TrtllmBuild) -> None:
     except (OSError, ValueError, AttributeError) as exc:
         raise StageError(f"trtllm-build finished but {path} is missing or unreadable ({exc})") from None
     if version != build.version.version:
-        raise StageError(f"the engine was built by TensorRT-LLM {version}, but the build pins {build.version.version}; "
-                         "engines only load in the exact version that built them")
+        raise StageError(
+            f"the engine was built by TensorRT-LLM {version}, but the build pins {build.version.version}; "
+            "engines only load in the exact version that built them"
+        )
     missing = [f"rank{r}.engine" for r in range(build.settings.world_size) if not (build.output_dir / f"rank{r}.engine").is_file()]
     if missing:
         raise StageError(f"trtllm-build finished but {build.output_dir} lacks {', '.join(missing)}")
@@ -151,17 +157,20 @@ def write_dry_run(build: TrtllmBuild) -> BuildOutcome:
     write_build_inputs(build)
     engine_config = {"version": build.version.version, "pretrained_config": pretrained, "build_config": build.engine_build_config}
     _write_json(build.output_dir / ENGINE_CONFIG_FILE, engine_config)
-    _write_json(build.output_dir / DRY_RUN_FILE, {
-        "dry_run": True,
-        "trtllm_version": build.version.version,
-        "image": build.version.image,
-        "image_tag_inferred": build.version.triton_tag_inferred,
-        "pretrained_config_from": source,
-        "missing": [f"rank{r}.engine" for r in range(build.settings.world_size)]
-        + [f"{ENGINE_LORA_DIR}/{i}/" for i in range(len(build.settings.lora_dirs))],
-        "argv": list(build.argv),
-        "decisions": [d.to_json() for d in build.decisions],
-    })
+    _write_json(
+        build.output_dir / DRY_RUN_FILE,
+        {
+            "dry_run": True,
+            "trtllm_version": build.version.version,
+            "image": build.version.image,
+            "image_tag_inferred": build.version.triton_tag_inferred,
+            "pretrained_config_from": source,
+            "missing": [f"rank{r}.engine" for r in range(build.settings.world_size)]
+            + [f"{ENGINE_LORA_DIR}/{i}/" for i in range(len(build.settings.lora_dirs))],
+            "argv": list(build.argv),
+            "decisions": [d.to_json() for d in build.decisions],
+        },
+    )
     return BuildOutcome(build.output_dir, True, build.argv)
 
 
@@ -185,5 +194,9 @@ def derive_pretrained_config(hf: dict[str, Any], build: TrtllmBuild) -> dict[str
     """The TensorRT-LLM checkpoint `config.json` the quantize stage would write for this model, from HF config only."""
     config = pretrained_config(hf, dtype=build.settings.dtype, mapping=build.mapping, quantization=build.quantization)
     eagle = {"num_eagle_layers": build.settings.num_eagle_layers} if build.settings.num_eagle_layers else {}
-    return {"producer": {"name": "trtllm-pipeline", "note": "dry run: derived from the Hugging Face config.json, no weights"},
-            **config, "architecture": build.settings.architecture, **eagle}
+    return {
+        "producer": {"name": "trtllm-pipeline", "note": "dry run: derived from the Hugging Face config.json, no weights"},
+        **config,
+        "architecture": build.settings.architecture,
+        **eagle,
+    }

@@ -44,8 +44,7 @@ _FIRST_LAYER = dataclasses.replace(_LLAMA, layers="layers", norms=MappingProxyTy
 _LATER_LAYERS = dataclasses.replace(_LLAMA, layers="layers")
 
 
-def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, choices: list[list[int]],
-                           max_draft_len: int) -> dict[str, Any]:
+def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, choices: list[list[int]], max_draft_len: int) -> dict[str, Any]:
     """Write base + EAGLE draft layer into `out_dir` (a new directory); return its config.json."""
     config, dtype, tp, pp = read_base_checkpoint(base_dir)
     if pp != 1:
@@ -64,9 +63,14 @@ def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, ch
             base[f"eagle_nets.{net}.lm_head.weight"] = base["lm_head.weight"].clone()
         save_file(unshared(base), str(out_dir / f"rank{rank}.safetensors"))
     copy_side_files(base_dir, out_dir)
-    config = {**config, "architecture": EAGLE_ARCHITECTURE, "num_eagle_layers": num_eagle_layers,
-              "max_non_leaves_per_layer": max_non_leaves(choices), "max_draft_len": max_draft_len,
-              "eagle_net_config": _eagle_net_config(config, eagle_config)}
+    config = {
+        **config,
+        "architecture": EAGLE_ARCHITECTURE,
+        "num_eagle_layers": num_eagle_layers,
+        "max_non_leaves_per_layer": max_non_leaves(choices),
+        "max_draft_len": max_draft_len,
+        "eagle_net_config": _eagle_net_config(config, eagle_config),
+    }
     (out_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return config
 
@@ -74,8 +78,13 @@ def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, ch
 def _drafter(eagle: dict[str, torch.Tensor], eagle_config: dict[str, Any], tp: int, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """One rank's EagleNet drafter tensors, named inside `drafter.`."""
     heads = int(eagle_config["num_attention_heads"])
-    layer_config = {"num_attention_heads": heads, "num_key_value_heads": int(eagle_config.get("num_key_value_heads") or heads),
-                    "hidden_size": int(eagle_config["hidden_size"]), "head_size": _head_dim(eagle_config), "quantization": {}}
+    layer_config = {
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(eagle_config.get("num_key_value_heads") or heads),
+        "hidden_size": int(eagle_config["hidden_size"]),
+        "head_size": _head_dim(eagle_config),
+        "quantization": {},
+    }
     if "embed_tokens.weight" not in eagle:
         raise StageError("build.speculative.eagle.heads: the EAGLE checkpoint has no tensor embed_tokens.weight")
     out = {"vocab_embedding.weight": eagle["embed_tokens.weight"].to(dtype).contiguous()}
@@ -94,24 +103,33 @@ def _eagle_net_config(config: dict[str, Any], eagle_config: dict[str, Any]) -> d
     """The draft layer's LlamaForCausalLM config, as convert_checkpoint.py writes eagle_net_config."""
     heads = int(eagle_config["num_attention_heads"])
     return {
-        "architecture": "LlamaForCausalLM", "dtype": config["dtype"], "logits_dtype": config.get("logits_dtype", "float32"),
-        "num_hidden_layers": int(eagle_config["num_hidden_layers"]), "num_attention_heads": heads,
-        "hidden_size": int(eagle_config["hidden_size"]), "intermediate_size": int(eagle_config["intermediate_size"]),
+        "architecture": "LlamaForCausalLM",
+        "dtype": config["dtype"],
+        "logits_dtype": config.get("logits_dtype", "float32"),
+        "num_hidden_layers": int(eagle_config["num_hidden_layers"]),
+        "num_attention_heads": heads,
+        "hidden_size": int(eagle_config["hidden_size"]),
+        "intermediate_size": int(eagle_config["intermediate_size"]),
         "num_key_value_heads": int(eagle_config.get("num_key_value_heads") or heads),
-        "vocab_size": config["vocab_size"], "position_embedding_type": "rope_gpt_neox",
+        "vocab_size": config["vocab_size"],
+        "position_embedding_type": "rope_gpt_neox",
         "max_position_embeddings": int(eagle_config.get("max_position_embeddings") or config["max_position_embeddings"]),
-        "hidden_act": eagle_config.get("hidden_act", "silu"), "rotary_base": config.get("rotary_base", 10000.0),
-        "rotary_scaling": config.get("rotary_scaling"), "norm_epsilon": float(eagle_config.get("rms_norm_eps", 1e-6)),
-        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None}, "mapping": config.get("mapping"),
-        "use_parallel_embedding": False, "embedding_sharding_dim": 0,
-        "head_dim": _head_dim(eagle_config), "head_size": _head_dim(eagle_config),
+        "hidden_act": eagle_config.get("hidden_act", "silu"),
+        "rotary_base": config.get("rotary_base", 10000.0),
+        "rotary_scaling": config.get("rotary_scaling"),
+        "norm_epsilon": float(eagle_config.get("rms_norm_eps", 1e-6)),
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+        "mapping": config.get("mapping"),
+        "use_parallel_embedding": False,
+        "embedding_sharding_dim": 0,
+        "head_dim": _head_dim(eagle_config),
+        "head_size": _head_dim(eagle_config),
     }
 
 
 def command(base_dir: Path, eagle_dir: Path, out_dir: Path, choices: list[list[int]], max_draft_len: int) -> list[str]:
     """This writer as a command (a GPU host's dry run: run it after the quantize job, before trtllm-build)."""
-    return ["python3", "-m", __name__, str(base_dir), str(eagle_dir), str(out_dir), "--choices", json.dumps(choices),
-            "--max-draft-len", str(max_draft_len)]
+    return ["python3", "-m", __name__, str(base_dir), str(eagle_dir), str(out_dir), "--choices", json.dumps(choices), "--max-draft-len", str(max_draft_len)]
 
 
 def main(argv: list[str] | None = None) -> int:

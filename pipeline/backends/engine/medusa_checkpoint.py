@@ -73,15 +73,23 @@ def _medusa_config(config: dict[str, Any], num_heads: int, num_layers: int, max_
     base_architecture = config.get("architecture")
     model_type = _MODEL_TYPES.get(str(base_architecture))
     if model_type is None:
-        raise StageError(f"the checkpoint's architecture {base_architecture} has no Medusa form in TensorRT-LLM "
-                         f"(MedusaForCausalLM wraps {', '.join(_MODEL_TYPES)})")
+        raise StageError(
+            f"the checkpoint's architecture {base_architecture} has no Medusa form in TensorRT-LLM (MedusaForCausalLM wraps {', '.join(_MODEL_TYPES)})"
+        )
     quantization = dict(config.get("quantization") or {})
     if quantization.get("quant_algo") is not None:
         excluded = list(quantization.get("exclude_modules") or [])
         quantization["exclude_modules"] = excluded + ([_EXCLUDED_HEADS] if _EXCLUDED_HEADS not in excluded else [])
-    return {**config, "architecture": MEDUSA_ARCHITECTURE, "model_type": config.get("model_type", model_type),
-            **({"qwen_type": model_type} if model_type == "qwen2" else {}), "quantization": quantization,
-            "num_medusa_heads": num_heads, "num_medusa_layers": num_layers, "max_draft_len": max_draft_len}
+    return {
+        **config,
+        "architecture": MEDUSA_ARCHITECTURE,
+        "model_type": config.get("model_type", model_type),
+        **({"qwen_type": model_type} if model_type == "qwen2" else {}),
+        "quantization": quantization,
+        "num_medusa_heads": num_heads,
+        "num_medusa_layers": num_layers,
+        "max_draft_len": max_draft_len,
+    }
 
 
 def _padded_vocab(base: dict[str, torch.Tensor], config: dict[str, Any], tp: int) -> int:
@@ -90,8 +98,9 @@ def _padded_vocab(base: dict[str, torch.Tensor], config: dict[str, Any], tp: int
     return int(lm_head.shape[0]) * tp if lm_head is not None else int(config["vocab_size"])
 
 
-def _rank_heads(heads: dict[str, torch.Tensor], num_heads: int, num_layers: int, tp: int, tp_rank: int,
-                padded_vocab: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _rank_heads(
+    heads: dict[str, torch.Tensor], num_heads: int, num_layers: int, tp: int, tp_rank: int, padded_vocab: int, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for h in range(num_heads):
         for layer in range(num_layers):

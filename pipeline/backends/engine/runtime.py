@@ -89,10 +89,7 @@ def mismatches(engine: EngineRecord, runtime: RuntimeFacts) -> list[str]:
     problems = []
     if runtime.trtllm_version is not None and normalize_version(engine.trtllm_version) != normalize_version(runtime.trtllm_version):
         source = f" ({runtime.trtllm_version_source})" if runtime.trtllm_version_source else ""
-        problems.append(
-            f"the engine was built with TensorRT-LLM {engine.trtllm_version}, "
-            f"but this runtime has TensorRT-LLM {runtime.trtllm_version}{source}"
-        )
+        problems.append(f"the engine was built with TensorRT-LLM {engine.trtllm_version}, but this runtime has TensorRT-LLM {runtime.trtllm_version}{source}")
     if engine.compute_capability is not None and runtime.compute_capabilities:
         others = sorted({sm for sm in runtime.compute_capabilities if sm != engine.compute_capability})
         if others:
@@ -110,8 +107,7 @@ def check_engine_runtime(engine: EngineRecord, runtime: RuntimeFacts) -> None:
     problems = mismatches(engine, runtime)
     if problems:
         raise EngineRuntimeMismatch(
-            "; ".join(problems)
-            + ". An engine loads only in the TensorRT-LLM version and on the GPU architecture it was built for: "
+            "; ".join(problems) + ". An engine loads only in the TensorRT-LLM version and on the GPU architecture it was built for: "
             "rebuild it for this runtime, or serve it where it was built for"
         )
 

@@ -163,9 +163,7 @@ def host_runtime(spec: Spec) -> RuntimeFacts:
     return probe_runtime(spec.deploy.gpus)
 
 
-def check_before_serving(
-    spec: Spec, engine_dir: Path | None, notes: Mapping[str, Any], runtime: RuntimeFacts | None = None
-) -> EngineRecord:
+def check_before_serving(spec: Spec, engine_dir: Path | None, notes: Mapping[str, Any], runtime: RuntimeFacts | None = None) -> EngineRecord:
     """`serve` on the engine target: the built engine (or, before a build, the one the spec would build)
     against this machine (`runtime`, probed when None); EngineMismatchError names both values."""
     engine = declared_engine(spec) if engine_dir is None else recorded_engine(engine_dir, notes, spec)
@@ -259,9 +257,13 @@ class EngineBackend:
         speculative = spec.build.speculative
         if speculative is None or speculative.mode is not SpeculativeMode.eagle:
             return []
-        problems = eagle_problems(architecture=model.architecture, quant_algo=spec.quantize.algo.value,
-                                  kv_cache_quant=spec.quantize.kv_cache.value, pp_size=spec.build.pp_size,
-                                  max_batch_size=spec.build.max_batch_size)
+        problems = eagle_problems(
+            architecture=model.architecture,
+            quant_algo=spec.quantize.algo.value,
+            kv_cache_quant=spec.quantize.kv_cache.value,
+            pp_size=spec.build.pp_size,
+            max_batch_size=spec.build.max_batch_size,
+        )
         return [(("build", "speculative", "mode"), problem) for problem in problems]
 
     def capacity_reserve(self, spec: Spec) -> tuple[float, str]:

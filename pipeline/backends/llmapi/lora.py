@@ -47,8 +47,9 @@ def lora_options(spec: Spec) -> dict[str, Any]:
 def peft_cache_options(serve: ServeSpec, max_lora_rank: int) -> dict[str, Any]:
     """{"peft_cache_config": ...}: serve.lora's cache sizes (or their defaults) for adapters up to `max_lora_rank`."""
     optimal, largest, fraction, host_bytes = lora_cache(serve, max_lora_rank)
-    return {"peft_cache_config": {"optimal_adapter_size": optimal, "max_adapter_size": largest,
-                                  "device_cache_percent": fraction, "host_cache_size": host_bytes}}
+    return {
+        "peft_cache_config": {"optimal_adapter_size": optimal, "max_adapter_size": largest, "device_cache_percent": fraction, "host_cache_size": host_bytes}
+    }
 
 
 def served_lora_options(build: Mapping[str, Any], serve: ServeSpec, model_path: str) -> dict[str, Any]:
@@ -67,8 +68,12 @@ def lora_option_fields(spec: Spec) -> dict[str, tuple[str, Any]]:
     if lora is None:
         return {}
     config = lora_options(spec)["lora_config"]
-    fields = {"lora_dir": "build.lora.adapter_dirs", "lora_ckpt_source": "build.lora.adapter_source",
-              "max_lora_rank": "build.lora.max_rank", "lora_target_modules": "build.lora.target_modules"}
+    fields = {
+        "lora_dir": "build.lora.adapter_dirs",
+        "lora_ckpt_source": "build.lora.adapter_source",
+        "max_lora_rank": "build.lora.max_rank",
+        "lora_target_modules": "build.lora.target_modules",
+    }
     flat = {f"lora_config.{key}": (fields[key], value) for key, value in config.items()}
     cache = peft_cache_options(spec.serve, lora.max_rank)["peft_cache_config"]
     for key, value in cache.items():
@@ -86,8 +91,10 @@ def link_adapters(spec: Spec, engine_dir: Path) -> int:
         for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
             source = Path(directory) / name
             if not source.is_file():
-                raise StageError(f"build.lora.adapter_dirs[{index}]: {source} is missing; LLM() loads the adapter's "
-                                 f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} (a dry run needs only the config)")
+                raise StageError(
+                    f"build.lora.adapter_dirs[{index}]: {source} is missing; LLM() loads the adapter's "
+                    f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} (a dry run needs only the config)"
+                )
             try:
                 os.link(source, target / name)
             except OSError:

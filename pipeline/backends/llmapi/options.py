@@ -64,29 +64,56 @@ ROWS: tuple[Row, ...] = (
     Row("serve.kv_cache_free_gpu_mem_fraction", "kv_cache_config.free_gpu_memory_fraction", "serve", "kv_cache_free_gpu_mem_fraction"),
     Row("serve.enable_kv_cache_reuse", "kv_cache_config.enable_block_reuse", "serve", "enable_kv_cache_reuse"),
     Row("serve.enable_chunked_context", "enable_chunked_prefill", "serve", "enable_chunked_context"),
-    Row("serve.batch_scheduler_policy", "scheduler_config.capacity_scheduler_policy", "serve", "batch_scheduler_policy",
-        lambda v: _POLICIES[_plain(v)]),
-    Row("serve.guided_decoding", "guided_decoding_backend", "serve", "guided_decoding_backend",
-        lambda v: GUIDED_DECODING_BACKENDS[_plain(v)]),
+    Row("serve.batch_scheduler_policy", "scheduler_config.capacity_scheduler_policy", "serve", "batch_scheduler_policy", lambda v: _POLICIES[_plain(v)]),
+    Row("serve.guided_decoding", "guided_decoding_backend", "serve", "guided_decoding_backend", lambda v: GUIDED_DECODING_BACKENDS[_plain(v)]),
     Row("serve.stream_interval", "stream_interval", "serve", "none: the tensorrtllm backend streams every token (refused above 1)"),
-    Row("build.kv_cache_type", None, "build", "--kv_cache_type",
-        why_not="the PyTorch backend always runs a paged KV cache (KvCacheConfig has no cache type)"),
+    Row("build.kv_cache_type", None, "build", "--kv_cache_type", why_not="the PyTorch backend always runs a paged KV cache (KvCacheConfig has no cache type)"),
     Row("build.opt_num_tokens", None, "build", "--opt_num_tokens", why_not="it tunes a TensorRT optimization profile; there is no engine"),
     Row("build.workers", None, "build", "--workers", why_not="it is trtllm-build's parallel build; nothing is built"),
-    Row("build.gather_context_logits", None, "build", "--gather_context_logits",
-        why_not="TorchLlmArgs has no gather_context_logits (prompt log-probs are per request: SamplingParams.prompt_logprobs)"),
+    Row(
+        "build.gather_context_logits",
+        None,
+        "build",
+        "--gather_context_logits",
+        why_not="TorchLlmArgs has no gather_context_logits (prompt log-probs are per request: SamplingParams.prompt_logprobs)",
+    ),
     Row("build.plugins", None, "build", "--*_plugin, --context_fmha, ...", why_not="they are trtllm-build plugin switches; the PyTorch backend has no plugins"),
     Row("serve.model_name", None, "serve", "the ensemble's name", why_not="NVIDIA's llmapi layout has one model, tensorrt_llm, which clients call"),
-    Row("serve.instances.tensorrt_llm", None, "serve", "instance_group count",
-        why_not="one LLM() instance per server is rendered (NVIDIA's multi-instance mode needs gpu_device_ids per instance)"),
-    Row("serve.max_queue_delay_microseconds", None, "serve", "dynamic_batching max_queue_delay_microseconds",
-        why_not="NVIDIA's llmapi model runs without Triton batching (max_batch_size 0): the LLM() scheduler batches"),
-    Row("serve.max_queue_size", None, "serve", "dynamic_batching max_queue_size",
-        why_not="NVIDIA's llmapi model runs without Triton batching (max_batch_size 0): the LLM() scheduler batches"),
-    Row("serve.postprocessing_dynamic_batching", None, "serve", "the postprocessing model's dynamic_batching",
-        why_not="NVIDIA's llmapi layout has no postprocessing model: the LLM() model returns text"),
-    Row("serve.exclude_input_in_output", None, "serve", "exclude_input_in_output",
-        why_not="the llmapi model returns only generated text (a request may ask otherwise: sampling_param_exclude_input_from_output)"),
+    Row(
+        "serve.instances.tensorrt_llm",
+        None,
+        "serve",
+        "instance_group count",
+        why_not="one LLM() instance per server is rendered (NVIDIA's multi-instance mode needs gpu_device_ids per instance)",
+    ),
+    Row(
+        "serve.max_queue_delay_microseconds",
+        None,
+        "serve",
+        "dynamic_batching max_queue_delay_microseconds",
+        why_not="NVIDIA's llmapi model runs without Triton batching (max_batch_size 0): the LLM() scheduler batches",
+    ),
+    Row(
+        "serve.max_queue_size",
+        None,
+        "serve",
+        "dynamic_batching max_queue_size",
+        why_not="NVIDIA's llmapi model runs without Triton batching (max_batch_size 0): the LLM() scheduler batches",
+    ),
+    Row(
+        "serve.postprocessing_dynamic_batching",
+        None,
+        "serve",
+        "the postprocessing model's dynamic_batching",
+        why_not="NVIDIA's llmapi layout has no postprocessing model: the LLM() model returns text",
+    ),
+    Row(
+        "serve.exclude_input_in_output",
+        None,
+        "serve",
+        "exclude_input_in_output",
+        why_not="the llmapi model returns only generated text (a request may ask otherwise: sampling_param_exclude_input_from_output)",
+    ),
 )
 TRITON_ONLY = {"serve.decoupled": "triton_config.decoupled (model.yaml only: trtllm-serve streams over SSE)"}
 
@@ -153,7 +180,7 @@ def _flat_rows(root: Any, stage: str, *, prefix: str = "") -> dict[str, tuple[st
     for row in ROWS:
         if row.stage != stage or row.option is None or not row.spec_field.startswith(prefix):
             continue
-        value = row.value(_get(root, row.spec_field[len(prefix):]))
+        value = row.value(_get(root, row.spec_field[len(prefix) :]))
         if value is not None:  # None: the option is left out (NVIDIA's default applies)
             options[row.option] = (row.spec_field, value)
     return options
@@ -223,10 +250,15 @@ def option_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
     draft = speculative.draft if speculative is not None else None
     for name in DRAFT_LIMITS if draft is not None else ():
         if getattr(draft, name) is not None:
-            issues.append((("build", "speculative", "draft", name), (
-                f"build.speculative.draft.{name} has no LLM() option on {TARGET}: DraftTargetDecodingConfig loads the draft "
-                "from speculative_model_dir and runs it inside the target's LLM(), with the target's limits; leave it unset"
-            )))
+            issues.append(
+                (
+                    ("build", "speculative", "draft", name),
+                    (
+                        f"build.speculative.draft.{name} has no LLM() option on {TARGET}: DraftTargetDecodingConfig loads the draft "
+                        "from speculative_model_dir and runs it inside the target's LLM(), with the target's limits; leave it unset"
+                    ),
+                )
+            )
     if issues:
         return issues
     fields = {**_flat_rows(spec, "build"), **_flat_rows(spec, "serve"), **lora_option_fields(spec)}

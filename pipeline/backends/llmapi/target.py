@@ -168,9 +168,15 @@ class LlmapiBackend:
         what = "dry run: no checkpoint linked" if dry_run else f"{linked} checkpoint files linked from {checkpoint}"
         what += f", {adapter_files} LoRA adapter files" if adapter_files else ""
         job.log(f"TensorRT-LLM {version.version} PyTorch backend: wrote the LLM() options ({what}); nothing is compiled")
-        return dict(trtllm_version=version.version, image=version.triton_image, serve_image=version.serve_image,
-                    runner=spec.build.runner.value, dry_run=dry_run, checkpoint_files=linked,
-                    adapter_files=adapter_files)
+        return dict(
+            trtllm_version=version.version,
+            image=version.triton_image,
+            serve_image=version.serve_image,
+            runner=spec.build.runner.value,
+            dry_run=dry_run,
+            checkpoint_files=linked,
+            adapter_files=adapter_files,
+        )
 
     def llm_parameters(
         self, facts: EngineFacts, serve: ServeSpec, *, engine_dir: str, gpu_device_ids: Sequence[int], speculative: SpeculativeSpec | None

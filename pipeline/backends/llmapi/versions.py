@@ -76,8 +76,9 @@ _OPTIONS_1_2: dict[str, OptionType] = {
     "lora_config.lora_dir": OptionType("list[path]"),
     "lora_config.lora_ckpt_source": OptionType("str", choices=("hf", "nemo")),
     "lora_config.max_lora_rank": _INT1,
-    "lora_config.lora_target_modules": OptionType("list[str]", choices=(
-        "attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate")),
+    "lora_config.lora_target_modules": OptionType(
+        "list[str]", choices=("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate")
+    ),
     "peft_cache_config.optimal_adapter_size": _INT1,
     "peft_cache_config.max_adapter_size": _INT1,
     "peft_cache_config.device_cache_percent": OptionType("float", minimum=0.0, maximum=1.0),
@@ -111,7 +112,10 @@ class LlmapiVersion:
 SUPPORTED_VERSIONS: Mapping[str, LlmapiVersion] = MappingProxyType(
     {
         "1.2.1": LlmapiVersion(
-            "1.2.1", "26.02", True, True,
+            "1.2.1",
+            "26.02",
+            True,
+            True,
             "llm_args.py of the 1.2 era (tag v1.2.1 not read) [inf]; Triton tag as the engine profile [inf]; "
             "trtllm-serve image by NVIDIA's release:<version> pattern [inf]",
             MappingProxyType(dict(_OPTIONS_1_2)),
@@ -135,7 +139,7 @@ def get_llmapi_version(version: str) -> LlmapiVersion:
 def check_value(option: str, value: object, kind: OptionType) -> str | None:
     """Why `value` does not fit NVIDIA's field `option` (None when it does)."""
     if kind.kind.startswith("list["):
-        item_kind = kind.kind[len("list["):-1]
+        item_kind = kind.kind[len("list[") : -1]
         if not isinstance(value, list) or not value:
             return f"{option}: expects a non-empty list of {item_kind} values, got {value!r}"
         item = OptionType(item_kind, choices=kind.choices, minimum=kind.minimum)

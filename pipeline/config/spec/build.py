@@ -14,11 +14,10 @@ from pipeline.quant_formats import FP8_MIN_SM, WEIGHT_FORMATS
 
 # Format facts the field descriptions below state, read from the format registry.
 _FP8_CONTEXT_FMHA_QUANT = "/".join(str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fp8_context_fmha)
-_FUSED_MLP_WEIGHTS = " or ".join(
-    [str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fused_mlp and f.quantized] + ["unquantized"]
-)
+_FUSED_MLP_WEIGHTS = " or ".join([str(f.trtllm_quant_algo) for f in WEIGHT_FORMATS.values() if f.fused_mlp and f.quantized] + ["unquantized"])
 # The targets build.runner applies to, read from the target traits.
 _RUNNER_TARGETS = " and ".join(t.value for t in Target if traits_of(t).builds_through_runner)
+
 
 class PluginSpec(StrictModel):
     """trtllm-build plugin and fusion switches, with TensorRT-LLM 1.2 defaults."""
@@ -62,8 +61,10 @@ class LoraSpec(StrictModel):
         "Default: the modules of the first adapter's adapter_config.json. Every adapter's modules must be listed.",
     )
     max_rank: int = Field(
-        default=64, ge=1, le=1024, description="--max_lora_rank (llmapi: lora_config.max_lora_rank): the largest adapter rank the engine accepts "
-        "(sizes the LoRA plugin workspace)."
+        default=64,
+        ge=1,
+        le=1024,
+        description="--max_lora_rank (llmapi: lora_config.max_lora_rank): the largest adapter rank the engine accepts (sizes the LoRA plugin workspace).",
     )
 
     @field_validator("target_modules")
@@ -112,8 +113,7 @@ class BuildSpec(StrictModel):
         default=1,
         ge=1,
         le=64,
-        description="trtllm-build --workers: ranks built in parallel (at most the world size). The llmapi target refuses a "
-        "change.",
+        description="trtllm-build --workers: ranks built in parallel (at most the world size). The llmapi target refuses a change.",
     )
     max_batch_size: int = Field(default=2048, ge=1, le=65_536, description="Maximum requests scheduled per iteration.")
     max_input_len: int = Field(default=1024, ge=1, description="Maximum prompt length of one request, in tokens.")
@@ -158,8 +158,7 @@ class BuildSpec(StrictModel):
     )
     lora: LoraSpec | None = Field(
         default=None,
-        description="LoRA adapters: the LoRA plugin in the model's dtype (engine, cpu), LLM()'s lora_config (llmapi). "
-        "Absent: no LoRA.",
+        description="LoRA adapters: the LoRA plugin in the model's dtype (engine, cpu), LLM()'s lora_config (llmapi). Absent: no LoRA.",
     )
     speculative: SpeculativeSpec | None = Field(
         default=None,
@@ -179,9 +178,7 @@ class BuildSpec(StrictModel):
                 f"({self.max_seq_len}): every request needs room for at least one output token"
             )
         if self.max_num_tokens < tpb:
-            raise ValueError(
-                f"build.max_num_tokens ({self.max_num_tokens}) must be at least build.tokens_per_block ({tpb})"
-            )
+            raise ValueError(f"build.max_num_tokens ({self.max_num_tokens}) must be at least build.tokens_per_block ({tpb})")
         if self.speculative is not None and self.max_beam_width > 1:
             raise ValueError(
                 f"build.max_beam_width ({self.max_beam_width}) must be 1 with build.speculative (mode "
@@ -191,12 +188,8 @@ class BuildSpec(StrictModel):
             )
         if self.speculative is not None and self.gather_context_logits:
             raise ValueError(
-                "build.gather_context_logits: true cannot be combined with build.speculative: trtllm-build refuses "
-                "gather_context_logits with max_draft_len > 0"
+                "build.gather_context_logits: true cannot be combined with build.speculative: trtllm-build refuses gather_context_logits with max_draft_len > 0"
             )
         if self.opt_num_tokens is not None and self.plugins.multiple_profiles:
-            raise ValueError(
-                "build.opt_num_tokens cannot be set together with build.plugins.multiple_profiles "
-                "(trtllm-build rejects the combination)"
-            )
+            raise ValueError("build.opt_num_tokens cannot be set together with build.plugins.multiple_profiles (trtllm-build rejects the combination)")
         return self

@@ -19,8 +19,9 @@ _IMAGE = re.compile(
 
 class DeploySpec(StrictModel):
     kind: DeployKind = Field(
-        default=DeployKind.compose, description="How the deployment is rendered and started: compose (docker compose: Triton, Prometheus, Grafana), "
-        "kubernetes (manifests with a kustomize base and overlays)."
+        default=DeployKind.compose,
+        description="How the deployment is rendered and started: compose (docker compose: Triton, Prometheus, Grafana), "
+        "kubernetes (manifests with a kustomize base and overlays).",
     )
     image: str | None = Field(
         default=None,
@@ -69,10 +70,7 @@ class DeploySpec(StrictModel):
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> DeploySpec:
-        ports = {
-            f"deploy.{name}": getattr(self, name)
-            for name in ("http_port", "grpc_port", "metrics_port", "openai_port", "prometheus_port", "grafana_port")
-        }
+        ports = {f"deploy.{name}": getattr(self, name) for name in ("http_port", "grpc_port", "metrics_port", "openai_port", "prometheus_port", "grafana_port")}
         seen: dict[int, str] = {}
         for name, port in ports.items():
             if port in seen:

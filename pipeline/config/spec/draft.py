@@ -49,8 +49,7 @@ def draft_spec(spec: Spec) -> Spec | None:
             "enable_chunked_context": serve.enable_chunked_context,
             "instances": {"tensorrt_llm": serve.instances.tensorrt_llm},
         },
-        "deploy": {"gpu": spec.deploy.gpu.value if spec.deploy.gpu is not None else None, "gpus": list(spec.deploy.gpus),
-                   "shm_size": spec.deploy.shm_size},
+        "deploy": {"gpu": spec.deploy.gpu.value if spec.deploy.gpu is not None else None, "gpus": list(spec.deploy.gpus), "shm_size": spec.deploy.shm_size},
     }
     try:
         return Spec.model_validate(data)

@@ -86,12 +86,18 @@ class PerformanceGateSpec(StrictModel):
 
     @model_validator(mode="after")
     def _some_threshold(self) -> PerformanceGateSpec:
-        thresholds = (self.max_ttft_ms, self.max_itl_ms, self.max_e2e_ms, self.min_output_tokens_per_s, self.min_requests_per_s,
-                      self.goodput, self.max_regression_pct)
+        thresholds = (
+            self.max_ttft_ms,
+            self.max_itl_ms,
+            self.max_e2e_ms,
+            self.min_output_tokens_per_s,
+            self.min_requests_per_s,
+            self.goodput,
+            self.max_regression_pct,
+        )
         if all(value is None for value in thresholds):
             raise ValueError(
-                "set at least one threshold: max_ttft_ms, max_itl_ms, max_e2e_ms, min_output_tokens_per_s, "
-                "min_requests_per_s, goodput or max_regression_pct"
+                "set at least one threshold: max_ttft_ms, max_itl_ms, max_e2e_ms, min_output_tokens_per_s, min_requests_per_s, goodput or max_regression_pct"
             )
         return self
 
@@ -102,6 +108,5 @@ class GateSpec(StrictModel):
     )
     performance: PerformanceGateSpec | None = Field(
         default=None,
-        description="Performance (SLO) gate: load-test the packaged model and stop before deploy when latency or throughput "
-        "misses these thresholds.",
+        description="Performance (SLO) gate: load-test the packaged model and stop before deploy when latency or throughput misses these thresholds.",
     )

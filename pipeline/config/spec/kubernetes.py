@@ -32,17 +32,13 @@ _DURATION = re.compile(r"^[0-9]+[smh]$")
 
 def _dns_subdomain(value: str | None, what: str) -> str | None:
     if value is not None and not DNS1123_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a DNS-1123 subdomain ({what}): lowercase letters, digits, '-' and '.', starting and ending alphanumeric"
-        )
+        raise ValueError(f"{value!r} is not a DNS-1123 subdomain ({what}): lowercase letters, digits, '-' and '.', starting and ending alphanumeric")
     return value
 
 
 class AlertBounds(StrictModel):
     queue_time_ms: float = Field(default=500.0, gt=0, description="Alert when the mean queue time of a model's requests exceeds this (ms).")
-    kv_cache_utilization: float = Field(
-        default=0.9, gt=0, le=1, description="Alert when the LLM's used KV-cache blocks exceed this fraction of its blocks."
-    )
+    kv_cache_utilization: float = Field(default=0.9, gt=0, le=1, description="Alert when the LLM's used KV-cache blocks exceed this fraction of its blocks.")
     failure_ratio: float = Field(default=0.05, gt=0, le=1, description="Alert when this fraction of a model's requests fail.")
     pending_for: str = Field(default="5m", pattern=_DURATION.pattern, description="How long a bound must be exceeded before its alert fires (e.g. 5m).")
 
@@ -70,9 +66,7 @@ class ModelStorageSpec(StrictModel):
     create: bool = Field(default=True, description="Render the PersistentVolumeClaim (false: it exists already).")
     storage_class: str | None = Field(default=None, description="StorageClass of the rendered claim (default: the cluster's default).")
     size: str = Field(default="200Gi", pattern=_QUANTITY.pattern, description="Requested size of the rendered claim (a Kubernetes quantity).")
-    verify: bool = Field(
-        default=True, description="An init container checks the engine and tokenizer on the claim against their artifact manifests first."
-    )
+    verify: bool = Field(default=True, description="An init container checks the engine and tokenizer on the claim against their artifact manifests first.")
 
     @field_validator("claim_name")
     @classmethod
@@ -142,13 +136,10 @@ def check_placement(spec: Spec) -> None:
         )
     if ranks % per_node:
         raise ValueError(
-            f"build.tp_size × build.pp_size ({ranks}) does not divide into nodes of deploy.gpus_per_node ({per_node}) GPUs: "
-            "a multi-node group fills every node"
+            f"build.tp_size × build.pp_size ({ranks}) does not divide into nodes of deploy.gpus_per_node ({per_node}) GPUs: a multi-node group fills every node"
         )
     if instances > 1:
-        raise ValueError(
-            f"serve.instances.tensorrt_llm ({instances}) > 1 with a model spanning {ranks // per_node} nodes: one instance per group"
-        )
+        raise ValueError(f"serve.instances.tensorrt_llm ({instances}) > 1 with a model spanning {ranks // per_node} nodes: one instance per group")
 
 
 def _check_llmapi_form(spec: Spec) -> None:

@@ -24,10 +24,7 @@ def check_cross_section(spec: Spec) -> None:
     paged_ctx = build.plugins.use_paged_context_fmha and build.plugins.context_fmha
     for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
         if getattr(serve, field) and not paged_ctx:
-            raise ValueError(
-                f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true "
-                "(and build.plugins.context_fmha: true) in the engine"
-            )
+            raise ValueError(f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true (and build.plugins.context_fmha: true) in the engine")
     check_format_rules(spec.quantize, build, serve)
     why_every_token = traits_of(build.target).no_stream_interval_because
     if serve.stream_interval > 1 and why_every_token is not None:
@@ -38,12 +35,8 @@ def check_cross_section(spec: Spec) -> None:
     draft_spec(spec)
     performance = spec.gate.performance
     if performance is not None and performance.input_tokens > build.max_input_len:
-        raise ValueError(
-            f"gate.performance.input_tokens ({performance.input_tokens}) exceeds build.max_input_len ({build.max_input_len})"
-        )
-    if performance is not None and build.max_seq_len is not None and (
-        performance.input_tokens + performance.output_tokens > build.max_seq_len
-    ):
+        raise ValueError(f"gate.performance.input_tokens ({performance.input_tokens}) exceeds build.max_input_len ({build.max_input_len})")
+    if performance is not None and build.max_seq_len is not None and (performance.input_tokens + performance.output_tokens > build.max_seq_len):
         raise ValueError(
             f"gate.performance.input_tokens + output_tokens ({performance.input_tokens} + {performance.output_tokens}) "
             f"exceeds build.max_seq_len ({build.max_seq_len})"
@@ -62,14 +55,16 @@ def _check_lora_and_speculative(build: BuildSpec, serve: ServeSpec) -> None:
     """LoRA and speculative decoding: only on a target that builds them; serve.lora only with build.lora, and large enough for it."""
     target = build.target
     traits = traits_of(target)
-    why_not = {"lora": traits.no_lora_because,
-               "speculative": None if traits.builds_speculative else "it does not build speculative decoding"}
-    builders = {"lora": [t.value for t in Target if traits_of(t).no_lora_because is None],
-                "speculative": [t.value for t in Target if traits_of(t).builds_speculative]}
+    why_not = {"lora": traits.no_lora_because, "speculative": None if traits.builds_speculative else "it does not build speculative decoding"}
+    builders = {
+        "lora": [t.value for t in Target if traits_of(t).no_lora_because is None],
+        "speculative": [t.value for t in Target if traits_of(t).builds_speculative],
+    }
     for section, why in why_not.items():
         if getattr(build, section) is not None and why is not None:
-            raise ValueError(f"build.{section} is set, but build.target is {target.value}: {why}; use target "
-                             f"{' or '.join(builders[section])} or remove build.{section}")
+            raise ValueError(
+                f"build.{section} is set, but build.target is {target.value}: {why}; use target {' or '.join(builders[section])} or remove build.{section}"
+            )
     if build.speculative is not None:
         check_speculative(build, serve)
     lora, serve_lora = build.lora, serve.lora

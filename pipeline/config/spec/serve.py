@@ -83,8 +83,7 @@ class ServeSpec(StrictModel):
     )
     enable_chunked_context: bool = Field(
         default=True,
-        description="Split long prompts into chunks processed over several iterations. Needs build.plugins.context_fmha "
-        "and use_paged_context_fmha.",
+        description="Split long prompts into chunks processed over several iterations. Needs build.plugins.context_fmha and use_paged_context_fmha.",
     )
     batch_scheduler_policy: SchedulerPolicy = Field(
         default=SchedulerPolicy.guaranteed_no_evict,

@@ -24,15 +24,18 @@ _UNSUPPORTED_SPECULATIVE_MODES = {
 }
 _NEEDS_MAX_DRAFT_LEN = (SpeculativeMode.draft_tokens_external, SpeculativeMode.prompt_lookup)
 # the section each mode reads (and only it may set)
-_MODE_SECTIONS = (("lookahead", SpeculativeMode.lookahead_decoding), ("prompt_lookup", SpeculativeMode.prompt_lookup),
-                  ("draft", SpeculativeMode.draft_tokens_external), ("medusa", SpeculativeMode.medusa),
-                  ("eagle", SpeculativeMode.eagle), ("mtp", SpeculativeMode.mtp))
+_MODE_SECTIONS = (
+    ("lookahead", SpeculativeMode.lookahead_decoding),
+    ("prompt_lookup", SpeculativeMode.prompt_lookup),
+    ("draft", SpeculativeMode.draft_tokens_external),
+    ("medusa", SpeculativeMode.medusa),
+    ("eagle", SpeculativeMode.eagle),
+    ("mtp", SpeculativeMode.mtp),
+)
 _REQUIRED_SECTIONS = {
-    SpeculativeMode.draft_tokens_external: "the draft model (source, and optionally dtype, quantize and build limits) whose "
-    "tokens the model verifies",
+    SpeculativeMode.draft_tokens_external: "the draft model (source, and optionally dtype, quantize and build limits) whose tokens the model verifies",
     SpeculativeMode.medusa: "the Medusa heads directory (heads) and optionally the tree of candidates (choices)",
-    SpeculativeMode.eagle: "the EAGLE draft checkpoint directory (heads): EAGLE-3 on target llmapi, EAGLE-1/2 on target "
-    "engine",
+    SpeculativeMode.eagle: "the EAGLE draft checkpoint directory (heads): EAGLE-3 on target llmapi, EAGLE-1/2 on target engine",
 }
 
 
@@ -49,9 +52,7 @@ class LookaheadSpec(StrictModel):
 
     window_size: int = Field(default=4, ge=1, le=64, description="W: n-grams in the lookahead branch per step (Triton lookahead_window_size).")
     ngram_size: int = Field(default=3, ge=1, le=64, description="N: tokens per n-gram, the most draft tokens accepted per step (Triton lookahead_ngram_size).")
-    verification_set_size: int = Field(
-        default=4, ge=0, le=64, description="G: n-grams verified per step (Triton lookahead_verification_set_size)."
-    )
+    verification_set_size: int = Field(default=4, ge=0, le=64, description="G: n-grams verified per step (Triton lookahead_verification_set_size).")
 
     @model_validator(mode="after")
     def _legal(self) -> LookaheadSpec:
@@ -185,19 +186,25 @@ class SpeculativeSpec(StrictModel):
     def _check_medusa_len(self) -> None:
         nodes = len(self.medusa.tree) if self.medusa is not None else 0
         if nodes > MAX_DRAFT_LEN_CAP:
-            raise ValueError(f"build.speculative.medusa.choices has {nodes} nodes, more than {MAX_DRAFT_LEN_CAP} (the "
-                             "largest draft TensorRT-LLM's speculative decoding supports); the default tree of its Medusa "
-                             "example has 63")
+            raise ValueError(
+                f"build.speculative.medusa.choices has {nodes} nodes, more than {MAX_DRAFT_LEN_CAP} (the "
+                "largest draft TensorRT-LLM's speculative decoding supports); the default tree of its Medusa "
+                "example has 63"
+            )
         if self.max_draft_len is not None and self.max_draft_len < nodes:
-            raise ValueError(f"build.speculative.max_draft_len ({self.max_draft_len}) is below the {nodes} nodes of "
-                             "build.speculative.medusa.choices: a Medusa engine verifies every node of the tree in one step")
+            raise ValueError(
+                f"build.speculative.max_draft_len ({self.max_draft_len}) is below the {nodes} nodes of "
+                "build.speculative.medusa.choices: a Medusa engine verifies every node of the tree in one step"
+            )
 
     def _check_mtp_len(self) -> None:
         layers = (self.mtp or MtpSpec()).num_nextn_predict_layers
         if self.max_draft_len is not None and self.max_draft_len != layers:
-            raise ValueError(f"build.speculative.max_draft_len ({self.max_draft_len}) must equal "
-                             f"build.speculative.mtp.num_nextn_predict_layers ({layers}): each MTP layer drafts one token "
-                             "(MTPDecodingConfig sets max_draft_len to it)")
+            raise ValueError(
+                f"build.speculative.max_draft_len ({self.max_draft_len}) must equal "
+                f"build.speculative.mtp.num_nextn_predict_layers ({layers}): each MTP layer drafts one token "
+                "(MTPDecodingConfig sets max_draft_len to it)"
+            )
 
     def _check_lookahead_len(self) -> None:
         la = self.lookahead

@@ -78,8 +78,10 @@ class MedusaSpec(StrictModel):
         if self.vocab_size is not None:
             heads_vocab = heads_vocab_size(self.heads)
             if heads_vocab is not None and self.vocab_size > heads_vocab:
-                raise ValueError(f"build.speculative.medusa.vocab_size ({self.vocab_size}) exceeds the heads' vocab_size "
-                                 f"({heads_vocab}, {self.heads / MEDUSA_CONFIG_FILE}): it keeps the first M token ids")
+                raise ValueError(
+                    f"build.speculative.medusa.vocab_size ({self.vocab_size}) exceeds the heads' vocab_size "
+                    f"({heads_vocab}, {self.heads / MEDUSA_CONFIG_FILE}): it keeps the first M token ids"
+                )
         if self.choices is None:
             object.__setattr__(self, "choices", recommended_choices(self.heads))
             return self

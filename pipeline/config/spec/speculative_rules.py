@@ -31,15 +31,13 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
     why_not = traits_of(build.target).no_draft_vocab_size_because
     if speculative.draft_vocab_size is not None and why_not is not None:
         builders = " or ".join(t.value for t in Target if traits_of(t).no_draft_vocab_size_because is None)
-        raise ValueError(f"build.speculative.draft_vocab_size is refused on build.target {build.target.value}: {why_not}; "
-                         f"target {builders} builds it")
+        raise ValueError(f"build.speculative.draft_vocab_size is refused on build.target {build.target.value}: {why_not}; target {builders} builds it")
     if speculative.mode is SpeculativeMode.eagle:
         _check_eagle(build)
     why_not = traits_of(build.target).no_medusa_vocab_size_because
     if speculative.medusa is not None and speculative.medusa.vocab_size is not None and why_not is not None:
         builders = " or ".join(t.value for t in Target if traits_of(t).no_medusa_vocab_size_because is None)
-        raise ValueError(f"build.speculative.medusa.vocab_size is refused on build.target {build.target.value}: {why_not}; "
-                         f"target {builders} builds it")
+        raise ValueError(f"build.speculative.medusa.vocab_size is refused on build.target {build.target.value}: {why_not}; target {builders} builds it")
     if speculative.mode is not SpeculativeMode.draft_tokens_external:
         return  # LoRA with lookahead: a warning of the engine build (trtllm_rules)
     if build.lora is not None:
@@ -72,21 +70,31 @@ def _check_eagle(build: BuildSpec) -> None:
         return
     if generation == "EAGLE-3":
         if eagle.choices is not None:
-            raise ValueError(f"build.speculative.eagle.choices is refused on build.target {target}: its EAGLE-3 drafts a "
-                             "chain of max_draft_len tokens (Eagle3DecodingConfig); eagle_choices trees are EAGLE-1/2's, "
-                             "on target engine")
+            raise ValueError(
+                f"build.speculative.eagle.choices is refused on build.target {target}: its EAGLE-3 drafts a "
+                "chain of max_draft_len tokens (Eagle3DecodingConfig); eagle_choices trees are EAGLE-1/2's, "
+                "on target engine"
+            )
         if speculative.max_draft_len is None:
-            raise ValueError(f"build.speculative.max_draft_len is required for mode eagle on build.target {target}: the "
-                             "tokens the EAGLE-3 layer drafts per step (e.g. 3)")
+            raise ValueError(
+                f"build.speculative.max_draft_len is required for mode eagle on build.target {target}: the tokens the EAGLE-3 layer drafts per step (e.g. 3)"
+            )
         return
     if "one_model" in eagle.model_fields_set:
-        raise ValueError(f"build.speculative.eagle.one_model applies to EAGLE-3 (target llmapi), not to build.target "
-                         f"{target}'s {generation}, whose draft layers are built into the engine")
+        raise ValueError(
+            f"build.speculative.eagle.one_model applies to EAGLE-3 (target llmapi), not to build.target "
+            f"{target}'s {generation}, whose draft layers are built into the engine"
+        )
     nodes = len(eagle.tree)
     if nodes > MAX_DRAFT_LEN_CAP:
-        raise ValueError(f"build.speculative.eagle.choices has {nodes} nodes, more than {MAX_DRAFT_LEN_CAP} (TensorRT-LLM's "
-                         "EAGLE builder asserts max_draft_len <= 256); NVIDIA's default tree mc_sim_7b_63 has 63")
+        raise ValueError(
+            f"build.speculative.eagle.choices has {nodes} nodes, more than {MAX_DRAFT_LEN_CAP} (TensorRT-LLM's "
+            "EAGLE builder asserts max_draft_len <= 256); NVIDIA's default tree mc_sim_7b_63 has 63"
+        )
     if speculative.max_draft_len is not None and speculative.max_draft_len < nodes:
-        raise ValueError(f"build.speculative.max_draft_len ({speculative.max_draft_len}) is below the {nodes} nodes of "
-                         "build.speculative.eagle.choices" + ("" if eagle.choices is not None else " (NVIDIA's default "
-                         "tree mc_sim_7b_63)") + ": an EAGLE engine verifies every node of the tree in one step")
+        raise ValueError(
+            f"build.speculative.max_draft_len ({speculative.max_draft_len}) is below the {nodes} nodes of "
+            "build.speculative.eagle.choices"
+            + ("" if eagle.choices is not None else " (NVIDIA's default tree mc_sim_7b_63)")
+            + ": an EAGLE engine verifies every node of the tree in one step"
+        )

@@ -1,11 +1,11 @@
 """deploy.kind compose: the docker compose deployment, Triton (profile cpu or gpu), Prometheus and Grafana.
 
-    ComposeDeployer()                                                the kind's Deployer (pipeline.deploy.base)
-    render_compose(spec, model_repository=…, engine_dir=…, target=…)   the compose document (a dict)
-    write_deployment(spec, out_dir, engine_dir=…, tokenizer_dir=…)     the whole deployment directory
-    render_root_compose(spec)                                        the checkout's docker-compose.yml
-    export_deployment(artifact_deploy_dir, Path("deploy"))           copy a deployment out of the store
-    compose_up(deploy_dir, profile)                                  docker compose up -d
+ComposeDeployer()                                                the kind's Deployer (pipeline.deploy.base)
+render_compose(spec, model_repository=…, engine_dir=…, target=…)   the compose document (a dict)
+write_deployment(spec, out_dir, engine_dir=…, tokenizer_dir=…)     the whole deployment directory
+render_root_compose(spec)                                        the checkout's docker-compose.yml
+export_deployment(artifact_deploy_dir, Path("deploy"))           copy a deployment out of the store
+compose_up(deploy_dir, profile)                                  docker compose up -d
 """
 
 from pipeline.deploy.compose.checks import check_compose, lint_compose

@@ -79,7 +79,12 @@ def render_compose(
     llm_api = backend_for(Target(target)).llm_api
     if facts.openai_server_profile is not None and llm_api is not None and engine_dir is not None:
         services[layout.TRTLLM_SERVE_SERVICE] = trtllm_serve_service(
-            spec, triton, llm_api, profile=facts.openai_server_profile, engine_dir=engine_dir, deploy_dir=deploy_dir,
+            spec,
+            triton,
+            llm_api,
+            profile=facts.openai_server_profile,
+            engine_dir=engine_dir,
+            deploy_dir=deploy_dir,
             options_file=llm_api.openai_options_file,
         )
     if llm_api is None:  # the llmapi model speaks another contract: trtllm-serve is its OpenAI endpoint
@@ -132,10 +137,14 @@ def deployment_header(spec: Spec, target: str, *, start: str | None = None) -> s
     if start is None:
         start = f"Start from this directory: docker compose --profile {profile} up -d   (.env holds the secrets and the profile)"
     what = f"Base of the cpu image (built from {layout.DOCKERFILE})" if layout.container_facts(target).image_has_project else "Triton image"
-    front_end = [] if backend_for(Target(target)).llm_api is not None else [  # the llmapi target's front end is trtllm-serve
-        f"The OpenAI front end (service {layout.OPENAI_SERVICE}, :{spec.deploy.openai_port}), the entry to expose, needs "
-        f"'Authorization: Bearer KEY' with a key of ${layout.OPENAI_API_KEYS_VARIABLE} (.env) on /v1/*.",
-    ]
+    front_end = (
+        []
+        if backend_for(Target(target)).llm_api is not None
+        else [  # the llmapi target's front end is trtllm-serve
+            f"The OpenAI front end (service {layout.OPENAI_SERVICE}, :{spec.deploy.openai_port}), the entry to expose, needs "
+            f"'Authorization: Bearer KEY' with a key of ${layout.OPENAI_API_KEYS_VARIABLE} (.env) on /v1/*.",
+        ]
+    )
     return "\n".join(
         [
             f"Rendered by trtllm-pipeline (deploy stage) for build {spec.name!r}, target {target}, profile {profile}. Do not edit:",

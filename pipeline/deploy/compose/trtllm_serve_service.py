@@ -18,8 +18,22 @@ from pipeline.config.spec import Spec
 from pipeline.deploy import layout
 from pipeline.deploy.compose.parts import bind_mount, published
 
-_FROM_TRITON = ("user", "init", "environment", "shm_size", "ulimits", "pids_limit", "read_only", "tmpfs", "cap_drop",
-                "security_opt", "restart", "logging", "stop_grace_period", "deploy")
+_FROM_TRITON = (
+    "user",
+    "init",
+    "environment",
+    "shm_size",
+    "ulimits",
+    "pids_limit",
+    "read_only",
+    "tmpfs",
+    "cap_drop",
+    "security_opt",
+    "restart",
+    "logging",
+    "stop_grace_period",
+    "deploy",
+)
 
 
 def trtllm_serve_service(

@@ -54,7 +54,11 @@ def write_deployment(
     check_compose(document, env=env)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = files.write_container_repository(
-        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=package_repository,
+        spec,
+        out_dir,
+        engine_dir=engine_dir,
+        tokenizer_dir=tokenizer_dir,
+        package_repository=package_repository,
         draft_engine_dir=draft_engine_dir,
     )
     files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=link_base or out_dir, draft_engine_dir=draft_engine_dir)

@@ -63,9 +63,7 @@ def kustomizations(spec: Spec, rendered: Manifests) -> dict[str, dict[str, Any]]
     secret = {"name": names.object_name(spec, "secrets"), "envs": [names.SECRET_ENV]}
     found = {
         # No name suffix: kustomize would not rewrite the reference inside a LeaderWorkerSet (a CRD it does not know).
-        names.BASE_DIR: kustomization(
-            names.BASE_DIR, None, namespace=namespace, secretGenerator=[secret], generatorOptions={"disableNameSuffixHash": True}
-        ),
+        names.BASE_DIR: kustomization(names.BASE_DIR, None, namespace=namespace, secretGenerator=[secret], generatorOptions={"disableNameSuffixHash": True}),
     }
     if llmapi_forms.runs_trtllm_serve(spec):
         return found

@@ -153,7 +153,8 @@ def openai_deployment(spec: Spec) -> dict[str, Any]:
     timing = {"periodSeconds": pods.PROBE_PERIOD_SECONDS, "timeoutSeconds": 5}
     listening = {"tcpSocket": {"port": "http"}, **timing}
     command = openai_command(
-        spec, triton_url=f"{names.object_name(spec, names.TRITON)}:{spec.deploy.grpc_port}",
+        spec,
+        triton_url=f"{names.object_name(spec, names.TRITON)}:{spec.deploy.grpc_port}",
         api_key_file=f"{layout.API_KEYS_MOUNT}/{layout.API_KEYS_FILE}",
     )
     container = {
@@ -168,9 +169,7 @@ def openai_deployment(spec: Spec) -> dict[str, Any]:
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, **timing, "failureThreshold": 3},
         "livenessProbe": {**listening, "failureThreshold": 3},
         "securityContext": pods.container_security(),
-        "volumeMounts": [
-            *(mount for mount in pods.model_mounts(shm=False) if mount["mountPath"] != layout.ENGINE_MOUNT), pods.api_keys_mount()
-        ],
+        "volumeMounts": [*(mount for mount in pods.model_mounts(shm=False) if mount["mountPath"] != layout.ENGINE_MOUNT), pods.api_keys_mount()],
     }
     pod = pods.pod_spec(spec, [container], image=image, grace_seconds=30, shm=False)
     pod["volumes"].append(pods.api_keys_volume(spec))

@@ -54,17 +54,17 @@ def write_deployment(spec: Spec, out_dir: Path, inputs: DeploymentInputs) -> Kub
     secrets = files.secret_values(inputs.secrets)
     out_dir.mkdir(parents=True, exist_ok=True)
     engine_dir, tokenizer_dir = inputs.engine_dir, inputs.tokenizer_dir
-    written = files.write_container_repository(
-        spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=inputs.package_repository
-    )
+    written = files.write_container_repository(spec, out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, package_repository=inputs.package_repository)
     files.link_upstream(out_dir, engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, base=inputs.final_dir or out_dir)
     written += [files.write_file(out_dir / path, text) for path, text in texts.items()]
-    secret_text = "".join([
-        f"# The Triton admin APIs' '{layout.ADMIN_KEY_HEADER}' header, and the OpenAI front end's API keys (KEY or NAME:KEY,\n",
-        "# comma-separated; the front end reads them from the Secret, mounted as a file). Keep this file private.\n",
-        f"{layout.ADMIN_KEY_VARIABLE}={secrets[layout.ADMIN_KEY_VARIABLE]}\n",
-        f"{layout.OPENAI_API_KEYS_VARIABLE}={secrets[layout.OPENAI_API_KEYS_VARIABLE]}\n",
-    ])
+    secret_text = "".join(
+        [
+            f"# The Triton admin APIs' '{layout.ADMIN_KEY_HEADER}' header, and the OpenAI front end's API keys (KEY or NAME:KEY,\n",
+            "# comma-separated; the front end reads them from the Secret, mounted as a file). Keep this file private.\n",
+            f"{layout.ADMIN_KEY_VARIABLE}={secrets[layout.ADMIN_KEY_VARIABLE]}\n",
+            f"{layout.OPENAI_API_KEYS_VARIABLE}={secrets[layout.OPENAI_API_KEYS_VARIABLE]}\n",
+        ]
+    )
     written.append(files.write_file(out_dir / names.BASE_DIR / names.SECRET_ENV, secret_text, mode=0o600))
     written += files.write_monitoring(out_dir, spec, target)
     written += files.write_server_files(out_dir, spec, target, inputs.source_root)

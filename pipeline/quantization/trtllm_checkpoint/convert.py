@@ -184,8 +184,14 @@ def _check_mapping(config: dict[str, Any], tp: int, pp: int) -> None:
 
 # -- one decoder layer -------------------------------------------------------------------------------------------
 def layer_tensors(
-    tensors: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], layer: int, prefix: str,
-    tp: int, rank: int, dtype: torch.dtype,
+    tensors: dict[str, torch.Tensor],
+    layout: Layout,
+    config: dict[str, Any],
+    layer: int,
+    prefix: str,
+    tp: int,
+    rank: int,
+    dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
     hf = f"{layout.layers}.{layer}"
     awq = _group_wise(config["quantization"].get("quant_algo"))
@@ -240,9 +246,7 @@ def _qkv(q: Linear, k: Linear, v: Linear, config: dict[str, Any], prefix: str, t
     return trtllm_tensors(concat_rows(shards, prefix), prefix, dtype)
 
 
-def _norm(
-    tensors: dict[str, torch.Tensor], hf_name: str, trt_name: str, dtype: torch.dtype, plus_one: bool = False
-) -> dict[str, torch.Tensor]:
+def _norm(tensors: dict[str, torch.Tensor], hf_name: str, trt_name: str, dtype: torch.dtype, plus_one: bool = False) -> dict[str, torch.Tensor]:
     if f"{hf_name}.weight" not in tensors:
         raise StageError(f"unified checkpoint: tensor {hf_name}.weight is missing")
     weight = tensors[f"{hf_name}.weight"]
@@ -252,9 +256,7 @@ def _norm(
     return out
 
 
-def _kv_cache_scales(
-    tensors: dict[str, torch.Tensor], hf: str, layout: Layout, config: dict[str, Any], prefix: str
-) -> dict[str, torch.Tensor]:
+def _kv_cache_scales(tensors: dict[str, torch.Tensor], hf: str, layout: Layout, config: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
     kv_algo = config["quantization"].get("kv_cache_quant_algo")
     if kv_algo is None:
         return {}
@@ -274,8 +276,14 @@ def _kv_cache_scales(
 
 # -- embedding, final norm, lm_head ------------------------------------------------------------------------------
 def _top_tensors(
-    tensors: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], pp_rank: int, pp: int,
-    tp: int, rank: int, dtype: torch.dtype,
+    tensors: dict[str, torch.Tensor],
+    layout: Layout,
+    config: dict[str, Any],
+    pp_rank: int,
+    pp: int,
+    tp: int,
+    rank: int,
+    dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     vocab = int(config["vocab_size"])

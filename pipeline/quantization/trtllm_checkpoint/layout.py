@@ -44,10 +44,14 @@ class Layout:
     gate: str | None = "mlp.up_proj"  # TensorRT-LLM's mlp.gate: the linear branch
     proj: str = "mlp.down_proj"
     # TensorRT-LLM layer norm name -> Hugging Face name, inside a decoder layer
-    norms: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({
-        "input_layernorm": "input_layernorm",
-        "post_layernorm": "post_attention_layernorm",
-    }))
+    norms: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType(
+            {
+                "input_layernorm": "input_layernorm",
+                "post_layernorm": "post_attention_layernorm",
+            }
+        )
+    )
     # Fused Hugging Face Linears split before conversion (Phi-3): rows [q; k; v] and [gate; up]
     qkv_fused: str | None = None
     gate_up_fused: str | None = None
@@ -68,7 +72,7 @@ class Layout:
             return None
         prefix = f"{self.layers}."
         if hf_name.startswith(prefix):
-            index, _, rest = hf_name[len(prefix):].partition(".")
+            index, _, rest = hf_name[len(prefix) :].partition(".")
             for trt, hf in self._linear_names().items():
                 if rest == hf:
                     return f"transformer.layers.{index}.{trt}"
@@ -107,8 +111,7 @@ LAYOUTS = (
     Layout(model_types=("starcoder2",), fc="mlp.c_fc", gate=None, proj="mlp.c_proj"),
     Layout(model_types=("nemotron",), fc="mlp.up_proj", gate=None, proj="mlp.down_proj", norm_plus_one=True),
     Layout(model_types=("mixtral",), moe=MoeLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")),
-    Layout(model_types=("qwen2_moe",),
-           moe=MoeLayout(block="mlp", shared_expert="shared_expert", shared_expert_gate="shared_expert_gate")),
+    Layout(model_types=("qwen2_moe",), moe=MoeLayout(block="mlp", shared_expert="shared_expert", shared_expert_gate="shared_expert_gate")),
     Layout(model_types=("qwen3_moe",), norms=MappingProxyType({**_LLAMA_NORMS, **_QK_NORMS}), moe=MoeLayout(block="mlp")),
 )
 # Mixture-of-experts families this converter does not stack yet (no family row builds them on the engine target)

@@ -47,8 +47,10 @@ class Linear:
     @property
     def packed_int4(self) -> bool:
         """INT4 codes two output rows per byte: the weight has half the rows its scale has."""
-        return self.weight.dtype in (torch.uint8, torch.int8) and self.weight_scale is not None and (
-            self.weight_scale.dim() == 2 and self.weight_scale.shape[0] == 2 * self.weight.shape[0]
+        return (
+            self.weight.dtype in (torch.uint8, torch.int8)
+            and self.weight_scale is not None
+            and (self.weight_scale.dim() == 2 and self.weight_scale.shape[0] == 2 * self.weight.shape[0])
         )
 
     @property

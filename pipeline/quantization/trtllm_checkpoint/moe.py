@@ -61,8 +61,14 @@ def check_moe_quantization(config: dict[str, Any], model_type: str) -> None:
 
 
 def moe_layer_tensors(
-    tensors: dict[str, torch.Tensor], moe: MoeLayout, config: dict[str, Any], hf_layer: str, prefix: str,
-    tp: int, rank: int, dtype: torch.dtype,
+    tensors: dict[str, torch.Tensor],
+    moe: MoeLayout,
+    config: dict[str, Any],
+    hf_layer: str,
+    prefix: str,
+    tp: int,
+    rank: int,
+    dtype: torch.dtype,
 ) -> dict[str, torch.Tensor]:
     """The TensorRT-LLM tensors of the MoE block of HF layer `hf_layer` on TP rank `rank`, named under `prefix`."""
     block = f"{hf_layer}.{moe.block}"
@@ -80,8 +86,7 @@ def moe_layer_tensors(
         gate, up = share_scalar_scales([read_linear(tensors, f"{shared}.gate_proj"), read_linear(tensors, f"{shared}.up_proj")])
         fused = concat_rows([column_shard(up, tp, rank), column_shard(gate, tp, rank)], f"{shared}.up_proj+gate_proj")
         out.update(trtllm_tensors(fused, f"{prefix}.mlp.shared_expert.fc", dtype))
-        out.update(trtllm_tensors(row_shard(read_linear(tensors, f"{shared}.down_proj"), tp, rank),
-                                  f"{prefix}.mlp.shared_expert.proj", dtype))
+        out.update(trtllm_tensors(row_shard(read_linear(tensors, f"{shared}.down_proj"), tp, rank), f"{prefix}.mlp.shared_expert.proj", dtype))
     if moe.shared_expert_gate:
         weight = _unquantized(tensors, f"{block}.{moe.shared_expert_gate}")
         out[f"{prefix}.mlp.shared_expert_gate.weight"] = weight.to(dtype).contiguous()

@@ -39,8 +39,9 @@ def pretrained_config(hf: Mapping[str, Any], *, dtype: str, mapping: dict[str, A
     return config
 
 
-def _common(hf: Mapping[str, Any], text: Mapping[str, Any], family: Family, *, dtype: str, mapping: dict[str, Any],
-            quantization: dict[str, Any]) -> dict[str, Any]:
+def _common(
+    hf: Mapping[str, Any], text: Mapping[str, Any], family: Family, *, dtype: str, mapping: dict[str, Any], quantization: dict[str, Any]
+) -> dict[str, Any]:
     if family.trtllm_class is None:  # pretrained_config refuses such families before this
         raise StageError(f"{family.name}: TensorRT-LLM 1.2 has no checkpoint class for this family")
     heads, hidden = int(text["num_attention_heads"]), int(text["hidden_size"])
@@ -106,8 +107,11 @@ def _rope_value(text: Mapping[str, Any], key: str, default: Any) -> Any:
 
 def _moe(text: Mapping[str, Any], normalization: str) -> dict[str, Any]:
     experts = int(text.get("num_local_experts") or text.get("num_experts") or 0)
-    return {"num_experts": experts, "top_k": int(text.get("num_experts_per_tok") or 0) if experts else 0,
-            "normalization_mode": _MOE_NORMALIZATION[normalization]}
+    return {
+        "num_experts": experts,
+        "top_k": int(text.get("num_experts_per_tok") or 0) if experts else 0,
+        "normalization_mode": _MOE_NORMALIZATION[normalization],
+    }
 
 
 def _llama_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) -> dict[str, Any]:
@@ -157,17 +161,20 @@ def _gemma_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any])
         "inter_layernorms": family.name != "gemma",
     }
     if family.name == "gemma2":
-        keys.update(query_pre_attn_scalar=int(text["query_pre_attn_scalar"]),
-                    final_logit_softcapping=text.get("final_logit_softcapping"),
-                    attn_logit_softcapping=text.get("attn_logit_softcapping"))
+        keys.update(
+            query_pre_attn_scalar=int(text["query_pre_attn_scalar"]),
+            final_logit_softcapping=text.get("final_logit_softcapping"),
+            attn_logit_softcapping=text.get("attn_logit_softcapping"),
+        )
     if family.name == "gemma3_text":
-        keys.update(query_pre_attn_scalar=int(text["query_pre_attn_scalar"]),
-                    final_logit_softcapping=text.get("final_logit_softcapping"),
-                    qk_layernorm=True,
-                    sliding_window=int(text["sliding_window"]),
-                    _sliding_window_pattern=int(text.get("sliding_window_pattern") or _pattern_of(text)),
-                    rope_local_base_freq=float(text.get("rope_local_base_freq")
-                                               or _local_rope_theta(text) or 10000.0))
+        keys.update(
+            query_pre_attn_scalar=int(text["query_pre_attn_scalar"]),
+            final_logit_softcapping=text.get("final_logit_softcapping"),
+            qk_layernorm=True,
+            sliding_window=int(text["sliding_window"]),
+            _sliding_window_pattern=int(text.get("sliding_window_pattern") or _pattern_of(text)),
+            rope_local_base_freq=float(text.get("rope_local_base_freq") or _local_rope_theta(text) or 10000.0),
+        )
     return keys
 
 
@@ -183,14 +190,15 @@ def _local_rope_theta(text: Mapping[str, Any]) -> float | None:
 
 
 def _phi3_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) -> dict[str, Any]:
-    keys: dict[str, Any] = {"rotary_pct": float(_rope_value(text, "partial_rotary_factor", 1.0)),
-                            "tie_word_embeddings": _tied(text)}
+    keys: dict[str, Any] = {"rotary_pct": float(_rope_value(text, "partial_rotary_factor", 1.0)), "tie_word_embeddings": _tied(text)}
     scaling = common.get("rotary_scaling") or {}
     if common["max_position_embeddings"] >= LONG_ROPE_MIN_POSITIONS and scaling:
-        keys.update(position_embedding_type="long_rope",
-                    original_max_position_embeddings=int(_rope_value(text, "original_max_position_embeddings", 4096)),
-                    longrope_scaling_short_factors=scaling.get("short_factor"),
-                    longrope_scaling_long_factors=scaling.get("long_factor"))
+        keys.update(
+            position_embedding_type="long_rope",
+            original_max_position_embeddings=int(_rope_value(text, "original_max_position_embeddings", 4096)),
+            longrope_scaling_short_factors=scaling.get("short_factor"),
+            longrope_scaling_long_factors=scaling.get("long_factor"),
+        )
     return keys
 
 
@@ -218,5 +226,4 @@ _FAMILY_KEYS: dict[str, Callable[[Mapping[str, Any], Family, dict[str, Any]], di
     "GPTForCausalLM": _gpt_keys,
 }
 # ModelOpt's `decoder_type` for each TensorRT-LLM class (MODEL_NAME_TO_TYPE in nvidia-modelopt 0.47.0, modelopt/torch/export/model_utils.py).
-_MODELOPT_DECODER = {"LLaMAForCausalLM": "llama", "QWenForCausalLM": "qwen", "GemmaForCausalLM": "gemma",
-                     "Phi3ForCausalLM": "phi3", "GPTForCausalLM": "gpt"}
+_MODELOPT_DECODER = {"LLaMAForCausalLM": "llama", "QWenForCausalLM": "qwen", "GemmaForCausalLM": "gemma", "Phi3ForCausalLM": "phi3", "GPTForCausalLM": "gpt"}

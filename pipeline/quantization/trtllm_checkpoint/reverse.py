@@ -107,10 +107,7 @@ def _check_unquantized(config: dict[str, Any], ranks: list[dict[str, torch.Tenso
     for weights in ranks:
         for name, tensor in weights.items():
             if not name.endswith((".weight", ".bias")) or tensor.dtype not in _FLOAT_DTYPES:
-                raise ArtifactError(
-                    f"cannot read tensor {name!r} ({tensor.dtype}): only unquantized checkpoints are supported "
-                    f"(quant_algo={quant_algo})"
-                )
+                raise ArtifactError(f"cannot read tensor {name!r} ({tensor.dtype}): only unquantized checkpoints are supported (quant_algo={quant_algo})")
 
 
 def _merge(sub: str, kind: str, parts: list[torch.Tensor]) -> torch.Tensor:

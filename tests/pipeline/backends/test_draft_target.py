@@ -49,33 +49,67 @@ REFUSED = {
     "max_draft_len missing": (CPU_NGRAM, ("build.speculative.max_draft_len=null",), "build.speculative.max_draft_len is required for mode prompt_lookup"),
     "draft with prompt_lookup": (CPU_DRAFT, ("build.speculative.mode=prompt_lookup",), "build.speculative.draft applies to mode draft_tokens_external only"),
     "prompt_lookup with a draft": (
-        CPU_DRAFT, ("build.speculative.prompt_lookup.max_matching_ngram_size=2",), "build.speculative.prompt_lookup applies to mode prompt_lookup only"),
-    "draft missing": (CPU_DRAFT, ("build.speculative.draft=null",),
-                      "build.speculative.draft is required for mode draft_tokens_external"),
-    "another vocabulary": (CPU_DRAFT, (f"build.speculative.draft.source={REPO}/models/llama-3.2-1b-instruct",),
-                           "build.speculative.draft.source: the draft's vocab_size (128256"),
-    "a draft too short": (CPU_DRAFT, ("build.speculative.draft.max_seq_len=1027",),
-                          "build.speculative.draft.max_seq_len (1027) must hold build.max_seq_len (1024) + build.speculative.max_draft_len (4) = 1028"),
+        CPU_DRAFT,
+        ("build.speculative.prompt_lookup.max_matching_ngram_size=2",),
+        "build.speculative.prompt_lookup applies to mode prompt_lookup only",
+    ),
+    "draft missing": (CPU_DRAFT, ("build.speculative.draft=null",), "build.speculative.draft is required for mode draft_tokens_external"),
+    "another vocabulary": (
+        CPU_DRAFT,
+        (f"build.speculative.draft.source={REPO}/models/llama-3.2-1b-instruct",),
+        "build.speculative.draft.source: the draft's vocab_size (128256",
+    ),
+    "a draft too short": (
+        CPU_DRAFT,
+        ("build.speculative.draft.max_seq_len=1027",),
+        "build.speculative.draft.max_seq_len (1027) must hold build.max_seq_len (1024) + build.speculative.max_draft_len (4) = 1028",
+    ),
     "a draft too short for the deduced max_seq_len": (
-        CPU_DRAFT, ("build.max_seq_len=null", "build.max_input_len=100", "build.speculative.draft.max_seq_len=200"),
-        "build.speculative.draft.max_seq_len (200) must hold the model's max_seq_len"),
+        CPU_DRAFT,
+        ("build.max_seq_len=null", "build.max_input_len=100", "build.speculative.draft.max_seq_len=200"),
+        "build.speculative.draft.max_seq_len (200) must hold the model's max_seq_len",
+    ),
     "beams": (CPU_DRAFT, ("build.max_beam_width=2",), "build.max_beam_width (2) must be 1 with build.speculative"),
-    "prompt lookup on the engine": (CPU_NGRAM, ("build.target=engine", "build.runner=dry-run"),
-                                    "build.speculative.mode prompt_lookup is refused on build.target engine: TensorRT-LLM 1.2 drafts"),
-    "no KV-cache reuse": (ENGINE_DRAFT, ("serve.enable_kv_cache_reuse=false",),
-                          "serve.enable_kv_cache_reuse must be true with build.speculative.mode draft_tokens_external"),
-    "a draft format the target cannot run": (CPU_DRAFT, ("build.speculative.draft.quantize.algo=nvfp4",),
-                                             "build.speculative.draft: as a model of its own, quantize.algo nvfp4"),
-    "draft_vocab_size 0": (CPU_DRAFT, ("build.speculative.draft_vocab_size=0",),
-                           "build.speculative.draft_vocab_size: Input should be greater than or equal to 1"),
-    "draft_vocab_size above the draft's vocabulary": (CPU_DRAFT, ("build.speculative.draft_vocab_size=5000",),
-                                                      "build.speculative.draft_vocab_size (5000) exceeds the draft's vocab_size (4096"),
-    "draft_vocab_size with prompt_lookup": (CPU_NGRAM, ("build.speculative.draft_vocab_size=1024",),
-                                            "build.speculative.draft_vocab_size applies to mode draft_tokens_external only"),
-    "draft_vocab_size on the engine": (ENGINE_DRAFT, ("build.speculative.draft_vocab_size=1024",),
-                                       "build.speculative.draft_vocab_size is refused on build.target engine: TensorRT-LLM 1.2's draft-target has no"),
-    "draft_vocab_size on llmapi": (ENGINE_DRAFT, ("build.target=llmapi", "build.speculative.draft_vocab_size=1024"),
-                                   "build.speculative.draft_vocab_size is refused on build.target llmapi: TensorRT-LLM 1.2's draft-target has no"),
+    "prompt lookup on the engine": (
+        CPU_NGRAM,
+        ("build.target=engine", "build.runner=dry-run"),
+        "build.speculative.mode prompt_lookup is refused on build.target engine: TensorRT-LLM 1.2 drafts",
+    ),
+    "no KV-cache reuse": (
+        ENGINE_DRAFT,
+        ("serve.enable_kv_cache_reuse=false",),
+        "serve.enable_kv_cache_reuse must be true with build.speculative.mode draft_tokens_external",
+    ),
+    "a draft format the target cannot run": (
+        CPU_DRAFT,
+        ("build.speculative.draft.quantize.algo=nvfp4",),
+        "build.speculative.draft: as a model of its own, quantize.algo nvfp4",
+    ),
+    "draft_vocab_size 0": (
+        CPU_DRAFT,
+        ("build.speculative.draft_vocab_size=0",),
+        "build.speculative.draft_vocab_size: Input should be greater than or equal to 1",
+    ),
+    "draft_vocab_size above the draft's vocabulary": (
+        CPU_DRAFT,
+        ("build.speculative.draft_vocab_size=5000",),
+        "build.speculative.draft_vocab_size (5000) exceeds the draft's vocab_size (4096",
+    ),
+    "draft_vocab_size with prompt_lookup": (
+        CPU_NGRAM,
+        ("build.speculative.draft_vocab_size=1024",),
+        "build.speculative.draft_vocab_size applies to mode draft_tokens_external only",
+    ),
+    "draft_vocab_size on the engine": (
+        ENGINE_DRAFT,
+        ("build.speculative.draft_vocab_size=1024",),
+        "build.speculative.draft_vocab_size is refused on build.target engine: TensorRT-LLM 1.2's draft-target has no",
+    ),
+    "draft_vocab_size on llmapi": (
+        ENGINE_DRAFT,
+        ("build.target=llmapi", "build.speculative.draft_vocab_size=1024"),
+        "build.speculative.draft_vocab_size is refused on build.target llmapi: TensorRT-LLM 1.2's draft-target has no",
+    ),
     "context logits": (ENGINE_DRAFT, ("build.gather_context_logits=true",), "build.gather_context_logits: true cannot be combined with build.speculative"),
 }
 
@@ -88,14 +122,17 @@ def test_bad_speculative_inputs_are_refused_at_validate(case):
 
 def test_lora_with_a_draft_model_is_refused():
     lora = BUILD_CONFIGS / "llama-3.1-8b-fp8-lora.yaml"
-    message = _refused(lora, "build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4",
-                       f"build.speculative.draft.source={REPO}/models/llama-3.2-1b-instruct")
+    message = _refused(
+        lora,
+        "build.speculative.mode=draft_tokens_external",
+        "build.speculative.max_draft_len=4",
+        f"build.speculative.draft.source={REPO}/models/llama-3.2-1b-instruct",
+    )
     assert "build.lora cannot be combined with build.speculative.mode draft_tokens_external" in message
 
 
 def test_paged_context_fmha_off_is_refused_by_the_engine_build():
-    message = _refused(ENGINE_DRAFT, "build.plugins.use_paged_context_fmha=false", "serve.enable_kv_cache_reuse=true",
-                       "serve.enable_chunked_context=false")
+    message = _refused(ENGINE_DRAFT, "build.plugins.use_paged_context_fmha=false", "serve.enable_kv_cache_reuse=true", "serve.enable_chunked_context=false")
     assert "use_paged_context_fmha" in message
 
 
@@ -127,8 +164,9 @@ def _engine_builds():
     loaded = load_config(ENGINE_DRAFT)
     draft = draft_spec(loaded.spec)
     target = plan_trtllm_build(loaded.spec, loaded.model, Path("/artifacts/t/quantize/trtllm_checkpoint"), Path("/artifacts/t/build/engine"), V121, 90)
-    drafted = plan_trtllm_build(draft, read_model_info(draft.model.source), Path("/artifacts/t/draft/trtllm_checkpoint"),
-                                Path("/artifacts/t/draft/engine"), V121, 90)
+    drafted = plan_trtllm_build(
+        draft, read_model_info(draft.model.source), Path("/artifacts/t/draft/trtllm_checkpoint"), Path("/artifacts/t/draft/engine"), V121, 90
+    )
     return target, drafted
 
 
@@ -158,10 +196,18 @@ def test_the_draft_command_matches_its_golden_file():
 # -- engine target: the repository ---------------------------------------------------------------------------
 def _engine_dir(directory: Path, build) -> Path:
     directory.mkdir(parents=True)
-    config = {"version": "1.2.1", "pretrained_config": {
-        "architecture": "LlamaForCausalLM", "dtype": "bfloat16", "logits_dtype": "float32", "vocab_size": 128256,
-        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": build.quantization,
-    }, "build_config": build.engine_build_config}
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "logits_dtype": "float32",
+            "vocab_size": 128256,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+            "quantization": build.quantization,
+        },
+        "build_config": build.engine_build_config,
+    }
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "rank0.engine").write_bytes(b"")
     return directory
@@ -173,12 +219,21 @@ def engine_repository(tmp_path_factory) -> Path:
     target, draft = _engine_builds()
     spec = load_config(ENGINE_DRAFT).spec
     out = root / "repository"
-    render_model_repository(RepositoryRequest(
-        engine_dir=_engine_dir(root / "engine", target), tokenizer_dir=REPO / "models" / "tiny-stdlib-llama-tokenizer-absent",
-        serve=spec.serve, target="engine", out_dir=out, gpu_device_ids=(0,), dry_run=True, speculative=spec.build.speculative,
-        draft_engine_dir=_engine_dir(root / "draft", draft), draft_config_dir="/draft_engine",
-        config_paths=ConfigPaths("/engine", "/tokenizer", "/models"),  # as the deployment's container sees them
-    ))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=_engine_dir(root / "engine", target),
+            tokenizer_dir=REPO / "models" / "tiny-stdlib-llama-tokenizer-absent",
+            serve=spec.serve,
+            target="engine",
+            out_dir=out,
+            gpu_device_ids=(0,),
+            dry_run=True,
+            speculative=spec.build.speculative,
+            draft_engine_dir=_engine_dir(root / "draft", draft),
+            draft_config_dir="/draft_engine",
+            config_paths=ConfigPaths("/engine", "/tokenizer", "/models"),  # as the deployment's container sees them
+        )
+    )
     return out
 
 
@@ -219,9 +274,18 @@ def test_a_draft_with_another_vocabulary_is_refused_by_the_checks(tmp_path):
     (draft_dir / "config.json").write_text(json.dumps(config))
     spec = load_config(ENGINE_DRAFT).spec
     with pytest.raises(StageError, match="the draft engine's pretrained_config.vocab_size is 32000 but the engine's is 128256"):
-        render_model_repository(RepositoryRequest(engine_dir=_engine_dir(tmp_path / "engine", target), tokenizer_dir=tmp_path, serve=spec.serve,
-                                target="engine", out_dir=tmp_path / "out", dry_run=True, speculative=spec.build.speculative,
-                                draft_engine_dir=draft_dir))
+        render_model_repository(
+            RepositoryRequest(
+                engine_dir=_engine_dir(tmp_path / "engine", target),
+                tokenizer_dir=tmp_path,
+                serve=spec.serve,
+                target="engine",
+                out_dir=tmp_path / "out",
+                dry_run=True,
+                speculative=spec.build.speculative,
+                draft_engine_dir=draft_dir,
+            )
+        )
 
 
 # -- cpu target: the engine directory carries the draft -------------------------------------------------------
@@ -232,10 +296,22 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     from safetensors.numpy import save_file
 
     config = {
-        "architecture": "LlamaForCausalLM", "dtype": "float16", "logits_dtype": "float32", "vocab_size": 64, "hidden_size": 32,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "hidden_act": "silu",
-        "norm_epsilon": 1e-5, "position_embedding_type": "rope_gpt_neox", "max_position_embeddings": 2048, "rotary_base": 10000.0,
-        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+        "architecture": "LlamaForCausalLM",
+        "dtype": "float16",
+        "logits_dtype": "float32",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 48,
+        "hidden_act": "silu",
+        "norm_epsilon": 1e-5,
+        "position_embedding_type": "rope_gpt_neox",
+        "max_position_embeddings": 2048,
+        "rotary_base": 10000.0,
+        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
     }
     rng = np.random.default_rng(0)
 
@@ -244,10 +320,16 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     prefix = "transformer.layers.0."
     tensors = {
-        "transformer.vocab_embedding.weight": weight(64, 32), "transformer.ln_f.weight": np.ones(32, np.float16), "lm_head.weight": weight(64, 32),
-        prefix + "input_layernorm.weight": np.ones(32, np.float16), prefix + "post_layernorm.weight": np.ones(32, np.float16),
-        prefix + "attention.qkv.weight": weight(64, 32), prefix + "attention.dense.weight": weight(32, 32),
-        prefix + "mlp.fc.weight": weight(48, 32), prefix + "mlp.gate.weight": weight(48, 32), prefix + "mlp.proj.weight": weight(32, 48),
+        "transformer.vocab_embedding.weight": weight(64, 32),
+        "transformer.ln_f.weight": np.ones(32, np.float16),
+        "lm_head.weight": weight(64, 32),
+        prefix + "input_layernorm.weight": np.ones(32, np.float16),
+        prefix + "post_layernorm.weight": np.ones(32, np.float16),
+        prefix + "attention.qkv.weight": weight(64, 32),
+        prefix + "attention.dense.weight": weight(32, 32),
+        prefix + "mlp.fc.weight": weight(48, 32),
+        prefix + "mlp.gate.weight": weight(48, 32),
+        prefix + "mlp.proj.weight": weight(32, 48),
     }
     out = tmp_path_factory.mktemp("checkpoint")
     (out / "config.json").write_text(json.dumps(config))

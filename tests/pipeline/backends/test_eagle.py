@@ -82,10 +82,11 @@ def test_the_engine_tree_defaults_to_nvidias_and_sizes_the_engine(heads):
 
 REFUSED = {
     "malformed tree": (("build.speculative.eagle.choices=[[0], [1, 1]]",), "build.speculative.eagle.choices path [1, 1] has no parent"),
-    "too many nodes": ((f"build.speculative.eagle.choices={[[i] for i in range(257)]}",),
-                       "build.speculative.eagle.choices has 257 nodes, more than 256"),
-    "max_draft_len below the tree": (("build.speculative.max_draft_len=8",),
-                                     "max_draft_len (8) is below the 63 nodes of build.speculative.eagle.choices (NVIDIA's default"),
+    "too many nodes": ((f"build.speculative.eagle.choices={[[i] for i in range(257)]}",), "build.speculative.eagle.choices has 257 nodes, more than 256"),
+    "max_draft_len below the tree": (
+        ("build.speculative.max_draft_len=8",),
+        "max_draft_len (8) is below the 63 nodes of build.speculative.eagle.choices (NVIDIA's default",
+    ),
     "beams": (("build.max_beam_width=2",), "build.max_beam_width (2) must be 1 with build.speculative (mode eagle)"),
     "EAGLE-3's one_model": (("build.speculative.eagle.one_model=false",), "build.speculative.eagle.one_model applies to EAGLE-3 (target llmapi)"),
 }
@@ -97,15 +98,18 @@ def test_bad_eagle_settings_are_refused_at_validate(case, heads):
     assert message in _refused(heads, *overrides)
 
 
-@pytest.mark.parametrize("what, kwargs, message", [
-    ("hidden size", {"hidden": 128}, "hidden_size (128) differs from the model's (256"),
-    ("vocabulary", {"vocab_size": 32000}, "vocab_size (32000) differs from the model's (4096"),
-    ("a missing tensor", {"drop": ("fc.bias",)}, "has no tensor fc.bias (SafeAILab EAGLE's layout"),
-    ("a missing layer", {"num_hidden_layers": 2}, "has no tensor layers.1.self_attn.q_proj.weight"),
-    ("a wrong shape", {"vocab": 1000, "vocab_size": 4096}, "embed_tokens.weight has shape [1000, 256], expected [4096, 256]"),
-    ("an EAGLE-3 checkpoint", {"draft_vocab_size": 32000}, "is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture"),
-    ("another activation", {"hidden_act": "gelu"}, "hidden_act 'gelu': TensorRT-LLM's EAGLE example builds the draft layer with silu"),
-])
+@pytest.mark.parametrize(
+    "what, kwargs, message",
+    [
+        ("hidden size", {"hidden": 128}, "hidden_size (128) differs from the model's (256"),
+        ("vocabulary", {"vocab_size": 32000}, "vocab_size (32000) differs from the model's (4096"),
+        ("a missing tensor", {"drop": ("fc.bias",)}, "has no tensor fc.bias (SafeAILab EAGLE's layout"),
+        ("a missing layer", {"num_hidden_layers": 2}, "has no tensor layers.1.self_attn.q_proj.weight"),
+        ("a wrong shape", {"vocab": 1000, "vocab_size": 4096}, "embed_tokens.weight has shape [1000, 256], expected [4096, 256]"),
+        ("an EAGLE-3 checkpoint", {"draft_vocab_size": 32000}, "is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture"),
+        ("another activation", {"hidden_act": "gelu"}, "hidden_act 'gelu': TensorRT-LLM's EAGLE example builds the draft layer with silu"),
+    ],
+)
 def test_eagle_checkpoints_that_disagree_with_the_model_are_refused(tmp_path, what, kwargs, message):
     heads = write_eagle_draft(tmp_path / "eagle", **kwargs)
     assert message in _refused(heads)
@@ -122,8 +126,15 @@ def test_one_eagle_section_serves_both_targets(heads):
     """choices are the engine's (EAGLE-1/2 trees); llmapi's EAGLE-3 drafts a chain and needs max_draft_len."""
     llmapi = REPO / "build_configs" / "llama-3.1-8b-fp8-llmapi.yaml"
     with pytest.raises(SpecError, match="build.speculative.eagle.choices is refused on build.target llmapi"):
-        load_config(llmapi, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3",
-                             f"build.speculative.eagle.heads={heads}", f"build.speculative.eagle.choices={SMALL_TREE}"])
+        load_config(
+            llmapi,
+            [
+                "build.speculative.mode=eagle",
+                "build.speculative.max_draft_len=3",
+                f"build.speculative.eagle.heads={heads}",
+                f"build.speculative.eagle.choices={SMALL_TREE}",
+            ],
+        )
     with pytest.raises(SpecError, match="build.speculative.max_draft_len is required for mode eagle on build.target llmapi"):
         load_config(llmapi, ["build.speculative.mode=eagle", f"build.speculative.eagle.heads={heads}"])
 
@@ -172,11 +183,19 @@ def test_the_engine_refuses_what_tensorrt_llms_eagle_does_not_build(heads, tmp_p
     calibration = f"quantize.calibration.files=[{REPO}/data/calibration/*.txt]"
     assert "eagle cannot be combined with quantize.algo fp8" in _engine_refusal(heads, "quantize.algo=fp8", calibration)
     assert "quantize.kv_cache fp8" in _engine_refusal(heads, "quantize.kv_cache=fp8", calibration)
-    assert "eagle cannot be built with build.pp_size 2: TensorRT-LLM's EAGLE does not support pipeline parallelism" in \
-        _engine_refusal(heads, "build.pp_size=2", "deploy.gpus=[0, 1]")
+    assert "eagle cannot be built with build.pp_size 2: TensorRT-LLM's EAGLE does not support pipeline parallelism" in _engine_refusal(
+        heads, "build.pp_size=2", "deploy.gpus=[0, 1]"
+    )
     assert "build.max_batch_size (1024) exceeds 512" in _engine_refusal(heads, "build.max_batch_size=1024", "build.max_num_tokens=65536")
-    model = write_model_config(tmp_path / "model", architectures=["MixtralForCausalLM"], model_type="mixtral",
-                               num_local_experts=2, num_experts_per_tok=1, hidden_size=256, vocab_size=4096)
+    model = write_model_config(
+        tmp_path / "model",
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        hidden_size=256,
+        vocab_size=4096,
+    )
     assert "eagle needs a Llama-family model" in _engine_refusal(heads, f"model.source={model}")
 
 
@@ -186,9 +205,17 @@ def _base_checkpoint(directory: Path, tp: int) -> Path:
     from safetensors.numpy import save_file
 
     directory.mkdir(parents=True)
-    config = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", "logits_dtype": "float32", "vocab_size": 4096,
-              "hidden_size": 256, "max_position_embeddings": 1024, "rotary_base": 10000.0,
-              "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1}, "quantization": {"quant_algo": None}}
+    config = {
+        "architecture": "LlamaForCausalLM",
+        "dtype": "bfloat16",
+        "logits_dtype": "float32",
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "max_position_embeddings": 1024,
+        "rotary_base": 10000.0,
+        "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
+        "quantization": {"quant_algo": None},
+    }
     (directory / "config.json").write_text(json.dumps(config))
     rng = np.random.default_rng(1)
     for rank in range(tp):

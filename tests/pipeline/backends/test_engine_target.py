@@ -13,8 +13,12 @@ from pipeline.errors import SpecError
 from tests.conftest import BUILD_CONFIGS
 
 GPU_CONFIGS = [
-    "llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq",
-    "llama-3.1-8b-fp8-lora", "llama-3.1-8b-fp8-lookahead",
+    "llama-3.1-8b-fp8",
+    "llama-3.1-8b-int4-awq",
+    "llama-3.3-70b-fp8-tp2",
+    "mistral-7b-int8-sq",
+    "llama-3.1-8b-fp8-lora",
+    "llama-3.1-8b-fp8-lookahead",
 ]
 
 
@@ -41,8 +45,7 @@ def test_dry_run_packages_lora_and_lookahead_repositories(tmp_path: Path) -> Non
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    for config, key, value in (("llama-3.1-8b-fp8-lora", "lora_cache_max_adapter_size", "32"),
-                               ("llama-3.1-8b-fp8-lookahead", "decoding_mode", "lookahead")):
+    for config, key, value in (("llama-3.1-8b-fp8-lora", "lora_cache_max_adapter_size", "32"), ("llama-3.1-8b-fp8-lookahead", "decoding_mode", "lookahead")):
         assert _run(tmp_path, config, "--runner", "dry-run", "--until", "package") == 0
         [package] = (tmp_path / "artifacts" / config).glob("package-*")
         llm = model_config_pb2.ModelConfig()

@@ -28,8 +28,7 @@ from tests.pipeline.backends.test_llmapi_target import EXAMPLE, GOLDEN, RECORDED
 
 ADAPTER = REPO / "models" / "llama-3.1-8b-lora-example"  # rank 16, q/k/v/o (config only)
 LORA = [f"build.lora.adapter_dirs=[{ADAPTER}]", "build.lora.max_rank=32"]
-SERVE_LORA = ["serve.lora.cache_optimal_adapter_size=16", "serve.lora.cache_gpu_memory_fraction=0.1",
-              "serve.lora.cache_host_memory_bytes=2147483648"]
+SERVE_LORA = ["serve.lora.cache_optimal_adapter_size=16", "serve.lora.cache_gpu_memory_fraction=0.1", "serve.lora.cache_host_memory_bytes=2147483648"]
 
 
 def _served(overrides, model_path="/engine"):
@@ -77,8 +76,10 @@ def test_both_forms_carry_the_same_lora_options_and_the_triton_model_takes_nvidi
     loaded, job = _lora_job(tmp_path, runner="dry-run")
     llmapi = backend_for(Target.llmapi)
     assert llmapi.build(job)["adapter_files"] == 0  # a dry run links nothing
-    files = {**llmapi.llm_api.triton_files(job.engine_dir, loaded.spec.serve, "/engine"),
-             **llmapi.llm_api.openai_files(job.engine_dir, loaded.spec.serve, "/engine")}
+    files = {
+        **llmapi.llm_api.triton_files(job.engine_dir, loaded.spec.serve, "/engine"),
+        **llmapi.llm_api.openai_files(job.engine_dir, loaded.spec.serve, "/engine"),
+    }
     triton = yaml.safe_load(files["tensorrt_llm/1/model.yaml"])
     served = yaml.safe_load(files["extra-llm-api-config.yml"])
     for key in ("lora_config", "peft_cache_config"):
@@ -124,10 +125,12 @@ def test_a_lora_option_the_version_lacks_is_refused_naming_the_spec_field(monkey
     older = dataclasses.replace(profile, options=MappingProxyType({k: v for k, v in profile.options.items() if k != "lora_config.max_lora_rank"}))
     monkeypatch.setattr("pipeline.backends.llmapi.options.get_llmapi_version", lambda version: older)
     loaded = load_config(EXAMPLE, LORA)
-    assert option_issues(loaded.spec, loaded.model) == [(
-        ("build", "lora", "max_rank"),
-        "build.lora.max_rank sets LLM() option lora_config.max_lora_rank, which TensorRT-LLM 1.2.1 does not have (build.target llmapi)",
-    )]
+    assert option_issues(loaded.spec, loaded.model) == [
+        (
+            ("build", "lora", "max_rank"),
+            "build.lora.max_rank sets LLM() option lora_config.max_lora_rank, which TensorRT-LLM 1.2.1 does not have (build.target llmapi)",
+        )
+    ]
 
 
 def test_the_lora_options_match_the_golden():
@@ -139,6 +142,6 @@ def test_the_lora_options_match_the_golden():
 
 def test_the_docs_say_how_each_form_selects_an_adapter():
     page = " ".join((REPO / "docs" / "targets.md").read_text().split())
-    section = page[page.index("### LoRA on the llmapi target"):]
+    section = page[page.index("### LoRA on the llmapi target") :]
     for fragment in ('"lora_request"', '"lora_int_id"', "lora_id", "lora_name", "lora_path", "/engine/lora/0", "peft_cache_config"):
         assert fragment in section, fragment

@@ -19,8 +19,7 @@ from pipeline.config.loader import load_config
 from pipeline.config.spec import Target
 from tests.pipeline.backends.test_llmapi_target import EXAMPLE, GOLDEN, RECORDED
 
-DRAFT = ["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4",
-         "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
+DRAFT = ["build.speculative.mode=draft_tokens_external", "build.speculative.max_draft_len=4", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
 PROMPT_LOOKUP = ["build.speculative.mode=prompt_lookup", "build.speculative.max_draft_len=3"]
 CONFIGS = RECORDED["speculative_configs"]
 
@@ -69,9 +68,13 @@ def test_the_build_links_the_drafts_checkpoint_and_both_forms_name_it(tmp_path):
     draft = job.engine_dir / "draft" / "model.safetensors"
     assert os.stat(draft).st_ino == os.stat(job.draft_engine_dir / "model.safetensors").st_ino
     assert json.loads((job.engine_dir / "llm_api_options.json").read_text())["options"]["speculative_config"] == {
-        "decoding_type": "Draft_Target", "max_draft_len": 4}
-    files = {**llmapi.llm_api.triton_files(job.engine_dir, loaded.spec.serve, "/engine"),
-             **llmapi.llm_api.openai_files(job.engine_dir, loaded.spec.serve, "/engine")}
+        "decoding_type": "Draft_Target",
+        "max_draft_len": 4,
+    }
+    files = {
+        **llmapi.llm_api.triton_files(job.engine_dir, loaded.spec.serve, "/engine"),
+        **llmapi.llm_api.openai_files(job.engine_dir, loaded.spec.serve, "/engine"),
+    }
     triton = yaml.safe_load(files["tensorrt_llm/1/model.yaml"])
     served = yaml.safe_load(files["extra-llm-api-config.yml"])
     expected = {"decoding_type": "Draft_Target", "max_draft_len": 4, "speculative_model_dir": "/engine/draft"}
@@ -115,8 +118,7 @@ def _eagle(tmp_path):
 def test_eagle3_and_mtp_configs_are_ones_nvidia_decodes_on_pytorch(tmp_path):
     eagle = load_config(EXAMPLE, _eagle(tmp_path))
     options = with_draft_model_dir(build_options(eagle.spec, eagle.model), "/engine")
-    assert options["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True,
-                                             "speculative_model_dir": "/engine/draft"}
+    assert options["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True, "speculative_model_dir": "/engine/draft"}
     assert _problems(options["speculative_config"]) == []
     mtp = load_config(DEEPSEEK, ["build.speculative.mode=mtp"])
     config = build_options(mtp.spec, mtp.model)["speculative_config"]
@@ -143,20 +145,24 @@ def test_head_based_modes_are_refused_where_nvidia_has_no_path(tmp_path):
         return info.value.message
 
     # MTP needs the model's own MTP layers: a Llama has none
-    assert "num_nextn_predict_layers is 0, below build.speculative.mtp.num_nextn_predict_layers (1)" in refused(
-        EXAMPLE, ["build.speculative.mode=mtp"])
+    assert "num_nextn_predict_layers is 0, below build.speculative.mtp.num_nextn_predict_layers (1)" in refused(EXAMPLE, ["build.speculative.mode=mtp"])
     assert "below build.speculative.mtp.num_nextn_predict_layers (2)" in refused(
-        DEEPSEEK, ["build.speculative.mode=mtp", "build.speculative.mtp.num_nextn_predict_layers=2"])
+        DEEPSEEK, ["build.speculative.mode=mtp", "build.speculative.mtp.num_nextn_predict_layers=2"]
+    )
     assert "is not an EAGLE-3 draft checkpoint directory: cannot read" in refused(
-        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={tmp_path}"])
+        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={tmp_path}"]
+    )
     heads = _eagle_heads(tmp_path / "other")
     (heads / "config.json").write_text(json.dumps({"hidden_size": 2048}))
     assert "hidden_size (2048) differs from the model's (4096)" in refused(
-        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={heads}"])
+        EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={heads}"]
+    )
     # the engine target builds EAGLE-1/2 (tests/pipeline/backends/test_eagle.py): an EAGLE-3 checkpoint is refused there by name
     engine = ["build.target=engine", "deploy.gpu=H200", "build.runner=dry-run", "quantize.device=cuda"]
     assert "is below the 63 nodes of build.speculative.eagle.choices (NVIDIA's default tree mc_sim_7b_63)" in refused(
-        EXAMPLE, [*_eagle(tmp_path / "3"), *engine])
-    assert "is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture in its config.json): build.target engine " \
-           "builds EAGLE-1/2" in refused(EXAMPLE, ["build.speculative.mode=eagle", "build.speculative.max_draft_len=63",
-                                                f"build.speculative.eagle.heads={_eagle_heads(tmp_path / '63')}", *engine])
+        EXAMPLE, [*_eagle(tmp_path / "3"), *engine]
+    )
+    assert "is an EAGLE-3 checkpoint (draft_vocab_size or an Eagle3 architecture in its config.json): build.target engine builds EAGLE-1/2" in refused(
+        EXAMPLE,
+        ["build.speculative.mode=eagle", "build.speculative.max_draft_len=63", f"build.speculative.eagle.heads={_eagle_heads(tmp_path / '63')}", *engine],
+    )

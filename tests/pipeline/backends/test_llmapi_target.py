@@ -44,7 +44,7 @@ def _fits(option: str, value) -> list[str]:
 
 def _fits_item(option: str, value, field: dict) -> list[str]:
     problems = []
-    kind = field["type"][len("list["):-1] if field["type"].startswith("list[") else field["type"]
+    kind = field["type"][len("list[") : -1] if field["type"].startswith("list[") else field["type"]
     if isinstance(value, bool) != (kind == "bool") or not isinstance(value, _TYPES[kind]):
         problems.append(f"{option}: {value!r} is not {field['type']}")
     if "choices" in field and value not in field["choices"]:
@@ -165,22 +165,32 @@ def test_rendered_files_match_the_goldens(dry_run, golden, pattern):
         ("quantize.algo=int8_sq", "quantize.algo int8_sq does not run on build.target llmapi"),
         ("quantize.algo=int8_wo", "quantize.algo int8_wo does not run on build.target llmapi"),
         ("quantize.kv_cache=int8", "quantize.kv_cache int8 does not run on build.target llmapi"),
-        ("build.gather_context_logits=true",
-         "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits"),
+        (
+            "build.gather_context_logits=true",
+            "build.gather_context_logits has no LLM() option on build.target llmapi: TorchLlmArgs has no gather_context_logits",
+        ),
         ("build.kv_cache_type=continuous", "build.kv_cache_type has no LLM() option on build.target llmapi"),
         ("serve.model_name=llama", "serve.model_name has no LLM() option on build.target llmapi: NVIDIA's llmapi layout has one model"),
         ("build.trtllm_version=1.3.0rc5", "build.trtllm_version '1.3.0rc5' has no profile for build.target llmapi (release candidates are not profiled"),
         ("build.tp_size=3", "build.tp_size (3) must divide the model's number of KV heads (8)"),
         ("build.speculative.mode=lookahead_decoding", "build.speculative.mode lookahead_decoding is refused on build.target llmapi"),
-        ("build.speculative.draft.max_batch_size=8",
-         "build.speculative.draft.max_batch_size has no LLM() option on build.target llmapi: DraftTargetDecodingConfig loads the draft"),
+        (
+            "build.speculative.draft.max_batch_size=8",
+            "build.speculative.draft.max_batch_size has no LLM() option on build.target llmapi: DraftTargetDecodingConfig loads the draft",
+        ),
     ],
 )
 def test_validate_refuses_what_the_pytorch_path_does_not_run(tmp_path, capsys, override, message):
     gpus = ["--set", "deploy.gpus=[0,1,2]"] if override == "build.tp_size=3" else []  # so that only the heads are wrong
     if override.startswith("build.speculative.draft"):  # a complete draft section, so that only the target refuses the limit
-        gpus = ["--set", "build.speculative.mode=draft_tokens_external", "--set", "build.speculative.max_draft_len=4",
-                "--set", "build.speculative.draft.source=../models/llama-3.2-1b-instruct"]
+        gpus = [
+            "--set",
+            "build.speculative.mode=draft_tokens_external",
+            "--set",
+            "build.speculative.max_draft_len=4",
+            "--set",
+            "build.speculative.draft.source=../models/llama-3.2-1b-instruct",
+        ]
     code = main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE), "--set", override, *gpus])
     err = capsys.readouterr().err
     assert code != 0 and message in " ".join(err.split())
@@ -196,10 +206,12 @@ def test_an_option_the_chosen_version_lacks_is_refused_naming_field_and_version(
     older = dataclasses.replace(
         profile, version="1.2.1", options=MappingProxyType({k: v for k, v in profile.options.items() if k != "kv_cache_config.tokens_per_block"})
     )
-    assert version_problems({"kv_cache_config.tokens_per_block": ("build.tokens_per_block", 32)}, older) == [(
-        "build.tokens_per_block",
-        "build.tokens_per_block sets LLM() option kv_cache_config.tokens_per_block, which TensorRT-LLM 1.2.1 does not have (build.target llmapi)",
-    )]
+    assert version_problems({"kv_cache_config.tokens_per_block": ("build.tokens_per_block", 32)}, older) == [
+        (
+            "build.tokens_per_block",
+            "build.tokens_per_block sets LLM() option kv_cache_config.tokens_per_block, which TensorRT-LLM 1.2.1 does not have (build.target llmapi)",
+        )
+    ]
     monkeypatch.setattr("pipeline.backends.llmapi.options.get_llmapi_version", lambda version: older)
     assert main(["--artifacts", str(tmp_path), "validate", str(EXAMPLE)]) != 0
     assert "kv_cache_config.tokens_per_block, which TensorRT-LLM 1.2.1 does not have" in " ".join(capsys.readouterr().err.split())
@@ -231,7 +243,7 @@ def test_the_capacity_plan_follows_the_pytorch_memory_model(tmp_path, capsys):
 
 def test_the_side_by_side_table_names_every_row():
     page = (REPO / "docs" / "targets.md").read_text(encoding="utf-8")
-    section = page[page.index("## Engine or llmapi"):page.index("## Model families")]
+    section = page[page.index("## Engine or llmapi") : page.index("## Model families")]
     fields = [row.spec_field for row in ROWS] + list(TRITON_ONLY)
     assert [field for field in fields if f"`{field}`" not in section] == []
 
@@ -243,8 +255,10 @@ def test_tensor_parallel_runs_one_server_process_whose_llm_starts_the_ranks():
     compose = render_compose(spec, model_repository=Path("model_repository"), engine_dir=Path("engine"), target="llmapi")
     triton, serve = compose["services"]["triton"], compose["services"]["trtllm-serve"]
     assert triton["command"][0] == "tritonserver" and "mpirun" not in triton["command"]  # no leader mode: LLM() spawns its MPI workers
-    assert triton["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"] == (
-        serve["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    assert (
+        triton["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        == ["0", "1"]
+        == (serve["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"])
     )
 
 
@@ -258,8 +272,9 @@ def test_the_project_clients_speak_the_ensemble_contract_not_the_llmapi_models()
 
 
 def test_prompt_lookup_renders_nvidias_ngram_speculative_config():
-    spec = load_config(EXAMPLE, ["build.speculative.mode=prompt_lookup", "build.speculative.max_draft_len=4",
-                                 "build.speculative.prompt_lookup.max_matching_ngram_size=2"]).spec
+    spec = load_config(
+        EXAMPLE, ["build.speculative.mode=prompt_lookup", "build.speculative.max_draft_len=4", "build.speculative.prompt_lookup.max_matching_ngram_size=2"]
+    ).spec
     options = build_options(spec, load_config(EXAMPLE).model)
     # NGramDecodingConfig (TensorRT-LLM 1.x llm_args.py): decoding_type "NGram", max_draft_len, max_matching_ngram_size
     assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}

@@ -76,12 +76,16 @@ REFUSED = {
     "empty": (("build.speculative.medusa.choices=[]",), "build.speculative.medusa.choices must be a non-empty list"),
     "duplicate": (("build.speculative.medusa.choices=[[0], [0]]",), "build.speculative.medusa.choices path [0] is listed twice"),
     "missing prefix": (("build.speculative.medusa.choices=[[0], [1, 1]]",), "path [1, 1] has no parent: its prefix [1]"),
-    "deeper than the heads": (("build.speculative.medusa.choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]",),
-                              "path [0, 0, 0, 0] is 4 deep: it reads head 3, which does not exist (the heads in"),
+    "deeper than the heads": (
+        ("build.speculative.medusa.choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]",),
+        "path [0, 0, 0, 0] is 4 deep: it reads head 3, which does not exist (the heads in",
+    ),
     "more nodes than max_draft_len": (("build.speculative.max_draft_len=3",), "build.speculative.max_draft_len (3) is below the 7 nodes"),
     "beams": (("build.max_beam_width=2",), "build.max_beam_width (2) must be 1 with build.speculative (mode medusa)"),
-    "medusa section elsewhere": (("build.speculative.mode=prompt_lookup", "build.speculative.max_draft_len=4"),
-                                 "build.speculative.medusa applies to mode medusa only, not prompt_lookup"),
+    "medusa section elsewhere": (
+        ("build.speculative.mode=prompt_lookup", "build.speculative.max_draft_len=4"),
+        "build.speculative.medusa applies to mode medusa only, not prompt_lookup",
+    ),
 }
 
 
@@ -91,13 +95,16 @@ def test_bad_medusa_inputs_are_refused_at_validate(case, heads):
     assert message in _refused(heads, *overrides)
 
 
-@pytest.mark.parametrize("what, change, message", [
-    ("hidden size", {"hidden": 128}, "has shape [128, 128], expected [256, 256] (the model's hidden_size 256"),
-    ("vocabulary", {"vocab": 1000}, "has shape [1000, 256], expected [4096, 256]"),
-    ("config's vocabulary", {"vocab_size": 32000}, "vocab_size (32000) differs from the model's (4096"),
-    ("more heads in the config than the file", {"medusa_num_heads": 4}, "has no tensor 3.0.linear.weight (medusa_num_heads 4"),
-    ("fewer heads in the config than the file", {"medusa_num_heads": 2}, "holds tensors the heads' config.json does not describe (2.0.linear.bias"),
-])
+@pytest.mark.parametrize(
+    "what, change, message",
+    [
+        ("hidden size", {"hidden": 128}, "has shape [128, 128], expected [256, 256] (the model's hidden_size 256"),
+        ("vocabulary", {"vocab": 1000}, "has shape [1000, 256], expected [4096, 256]"),
+        ("config's vocabulary", {"vocab_size": 32000}, "vocab_size (32000) differs from the model's (4096"),
+        ("more heads in the config than the file", {"medusa_num_heads": 4}, "has no tensor 3.0.linear.weight (medusa_num_heads 4"),
+        ("fewer heads in the config than the file", {"medusa_num_heads": 2}, "holds tensors the heads' config.json does not describe (2.0.linear.bias"),
+    ],
+)
 def test_heads_that_disagree_with_the_model_or_their_config_are_refused(tmp_path, what, change, message):
     sizes = {key: change.pop(key) for key in ("hidden", "vocab") if key in change}
     heads = write_medusa_heads(tmp_path / "heads", **sizes)
@@ -122,8 +129,7 @@ def _validate(tmp_path: Path, *overrides: str) -> tuple[str, str]:
 def test_validate_through_the_cli_stays_light_and_refuses_with_exit_2(tmp_path, heads):
     status, output = _validate(tmp_path, f"build.speculative.medusa.heads={heads}")
     assert status == "0 []", output
-    status, output = _validate(tmp_path, f"build.speculative.medusa.heads={heads}",
-                               "build.speculative.medusa.choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]")
+    status, output = _validate(tmp_path, f"build.speculative.medusa.heads={heads}", "build.speculative.medusa.choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]")
     assert status.startswith("2 "), output
     assert "build.speculative.medusa.choices" in output and "head 3, which does not exist" in output
 
@@ -132,8 +138,8 @@ def test_the_targets_say_what_they_build(heads):
     llmapi = _refused(heads, "build.target=llmapi")
     assert "build.speculative.mode medusa is refused on build.target llmapi" in llmapi and "supports_backend" in llmapi
     assert "mode eagle is refused on build.target cpu" in _refused(
-        heads, "build.speculative.mode=eagle", "build.speculative.medusa=null", "build.speculative.max_draft_len=3",
-        f"build.speculative.eagle.heads={heads}")
+        heads, "build.speculative.mode=eagle", "build.speculative.medusa=null", "build.speculative.max_draft_len=3", f"build.speculative.eagle.heads={heads}"
+    )
 
 
 def test_the_plan_hashes_the_heads_and_the_tree(heads, tmp_path):
@@ -160,8 +166,13 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
     assert config["build_config"]["speculative_decoding_mode"] == 4 and config["build_config"]["max_draft_len"] == 7
     assert config["build_config"]["max_seq_len"] == 1024 + 7
     assert config["refengine_speculative"] == {
-        "kind": "medusa", "max_draft_len": 7, "medusa_heads": "medusa/medusa_lm_head.safetensors",
-        "num_medusa_heads": 3, "num_medusa_layers": 1, "medusa_choices": DEFAULT_CHOICES}
+        "kind": "medusa",
+        "max_draft_len": 7,
+        "medusa_heads": "medusa/medusa_lm_head.safetensors",
+        "num_medusa_heads": 3,
+        "num_medusa_layers": 1,
+        "medusa_choices": DEFAULT_CHOICES,
+    }
     assert (engine / "medusa" / "medusa_lm_head.safetensors").read_bytes() == (heads / "medusa_lm_head.safetensors").read_bytes()
     assert json.loads((engine / "medusa" / "config.json").read_text())["medusa_num_heads"] == 3
     # the rendered repository: the cpu tensorrt_llm model carries decoding_mode and the tree, the ensemble and the BLS
@@ -170,16 +181,24 @@ def test_the_cpu_build_writes_the_contracts_engine_directory(tiny_checkpoint, he
     from pipeline.render.pbtxt import parse_config
 
     out = tmp_path / "repository"
-    render_model_repository(RepositoryRequest(engine_dir=engine, tokenizer_dir=tmp_path / "no-tokenizer", serve=loaded.spec.serve,
-                            target="cpu", out_dir=out, speculative=loaded.spec.build.speculative, dry_run=True))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine,
+            tokenizer_dir=tmp_path / "no-tokenizer",
+            serve=loaded.spec.serve,
+            target="cpu",
+            out_dir=out,
+            speculative=loaded.spec.build.speculative,
+            dry_run=True,
+        )
+    )
     llm = parse_config((out / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
     assert llm.parameters["decoding_mode"].string_value == "medusa"
     assert llm.parameters["medusa_choices"].string_value == "{0}, {1}, {0, 0}, {2}, {0, 1}, {1, 0}, {0, 0, 0}"
     # the BLS drafts for draft-target engines only: max_draft_len 0 refuses num_draft_tokens on a Medusa engine by name
     bls = parse_config((out / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "tensorrt_llm_bls")
     assert bls.parameters["max_draft_len"].string_value == "0"
-    assert {path.parent.name for path in out.glob("*/config.pbtxt")} == {
-        "ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
+    assert {path.parent.name for path in out.glob("*/config.pbtxt")} == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"}
 
 
 # -- engine target -----------------------------------------------------------------------------------------------
@@ -211,8 +230,7 @@ def test_the_engine_refuses_what_tensorrt_llm_does_not_combine_with_medusa(heads
     assert "cannot be combined with quantize.algo int8_wo on build.target engine" in _engine_refusal(heads, "quantize.algo=int8_wo")
     validate_argv(_engine_plan(heads, "quantize.algo=fp8", "quantize.calibration.files=[../data/calibration/*.txt]").argv, SCHEMA)
     # a Llama-family base only: a config-only Mixtral is refused by name
-    model = write_model_config(tmp_path / "model", architectures=["MixtralForCausalLM"], model_type="mixtral",
-                               num_local_experts=2, num_experts_per_tok=1)
+    model = write_model_config(tmp_path / "model", architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=2, num_experts_per_tok=1)
     assert "medusa needs a Llama- or Qwen2-family model" in _engine_refusal(heads, f"model.source={model}")
 
 
@@ -224,8 +242,14 @@ def test_the_medusa_checkpoint_holds_the_heads_under_tensorrt_llm_names(heads, t
 
     base = tmp_path / "base"
     base.mkdir()
-    config = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", "vocab_size": 4096, "hidden_size": 256,
-              "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1}, "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}}
+    config = {
+        "architecture": "LlamaForCausalLM",
+        "dtype": "bfloat16",
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1},
+        "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+    }
     (base / "config.json").write_text(json.dumps(config))
     for rank in range(2):
         save_file({"lm_head.weight": np.zeros((2048, 256), np.float16)}, str(base / f"rank{rank}.safetensors"))
@@ -241,7 +265,7 @@ def test_the_medusa_checkpoint_holds_the_heads_under_tensorrt_llm_names(heads, t
         tensors = load_torch(str(tmp_path / "out" / f"rank{rank}.safetensors"))
         weight = tensors["medusa_heads.2.medusa_layers.0.linear.weight"]
         assert weight.shape == (128, 256) and weight.dtype == torch.bfloat16
-        expected = torch.from_numpy(source["2.0.linear.weight"][rank * 128:(rank + 1) * 128]).to(torch.bfloat16)
+        expected = torch.from_numpy(source["2.0.linear.weight"][rank * 128 : (rank + 1) * 128]).to(torch.bfloat16)
         assert torch.equal(weight, expected)
         assert tensors["medusa_heads.0.medusa_layers.0.linear.bias"].shape == (128,)
         assert tensors["medusa_heads.1.lm_head.weight"].shape == (2048, 256)
@@ -257,8 +281,17 @@ def test_the_engine_build_merges_the_heads_before_trtllm_build(heads, tmp_path):
     loaded = _load(heads, *ENGINE)
     checkpoint = tmp_path / "quantize" / "trtllm_checkpoint"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 4096,
-                                                        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}, "quantization": {}}))
+    (checkpoint / "config.json").write_text(
+        json.dumps(
+            {
+                "architecture": "LlamaForCausalLM",
+                "dtype": "float16",
+                "vocab_size": 4096,
+                "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+                "quantization": {},
+            }
+        )
+    )
     save_file({"lm_head.weight": np.zeros((4096, 256), np.float16)}, str(checkpoint / "rank0.safetensors"))
     engine = tmp_path / "build" / "engine"
     notes = ENGINE_BACKEND.build(BuildJob(loaded.spec, loaded.model, checkpoint, engine, engine, log=lambda m: None))
@@ -293,8 +326,9 @@ def test_a_dry_run_without_a_checkpoint_names_the_command_that_writes_it(heads, 
     assert f"python3 -m pipeline.backends.engine.medusa_checkpoint {checkpoint} {heads} {tmp_path / 'final' / 'medusa_checkpoint'} --max-draft-len 7" in line
     # and that command writes it, once the quantize job has run
     checkpoint.mkdir(parents=True)
-    (checkpoint / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 4096,
-                                                        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}))
+    (checkpoint / "config.json").write_text(
+        json.dumps({"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 4096, "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}})
+    )
     save_file({"lm_head.weight": np.zeros((4096, 256), np.float16)}, str(checkpoint / "rank0.safetensors"))
     assert main([str(checkpoint), str(heads), str(tmp_path / "out"), "--max-draft-len", "7"]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["num_medusa_heads"] == 3

@@ -39,7 +39,9 @@ def _build(tmp_path: Path, config: str = "llama-3.1-8b-fp8"):
 def _write_checkpoint(build, *, quant_algo="FP8", kv="FP8", tp=1, ranks=True) -> None:
     build.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     config = {
-        "architecture": "LlamaForCausalLM", "dtype": "bfloat16", "vocab_size": 128256,
+        "architecture": "LlamaForCausalLM",
+        "dtype": "bfloat16",
+        "vocab_size": 128256,
         "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
         "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": kv},
     }
@@ -96,7 +98,7 @@ def test_docker_command_pins_the_image_and_mounts(tmp_path):
     assert "--ulimit memlock=-1 --ulimit stack=67108864" in text and "-u 1000:1001" in text
     assert f"-v {build.checkpoint_dir}:{build.checkpoint_dir}:ro" in text and f"-v {build.output_dir}:{build.output_dir} " in text
     image_at = command.index(V121.image)
-    assert command[image_at + 1:] == list(build.argv)
+    assert command[image_at + 1 :] == list(build.argv)
 
 
 def test_docker_build_runs_without_network_like_the_quantize_job(tmp_path):
@@ -104,8 +106,21 @@ def test_docker_build_runs_without_network_like_the_quantize_job(tmp_path):
     build = _build(tmp_path)
     command = list(DockerRunner(uid=1000, gid=1000).command(build_job(build)))
     assert command[:15] == [
-        "docker", "run", "--rm", "--gpus", "all", "--shm-size", "2g", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-        "-u", "1000:1000", "-e", "HOME=/tmp",
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        "all",
+        "--shm-size",
+        "2g",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "-u",
+        "1000:1000",
+        "-e",
+        "HOME=/tmp",
     ]
     assert command[15:17] == ["--network", "none"] and command[command.index("-w") + 1] == str(build.output_dir)
 

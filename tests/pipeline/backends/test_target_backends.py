@@ -48,10 +48,7 @@ def test_llmapi_runs_its_build_with_nothing_to_refuse_for_a_plain_spec():
 def test_commands_that_start_triton_here_refuse_a_target_served_elsewhere(tmp_path, capsys):
     code = main(["--artifacts", str(tmp_path), "generate", str(TINY_CPU), "--set", "build.target=engine", "--prompt", "hello"])
     assert code != 0
-    assert (
-        f"error: generate runs the cpu target here (no TensorRT-LLM on this machine); {TINY_CPU} has build.target 'engine'"
-        in capsys.readouterr().err
-    )
+    assert f"error: generate runs the cpu target here (no TensorRT-LLM on this machine); {TINY_CPU} has build.target 'engine'" in capsys.readouterr().err
     assert not (tmp_path / "tiny-cpu").exists()  # refused before anything is built
 
 

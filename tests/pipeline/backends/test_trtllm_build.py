@@ -142,8 +142,12 @@ def test_gpu_config_command_matches_golden(path):
 
 def test_gpu_configs_are_found():
     assert {p.stem for p in GPU_CONFIGS} >= {
-        "llama-3.1-8b-fp8", "llama-3.1-8b-int4-awq", "llama-3.3-70b-fp8-tp2", "mistral-7b-int8-sq",
-        "llama-3.1-8b-fp8-lora", "llama-3.1-8b-fp8-lookahead",
+        "llama-3.1-8b-fp8",
+        "llama-3.1-8b-int4-awq",
+        "llama-3.3-70b-fp8-tp2",
+        "mistral-7b-int8-sq",
+        "llama-3.1-8b-fp8-lora",
+        "llama-3.1-8b-fp8-lookahead",
     }
 
 
@@ -157,7 +161,13 @@ def test_build_config_json_and_argv_say_the_same(path):
     assert flags["--tokens_per_block"] == str(plugins["tokens_per_block"])
     assert flags["--kv_cache_type"].upper() == cfg["kv_cache_type"] and plugins["paged_kv_cache"] == (cfg["kv_cache_type"] == "PAGED")
     for key in (
-        "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha", "use_fused_mlp", "reduce_fusion", "multiple_profiles", "remove_input_padding",
+        "context_fmha",
+        "use_paged_context_fmha",
+        "use_fp8_context_fmha",
+        "use_fused_mlp",
+        "reduce_fusion",
+        "multiple_profiles",
+        "remove_input_padding",
     ):
         assert flags[f"--{key}"] == ("enable" if plugins[key] else "disable"), key
     assert flags["--build_config"] == str(build.build_config_path)
@@ -256,11 +266,14 @@ def test_max_num_tokens_below_tokens_per_block_is_an_error(base):
         _resolve(base, max_num_tokens=16)
 
 
-@pytest.mark.parametrize("algo, kv, message", [
-    ("fp8", "none", r"quantize\.algo fp8 needs FP8 tensor cores .* SM 8\.0"),
-    ("w4a8_awq", "none", r"quantize\.algo w4a8_awq needs FP8 tensor cores"),
-    ("none", "fp8", r"quantize\.kv_cache fp8 needs SM >= 8\.9"),
-])
+@pytest.mark.parametrize(
+    "algo, kv, message",
+    [
+        ("fp8", "none", r"quantize\.algo fp8 needs FP8 tensor cores .* SM 8\.0"),
+        ("w4a8_awq", "none", r"quantize\.algo w4a8_awq needs FP8 tensor cores"),
+        ("none", "fp8", r"quantize\.kv_cache fp8 needs SM >= 8\.9"),
+    ],
+)
 def test_fp8_below_sm89_is_an_error_when_a_gpu_is_declared(base, algo, kv, message):
     with pytest.raises(SpecError, match=message):
         _resolve(base, 80, quant_algo=algo, kv_cache_quant=kv, enable_kv_cache_reuse=False, enable_chunked_context=False)
@@ -281,12 +294,15 @@ def test_nvfp4_needs_blackwell(base):
         _resolve(base, 90, quant_algo="nvfp4", kv_cache_quant="fp8")
 
 
-@pytest.mark.parametrize("algo, kv, what", [
-    ("int8_wo", "none", "quantize.algo int8_wo"),
-    ("int4_awq", "none", "quantize.algo int4_awq"),
-    ("int8_sq", "none", "quantize.algo int8_sq"),
-    ("none", "int8", "quantize.kv_cache int8"),
-])
+@pytest.mark.parametrize(
+    "algo, kv, what",
+    [
+        ("int8_wo", "none", "quantize.algo int8_wo"),
+        ("int4_awq", "none", "quantize.algo int4_awq"),
+        ("int8_sq", "none", "quantize.algo int8_sq"),
+        ("none", "int8", "quantize.kv_cache int8"),
+    ],
+)
 def test_blackwell_rejects_int8_int4_weight_only_sq_and_int8_kv(base, algo, kv, what):
     with pytest.raises(SpecError, match=rf"{what} is rejected by trtllm-build on Blackwell \(SM 10\.0\)"):
         _resolve(base, 100, quant_algo=algo, kv_cache_quant=kv, enable_kv_cache_reuse=False, enable_chunked_context=False)
@@ -635,9 +651,7 @@ def test_lookahead_outside_its_support_matrix_is_a_warning(lookahead_base):
 
 
 def test_lora_with_speculative_decoding_is_a_warning(lookahead_base, lora_base):
-    request = dataclasses.replace(
-        lookahead_base, **{f: getattr(lora_base, f) for f in ("lora_plugin", "lora_dirs", "lora_target_modules", "max_lora_rank")}
-    )
+    request = dataclasses.replace(lookahead_base, **{f: getattr(lora_base, f) for f in ("lora_plugin", "lora_dirs", "lora_target_modules", "max_lora_rank")})
     _, decisions = _resolve(request)
     assert "LoRA together with speculative decoding" in _decision(decisions, "build.speculative.mode", "warning").reason
 

@@ -132,12 +132,15 @@ def test_fp8_on_a100_is_flagged():
     assert any("has no FP8" in n for n in plan.notes)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"tp": 3}, "tp 3 must be >= 1 and divide"),
-    ({"kv_cache_free_gpu_mem_fraction": 0.0}, "kv_cache_free_gpu_mem_fraction must be in"),
-    ({"quant_algo": "int2"}, "quantize.algo 'int2' is not one of"),
-    ({"kv_cache_dtype": "fp4"}, "KV-cache dtype 'fp4' is not one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"tp": 3}, "tp 3 must be >= 1 and divide"),
+        ({"kv_cache_free_gpu_mem_fraction": 0.0}, "kv_cache_free_gpu_mem_fraction must be in"),
+        ({"quant_algo": "int2"}, "quantize.algo 'int2' is not one of"),
+        ({"kv_cache_dtype": "fp4"}, "KV-cache dtype 'fp4' is not one of"),
+    ],
+)
 def test_bad_inputs(kwargs, message):
     args = {"quant_algo": "fp8", "kv_cache_dtype": "fp8", "gpu": "H200", "max_seq_len": 4096, **kwargs}
     with pytest.raises(SpecError, match=message):

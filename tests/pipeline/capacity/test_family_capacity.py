@@ -63,10 +63,18 @@ def test_gpt_oss_sliding_layers_and_mla():
     assert kv_bytes_per_token(DEEPSEEK_V3, "none", tp=8) == 70_272  # the latent is not split by TP
 
 
-@pytest.mark.parametrize(("model", "total_b", "active_b"), [
-    (QWEN3_8B, 8.19, None), (QWEN3_MOE, 30.53, 3.35), (MIXTRAL, 46.70, 12.88), (GEMMA3_1B, 1.00, None),
-    (PHI4, 14.66, None), (GPT_OSS, 20.91, 4.19), (DEEPSEEK_V3, 671.03, 37.55),
-])
+@pytest.mark.parametrize(
+    ("model", "total_b", "active_b"),
+    [
+        (QWEN3_8B, 8.19, None),
+        (QWEN3_MOE, 30.53, 3.35),
+        (MIXTRAL, 46.70, 12.88),
+        (GEMMA3_1B, 1.00, None),
+        (PHI4, 14.66, None),
+        (GPT_OSS, 20.91, 4.19),
+        (DEEPSEEK_V3, 671.03, 37.55),
+    ],
+)
 def test_parameter_counts_match_the_published_sizes(model, total_b, active_b):
     """Published: Qwen3-8B 8.2 B, Qwen3-30B-A3B 30.5 B / 3.3 B active, Mixtral 46.7 B / 12.9 B, Gemma-3-1B 1.0 B,
     Phi-4 14.7 B, GPT-OSS-20B 21 B (expert and attention biases, not counted here, make the rest), DeepSeek-V3 671 B /

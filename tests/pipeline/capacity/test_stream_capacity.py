@@ -75,10 +75,13 @@ def test_the_package_stage_plans_for_the_gpu_and_keeps_what_the_spec_sets():
     assert counts["bls"] == 2 and "serve.instances.bls: 2 (set in the spec)" in reasoning
 
 
-@pytest.mark.parametrize("config, overrides, why", [
-    ("tiny-cpu.yaml", [], "build.target cpu: its engine streams far below one instance's rate"),
-    ("llama-3.1-8b-fp8.yaml", ["deploy.gpu=null"], "no deploy.gpu: the GPU's token rate is unknown"),
-])
+@pytest.mark.parametrize(
+    "config, overrides, why",
+    [
+        ("tiny-cpu.yaml", [], "build.target cpu: its engine streams far below one instance's rate"),
+        ("llama-3.1-8b-fp8.yaml", ["deploy.gpu=null"], "no deploy.gpu: the GPU's token rate is unknown"),
+    ],
+)
 def test_without_a_gpus_rate_every_python_model_gets_one_instance(config, overrides, why):
     loaded = load_config(REPO / "build_configs" / config, overrides)
     counts, reasoning = planned_python_instances(loaded.spec, loaded.model)

@@ -38,8 +38,10 @@ def spec_error(path: Path, overrides: tuple[str, ...] = ()) -> str:
 @pytest.mark.parametrize("config", sorted(BUILD_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_build_config_validates(config: Path) -> None:
     if config.name == "tiny-cpu-medusa.yaml" and not (REPO / "models" / "tiny-stdlib-llama-medusa").is_dir():
-        pytest.skip("models/tiny-stdlib-llama-medusa (the trained heads) is shipped by another branch of issue #35; "
-                    "tests/pipeline/backends/test_medusa.py validates this config with random heads")
+        pytest.skip(
+            "models/tiny-stdlib-llama-medusa (the trained heads) is shipped by another branch of issue #35; "
+            "tests/pipeline/backends/test_medusa.py validates this config with random heads"
+        )
     loaded = load_config(config)
     assert loaded.spec.name == config.stem
     assert loaded.model.path.is_dir()
@@ -71,22 +73,27 @@ def test_unknown_top_level_section(tmp_path: Path) -> None:
 
 def test_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
     message = spec_error(write_config(tmp_path, VALID), ("build.speculative.mode=lookahead_decoding", "build.speculative.max_draft_ln=2"))
-    assert ("build.speculative.max_draft_ln: unknown key 'max_draft_ln'; did you mean 'max_draft_len'? "
-            "(valid keys: mode, max_draft_len, lookahead, prompt_lookup, draft, medusa, eagle, mtp, draft_vocab_size)") in message
+    assert (
+        "build.speculative.max_draft_ln: unknown key 'max_draft_ln'; did you mean 'max_draft_len'? "
+        "(valid keys: mode, max_draft_len, lookahead, prompt_lookup, draft, medusa, eagle, mtp, draft_vocab_size)"
+    ) in message
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (("serve.enable_kv_cache_reuse=true", "quantize.kv_cache=int8", "quantize.calibration.files=[x]"), "serve.enable_kv_cache_reuse"),
-    (("quantize.group_size=32",), "quantize.group_size"),
-    (("quantize.algo=int4_wo",), "quantize.algo"),
-    (("serve.decoupled=false",), "serve.streaming"),
-    (("deploy.grpc_port=8000",), "deploy.grpc_port"),
-    (("build.tp_size=3",), "build.tp_size"),
-    (("build.max_batch_size=0",), "build.max_batch_size"),
-    (("model.source=nowhere",), "model.source"),
-    (("build.lora.adapter_source=nemo", "build.lora.target_modules=[attn_q]"), "build.lora.adapter_source"),
-    (("gate.performance.concurrency=2",), "gate.performance"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (("serve.enable_kv_cache_reuse=true", "quantize.kv_cache=int8", "quantize.calibration.files=[x]"), "serve.enable_kv_cache_reuse"),
+        (("quantize.group_size=32",), "quantize.group_size"),
+        (("quantize.algo=int4_wo",), "quantize.algo"),
+        (("serve.decoupled=false",), "serve.streaming"),
+        (("deploy.grpc_port=8000",), "deploy.grpc_port"),
+        (("build.tp_size=3",), "build.tp_size"),
+        (("build.max_batch_size=0",), "build.max_batch_size"),
+        (("model.source=nowhere",), "model.source"),
+        (("build.lora.adapter_source=nemo", "build.lora.target_modules=[attn_q]"), "build.lora.adapter_source"),
+        (("gate.performance.concurrency=2",), "gate.performance"),
+    ],
+)
 def test_each_problem_names_its_field_once(tmp_path: Path, overrides: tuple[str, ...], field: str) -> None:
     """A message that starts with its field stands alone; the loader prefixes the field to any other (pydantic's own)."""
     message = spec_error(write_config(tmp_path, VALID), overrides)
@@ -311,8 +318,9 @@ def test_speculative_modes_this_pipeline_cannot_produce(tmp_path: Path) -> None:
     assert "cannot produce" in message
 
 
-@pytest.mark.parametrize("mode, section", [
-    ("medusa", "the Medusa heads directory"), ("eagle", "the EAGLE draft checkpoint directory (heads): EAGLE-3 on target llmapi")])
+@pytest.mark.parametrize(
+    "mode, section", [("medusa", "the Medusa heads directory"), ("eagle", "the EAGLE draft checkpoint directory (heads): EAGLE-3 on target llmapi")]
+)
 def test_head_based_modes_need_their_heads(tmp_path: Path, mode: str, section: str) -> None:
     path = write_config(tmp_path, ENGINE + f"  speculative:\n    mode: {mode}\n    max_draft_len: 4\n")
     assert f"build.speculative.{mode} is required for mode {mode}: {section}" in spec_error(path)
@@ -326,10 +334,13 @@ def test_lookahead_max_draft_len_must_match_its_window(tmp_path: Path) -> None:
     load_config(path, ("build.speculative.max_draft_len=15",))
 
 
-@pytest.mark.parametrize("w, n, g, where, fragment", [
-    (2, 1, 0, "13: build.speculative.lookahead.ngram_size", "ngram_size 1 needs window_size 1 and verification_set_size 0"),
-    (1, 1, 0, "11: build.speculative.lookahead", "(1, 1, 0) decodes one token per step"),
-])
+@pytest.mark.parametrize(
+    "w, n, g, where, fragment",
+    [
+        (2, 1, 0, "13: build.speculative.lookahead.ngram_size", "ngram_size 1 needs window_size 1 and verification_set_size 0"),
+        (1, 1, 0, "11: build.speculative.lookahead", "(1, 1, 0) decodes one token per step"),
+    ],
+)
 def test_illegal_lookahead_configurations(tmp_path: Path, w: int, n: int, g: int, where: str, fragment: str) -> None:
     section = LOOKAHEAD_SECTION + f"    lookahead:\n      window_size: {w}\n      ngram_size: {n}\n      verification_set_size: {g}\n"
     path = write_config(tmp_path, ENGINE + section)
@@ -355,14 +366,17 @@ def test_unknown_lora_module_lists_the_module_ids(tmp_path: Path) -> None:
     assert f"{path}:10: build.lora.target_modules.1:" in message and "'mlp_4h_to_h'" in message and "'q_proj'" in message
 
 
-@pytest.mark.parametrize("adapter, fragment", [
-    ({"r": 32}, "the adapter's rank r = 32"),
-    ({"target_modules": ["q_proj", "gate_proj"]}, "the adapter trains mlp_h_to_4h"),
-    ({"target_modules": ".*proj"}, "target_modules is the pattern '.*proj'"),
-    ({"target_modules": ["lm_head"]}, "target_modules lm_head have no TensorRT-LLM LoRA module"),
-    ({"peft_type": "PREFIX_TUNING"}, "peft_type PREFIX_TUNING is not LORA"),
-    ({"use_dora": True}, "DoRA adapters need trtllm-build's dora_plugin"),
-])
+@pytest.mark.parametrize(
+    "adapter, fragment",
+    [
+        ({"r": 32}, "the adapter's rank r = 32"),
+        ({"target_modules": ["q_proj", "gate_proj"]}, "the adapter trains mlp_h_to_4h"),
+        ({"target_modules": ".*proj"}, "target_modules is the pattern '.*proj'"),
+        ({"target_modules": ["lm_head"]}, "target_modules lm_head have no TensorRT-LLM LoRA module"),
+        ({"peft_type": "PREFIX_TUNING"}, "peft_type PREFIX_TUNING is not LORA"),
+        ({"use_dora": True}, "DoRA adapters need trtllm-build's dora_plugin"),
+    ],
+)
 def test_adapter_problems_name_the_adapter_entry(tmp_path: Path, adapter: dict, fragment: str) -> None:
     write_adapter(tmp_path / "adapter", **adapter)
     path = write_config(tmp_path, ENGINE + LORA_SECTION + "    target_modules: [attn_q, attn_k, attn_v, attn_dense]\n")
@@ -386,10 +400,13 @@ def test_serve_lora_needs_build_lora_and_room_for_its_ranks(tmp_path: Path) -> N
     assert f"{path}:14: serve.lora.cache_max_adapter_size (8) is below build.lora.max_rank (16)" in message
 
 
-@pytest.mark.parametrize("interval, message", [
-    ("4", "serve.stream_interval: 4 cannot be served on build.target engine: the tensorrtllm C++ backend sends one response"),
-    ("0", "serve.stream_interval: Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    "interval, message",
+    [
+        ("4", "serve.stream_interval: 4 cannot be served on build.target engine: the tensorrtllm C++ backend sends one response"),
+        ("0", "serve.stream_interval: Input should be greater than or equal to 1"),
+    ],
+)
 def test_stream_interval_is_refused_where_no_server_honours_it(tmp_path: Path, interval: str, message: str) -> None:
     """The engine target's C++ backend streams every token (no stream_interval parameter); below 1 means nothing."""
     assert message in spec_error(write_config(tmp_path, ENGINE + f"serve:\n  stream_interval: {interval}\n"))

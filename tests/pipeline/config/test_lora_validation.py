@@ -21,8 +21,15 @@ np = pytest.importorskip("numpy")
 
 PREFIX = "base_model.model.model.layers"
 # [out_features, in_features] of tiny-stdlib-llama's layers (hidden 256, intermediate 768, 4 heads × 64, 2 KV heads)
-SHAPES = {"self_attn.q_proj": (256, 256), "self_attn.k_proj": (128, 256), "self_attn.v_proj": (128, 256),
-          "self_attn.o_proj": (256, 256), "mlp.gate_proj": (768, 256), "mlp.up_proj": (768, 256), "mlp.down_proj": (256, 768)}
+SHAPES = {
+    "self_attn.q_proj": (256, 256),
+    "self_attn.k_proj": (128, 256),
+    "self_attn.v_proj": (128, 256),
+    "self_attn.o_proj": (256, 256),
+    "mlp.gate_proj": (768, 256),
+    "mlp.up_proj": (768, 256),
+    "mlp.down_proj": (256, 768),
+}
 
 
 def lora_tensors(modules=("self_attn.q_proj", "self_attn.v_proj"), rank=8, layers=range(4), shapes=SHAPES) -> dict:
@@ -37,15 +44,15 @@ def lora_tensors(modules=("self_attn.q_proj", "self_attn.v_proj"), rank=8, layer
 
 def write_adapter(directory: Path, tensors: dict, *, r: int = 8, modules=("q_proj", "v_proj")) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": 16,
-                                                               "target_modules": list(modules)}))
+    (directory / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": 16, "target_modules": list(modules)}))
     safetensors_numpy.save_file(tensors, str(directory / "adapter_model.safetensors"))
     return directory
 
 
 def write_spec(tmp_path: Path, *, model: Path = DEFAULT_MODEL, max_rank: int = 16) -> Path:
     path = tmp_path / "lora.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         name: lora-check
         model:
           source: {model}
@@ -57,7 +64,8 @@ def write_spec(tmp_path: Path, *, model: Path = DEFAULT_MODEL, max_rank: int = 1
           lora:
             adapter_dirs: [adapter]
             max_rank: {max_rank}
-        """))
+        """)
+    )
     return path
 
 
@@ -73,29 +81,54 @@ def test_an_adapter_that_fits_the_model_validates_on_the_cpu_target(tmp_path):
     assert loaded.spec.build.lora.adapter_dirs == (str(tmp_path / "adapter"),)
 
 
-@pytest.mark.parametrize("tensors, fragments", [
-    pytest.param({**lora_tensors(layers=[0]), f"{PREFIX}.1.self_attn.q_proj.lora_A.weight": np.zeros((8, 512), np.float16),
-                  f"{PREFIX}.1.self_attn.q_proj.lora_B.weight": np.zeros((256, 8), np.float16)},
-                 [f"{PREFIX}.1.self_attn.q_proj.lora_A.weight [8, 512]", "[out_features 256, in_features 256]",
-                  f"model.layers.1.self_attn.q_proj.weight in {DEFAULT_MODEL}", "expected [8, 256] and [256, 8]"],
-                 id="in-features-of-another-model"),
-    pytest.param(lora_tensors(layers=[0, 7]),
-                 [f"{PREFIX}.7.self_attn.q_proj.lora_A.weight adapts model.layers.7.self_attn.q_proj, which the model",
-                  "(no tensor model.layers.7.self_attn.q_proj.weight)"], id="a-layer-the-model-has-not"),
-    pytest.param({k: v for k, v in lora_tensors(layers=[0]).items() if "q_proj.lora_B" not in k},
-                 [f"{PREFIX}.0.self_attn.q_proj.lora_A.weight has no lora_B partner"], id="lora-A-alone"),
-    pytest.param({**lora_tensors(layers=[0], modules=("self_attn.v_proj",)),
-                  f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": np.zeros((8, 256), np.float16),
-                  f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": np.zeros((256, 4), np.float16)},
-                 [f"{PREFIX}.0.self_attn.q_proj.lora_A.weight has rank 8 (shape [8, 256]) but",
-                  "lora_B.weight has 4 (shape [256, 4])"], id="A-and-B-ranks-differ"),
-    pytest.param(lora_tensors(rank=4, layers=[0]),
-                 ["lora_A.weight has rank 4 (shape [4, 256]), but", "adapter_config.json says r = 8"], id="rank-is-not-r"),
-    pytest.param(lora_tensors(rank=32, layers=[0]),
-                 ["lora_A.weight has rank 32 (shape [32, 256]), above build.lora.max_rank (16)"], id="rank-above-max-rank"),
-    pytest.param({"base_model.model.lm_head.weight": np.zeros((4, 4), np.float16)},
-                 ["holds no lora_A / lora_B matrix"], id="no-lora-matrix"),
-])
+@pytest.mark.parametrize(
+    "tensors, fragments",
+    [
+        pytest.param(
+            {
+                **lora_tensors(layers=[0]),
+                f"{PREFIX}.1.self_attn.q_proj.lora_A.weight": np.zeros((8, 512), np.float16),
+                f"{PREFIX}.1.self_attn.q_proj.lora_B.weight": np.zeros((256, 8), np.float16),
+            },
+            [
+                f"{PREFIX}.1.self_attn.q_proj.lora_A.weight [8, 512]",
+                "[out_features 256, in_features 256]",
+                f"model.layers.1.self_attn.q_proj.weight in {DEFAULT_MODEL}",
+                "expected [8, 256] and [256, 8]",
+            ],
+            id="in-features-of-another-model",
+        ),
+        pytest.param(
+            lora_tensors(layers=[0, 7]),
+            [
+                f"{PREFIX}.7.self_attn.q_proj.lora_A.weight adapts model.layers.7.self_attn.q_proj, which the model",
+                "(no tensor model.layers.7.self_attn.q_proj.weight)",
+            ],
+            id="a-layer-the-model-has-not",
+        ),
+        pytest.param(
+            {k: v for k, v in lora_tensors(layers=[0]).items() if "q_proj.lora_B" not in k},
+            [f"{PREFIX}.0.self_attn.q_proj.lora_A.weight has no lora_B partner"],
+            id="lora-A-alone",
+        ),
+        pytest.param(
+            {
+                **lora_tensors(layers=[0], modules=("self_attn.v_proj",)),
+                f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": np.zeros((8, 256), np.float16),
+                f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": np.zeros((256, 4), np.float16),
+            },
+            [f"{PREFIX}.0.self_attn.q_proj.lora_A.weight has rank 8 (shape [8, 256]) but", "lora_B.weight has 4 (shape [256, 4])"],
+            id="A-and-B-ranks-differ",
+        ),
+        pytest.param(
+            lora_tensors(rank=4, layers=[0]), ["lora_A.weight has rank 4 (shape [4, 256]), but", "adapter_config.json says r = 8"], id="rank-is-not-r"
+        ),
+        pytest.param(
+            lora_tensors(rank=32, layers=[0]), ["lora_A.weight has rank 32 (shape [32, 256]), above build.lora.max_rank (16)"], id="rank-above-max-rank"
+        ),
+        pytest.param({"base_model.model.lm_head.weight": np.zeros((4, 4), np.float16)}, ["holds no lora_A / lora_B matrix"], id="no-lora-matrix"),
+    ],
+)
 def test_each_bad_adapter_tensor_is_named_with_its_file_key_and_shape(tmp_path, tensors, fragments):
     write_adapter(tmp_path / "adapter", tensors)
     message = refusal(write_spec(tmp_path))

@@ -18,10 +18,13 @@ FIELD = "build.speculative.medusa.vocab_size"
 SHIPPED_HEADS = REPO / "models" / "tiny-stdlib-llama-medusa"
 
 
-@pytest.mark.parametrize("value, message", [
-    ("0", f"{FIELD}: Input should be greater than or equal to 1"),
-    ("4097", f"{FIELD} (4097) exceeds the heads' vocab_size (4096"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("0", f"{FIELD}: Input should be greater than or equal to 1"),
+        ("4097", f"{FIELD} (4097) exceeds the heads' vocab_size (4096"),
+    ],
+)
 def test_bad_vocab_sizes_are_refused_by_name(heads: Path, value: str, message: str):  # noqa: F811
     assert message in _refused(heads, f"{FIELD}={value}")
 
@@ -44,10 +47,13 @@ def test_the_cpu_build_records_the_cut(heads: Path, tmp_path: Path):  # noqa: F8
     assert "medusa_vocab_size" not in json.loads((engine_dir / "config.json").read_text())["refengine_speculative"]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--medusa-vocab", "512"], "--medusa-vocab 512: needs --medusa"),
-    (["--medusa", str(SHIPPED_HEADS), "--medusa-vocab", "0"], "--medusa-vocab 0: needs --medusa and a positive number"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--medusa-vocab", "512"], "--medusa-vocab 512: needs --medusa"),
+        (["--medusa", str(SHIPPED_HEADS), "--medusa-vocab", "0"], "--medusa-vocab 0: needs --medusa and a positive number"),
+    ],
+)
 def test_bench_medusa_vocab_is_refused_before_anything_is_built(extra, message, capsys, tmp_path: Path):
     argv = ["--artifacts", str(tmp_path), "bench", "speculative", str(BUILD_CONFIGS / "tiny-cpu.yaml"), *extra]
     assert main(argv) == 2

@@ -26,11 +26,24 @@ CONFIGS = {"cpu": "tiny-cpu.yaml", "engine": "llama-3.1-8b-fp8.yaml", "llmapi": 
 LENGTHS = ("--set", "build.max_seq_len=2048", "--set", "build.max_input_len=1024")
 # (model_type, target) -> taken; the documented table.
 EXPECTED = {
-    "llama": "engine llmapi cpu", "mistral": "engine llmapi cpu", "mixtral": "engine llmapi cpu", "qwen2": "engine llmapi cpu",
-    "qwen2_moe": "engine llmapi cpu", "qwen3": "engine llmapi cpu", "qwen3_moe": "engine llmapi cpu", "gemma": "engine cpu",
-    "gemma2": "engine cpu", "gemma3_text": "engine llmapi cpu", "phi3": "engine llmapi cpu", "granite": "engine cpu",
-    "starcoder2": "engine llmapi cpu", "nemotron": "engine llmapi cpu", "deepseek_v3": "llmapi", "gpt_oss": "llmapi",
-    "llama4_text": "llmapi", "olmo2": "",
+    "llama": "engine llmapi cpu",
+    "mistral": "engine llmapi cpu",
+    "mixtral": "engine llmapi cpu",
+    "qwen2": "engine llmapi cpu",
+    "qwen2_moe": "engine llmapi cpu",
+    "qwen3": "engine llmapi cpu",
+    "qwen3_moe": "engine llmapi cpu",
+    "gemma": "engine cpu",
+    "gemma2": "engine cpu",
+    "gemma3_text": "engine llmapi cpu",
+    "phi3": "engine llmapi cpu",
+    "granite": "engine cpu",
+    "starcoder2": "engine llmapi cpu",
+    "nemotron": "engine llmapi cpu",
+    "deepseek_v3": "llmapi",
+    "gpt_oss": "llmapi",
+    "llama4_text": "llmapi",
+    "olmo2": "",
 }
 
 
@@ -73,21 +86,26 @@ def test_validate_takes_a_family_where_its_row_says(checkpoints, model_type, tar
 def test_refusals_name_where_the_family_runs_instead(checkpoints, capsys):
     code, output = _validate(checkpoints["deepseek_v3"], "engine", capsys=capsys)
     assert code == 2
-    assert ("deepseek_v3 does not run on build.target engine: DeepseekV3ForCausalLM is not in TensorRT-LLM 1.2's MODEL_MAP, "
-            "so trtllm-build cannot build it; use build.target llmapi") in output
+    assert (
+        "deepseek_v3 does not run on build.target engine: DeepseekV3ForCausalLM is not in TensorRT-LLM 1.2's MODEL_MAP, "
+        "so trtllm-build cannot build it; use build.target llmapi"
+    ) in output
     code, output = _validate(checkpoints["gemma2"], "llmapi", capsys=capsys)
     assert code == 2 and "TensorRT-LLM 1.2's PyTorch backend registers no Gemma2ForCausalLM; use build.target engine" in output
 
 
-@pytest.mark.parametrize(("model_type", "target", "algo", "reason"), [
-    ("qwen3_moe", "engine", "int4_awq", "fused MoE experts"),
-    ("mixtral", "llmapi", "w4a8_awq", "fused MoE experts"),
-    ("qwen3_moe", "engine", "int8_wo", "weight-only formats on MoE experts"),
-    ("mixtral", "engine", "int8_sq", "no INT8 SmoothQuant for MoE"),
-    ("gpt_oss", "llmapi", "int4_awq", "gptossforcausallm not supported"),
-    ("gemma3_text", "engine", "w4a8_awq", "alpha_step 1"),
-    ("starcoder2", "engine", "int4_awq", "StarCoder2"),
-])
+@pytest.mark.parametrize(
+    ("model_type", "target", "algo", "reason"),
+    [
+        ("qwen3_moe", "engine", "int4_awq", "fused MoE experts"),
+        ("mixtral", "llmapi", "w4a8_awq", "fused MoE experts"),
+        ("qwen3_moe", "engine", "int8_wo", "weight-only formats on MoE experts"),
+        ("mixtral", "engine", "int8_sq", "no INT8 SmoothQuant for MoE"),
+        ("gpt_oss", "llmapi", "int4_awq", "gptossforcausallm not supported"),
+        ("gemma3_text", "engine", "w4a8_awq", "alpha_step 1"),
+        ("starcoder2", "engine", "int4_awq", "StarCoder2"),
+    ],
+)
 def test_a_format_the_family_cannot_take_on_the_target_is_refused(checkpoints, model_type, target, algo, reason, capsys):
     # The examples' FP8 KV cache and FP8 context attention belong to fp8 weights: off, so only the family rule speaks.
     plain = ("--set", "quantize.kv_cache=none", "--set", "build.plugins.use_fp8_context_fmha=false")
@@ -106,8 +124,7 @@ def test_int8_smoothquant_stays_refused_on_llmapi_for_every_family(checkpoints, 
 
 @pytest.mark.parametrize("target", ["engine", "cpu"])
 def test_gemma2_is_limited_to_4096_tokens_where_its_checkpoint_has_no_window(checkpoints, target, capsys):
-    code, output = _validate(checkpoints["gemma2"], target, "--set", "build.max_seq_len=8192", "--set", "build.max_input_len=4096",
-                             capsys=capsys)
+    code, output = _validate(checkpoints["gemma2"], target, "--set", "build.max_seq_len=8192", "--set", "build.max_input_len=4096", capsys=capsys)
     assert code == 2
     assert f"build.max_seq_len: gemma2 on build.target {target} takes at most 4096 tokens, got 8192 from build.max_seq_len" in output
 
@@ -127,8 +144,7 @@ def test_every_format_cell_of_the_table(checkpoints, model_type, target, capsys)
     for algo, record in WEIGHT_FORMATS.items():
         if not record.runs_on(target):
             continue
-        overrides = ["--set", f"quantize.algo={algo}", "--set", "quantize.kv_cache=none", "--set", f"model.source={checkpoints[model_type]}",
-                     *LENGTHS]
+        overrides = ["--set", f"quantize.algo={algo}", "--set", "quantize.kv_cache=none", "--set", f"model.source={checkpoints[model_type]}", *LENGTHS]
         if target == "engine":
             overrides += ["--set", "build.plugins.use_fp8_context_fmha=false", "--set", f"deploy.gpu={'B200' if algo == 'nvfp4' else 'H200'}"]
         code = main(["validate", str(BUILD_CONFIGS / FORMAT_BASES[target]), *overrides])
@@ -184,8 +200,9 @@ def test_a_head_dim_that_disagrees_with_the_weights_is_refused(checkpoints, tmp_
     model = _edit_config(checkpoints["qwen3"], tmp_path, head_dim=32)
     code, output = _validate(model, "engine", capsys=capsys)
     assert code == 2
-    assert (f"{model / 'config.json'}: head_dim 32 disagrees with the weights: layer 0's self_attn.q_proj.weight has 256 rows, "
-            "4 heads × 32 would give 128") in output
+    assert (
+        f"{model / 'config.json'}: head_dim 32 disagrees with the weights: layer 0's self_attn.q_proj.weight has 256 rows, 4 heads × 32 would give 128"
+    ) in output
 
 
 def test_a_phi3_fused_qkv_is_checked_against_head_dim_too(checkpoints, tmp_path, capsys):
@@ -217,8 +234,7 @@ def test_a_checkpoint_missing_an_experts_tensors_is_refused(checkpoints, tmp_pat
     save_file({name: t for name, t in tensors.items() if name not in dropped}, model / "model.safetensors")
     code, output = _validate(model, "engine", capsys=capsys)
     assert code == 2
-    assert (f"{model / 'config.json'}: num_local_experts is 4, but the checkpoint lacks layer 1's "
-            "block_sparse_moe.experts.3.w1.weight") in output
+    assert (f"{model / 'config.json'}: num_local_experts is 4, but the checkpoint lacks layer 1's block_sparse_moe.experts.3.w1.weight") in output
 
 
 def test_more_experts_in_config_than_in_the_checkpoint_is_refused(checkpoints, tmp_path, capsys):
@@ -240,8 +256,7 @@ def _dry_run(model: Path, target: str, store: Path) -> Path:
     """plan (with the GPU capacity table) then run --runner dry-run --until package, as a user would."""
     config = ["--set", f"model.source={model}", *LENGTHS]
     assert main(["--artifacts", str(store), "plan", str(BUILD_CONFIGS / CONFIGS[target]), *config, "--gpu", "H200"]) == 0
-    assert main(["--artifacts", str(store), "run", str(BUILD_CONFIGS / CONFIGS[target]), *config, "--runner", "dry-run",
-                 "--until", "package"]) == 0
+    assert main(["--artifacts", str(store), "run", str(BUILD_CONFIGS / CONFIGS[target]), *config, "--runner", "dry-run", "--until", "package"]) == 0
     [directory] = (store / Path(CONFIGS[target]).stem).glob("package-*")
     return directory.parent
 

@@ -32,25 +32,52 @@ from tests.conftest import BUILD_CONFIGS, REPO
 
 # NVIDIA/TensorRT-LLM tensorrt_llm/quantization/mode.py: the QuantAlgo enum of TensorRT-LLM 1.2 (KV_CACHE_QUANT_ALGO_LIST = FP8, INT8, NVFP4).
 TRTLLM_QUANT_ALGOS = {
-    "W8A16", "W4A16", "W4A16_AWQ", "W4A8_AWQ", "W8A16_GPTQ", "W4A16_GPTQ", "W8A8_SQ_PER_CHANNEL",
-    "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
-    "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN", "W4A8_QSERVE_PER_GROUP", "W4A8_QSERVE_PER_CHANNEL", "FP8",
-    "FP8_PER_CHANNEL_PER_TOKEN", "FP8_BLOCK_SCALES", "MIXED_PRECISION", "NVFP4", "W4A8_NVFP4_FP8", "W4A8_MXFP4_FP8",
-    "W4A8_MXFP4_MXFP8", "W4A16_MXFP4",
+    "W8A16",
+    "W4A16",
+    "W4A16_AWQ",
+    "W4A8_AWQ",
+    "W8A16_GPTQ",
+    "W4A16_GPTQ",
+    "W8A8_SQ_PER_CHANNEL",
+    "W8A8_SQ_PER_TENSOR_PLUGIN",
+    "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+    "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
+    "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN",
+    "W4A8_QSERVE_PER_GROUP",
+    "W4A8_QSERVE_PER_CHANNEL",
+    "FP8",
+    "FP8_PER_CHANNEL_PER_TOKEN",
+    "FP8_BLOCK_SCALES",
+    "MIXED_PRECISION",
+    "NVFP4",
+    "W4A8_NVFP4_FP8",
+    "W4A8_MXFP4_FP8",
+    "W4A8_MXFP4_MXFP8",
+    "W4A16_MXFP4",
 }
 TRTLLM_KV_QUANT_ALGOS = {"FP8", "INT8", "NVFP4"}
 
 # What the checkpoint's config.json says for each format, as modelopt_export and trtllm_build wrote it before the
 # registry (ModelOpt 0.47's quantization blocks; int8_wo -> W8A16 as TensorRT-LLM's examples/quantization/quantize.py patches it).
 CHECKPOINT_QUANT_ALGO = {
-    "none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_awq": "W4A16_AWQ",
-    "w4a8_awq": "W4A8_AWQ", "nvfp4": "NVFP4",
+    "none": None,
+    "fp8": "FP8",
+    "int8_sq": "W8A8_SQ_PER_CHANNEL",
+    "int8_wo": "W8A16",
+    "int4_awq": "W4A16_AWQ",
+    "w4a8_awq": "W4A8_AWQ",
+    "nvfp4": "NVFP4",
 }
 CHECKPOINT_KV_QUANT_ALGO = {"none": None, "fp8": "FP8", "int8": "INT8"}
 # TensorRT-LLM's examples/quantization/quantize.py and ModelOpt 0.47's config names: quantize.py's --qformat -> ModelOpt config (int8_wo and none: no PTQ).
 MODELOPT_CONFIGS = {
-    "none": None, "fp8": "FP8_DEFAULT_CFG", "int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": None,
-    "int4_awq": "INT4_AWQ_CFG", "w4a8_awq": "W4A8_AWQ_BETA_CFG", "nvfp4": "NVFP4_DEFAULT_CFG",
+    "none": None,
+    "fp8": "FP8_DEFAULT_CFG",
+    "int8_sq": "INT8_SMOOTHQUANT_CFG",
+    "int8_wo": None,
+    "int4_awq": "INT4_AWQ_CFG",
+    "w4a8_awq": "W4A8_AWQ_BETA_CFG",
+    "nvfp4": "NVFP4_DEFAULT_CFG",
 }
 
 
@@ -152,19 +179,22 @@ def test_bytes_per_weight_and_per_kv_element():
 
 
 # -- the paged-context-FMHA rule (builder.py) -------------------------------------------------------------------
-@pytest.mark.parametrize("algo, kv, sm, expected", [
-    ("none", "none", None, None),
-    ("int8_sq", "int8", None, "kv_cache"),  # INT8 KV cache => paged context FMHA forced off
-    ("fp8", "int8", 90, "kv_cache"),
-    ("fp8", "fp8", None, None),  # FP8 KV keeps it as FP8 paged context FMHA with FP8-family weights
-    ("w4a8_awq", "fp8", 90, None),
-    ("nvfp4", "fp8", 100, None),
-    ("int8_sq", "fp8", None, "weights"),  # quant_algo not in {FP8, W4A8_AWQ, NVFP4} with FP8 KV => off
-    ("none", "fp8", 90, "weights"),
-    ("int4_awq", "fp8", None, "weights"),
-    ("fp8", "fp8", 80, "gpu"),  # SM < 89 => FP8 context FMHA off, and paged context FMHA with it under FP8 KV
-    ("int4_awq", "none", 80, None),
-])
+@pytest.mark.parametrize(
+    "algo, kv, sm, expected",
+    [
+        ("none", "none", None, None),
+        ("int8_sq", "int8", None, "kv_cache"),  # INT8 KV cache => paged context FMHA forced off
+        ("fp8", "int8", 90, "kv_cache"),
+        ("fp8", "fp8", None, None),  # FP8 KV keeps it as FP8 paged context FMHA with FP8-family weights
+        ("w4a8_awq", "fp8", 90, None),
+        ("nvfp4", "fp8", 100, None),
+        ("int8_sq", "fp8", None, "weights"),  # quant_algo not in {FP8, W4A8_AWQ, NVFP4} with FP8 KV => off
+        ("none", "fp8", 90, "weights"),
+        ("int4_awq", "fp8", None, "weights"),
+        ("fp8", "fp8", 80, "gpu"),  # SM < 89 => FP8 context FMHA off, and paged context FMHA with it under FP8 KV
+        ("int4_awq", "none", 80, None),
+    ],
+)
 def test_paged_context_fmha_loss(algo, kv, sm, expected):
     assert paged_context_fmha_loss(weight_format(algo), kv_cache_format(kv), sm) == expected
 
@@ -174,10 +204,10 @@ def _spec(algo: str, kv: str, target: str, *overrides: str):
     return load_config(BUILD_CONFIGS / "tiny-cpu-fp8.yaml", (f"quantize.algo={algo}", f"quantize.kv_cache={kv}", *target_overrides, *overrides))
 
 
-@pytest.mark.parametrize("algo, kv", [
-    (a.value, k.value) for a, k in itertools.product(QuantAlgo, KVCacheQuant)
-    if weight_format(a).runs_on("cpu") and kv_cache_format(k).runs_on("cpu")
-])
+@pytest.mark.parametrize(
+    "algo, kv",
+    [(a.value, k.value) for a, k in itertools.product(QuantAlgo, KVCacheQuant) if weight_format(a).runs_on("cpu") and kv_cache_format(k).runs_on("cpu")],
+)
 def test_cpu_and_engine_targets_apply_the_same_rule(algo, kv):
     """A format pair that loses paged context FMHA refuses KV reuse on both targets, and both engine configs record it off."""
     loses = paged_context_fmha_loss(weight_format(algo), kv_cache_format(kv)) is not None

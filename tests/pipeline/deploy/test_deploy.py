@@ -425,8 +425,14 @@ def tiny_engine(directory: Path) -> Path:
     config = {
         "version": "refengine-0.1.0",
         "pretrained_config": {
-            "architecture": "LlamaForCausalLM", "dtype": "float16", "logits_dtype": "float16", "vocab_size": 4096,
-            "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "logits_dtype": "float16",
+            "vocab_size": 4096,
+            "hidden_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
             "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
             "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
         },
@@ -442,16 +448,34 @@ def llama_engine(directory: Path, tp_size: int) -> Path:
     config = {
         "version": "1.2.1",
         "pretrained_config": {
-            "architecture": "LlamaForCausalLM", "dtype": "bfloat16", "logits_dtype": "float32", "vocab_size": 128256,
-            "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "logits_dtype": "float32",
+            "vocab_size": 128256,
+            "hidden_size": 8192,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
             "mapping": {"world_size": tp_size, "tp_size": tp_size, "pp_size": 1},
             "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
         },
         "build_config": {
-            "max_batch_size": 64, "max_input_len": 8192, "max_seq_len": 16384, "max_num_tokens": 8192, "max_beam_width": 1,
-            "kv_cache_type": "PAGED", "gather_context_logits": False, "gather_generation_logits": False,
-            "plugin_config": {"gpt_attention_plugin": "auto", "context_fmha": True, "use_paged_context_fmha": True,
-                              "paged_kv_cache": True, "remove_input_padding": True, "tokens_per_block": 32},
+            "max_batch_size": 64,
+            "max_input_len": 8192,
+            "max_seq_len": 16384,
+            "max_num_tokens": 8192,
+            "max_beam_width": 1,
+            "kv_cache_type": "PAGED",
+            "gather_context_logits": False,
+            "gather_generation_logits": False,
+            "plugin_config": {
+                "gpt_attention_plugin": "auto",
+                "context_fmha": True,
+                "use_paged_context_fmha": True,
+                "paged_kv_cache": True,
+                "remove_input_padding": True,
+                "tokens_per_block": 32,
+            },
         },
     }
     directory.mkdir(parents=True)
@@ -467,8 +491,11 @@ def tokenizer(directory: Path) -> Path:
 
 
 def package_repository(spec: Spec, engine: Path, tokenizer_dir: Path, out: Path) -> Path:
-    render_model_repository(RepositoryRequest(engine_dir=engine, tokenizer_dir=tokenizer_dir, serve=spec.serve, target=spec.build.target.value,
-                            out_dir=out, gpu_device_ids=spec.deploy.gpus))
+    render_model_repository(
+        RepositoryRequest(
+            engine_dir=engine, tokenizer_dir=tokenizer_dir, serve=spec.serve, target=spec.build.target.value, out_dir=out, gpu_device_ids=spec.deploy.gpus
+        )
+    )
     return out
 
 
@@ -495,9 +522,19 @@ def test_write_deployment_writes_every_file(cpu_artifacts):
     spec, store, engine, tokenizer_dir, package = cpu_artifacts
     out = store / "deploy-d" / "deploy"
     deployment = write_deployment(spec, out, engine_dir=engine, tokenizer_dir=tokenizer_dir, package_repository=package, secrets=SECRETS)
-    for name in (COMPOSE_FILE, ENV_FILE, layout.PROMETHEUS_CONFIG, layout.GRAFANA_DATASOURCES,
-                 layout.GRAFANA_DASHBOARD_PROVIDERS, layout.GRAFANA_DASHBOARD, layout.DOCKERFILE, layout.DOCKERIGNORE,
-                 "src/pyproject.toml", "src/refengine/__init__.py", "src/pipeline/deploy/image_setup.py"):
+    for name in (
+        COMPOSE_FILE,
+        ENV_FILE,
+        layout.PROMETHEUS_CONFIG,
+        layout.GRAFANA_DATASOURCES,
+        layout.GRAFANA_DASHBOARD_PROVIDERS,
+        layout.GRAFANA_DASHBOARD,
+        layout.DOCKERFILE,
+        layout.DOCKERIGNORE,
+        "src/pyproject.toml",
+        "src/refengine/__init__.py",
+        "src/pipeline/deploy/image_setup.py",
+    ):
         assert (out / name).is_file(), name
     assert not list((out / "src").rglob("__pycache__"))
     assert (out / COMPOSE_FILE).read_text() == render_text("tiny-cpu")
@@ -526,8 +563,10 @@ def test_generated_secrets_are_random_and_safe_for_the_flag(cpu_artifacts, tmp_p
     assert envs[0] != envs[1]
     [generated] = parse_api_keys(read_env(tmp_path / "d0" / ENV_FILE)[layout.OPENAI_API_KEYS_VARIABLE], "generated")
     assert generated.name == "default" and len(generated.secret) == 32  # one key for the front end, named in its metrics
-    for keys, says in ((f"ok:{'k' * 16},short-key", "line 1, entry 2: the key is shorter than 16 characters"),
-                       (f"{'k' * 16}\n{'j' * 16}", "must be one line: separate its keys with commas")):
+    for keys, says in (
+        (f"ok:{'k' * 16},short-key", "line 1, entry 2: the key is shorter than 16 characters"),
+        (f"{'k' * 16}\n{'j' * 16}", "must be one line: separate its keys with commas"),
+    ):
         with pytest.raises(StageError, match=says) as refused:
             write_deployment(spec, tmp_path / "bad-keys", engine_dir=engine, tokenizer_dir=tokenizer_dir, secrets={"TRTLLM_PIPELINE_API_KEYS": keys})
         assert "short-key" not in str(refused.value) and "k" * 16 not in str(refused.value)
@@ -565,15 +604,21 @@ def test_a_repository_unlike_the_package_is_refused(cpu_artifacts, tmp_path):
 
 def test_the_stage_writes_the_deployment_with_links_relative_to_its_final_place(cpu_artifacts):
     spec, store, engine, tokenizer_dir, package = cpu_artifacts
+
     def ref(stage: str, path: Path) -> ArtifactRef:
         return ArtifactRef(stage, "0" * 16, path, {})
+
     out_dir, final_dir = store / ".tmp-deploy-d-1", store / "deploy-d"
     out_dir.mkdir()
     console = Console(file=io.StringIO(), width=200)
     ctx = deploy_stage.StageContext(
-        spec=spec, model=None, plan=StagePlan("deploy", "d" * 16, {}, {}, {}, "deploy"),
+        spec=spec,
+        model=None,
+        plan=StagePlan("deploy", "d" * 16, {}, {}, {}, "deploy"),
         upstream={"prepare": ref("prepare", tokenizer_dir), "build": ref("build", engine.parent), "package": ref("package", package.parent)},
-        out_dir=out_dir, console=console, final_dir=final_dir,
+        out_dir=out_dir,
+        console=console,
+        final_dir=final_dir,
     )
     deploy_stage.run(ctx)
     out_dir.rename(final_dir)
@@ -637,8 +682,7 @@ def test_up_runs_compose_with_the_profile(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("pipeline.deploy.compose.up.run_command", lambda command, **kwargs: calls.append(command) or "ok")
     assert compose_up(tmp_path, "gpu") == "ok"
-    assert calls[-1] == ["docker", "compose", "--project-directory", str(tmp_path), "-f", str(tmp_path / COMPOSE_FILE),
-                         "--profile", "gpu", "up", "-d"]
+    assert calls[-1] == ["docker", "compose", "--project-directory", str(tmp_path), "-f", str(tmp_path / COMPOSE_FILE), "--profile", "gpu", "up", "-d"]
     with pytest.raises(StageError, match="holds no docker-compose.yml"):
         compose_up(tmp_path / "missing", "cpu")
 
@@ -650,8 +694,22 @@ def test_up_starts_the_chosen_services_with_override_files(tmp_path, monkeypatch
     calls = []
     monkeypatch.setattr("pipeline.deploy.compose.up.run_command", lambda command, **kwargs: calls.append(command) or "ok")
     compose_up(tmp_path, "cpu", services=["triton", "openai"], extra_files=[override])
-    assert calls[-1] == ["docker", "compose", "--project-directory", str(tmp_path), "-f", str(tmp_path / COMPOSE_FILE), "-f", str(override),
-                         "--profile", "cpu", "up", "-d", "triton", "openai"]
+    assert calls[-1] == [
+        "docker",
+        "compose",
+        "--project-directory",
+        str(tmp_path),
+        "-f",
+        str(tmp_path / COMPOSE_FILE),
+        "-f",
+        str(override),
+        "--profile",
+        "cpu",
+        "up",
+        "-d",
+        "triton",
+        "openai",
+    ]
 
 
 def test_up_refuses_an_unknown_service_or_a_missing_override_before_docker_runs(tmp_path, monkeypatch):

@@ -179,9 +179,9 @@ def written(tmp_path_factory) -> dict[str, Path]:
         for path, text in texts(name).items():
             (root / name / path).parent.mkdir(parents=True, exist_ok=True)
             (root / name / path).write_text(text)
-        (root / name / names.BASE_DIR / names.SECRET_ENV).write_text("".join(
-            f"{variable}={SECRETS[variable]}\n" for variable in (layout.ADMIN_KEY_VARIABLE, layout.OPENAI_API_KEYS_VARIABLE)
-        ))
+        (root / name / names.BASE_DIR / names.SECRET_ENV).write_text(
+            "".join(f"{variable}={SECRETS[variable]}\n" for variable in (layout.ADMIN_KEY_VARIABLE, layout.OPENAI_API_KEYS_VARIABLE))
+        )
         out[name] = root / name
     return out
 
@@ -299,8 +299,11 @@ def test_services_and_the_openai_front_end():
     # the API keys: the Secret's entry mounted as a file, named on the command line by its path only (#36)
     assert args[args.index("--api-key-file") + 1] == "/run/secrets/trtllm-pipeline/api-keys"
     [volume] = [v for v in pod["volumes"] if v["name"] == "api-keys"]
-    assert volume["secret"] == {"secretName": "llama-3-1-8b-fp8-k8s-secrets", "items": [{"key": "TRTLLM_PIPELINE_API_KEYS", "path": "api-keys"}],
-                                "defaultMode": 0o440}
+    assert volume["secret"] == {
+        "secretName": "llama-3-1-8b-fp8-k8s-secrets",
+        "items": [{"key": "TRTLLM_PIPELINE_API_KEYS", "path": "api-keys"}],
+        "defaultMode": 0o440,
+    }
     assert {"name": "api-keys", "mountPath": "/run/secrets/trtllm-pipeline", "readOnly": True} in container["volumeMounts"]
     assert not any("TRTLLM_PIPELINE_API_KEYS" in json.dumps(entry) for entry in container["env"])
     assert container["readinessProbe"]["httpGet"]["path"] == "/health" and "tcpSocket" in container["livenessProbe"]

@@ -157,11 +157,15 @@ def test_a_dry_run_deploys_the_trtllm_serve_form_the_package_stage_rendered(depl
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["build.tp_size=8", "deploy.gpus_per_node=4"],
-         "build.tp_size × build.pp_size (8) > deploy.gpus_per_node (4) is refused for build.target llmapi on deploy.kind kubernetes: "
-         "NVIDIA launches the LLM API across nodes with trtllm-llmapi-launch"),
-        (["deploy.kubernetes.llmapi_form=trtllm-serve", "deploy.kubernetes.autoscaling.max_replicas=2"],
-         "deploy.kubernetes.autoscaling is refused with deploy.kubernetes.llmapi_form trtllm-serve (build.target llmapi)"),
+        (
+            ["build.tp_size=8", "deploy.gpus_per_node=4"],
+            "build.tp_size × build.pp_size (8) > deploy.gpus_per_node (4) is refused for build.target llmapi on deploy.kind kubernetes: "
+            "NVIDIA launches the LLM API across nodes with trtllm-llmapi-launch",
+        ),
+        (
+            ["deploy.kubernetes.llmapi_form=trtllm-serve", "deploy.kubernetes.autoscaling.max_replicas=2"],
+            "deploy.kubernetes.autoscaling is refused with deploy.kubernetes.llmapi_form trtllm-serve (build.target llmapi)",
+        ),
     ],
 )
 def test_validate_refuses_what_the_llmapi_forms_do_not_run_on_kubernetes(tmp_path, capsys, overrides, message):

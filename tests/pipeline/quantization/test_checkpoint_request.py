@@ -24,18 +24,22 @@ def _config_only(model_type: str, directory: Path) -> Path:
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type, **{**_COMMON, **FAMILY_CONFIGS[model_type]})
-    config.architectures = [{"gpt_oss": "GptOssForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                             "mixtral": "MixtralForCausalLM", "starcoder2": "Starcoder2ForCausalLM"}[model_type]]
+    config.architectures = [
+        {"gpt_oss": "GptOssForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM", "starcoder2": "Starcoder2ForCausalLM"}[model_type]
+    ]
     config.save_pretrained(directory)
     return directory
 
 
 def _spec(source: Path, target: str, algo: str, kv_cache: str = "none", tp: int = 1) -> Spec:
-    return Spec.model_validate({
-        "name": "request", "model": {"source": str(source), "dtype": "bfloat16"},
-        "build": {"target": target, "max_input_len": 256, "max_seq_len": 512, "max_num_tokens": 1024, "tp_size": tp},
-        "quantize": {"algo": algo, "kv_cache": kv_cache, "calibration": {"files": [str(source / "*.txt")]}},
-    })
+    return Spec.model_validate(
+        {
+            "name": "request",
+            "model": {"source": str(source), "dtype": "bfloat16"},
+            "build": {"target": target, "max_input_len": 256, "max_seq_len": 512, "max_num_tokens": 1024, "tp_size": tp},
+            "quantize": {"algo": algo, "kv_cache": kv_cache, "calibration": {"files": [str(source / "*.txt")]}},
+        }
+    )
 
 
 def test_llmapi_takes_gpt_oss_as_its_unified_checkpoint_only(tmp_path: Path) -> None:
@@ -55,29 +59,33 @@ def test_engine_qwen3_moe_request_carries_the_moe_checkpoint_config(tmp_path: Pa
     assert config["quantization"] == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
 
 
-@pytest.mark.parametrize(("model_type", "target", "algo", "reason"), [
-    ("qwen3_moe", "engine", "int4_awq", "fused MoE experts"),
-    ("gpt_oss", "llmapi", "w4a8_awq", "gptossforcausallm not supported"),
-    ("starcoder2", "engine", "int8_sq", "precision matrix lists only FP8"),
-])
+@pytest.mark.parametrize(
+    ("model_type", "target", "algo", "reason"),
+    [
+        ("qwen3_moe", "engine", "int4_awq", "fused MoE experts"),
+        ("gpt_oss", "llmapi", "w4a8_awq", "gptossforcausallm not supported"),
+        ("starcoder2", "engine", "int8_sq", "precision matrix lists only FP8"),
+    ],
+)
 def test_checkpoint_request_refuses_what_the_family_table_refuses(model_type, target, algo, reason, tmp_path: Path) -> None:
     hf_dir = _config_only(model_type, tmp_path / model_type)
     with pytest.raises(StageError, match=rf"{model_type} in quantize.algo {algo} is refused on build.target {target}: .*{reason}"):
         checkpoint_request(_spec(hf_dir, target, algo), hf_dir)
 
 
-@pytest.mark.parametrize(("model_type", "algo", "reason"), [
-    ("qwen3_moe", "int4_awq", "fused MoE experts"),
-    ("mixtral", "int8_sq", "no INT8 SmoothQuant for MoE"),
-    ("mixtral", "int8_wo", "weight-only formats on MoE experts"),
-    ("starcoder2", "w4a8_awq", "precision matrix lists only FP8"),
-])
-def test_export_refuses_a_format_the_family_table_refuses_before_loading_weights(model_type, algo, reason,
-                                                                                tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("model_type", "algo", "reason"),
+    [
+        ("qwen3_moe", "int4_awq", "fused MoE experts"),
+        ("mixtral", "int8_sq", "no INT8 SmoothQuant for MoE"),
+        ("mixtral", "int8_wo", "weight-only formats on MoE experts"),
+        ("starcoder2", "w4a8_awq", "precision matrix lists only FP8"),
+    ],
+)
+def test_export_refuses_a_format_the_family_table_refuses_before_loading_weights(model_type, algo, reason, tmp_path: Path) -> None:
     from pipeline.quantization.modelopt_export import QuantRecipe, export_trtllm_checkpoint
 
     hf_dir = _config_only(model_type, tmp_path / model_type)
     with pytest.raises(StageError, match=rf"export: {model_type} in quantize.algo {algo} is refused .*{reason}"):
-        export_trtllm_checkpoint(hf_dir, tmp_path / "out", dtype="float16", tp_size=1, pp_size=1,
-                                 quant=QuantRecipe(algo), forward_loop=lambda model: None)
+        export_trtllm_checkpoint(hf_dir, tmp_path / "out", dtype="float16", tp_size=1, pp_size=1, quant=QuantRecipe(algo), forward_loop=lambda model: None)
     assert not (tmp_path / "out").exists()

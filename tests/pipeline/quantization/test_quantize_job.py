@@ -106,13 +106,22 @@ def test_the_job_imports_only_what_nvidias_image_has() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd=REPO)
     seen = json.loads(done.stdout)
     assert seen["others"] == []
-    assert seen["ours"] == ["pipeline", "pipeline.calibration", "pipeline.errors",
-                            "pipeline.quant_formats",  # the format registry: standard library only
-                            "pipeline.quantization", "pipeline.quantization.job", "pipeline.quantization.modelopt_export",
-                            "pipeline.quantization.trtllm_checkpoint", "pipeline.quantization.trtllm_checkpoint.convert",
-                            "pipeline.quantization.trtllm_checkpoint.layout", "pipeline.quantization.trtllm_checkpoint.linear",
-                            "pipeline.quantization.trtllm_checkpoint.moe", "pipeline.quantization.trtllm_checkpoint.reverse",
-                            "pipeline.quantization.unified_export"]
+    assert seen["ours"] == [
+        "pipeline",
+        "pipeline.calibration",
+        "pipeline.errors",
+        "pipeline.quant_formats",  # the format registry: standard library only
+        "pipeline.quantization",
+        "pipeline.quantization.job",
+        "pipeline.quantization.modelopt_export",
+        "pipeline.quantization.trtllm_checkpoint",
+        "pipeline.quantization.trtllm_checkpoint.convert",
+        "pipeline.quantization.trtllm_checkpoint.layout",
+        "pipeline.quantization.trtllm_checkpoint.linear",
+        "pipeline.quantization.trtllm_checkpoint.moe",
+        "pipeline.quantization.trtllm_checkpoint.reverse",
+        "pipeline.quantization.unified_export",
+    ]
     # not pipeline.config (the family table reads refengine's, which NVIDIA's image does not have): the request
     # carries the checkpoint config instead
 

@@ -101,18 +101,47 @@ def test_docker_command_is_exact(tmp_path: Path) -> None:
     art, hf = str(job.artifact_dir), str(job.request.hf_dir)
     a, b = (str(f) for f in job.request.calibration.files)
     assert list(runner.command(container_job(job, source_dir=Path("/src/pipeline")))) == [
-        "docker", "run", "--rm", "--gpus", '"device=0,1"', "--shm-size", "8g",
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-        "-u", "1000:1001", "-e", "HOME=/tmp",
-        "-e", "PYTHONPATH=/opt/trtllm-pipeline", "-e", "PYTHONDONTWRITEBYTECODE=1", "-e", "HF_HUB_OFFLINE=1",
-        "--network", "none",
-        "-v", "/src/pipeline:/opt/trtllm-pipeline/pipeline:ro",
-        "-v", f"{hf}:{hf}:ro",
-        "-v", f"{a}:{a}:ro", "-v", f"{b}:{b}:ro",
-        "-v", f"{art}:{art}",
-        "-w", art,
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        '"device=0,1"',
+        "--shm-size",
+        "8g",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "-u",
+        "1000:1001",
+        "-e",
+        "HOME=/tmp",
+        "-e",
+        "PYTHONPATH=/opt/trtllm-pipeline",
+        "-e",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "-e",
+        "HF_HUB_OFFLINE=1",
+        "--network",
+        "none",
+        "-v",
+        "/src/pipeline:/opt/trtllm-pipeline/pipeline:ro",
+        "-v",
+        f"{hf}:{hf}:ro",
+        "-v",
+        f"{a}:{a}:ro",
+        "-v",
+        f"{b}:{b}:ro",
+        "-v",
+        f"{art}:{art}",
+        "-w",
+        art,
         "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3",
-        "python3", "-m", "pipeline.quantization.job", "--request", f"{art}/{REQUEST_FILE}",
+        "python3",
+        "-m",
+        "pipeline.quantization.job",
+        "--request",
+        f"{art}/{REQUEST_FILE}",
     ]
 
 
@@ -130,13 +159,19 @@ def test_docker_command_defaults(tmp_path: Path) -> None:
 def _fake_checkpoint(request: QuantizeRequest, *, quant_algo: str = "FP8") -> None:
     request.output_dir.mkdir(parents=True, exist_ok=True)
     world = request.tp_size * request.pp_size
-    config = {"mapping": {"world_size": world, "tp_size": request.tp_size, "pp_size": request.pp_size},
-              "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": "FP8"}}
+    config = {
+        "mapping": {"world_size": world, "tp_size": request.tp_size, "pp_size": request.pp_size},
+        "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": "FP8"},
+    }
     (request.output_dir / "config.json").write_text(json.dumps(config))
     for r in range(world):
         (request.output_dir / f"rank{r}.safetensors").write_bytes(b"")
-    result = {"quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": "FP8", "ranks": ["rank0.safetensors", "rank1.safetensors"]},
-              "calibration": None, "device": "cuda:0 (NVIDIA H200)", "versions": {"modelopt": "0.37.0"}}
+    result = {
+        "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": "FP8", "ranks": ["rank0.safetensors", "rank1.safetensors"]},
+        "calibration": None,
+        "device": "cuda:0 (NVIDIA H200)",
+        "versions": {"modelopt": "0.37.0"},
+    }
     request.result_file.write_text(json.dumps(result))
 
 
@@ -242,7 +277,7 @@ def test_dry_run_writes_the_script_and_request_the_docker_runner_would_run(tmp_p
     assert shlex.split(lines[-1]) == list(job.argv) == ["python3", "-m", JOB_MODULE, "--request", str(quantize / REQUEST_FILE)]
     docker_line = lines[lines.index("# In that image, as `--runner docker` runs it:") + 1]
     expected = list(DockerRunner(gpus=(0,), shm_size="4g").command(container_job(job)))  # deploy.gpus [0], deploy.shm_size 4g
-    assert shlex.split(docker_line.removeprefix("#   ")) == expected and expected[-len(job.argv):] == list(job.argv)
+    assert shlex.split(docker_line.removeprefix("#   ")) == expected and expected[-len(job.argv) :] == list(job.argv)
 
     record = json.loads((quantize / "quantize.json").read_text())
     assert record["dry_run"] is True and record["command"] == list(job.argv) and record["docker_command"] == expected
@@ -306,8 +341,10 @@ def test_preflight_cuda_with_dry_run_is_fine(no_cuda) -> None:
 
 def test_preflight_cuda_with_local_needs_cuda_here(no_cuda) -> None:
     assert _issues("llama-3.1-8b-fp8", "build.runner=local") == [
-        ("quantize.device is cuda, but this machine has no CUDA device: with build.runner local ModelOpt calibrates in this "
-         "process; use --runner docker (the GPU is in the container) or --runner dry-run, or set quantize.device: cpu")
+        (
+            "quantize.device is cuda, but this machine has no CUDA device: with build.runner local ModelOpt calibrates in this "
+            "process; use --runner docker (the GPU is in the container) or --runner dry-run, or set quantize.device: cpu"
+        )
     ]
 
 
@@ -364,8 +401,11 @@ def test_the_job_module_runs_here_on_cpu_and_writes_what_the_in_process_path_wri
     # the in-process path: the same config quantized on this CPU by the quantize stage itself
     in_process = {r.name: r for r in run_pipeline(load_config(path, ["quantize.device=cpu", "build.runner=local"]), store, until="quantize", console=quiet)}
     reference = in_process["quantize"].ref
-    assert reference.manifest["notes"]["quantization"] == result["quantization"] == {
-        "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "ranks": ["rank0.safetensors"]}
+    assert (
+        reference.manifest["notes"]["quantization"]
+        == result["quantization"]
+        == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "ranks": ["rank0.safetensors"]}
+    )
     assert reference.manifest["notes"]["calibration"] == result["calibration"]
     job_files = sorted(p.name for p in request.output_dir.iterdir())
     assert job_files == sorted(p.name for p in (reference.path / "trtllm_checkpoint").iterdir()) == ["config.json", "rank0.safetensors"]

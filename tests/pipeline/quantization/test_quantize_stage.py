@@ -24,9 +24,7 @@ CALIB_TEXT = (REPO / "data" / "calibration" / "stdlib_calib.txt").read_text()
 def _config(tmp_path: Path, quantize: str, *, target: str = "cpu", model: Path = DEFAULT_MODEL, extra: str = "") -> Path:
     (tmp_path / "calib").mkdir(exist_ok=True)
     (tmp_path / "calib" / "a.txt").write_text(CALIB_TEXT[:60_000])
-    (tmp_path / "calib" / "b.jsonl").write_text(
-        "\n".join(json.dumps({"text": CALIB_TEXT[i : i + 5000]}) for i in range(60_000, 90_000, 5000)) + "\n"
-    )
+    (tmp_path / "calib" / "b.jsonl").write_text("\n".join(json.dumps({"text": CALIB_TEXT[i : i + 5000]}) for i in range(60_000, 90_000, 5000)) + "\n")
     text = f"""\
     name: q
     model:

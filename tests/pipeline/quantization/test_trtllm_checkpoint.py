@@ -27,9 +27,16 @@ ROPE_THETA = 500000.0  # not the TRT-LLM default 10000, so a dropped rotary_base
 
 def _tiny_llama_config(**extra) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=2048,
-        rope_theta=ROPE_THETA, tie_word_embeddings=False, **extra,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=2048,
+        rope_theta=ROPE_THETA,
+        tie_word_embeddings=False,
+        **extra,
     )
 
 
@@ -79,11 +86,20 @@ def test_config_has_the_trtllm_fields(export):
     out, config = export()
     assert json.loads((out / "config.json").read_text()) == config
     expected = {
-        "architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": VOCAB, "hidden_size": HIDDEN,
-        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
-        "intermediate_size": INTER, "hidden_act": "silu", "norm_epsilon": 1e-6,
-        "position_embedding_type": "rope_gpt_neox", "max_position_embeddings": 2048,
-        "rotary_base": ROPE_THETA, "head_size": HEAD,
+        "architecture": "LlamaForCausalLM",
+        "dtype": "float16",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "intermediate_size": INTER,
+        "hidden_act": "silu",
+        "norm_epsilon": 1e-6,
+        "position_embedding_type": "rope_gpt_neox",
+        "max_position_embeddings": 2048,
+        "rotary_base": ROPE_THETA,
+        "head_size": HEAD,
     }
     assert {k: config.get(k) for k in expected} == expected
     assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
@@ -202,8 +218,13 @@ def test_pp2_splits_the_layers_across_ranks(export):
 def test_qwen2_with_qkv_bias_and_tied_embeddings(tmp_path):
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, tie_word_embeddings=True,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(config).to(torch.float16)
     with torch.no_grad():
@@ -226,8 +247,13 @@ def test_qwen2_with_qkv_bias_and_tied_embeddings(tmp_path):
 def test_fp8_with_fp8_kv_cache(hf_dir, tmp_path):
     batches = [torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     config = export_trtllm_checkpoint(
-        hf_dir, tmp_path, dtype="float16", tp_size=1, pp_size=1,
-        quant=QuantRecipe("fp8", "fp8", 128), forward_loop=lambda m: [m(b) for b in batches],
+        hf_dir,
+        tmp_path,
+        dtype="float16",
+        tp_size=1,
+        pp_size=1,
+        quant=QuantRecipe("fp8", "fp8", 128),
+        forward_loop=lambda m: [m(b) for b in batches],
     )
     assert config["quantization"]["quant_algo"] == "FP8"
     assert config["quantization"]["kv_cache_quant_algo"] == "FP8"
@@ -241,9 +267,7 @@ def test_fp8_with_fp8_kv_cache(hf_dir, tmp_path):
 
 def test_int8_weight_only_exports_float_weights_with_w8a16(hf_dir, tmp_path, original):
     """Like TensorRT-LLM's quantize.py: trtllm-build quantizes the weights; no calibration needed."""
-    config = export_trtllm_checkpoint(
-        hf_dir, tmp_path, dtype="float16", tp_size=1, pp_size=1, quant=QuantRecipe("int8_wo")
-    )
+    config = export_trtllm_checkpoint(hf_dir, tmp_path, dtype="float16", tp_size=1, pp_size=1, quant=QuantRecipe("int8_wo"))
     assert config["quantization"]["quant_algo"] == "W8A16"
     _, state = trtllm_to_hf_state_dict(tmp_path)
     assert all(torch.equal(state[k], v) for k, v in original.items())
@@ -317,8 +341,7 @@ def test_unified_only_writes_the_unified_checkpoint_alone(tmp_path):
     hf = make_family_checkpoint("gpt_oss", tmp_path / "hf")
     with pytest.raises(StageError, match=r"model_type 'gpt_oss' \(GptOssForCausalLM\) is not supported by the TensorRT-LLM"):
         export_trtllm_checkpoint(hf, tmp_path / "trt", dtype="bfloat16", tp_size=1, pp_size=1)
-    result = export_trtllm_checkpoint(hf, tmp_path / "trt", dtype="bfloat16", tp_size=1, pp_size=1,
-                                      unified_hf_dir=tmp_path / "unified", unified_only=True)
+    result = export_trtllm_checkpoint(hf, tmp_path / "trt", dtype="bfloat16", tp_size=1, pp_size=1, unified_hf_dir=tmp_path / "unified", unified_only=True)
     assert result == {"quantization": {"quant_algo": None, "kv_cache_quant_algo": None}}
     assert not (tmp_path / "trt").exists()
     assert (tmp_path / "unified" / "config.json").is_file() and (tmp_path / "unified" / "tokenizer.json").is_file()
@@ -341,8 +364,7 @@ def test_reader_reports_a_missing_rank(export, tmp_path):
 
 
 def test_rope_fields_from_transformers_5_rope_parameters():
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 1024}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
     config = _tiny_llama_config(rope_scaling=dict(llama3))  # transformers adds rope_theta to the dict
     fields = rope_fields(config.to_dict())
     assert fields["rotary_base"] == ROPE_THETA

@@ -120,8 +120,16 @@ def _tiny_model(family: str, vocab: int = VOCAB):
     architecture, _, extra = FAMILIES[family]
     torch.manual_seed(0)
     config = AutoConfig.for_model(
-        family, vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, architectures=[architecture], **extra,
+        family,
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        architectures=[architecture],
+        **extra,
     )
     return AutoModelForCausalLM.from_config(config).to(torch.float16).eval()
 
@@ -145,8 +153,12 @@ def _export(case: Case, root: Path) -> Exported:
         decoder = FAMILIES[case.family][1]
         if decoder:
             export_tensorrt_llm_checkpoint(
-                model, decoder, dtype=torch.float16, export_dir=root / "reference",
-                inference_tensor_parallel=case.tp, inference_pipeline_parallel=case.pp,
+                model,
+                decoder,
+                dtype=torch.float16,
+                export_dir=root / "reference",
+                inference_tensor_parallel=case.tp,
+                inference_pipeline_parallel=case.pp,
             )
         export_unified_checkpoint(unified_model, root / "unified", dtype=torch.float16)
     hf = json.loads((root / "unified" / "config.json").read_text())
@@ -181,9 +193,20 @@ def test_the_converter_writes_what_modelopts_trtllm_export_wrote(case: Case, exp
 # tensorrt_llm it writes no family keys, and under transformers 5 no rotary_base)
 _FAMILY_KEYS = {
     "llama": {"attn_bias", "mlp_bias", "rotary_base"},
-    "qwen2": {"attn_bias", "mlp_bias", "rotary_base", "qwen_type", "qk_layernorm", "seq_length", "use_logn_attn", "moe",
-              "moe_intermediate_size", "moe_shared_expert_intermediate_size", "disable_weight_only_quant_plugin",
-              "tie_word_embeddings"},
+    "qwen2": {
+        "attn_bias",
+        "mlp_bias",
+        "rotary_base",
+        "qwen_type",
+        "qk_layernorm",
+        "seq_length",
+        "use_logn_attn",
+        "moe",
+        "moe_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "disable_weight_only_quant_plugin",
+        "tie_word_embeddings",
+    },
     "gemma": {"attn_bias", "mlp_bias", "rotary_base", "inter_layernorms"},
 }
 _FAMILY_KEYS["qwen3"] = _FAMILY_KEYS["qwen2"]
@@ -192,8 +215,7 @@ _FAMILY_KEYS["qwen3"] = _FAMILY_KEYS["qwen2"]
 def _assert_config_agrees(case: Case, written: dict, reference: dict) -> None:
     """Every key ModelOpt's TRT export writes has its value, but `producer` and `rank` (ModelOpt writes config.json from
     its last rank; TensorRT-LLM sets the rank when it loads a rank file); the rest are the family's own keys."""
-    differ = {k: (reference[k], written.get(k)) for k in reference
-              if k not in ("producer", "rank") and written.get(k) != reference[k]}
+    differ = {k: (reference[k], written.get(k)) for k in reference if k not in ("producer", "rank") and written.get(k) != reference[k]}
     if case.family == "gemma" and case.tp == 1:  # GemmaConfig: a parallel embedding only when there is TP to split over
         assert differ.pop("use_parallel_embedding") == (True, False)
     assert differ == {}
@@ -231,7 +253,8 @@ def _assert_awq(reference: dict, converted: dict) -> set[str]:
                 else:
                     cosine = torch.nn.functional.cosine_similarity(
                         _int4_effective(converted, p + linear, converted[f"{p}{norm}.weight"].float()).flatten(),
-                        _int4_effective(reference, p + linear, want).flatten(), dim=0,
+                        _int4_effective(reference, p + linear, want).flatten(),
+                        dim=0,
                     )
                     assert cosine > 0.97, f"{p}{linear}: cosine {cosine:.4f}"
                     checked |= {n for n in reference if n.startswith(f"{p}{linear}.")}
@@ -299,8 +322,11 @@ def _expected_unquantized(family: str, hf: dict) -> dict:
         gate, up = hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]
     t = "transformer.layers.0."
     expected = {
-        t + "attention.qkv.weight": qkv, t + "attention.dense.weight": hf[a + "o_proj.weight"],
-        t + "mlp.fc.weight": gate, t + "mlp.gate.weight": up, t + "mlp.proj.weight": hf[m + "down_proj.weight"],
+        t + "attention.qkv.weight": qkv,
+        t + "attention.dense.weight": hf[a + "o_proj.weight"],
+        t + "mlp.fc.weight": gate,
+        t + "mlp.gate.weight": up,
+        t + "mlp.proj.weight": hf[m + "down_proj.weight"],
         t + "input_layernorm.weight": norm("model.layers.0.input_layernorm"),
         t + "post_layernorm.weight": norm("model.layers.0.post_attention_layernorm"),
         "transformer.vocab_embedding.weight": hf["model.embed_tokens.weight"],

@@ -38,9 +38,18 @@ def _export(family: str, algo: str, directory: Path) -> Path:
     architecture, extra = FAMILIES[family]
     torch.manual_seed(0)
     config = AutoConfig.for_model(
-        family, vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
-        architectures=[architecture], bos_token_id=1, eos_token_id=2, **extra,
+        family,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=256,
+        architectures=[architecture],
+        bos_token_id=1,
+        eos_token_id=2,
+        **extra,
     )
     model = AutoModelForCausalLM.from_config(config).to(torch.float16).eval()
     with torch.no_grad():  # random norms: a LayerNorm1P weight of zeros would hide a missing +1
@@ -65,8 +74,7 @@ def test_unquantized_weights_round_trip_exactly_over_tp_ranks(family: str, expor
     biased = family == "starcoder2"
     for layer in (0, 1):
         t, h = f"transformer.layers.{layer}.", f"model.layers.{layer}."
-        names = {f"{t}{m}.{s}" for m in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.proj")
-                 for s in (("weight", "bias") if biased else ("weight",))}
+        names = {f"{t}{m}.{s}" for m in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.proj") for s in (("weight", "bias") if biased else ("weight",))}
         names |= {f"{t}{n}.{s}" for n in ("input_layernorm", "post_layernorm") for s in ("weight", "bias")}
         for rank in ranks:
             assert {n for n in rank if n.startswith(t)} == names
@@ -104,8 +112,12 @@ def test_unquantized_weights_round_trip_exactly_over_tp_ranks(family: str, expor
 def test_fp8_structure(family: str, tp: int, exports, tmp_path: Path) -> None:
     written = convert(exports(family, "fp8"), tmp_path / "out", tp)
     biased = family == "starcoder2"
-    shapes = {"attention.qkv": ((HEADS + 2 * KV_HEADS) * HEAD // tp, HIDDEN), "attention.dense": (HIDDEN, HIDDEN // tp),
-              "mlp.fc": (INTER // tp, HIDDEN), "mlp.proj": (HIDDEN, INTER // tp)}
+    shapes = {
+        "attention.qkv": ((HEADS + 2 * KV_HEADS) * HEAD // tp, HIDDEN),
+        "attention.dense": (HIDDEN, HIDDEN // tp),
+        "mlp.fc": (INTER // tp, HIDDEN),
+        "mlp.proj": (HIDDEN, INTER // tp),
+    }
     for r in range(tp):
         rank = load_file(tmp_path / "out" / f"rank{r}.safetensors")
         t = "transformer.layers.0."

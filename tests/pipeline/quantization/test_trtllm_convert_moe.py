@@ -25,8 +25,7 @@ from tests.support.unified_exports import cached_exports, convert, quantize_and_
 VOCAB, HIDDEN, EXPERTS, TOP_K, INTER, SHARED = 500, 128, 4, 2, 128, 256
 FAMILIES = {
     "mixtral": ("MixtralForCausalLM", {"num_local_experts": EXPERTS, "intermediate_size": INTER}),
-    "qwen2_moe": ("Qwen2MoeForCausalLM", {"num_experts": EXPERTS, "moe_intermediate_size": INTER,
-                                          "shared_expert_intermediate_size": SHARED}),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", {"num_experts": EXPERTS, "moe_intermediate_size": INTER, "shared_expert_intermediate_size": SHARED}),
     "qwen3_moe": ("Qwen3MoeForCausalLM", {"num_experts": EXPERTS, "moe_intermediate_size": INTER, "head_dim": 64}),
 }
 # family -> (HF block, gate, up, down, router)
@@ -51,8 +50,16 @@ def _export(family: str, algo: str, directory: Path) -> Path:
     architecture, extra = FAMILIES[family]
     torch.manual_seed(0)
     config = AutoConfig.for_model(
-        family, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256, num_experts_per_tok=TOP_K, tie_word_embeddings=False, architectures=[architecture],
+        family,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_experts_per_tok=TOP_K,
+        tie_word_embeddings=False,
+        architectures=[architecture],
         **extra,
     )
     model = AutoModelForCausalLM.from_config(config).to(torch.float16).eval()
@@ -86,11 +93,13 @@ def test_names_shapes_and_dtypes_are_tensorrt_llms(family: str, algo: str, tp: i
             p + "mlp.proj.weight": ((EXPERTS, HIDDEN, INTER // tp), wdtype),
         }
         if family == "qwen2_moe":
-            expected.update({
-                p + "mlp.shared_expert.fc.weight": ((2 * SHARED // tp, HIDDEN), wdtype),
-                p + "mlp.shared_expert.proj.weight": ((HIDDEN, SHARED // tp), wdtype),
-                p + "mlp.shared_expert_gate.weight": ((1, HIDDEN), torch.float16),
-            })
+            expected.update(
+                {
+                    p + "mlp.shared_expert.fc.weight": ((2 * SHARED // tp, HIDDEN), wdtype),
+                    p + "mlp.shared_expert.proj.weight": ((HIDDEN, SHARED // tp), wdtype),
+                    p + "mlp.shared_expert_gate.weight": ((1, HIDDEN), torch.float16),
+                }
+            )
         if algo == "fp8":
             for linear in ("mlp.fc", "mlp.proj"):
                 expected[f"{p}{linear}.weights_scaling_factor"] = ((EXPERTS, 1), torch.float32)
@@ -158,8 +167,7 @@ def _scales_apart(unified: Path, out: Path, up: str) -> Path:
     shutil.copytree(unified, out)
     for path in out.glob("*.safetensors"):
         tensors = load_file(path)
-        for name in [n for n in tensors if n.endswith((f"experts.0.{up}.weight", f"experts.2.{up}.weight",
-                                                       "shared_expert.up_proj.weight"))]:
+        for name in [n for n in tensors if n.endswith((f"experts.0.{up}.weight", f"experts.2.{up}.weight", "shared_expert.up_proj.weight"))]:
             scale = tensors[name.replace(".weight", ".weight_scale")]
             wider = scale * 1.5
             tensors[name] = (tensors[name].float() * scale / wider).to(FP8)
@@ -171,8 +179,7 @@ def _scales_apart(unified: Path, out: Path, up: str) -> Path:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("variant", ["as-exported", "gate-up-apart"])
-def test_fp8_experts_share_one_gate_up_scale_and_requantize_within_one_step(family: str, tp: int, variant: str, exports,
-                                                                            tmp_path: Path) -> None:
+def test_fp8_experts_share_one_gate_up_scale_and_requantize_within_one_step(family: str, tp: int, variant: str, exports, tmp_path: Path) -> None:
     unified = exports(family, "fp8")
     if variant == "gate-up-apart":
         unified = _scales_apart(unified, tmp_path / "unified", HF_NAMES[family][2])
@@ -252,15 +259,15 @@ def test_export_trtllm_checkpoint_calibrates_and_converts_moe_end_to_end(family:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        written = export_trtllm_checkpoint(hf_dir, out, dtype="float16", tp_size=2, pp_size=1,
-                                           quant=QuantRecipe("fp8", "fp8"), forward_loop=lambda m: [m(b) for b in batches])
+        written = export_trtllm_checkpoint(
+            hf_dir, out, dtype="float16", tp_size=2, pp_size=1, quant=QuantRecipe("fp8", "fp8"), forward_loop=lambda m: [m(b) for b in batches]
+        )
     finally:
         torch.set_num_threads(previous)
     assert json.loads((out / "config.json").read_text()) == written
     experts = FAMILY_CONFIGS[family].get("num_local_experts") or FAMILY_CONFIGS[family].get("num_experts")
     inter = hf.get("moe_intermediate_size") or hf["intermediate_size"]
-    assert written["moe"] == {"num_experts": experts, "top_k": hf["num_experts_per_tok"],
-                              "normalization_mode": 1 if family == "mixtral" else 0}
+    assert written["moe"] == {"num_experts": experts, "top_k": hf["num_experts_per_tok"], "normalization_mode": 1 if family == "mixtral" else 0}
     assert written["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1, "moe_tp_size": 2, "moe_ep_size": 1}
     quantization = written["quantization"]
     assert (quantization["quant_algo"], quantization["kv_cache_quant_algo"]) == ("FP8", "FP8")
@@ -279,8 +286,18 @@ def test_qwen_moe_routing_follows_norm_topk_prob(family: str, norm_topk_prob: bo
     """TensorRT-LLM's QWenConfig writes NONE for every Qwen MoE; transformers renormalises the top-k weights when
     norm_topk_prob is true (every released Qwen3-MoE), so the checkpoint says RENORMALIZE then."""
     architecture, extra = FAMILIES[family]
-    hf = {"model_type": family, "architectures": [architecture], "num_attention_heads": 4, "hidden_size": HIDDEN,
-          "num_hidden_layers": 2, "vocab_size": VOCAB, "num_experts_per_tok": TOP_K, "norm_topk_prob": norm_topk_prob, **extra}
-    config = pretrained_config(hf, dtype="float16", mapping={"world_size": 1, "tp_size": 1, "pp_size": 1},
-                               quantization={"quant_algo": None, "kv_cache_quant_algo": None})
+    hf = {
+        "model_type": family,
+        "architectures": [architecture],
+        "num_attention_heads": 4,
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 2,
+        "vocab_size": VOCAB,
+        "num_experts_per_tok": TOP_K,
+        "norm_topk_prob": norm_topk_prob,
+        **extra,
+    }
+    config = pretrained_config(
+        hf, dtype="float16", mapping={"world_size": 1, "tp_size": 1, "pp_size": 1}, quantization={"quant_algo": None, "kv_cache_quant_algo": None}
+    )
     assert config["moe"] == {"num_experts": EXPERTS, "top_k": TOP_K, "normalization_mode": mode}

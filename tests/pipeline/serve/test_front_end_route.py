@@ -19,8 +19,16 @@ from tests.pipeline.deploy.test_deploy import load_spec
 
 @pytest.mark.parametrize(
     ("version", "expected"),
-    [("2.51.0", BLS_MODEL), ("2.56.1", BLS_MODEL), ("2.57.0", "my-ensemble"), ("2.61.0", "my-ensemble"), ("3.0", "my-ensemble"),
-     (None, "my-ensemble"), ("", "my-ensemble"), ("unknown", "my-ensemble")],
+    [
+        ("2.51.0", BLS_MODEL),
+        ("2.56.1", BLS_MODEL),
+        ("2.57.0", "my-ensemble"),
+        ("2.61.0", "my-ensemble"),
+        ("3.0", "my-ensemble"),
+        (None, "my-ensemble"),
+        ("", "my-ensemble"),
+        ("unknown", "my-ensemble"),
+    ],
 )
 def test_the_bls_below_2_57_else_the_ensemble(version, expected):
     assert front_end_triton_model(version, "my-ensemble") == expected

@@ -68,8 +68,17 @@ def alive(pid: int, ticks: int) -> bool:
 class FakeServer:
     """A session leader with a fake stub (and optionally a child without any mark) in its group."""
 
-    def __init__(self, state_dir: Path, spawned: list, *, marker: str, mark_stub: bool = True, unmarked_child: bool = False,
-                 crash_log: str = "Signal (11) received.\n 0# 0x000056210179252D in tritonserver\n", stub_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        spawned: list,
+        *,
+        marker: str,
+        mark_stub: bool = True,
+        unmarked_child: bool = False,
+        crash_log: str = "Signal (11) received.\n 0# 0x000056210179252D in tritonserver\n",
+        stub_dir: Path | None = None,
+    ) -> None:
         self.workspace = state_dir / detached.WORKSPACE_DIR
         self.workspace.mkdir(parents=True)
         stub_dir = stub_dir or self.workspace / "backends" / "python"  # where a real server's stubs run from
@@ -77,7 +86,7 @@ class FakeServer:
         stub = stub_dir / process.STUB_NAME
         stub.symlink_to(PYTHON)
         self.log = self.workspace / "tritonserver.log"
-        self.log.write_text("I1201 10:21:47.950796 7270 http_server.cc:4713] \"Started HTTPService at 127.0.0.1:8000\"\n" + crash_log)
+        self.log.write_text('I1201 10:21:47.950796 7270 http_server.cc:4713] "Started HTTPService at 127.0.0.1:8000"\n' + crash_log)
         region_arg = f"{marker}72a4c51a-d853-4ae6-bdfc-4c450f276b71" if mark_stub else "no-region"
         script = f'"{stub}" -c "{SLEEP_CODE}" {region_arg} 1048576 &\n' + ("sleep 300 &\n" if unmarked_child else "") + "wait\n"
         self.leader = subprocess.Popen(["sh", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL)
@@ -97,10 +106,19 @@ class FakeServer:
 
     def state(self, state_dir: Path, *, python_env_dirs: list[Path] = ()) -> ServerState:
         state = ServerState(
-            pid=self.pid, start_ticks=self.ticks, command=["tritonserver"], http_url="http://127.0.0.1:18000",
-            grpc_url="127.0.0.1:18001", metrics_url="http://127.0.0.1:18002/metrics", log_path=str(self.log),
-            shm_prefix=self.marker, python_env_dirs=[str(p) for p in python_env_dirs], exit_timeout_secs=1,
-            workspace=str(self.workspace), model_repository=str(state_dir / "repo"), started_at="2026-12-01T10:21:45Z",
+            pid=self.pid,
+            start_ticks=self.ticks,
+            command=["tritonserver"],
+            http_url="http://127.0.0.1:18000",
+            grpc_url="127.0.0.1:18001",
+            metrics_url="http://127.0.0.1:18002/metrics",
+            log_path=str(self.log),
+            shm_prefix=self.marker,
+            python_env_dirs=[str(p) for p in python_env_dirs],
+            exit_timeout_secs=1,
+            workspace=str(self.workspace),
+            model_repository=str(state_dir / "repo"),
+            started_at="2026-12-01T10:21:45Z",
         )
         detached._write_state(state_dir, state)
         return state
@@ -228,11 +246,24 @@ def test_a_normal_stop_keeps_the_short_message(tmp_path, spawned, marker):
     leader = subprocess.Popen(["sleep", "300"], start_new_session=True)  # exits at SIGTERM, leaves nothing
     ticks = process.start_time_ticks(leader.pid)
     spawned.append((leader.pid, ticks))
-    detached._write_state(state_dir, ServerState(
-        pid=leader.pid, start_ticks=ticks, command=["sleep"], http_url="http://127.0.0.1:18000", grpc_url="", metrics_url="",
-        log_path=str(workspace / "tritonserver.log"), shm_prefix=marker, python_env_dirs=[], exit_timeout_secs=1,
-        workspace=str(workspace), model_repository="", started_at="",
-    ))
+    detached._write_state(
+        state_dir,
+        ServerState(
+            pid=leader.pid,
+            start_ticks=ticks,
+            command=["sleep"],
+            http_url="http://127.0.0.1:18000",
+            grpc_url="",
+            metrics_url="",
+            log_path=str(workspace / "tritonserver.log"),
+            shm_prefix=marker,
+            python_env_dirs=[],
+            exit_timeout_secs=1,
+            workspace=str(workspace),
+            model_repository="",
+            started_at="",
+        ),
+    )
     result = stop_detached(state_dir)
     assert result.message() == f"stopped the server (pid {leader.pid}) that served http://127.0.0.1:18000"
     assert not result.already_exited and not alive(leader.pid, ticks) and read_state(state_dir) is None

@@ -38,12 +38,15 @@ def env_dir(parent: Path, name: str, created: float) -> Path:
 
 
 def test_server_start_times_lists_live_tritonservers_only(tmp_path, monkeypatch):
-    proc = fake_proc(tmp_path / "proc", {
-        10: ("tritonserver", BOOT + 100.0, "S"),
-        11: ("tritonserver", BOOT + 200.0, "Z"),  # a zombie has exited
-        12: ("python", BOOT + 300.0, "S"),
-        13: ("tritonserver", BOOT + 400.0, "R"),
-    })
+    proc = fake_proc(
+        tmp_path / "proc",
+        {
+            10: ("tritonserver", BOOT + 100.0, "S"),
+            11: ("tritonserver", BOOT + 200.0, "Z"),  # a zombie has exited
+            12: ("python", BOOT + 300.0, "S"),
+            13: ("tritonserver", BOOT + 400.0, "R"),
+        },
+    )
     monkeypatch.setattr(leaks, "PROC_DIR", proc)
     assert sorted(leaks.server_start_times()) == pytest.approx([BOOT + 100.0, BOOT + 400.0], abs=0.02)
     assert leaks.server_start_times(exclude=[13]) == pytest.approx([BOOT + 100.0], abs=0.02)
