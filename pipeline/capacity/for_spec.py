@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from pipeline.backends.registry import backend_for
 from pipeline.capacity.planner import CapacityPlan, CapacityRequest, DraftModel, plan_capacity
 from pipeline.capacity.streams import python_instances, token_roofline
+from pipeline.config.gpus import get_gpu
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.targets import traits_of
 
@@ -25,7 +26,7 @@ def spec_capacity(spec: Spec, model: ModelInfo, *, gpu: str, tp: int | None = No
             model,
             quant_algo=spec.quantize.algo.value,
             kv_cache_dtype=spec.quantize.kv_cache.value,
-            gpu=gpu,
+            gpu=get_gpu(gpu),
             max_seq_len=spec.build.max_seq_len or model.default_max_seq_len(),
             max_batch_size=spec.build.max_batch_size,
             tp=tp or spec.build.tp_size,

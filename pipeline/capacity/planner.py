@@ -125,7 +125,7 @@ class CapacityRequest:
     model: ModelInfo
     quant_algo: str
     kv_cache_dtype: str
-    gpu: str | GpuSpec
+    gpu: GpuSpec  # a name is looked up on construction
     max_seq_len: int
     max_batch_size: int = MAX_BATCH_SIZE_CAP
     tp: int = 1
@@ -137,6 +137,13 @@ class CapacityRequest:
     draft: DraftModel | None = None
     windows: tuple[int | None, ...] = ()
 
+    def __post_init__(self) -> None:
+        # one normal form from construction on: a GpuSpec, formats as their string values, windows as a tuple
+        object.__setattr__(self, "gpu", get_gpu(self.gpu))
+        object.__setattr__(self, "quant_algo", str(getattr(self.quant_algo, "value", self.quant_algo)))
+        object.__setattr__(self, "kv_cache_dtype", str(getattr(self.kv_cache_dtype, "value", self.kv_cache_dtype)))
+        object.__setattr__(self, "windows", tuple(self.windows))
+
 
 def plan_capacity(request: CapacityRequest) -> CapacityPlan:
     """How `model` in `quant_algo` with a `kv_cache_dtype` KV cache fits `tp` × `gpu`; CapacityError if it cannot run.
@@ -147,64 +154,67 @@ def plan_capacity(request: CapacityRequest) -> CapacityPlan:
 
     `windows` (one per layer, None: full attention) are the per-layer attention windows the target's runtime keeps
     (pipeline.config.families.Family.runtime_windows): a windowed layer holds at most its window per sequence."""
-    model, tp, draft, group_size, reserve_gb = request.model, request.tp, request.draft, request.group_size, request.reserve_gb
-    max_seq_len, max_batch_size, tokens_per_block = request.max_seq_len, request.max_batch_size, request.tokens_per_block
-    kv_cache_free_gpu_mem_fraction, tied_embeddings = request.kv_cache_free_gpu_mem_fraction, request.tied_embeddings
-    gpu = get_gpu(request.gpu)
-    quant_algo = str(getattr(request.quant_algo, "value", request.quant_algo))
-    kv_cache_dtype = str(getattr(request.kv_cache_dtype, "value", request.kv_cache_dtype))
-    _check_inputs(model, tp, max_seq_len, max_batch_size, kv_cache_free_gpu_mem_fraction, tokens_per_block)
-    params = count_params(model, tied_embeddings=tied_embeddings)
-    windows = tuple(request.windows)
+    _check_inputs(request.model, request.tp, request.max_seq_len, request.max_batch_size, request.kv_cache_free_gpu_mem_fraction, request.tokens_per_block)
+    params = count_params(request.model, tied_embeddings=request.tied_embeddings)
     sixteen_bit = (params.embedding + params.lm_head + params.final_norm) * _SIXTEEN_BIT
-    weights = params.decoder * weight_bytes_per_param(quant_algo, group_size) + sixteen_bit
-    per_gpu = weights / tp
-    label = f"{model.path.name} ({quant_algo if WEIGHT_FORMATS[quant_algo].quantized else '16-bit'} weights)"
-    budget = gpu.memory_gb * GB - reserve_gb * GB
-    draft_weights = _weights(draft.model, draft.quant_algo, group_size) / tp if draft is not None else 0.0
-    if draft is not None:
-        label += f" + draft {draft.model.path.name}"
+    weights = params.decoder * weight_bytes_per_param(request.quant_algo, request.group_size) + sixteen_bit
+    per_gpu = weights / request.tp
+    label = f"{request.model.path.name} ({request.quant_algo if WEIGHT_FORMATS[request.quant_algo].quantized else '16-bit'} weights)"
+    budget = request.gpu.memory_gb * GB - request.reserve_gb * GB
+    draft_weights = _weights(request.draft.model, request.draft.quant_algo, request.group_size) / request.tp if request.draft is not None else 0.0
+    if request.draft is not None:
+        label += f" + draft {request.draft.model.path.name}"
     per_gpu_all = per_gpu + draft_weights
     if per_gpu_all > budget:
         per_gpu = per_gpu_all
+        hint = _tp_hint(weights, request.gpu, request.reserve_gb, request.model, request.tp)
         raise CapacityError(
-            f"{label} needs {per_gpu / GB:.1f} GB of weights per GPU (tp {tp}) plus a {reserve_gb:g} GB runtime reserve, "
-            f"but {gpu.name} has {gpu.memory_gb:g} GB: {(per_gpu - budget) / GB:.1f} GB missing{_tp_hint(weights, gpu, reserve_gb, model, tp)}"
+            f"{label} needs {per_gpu / GB:.1f} GB of weights per GPU (tp {request.tp}) plus a {request.reserve_gb:g} GB runtime reserve, "
+            f"but {request.gpu.name} has {request.gpu.memory_gb:g} GB: {(per_gpu - budget) / GB:.1f} GB missing{hint}"
         )
-    kv_token = kv_bytes_per_token(model, kv_cache_dtype, tp, windows)
-    kv_space = kv_cache_free_gpu_mem_fraction * (budget - per_gpu_all)
-    one_sequence = kv_bytes_per_sequence(model, kv_cache_dtype, tp, max_seq_len, tokens_per_block, windows)
+    kv_token = kv_bytes_per_token(request.model, request.kv_cache_dtype, request.tp, request.windows)
+    kv_space = request.kv_cache_free_gpu_mem_fraction * (budget - per_gpu_all)
+    one_sequence = kv_bytes_per_sequence(request.model, request.kv_cache_dtype, request.tp, request.max_seq_len, request.tokens_per_block, request.windows)
     if kv_space < one_sequence:
-        missing = one_sequence / kv_cache_free_gpu_mem_fraction - (budget - per_gpu_all)
+        missing = one_sequence / request.kv_cache_free_gpu_mem_fraction - (budget - per_gpu_all)
         raise CapacityError(
-            f"{label} on {tp} × {gpu.name}: the KV cache gets {kv_space / GB:.2f} GB but one {max_seq_len}-token sequence "
-            f"needs {one_sequence / GB:.2f} GB ({_kv_label(kv_cache_dtype)} KV): {missing / GB:.2f} GB missing"
+            f"{label} on {request.tp} × {request.gpu.name}: the KV cache gets {kv_space / GB:.2f} GB but one {request.max_seq_len}-token sequence "
+            f"needs {one_sequence / GB:.2f} GB ({_kv_label(request.kv_cache_dtype)} KV): {missing / GB:.2f} GB missing"
         )
     # Tokens the cache holds at the full-attention layers' rate (windowed layers add a fixed cost per sequence).
-    kv_tokens = int(kv_space // kv_token) if kv_token else int(kv_space // kv_bytes_per_layer_token(model, kv_cache_dtype, tp))
+    kv_tokens = int(kv_space // kv_token) if kv_token else int(kv_space // kv_bytes_per_layer_token(request.model, request.kv_cache_dtype, request.tp))
     full_sequences = int(kv_space // one_sequence)
     draft_capacity = None
-    if draft is not None:
-        draft_capacity = _draft_capacity(draft, tp, draft_weights, (budget - per_gpu_all - kv_space) * kv_cache_free_gpu_mem_fraction, tokens_per_block, label)
+    if request.draft is not None:
+        draft_capacity = _draft_capacity(
+            request.draft,
+            request.tp,
+            draft_weights,
+            (budget - per_gpu_all - kv_space) * request.kv_cache_free_gpu_mem_fraction,
+            request.tokens_per_block,
+            label,
+        )
         full_sequences = min(full_sequences, draft_capacity.full_sequences)
-    batch = min(max_batch_size, full_sequences)
-    num_tokens = min(DEFAULT_MAX_NUM_TOKENS, batch * max_seq_len)
-    num_tokens = max(tokens_per_block, num_tokens // tokens_per_block * tokens_per_block)
+    batch = min(request.max_batch_size, full_sequences)
+    num_tokens = min(DEFAULT_MAX_NUM_TOKENS, batch * request.max_seq_len)
+    num_tokens = max(request.tokens_per_block, num_tokens // request.tokens_per_block * request.tokens_per_block)
     # a step reads the decoder (a MoE's top-k experts only) and the output projection (the embedding when tied)
-    read_per_step = (params.read_per_token * weight_bytes_per_param(quant_algo, group_size) + (params.embedding + params.final_norm) * _SIXTEEN_BIT) / tp
-    decode = gpu.bandwidth_tbps * 1e12 / read_per_step if gpu.bandwidth_tbps else None
-    notes = _notes(gpu, full_sequences, max_batch_size, quant_algo, kv_cache_dtype)
+    read_per_step = (
+        params.read_per_token * weight_bytes_per_param(request.quant_algo, request.group_size) + (params.embedding + params.final_norm) * _SIXTEEN_BIT
+    ) / request.tp
+    decode = request.gpu.bandwidth_tbps * 1e12 / read_per_step if request.gpu.bandwidth_tbps else None
+    notes = _notes(request.gpu, full_sequences, request.max_batch_size, request.quant_algo, request.kv_cache_dtype)
     return CapacityPlan(
-        model=model.path.name,
-        gpu=gpu,
-        tp=tp,
-        quant_algo=quant_algo,
-        kv_cache_dtype=kv_cache_dtype,
-        max_seq_len=max_seq_len,
-        max_batch_size=max_batch_size,
-        kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
-        tokens_per_block=tokens_per_block,
-        reserve_gb=reserve_gb,
+        model=request.model.path.name,
+        gpu=request.gpu,
+        tp=request.tp,
+        quant_algo=request.quant_algo,
+        kv_cache_dtype=request.kv_cache_dtype,
+        max_seq_len=request.max_seq_len,
+        max_batch_size=request.max_batch_size,
+        kv_cache_free_gpu_mem_fraction=request.kv_cache_free_gpu_mem_fraction,
+        tokens_per_block=request.tokens_per_block,
+        reserve_gb=request.reserve_gb,
         params=params,
         weight_bytes=weights,
         weight_bytes_per_gpu=per_gpu,
@@ -214,12 +224,12 @@ def plan_capacity(request: CapacityRequest) -> CapacityPlan:
         full_sequences=full_sequences,
         recommended_max_batch_size=batch,
         recommended_max_num_tokens=num_tokens,
-        fits=full_sequences >= max_batch_size,
+        fits=full_sequences >= request.max_batch_size,
         decode_tokens_per_s_b1=decode,
         notes=notes,
         draft=draft_capacity,
         kv_bytes_per_sequence=one_sequence,
-        windowed_layers=sum(w is not None for w in windows),
+        windowed_layers=sum(w is not None for w in request.windows),
         read_bytes_per_step=read_per_step,
     )
 

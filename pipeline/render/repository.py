@@ -84,45 +84,45 @@ class ConfigPaths:
 
 def render_model_repository(request: RepositoryRequest) -> list[Path]:
     """Check the engine against the serve spec, then write the repository; returns the files written."""
-    engine_dir, tokenizer_dir, serve, target, out_dir = request.engine_dir, request.tokenizer_dir, request.serve, request.target, request.out_dir
-    gpu_device_ids, speculative, dry_run = request.gpu_device_ids, request.speculative, request.dry_run
-    draft_engine_dir, draft_config_dir, python_instances = request.draft_engine_dir, request.draft_config_dir, request.python_instances
-    config_paths, final_out_dir = request.config_paths, request.final_out_dir
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise StageError(f"{out_dir} is not empty; a model repository is written into a new directory")
-    paths = config_paths or ConfigPaths(str(engine_dir.resolve()), str(tokenizer_dir.resolve()))
-    llm_api = backend_for(target).llm_api
+    if request.out_dir.exists() and any(request.out_dir.iterdir()):
+        raise StageError(f"{request.out_dir} is not empty; a model repository is written into a new directory")
+    paths = request.config_paths or ConfigPaths(str(request.engine_dir.resolve()), str(request.tokenizer_dir.resolve()))
+    llm_api = backend_for(request.target).llm_api
     if llm_api is not None:  # NVIDIA's llmapi layout: one model configured by LLM() options, no engine to check
-        return render_llmapi_repository(llm_api, engine_dir=engine_dir, serve=serve, out_dir=out_dir, model_path=paths.engine_dir)
-    engine_config = read_engine_config(engine_dir)
-    facts = engine_facts(engine_config, str(engine_dir / "config.json"))
-    if dry_run and not (tokenizer_dir / "tokenizer.json").is_file():
+        return render_llmapi_repository(llm_api, engine_dir=request.engine_dir, serve=request.serve, out_dir=request.out_dir, model_path=paths.engine_dir)
+    engine_config = read_engine_config(request.engine_dir)
+    facts = engine_facts(engine_config, str(request.engine_dir / "config.json"))
+    if request.dry_run and not (request.tokenizer_dir / "tokenizer.json").is_file():
         tokenizer = TokenizerFacts(vocab_size=facts.vocab_size, eos_id=None, pad_id=None)
     else:
-        tokenizer = tokenizer_facts(tokenizer_dir)
-    rank_files = None if dry_run else sorted(p.name for p in engine_dir.glob("rank*.*"))
-    draft_config = read_draft_config(engine_dir, engine_config, draft_engine_dir)
+        tokenizer = tokenizer_facts(request.tokenizer_dir)
+    rank_files = None if request.dry_run else sorted(p.name for p in request.engine_dir.glob("rank*.*"))
+    draft_config = read_draft_config(request.engine_dir, engine_config, request.draft_engine_dir)
     check_consistency(
         engine_config,
-        serve,
-        target,
+        request.serve,
+        request.target,
         tokenizer.vocab_size,
         tokenizer_eos_id=tokenizer.eos_id,
-        gpu_device_ids=gpu_device_ids,
+        gpu_device_ids=request.gpu_device_ids,
         rank_files=rank_files,
-        speculative=speculative,
+        speculative=request.speculative,
         draft_engine_config=draft_config,
     )
-    llm_model = llm_model_of(target)  # the checks refused a target without one
+    llm_model = llm_model_of(request.target)  # the checks refused a target without one
     if paths.model_repository is None and not llm_model.reads_paths_in_repository:
-        paths = dataclasses.replace(paths, model_repository=str((final_out_dir or out_dir).resolve()))
+        paths = dataclasses.replace(paths, model_repository=str((request.final_out_dir or request.out_dir).resolve()))
     sources = model_repo_sources()
     tensors = _resolved_tensors(facts, llm_model)
-    instances = {name: getattr(serve.instances, name) or (python_instances or {}).get(name) or 1 for name in ("preprocessing", "postprocessing", "bls")}
-    configs = _configs(facts, tokenizer, serve, target, llm_model, paths, gpu_device_ids, speculative, tensors, instances)
+    instances = {
+        name: getattr(request.serve.instances, name) or (request.python_instances or {}).get(name) or 1 for name in ("preprocessing", "postprocessing", "bls")
+    }
+    configs = _configs(facts, tokenizer, request.serve, request.target, llm_model, paths, request.gpu_device_ids, request.speculative, tensors, instances)
     if draft_config is not None and llm_model.serves_draft_model:
-        draft_dir = draft_config_dir or str(Path(draft_engine_dir or "").resolve())
-        configs[DRAFT_MODEL_NAME] = _draft_model(engine_facts(draft_config), serve, target, llm_model, draft_dir, gpu_device_ids, tensors)
+        draft_dir = request.draft_config_dir or str(Path(request.draft_engine_dir or "").resolve())
+        configs[DRAFT_MODEL_NAME] = _draft_model(
+            engine_facts(draft_config), request.serve, request.target, llm_model, draft_dir, request.gpu_device_ids, tensors
+        )
         _template, bls_context = configs["tensorrt_llm_bls"]
         bls_context["parameters"]["tensorrt_llm_draft_model_name"] = DRAFT_MODEL_NAME
     contracts = _contracts(tensors)
@@ -135,7 +135,7 @@ def render_model_repository(request: RepositoryRequest) -> list[Path]:
         parsed = parse_config(text, where)
         if parsed.name != model_name:
             raise StageError(f"{where}: the config names the model {parsed.name!r}, not its directory {model_name!r}")
-        model_dir = out_dir / model_name
+        model_dir = request.out_dir / model_name
         (model_dir / VERSION_DIR).mkdir(parents=True, exist_ok=True)
         (model_dir / CONFIG_FILE).write_text(text)
         written.append(model_dir / CONFIG_FILE)
@@ -144,7 +144,8 @@ def render_model_repository(request: RepositoryRequest) -> list[Path]:
             (model_dir / VERSION_DIR / CONTRACT_FILE).write_text(contracts[model_name])
             code.append(model_dir / VERSION_DIR / CONTRACT_FILE)
         written += code
-    written += _guided_decoding_files(serve, tokenizer_dir, tokenizer, out_dir, configs["tensorrt_llm"][1]["parameters"], dry_run)
+    _template, llm_context = configs["tensorrt_llm"]
+    written += _guided_decoding_files(request.serve, request.tokenizer_dir, tokenizer, request.out_dir, llm_context["parameters"], request.dry_run)
     return written
 
 
