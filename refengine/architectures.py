@@ -123,8 +123,8 @@ ARCHITECTURES = (
         model_class="refengine.model_runner.llama:LlamaModel",
         check_options=check_phi3_options,
         lora_fused_gate_up=True,
-        notes="Phi-3 / 3.5 / Phi-4 / Phi-4-mini: the Llama decoder (fused qkv / gate_up split by the converter), "
-        "partial rotary, long-RoPE short/long factors for the 128k variants",
+        notes="Phi-3 / 3.5 / Phi-4 / Phi-4-mini: the Llama decoder (fused qkv split by the converter) with TensorRT-LLM's "
+        "plain MLP (swiglu over one fc of rows [up; gate]), partial rotary, long-RoPE short/long factors for the 128k variants",
     ),
     Architecture(
         family="gemma",

@@ -5,7 +5,8 @@ One model class (`model_runner.gemma.GemmaModel`) runs Gemma, Gemma 2 and Gemma 
 and these keys (TensorRT-LLM 1.2's tensorrt_llm/models/gemma/config.py and the Gemma config groups of modeling_utils.py) give the rest:
 
 - all: norms stored as 1 + w (TensorRT-LLM's RMSNorm multiplies by the stored weight; the converter adds the
-  one), embeddings scaled by √hidden, GeGLU with tanh GELU (`hidden_act` gelu_pytorch_tanh), tied embeddings;
+  one), embeddings scaled by √hidden, GeGLU with tanh GELU (`hidden_act` gelu: TensorRT-LLM's ACT2FN computes it with the tanh form,
+  transformers' gelu_pytorch_tanh, which older checkpoints of this tool name), tied embeddings;
 - Gemma 2 and 3: `inter_layernorms` (pre/post feed-forward norms; true), `query_pre_attn_scalar` (scores
   scaled by its -½ power instead of head_size's), `final_logit_softcapping`;
 - Gemma 2: `attn_logit_softcapping`. Its local layers (every other one, from the first) have a 4096-token
@@ -30,6 +31,8 @@ from refengine.errors import ModelLoadError
 GEMMA2_WINDOW = 4096  # Gemma 2's local-layer window (every released Gemma 2; TensorRT-LLM's sequence limit)
 VARIANTS = (("GemmaForCausalLM", "gemma"), ("Gemma2ForCausalLM", "gemma2"), ("Gemma3ForCausalLM", "gemma3_text"))
 VISION_KEYS = ("vision_config", "vision_tower", "mm_tokens_per_image", "image_token_index")
+# TensorRT-LLM's ACT2FN computes both with the tanh approximation (tensorrt_llm/functional.py, v1.2.0)
+GEMMA_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,9 @@ def _check_common(raw: Mapping[str, Any], variant: str) -> None:
     for key in VISION_KEYS:
         if raw.get(key) is not None:
             raise ModelLoadError(f"{key} is set: Gemma 3's vision tower is not supported (refengine runs the text model only)")
-    hidden_act = raw.get("hidden_act", "gelu_pytorch_tanh")
-    if hidden_act != "gelu_pytorch_tanh":
-        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported for {variant} (supported: gelu_pytorch_tanh)")
+    hidden_act = raw.get("hidden_act", "gelu")
+    if hidden_act not in GEMMA_ACTIVATIONS:
+        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported for {variant} (supported: {', '.join(GEMMA_ACTIVATIONS)})")
     position_embedding = raw.get("position_embedding_type", "rope_gpt_neox")
     if position_embedding != "rope_gpt_neox":
         raise ModelLoadError(f"position_embedding_type {position_embedding!r} is not supported (supported: rope_gpt_neox)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.config.engine_class_checks import engine_class_issues
 from pipeline.config.families import family_of, known_model_types
 from pipeline.config.lora_checks import check_lora_adapters
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
@@ -129,7 +130,7 @@ def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     refusal = family.target_refusal(target, info.architecture)
     if refusal is not None:
         return [(("build", "target"), f"{refusal} (model_type {info.model_type!r} in {config_file})")]
-    issues: list[Issue] = []
+    issues: list[Issue] = engine_class_issues(spec, info, family)
     why = family.format_refusal(target, algo)
     if why is not None:
         issues.append((("quantize", "algo"), f"quantize.algo {algo} is not built for {family.name} on build.target {target.value}: {why}"))

@@ -9,11 +9,10 @@ A module's in / out dimensions are those of the Linear it adapts (TensorRT-LLM's
 gives attn_dense an input of `hidden` even where heads × head_size differs from it, e.g. Qwen3, Gemma; here the
 input is the Linear's own, heads × head_size, which is what a PEFT adapter's o_proj `lora_A` holds).
 
-refengine's checkpoint layout (the converter's, pipeline/quantization/trtllm_checkpoint/layout.py) fuses q/k/v into one
-Linear (`attention.qkv`, rows [q; k; v]) and keeps the MLP's `fc` (HF gate_proj, the activated branch), `gate`
-(HF up_proj) and `proj` (HF down_proj) apart. So attn_q / attn_k / attn_v adapt column ranges of the qkv output,
-and TensorRT-LLM's Phi-3 `mlp_h_to_4h` (its fused `mlp.fc`, rows [up; gate] as `models/phi3/convert.py` swaps
-HF's gate_up_proj and `examples/hf_lora_convert.py` swaps its lora_B) adapts refengine's `gate` and `fc` together.
+A TensorRT-LLM checkpoint fuses q/k/v into one Linear (`attention.qkv`, rows [q; k; v]); a gated MLP keeps `fc` (HF
+gate_proj, the activated branch), `gate` (HF up_proj) and `proj` (HF down_proj) apart. So attn_q / attn_k / attn_v
+adapt column ranges of the qkv output. Phi-3's plain MLP has one `mlp.fc` of rows [up; gate] (`models/phi3/convert.py`
+swaps the halves of HF's gate_up_proj, and `examples/hf_lora_convert.py` its lora_B), which `mlp_h_to_4h` adapts whole.
 
 The LoRA updates of a layer are grouped by the input they read ("sites"): q/k/v/qkv read the attention input and
 write the qkv output; mlp_h_to_4h and mlp_gate read the MLP input and write fc's and gate's outputs.
@@ -83,13 +82,16 @@ class ModelLoraShape:
     kv_size: int  # kv heads × head_size
     mlp_size: int | None  # the dense MLP's inner size; None: the MLP is a mixture of experts (no dense MLP modules)
     gated_mlp: bool = True  # fc and gate (SwiGLU / GeGLU); False: the GPT class's ungated fc
-    fused_gate_up: bool = False  # TensorRT-LLM's Phi-3: mlp_h_to_4h is the fused fc [up; gate], no mlp_gate
+    fused_gate_up: bool = False  # TensorRT-LLM's Phi-3: one fc [up; gate] (2 × mlp_size rows), no mlp_gate
 
     def site_widths(self) -> dict[Site, tuple[int, ...]]:
         """The widths of each site's outputs (the Linears a site's updates add to, in order)."""
         widths: dict[Site, tuple[int, ...]] = {Site.QKV: (self.q_size + 2 * self.kv_size,), Site.DENSE: (self.hidden_size,)}
         if self.mlp_size is not None:
-            widths[Site.MLP_IN] = (self.mlp_size, self.mlp_size) if self.gated_mlp else (self.mlp_size,)
+            if self.fused_gate_up:
+                widths[Site.MLP_IN] = (2 * self.mlp_size,)
+            else:
+                widths[Site.MLP_IN] = (self.mlp_size, self.mlp_size) if self.gated_mlp else (self.mlp_size,)
             widths[Site.PROJ] = (self.hidden_size,)
         return widths
 
@@ -117,8 +119,8 @@ def module_targets(shape: ModelLoraShape, enabled: tuple[str, ...] | None = None
     }
     inner = shape.mlp_size
     if inner is not None:
-        if shape.fused_gate_up:  # B rows [up; gate]: up -> refengine's gate (columns inner..), gate -> fc (columns 0..)
-            targets[LORA_MODULE_IDS["mlp_h_to_4h"]] = ModuleTarget(Site.MLP_IN, hidden, 2 * inner, ((0, inner, inner), (inner, 0, inner)))
+        if shape.fused_gate_up:  # B rows [up; gate], fc's own rows
+            targets[LORA_MODULE_IDS["mlp_h_to_4h"]] = ModuleTarget(Site.MLP_IN, hidden, 2 * inner, ((0, 0, 2 * inner),))
         else:
             targets[LORA_MODULE_IDS["mlp_h_to_4h"]] = ModuleTarget(Site.MLP_IN, hidden, inner, ((0, 0, inner),))
             if shape.gated_mlp:

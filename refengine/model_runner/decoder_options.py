@@ -3,7 +3,7 @@
 Each is a small difference from Llama that a row of `refengine.architectures` allows (its options check refuses
 the rest, by name): Qwen3's per-head q/k RMSNorm (`qk_layernorm`), Phi-3's partial rotary (`rotary_pct`) and
 long-RoPE (`position_embedding_type: long_rope`), Granite's multipliers, a mixture of experts as the MLP (`moe`),
-the GPT class's LayerNorm and ungated MLP (StarCoder2, Nemotron). With none of them set, `LlamaModel` runs exactly
+the GPT class's LayerNorm and the plain (ungated) MLP of the GPT and Phi-3 classes. With none of them set, `LlamaModel` runs exactly
 the Llama computation.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from refengine.architectures import architecture_for_checkpoint
 from refengine.errors import ModelLoadError
 from refengine.model_config import ModelConfig
-from refengine.model_runner.layers import UNGATED_ACTIVATIONS, LongRope
+from refengine.model_runner.layers import LongRope
 from refengine.model_runner.moe import MoeSpec
 
 
@@ -31,7 +31,7 @@ class DecoderOptions:
     output_multiplier_scale: float = 1.0  # Granite: 1 / logits_scaling, multiplies the logits
     long_rope: LongRope | None = None  # Phi-3 128k: short / long factors
     layer_norm: bool = False  # GPT class: LayerNorm (with the checkpoint's biases) instead of RMSNorm, every norm
-    ungated_activation: str | None = None  # GPT class: the MLP is proj(act(fc(x))), act a key of UNGATED_ACTIVATIONS
+    ungated_activation: str | None = None  # GPT, Phi-3: the plain MLP proj(act(fc(x))), act a key of UNGATED_ACTIVATIONS
     moe: MoeSpec | None = None  # Mixtral / Qwen MoE: every layer's MLP is a mixture of experts (moe.py)
 
     @classmethod
@@ -63,15 +63,23 @@ def plain_options(head_size: int) -> DecoderOptions:
     return DecoderOptions(rotary_dim=head_size, attention_scale=head_size**-0.5)
 
 
+# The activations each class with a plain MLP (TensorRT-LLM's layers/mlp.py `MLP`: proj(act(fc(x))), no mlp.gate)
+# runs here: the GPT class (models/gpt/model.py) and Phi-3's (models/phi3/model.py), NVIDIA/TensorRT-LLM v1.2.0.
+_PLAIN_MLP_ACTIVATIONS = {"gpt": ("gelu", "squared-relu"), "phi3": ("swiglu", "silu")}
+
+
 def _gpt_block(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """TensorRT-LLM's GPT class (its rows' options check has accepted the config): LayerNorm and an MLP without gate,
-    gated only for a gated activation, which this engine does not run there."""
-    if architecture_for_checkpoint(config.architecture).family != "gpt":
+    """The classes with a plain MLP (their rows' options check has accepted the config): the GPT class's LayerNorm and
+    act(fc(x)); Phi-3's RMSNorm and, under swiglu, silu(gate) * up from fc's rows [up; gate]. The activation is the
+    checkpoint's `hidden_act`, run as NVIDIA's class runs it, so a checkpoint converted with the wrong one computes
+    what its engine would (and differs from transformers)."""
+    family = architecture_for_checkpoint(config.architecture).family
+    if family not in _PLAIN_MLP_ACTIVATIONS:
         return {}
-    hidden_act = raw.get("hidden_act")
-    if hidden_act not in UNGATED_ACTIVATIONS:
-        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the GPT class here (supported: {', '.join(UNGATED_ACTIVATIONS)})")
-    return {"layer_norm": True, "ungated_activation": hidden_act}
+    hidden_act, supported = raw.get("hidden_act"), _PLAIN_MLP_ACTIVATIONS[family]
+    if hidden_act not in supported:
+        raise ModelLoadError(f"hidden_act {hidden_act!r} is not supported by the {family} class here (supported: {', '.join(supported)})")
+    return {"layer_norm": family == "gpt", "ungated_activation": hidden_act}
 
 
 def _long_rope(raw: Mapping[str, Any], config: ModelConfig, rotary_dim: int) -> LongRope | None:

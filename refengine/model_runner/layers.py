@@ -67,8 +67,23 @@ def squared_relu(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x, inplace=True).square_()
 
 
-# The GPT class's ungated MLP activations: proj(act(fc(x))), by the checkpoint's `hidden_act`.
-UNGATED_ACTIVATIONS = MappingProxyType({"gelu": gelu_tanh, "squared-relu": squared_relu})
+def swiglu_halves(fc_out: torch.Tensor) -> torch.Tensor:
+    """TensorRT-LLM's `swiglu` over one fc output of rows [x; gate]: silu(gate) * x (tensorrt_llm/functional.py,
+    v1.2.0), Phi-3's plain MLP, whose fc holds [up; gate]. Reads `fc_out`, returns a new tensor half as wide."""
+    x, gate = fc_out.chunk(2, dim=-1)
+    return F.silu(gate).mul_(x)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """silu(x), TensorRT-LLM's `silu`. Overwrites `x` (a temporary)."""
+    return F.silu(x, inplace=True)
+
+
+# The plain MLP's activations, proj(act(fc(x))), by the checkpoint's `hidden_act`: the GPT class (StarCoder2,
+# Nemotron) and Phi-3's class (swiglu over fc's two halves; silu where a checkpoint names it, as NVIDIA runs it).
+UNGATED_ACTIVATIONS = MappingProxyType({"gelu": gelu_tanh, "squared-relu": squared_relu, "swiglu": swiglu_halves, "silu": silu})
+# Activations whose fc output is twice the MLP's inner size (the gate and the linear branch in one Linear)
+DOUBLE_WIDTH_ACTIVATIONS = frozenset({"swiglu"})
 
 
 def rope_inverse_frequencies(head_size: int, base: float, scaling: RopeScaling) -> torch.Tensor:

@@ -33,6 +33,7 @@ from refengine.model_runner.decoder import KVCacheLayout
 from refengine.model_runner.decoder_options import DecoderOptions, plain_options
 from refengine.model_runner.kv_quant import KVCacheQuantizer, kv_cache_dtype, load_kv_cache_quantizer
 from refengine.model_runner.layers import (
+    DOUBLE_WIDTH_ACTIVATIONS,
     UNGATED_ACTIVATIONS,
     LongRopeEmbedding,
     RotaryEmbedding,
@@ -54,9 +55,10 @@ class DecoderLayer:
     qkv: Linear
     dense: Linear
     post_norm: torch.Tensor
-    fc: Linear | None = None  # gate projection (HF gate_proj); the GPT class's only input projection (c_fc / up_proj);
+    fc: Linear | None = None  # gate projection (HF gate_proj); a plain MLP's only input projection (GPT: c_fc / up_proj;
+    # Phi-3: rows [up; gate]);
     # the dense MLP's projections are None in an MoE layer
-    gate: Linear | None = None  # up projection (HF up_proj); None for the GPT class's ungated MLP
+    gate: Linear | None = None  # up projection (HF up_proj); None for a plain MLP
     proj: Linear | None = None  # down projection (HF down_proj)
     kv_quant: KVCacheQuantizer | None = None  # set when the KV cache is quantized
     q_norm: torch.Tensor | None = None  # qk_layernorm: RMSNorm weights [head_size] of each q / k head
@@ -152,6 +154,7 @@ class LlamaModel:
                 options.qk_layernorm,
                 options.layer_norm,
                 gated_mlp=options.ungated_activation is None,
+                fc_factor=2 if options.ungated_activation in DOUBLE_WIDTH_ACTIVATIONS else 1,
                 moe=options.moe,
             )
             for index in range(config.num_layers)
@@ -220,8 +223,8 @@ class LlamaModel:
         return rms_norm(hidden, weight, self.config.norm_epsilon)
 
     def _mlp(self, layer: DecoderLayer, normed: torch.Tensor, lora: LoraBatch | None, index: int) -> torch.Tensor:
-        """proj of SwiGLU(fc, gate), or of the GPT class's ungated act(fc(x)); with the rows' LoRA updates."""
-        ungated = self.options.ungated_activation if layer.gate is None else None  # the GPT class's act(fc(x))
+        """proj of SwiGLU(fc, gate), or of a plain MLP's act(fc(x)); with the rows' LoRA updates."""
+        ungated = self.options.ungated_activation if layer.gate is None else None  # a plain MLP's act(fc(x))
         fc = loaded(layer.fc, "mlp.fc", index)
         outputs = (fc(normed),) if ungated is not None else (fc(normed), loaded(layer.gate, "mlp.gate", index)(normed))
         if lora is not None:
@@ -298,6 +301,7 @@ def _load_layer(
     layer_norm: bool = False,
     *,
     gated_mlp: bool = True,
+    fc_factor: int = 1,
     moe: MoeSpec | None = None,
 ) -> DecoderLayer:
     prefix = f"transformer.layers.{index}"
@@ -313,7 +317,7 @@ def _load_layer(
         qkv=linear("attention.qkv", hidden, config.q_size + 2 * config.kv_size, config.qkv_bias_required),
         dense=linear("attention.dense", config.q_size, hidden, config.dense_bias_required),
         post_norm=store.get(f"{prefix}.post_layernorm.weight", (hidden,)).to(dtype),
-        fc=None if moe else linear("mlp.fc", hidden, inner, config.mlp_bias_required),
+        fc=None if moe else linear("mlp.fc", hidden, fc_factor * inner, config.mlp_bias_required),
         gate=linear("mlp.gate", hidden, inner, config.mlp_bias_required) if gated_mlp and not moe else None,
         proj=None if moe else linear("mlp.proj", inner, hidden, config.mlp_bias_required),
         moe=None if moe is None else load_moe(store, config, moe, f"{prefix}.mlp", dtype, scratch, fp16_gemm),

@@ -300,3 +300,32 @@ def test_gpt_bias_true_requires_every_linear_bias(families, tmp_path):
     save_file(tensors, str(broken / "rank0.safetensors"))
     with pytest.raises(ModelLoadError, match=r"tensor 'transformer\.layers\.1\.mlp\.fc\.bias' \(expected shape \(128,\)\) is missing"):
         load_model(load_checkpoint(broken))
+
+
+def test_phi3_runs_the_mlp_its_checkpoint_names_as_tensorrt_llm_would(families, tmp_path):
+    """refengine computes Phi-3's plain MLP from `hidden_act`, as TensorRT-LLM's Phi3 class does (proj(act(fc(x))), no
+    mlp.gate): the converter's checkpoint (swiglu over fc rows [up; gate]) equals transformers, and a checkpoint in a
+    gated layout with `hidden_act: silu` (what this converter wrote before: fc = the gate half, an extra mlp.gate = the
+    up half) computes proj(silu(gate x)), which an engine built from it would, and differs from transformers."""
+    from safetensors.torch import load_file, save_file
+
+    family = families["phi3"]
+    fixed = family.checkpoints["fp16"]
+    assert json.loads((fixed / "config.json").read_text())["hidden_act"] == "swiglu"
+    old = tmp_path / "gated_layout"
+    shutil.copytree(fixed, old)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "hidden_act": "silu"}))
+    tensors = load_file(str(old / "rank0.safetensors"))
+    for name in [n for n in tensors if n.endswith("mlp.fc.weight")]:
+        up, gate = tensors[name].chunk(2)
+        tensors[name], tensors[name.replace("mlp.fc", "mlp.gate")] = gate.contiguous(), up.contiguous()
+    save_file(tensors, str(old / "rank0.safetensors"))
+
+    prompt = _prompts("phi3")[2]
+    expected = hf_greedy(family.hf_model, prompt, MAX_NEW_TOKENS)
+    greedy = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
+    assert family_engine(fixed).generate([prompt], greedy)[0].outputs[0].token_ids == expected
+    logits, reference = _engine_logits(old, _batch()), _engine_logits(fixed, _batch())
+    agreement, cosine = _compare(logits, reference)
+    assert cosine < 0.99, f"the gated layout under silu should not compute the model (top-1 {agreement:.2f}, cosine {cosine:.4f})"

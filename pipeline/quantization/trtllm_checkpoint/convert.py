@@ -226,14 +226,20 @@ def layer_tensors(
 def _dense_mlp(linear: Callable[[str], Linear], layout: Layout, prefix: str, tp: int, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     if layout.gate_up_fused:
-        fused = linear(layout.gate_up_fused)
-        mlp = split_rows(fused, [fused.out_features // 2] * 2, [layout.fc, str(layout.gate)])
+        out.update(trtllm_tensors(_up_gate_shard(linear(layout.gate_up_fused), tp, rank), f"{prefix}.mlp.fc", dtype))
     else:
         mlp = [linear(layout.fc)] + ([linear(layout.gate)] if layout.gate else [])
-    for trt_name, lin in zip(("mlp.fc", "mlp.gate"), share_scalar_scales(mlp)):
-        out.update(trtllm_tensors(column_shard(lin, tp, rank), f"{prefix}.{trt_name}", dtype))
+        for trt_name, lin in zip(("mlp.fc", "mlp.gate"), share_scalar_scales(mlp)):
+            out.update(trtllm_tensors(column_shard(lin, tp, rank), f"{prefix}.{trt_name}", dtype))
     out.update(trtllm_tensors(row_shard(linear(layout.proj), tp, rank), f"{prefix}.mlp.proj", dtype))
     return out
+
+
+def _up_gate_shard(gate_up: Linear, tp: int, rank: int) -> Linear:
+    """Rank `rank`'s Phi-3 `mlp.fc`: rows [up_r; gate_r] of HF's gate_up_proj [gate; up] (one Linear, one scale)."""
+    half = gate_up.out_features // 2
+    gate, up = split_rows(gate_up, [half, half], [f"{gate_up.name}[gate]", f"{gate_up.name}[up]"])
+    return concat_rows([column_shard(up, tp, rank), column_shard(gate, tp, rank)], gate_up.name)
 
 
 def _qkv(q: Linear, k: Linear, v: Linear, config: dict[str, Any], prefix: str, tp: int, rank: int, dtype: torch.dtype):

@@ -5,7 +5,10 @@ The weight layout of the converter (pipeline.quantization.trtllm_checkpoint.conv
 → attention.qkv, o_proj → attention.dense, gate_proj → mlp.fc, up_proj → mlp.gate, down_proj → mlp.proj). Sources
 of the names: ModelOpt 0.47's `layer_utils.build_decoder_config` / `build_attention_config` (what its TRT export
 wrote, Qwen3 and Gemma 2/3 norms included) and TensorRT-LLM's `models/model_weights_loader.py` key lists (Phi-3:
-`qkv_proj` split into q/k/v, `gate_up_proj` into gate (first half) and up). Torch-free.
+`qkv_proj` split into q/k/v). Phi-3's MLP is not gated in TensorRT-LLM: `Phi3DecoderLayer` uses the plain `MLP` with
+`hidden_act: swiglu`, one `mlp.fc` of [2·I, H] whose rows are [up; gate] (NVIDIA/TensorRT-LLM v1.2.0
+tensorrt_llm/models/phi3/model.py, models/phi3/convert.py swaps the halves of HF's gate_up_proj, layers/mlp.py `MLP`,
+functional.py `swiglu`: silu of the second half times the first). Torch-free.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class Layout:
             }
         )
     )
-    # Fused Hugging Face Linears split before conversion (Phi-3): rows [q; k; v] and [gate; up]
+    # Fused Hugging Face Linears (Phi-3): rows [q; k; v], split into TensorRT-LLM's q/k/v; and [gate; up], written
+    # as one `mlp.fc` of rows [up; gate] per rank (the plain MLP under swiglu), with no `mlp.gate`
     qkv_fused: str | None = None
     gate_up_fused: str | None = None
     # Gemma's RMSNorm and Nemotron's LayerNorm1P multiply by (1 + weight); TensorRT-LLM's norms by weight, so 1 is
@@ -105,7 +109,7 @@ LAYOUTS = (
     Layout(model_types=("gemma",), norm_plus_one=True),
     Layout(model_types=("gemma2",), norms=MappingProxyType(_GEMMA2_NORMS), norm_plus_one=True),
     Layout(model_types=("gemma3_text",), norms=MappingProxyType({**_GEMMA2_NORMS, **_QK_NORMS}), norm_plus_one=True),
-    Layout(model_types=("phi3",), qkv_fused="self_attn.qkv_proj", gate_up_fused="mlp.gate_up_proj"),
+    Layout(model_types=("phi3",), fc="mlp.gate_up_proj", gate=None, qkv_fused="self_attn.qkv_proj", gate_up_fused="mlp.gate_up_proj"),
     # GPTForCausalLM (models/gpt/convert.py): no gate; LayerNorm with a bias; Nemotron's LayerNorm1P multiplies by
     # (1 + weight), and TensorRT-LLM's convert adds the 1 to the input, post and final norms
     Layout(model_types=("starcoder2",), fc="mlp.c_fc", gate=None, proj="mlp.c_proj"),

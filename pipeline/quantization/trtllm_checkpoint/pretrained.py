@@ -159,6 +159,9 @@ def _gemma_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any])
         "attn_bias": False,
         "mlp_bias": False,
         "inter_layernorms": family.name != "gemma",
+        # transformers' gelu_pytorch_tanh is TensorRT-LLM's `gelu` (its ACT2FN maps both to the tanh form), and
+        # `fuse_gate_mlp` fuses only silu / gelu (NVIDIA/TensorRT-LLM v1.2.0 tensorrt_llm/models/modeling_utils.py)
+        "hidden_act": "gelu",
     }
     if family.name == "gemma2":
         keys.update(
@@ -190,7 +193,13 @@ def _local_rope_theta(text: Mapping[str, Any]) -> float | None:
 
 
 def _phi3_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any]) -> dict[str, Any]:
-    keys: dict[str, Any] = {"rotary_pct": float(_rope_value(text, "partial_rotary_factor", 1.0)), "tie_word_embeddings": _tied(text)}
+    keys: dict[str, Any] = {
+        "rotary_pct": float(_rope_value(text, "partial_rotary_factor", 1.0)),
+        "tie_word_embeddings": _tied(text),
+        # Phi3Config.from_hugging_face: silu becomes swiglu, the plain MLP's activation over fc's [up; gate] rows
+        # (NVIDIA/TensorRT-LLM v1.2.0 tensorrt_llm/models/phi3/config.py, layers/mlp.py MLP)
+        "hidden_act": "swiglu",
+    }
     scaling = common.get("rotary_scaling") or {}
     if common["max_position_embeddings"] >= LONG_ROPE_MIN_POSITIONS and scaling:
         keys.update(

@@ -1,4 +1,5 @@
-"""Read an unquantized TensorRT-LLM checkpoint back into Hugging Face Llama-family tensor names.
+"""Read an unquantized TensorRT-LLM checkpoint back into Hugging Face Llama-family tensor names (Phi3ForCausalLM's:
+its fused `qkv_proj` and `gate_up_proj`, rows [gate; up] from each rank's `mlp.fc` rows [up; gate]).
 
 A checkpoint is `config.json` + one `rank{N}.safetensors` per rank, N = tp_rank + pp_rank * tp_size
 (NVIDIA/TensorRT-LLM docs/source/architecture/checkpoint.md). This module undoes ModelOpt 0.47's sharding
@@ -92,11 +93,15 @@ def trtllm_to_hf_state_dict(ckpt_dir: Path) -> tuple[dict[str, Any], dict[str, t
             if sub == "attention.qkv":
                 for proj, tensor in zip(("q", "k", "v"), _merge_qkv(parts, config)):
                     state[f"model.layers.{layer}.self_attn.{proj}_proj.{kind}"] = tensor
+            elif sub == "mlp.fc" and config.get("architecture") == "Phi3ForCausalLM":
+                state[f"model.layers.{layer}.mlp.gate_up_proj.{kind}"] = _merge_up_gate(parts)
             elif sub in LAYER_NAME_MAP:
                 state[f"model.layers.{layer}.{LAYER_NAME_MAP[sub]}.{kind}"] = _merge(sub, kind, parts)
             else:
                 raise ArtifactError(f"{ckpt_dir}: unexpected tensor {name!r}")
 
+    if config.get("architecture") == "Phi3ForCausalLM":
+        _fuse_phi3(state, num_layers)
     if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]  # share_embedding_table
     return config, state
@@ -158,3 +163,19 @@ def _merge_qkv(parts: list[torch.Tensor], config: dict[str, Any]) -> tuple[torch
         reps = tp // kv_heads
         k, v = (t.unflatten(0, (kv_heads, reps, head_size))[:, 0].flatten(0, 1) for t in (k, v))
     return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def _merge_up_gate(parts: list[torch.Tensor]) -> torch.Tensor:
+    """HF's gate_up_proj rows [gate; up] from Phi-3's `mlp.fc` shards, each rows [up_r; gate_r]."""
+    halves = [p.chunk(2, dim=0) for p in parts]
+    return torch.cat([h[1] for h in halves] + [h[0] for h in halves], dim=0).contiguous()
+
+
+def _fuse_phi3(state: dict[str, torch.Tensor], num_layers: int) -> None:
+    """Phi-3's Hugging Face attention holds q, k and v in one qkv_proj."""
+    for layer in range(num_layers):
+        prefix = f"model.layers.{layer}.self_attn"
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}.{p}_proj.{kind}" for p in "qkv"]
+            if all(n in state for n in names):
+                state[f"{prefix}.qkv_proj.{kind}"] = torch.cat([state.pop(n) for n in names], dim=0)

@@ -218,6 +218,8 @@ def _assert_config_agrees(case: Case, written: dict, reference: dict) -> None:
     differ = {k: (reference[k], written.get(k)) for k in reference if k not in ("producer", "rank") and written.get(k) != reference[k]}
     if case.family == "gemma" and case.tp == 1:  # GemmaConfig: a parallel embedding only when there is TP to split over
         assert differ.pop("use_parallel_embedding") == (True, False)
+    if case.family == "gemma":  # the same tanh GELU under the name fuse_gate_mlp fuses (TensorRT-LLM's ACT2FN)
+        assert differ.pop("hidden_act") == ("gelu_pytorch_tanh", "gelu")
     assert differ == {}
     assert set(written) - set(reference) == _FAMILY_KEYS[case.family]
 
@@ -321,11 +323,12 @@ def _expected_unquantized(family: str, hf: dict) -> dict:
         qkv = torch.cat([hf[a + f"{p}_proj.weight"] for p in "qkv"])
         gate, up = hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]
     t = "transformer.layers.0."
+    # Phi-3's plain MLP: one fc of rows [up; gate] (models/phi3/convert.py); the others' GatedMLP: fc = gate, gate = up
+    mlp = {t + "mlp.fc.weight": torch.cat([up, gate])} if family == "phi3" else {t + "mlp.fc.weight": gate, t + "mlp.gate.weight": up}
     expected = {
         t + "attention.qkv.weight": qkv,
         t + "attention.dense.weight": hf[a + "o_proj.weight"],
-        t + "mlp.fc.weight": gate,
-        t + "mlp.gate.weight": up,
+        **mlp,
         t + "mlp.proj.weight": hf[m + "down_proj.weight"],
         t + "input_layernorm.weight": norm("model.layers.0.input_layernorm"),
         t + "post_layernorm.weight": norm("model.layers.0.post_attention_layernorm"),
@@ -349,7 +352,7 @@ def test_families_without_a_modelopt_trt_export(case: Case, exports) -> None:
     converted = load_file(exported.converted / "rank0.safetensors")
     hf = load_file(exported.unified / "model.safetensors")
     layer0 = {n: t for n, t in converted.items() if not n.startswith("transformer.layers.1.")}
-    linears = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+    linears = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.proj") + (() if case.family == "phi3" else ("mlp.gate",))
     if case.algo == "none":
         expected = _expected_unquantized(case.family, hf)
         assert sorted(layer0) == sorted(expected)
