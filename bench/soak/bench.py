@@ -6,8 +6,10 @@ active requests (from the metrics port), the RSS of tritonserver and of every Py
 in its process group (and the stubs' pids: a restarted stub is a crash), the `Signal (N)` lines of
 its log, and the greedy answer to a fixed prompt. The soak fails (`SoakVerdict.problems`) on a
 dead or unready server, a signal, a changed stub, KV blocks or requests that do not drain back
-to idle, a failed request that was not cut, or a changed greedy answer. RSS growth is reported,
-not judged (allocators keep what they took).
+to idle, a failed request that was not cut, a process of the server that went away, or a changed greedy answer.
+While the traffic runs, every process is sampled at a fixed interval (soak/samples.py: RSS, descriptors, threads);
+the verdict carries the samples and each process's RSS slope after the warm-up, judged only against a bound the
+caller gives (`max_rss_slope_mb_per_min`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.soak.samples import Sampler, Trend, sample_processes, samples_dict, trends, vanished
 from clients import TritonLLMClient
 from clients.load.chaos import ChaosOutcome, ChaosPlan, ChaosTargets, run_chaos
 from pipeline.serve import process
@@ -93,6 +96,8 @@ class SoakVerdict:
     greedy_before: str
     greedy_after: str | None
     problems: list[str] = field(default_factory=list)
+    trends: list[dict[str, Any]] = field(default_factory=list)  # per process, soak/samples.py Trend
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -123,20 +128,66 @@ def judge(outcome: ChaosOutcome, before: Vitals, after: Vitals, greedy_before: s
     return problems
 
 
+def trend_problems(found: list[Trend], max_slope_mb_per_min: float | None) -> list[str]:
+    """The processes whose RSS kept rising faster than `max_slope_mb_per_min` after the warm-up."""
+    if max_slope_mb_per_min is None:
+        return []
+    return [
+        f"{t.name} RSS rose {t.rss_slope_mb_per_min:+.2f} MB/min after the warm-up ({t.rss_first_mb:.0f} -> {t.rss_last_mb:.0f} MB; "
+        f"bound {max_slope_mb_per_min:g} MB/min)"
+        for t in found
+        if t.rss_slope_mb_per_min is not None and t.rss_slope_mb_per_min > max_slope_mb_per_min
+    ]
+
+
 def soak(
-    plan: ChaosPlan, targets: ChaosTargets, *, server_pid: int, metrics_url: str, log_path: Path, progress: Callable[[str], None] = lambda line: None
+    plan: ChaosPlan,
+    targets: ChaosTargets,
+    *,
+    server_pid: int,
+    metrics_url: str,
+    log_path: Path,
+    progress: Callable[[str], None] = lambda line: None,
+    sample_interval_s: float = 30.0,
+    max_rss_slope_mb_per_min: float | None = None,
 ) -> SoakVerdict:
-    """Run `plan` against a served model (its tritonserver is `server_pid`) and judge the result."""
+    """Run `plan` against a served model (its tritonserver is `server_pid`), sampling its processes every
+    `sample_interval_s` seconds, and judge the result."""
     read = lambda: read_vitals(server_pid, targets.http_url, metrics_url, log_path)  # noqa: E731
     greedy_before = greedy_answer(targets.grpc_url)
     before = wait_until_idle(read)
-    progress(f"before: {_describe(before)}; chaos: {_describe_plan(plan)}")
+    progress(f"before: {_describe(before)}; chaos: {_describe_plan(plan)}; sampling every {sample_interval_s:g} s")
     known_signals = len(before.signals)
 
     def server_died() -> str | None:  # a crashed server may hang in its signal handler: stop at once
+        if process.read_process(server_pid) is None:
+            return f"the server (pid {server_pid}) is gone"
         signals = log_signals(log_path)
         return f"the server log showed {signals[-1]}" if len(signals) > known_signals else None
 
+    sampler = Sampler(lambda: sample_processes(server_pid), sample_interval_s).start()
+    try:
+        outcome, greedy_after, after = _traffic_then_drain(plan, targets, read, server_died, progress)
+    finally:
+        samples = sampler.stop()  # the last sample after the drain: what the run left behind
+    found = trends(samples)
+    problems = judge(outcome, before, after, greedy_before, greedy_after) + vanished(samples) + trend_problems(found, max_rss_slope_mb_per_min)
+    return SoakVerdict(
+        plan=asdict(plan),
+        traffic=outcome.as_dict(),
+        before=_vitals_dict(before),
+        after=_vitals_dict(after),
+        greedy_before=greedy_before,
+        greedy_after=greedy_after,
+        problems=problems,
+        trends=[asdict(t) for t in found],
+        samples=samples_dict(samples),
+    )
+
+
+def _traffic_then_drain(
+    plan: ChaosPlan, targets: ChaosTargets, read: Callable[[], Vitals], server_died: Callable[[], str | None], progress: Callable[[str], None]
+) -> tuple[ChaosOutcome, str | None, Vitals]:
     outcome = asyncio.run(run_chaos(plan, targets, stop_reason=server_died))
     progress(
         f"traffic: {outcome.sent} sent, {outcome.done} done, {outcome.cut} cut, {outcome.failed} failed in {outcome.seconds:.0f} s"
@@ -150,15 +201,7 @@ def soak(
         greedy_after = None
     after = wait_until_idle(read)  # the gauges are published every 100 ms: let them show the greedy request's end
     progress(f"after: {_describe(after)}")
-    return SoakVerdict(
-        plan=asdict(plan),
-        traffic=outcome.as_dict(),
-        before=_vitals_dict(before),
-        after=_vitals_dict(after),
-        greedy_before=greedy_before,
-        greedy_after=greedy_after,
-        problems=judge(outcome, before, after, greedy_before, greedy_after),
-    )
+    return outcome, greedy_after, after
 
 
 def _vitals_dict(vitals: Vitals) -> dict[str, Any]:

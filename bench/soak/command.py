@@ -23,7 +23,11 @@ def add_arguments(soak: argparse.ArgumentParser) -> None:
     soak.add_argument(
         "--triton-models", default="ensemble,tensorrt_llm_bls", metavar="LIST", help="Triton models the gRPC and HTTP streams go to (default both)"
     )
-    soak.add_argument("--openai-triton-model", default="ensemble", metavar="NAME", help="the Triton model behind the OpenAI front end (default ensemble)")
+    soak.add_argument("--openai-triton-model", metavar="NAME", help="the Triton model behind the OpenAI front end (default: the front end's own default route)")
+    soak.add_argument(
+        "--sample-interval", type=float, default=30.0, metavar="S", help="sample every process's memory, descriptors and threads each S seconds (default 30)"
+    )
+    soak.add_argument("--max-rss-slope", type=float, metavar="MB_PER_MIN", help="fail when a process's RSS rises faster than this after the warm-up")
     soak.add_argument("--max-tokens", default="16,200", metavar="LOW,HIGH", help="output length range (default 16,200)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -37,6 +41,12 @@ def chaos_plan(args: argparse.Namespace):
         low, high = (int(part) for part in args.max_tokens.split(","))
     except ValueError:
         raise SpecError(f"--max-tokens takes LOW,HIGH (integers), got {args.max_tokens!r}") from None
+    if not args.sample_interval > 0:
+        raise SpecError(f"--sample-interval must be > 0 s, got {args.sample_interval:g}")
+    if not args.requests and args.duration > 0 and args.sample_interval > args.duration:
+        raise SpecError(f"--sample-interval {args.sample_interval:g} s is longer than --duration {args.duration:g} s: no sample would fall inside the run")
+    if args.max_rss_slope is not None and args.max_rss_slope < 0:
+        raise SpecError(f"--max-rss-slope must be >= 0 MB/min, got {args.max_rss_slope:g}")
     try:
         return ChaosPlan(
             requests=args.requests,
@@ -77,7 +87,16 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget)
     ) as endpoints:
         server = endpoints.server
         targets = ChaosTargets(endpoints.grpc, endpoints.http, endpoints.openai, endpoints.model_name)
-        verdict = soak(plan, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path, progress=say)
+        verdict = soak(
+            plan,
+            targets,
+            server_pid=server.pid,
+            metrics_url=server.options.metrics_url,
+            log_path=server.log_path,
+            progress=say,
+            sample_interval_s=args.sample_interval,
+            max_rss_slope_mb_per_min=args.max_rss_slope,
+        )
     verdict.problems += stop_problems(server)  # the block stopped the front end, then the server
     result = verdict.as_dict()
     out = args.out or store.build_dir / RESULT_NAME
@@ -118,7 +137,23 @@ def render_soak(result: dict) -> str:
         f"| signals in the log | {len(before['signals'])} | {len(after['signals'])} |",
         f"| greedy answer | {result['greedy_before']!r} | {'same' if result['greedy_after'] == result['greedy_before'] else repr(result['greedy_after'])} |",
         "",
+        *trend_lines(result["trends"]),
+        "",
         "per route: " + ", ".join(f"{route} {c['done']}/{c['cut']}/{c['failed']}" for route, c in sorted(traffic["by_route"].items())) + " (done/cut/failed)",
         "verdict: " + ("ok" if result["ok"] else "FAILED — " + "; ".join(result["problems"])),
     ]
     return "\n".join(lines)
+
+
+def trend_lines(found: list[dict]) -> list[str]:
+    """Per process: RSS first -> last and its slope after the warm-up, descriptors and threads first -> last."""
+    if not found:
+        return []
+    lines = ["| process | RSS MB first -> last | slope after warm-up (MB/min) | fds | threads |", "| --- | --- | --- | --- | --- |"]
+    for t in found:
+        slope = "—" if t["rss_slope_mb_per_min"] is None else f"{t['rss_slope_mb_per_min']:+.2f}"
+        lines.append(
+            f"| {t['name']} | {t['rss_first_mb']:.0f} -> {t['rss_last_mb']:.0f} | {slope} | {t['fds_first']} -> {t['fds_last']} | "
+            f"{t['threads_first']} -> {t['threads_last']} |"
+        )
+    return ["", *lines]

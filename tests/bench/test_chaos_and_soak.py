@@ -40,6 +40,7 @@ def test_the_soak_command_turns_bad_arguments_into_spec_errors():
     class Args:
         requests, duration, concurrency, cut_fraction, endpoints, max_tokens, seed = None, 10.0, 4, 0.5, "grpc", "16", 0
         triton_models = "tensorrt_llm_bls"
+        sample_interval, max_rss_slope = 5.0, None
 
     with pytest.raises(SpecError, match="--max-tokens takes LOW,HIGH"):
         chaos_plan(Args())

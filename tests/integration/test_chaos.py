@@ -20,6 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from bench.soak.bench import greedy_answer, judge, read_vitals, soak, wait_until_idle
+from bench.soak.samples import SELF_NAME
 from clients.load.chaos import ChaosOutcome, ChaosPlan, ChaosTargets
 from clients.openai_server import running_openai_server
 from tests.support.serving import infer_inputs, serving_repository
@@ -44,8 +45,15 @@ def served(tiny_cpu, tmp_path_factory):
 def test_cut_streams_on_every_endpoint_leave_the_server_as_it_was(served):
     server, base_url = served
     targets = ChaosTargets(server.options.grpc_url, server.options.http_url, base_url, MODEL)
-    verdict = soak(PLAN, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path)
+    verdict = soak(PLAN, targets, server_pid=server.pid, metrics_url=server.options.metrics_url, log_path=server.log_path, sample_interval_s=1.0)
     assert verdict.ok, verdict.problems
+    # The soak's short form: what the server's processes hold after the drain is what they held before, within a few
+    # pooled connections and threads, where a leak per request would leave up to PLAN.requests of them.
+    for trend in verdict.trends:
+        if trend["name"] != SELF_NAME:
+            assert trend["fds_last"] - trend["fds_first"] < PLAN.requests // 8, trend
+            assert trend["threads_last"] - trend["threads_first"] < PLAN.requests // 8, trend
+    assert len(verdict.samples) >= 3
     traffic = verdict.traffic
     assert traffic["sent"] == PLAN.requests and traffic["failed"] == 0
     for route in ("grpc:ensemble", "grpc:tensorrt_llm_bls", "http:ensemble", "http:tensorrt_llm_bls", "openai"):

@@ -159,10 +159,13 @@ def _gemma_keys(text: Mapping[str, Any], family: Family, common: dict[str, Any])
         "attn_bias": False,
         "mlp_bias": False,
         "inter_layernorms": family.name != "gemma",
-        # transformers' gelu_pytorch_tanh is TensorRT-LLM's `gelu` (its ACT2FN maps both to the tanh form), and
-        # `fuse_gate_mlp` fuses only silu / gelu (NVIDIA/TensorRT-LLM v1.2.0 tensorrt_llm/models/modeling_utils.py)
-        "hidden_act": "gelu",
     }
+    if family.name != "gemma":
+        # GemmaConfig copies Hugging Face's `hidden_act` key as it is (Gemma 1's gelu_pytorch_tanh); Gemma 2/3 name
+        # theirs `hidden_activation`, so it writes its default `gelu`, the same tanh GELU in TensorRT-LLM's ACT2FN, and
+        # the one `fuse_gate_mlp` fuses (NVIDIA/TensorRT-LLM v1.2.0 tensorrt_llm/models/gemma/config.py,
+        # models/modeling_utils.py)
+        keys["hidden_act"] = "gelu"
     if family.name == "gemma2":
         keys.update(
             query_pre_attn_scalar=int(text["query_pre_attn_scalar"]),
