@@ -334,10 +334,13 @@ def declared_parameters(config: Mapping[str, Any], rank: int) -> Declared:
     return built.out
 
 
-def as_loaded(written: Mapping[str, tuple[Shape, str]]) -> Declared:
+def as_loaded(written: Mapping[str, tuple[Shape, str]], quant_algo: str | None = None) -> Declared:
     """`written` after preprocess_weights' renames: k/v cache scales -> kv_cache_scaling_factor (their max) and
-    kv_cache_rcp_scaling_factor added where missing; FP8 lm_head scales dropped when lm_head is not FP8."""
+    kv_cache_rcp_scaling_factor added where missing; for FP8, int8 weights viewed as FP8 and the lm_head scales
+    dropped when lm_head is not FP8."""
     loaded = dict(written)
+    if quant_algo == "FP8":
+        loaded = {n: (s, FP8 if n.endswith("weight") and d == "int8" else d) for n, (s, d) in loaded.items()}
     for name in [n for n in loaded if n.endswith(".k_cache_scaling_factor")]:
         v_name = name.replace("k_cache_scaling_factor", "v_cache_scaling_factor")
         if v_name not in loaded:
@@ -346,7 +349,7 @@ def as_loaded(written: Mapping[str, tuple[Shape, str]]) -> Declared:
         loaded.pop(v_name)
     for name in [n for n in loaded if n.endswith(".kv_cache_scaling_factor")]:
         loaded.setdefault(name.replace("kv_cache_scaling_factor", "kv_cache_rcp_scaling_factor"), loaded[name])
-    if "lm_head.weight" in loaded and loaded["lm_head.weight"][1] != FP8:
+    if quant_algo == "FP8" and "lm_head.weight" in loaded and loaded["lm_head.weight"][1] != FP8:
         loaded.pop("lm_head.weights_scaling_factor", None)
         loaded.pop("lm_head.activation_scaling_factor", None)
     return loaded
@@ -354,7 +357,8 @@ def as_loaded(written: Mapping[str, tuple[Shape, str]]) -> Declared:
 
 def compare(declared: Declared, loaded: Declared) -> dict[str, list[str]]:
     """missing (declared, not written; lm_head may be absent when the embedding is written: load's sharing
-    exemption), extra (written, not declared) and mismatched (shape or dtype), each sorted."""
+    exemption), extra (written, not declared) and mismatched (shape or dtype; NVIDIA's Parameter asserts the shape
+    and only warns on the dtype), each sorted."""
     exempt = {"lm_head.weight"} if any(n.endswith("vocab_embedding.weight") for n in loaded) else set()
     return {
         "missing": sorted(set(declared) - set(loaded) - exempt),
