@@ -34,26 +34,14 @@ _SMALL = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
-# Not yet fixed on this branch (issue #41 item 1): the lead's Phi-3 and Gemma 2/3 converter changes drop these marks.
-_PHI3 = (
-    "Phi-3: an extra mlp.gate per layer (Phi3DecoderLayer has the plain MLP, no gate) and hidden_act silu (NVIDIA writes "
-    "swiglu, whose mlp.fc is [2I/tp, H]); fixed by the Phi-3 converter change"
-)
-_GEMMA_ACT = "Gemma 2/3: hidden_act gelu_pytorch_tanh where NVIDIA's GemmaConfig writes gelu; fixed by the Gemma converter change"
-KNOWN_LAYOUT = {"phi3": _PHI3}
-KNOWN_ACT = {"phi3": _PHI3, "gemma2": _GEMMA_ACT, "gemma3_text": _GEMMA_ACT}
 
 
 class Differs(AssertionError):
-    """The checkpoint is not what NVIDIA's class declares (the only failure a known-bug mark accepts)."""
-
-
-def _xfail(family: str, known: dict[str, str]) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.xfail(strict=True, raises=Differs, reason=known[family])] if family in known else []
+    """The checkpoint is not what NVIDIA's class declares."""
 
 
 LAYOUT_CASES = [
-    pytest.param(family, algo, tp, id=f"{family}-{algo}-tp{tp}", marks=_xfail(family, KNOWN_LAYOUT))
+    pytest.param(family, algo, tp, id=f"{family}-{algo}-tp{tp}")
     for family in ENGINE_FAMILIES
     for algo in ("none", "fp8")
     for tp in (1, 2, 4)
@@ -122,7 +110,7 @@ def test_written_tensors_equal_what_the_tensorrt_llm_class_declares(family: str,
         raise Differs(f"{config['architecture']} checkpoint differs from what TensorRT-LLM 1.2 declares: {json.dumps(report, indent=1)}")
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=_xfail(f, KNOWN_ACT)) for f in ENGINE_FAMILIES])
+@pytest.mark.parametrize("family", ENGINE_FAMILIES)
 def test_hidden_act_is_what_nvidias_config_writes(family: str, exports, converted) -> None:
     hf = json.loads((exports(family, "none") / "config.json").read_text())
     written = json.loads((converted(family, "none", 1) / "config.json").read_text())
