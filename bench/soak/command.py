@@ -149,11 +149,14 @@ def trend_lines(found: list[dict]) -> list[str]:
     """Per process: RSS first -> last and its slope after the warm-up, descriptors and threads first -> last."""
     if not found:
         return []
-    lines = ["| process | RSS MB first -> last | slope after warm-up (MB/min) | fds | threads |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| process | RSS MB first -> last | RSS / anon / shmem slope after warm-up (MB/min) | fds | threads |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for t in found:
-        slope = "—" if t["rss_slope_mb_per_min"] is None else f"{t['rss_slope_mb_per_min']:+.2f}"
+        slopes = " / ".join("—" if t[key] is None else f"{t[key]:+.2f}" for key in ("rss_slope_mb_per_min", "anon_slope_mb_per_min", "shmem_slope_mb_per_min"))
         lines.append(
-            f"| {t['name']} | {t['rss_first_mb']:.0f} -> {t['rss_last_mb']:.0f} | {slope} | {t['fds_first']} -> {t['fds_last']} | "
+            f"| {t['name']} | {t['rss_first_mb']:.0f} -> {t['rss_last_mb']:.0f} | {slopes} | {t['fds_first']} -> {t['fds_last']} | "
             f"{t['threads_first']} -> {t['threads_last']} |"
         )
     return ["", *lines]

@@ -2,9 +2,11 @@
 
 A process is the tritonserver, each Python-backend stub (named by its model: the stub's first argument is the
 model's `model.py` path) and this process, which runs the OpenAI front end's thread and the clients. A sample
-reads /proc only (statm-free: RSS from /proc/<pid>/stat, descriptors from /proc/<pid>/fd, threads from
-/proc/<pid>/task). The trend of a series is its least-squares slope over the last two thirds of the run, so that a
-warm-up step (allocators and caches filling in the first minutes) does not read as a leak, and a leak does.
+reads /proc only: RSS from /proc/<pid>/stat, split into anonymous and shared-memory pages by /proc/<pid>/status
+(RssAnon, RssShmem: the Python backend's stubs and the server share their tensors through a /dev/shm region
+that both count), descriptors from /proc/<pid>/fd, threads from /proc/<pid>/task. The trend of a series is its
+least-squares slope over the last two thirds of the run, so that a warm-up step (allocators and caches filling in
+the first minutes) does not read as a leak, and a leak does.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class ProcessSample:
     rss_mb: float
     fds: int | None  # None: not readable
     threads: int | None
+    anon_mb: float | None = None  # RssAnon: the process's own heap
+    shmem_mb: float | None = None  # RssShmem: touched pages of shared memory (the Python backend's region)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class Trend:
     rss_first_mb: float
     rss_last_mb: float
     rss_slope_mb_per_min: float | None  # over the last two thirds; None: too few samples
+    anon_slope_mb_per_min: float | None
+    shmem_slope_mb_per_min: float | None
     fds_first: int | None
     fds_last: int | None
     threads_first: int | None
@@ -75,9 +81,24 @@ def _stub_model(pid: int) -> str:
     return f"pid {pid}"
 
 
+def _status_mb(base: Path) -> dict[str, float]:
+    """RssAnon and RssShmem of /proc/<pid>/status in MB (absent keys: not there)."""
+    try:
+        text = (base / "status").read_text()
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssShmem"):
+            found[key] = round(int(value.split()[0]) / 1024, 2)  # kB
+    return found
+
+
 def _sample_one(name: str, pid: int, rss_bytes: int) -> ProcessSample:
     base = _PROC / str(pid)
-    return ProcessSample(name, pid, round(rss_bytes / 2**20, 2), _count(base / "fd"), _count(base / "task"))
+    status = _status_mb(base)
+    return ProcessSample(name, pid, round(rss_bytes / 2**20, 2), _count(base / "fd"), _count(base / "task"), status.get("RssAnon"), status.get("RssShmem"))
 
 
 def sample_processes(server_pid: int) -> tuple[ProcessSample, ...]:
@@ -160,6 +181,8 @@ def trends(samples: Sequence[Sample]) -> list[Trend]:
                 rss_first_mb=first.rss_mb,
                 rss_last_mb=last.rss_mb,
                 rss_slope_mb_per_min=slope_per_min([(t, p.rss_mb) for t, p in series]),
+                anon_slope_mb_per_min=slope_per_min([(t, p.anon_mb) for t, p in series if p.anon_mb is not None]),
+                shmem_slope_mb_per_min=slope_per_min([(t, p.shmem_mb) for t, p in series if p.shmem_mb is not None]),
                 fds_first=first.fds,
                 fds_last=last.fds,
                 threads_first=first.threads,
