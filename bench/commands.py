@@ -21,6 +21,7 @@ from bench.soak import command as soak
 from bench.speculative import command as speculative
 
 ACCURACY_HELP = "perplexity and next-token agreement of every quantization format vs the baseline"
+KV_CLAMP_HELP = "FP8 KV-cache scales clamped to >= 1.0 vs raw: agreement with the unquantized model"
 
 
 def add_bench_parser(sub: argparse._SubParsersAction, **defaults: Any) -> None:
@@ -33,6 +34,10 @@ def add_bench_parser(sub: argparse._SubParsersAction, **defaults: Any) -> None:
     accuracy = benchmarks.add_parser("accuracy", help=ACCURACY_HELP, description=ACCURACY_HELP)
     accuracy.add_argument("config", type=Path, help="build config YAML with a gate.accuracy section (target cpu)")
     accuracy.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    kv_clamp = benchmarks.add_parser("kv-clamp", help=KV_CLAMP_HELP, description=KV_CLAMP_HELP)
+    kv_clamp.add_argument("config", type=Path, help="build config YAML with quantize.calibration and gate.accuracy (target cpu)")
+    kv_clamp.add_argument("--shrink", type=int, action="append", metavar="N", help="also rows with K/V N times smaller (power of two; default 64 and 512)")
+    kv_clamp.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     soak.add_arguments(_with_config(benchmarks, "soak", soak.HELP, soak.CONFIG_HELP))
     serve = _with_config(benchmarks, "serve", "deprecated: now `bench load` (with --overhead: `bench overhead`)", load.CONFIG_HELP)
     serve.add_argument("--overhead", action="store_true", help="deprecated: now `bench overhead`; --requests, --warmup and --concurrency as there")
@@ -64,6 +69,8 @@ def run_bench_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget
         return soak.run_soak_command(args, build_cpu_target)
     if benchmark == "speculative":
         return speculative.run_speculative_command(args, build_cpu_target)
+    if benchmark == "kv-clamp":
+        return _run_kv_clamp(args)
     return _run_accuracy(args)
 
 
@@ -72,4 +79,12 @@ def _run_accuracy(args: argparse.Namespace) -> int:
 
     result = run_accuracy_bench(args.config, args.artifacts, progress=dim_lines(status_console()))
     print(json.dumps(result, indent=1) if args.json else render_accuracy_markdown(result))
+    return 0
+
+
+def _run_kv_clamp(args: argparse.Namespace) -> int:
+    from bench.kv_clamp_bench import DEFAULT_SHRINKS, render_kv_clamp_markdown, run_kv_clamp_bench
+
+    result = run_kv_clamp_bench(args.config, shrinks=args.shrink or DEFAULT_SHRINKS, progress=dim_lines(status_console()))
+    print(json.dumps(result, indent=1) if args.json else render_kv_clamp_markdown(result))
     return 0

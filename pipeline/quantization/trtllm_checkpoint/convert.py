@@ -16,8 +16,8 @@ scale tensors ModelOpt 0.47's own TensorRT-LLM export writes (tests/pipeline/qua
     norms are written folded, with a pre-quant scale of ones (the same product, so the same model);
   * mixture-of-experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE; unquantized or FP8) are stacked per expert by
     `trtllm_convert_moe`, in TensorRT-LLM's own layout (ModelOpt 0.47's TRT export cannot write them);
-  * KV cache: FP8 scales are clamped to at least 1.0 as ModelOpt's TRT export does; `kv_cache_scaling_factor` is
-    the max of the K and V scales.
+  * KV cache: the K and V scales are the unified export's (amax / 448 for FP8), not clamped to at least 1.0 as
+    ModelOpt 0.47's TRT export clamps FP8 ones (see `_kv_cache_scales`); `kv_cache_scaling_factor` is their max.
 
 Pure torch + safetensors: ModelOpt is not imported.
 """
@@ -262,7 +262,17 @@ def _norm(tensors: dict[str, torch.Tensor], hf_name: str, trt_name: str, dtype: 
     return out
 
 
-def _kv_cache_scales(tensors: dict[str, torch.Tensor], hf: str, layout: Layout, config: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+def _kv_cache_scales(
+    tensors: dict[str, torch.Tensor], hf: str, layout: Layout, config: dict[str, Any], prefix: str, *, clamp_fp8: bool = False
+) -> dict[str, torch.Tensor]:
+    """One layer's K/V cache scales as the unified checkpoint holds them (FP8: amax / 448), not clamped.
+
+    NVIDIA/TensorRT-LLM (1.2 line) takes a unified checkpoint's `k_scale` / `v_scale` as they are: tensorrt_llm/layers/
+    attention.py `Attention.postprocess` (their max) and models/modeling_utils.py `preprocess_weights`. ModelOpt 0.47's
+    TRT export clamps FP8 ones to >= 1.0 (modelopt/torch/export/quant_utils.py `get_kv_cache_scaling_factor`);
+    `clamp_fp8=True` does so for bench/kv_clamp_bench.py, which measured the clamp no better on the default model and
+    worse once K/V activations are small (BENCHMARKS.md#fp8-kv-cache-scales-clamped-or-raw-cpu-issue-41).
+    """
     kv_algo = config["quantization"].get("kv_cache_quant_algo")
     if kv_algo is None:
         return {}
@@ -271,7 +281,7 @@ def _kv_cache_scales(tensors: dict[str, torch.Tensor], hf: str, layout: Layout, 
     if missing:
         raise StageError(f"unified checkpoint: kv_cache_quant_algo is {kv_algo}, but tensor {missing[0]} is missing")
     k_scale, v_scale = (tensors[n].float().reshape(1) for n in names)
-    if kv_algo == "FP8":  # ModelOpt recommends (and its TRT export writes) FP8 KV scales of at least 1.0
+    if kv_algo == "FP8" and clamp_fp8:
         k_scale, v_scale = (torch.clamp(s, min=1.0) for s in (k_scale, v_scale))
     return {
         f"{prefix}.k_cache_scaling_factor": k_scale,

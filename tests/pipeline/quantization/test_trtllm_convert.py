@@ -11,7 +11,8 @@ What must agree: config.json as a whole, and per rank the tensor names, shapes a
   * AWQ: the unified export folds the q/k/v and gate/up pre-quant scale into the norm before them: compared as the
     product norm weight × pre-quant scale (fp16 rounding); and it also averages gate/up's AWQ scales (ModelOpt's TRT
     export leaves them apart: layer_utils.build_mlp_config fuses gate/up only for FP8/NVFP4), so their codes and
-    scales are a different quantization of the same weights: compared as effective weights (cosine).
+    scales are a different quantization of the same weights: compared as effective weights (cosine);
+  * FP8 KV-cache scales: that export clamps them to >= 1.0, the converter does not (compared clamped).
 """
 
 from __future__ import annotations
@@ -231,7 +232,11 @@ def _assert_values(case: Case, reference: dict, converted: dict, rank: str) -> N
         if name in checked:
             continue
         got = converted[name]
-        if ref.dtype == torch.float8_e4m3fn:
+        if case.kv == "fp8" and name.endswith("_cache_scaling_factor"):
+            # ModelOpt 0.47's TRT export clamps FP8 KV scales to >= 1.0; the converter writes the unified export's raw
+            # amax / 448 (convert.py `_kv_cache_scales`; measured: BENCHMARKS.md#fp8-kv-cache-scales-clamped-or-raw-cpu-issue-41).
+            assert torch.equal(ref, got.clamp(min=1.0)), f"{rank}: {name}"
+        elif ref.dtype == torch.float8_e4m3fn:
             assert _fp8_code_distance(ref, got) <= 1, f"{rank}: {name}"
         else:
             assert torch.equal(ref, got), f"{rank}: {name} differs"
