@@ -223,3 +223,13 @@ def _info(path: Path):
 def _copy(source: Path, destination: Path) -> Path:
     shutil.copytree(source, destination)
     return destination
+
+
+def test_a_config_only_example_declaring_a_quantization_validates_and_says_what_follows(tmp_path: Path, capsys) -> None:
+    """models/deepseek-v3 holds config.json only: nothing can be mis-read, and the weights line says what validate
+    answers once the weights are there."""
+    config = REPO / "build_configs" / "deepseek-v3-fp8-llmapi-tp8.yaml"
+    assert main(["--artifacts", str(tmp_path), "validate", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "(config.json only), which declares a pre-quantized checkpoint: FP8 block scales" in out
+    assert "block 128×128" in out and "validate refuses it on every build.target" in out
