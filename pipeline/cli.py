@@ -18,6 +18,7 @@ from pipeline.artifacts import ArtifactStore, differences, read_manifest, store_
 from pipeline.backends.registry import backend_for
 from pipeline.cli_capacity import print_capacity
 from pipeline.config.loader import LoadedConfig, format_issues, load_config
+from pipeline.config.prequantized_targets import quantization_summary
 from pipeline.config.reference import config_reference_markdown
 from pipeline.config.schema import spec_schema_text
 from pipeline.errors import ArtifactError, PipelineError, SpecError
@@ -162,6 +163,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 def _validate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     spec = loaded.spec
     console.print(f"[green]valid[/green]: {args.config} (build {spec.name!r}, target {spec.build.target.value}, model {loaded.model.architecture})")
+    console.print(quantization_summary(loaded.model), markup=False, highlight=False)
     return 0
 
 
@@ -297,6 +299,7 @@ def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, 
         shown = "[cyan]cached[/cyan]" if state == "built" else ("[yellow]to build[/yellow]" if state == "missing" else f"[red]{state}[/red]")
         table.add_row(stage.name, stage.digest, shown, stage.summary)
     console.print(table)
+    console.print(quantization_summary(loaded.model), markup=False, highlight=False)
     speculative = speculative_summary(loaded.spec.build)
     if speculative is not None:
         console.print(speculative, highlight=False)

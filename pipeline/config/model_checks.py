@@ -9,6 +9,7 @@ from pipeline.config.engine_class_checks import engine_class_issues
 from pipeline.config.families import family_of, known_model_types
 from pipeline.config.lora_checks import check_lora_adapters
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
+from pipeline.config.prequantized_targets import prequantized_issues
 from pipeline.config.spec import Spec
 from pipeline.config.weight_checks import WeightHeaderError, weight_issues, weight_shapes
 from pipeline.quant_formats import weight_format
@@ -96,6 +97,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
         )
     issues += _check_awq_group_size(spec, info)
     issues += [(("model", "source"), message) for message in _weight_issues(info)]
+    issues += prequantized_issues(spec, info)
     issues += check_globs(spec)
     issues += check_lora_adapters(spec, info)
     if build.max_seq_len is None:
