@@ -26,6 +26,7 @@ from pipeline.config.model_info import ModelInfo
 from pipeline.config.prequantized import PreQuantized, PreQuantizedError, declared_quantization
 from pipeline.config.prequantized_tensors import Tensor, read_tensors, tensor_issues, undeclared_quantization
 from pipeline.config.spec import Spec
+from pipeline.config.targets import traits_of
 from pipeline.config.weight_checks import WeightHeaderError, read_json_object
 
 Issue = tuple[tuple[str | int, ...], str]
@@ -56,12 +57,12 @@ FORMATS: dict[str, tuple[str, str | None]] = {
 }
 _GPTQ = ("dense GPTQ is still open in TensorRT-LLM's PyTorch backend (NVIDIA/TensorRT-LLM#19442); 1.2's examples "
          "convert_checkpoint.py took AutoGPTQ INT4 for Llama with desc_act off only (NVIDIA/TensorRT-LLM#2458)")  # fmt: skip
-_WHY_NOT = {
-    "engine": "the quantize stage reads model.source as plain weights and its converter writes the TensorRT-LLM checkpoint "
+_WHY_NOT = {  # by the target's model backend (config.targets.traits_of)
+    "trtllm-build": "the quantize stage reads model.source as plain weights and its converter writes the TensorRT-LLM checkpoint "
     "from them, so the quantized codes would be cast to {dtype} and their scales dropped",
-    "cpu": "refengine runs the TensorRT-LLM checkpoint the quantize stage writes from model.source read as plain weights, "
+    "refengine": "refengine runs the TensorRT-LLM checkpoint the quantize stage writes from model.source read as plain weights, "
     "so it would compute with the quantized codes cast to {dtype} and their scales dropped",
-    "llmapi": "its quantize stage loads the weights with transformers and re-exports them through ModelOpt, and the build "
+    "pytorch": "its quantize stage loads the weights with transformers and re-exports them through ModelOpt, and the build "
     "links that export, so the checkpoint is not passed through as published (a pass-through is not built yet)",
 }
 
@@ -103,7 +104,7 @@ def prequantized_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     target, dtype = spec.build.target.value, spec.model.dtype.value
     reads, same_algo = answer_for(found)
     works = [reads]
-    if target != "llmapi" and reads == PYTORCH_BACKEND_READS:
+    if traits_of(spec.build.target).model_backend != "pytorch" and reads == PYTORCH_BACKEND_READS:
         works.append("build.target llmapi will take it once its pass-through is built (it is not yet)")
     if same_algo is not None:
         kv = f" and quantize.kv_cache {found.kv_cache.lower()}" if found.kv_cache in ("FP8", "INT8") else ""
@@ -112,7 +113,7 @@ def prequantized_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
         (
             where,
             f"{found.where}: the checkpoint is pre-quantized ({found.describe(source=False)}); build.target {target} does not "
-            f"serve pre-quantized checkpoints: {_WHY_NOT[target].format(dtype=dtype)}. What would work: {'; '.join(works)}",
+            f"serve pre-quantized checkpoints: {_WHY_NOT[traits_of(spec.build.target).model_backend].format(dtype=dtype)}. What would work: {'; '.join(works)}",
         )
     )
     algo, kv = spec.quantize.algo.value, spec.quantize.kv_cache.value
