@@ -8,10 +8,7 @@ an FP8 KV cache) and converted by the project's converter; the heads are random 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ import pytest
 from tests.support.eagle_draft import write_eagle_draft
 from tests.support.medusa_heads import write_medusa_heads
 from tests.support.trtllm_declared_heads import differences, eagle_declared, loaded_view, medusa_declared
+from tests.support.unified_exports import convert, quantize_and_export
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("modelopt")
@@ -45,11 +43,7 @@ def exports(tmp_path_factory):
 
 
 def _export(family: str, algo: str, vocab: int, directory: Path) -> Path:
-    import modelopt.torch.quantization as mtq
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from pipeline.quantization.modelopt_export import QuantRecipe, _mtq_config
-    from pipeline.quantization.unified_export import export_unified_checkpoint
 
     config = AutoConfig.for_model(
         family, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -58,24 +52,11 @@ def _export(family: str, algo: str, vocab: int, directory: Path) -> Path:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config.architectures = [type(model).__name__]
-    generator = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, vocab, (2, 16), generator=generator) for _ in range(2)]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
-        warnings.simplefilter("ignore")
-        if algo == "fp8":
-            model = mtq.quantize(model, _mtq_config(QuantRecipe("fp8", "fp8")), lambda m: [m(b) for b in batches])
-        export_unified_checkpoint(model, directory, dtype=torch.float16)
-    return directory
+    return quantize_and_export(model, algo, vocab, directory)
 
 
 def _base(unified: Path, out: Path, tp: int, pp: int = 1) -> Path:
-    from pipeline.quantization.trtllm_checkpoint.convert import convert_unified_checkpoint
-    from pipeline.quantization.trtllm_checkpoint.pretrained import pretrained_config
-
-    hf = json.loads((unified / "config.json").read_text())
-    mapping = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
-    config = pretrained_config(hf, dtype="float16", mapping=mapping, quantization={})
-    convert_unified_checkpoint(unified, out, config=config, tp_size=tp, pp_size=pp)
+    convert(unified, out, tp, pp)
     return out
 
 
