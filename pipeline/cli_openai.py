@@ -9,9 +9,8 @@ CONFIG may also be a rendered model repository (e.g. /models in the compose depl
 then needs `--triton-url` and is read for the facts (deployments mount the repository their
 Triton serves; the front end may start before that Triton is up, so it does not ask it for them). The model name clients pass is the
 spec's `name` (`--model-name` overrides it; for a repository it defaults to the Triton model's name, `--triton-model`).
-The Triton model it calls, unless `--triton-model` names one (the deployments' commands do): the route
-pipeline.serve.front_end_route picks for the version that Triton reports (the BLS on the bundled 2.51, whose
-ensemble crashed under the soak; the ensemble on newer ones, and when no version is read).
+The Triton model it calls, unless `--triton-model` names one (the deployments' commands do): the ensemble
+(pipeline.serve.front_end_route says why not the BLS).
 
 API keys (clients.api_keys, clients.openai_server.access) come from `--api-key-file` or the TRTLLM_PIPELINE_API_KEYS
 variable, never from the command line (where `ps` shows them); they are read first, so a bad key file stops the
@@ -145,7 +144,7 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
         if args.config.is_dir():
             if not args.triton_url:
                 raise SpecError(f"{args.config} is a model repository: give the Triton it is served by with --triton-url HOST:PORT")
-            triton_model = _triton_model(args, args.triton_url, "ensemble")
+            triton_model = _triton_model(args, "ensemble")
             model = ServedModel.from_repository(args.config, name=args.model_name or triton_model, triton_model=triton_model)
             return _serve(args.triton_url, model, options, say)
         return _serve_config(args, options, say, build_package, state_dir)
@@ -172,7 +171,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     name = args.model_name or spec.name
     store = ArtifactStore(store_root(args.artifacts, writable=True), spec.name)
     if args.triton_url:  # anywhere (e.g. a GPU host): the facts come from that Triton, nothing is built
-        triton_model = _triton_model(args, args.triton_url, spec.serve.model_name)
+        triton_model = _triton_model(args, spec.serve.model_name)
         model = ServedModel.from_triton(args.triton_url, name=name, triton_model=triton_model)
         if not model.tokenizer_dir.is_dir():
             # The preprocessing's tokenizer_dir is a path on the Triton host (e.g. /models/... in a
@@ -182,7 +181,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     state = read_state(state_dir(store))
     if state is not None and state.is_running():
         say(f"using the tritonserver started with `serve --detach` (pid {state.pid}, gRPC {state.grpc_url})")
-        triton_model = _triton_model(args, state.grpc_url, spec.serve.model_name)
+        triton_model = _triton_model(args, spec.serve.model_name)
         model = ServedModel.from_repository(state.model_repository, name=name, triton_model=triton_model)
         return _serve(state.grpc_url, model, options, say)
     if not backend_for(spec.build.target).serves_here:
@@ -195,7 +194,7 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
     with TritonServer(server_options) as triton:
         say(f"starting tritonserver on {server_options.grpc_url} ...")
         triton.wait_until_ready(args.timeout)
-        triton_model = _triton_model(args, server_options.grpc_url, spec.serve.model_name)
+        triton_model = _triton_model(args, spec.serve.model_name)
         model = ServedModel.from_repository(repository, name=name, triton_model=triton_model)
         code = _serve(server_options.grpc_url, model, options, say, keep_running=triton.is_running)
         if not triton.is_running():
@@ -204,11 +203,11 @@ def _serve_config(args, options, say, build_package, state_dir) -> int:
         return code
 
 
-def _triton_model(args: argparse.Namespace, triton_url: str, ensemble: str) -> str:
-    """`--triton-model`, else the default route for the version the Triton at `triton_url` reports."""
-    from pipeline.serve.front_end_route import front_end_triton_model, triton_version
+def _triton_model(args: argparse.Namespace, ensemble: str) -> str:
+    """`--triton-model`, else the default route (pipeline.serve.front_end_route)."""
+    from pipeline.serve.front_end_route import front_end_triton_model
 
-    return args.triton_model or front_end_triton_model(triton_version(triton_url), ensemble)
+    return args.triton_model or front_end_triton_model(ensemble)
 
 
 def _serve(triton_url: str, model, options: dict, say: Callable[[str], None], keep_running: Callable[[], bool] = lambda: True) -> int:

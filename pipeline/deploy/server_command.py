@@ -23,7 +23,6 @@ generates (triton-inference-server/tensorrtllm_backend; in 1.x NVIDIA/TensorRT-L
 from __future__ import annotations
 
 from pipeline.backends.engine.runtime import EngineRecord, format_compute_capability
-from pipeline.backends.registry import backend_for
 from pipeline.config.spec import Spec
 from pipeline.deploy.layout import (
     ADMIN_KEY_HEADER,
@@ -139,8 +138,7 @@ def world_size_of(command: list[str]) -> int:
 def openai_command(spec: Spec, triton_url: str = f"{TRITON_SERVICE}:{CONTAINER_GRPC_PORT}", api_key_file: str | None = None) -> list[str]:
     """The OpenAI-compatible front end, next to Triton (gRPC at `triton_url`): it reads the served repository at /models,
     and its API keys from `api_key_file` if given (else from its environment's TRTLLM_PIPELINE_API_KEYS). It calls the
-    model the front end's default route picks for the target's Triton (pipeline.serve.front_end_route: the BLS on the
-    cpu image's bundled 2.51, the ensemble on NGC's images), named, since it does not ask Triton at start."""
+    front end's default route (pipeline.serve.front_end_route: the ensemble), named."""
     keys = ["--api-key-file", api_key_file] if api_key_file else []
     return [
         "trtllm-pipeline",
@@ -155,6 +153,6 @@ def openai_command(spec: Spec, triton_url: str = f"{TRITON_SERVICE}:{CONTAINER_G
         "--model-name",
         spec.name,
         "--triton-model",
-        front_end_triton_model(backend_for(spec.build.target).triton_version, spec.serve.model_name),
+        front_end_triton_model(spec.serve.model_name),
         *keys,
     ]

@@ -55,7 +55,7 @@ def serving(
     api_keys: Sequence[ApiKey] | None = None,
 ) -> Iterator[Endpoints]:
     """tritonserver on `repo` (free loopback ports), and the OpenAI front end before it when `openai` (calling
-    `openai_triton_model`, by default the front end's default route for this server's version, and asking for
+    `openai_triton_model`, by default the front end's default route (the ensemble), and asking for
     `api_keys`, if given; the endpoints then carry the first); the endpoints while the block runs, everything stopped
     afterwards. With `check_alive`, a server that died meanwhile is a StageError at the end of the block."""
     from pipeline.serve import ServerOptions, TritonServer
@@ -86,7 +86,7 @@ def serving(
             from clients.openai_server.runner import running_openai_server
             from pipeline.serve.front_end_route import front_end_triton_model
 
-            triton_model = openai_triton_model or front_end_triton_model(endpoints.server_version, "ensemble")
+            triton_model = openai_triton_model or front_end_triton_model("ensemble")
             access = AccessPolicy(KeyRing(api_keys)) if api_keys else AccessPolicy()
             with running_openai_server(
                 endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=triton_model, access=access

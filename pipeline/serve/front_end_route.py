@@ -1,31 +1,28 @@
-"""Which Triton model the OpenAI front end calls when `--triton-model` does not say: the BLS
-(`tensorrt_llm_bls`) on a Triton older than 2.57, the ensemble (`serve.model_name`) otherwise.
+"""Which Triton model the OpenAI front end calls when `--triton-model` does not say: the ensemble
+(`serve.model_name`), on every Triton.
 
-Why the BLS there: on the tritonserver 2.51 that nvidia-pytriton bundles (`serve`, the cpu image), 64
-concurrent streams with half of them cut through the ensemble corrupted the server's own heap within
-minutes, whether they came over gRPC, HTTP or the front end, while the front end on the BLS took the
-same traffic and stopped clean (BENCHMARKS.md, "Soak"). The abort is in the ensemble scheduler's
-allocation of a response of the Python-backend `tensorrt_llm`. 2.57 is the first release with both
-upstream fixes of the races between a gRPC stream's cancellation and its response completion
-(server #7840 in 2.54, #8078 in 2.57). The engine target's images (NGC 25.09 and newer) are past it,
-and their `tensorrt_llm` is the C++ backend, so they keep NVIDIA's route, the ensemble; the soak has
-not been run on them. A version that is not known (Triton not reachable) keeps the ensemble too.
-Its cost on 2.51: after the front end's test traffic Triton may keep `tensorrt_llm_bls` loaded at stop (exit 1
-after the exit timeout; tests/support/serving.py STUCK_BLS), as it sometimes keeps the ensemble.
+Why not the BLS (`tensorrt_llm_bls`): it serves each request on a thread of its own, and with many
+decoupled calls in flight in one stub Triton's Python backend deadlocks (python_backend r24.10, the
+bundled 2.51, and unchanged on its main branch at f9088ff). A BLS thread whose `exec(decoupled=True)`
+returns looks its response iterator up (`Stub::GetResponseIterator`) under the stub's iterator-map mutex
+while holding the GIL; the stub's one thread for server messages (`ProcessBLSResponseDecoupled`) holds
+that mutex while it queues a response into another call's iterator, for which it needs that iterator's
+mutex; and the thread reading that call (`ResponseIterator::Next`), woken by its previous response, holds
+the iterator mutex while it takes the GIL back. `bench soak` on the cpu target stopped there after 9
+minutes of 64 streams, half of them cut (every stack in BENCHMARKS.md, "Soak ... issue #48"); through
+the ensemble the same 30 minutes ran clean and stopped with exit 0. The ensemble's own 2.51 faults were
+under gRPC cancellation of its streams (docs/serving.md); the front end ends an ensemble stream by
+TensorRT-LLM's `stop` request instead, so it never cancels one.
 """
 
 from __future__ import annotations
 
-import re
-
 BLS_MODEL = "tensorrt_llm_bls"
-ENSEMBLE_SAFE_FROM = (2, 57)
 
 
-def front_end_triton_model(triton_version: str | None, ensemble: str) -> str:
-    """The Triton model the front end calls by default on a Triton of `triton_version` (e.g. "2.51.0")."""
-    release = _major_minor(triton_version)
-    return BLS_MODEL if release is not None and release < ENSEMBLE_SAFE_FROM else ensemble
+def front_end_triton_model(ensemble: str) -> str:
+    """The Triton model the front end calls by default: the ensemble named `ensemble`."""
+    return ensemble
 
 
 def triton_version(grpc_url: str, timeout_s: float = 5.0) -> str | None:
@@ -43,8 +40,3 @@ def triton_version(grpc_url: str, timeout_s: float = 5.0) -> str | None:
         return None
     finally:
         client.close()
-
-
-def _major_minor(version: str | None) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", version or "")
-    return (int(match[1]), int(match[2])) if match else None

@@ -36,7 +36,7 @@ PLAN = ChaosPlan(requests=160, concurrency=8, cut_fraction=0.5, max_tokens=(8, 6
 def served(tiny_cpu, tmp_path_factory):
     paths = tiny_cpu
     # Exit 1 with only the ensemble and/or the BLS still loaded is Triton 2.51's race (serving.STUCK_ENSEMBLE,
-    # STUCK_BLS: the OpenAI front end calls the BLS on 2.51): a warning.
+    # STUCK_BLS: the gRPC and HTTP streams go to both): a warning.
     with serving_repository(paths["repository"], tmp_path_factory.mktemp("serve"), allow_stuck_ensemble=True, allow_stuck_bls=True) as server:
         with running_openai_server(server.options.grpc_url, model_name=MODEL, model_repository=paths["repository"]) as base_url:
             yield server, base_url

@@ -80,7 +80,7 @@ def repository(builds, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repository, tmp_path_factory):
-    # The OpenAI front end calls each family's BLS on Triton 2.51, which may keep them loaded at stop (serving.STUCK_BLS).
+    # Triton 2.51 may keep a family's BLS loaded at stop after the cases that call it (serving.STUCK_BLS): a warning.
     with serving_repository(repository, tmp_path_factory.mktemp("serve"), allow_stuck_bls=True) as triton:
         yield triton
 

@@ -1,8 +1,8 @@
 """The OpenAI-compatible front end in front of the real tritonserver serving the packaged default config.
 
-One Triton and one front end for the module (free loopback ports), on the front end's default route for the
-bundled tritonserver 2.51: the BLS (pipeline.serve.front_end_route); the answers are compared with the Triton
-client's through the ensemble, and the `openai` command still calls the ensemble when told to. The official `openai` client,
+One Triton and one front end for the module (free loopback ports), on the front end's default route, the
+ensemble (pipeline.serve.front_end_route); the answers are compared with the Triton client's through the
+ensemble, and the `openai` command calls the BLS when told to. The official `openai` client,
 streaming and not, gets the greedy answers the Triton client gets for the same prompt, with exact
 usage; stop, n, seed and logprobs; every bad input of issue #7 gets its OpenAI-shaped 4xx and the
 server keeps serving; an unreachable Triton is 503; a client that drops its SSE stream (or its
@@ -66,15 +66,15 @@ def artifacts(private_tiny_cpu) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def triton(artifacts, tmp_path_factory):
-    # The front end on the BLS: Triton 2.51 may keep tensorrt_llm_bls loaded at stop (serving.STUCK_BLS), a warning
+    # Some cases call the BLS: Triton 2.51 may keep tensorrt_llm_bls loaded at stop (serving.STUCK_BLS), a warning
     with serving_repository(artifacts["repository"], tmp_path_factory.mktemp("serve"), allow_stuck_bls=True) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def default_route(triton) -> str:
-    """The Triton model the `openai` command calls on this server when not told: read from the version it reports."""
-    return front_end_triton_model(triton_version(triton.options.grpc_url), "ensemble")
+    """The Triton model the `openai` command calls on this server when not told."""
+    return front_end_triton_model("ensemble")
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +131,11 @@ def wait_for(condition, timeout: float) -> bool:
 
 
 # -- answers --------------------------------------------------------------------------------------
-def test_the_bundled_triton_is_the_cpu_targets_and_its_default_route_is_the_bls(triton, default_route):
-    """The version the cpu backend declares (and the deployments' commands are rendered for) is the one the bundled
-    server reports, and on it the front end defaults to the BLS."""
+def test_the_bundled_triton_is_the_cpu_targets_and_its_default_route_is_the_ensemble(triton, default_route):
+    """The version the cpu backend declares is the one the bundled server reports, and on it the front end defaults
+    to the ensemble (front_end_route.py: the BLS deadlocks 2.51's Python backend under many concurrent streams)."""
     assert triton_version(triton.options.grpc_url) == backend_for(Target.cpu).triton_version == "2.51.0"
-    assert default_route == BLS_MODEL
+    assert default_route == "ensemble" != BLS_MODEL
 
 
 def test_completions_equal_the_triton_clients_greedy_answers(oai, reference, prompt_tokens):
@@ -385,7 +385,7 @@ def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton
     (state_dir / "server.json").write_text(json.dumps(asdict(state)))
     try:
         with _openai_command("--artifacts", str(artifacts["root"]), "openai", str(REPO / "build_configs" / f"{MODEL}.yaml")) as (process, lines):
-            assert "started with `serve --detach`" in lines[0] and f"model {BLS_MODEL!r}" in lines[1]
+            assert "started with `serve --detach`" in lines[0] and "model 'ensemble'" in lines[1]
             with httpx.Client(base_url=lines[-1], timeout=30) as http:
                 assert http.get("/models").json()["data"][0]["id"] == MODEL
                 assert http.post("/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
@@ -396,15 +396,15 @@ def test_the_openai_command_uses_the_detached_server_and_stops_on_sigterm(triton
     assert triton.is_running()  # the command never stops a server it did not start
 
 
-@pytest.mark.parametrize("triton_model", [None, "ensemble"])
+@pytest.mark.parametrize("triton_model", [None, BLS_MODEL])
 def test_the_openai_command_with_a_triton_url_reads_what_that_triton_serves(triton, artifacts, reference, triton_model):
     """Issue #32: with --triton-url the facts (here gather_context_logits) come from the Triton, not the spec's defaults,
     so lm-eval's loglikelihood requests (echo + logprobs) answer as without the URL. Unless told (`--triton-model
-    ensemble`), it calls the BLS, Triton 2.51's default route; a streamed greedy completion answers as the ensemble does."""
+    tensorrt_llm_bls`), it calls the ensemble, the default route; a streamed greedy completion answers as the ensemble does."""
     config = str(REPO / "build_configs" / f"{MODEL}.yaml")
     choice = ["--triton-model", triton_model] if triton_model else []
     with _openai_command("--artifacts", str(artifacts["root"]), "openai", config, "--triton-url", triton.options.grpc_url, *choice) as (process, lines):
-        assert f"model {triton_model or BLS_MODEL!r}" in lines[0]
+        assert f"model {triton_model or 'ensemble'!r}" in lines[0]
         with httpx.Client(base_url=lines[-1], timeout=30) as http:
             with http.stream(
                 "POST", "/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}

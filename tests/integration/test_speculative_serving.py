@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from clients.openai_server import running_openai_server
-from pipeline.serve.front_end_route import front_end_triton_model, triton_version
+from pipeline.serve.front_end_route import front_end_triton_model
 from tests.integration.test_triton_cpu import client_inputs, http_generate, metric, metrics, stream_infer
 from tests.support.combined_repository import combine_repositories, served_name
 from tests.support.serving import greedy_reference, infer_inputs, loopback_options, serving_repository
@@ -226,7 +226,7 @@ def test_prometheus_counts_medusa_tree_steps_and_acceptances_by_depth(server):
 
 def test_the_openai_front_end_on_the_medusa_build_answers_as_plain(server, plain_greedy):
     """The front end reads the model's limits and tokenizer through Triton's model-configuration API (renamed models)."""
-    route = served_name("medusa", front_end_triton_model(triton_version(server.options.grpc_url), "ensemble"))
+    route = served_name("medusa", front_end_triton_model("ensemble"))
     with (
         running_openai_server(server.options.grpc_url, model_name="tiny-cpu-medusa", triton_model=route) as base_url,
         openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client,

@@ -66,7 +66,7 @@ STUCK_ENSEMBLE = (
     "Triton 2.51 kept the ensemble loaded at stop (its request tracker never counted down; likely the ensemble "
     "race fixed upstream in core #483, issue #11); every other model unloaded and nothing crashed"
 )
-# Issue #32: with the OpenAI front end on its default route (the BLS) in front of the 2.51 server, the same signature
+# Issue #32: with the OpenAI front end on the BLS in front of the 2.51 server, the same signature
 # for tensorrt_llm_bls in about 2 of 3 runs of test_openai_server.py (none with the front end on the ensemble): no
 # request in flight, its stub never asked to finalize, so the core still holds a reference to the model.
 STUCK_BLS = (

@@ -74,12 +74,12 @@ def test_the_command_parses_and_reads_the_container_repository(tmp_path, monkeyp
     command = compose["services"]["openai"]["command"]
     assert command == openai_command(spec)
     args = _parser().parse_args(command[1:])
-    # the cpu image's tritonserver is the bundled 2.51: the front end calls the BLS (pipeline.serve.front_end_route)
-    assert (args.command, args.triton_url, args.port, args.triton_model) == ("openai", "triton:8001", 9000, "tensorrt_llm_bls")
+    # the front end calls the ensemble (pipeline.serve.front_end_route)
+    assert (args.command, args.triton_url, args.port, args.triton_model) == ("openai", "triton:8001", 9000, "ensemble")
     # What the service reads in /models is the repository rendered for the container: it names the tokenizer mount.
     model = ServedModel.from_repository(out / layout.MODEL_REPOSITORY_DIR, name=args.model_name, triton_model=args.triton_model)
     assert model.tokenizer_dir == Path(layout.TOKENIZER_MOUNT) and (model.max_seq_len, model.max_input_len) == (1024, 768)
-    assert (model.triton_model, model.llm_model) == ("tensorrt_llm_bls", "tensorrt_llm")
+    assert (model.triton_model, model.llm_model) == ("ensemble", "tensorrt_llm")
     # With the environment compose gives it (.env interpolated), the command asks for the deployment's keys.
     monkeypatch.setenv(layout.OPENAI_API_KEYS_VARIABLE, read_env(out / ENV_FILE)[layout.OPENAI_API_KEYS_VARIABLE])
     assert access_policy(args).keys.names == ("ci", "key2")

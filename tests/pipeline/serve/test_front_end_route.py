@@ -1,6 +1,5 @@
-"""The OpenAI front end's default Triton model (pipeline.serve.front_end_route): the BLS on a Triton older than
-2.57 (the bundled 2.51, whose ensemble crashed under the soak), the ensemble on newer ones and when the version is
-not known; the deployments name the route their target's Triton gets. That the bundled server reports the cpu
+"""The OpenAI front end's default Triton model (pipeline.serve.front_end_route): the ensemble on every Triton (the
+BLS deadlocks Triton's Python backend under many concurrent streams); the deployments name it. That the bundled server reports the cpu
 backend's version, and that the front end answers through the default route, is tested against the real server
 (tests/integration/test_openai_server.py)."""
 
@@ -17,29 +16,17 @@ from pipeline.serve.front_end_route import BLS_MODEL, front_end_triton_model, tr
 from tests.pipeline.deploy.test_deploy import load_spec
 
 
-@pytest.mark.parametrize(
-    ("version", "expected"),
-    [
-        ("2.51.0", BLS_MODEL),
-        ("2.56.1", BLS_MODEL),
-        ("2.57.0", "my-ensemble"),
-        ("2.61.0", "my-ensemble"),
-        ("3.0", "my-ensemble"),
-        (None, "my-ensemble"),
-        ("", "my-ensemble"),
-        ("unknown", "my-ensemble"),
-    ],
-)
-def test_the_bls_below_2_57_else_the_ensemble(version, expected):
-    assert front_end_triton_model(version, "my-ensemble") == expected
+def test_the_default_route_is_the_ensemble_whatever_it_is_named():
+    assert front_end_triton_model("my-ensemble") == "my-ensemble"
+    assert front_end_triton_model("my-ensemble") != BLS_MODEL
 
 
-@pytest.mark.parametrize(("config", "expected"), [("tiny-cpu", BLS_MODEL), ("llama-3.1-8b-fp8", "ensemble"), ("llama-3.1-8b-fp8-k8s", "ensemble")])
+@pytest.mark.parametrize(("config", "expected"), [("tiny-cpu", "ensemble"), ("llama-3.1-8b-fp8", "ensemble"), ("llama-3.1-8b-fp8-k8s", "ensemble")])
 def test_the_deployed_front_end_calls_the_route_of_its_targets_triton(config, expected):
     spec = load_spec(config)
     command = openai_command(spec)
     assert _parser().parse_args(command[1:]).triton_model == expected
-    assert expected == front_end_triton_model(backend_for(spec.build.target).triton_version, spec.serve.model_name)
+    assert expected == front_end_triton_model(spec.serve.model_name)
 
 
 def test_only_the_cpu_target_fixes_its_triton_version():
