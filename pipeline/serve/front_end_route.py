@@ -10,7 +10,7 @@ that mutex while it queues a response into another call's iterator, for which it
 mutex; and the thread reading that call (`ResponseIterator::Next`), woken by its previous response, holds
 the iterator mutex while it takes the GIL back. `bench soak` on the cpu target stopped there after 9
 minutes of 64 streams, half of them cut (every stack in BENCHMARKS.md, "Soak ... issue #48"); through
-the ensemble the same 30 minutes ran clean and stopped with exit 0. The ensemble's own 2.51 faults were
+the ensemble the same 30 minutes failed no request and kept memory flat (exit 1 at stop remains). The ensemble's own 2.51 faults were
 under gRPC cancellation of its streams (docs/serving.md); the front end ends an ensemble stream by
 TensorRT-LLM's `stop` request instead, so it never cancels one.
 """
