@@ -29,9 +29,10 @@ demo: $(STAMP)
 test: lint docs
 	$(PY) -m pytest -q --durations=40
 
-# The fast loop: every test that starts no tritonserver (docs/development.md says how to run one folder).
+# The fast loop: every test that starts no tritonserver and is not marked slow (a ModelOpt calibration, a full CLI
+# run: each over ~3 s here); `make test` runs every test. docs/development.md says how to run one folder or the slow ones.
 unit: $(STAMP)
-	$(PY) -m pytest -q -m 'not integration' --ignore=tests/integration -p no:cacheprovider
+	$(PY) -m pytest -q -m 'not integration and not slow' --ignore=tests/integration -p no:cacheprovider
 
 # The project's rules as tools (pyproject.toml: [tool.ruff], [tool.importlinter], [tool.mypy]); `make test` runs them
 # first: lint and format, the import layers, the types, and the repository's own rules (modules under 400 lines, no

@@ -14,6 +14,11 @@ BUILD_CONFIGS = REPO / "build_configs"
 # Tests never touch the user's artifact store or home directory.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One intra-op thread for torch here and in the commands the tests start (set before anything imports torch). On a
+# 2-core machine shared with other jobs, a second OpenMP thread mostly spin-waits for a core: the shipped draft's
+# agreement test took 69-79 s with 2 threads and 7-23 s with 1 (interleaved runs, same load). An explicit
+# OMP_NUM_THREADS in the environment wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # A minimal valid build config; its model lives in the directory "model" next to the YAML file.

@@ -38,6 +38,7 @@ def setting():
     return script, _model(TARGET_DIR), _model(DRAFT_DIR), stream
 
 
+@pytest.mark.slow  # 7 s here
 def test_target_continuations_are_the_targets_greedy_output(setting):
     script, target, _, stream = setting
     windows = script.target_continuations(target, stream, 2, 96, 32, seed=7)
@@ -47,6 +48,7 @@ def test_target_continuations_are_the_targets_greedy_output(setting):
         assert torch.equal(again[0], window)
 
 
+@pytest.mark.slow  # 7-23 s here with one torch thread
 def test_draft_agrees_with_the_target_on_its_continuations_of_heldout_prompts(setting):
     script, target, draft, stream = setting
     continuations = script.target_continuations(target, stream, 8, 256, 64, seed=11)[:, :256].reshape(-1)

@@ -61,6 +61,7 @@ def test_verify_rereads_every_artifact_and_names_what_differs(tmp_path, capsys):
     assert "corrupt" in capsys.readouterr().out  # the hash cache saw the write, mtime put back or not
 
 
+@pytest.mark.slow  # two full CLI runs at once: 24 s here
 def test_two_runs_of_one_config_with_different_overrides_at_once_both_finish(tmp_path):
     import subprocess
     import sys

@@ -114,6 +114,7 @@ def export(request, quantized_suite):
     return quantized_suite.exports[request.param]
 
 
+@pytest.mark.slow  # the session's quantized_suite: 8 ModelOpt exports, 30 s of setup here
 def test_exported_tensors_match_the_reference_table(export):
     from safetensors import safe_open
 
@@ -134,6 +135,7 @@ def test_exported_tensors_match_the_reference_table(export):
     assert {key: quantization.get(key) for key in EXPECTED_QUANTIZATION[export.name]} == EXPECTED_QUANTIZATION[export.name]
 
 
+@pytest.mark.slow  # the session's quantized_suite: 8 ModelOpt exports, 30 s of setup here
 def test_logits_match_modelopt_fake_quant(export, quantized_suite):
     tokens = prefill_tokens()
     engine = engine_logits(export.checkpoint_dir, tokens)
@@ -154,6 +156,7 @@ def test_logits_match_modelopt_fake_quant(export, quantized_suite):
     assert (engine - unquantized).abs().max() > 1e-3, "quantization had no effect"
 
 
+@pytest.mark.slow  # the session's quantized_suite: 8 ModelOpt exports, 30 s of setup here
 def test_greedy_decode_through_the_quantized_cache(export):
     engine = LLMEngine.from_checkpoint(export.checkpoint_dir, EngineConfig(tokens_per_block=8, max_num_tokens=64))
     prompts = [prefill_tokens()[0, :13].tolist(), prefill_tokens()[1, :21].tolist()]
@@ -166,6 +169,7 @@ def test_greedy_decode_through_the_quantized_cache(export):
         assert logits[len(prompt) - 1 :].argmax(dim=-1).tolist() == tokens
 
 
+@pytest.mark.slow  # the session's quantized_suite: 8 ModelOpt exports, 30 s of setup here
 def test_kv_cache_holds_codes_when_quantized(export):
     model = LlamaModel.from_checkpoint(load_checkpoint(export.checkpoint_dir))
     _, runner = paged_prefill(model, prefill_tokens().tolist())
@@ -191,6 +195,7 @@ def test_int4_unpacking_inverts_modelopt_packing():
     assert torch.equal(pack_int4(codes.to(torch.int8)).view(torch.uint8), packed.view(torch.uint8))
 
 
+@pytest.mark.slow  # the session's quantized_suite: 8 ModelOpt exports, 30 s of setup here
 def test_nvfp4_checkpoint_is_refused(quantized_suite):
     if quantized_suite.nvfp4_dir is None:
         pytest.skip("ModelOpt could not export NVFP4 on this machine")

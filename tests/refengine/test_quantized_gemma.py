@@ -42,6 +42,9 @@ from refengine.checkpoint import load_checkpoint
 from refengine.model_runner import load_model
 from tests.support.quant_fixtures import _capture_models, hf_logits, min_cosine, paged_prefill
 
+# Its module fixture calibrates 3 families x 4 formats with ModelOpt: 48 s of setup here (make unit skips it).
+pytestmark = pytest.mark.slow
+
 VOCAB = 512
 WINDOW = 16
 FAMILIES: dict[str, dict[str, Any]] = {

@@ -77,16 +77,27 @@ QUANT_ALGOS = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "int8_sq": "W8A8_SQ_PER_CH
 QUANTIZED_CASES = [(name, fmt) for name in sorted(FAMILY_SPECS) for fmt in QUANTIZED] + [(KV_CACHE_FAMILY, f) for f in KV_CACHE]
 
 
-@pytest.fixture(scope="module")
-def families(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
+def _build_families(root, quantized: bool) -> dict:
     built = {}
     for name in FAMILY_SPECS:
         start = time.perf_counter()
-        kv_cache = tuple(KV_CACHE) if name == KV_CACHE_FAMILY else ()
-        built[name] = build_family_model(name, root, formats=("fp16", *QUANTIZED, *kv_cache))
+        formats = ("fp16", *QUANTIZED, *(KV_CACHE if name == KV_CACHE_FAMILY else ())) if quantized else ("fp16",)
+        built[name] = build_family_model(name, root, formats=formats)
         print(f"{name}: built in {time.perf_counter() - start:.1f} s ({built[name].seconds})")
     return built
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """Each family's fp16 checkpoint (a second or two for all of them)."""
+    return _build_families(tmp_path_factory.mktemp("families"), quantized=False)
+
+
+@pytest.fixture(scope="module")
+def quantized_families(tmp_path_factory):
+    """The same seeded models (the same weights) with every quantized checkpoint too: a ModelOpt calibration per
+    family and format, the slow part of this module, so only the tests marked slow ask for it."""
+    return _build_families(tmp_path_factory.mktemp("quantized_families"), quantized=True)
 
 
 def _prompts(name: str) -> list[list[int]]:
@@ -123,9 +134,10 @@ def _compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return agreement, torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).min().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "fmt"), QUANTIZED_CASES)
-def test_quantized_checkpoints_load_and_agree(families, name, fmt):
-    family = families[name]
+def test_quantized_checkpoints_load_and_agree(quantized_families, name, fmt):
+    family = quantized_families[name]
     config = json.loads((family.checkpoints[fmt] / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == QUANT_ALGOS[fmt.removesuffix("_kv_fp8").removesuffix("_kv_int8")]
     reference = _engine_logits(family.checkpoints["fp16"], _batch())
@@ -137,12 +149,13 @@ def test_quantized_checkpoints_load_and_agree(families, name, fmt):
     assert agreement >= min_agreement and cosine >= min_cosine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "fmt"), [(n, f) for n, f in QUANTIZED_CASES if f != "int8_wo"])
-def test_quantized_checkpoints_match_modelopt_fake_quant(families, name, fmt):
+def test_quantized_checkpoints_match_modelopt_fake_quant(quantized_families, name, fmt):
     """The engine runs each converted checkpoint as ModelOpt's own fake-quant model computes it, so what a format loses
     against the unquantized model is the format's (the fake-quant model loses the same), not the converter's (which
     splits Phi-3's fused qkv_proj / gate_up_proj) or the engine's."""
-    family, tokens = families[name], _batch()
+    family, tokens = quantized_families[name], _batch()
     engine = _engine_logits(family.checkpoints[fmt], tokens)
     with torch.no_grad():
         fake_quant = family.fake_quant_exported[fmt](tokens).logits.reshape(-1, VOCAB_SIZE).float()
@@ -158,11 +171,12 @@ def test_quantized_checkpoints_match_modelopt_fake_quant(families, name, fmt):
     assert cosine >= MIN_COSINE_VS_FAKE_QUANT[fmt]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(KV_CACHE))
-def test_quantized_kv_cache_holds_codes_and_decodes_as_a_recompute(families, fmt):
+def test_quantized_kv_cache_holds_codes_and_decodes_as_a_recompute(quantized_families, fmt):
     """Qwen3 with an FP8 / INT8 KV cache: the paged KV tensors hold codes, and greedy decode through the quantized cache
     gives the tokens a full recompute of prompt + output picks."""
-    family = families[KV_CACHE_FAMILY]
+    family = quantized_families[KV_CACHE_FAMILY]
     model = load_model(load_checkpoint(family.checkpoints[fmt]))
     _, runner = paged_prefill(model, _batch().tolist())
     assert model.kv_cache_layout.dtype == KV_CACHE[fmt]
