@@ -157,7 +157,7 @@ def prequantized_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
         (
             where,
             f"{found.where}: the checkpoint is pre-quantized ({found.describe(source=False)}); build.target {target.value} does not "
-            f"serve it: {_WHY_NOT[target.value].format(dtype=dtype)}. What would work: {'; '.join(works)}",
+            f"serve pre-quantized checkpoints in this format: {_WHY_NOT[target.value].format(dtype=dtype)}. What would work: {'; '.join(works)}",
         )
     )
     return issues
