@@ -21,7 +21,7 @@ from typing import Any
 from pipeline.config.families import Family
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
-from pipeline.config.targets import Target
+from pipeline.config.targets import traits_of
 from pipeline.config.weight_checks import WeightHeaderError, weight_shapes
 
 Issue = tuple[tuple[str | int, ...], str]
@@ -29,7 +29,7 @@ Issue = tuple[tuple[str | int, ...], str]
 
 def engine_class_issues(spec: Spec, info: ModelInfo, family: Family) -> list[Issue]:
     """The engine target's refusals for what its TensorRT-LLM class computes differently (none on other targets)."""
-    if spec.build.target is not Target.engine:
+    if traits_of(spec.build.target).model_backend != "trtllm-build":
         return []
     issues: list[Issue] = []
     if family.name == "phi3" and spec.build.pp_size > 1:

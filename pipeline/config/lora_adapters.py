@@ -2,7 +2,11 @@
 
 TensorRT-LLM maps PEFT module names to its own LoRA module ids (`lora_helper.get_default_trtllm_modules_to_hf_modules`:
 attn_q ← q_proj, attn_k ← k_proj, attn_v ← v_proj, attn_dense ← o_proj, mlp_h_to_4h ← gate_proj,
-mlp_4h_to_h ← down_proj, mlp_gate ← up_proj) and reads `r` as the adapter's rank.
+mlp_4h_to_h ← down_proj, mlp_gate ← up_proj) and reads `r` as the adapter's rank. Phi-3's classes declare their own
+map for its fused projections (NVIDIA/TensorRT-LLM tensorrt_llm/models/phi3/model.py and
+tensorrt_llm/_torch/models/modeling_phi3.py, `trtllm_modules_to_hf_modules`): attn_qkv ← qkv_proj, attn_dense ← o_proj,
+mlp_h_to_4h ← gate_up_proj (lora_B's halves swapped to TensorRT-LLM's [up; gate] by LoraManager.load_from_hf),
+mlp_4h_to_h ← down_proj. A module the model does not have is refused by the adapter checks (lora_checks.py).
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ HF_TO_TRTLLM_MODULE = {
     "gate_proj": "mlp_h_to_4h",
     "down_proj": "mlp_4h_to_h",
     "up_proj": "mlp_gate",
+    "qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
+    "gate_up_proj": "mlp_h_to_4h",  # Phi-3's fused MLP input
 }
+_LLAMA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj", "up_proj")
 # PEFT's shorthand for every linear layer but the output head.
 _ALL_LINEAR = "all-linear"
 
@@ -99,7 +106,7 @@ def spec_target_modules(lora: LoraSpec) -> tuple[str, ...]:
 
 def _trtllm_modules(value: Any, config_file: Path) -> tuple[str, ...]:
     if value == _ALL_LINEAR:
-        return tuple(HF_TO_TRTLLM_MODULE.values())
+        return tuple(HF_TO_TRTLLM_MODULE[name] for name in _LLAMA_MODULES)
     if isinstance(value, str):
         raise AdapterError(
             f"{config_file}: target_modules is the pattern {value!r}; list the module names (q_proj, k_proj, ...) so the "
@@ -110,8 +117,8 @@ def _trtllm_modules(value: Any, config_file: Path) -> tuple[str, ...]:
     unknown = [name for name in value if name not in HF_TO_TRTLLM_MODULE]
     if unknown:
         raise AdapterError(
-            f"{config_file}: target_modules {', '.join(unknown)} have no TensorRT-LLM LoRA module for a Llama-family "
-            f"decoder (known: {', '.join(HF_TO_TRTLLM_MODULE)})"
+            f"{config_file}: target_modules {', '.join(unknown)} have no TensorRT-LLM LoRA module for a Llama- or "
+            f"Phi-3-family decoder (known: {', '.join(HF_TO_TRTLLM_MODULE)})"
         )
     ordered = dict.fromkeys(HF_TO_TRTLLM_MODULE[name] for name in value)
     return tuple(ordered)

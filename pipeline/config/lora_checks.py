@@ -185,6 +185,8 @@ def _expected_shape(module: str, info: ModelInfo, model_shapes: dict[str, list[i
         "gate_proj": ((info.intermediate_size, info.hidden_size), "intermediate_size, hidden_size"),
         "up_proj": ((info.intermediate_size, info.hidden_size), "intermediate_size, hidden_size"),
         "down_proj": ((info.hidden_size, info.intermediate_size), "hidden_size, intermediate_size"),
+        "qkv_proj": ((heads + 2 * kv, info.hidden_size), "(num_attention_heads + 2 × num_key_value_heads) × head_dim, hidden_size"),
+        "gate_up_proj": ((2 * info.intermediate_size, info.hidden_size), "2 × intermediate_size, hidden_size"),
     }
     dense_mlp = info.moe is None or int(match.group("layer")) < info.moe.dense_layers
     if name not in sizes or (name not in _ATTENTION and not dense_mlp):

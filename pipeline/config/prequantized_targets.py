@@ -68,12 +68,12 @@ _GPTQ = ("dense GPTQ is still open in TensorRT-LLM's PyTorch backend (NVIDIA/Ten
 CONVERTED_AS_PUBLISHED = {"modelopt_fp8": "fp8", "modelopt_int4_awq": "int4_awq", "modelopt_w4a8_awq": "w4a8_awq"}
 SERVED = "served as published, no calibration"
 _CONVERTED = "ModelOpt FP8 (per-tensor), INT4 AWQ and W4A8 AWQ"
-_WHY_NOT = {
-    "engine": "its converter writes the TensorRT-LLM checkpoint from published " + _CONVERTED + " checkpoints only; read "
+_WHY_NOT = {  # by the target's model backend (config.targets.traits_of)
+    "trtllm-build": "its converter writes the TensorRT-LLM checkpoint from published " + _CONVERTED + " checkpoints only; read "
     "as plain weights, these quantized codes would be cast to {dtype} and their scales dropped",
-    "cpu": "refengine runs the TensorRT-LLM checkpoint the quantize stage converts, from published " + _CONVERTED + " "
+    "refengine": "refengine runs the TensorRT-LLM checkpoint the quantize stage converts, from published " + _CONVERTED + " "
     "checkpoints only; read as plain weights, these quantized codes would be cast to {dtype} and their scales dropped",
-    "llmapi": "its quantize stage loads the weights with transformers and re-exports them through ModelOpt, and the build "
+    "pytorch": "its quantize stage loads the weights with transformers and re-exports them through ModelOpt, and the build "
     "links that export, so the checkpoint is not passed through as published (a pass-through is not built yet)",
 }
 
@@ -157,7 +157,7 @@ def prequantized_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
         (
             where,
             f"{found.where}: the checkpoint is pre-quantized ({found.describe(source=False)}); build.target {target.value} does not "
-            f"serve pre-quantized checkpoints in this format: {_WHY_NOT[target.value].format(dtype=dtype)}. What would work: {'; '.join(works)}",
+            f"serve pre-quantized checkpoints in this format: {_WHY_NOT[traits_of(target).model_backend].format(dtype=dtype)}. What would work: {'; '.join(works)}",
         )
     )
     return issues

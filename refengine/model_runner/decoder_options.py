@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from refengine.architectures import architecture_for_checkpoint
@@ -65,7 +66,7 @@ def plain_options(head_size: int) -> DecoderOptions:
 
 # The activations each class with a plain MLP (TensorRT-LLM's layers/mlp.py `MLP`: proj(act(fc(x))), no mlp.gate)
 # runs here: the GPT class (models/gpt/model.py) and Phi-3's (models/phi3/model.py), NVIDIA/TensorRT-LLM v1.2.0.
-_PLAIN_MLP_ACTIVATIONS = {"gpt": ("gelu", "squared-relu"), "phi3": ("swiglu", "silu")}
+_PLAIN_MLP_ACTIVATIONS = MappingProxyType({"gpt": ("gelu", "squared-relu"), "phi3": ("swiglu", "silu")})
 
 
 def _gpt_block(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:

@@ -182,7 +182,7 @@ def test_gemma2_requests_past_its_window_limit_are_refused(gemmas):
         ("gemma3_text", {"rope_local_base_freq": None}, "'rope_local_base_freq' must be a positive number"),
         ("gemma2", {"inter_layernorms": False}, "inter_layernorms is False; gemma2 has true"),
         ("gemma2", {"query_pre_attn_scalar": None}, "'query_pre_attn_scalar' must be a positive number"),
-        ("gemma2", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported for gemma2"),
+        ("gemma2", {"hidden_act": "relu"}, "hidden_act 'relu' is not supported for gemma2 (supported: gelu, gelu_pytorch_tanh)"),
         ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention is true"),
         ("gemma", {"sliding_window": 16}, "sliding_window is set; Gemma 1 has no sliding-window layers"),
         ("gemma", {"moe": {"num_experts": 4, "top_k": 2}}, "moe.num_experts > 0"),

@@ -1,6 +1,6 @@
 """trtllm-build's build-time constraints and silent auto-overrides, made explicit.
 
-Each rule is one small function over a `_Resolution`. It records an error (raised together as one SpecError naming fields and values) or a `Decision` (a value
+Each rule is one small function over a `Resolution`. It records an error (raised together as one SpecError naming fields and values) or a `Decision` (a value
 changed with the reason, a warning, a note), its message stating the rule; rules run in the builder's order, later ones reading earlier decisions. Sources,
 NVIDIA/TensorRT-LLM 1.2 line (most rules already in 0.16; builder.py read at 008b2b8d): tensorrt_llm/builder.py `build()` and `check_max_num_tokens`,
 commands/build.py (defaults, deduced max_seq_len, refused pairs), plugin/plugin.py; prompt cap without chunked context: issues #2702, #2717; decoding_mode:
@@ -9,124 +9,30 @@ triton-inference-server/tensorrtllm_backend all_models/inflight_batcher_llm/tens
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
 
+from pipeline.backends.engine.adapter_rules import lora_rules, speculative_rules, speculative_sizes
 from pipeline.backends.engine.build_request import BuildRequest
-from pipeline.backends.engine.eagle_rules import PAGED_CONTEXT_FMHA_REASON, request_eagle_problems
+from pipeline.backends.engine.build_resolution import Decision, Resolution
 from pipeline.errors import SpecError
 from pipeline.quant_formats import (
     BLACKWELL_SMS,
     FP8_MIN_SM,
     KV_CACHE_FORMATS,
-    KVCacheFormat,
-    WeightFormat,
     algos_where,
     fp8_context_fmha_loss,
-    kv_cache_format,
     listed,
     paged_context_fmha_loss,
     sm_needed,
     sm_version,
-    weight_format,
 )
 
 REDUCE_FUSION_ARCHS = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
 MAX_NUM_TOKENS_WARN = 16384
-# what this pipeline can produce a checkpoint and repository for (draft_tokens_external: with a draft engine and the BLS)
-SPECULATIVE_MODES_BUILT = frozenset({"lookahead_decoding", "draft_tokens_external", "medusa", "eagle"})
-# MedusaConfig wraps LLaMAConfig or QWenConfig (tensorrt_llm/models/medusa/config.py); the support matrix of
-# examples/medusa lists FP16/BF16, and quantization/quantize.py combines heads with a ModelOpt FP8 base
-MEDUSA_BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-MEDUSA_QUANT_ALGOS = ("none", "fp8")
-# examples/lookahead/README.md and examples/draft_target_model/README.md support matrices: compute capability >= 8.0
-LOOKAHEAD_MIN_SM = 80
 _FP8_NEEDS_SM = f"SM >= {sm_version(FP8_MIN_SM)}"
-_PLUGIN_ATTRS = frozenset({
-    "gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
-    "use_fused_mlp", "remove_input_padding", "reduce_fusion", "multiple_profiles",
-})
-_FIELD_NAMES = {
-    "quant_algo": "quantize.algo", "kv_cache_quant": "quantize.kv_cache",
-    "enable_kv_cache_reuse": "serve.enable_kv_cache_reuse", "enable_chunked_context": "serve.enable_chunked_context",
-    "lora_plugin": "build.lora", "lora_dirs": "build.lora.adapter_dirs", "lora_target_modules": "build.lora.target_modules",
-    "max_lora_rank": "build.lora.max_rank", "lora_ckpt_source": "build.lora.adapter_source",
-    "speculative_decoding_mode": "build.speculative.mode", "max_draft_len": "build.speculative.max_draft_len",
-}
 
 
-def field_name(attr: str) -> str:
-    """The dotted YAML field behind a BuildRequest attribute."""
-    if attr in _PLUGIN_ATTRS:
-        return f"build.plugins.{attr}"
-    return _FIELD_NAMES.get(attr, f"build.{attr}")
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the pipeline did with one value that trtllm-build would otherwise change silently."""
-
-    field: str  # dotted YAML field (or build setting) concerned
-    requested: Any
-    applied: Any
-    reason: str
-    kind: Literal["changed", "warning", "note"] = "changed"
-
-    def __str__(self) -> str:
-        if self.kind == "changed":
-            return f"changed {self.field} {_show(self.requested)} -> {_show(self.applied)}: {self.reason}"
-        return f"{self.kind} {self.field} = {_show(self.applied)}: {self.reason}"
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-class _Resolution:
-    def __init__(self, request: BuildRequest, sm: int | None) -> None:
-        self.cur = request
-        self.sm = sm
-        self.decisions: list[Decision] = []
-        self.errors: list[str] = []
-
-    def change(self, attr: str, value: Any, reason: str, kind: Literal["changed", "note"] = "changed") -> None:
-        old = getattr(self.cur, attr)
-        if old != value:
-            self.decisions.append(Decision(field_name(attr), old, value, reason, kind))
-            self.cur = dataclasses.replace(self.cur, **{attr: value})
-
-    def warn(self, attr_or_field: str, reason: str, kind: Literal["warning", "note"] = "warning", value: Any = None) -> None:
-        """A warning or note about an attribute of the request (its value is shown) or another named setting."""
-        if hasattr(self.cur, attr_or_field):
-            name, value = field_name(attr_or_field), getattr(self.cur, attr_or_field)
-        else:
-            name = attr_or_field
-        self.decisions.append(Decision(name, value, value, reason, kind))
-
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-
-    @property
-    def sm_text(self) -> str:
-        return f"SM {sm_version(self.sm)}" if self.sm is not None else "no GPU declared"
-
-    @property
-    def weights(self) -> WeightFormat:
-        return weight_format(self.cur.quant_algo)
-
-    @property
-    def kv(self) -> KVCacheFormat:
-        return kv_cache_format(self.cur.kv_cache_quant)
-
-
-def _seq_len(r: _Resolution) -> None:
+def _seq_len(r: Resolution) -> None:
     s = r.cur
     if s.max_seq_len is None:
         r.change("max_seq_len", s.model_max_seq_len, "deduced like trtllm-build: max_position_embeddings × RoPE factor", kind="note")
@@ -134,73 +40,84 @@ def _seq_len(r: _Resolution) -> None:
         r.warn("max_seq_len", f"larger than the model's deduced maximum {s.model_max_seq_len}; trtllm-build warns")
     s = r.cur
     if s.max_input_len >= s.max_seq_len:
-        r.error(f"build.max_input_len ({s.max_input_len}) must be less than build.max_seq_len ({s.max_seq_len}); "
-                "every request needs room for one output token, and trtllm-build would clip it silently")
+        r.error(
+            f"build.max_input_len ({s.max_input_len}) must be less than build.max_seq_len ({s.max_seq_len}); "
+            "every request needs room for one output token, and trtllm-build would clip it silently"
+        )
 
 
-def _profiles(r: _Resolution) -> None:
+def _profiles(r: Resolution) -> None:
     s = r.cur
     if s.opt_num_tokens is not None and s.multiple_profiles:
-        r.error(f"build.opt_num_tokens ({s.opt_num_tokens}) cannot be set with build.plugins.multiple_profiles: true "
-                "(trtllm-build rejects the combination)")
+        r.error(f"build.opt_num_tokens ({s.opt_num_tokens}) cannot be set with build.plugins.multiple_profiles: true (trtllm-build rejects the combination)")
     if s.max_num_tokens < s.tokens_per_block:
-        r.error(f"build.max_num_tokens ({s.max_num_tokens}) is less than build.tokens_per_block ({s.tokens_per_block}); "
-                "trtllm-build would raise it silently")
+        r.error(f"build.max_num_tokens ({s.max_num_tokens}) is less than build.tokens_per_block ({s.tokens_per_block}); trtllm-build would raise it silently")
 
 
-def _gpu(r: _Resolution) -> None:
+def _gpu(r: Resolution) -> None:
     s, sm, weights, kv = r.cur, r.sm, r.weights, r.kv
     blackwell_bad = weights.blackwell_rejected or kv.blackwell_rejected
     if sm is None:
         needed = sm_needed(weights, kv)
         if needed is not None:
-            r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} need "
-                   f"SM >= {needed}; declare the GPU to check before building")
+            r.warn(
+                "quant_algo",
+                f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} need "
+                f"SM >= {needed}; declare the GPU to check before building",
+            )
         if blackwell_bad:
-            r.warn("quant_algo", f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} "
-                   "cannot be built for Blackwell (SM 10.x–11.x)")
+            r.warn(
+                "quant_algo",
+                f"no GPU declared: quantize.algo {s.quant_algo} / quantize.kv_cache {s.kv_cache_quant} cannot be built for Blackwell (SM 10.x–11.x)",
+            )
         return
     if weights.min_sm is not None and sm < weights.min_sm:
         r.error(f"quantize.algo {s.quant_algo} needs {weights.gpu_need}; the GPU is {r.sm_text}")
     if kv.min_sm is not None and sm < kv.min_sm:
         runs_here = [k.name for k in KV_CACHE_FORMATS.values() if k.min_sm is None or k.min_sm <= sm]
-        r.error(f"quantize.kv_cache {s.kv_cache_quant} needs {kv.gpu_need}; the GPU is {r.sm_text} "
-                f"(use kv_cache {listed(runs_here)})")
+        r.error(f"quantize.kv_cache {s.kv_cache_quant} needs {kv.gpu_need}; the GPU is {r.sm_text} (use kv_cache {listed(runs_here)})")
     if sm in BLACKWELL_SMS and blackwell_bad:
         what = f"quantize.algo {s.quant_algo}" if weights.blackwell_rejected else f"quantize.kv_cache {s.kv_cache_quant}"
         builds = algos_where(lambda f: f.quantized and not f.blackwell_rejected)
-        r.error(f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant, "
-                f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x; "
-                f"use {listed(builds)}")
+        r.error(
+            f"{what} is rejected by trtllm-build on Blackwell ({r.sm_text}): INT8/INT4 weight-only, SmoothQuant, "
+            f"per-channel/per-token scaling and INT8 KV cache are not supported on SM 10.x–11.x; "
+            f"use {listed(builds)}"
+        )
 
 
-def _kv_cache_type(r: _Resolution) -> None:
+def _kv_cache_type(r: Resolution) -> None:
     s = r.cur
     if s.kv_cache_type == "paged" and s.gpt_attention_plugin == "disable":
-        r.error("build.kv_cache_type paged needs build.plugins.gpt_attention_plugin (got disable): the paged KV cache "
-                "and inflight batching run in the GPT attention plugin")
+        r.error(
+            "build.kv_cache_type paged needs build.plugins.gpt_attention_plugin (got disable): the paged KV cache "
+            "and inflight batching run in the GPT attention plugin"
+        )
     if s.kv_cache_type != "paged":
         r.change("use_paged_context_fmha", False, f"paged context FMHA reads a paged KV cache; build.kv_cache_type is {s.kv_cache_type}")
 
 
-def _gemm_plugin(r: _Resolution) -> None:
+def _gemm_plugin(r: Resolution) -> None:
     s, weights = r.cur, r.weights
     owners = algos_where(lambda f: f.gemm_plugin == s.gemm_plugin)  # a quantized GEMM plugin belongs to its format
     if owners and s.quant_algo not in owners:
         r.error(f"build.plugins.gemm_plugin {s.gemm_plugin} needs quantize.algo {listed(owners)} (got {s.quant_algo})")
     if weights.gemm_plugin_auto and s.gemm_plugin == "disable":
-        r.change("gemm_plugin", weights.gemm_plugin, f"{weights.trtllm_quant_algo} checkpoints run their GEMMs in the "
-                 f"{weights.gemm_plugin} GEMM plugin (trtllm-build auto-enables it)")
+        r.change(
+            "gemm_plugin",
+            weights.gemm_plugin,
+            f"{weights.trtllm_quant_algo} checkpoints run their GEMMs in the {weights.gemm_plugin} GEMM plugin (trtllm-build auto-enables it)",
+        )
 
 
-def _context_fmha(r: _Resolution) -> None:
+def _context_fmha(r: Resolution) -> None:
     if not r.cur.context_fmha:
         why = "build.plugins.context_fmha is false, which disables paged and FP8 context FMHA"
         r.change("use_paged_context_fmha", False, why)
         r.change("use_fp8_context_fmha", False, why)
 
 
-def _fp8_context_fmha(r: _Resolution) -> None:
+def _fp8_context_fmha(r: Resolution) -> None:
     loss = fp8_context_fmha_loss(r.weights, r.sm)
     if loss == "weights":
         algos = listed(algos_where(lambda f: f.fp8_context_fmha))
@@ -209,44 +126,50 @@ def _fp8_context_fmha(r: _Resolution) -> None:
         r.change("use_fp8_context_fmha", False, f"FP8 context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text}")
 
 
-def _paged_context_fmha_loss(r: _Resolution) -> None:
+def _paged_context_fmha_loss(r: Resolution) -> None:
     s = r.cur
     loss = paged_context_fmha_loss(r.weights, r.kv, r.sm)
     if loss == "kv_cache":
-        r.change("use_paged_context_fmha", False, f"quantize.kv_cache {s.kv_cache_quant}: trtllm-build turns paged context "
-                 "FMHA off (so no KV-cache reuse and no chunked context)")
+        r.change(
+            "use_paged_context_fmha",
+            False,
+            f"quantize.kv_cache {s.kv_cache_quant}: trtllm-build turns paged context FMHA off (so no KV-cache reuse and no chunked context)",
+        )
     elif loss == "weights":
-        r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs FP8-family weights; quantize.kv_cache "
-                 f"{s.kv_cache_quant} with quantize.algo {s.quant_algo} turns it off")
+        r.change(
+            "use_paged_context_fmha",
+            False,
+            f"FP8 paged context FMHA needs FP8-family weights; quantize.kv_cache {s.kv_cache_quant} with quantize.algo {s.quant_algo} turns it off",
+        )
     elif loss == "gpu":
         r.change("use_paged_context_fmha", False, f"FP8 paged context FMHA needs {_FP8_NEEDS_SM}; the GPU is {r.sm_text}")
 
 
-def _paged_context_fmha(r: _Resolution) -> None:
+def _paged_context_fmha(r: Resolution) -> None:
     s, weights, kv = r.cur, r.weights, r.kv
     if not s.use_paged_context_fmha:
         return
     if kv.paged_context_fmha == "with_fp8_context_fmha" and not s.use_fp8_context_fmha:
         r.change("use_fp8_context_fmha", True, "paged context FMHA with an FP8 KV cache forces FP8 context FMHA on")
     elif weights.fp8_qdq and not kv.fp8 and s.use_fp8_context_fmha:
-        r.change("use_fp8_context_fmha", False, "FP8 weights without an FP8 KV cache: paged context FMHA runs in 16 bit, "
-                 "trtllm-build turns FP8 context FMHA off")
+        r.change(
+            "use_fp8_context_fmha", False, "FP8 weights without an FP8 KV cache: paged context FMHA runs in 16 bit, trtllm-build turns FP8 context FMHA off"
+        )
 
 
-def _fused_mlp(r: _Resolution) -> None:
+def _fused_mlp(r: Resolution) -> None:
     if r.cur.use_fused_mlp and not r.weights.fused_mlp:
-        r.change("use_fused_mlp", False, f"the fused gate/up GEMM supports only unquantized or FP8 weights, not "
-                 f"quantize.algo {r.cur.quant_algo}")
+        r.change("use_fused_mlp", False, f"the fused gate/up GEMM supports only unquantized or FP8 weights, not quantize.algo {r.cur.quant_algo}")
 
 
-def _reduce_fusion(r: _Resolution) -> None:
+def _reduce_fusion(r: Resolution) -> None:
     s = r.cur
     if s.reduce_fusion and (s.tp_size == 1 or s.architecture not in REDUCE_FUSION_ARCHS):
         why = f"build.tp_size is {s.tp_size}" if s.tp_size == 1 else f"architecture {s.architecture} is not one of {', '.join(sorted(REDUCE_FUSION_ARCHS))}"
         r.change("reduce_fusion", False, f"reduce_fusion needs tp_size > 1 and a Llama/Gemma2/Medusa architecture; {why}")
 
 
-def _num_tokens(r: _Resolution) -> None:
+def _num_tokens(r: Resolution) -> None:
     s = r.cur
     cap = s.max_batch_size * s.max_seq_len
     if not s.remove_input_padding:
@@ -267,11 +190,14 @@ def _num_tokens(r: _Resolution) -> None:
         r.warn("max_num_tokens", f"not a multiple of tokens_per_block ({s.tokens_per_block}); chunked context wants one")
     chunked = s.enable_chunked_context and s.use_paged_context_fmha and s.context_fmha
     if not chunked and s.max_num_tokens < s.max_input_len:
-        r.warn("max_num_tokens", f"without chunked context the runtime caps prompts at min(max_seq_len - 1, max_num_tokens) = "
-               f"{min(s.max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len})")
+        r.warn(
+            "max_num_tokens",
+            f"without chunked context the runtime caps prompts at min(max_seq_len - 1, max_num_tokens) = "
+            f"{min(s.max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len})",
+        )
 
 
-def _notes(r: _Resolution) -> None:
+def _notes(r: Resolution) -> None:
     s, weights = r.cur, r.weights
     if weights.fp8_qdq or r.kv.fp8:
         r.warn("build_config.strongly_typed", "FP8 weights or an FP8 KV cache force a strongly typed network", kind="note", value=True)
@@ -279,108 +205,44 @@ def _notes(r: _Resolution) -> None:
         plugin, what = weights.builder_plugin
         r.warn(f"plugin_config.{plugin}", f"set by trtllm-build for {what}", kind="note", value=s.dtype)
     if s.world_size > 1:
-        r.warn("plugin_config.nccl_plugin", f"forced on by trtllm-build for world size {s.world_size}; tp/pp come from the "
-               "checkpoint's mapping, not from a trtllm-build flag", kind="note", value="enabled")
+        r.warn(
+            "plugin_config.nccl_plugin",
+            f"forced on by trtllm-build for world size {s.world_size}; tp/pp come from the checkpoint's mapping, not from a trtllm-build flag",
+            kind="note",
+            value="enabled",
+        )
 
 
-def _lora(r: _Resolution) -> None:
-    s = r.cur
-    if s.lora_plugin == "disable":
-        if s.lora_dirs or s.lora_target_modules:
-            r.error("build.lora.adapter_dirs / build.lora.target_modules are set but the LoRA plugin is disabled "
-                    "(--lora_plugin disable): trtllm-build applies the --lora_* flags only with the plugin, so the engine "
-                    "would have no LoRA")
-        return
-    if not s.lora_target_modules:
-        r.error("build.lora has no target modules (neither build.lora.target_modules nor an adapter's target_modules): "
-                "the engine would get the LoRA plugin but no LoRA inputs")
-    if r.weights.lora_rejected_by is not None:
-        takes_lora = algos_where(lambda f: f.quantized and f.lora_rejected_by is None) + algos_where(lambda f: not f.quantized)
-        r.error(f"build.lora cannot be combined with quantize.algo {s.quant_algo}: TensorRT-LLM's {r.weights.lora_rejected_by} "
-                f"asserts that LoRA is not supported on it, so trtllm-build fails; use {listed(takes_lora)}")
-    if s.lora_ckpt_source != "hf":
-        r.error(f"build.lora.adapter_source {s.lora_ckpt_source}: only Hugging Face PEFT adapters (hf) are built")
-    r.warn("plugin_config.lora_plugin", f"the LoRA plugin runs in the model dtype {s.dtype}: a request's lora_weights must be "
-           f"{s.dtype} (adapters converted with hf_lora_convert.py --storage-type of another dtype are silently ignored, "
-           "tensorrtllm_backend#791); the first request of an adapter carries its weights, later ones only lora_task_id",
-           kind="note", value=s.dtype)
-
-
-def _speculative(r: _Resolution) -> None:
-    s = r.cur
-    mode = s.speculative_decoding_mode
-    if mode is None:
-        if s.max_draft_len > 0:
-            r.error(f"build.speculative.max_draft_len ({s.max_draft_len}) > 0 needs a speculative decoding mode "
-                    "(build.speculative.mode): trtllm-build only reserves draft tokens for a speculative engine")
-        return
-    if mode not in SPECULATIVE_MODES_BUILT:
-        r.error(f"build.speculative.mode {mode} is not built by this pipeline (it needs a trained recurrent drafter); "
-                f"use {', '.join(sorted(SPECULATIVE_MODES_BUILT))}")
-    if s.max_draft_len < 1:
-        r.error(f"build.speculative.mode {mode} needs build.speculative.max_draft_len > 0 (got {s.max_draft_len})")
-    if s.max_beam_width > 1:
-        r.error(f"build.speculative.mode {mode} cannot be built with build.max_beam_width {s.max_beam_width}: the runtime "
-                "decodes a speculative engine with its own decoding_mode (lookahead for lookahead_decoding), never "
-                "beam_search: Triton's decoding_mode is one mode per model ; set max_beam_width 1")
-    if s.kv_cache_type != "paged":
-        r.error(f"build.speculative.mode {mode} needs build.kv_cache_type paged (got {s.kv_cache_type}): speculative "
-                "decoding runs under inflight batching on the paged KV cache (examples/lookahead support matrix)")
-    if r.sm is not None and r.sm < LOOKAHEAD_MIN_SM:
-        r.error(f"build.speculative.mode {mode} needs SM >= 8.0 (Ampere or newer); the GPU is {r.sm_text}")
-    if not r.weights.lookahead_documented:  # the lookahead and draft-target support matrices list the same formats
-        r.warn("speculative_decoding_mode", f"{mode} is documented for FP16/BF16/FP8 models only; "
-               f"quantize.algo {s.quant_algo} is not in that support matrix, verify it on the GPU")
-    if mode == "draft_tokens_external" and not (s.use_paged_context_fmha and s.context_fmha):
-        r.error("build.plugins.use_paged_context_fmha must be true (with context_fmha) for build.speculative.mode "
-                "draft_tokens_external: the target and the draft reuse the KV cache of the sequence at every draft step, "
-                "which needs paged context FMHA (examples/draft_target_model/README.md)")
-    if s.gather_context_logits:
-        r.error("build.gather_context_logits cannot be combined with build.speculative: trtllm-build refuses context "
-                "logits with max_draft_len > 0")
-    if mode == "medusa" and s.architecture not in MEDUSA_BASES:
-        r.error(f"build.speculative.mode medusa needs a Llama- or Qwen2-family model ({', '.join(MEDUSA_BASES)}); the "
-                f"model is {s.architecture}: TensorRT-LLM's MedusaForCausalLM wraps only those")
-    if mode == "medusa" and s.quant_algo not in MEDUSA_QUANT_ALGOS:
-        r.error(f"build.speculative.mode medusa cannot be combined with quantize.algo {s.quant_algo} on build.target "
-                "engine: TensorRT-LLM combines Medusa heads with an FP16/BF16 or ModelOpt FP8 base only (examples/medusa "
-                "support matrix, quantization/quantize.py); use quantize.algo none or fp8")
-    if mode == "eagle":
-        r.errors.extend(request_eagle_problems(s))
-        r.change("use_paged_context_fmha", True, PAGED_CONTEXT_FMHA_REASON)
-    if s.lora_plugin != "disable":
-        r.warn("speculative_decoding_mode", "LoRA together with speculative decoding is not a combination TensorRT-LLM "
-               "documents; verify it on the GPU")
-
-
-def _speculative_sizes(r: _Resolution) -> None:
-    """builder.build after max_seq_len / max_num_tokens are settled: room for the draft tokens."""
-    s = r.cur
-    if s.speculative_decoding_mode is None or s.max_draft_len < 1:
-        return
-    needed = s.max_batch_size * (s.max_draft_len + 1)
-    if s.max_num_tokens < needed:
-        r.change("max_num_tokens", needed, f"speculative decoding: trtllm-build raises it to max_batch_size × (max_draft_len + 1) "
-                 f"= {s.max_batch_size} × {s.max_draft_len + 1}")
-    r.warn("build_config.max_seq_len", f"trtllm-build adds max_draft_len ({s.max_draft_len}) to max_seq_len ({s.max_seq_len}) "
-           "for speculative decoding, so the engine records this value; prompt + output stay bounded by build.max_seq_len",
-           kind="note", value=s.max_seq_len + s.max_draft_len)
-
-
-def _serve_needs(r: _Resolution) -> None:
+def _serve_needs(r: Resolution) -> None:
     s = r.cur
     if s.use_paged_context_fmha and s.context_fmha:
         return
     why = [str(d) for d in r.decisions if d.field == "build.plugins.use_paged_context_fmha" and d.kind == "changed"]
     for attr in ("enable_kv_cache_reuse", "enable_chunked_context"):
         if getattr(s, attr):
-            r.error(f"serve.{attr}: true needs paged context FMHA in the engine, but build.plugins.use_paged_context_fmha "
-                    f"ends up false ({'; '.join(why) or 'as configured'})")
+            r.error(
+                f"serve.{attr}: true needs paged context FMHA in the engine, but build.plugins.use_paged_context_fmha "
+                f"ends up false ({'; '.join(why) or 'as configured'})"
+            )
 
 
-RULES: tuple[Callable[[_Resolution], None], ...] = (
-    _seq_len, _profiles, _gpu, _kv_cache_type, _gemm_plugin, _lora, _speculative, _context_fmha, _fp8_context_fmha,
-    _paged_context_fmha_loss, _paged_context_fmha, _fused_mlp, _reduce_fusion, _num_tokens, _speculative_sizes, _notes,
+RULES: tuple[Callable[[Resolution], None], ...] = (
+    _seq_len,
+    _profiles,
+    _gpu,
+    _kv_cache_type,
+    _gemm_plugin,
+    lora_rules,
+    speculative_rules,
+    _context_fmha,
+    _fp8_context_fmha,
+    _paged_context_fmha_loss,
+    _paged_context_fmha,
+    _fused_mlp,
+    _reduce_fusion,
+    _num_tokens,
+    speculative_sizes,
+    _notes,
     _serve_needs,
 )
 
@@ -389,7 +251,7 @@ def resolve(request: BuildRequest, sm: int | None) -> tuple[BuildRequest, tuple[
     """Apply trtllm-build's rules to `request`: (applied settings, decisions), or one SpecError listing every violation."""
     if sm is not None and not 50 <= sm <= 150:
         raise SpecError(f"GPU compute capability must be an integer like 80, 89, 90 or 100 (SM 8.0 -> 80), got {sm}")
-    resolution = _Resolution(request, sm)
+    resolution = Resolution(request, sm)
     for rule in RULES:
         rule(resolution)
     if resolution.errors:

@@ -8,7 +8,10 @@ read (TensorRT-LLM 1.2):
     rope and mapping, no quantization);
   * per EagleNet i < num_eagle_layers, the same trained layer again (convert_checkpoint.py loads it into every
     `eagle_nets.{i}`): `eagle_nets.{i}.drafter.fc.{weight,bias}` (ColumnLinear 2H -> H, rows split over tp),
-    `eagle_nets.{i}.drafter.vocab_embedding.weight` (embed_tokens, whole on every rank), the decoder layers as a Llama
+    `eagle_nets.{i}.drafter.vocab_embedding.weight` (embed_tokens: split over tp like the base's vocab_embedding when the
+    checkpoint's use_parallel_embedding is on, since PretrainedModel.__post_init__'s parallelize_embedding
+    (tensorrt_llm/models/modeling_utils.py) splits every Embedding of the model by the top config; else whole), the
+    decoder layers as a Llama
     checkpoint's (`eagle_nets.{i}.drafter.layers.{l}.attention.qkv`, `.attention.dense`, `.mlp.fc` (gate_proj),
     `.mlp.gate` (up_proj), `.mlp.proj`, `.post_layernorm`, and `.input_layernorm` from layer 1 on), and
     `eagle_nets.{i}.lm_head.weight`, the base model's lm_head (the converter's base loader fills it);
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from types import MappingProxyType
@@ -58,6 +62,7 @@ def write_eagle_checkpoint(base_dir: Path, eagle_dir: Path, out_dir: Path, *, ch
         if "lm_head.weight" not in base:
             raise StageError(f"{base_dir / f'rank{rank}.safetensors'} has no lm_head.weight, which every EagleNet reuses")
         drafter = _drafter(eagle, eagle_config, tp, rank, dtype)
+        drafter["vocab_embedding.weight"] = _embedding_shard(drafter["vocab_embedding.weight"], config, tp, rank)
         for net in range(num_eagle_layers):
             base.update({f"eagle_nets.{net}.drafter.{name}": tensor.clone() for name, tensor in drafter.items()})
             base[f"eagle_nets.{net}.lm_head.weight"] = base["lm_head.weight"].clone()
@@ -93,6 +98,20 @@ def _drafter(eagle: dict[str, torch.Tensor], eagle_config: dict[str, Any], tp: i
         layout = _FIRST_LAYER if layer == 0 else _LATER_LAYERS
         out.update(layer_tensors(eagle, layout, layer_config, layer, f"layers.{layer}", tp, rank, dtype))
     return out
+
+
+def _embedding_shard(table: torch.Tensor, config: dict[str, Any], tp: int, rank: int) -> torch.Tensor:
+    """This rank's part of the drafter's embedding, as parallelize_embedding sizes it: rows zero-padded to a multiple of
+    tp then split (embedding_sharding_dim 0), or columns split (1); the whole table without use_parallel_embedding."""
+    if not config.get("use_parallel_embedding", False) or tp == 1:
+        return table
+    if int(config.get("embedding_sharding_dim", 0)) == 0:
+        rows = math.ceil(table.shape[0] / tp) * tp
+        table = torch.nn.functional.pad(table, (0, 0, 0, rows - table.shape[0]))
+        return table.chunk(tp, dim=0)[rank].contiguous()
+    if table.shape[1] % tp:
+        raise StageError(f"the EAGLE embedding's {table.shape[1]} columns do not split over tp_size {tp} (embedding_sharding_dim 1)")
+    return table.chunk(tp, dim=1)[rank].contiguous()
 
 
 def _head_dim(eagle_config: dict[str, Any]) -> int:

@@ -2,12 +2,15 @@
 their TensorRT-LLM names, and the config keys of MedusaForCausalLM (what examples/medusa/convert_checkpoint.py and
 quantization/quantize.py's combine step write; tensorrt_llm/models/medusa/{config,weight}.py read it):
 
-  * every rank gets every head, tensor-parallel split like the base's column-parallel Linears: per head h and residual
-    layer l, `medusa_heads.{h}.medusa_layers.{l}.linear.weight` [H/tp, H] and `.bias` [H/tp] (rows of the heads'
-    `{h}.{l}.linear.*`), and `medusa_heads.{h}.lm_head.weight` [V'/tp, H] (rows of `{h}.{L}.weight`, zero-padded to the
-    base lm_head's padded vocabulary V');
+  * every rank (every pipeline stage too: MedusaForCausalLm builds the heads on each) gets every head, tensor-parallel
+    split like the base's column-parallel Linears: per head h and residual layer l,
+    `medusa_heads.{h}.medusa_layers.{l}.linear.weight` [H/tp, H] and `.bias` [H/tp] (rows of the heads'
+    `{h}.{l}.linear.*`), and `medusa_heads.{h}.lm_head.weight` [V'/tp, H] (rows of `{h}.{L}.weight`, zero-padded to
+    V' = pad_vocab_size(vocab_size, tp), the rows tensorrt_llm/models/medusa/model.py gives each head's lm_head);
   * the heads are written in the checkpoint's dtype and, on a quantized base, excluded from its quantization
-    (`*medusa_heads*` in exclude_modules: NVIDIA's default, --quant_medusa_head off);
+    (`*medusa_heads*` in exclude_modules: NVIDIA's default, --quant_medusa_head off). A base quantization without
+    exclude_modules relies on quantize()'s default list (tensorrt_llm/quantization/quantize.py, quantize_layers: None
+    means lm_head, router and embeddings excluded), which the heads' pattern then extends rather than replaces;
   * config.json: architecture MedusaForCausalLM, num_medusa_heads, num_medusa_layers, max_draft_len (the tree's nodes
     or the build's bound), model_type of the base (MedusaConfig wraps LLaMAConfig, or QWenConfig for qwen types).
 """
@@ -15,6 +18,7 @@ quantization/quantize.py's combine step write; tensorrt_llm/models/medusa/{confi
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -33,6 +37,8 @@ MEDUSA_ARCHITECTURE = "MedusaForCausalLM"
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _EXCLUDED_HEADS = "*medusa_heads*"
+# quantize_layers' exclusions when the quantization names none (tensorrt_llm/quantization/quantize.py, TensorRT-LLM 1.2)
+_NVIDIA_DEFAULT_EXCLUDES = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding", "*shared_expert_gate")
 
 
 def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, max_draft_len: int) -> dict[str, Any]:
@@ -44,7 +50,7 @@ def write_medusa_checkpoint(base_dir: Path, heads_dir: Path, out_dir: Path, *, m
     out_dir.mkdir(parents=True, exist_ok=False)
     for rank in range(tp * pp):
         base = load_file(str(base_dir / f"rank{rank}.safetensors"))
-        base.update(_rank_heads(heads, num_heads, num_layers, tp, rank % tp, _padded_vocab(base, config, tp), dtype))
+        base.update(_rank_heads(heads, num_heads, num_layers, tp, rank % tp, _padded_vocab(config, tp), dtype))
         save_file(base, str(out_dir / f"rank{rank}.safetensors"))
     copy_side_files(base_dir, out_dir)
     config = _medusa_config(config, num_heads, num_layers, max_draft_len)
@@ -78,7 +84,8 @@ def _medusa_config(config: dict[str, Any], num_heads: int, num_layers: int, max_
         )
     quantization = dict(config.get("quantization") or {})
     if quantization.get("quant_algo") is not None:
-        excluded = list(quantization.get("exclude_modules") or [])
+        listed = quantization.get("exclude_modules")
+        excluded = list(_NVIDIA_DEFAULT_EXCLUDES if listed is None else listed)
         quantization["exclude_modules"] = excluded + ([_EXCLUDED_HEADS] if _EXCLUDED_HEADS not in excluded else [])
     return {
         **config,
@@ -92,10 +99,9 @@ def _medusa_config(config: dict[str, Any], num_heads: int, num_layers: int, max_
     }
 
 
-def _padded_vocab(base: dict[str, torch.Tensor], config: dict[str, Any], tp: int) -> int:
-    """The vocabulary the base's lm_head rows span over all TP ranks (the converter pads it to a multiple of tp)."""
-    lm_head = base.get("lm_head.weight")
-    return int(lm_head.shape[0]) * tp if lm_head is not None else int(config["vocab_size"])
+def _padded_vocab(config: dict[str, Any], tp: int) -> int:
+    """pad_vocab_size(vocab_size, tp): the rows MedusaHead's lm_head spans over all TP ranks, on every stage."""
+    return math.ceil(int(config["vocab_size"]) / tp) * tp
 
 
 def _rank_heads(

@@ -56,8 +56,9 @@ class LoraSpec(StrictModel):
     )
     target_modules: tuple[LoraTargetModule, ...] = Field(
         default=(),
-        description="--lora_target_modules, TensorRT-LLM module ids: attn_qkv, attn_q (q_proj), attn_k (k_proj), attn_v "
-        "(v_proj), attn_dense (o_proj), mlp_h_to_4h (gate_proj), mlp_4h_to_h (down_proj), mlp_gate (up_proj). "
+        description="--lora_target_modules, TensorRT-LLM module ids: attn_qkv (Phi-3's qkv_proj), attn_q (q_proj), attn_k "
+        "(k_proj), attn_v (v_proj), attn_dense (o_proj), mlp_h_to_4h (gate_proj; Phi-3's gate_up_proj), mlp_4h_to_h "
+        "(down_proj), mlp_gate (up_proj). "
         "Default: the modules of the first adapter's adapter_config.json. Every adapter's modules must be listed.",
     )
     max_rank: int = Field(
