@@ -159,7 +159,7 @@ def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
 
 def _weight_issues(info: ModelInfo) -> list[str]:
     try:
-        return weight_issues(info, weight_shapes(info))
+        return weight_issues(info, weight_shapes(info, logical_only=True))
     except WeightHeaderError as exc:
         return [str(exc)]
     except OSError as exc:

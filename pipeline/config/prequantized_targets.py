@@ -153,11 +153,12 @@ def prequantized_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     if same_algo is not None:
         kv_hint = f" and quantize.kv_cache {found.kv_cache.lower()}" if found.kv_cache in ("FP8", "INT8") else ""
         works.append(f"or point model.source at the unquantized checkpoint and set quantize.algo {same_algo}{kv_hint} to quantize it here")
+    why_not = _WHY_NOT[traits_of(target).model_backend].format(dtype=dtype)
     issues.append(
         (
             where,
             f"{found.where}: the checkpoint is pre-quantized ({found.describe(source=False)}); build.target {target.value} does not "
-            f"serve pre-quantized checkpoints in this format: {_WHY_NOT[traits_of(target).model_backend].format(dtype=dtype)}. What would work: {'; '.join(works)}",
+            f"serve pre-quantized checkpoints in this format: {why_not}. What would work: {'; '.join(works)}",
         )
     )
     return issues
