@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.config.effective_quantization import format_rule_issues
 from pipeline.config.engine_class_checks import engine_class_issues
 from pipeline.config.families import family_of, known_model_types
 from pipeline.config.lora_checks import check_lora_adapters
@@ -98,6 +99,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
     issues += _check_awq_group_size(spec, info)
     issues += [(("model", "source"), message) for message in _weight_issues(info)]
     issues += prequantized_issues(spec, info)
+    issues += format_rule_issues(spec, info)
     issues += check_globs(spec)
     issues += check_lora_adapters(spec, info)
     if build.max_seq_len is None:

@@ -141,7 +141,7 @@ def prequantized_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     if recipe is not None:
         family = family_of(info.model_type)
         why = family.format_refusal(target, recipe[0]) if family is not None else None
-        if why:
+        if family is not None and why:
             issues.append((where, f"{found.where}: {found.label} is refused for {family.name} on build.target {target.value}: {why}"))
         return issues
     reads, same_algo = answer_for(found)
