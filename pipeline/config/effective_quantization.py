@@ -12,6 +12,7 @@ own quantize section: a published checkpoint is not calibrated again.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config.format_rules import check_format_rules
@@ -33,15 +34,23 @@ def published_format(spec: Spec, source: Path) -> tuple[PreQuantized, str, str] 
         return None
 
 
-def effective_quantize(spec: Spec, source: Path) -> QuantizeSpec:
-    """spec.quantize, or for a checkpoint served as published, the same section naming the format it holds."""
+@dataclass(frozen=True)
+class Quantization:
+    """The fields of the quantize section that name the format: quantize.algo, quantize.kv_cache, quantize.group_size."""
+
+    algo: QuantAlgo
+    kv_cache: KVCacheQuant
+    group_size: int
+
+
+def effective_quantize(spec: Spec, source: Path) -> Quantization:
+    """spec.quantize's format, or for a checkpoint served as published, the format it holds. Reads build.target and the
+    three fields only (a stage's digest hashes them: pipeline.plan)."""
     published = published_format(spec, source)
     if published is None:
-        return spec.quantize
+        return Quantization(spec.quantize.algo, spec.quantize.kv_cache, spec.quantize.group_size)
     found, algo, kv_cache = published
-    return spec.quantize.model_copy(
-        update={"algo": QuantAlgo(algo), "kv_cache": KVCacheQuant(kv_cache), "group_size": found.group_size or spec.quantize.group_size}
-    )
+    return Quantization(QuantAlgo(algo), KVCacheQuant(kv_cache), found.group_size or spec.quantize.group_size)
 
 
 def format_rule_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
@@ -49,7 +58,7 @@ def format_rule_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
     the spec's own (its rules ran when the spec was read, but for the one that waited for the weights' format)."""
     published = published_format(spec, info.path)
     try:
-        check_format_rules(effective_quantize(spec, info.path), spec.build, spec.serve, calibrates=published is None)
+        check_format_rules(_as_section(spec, effective_quantize(spec, info.path)), spec.build, spec.serve, calibrates=published is None)
     except ValueError as exc:
         if published is None:
             field = _LEADING_FIELD.match(str(exc))
@@ -62,3 +71,7 @@ def format_rule_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
             )
         ]
     return []
+
+
+def _as_section(spec: Spec, quantization: Quantization) -> QuantizeSpec:
+    return spec.quantize.model_copy(update={"algo": quantization.algo, "kv_cache": quantization.kv_cache, "group_size": quantization.group_size})

@@ -8,6 +8,7 @@ from pathlib import Path
 from pipeline.config.effective_quantization import format_rule_issues
 from pipeline.config.engine_class_checks import engine_class_issues
 from pipeline.config.families import family_of, known_model_types
+from pipeline.config.gate_baseline import gate_baseline_issues
 from pipeline.config.lora_checks import check_lora_adapters
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.prequantized_targets import prequantized_issues
@@ -100,6 +101,7 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
     issues += [(("model", "source"), message) for message in _weight_issues(info)]
     issues += prequantized_issues(spec, info)
     issues += format_rule_issues(spec, info)
+    issues += gate_baseline_issues(spec, info)
     issues += check_globs(spec)
     issues += check_lora_adapters(spec, info)
     if build.max_seq_len is None:

@@ -17,7 +17,7 @@ from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeA
 from pipeline.backends.cpu.speculative import add_speculation
 from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, SPECULATIVE_DECODING_MODE, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
-from pipeline.config.effective_quantization import effective_quantize
+from pipeline.config.effective_quantization import Quantization, effective_quantize
 from pipeline.config.gpus import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB
 from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.model_checks import Issue
@@ -33,7 +33,7 @@ def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
     return build.max_seq_len if build.max_seq_len is not None else deduced
 
 
-def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | None = None) -> dict[str, Any]:
+def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | Quantization | None = None) -> dict[str, Any]:
     """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json (for the checkpoint's
     `quantize` formats; None: unquantized). A speculative engine records its max_draft_len and mode flag as
     trtllm-build does, max_seq_len included (trtllm-build adds max_draft_len to it)."""
@@ -85,7 +85,7 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
     }
 
 
-def _lora_on_folded_scales(spec: Spec, quantize: QuantizeSpec) -> list[Issue]:
+def _lora_on_folded_scales(spec: Spec, quantize: Quantization) -> list[Issue]:
     weights = weight_format(quantize.algo)
     if spec.build.lora is None or not weights.folds_input_scale:
         return []

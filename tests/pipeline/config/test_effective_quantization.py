@@ -94,7 +94,8 @@ def test_the_effective_quantization_is_the_published_format_where_it_is_served(s
 
 def test_an_unquantized_source_keeps_the_specs_own_quantization(sources, tmp_path: Path) -> None:
     loaded = _load(tmp_path, sources["base"], algo="fp8", kv="fp8")
-    assert effective_quantize(loaded.spec, loaded.model.path) is loaded.spec.quantize
+    quantize = effective_quantize(loaded.spec, loaded.model.path)
+    assert (quantize.algo, quantize.kv_cache, quantize.group_size) == (loaded.spec.quantize.algo, loaded.spec.quantize.kv_cache, 128)
 
 
 def test_the_format_rules_see_the_published_format(sources, tmp_path: Path) -> None:

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from rich.console import Console
 from safetensors.torch import load_file
 
-from pipeline.artifacts import CHECKPOINT_DIR, ArtifactStore
+from pipeline.artifacts import CHECKPOINT_DIR
 from pipeline.cli import main
 from pipeline.config.loader import load_config
 from pipeline.errors import SpecError, StageError
-from pipeline.runner import run_pipeline
-from tests.conftest import DEFAULT_MODEL, REPO
+from tests.conftest import DEFAULT_MODEL
 from tests.support import prequantized_fixtures as fx
+from tests.support.published_checkpoint import own_fp8_export, published_config, run_until
 
 pytestmark = pytest.mark.slow
 PROMPTS = ([1, 17, 42, 99, 5, 230], [1, 64, 3, 3, 8])
@@ -28,60 +27,20 @@ PROMPTS = ([1, 17, 42, 99, 5, 230], [1, 64, 3, 3, 8])
 
 @pytest.fixture(scope="module")
 def own_fp8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the project's own FP8 + FP8 KV TensorRT-LLM checkpoint of the default model, the unified export it was
-    converted from, kept with the tokenizer: a ModelOpt-published checkpoint)."""
-    from pipeline.quantization.job import make_forward_loop
-    from pipeline.quantization.modelopt_export import QuantRecipe, export_trtllm_checkpoint
-
-    root = tmp_path_factory.mktemp("own-fp8")
-    generator = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, 256, (2, 32), generator=generator).tolist() for _ in range(2)]
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        export_trtllm_checkpoint(
-            DEFAULT_MODEL,
-            root / "checkpoint",
-            dtype="float16",
-            tp_size=1,
-            pp_size=1,
-            quant=QuantRecipe("fp8", "fp8"),
-            forward_loop=make_forward_loop(batches),
-            unified_hf_dir=root / "published",
-        )
-    finally:
-        torch.set_num_threads(previous)
-    return root / "checkpoint", root / "published"
-
-
-def _config(tmp_path: Path, source: Path, *, target: str = "cpu", algo: str = "none", kv: str = "none") -> Path:
-    text = (REPO / "build_configs" / "tiny-cpu.yaml").read_text()
-    text = text.replace("../models/tiny-stdlib-llama", str(source)).replace("target: cpu", f"target: {target}")
-    text = text.replace(
-        "  algo: none\n  kv_cache: none", f"  algo: {algo}\n  kv_cache: {kv}\n  device: cpu\n  calibration: {{files: ['{REPO}/data/calibration/*.txt']}}"
-    )
-    path = tmp_path / f"published-{target}-{algo}.yaml"
-    path.write_text(text)
-    return path
-
-
-def _run(config: Path, artifacts: Path, until: str) -> dict:
-    loaded = load_config(config)
-    results = run_pipeline(loaded, ArtifactStore(artifacts, loaded.spec.name), until=until, console=Console(quiet=True))
-    return {r.name: r for r in results}
+    return own_fp8_export(tmp_path_factory.mktemp("own-fp8"))
 
 
 @pytest.fixture(scope="module")
 def served(own_fp8, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The quantize artifact of `run --until build` on the published checkpoint (cpu target, algo none)."""
     root = tmp_path_factory.mktemp("served")
-    results = _run(_config(root, own_fp8[1]), root / "artifacts", "build")
+    results = run_until(published_config(root, own_fp8[1]), root / "artifacts", "build")
     assert [r.outcome for r in results.values()] == ["built", "built", "built"]
     return results["quantize"].ref.path
 
 
 def test_validate_accepts_it_and_says_it_is_served_as_published(own_fp8, tmp_path: Path, capsys) -> None:
-    assert main(["--artifacts", str(tmp_path / "a"), "validate", str(_config(tmp_path, own_fp8[1]))]) == 0
+    assert main(["--artifacts", str(tmp_path / "a"), "validate", str(published_config(tmp_path, own_fp8[1]))]) == 0
     out = capsys.readouterr().out
     assert "weights: pre-quantized, ModelOpt FP8 (per-tensor scales)" in out and "KV cache FP8" in out
     assert "served as published, no calibration on build.target cpu" in out
@@ -118,7 +77,7 @@ def test_the_quantize_record_names_the_published_format_and_scales_and_no_calibr
     assert 0 < published["scales"]["weight_scale"]["min"] <= published["scales"]["weight_scale"]["max"]
 
 
-def test_refengine_greedy_tokens_equal_those_of_the_projects_own_fp8_run(own_fp8, served: Path) -> None:
+def test_refengine_greedy_tokens_equal_those_of_the_projects_own_fp8run_until(own_fp8, served: Path) -> None:
     from refengine import EngineConfig, LLMEngine, SamplingParams
 
     config = EngineConfig(tokens_per_block=4, max_seq_len=64, max_input_len=16)
@@ -132,7 +91,7 @@ def test_refengine_greedy_tokens_equal_those_of_the_projects_own_fp8_run(own_fp8
 
 def test_quantizing_the_published_checkpoint_again_is_refused(own_fp8, tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
-        load_config(_config(tmp_path, own_fp8[1], algo="fp8", kv="fp8"))
+        load_config(published_config(tmp_path, own_fp8[1], algo="fp8", kv="fp8"))
     assert "quantize.algo fp8 / quantize.kv_cache fp8 on a pre-quantized checkpoint (ModelOpt FP8" in info.value.message
     assert "would re-quantize quantized codes" in info.value.message
 
@@ -143,7 +102,7 @@ def test_the_stage_refuses_a_declared_format_it_does_not_serve_even_past_validat
 
     source = fx.tiny_qwen2(tmp_path / "base")
     (source / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}))
-    spec = load_config(_config(tmp_path, DEFAULT_MODEL)).spec
+    spec = load_config(published_config(tmp_path, DEFAULT_MODEL)).spec
     with pytest.raises(StageError) as info:
         request_from_spec(spec, source, tmp_path / "artifact", result_file=False)
     assert "ModelOpt NVFP4 is not served as published on build.target cpu" in info.value.message
