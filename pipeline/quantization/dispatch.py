@@ -106,6 +106,8 @@ def _published(spec: Spec, hf_dir: Path):
     try:
         published = published_checkpoint(hf_dir, spec.build.target)
     except PreQuantizedError as exc:
+        if spec.dry_run:  # no weights to mis-read in a dry run (a config-only example); validate refuses them once there
+            return None
         raise StageError(f"quantize: {exc}", hint="run `trtllm-pipeline validate` on the config: it says what would work (docs/prequantized.md)") from None
     if published is not None and (spec.quantize.algo.value != "none" or spec.quantize.kv_cache.value != "none"):
         raise StageError(

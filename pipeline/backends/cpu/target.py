@@ -215,7 +215,8 @@ class CpuBackend:
         return None
 
     def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
-        return _lora_on_folded_scales(spec, effective_quantize(spec, model.path))
+        quantize = Quantization(spec.quantize.algo, spec.quantize.kv_cache, spec.quantize.group_size)
+        return _lora_on_folded_scales(spec, effective_quantize(spec, model.path) if model is not None else quantize)
 
     def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
         return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL
