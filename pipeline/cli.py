@@ -163,7 +163,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 def _validate(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, console: Console) -> int:
     spec = loaded.spec
     console.print(f"[green]valid[/green]: {args.config} (build {spec.name!r}, target {spec.build.target.value}, model {loaded.model.architecture})")
-    console.print(quantization_summary(loaded.model), markup=False, highlight=False)
+    console.print(quantization_summary(loaded.model, loaded.spec.build.target), markup=False, highlight=False)
     return 0
 
 
@@ -299,7 +299,7 @@ def _plan(loaded: LoadedConfig, store: ArtifactStore, args: argparse.Namespace, 
         shown = "[cyan]cached[/cyan]" if state == "built" else ("[yellow]to build[/yellow]" if state == "missing" else f"[red]{state}[/red]")
         table.add_row(stage.name, stage.digest, shown, stage.summary)
     console.print(table)
-    console.print(quantization_summary(loaded.model), markup=False, highlight=False)
+    console.print(quantization_summary(loaded.model, loaded.spec.build.target), markup=False, highlight=False)
     speculative = speculative_summary(loaded.spec.build)
     if speculative is not None:
         console.print(speculative, highlight=False)

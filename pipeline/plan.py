@@ -30,6 +30,7 @@ class EnvFacts:
     model_fingerprint: str
     calibration_fingerprint: str = ""  # content digest of the calibration files ("" when none)
     heldout_fingerprint: str = ""  # content digest of the accuracy gate's held-out files
+    baseline_fingerprint: str = ""  # content digest of gate.accuracy.baseline's directory ("" when none)
     # Code that artifacts carry as files: the model repository's templates and Python models
     # (package), and the project source the cpu image installs (deploy).
     model_repo_fingerprint: str = ""
@@ -205,6 +206,8 @@ def _has_draft(spec: Spec) -> bool:
 def _gate_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     accuracy = dump(spec.gate.accuracy)
     accuracy["heldout_files"] = facts.heldout_fingerprint
+    if accuracy.pop("baseline") is not None:  # left out while unset: the digests of earlier gates stay what they were
+        accuracy["baseline"] = facts.baseline_fingerprint
     return {"accuracy": accuracy, "dtype": spec.model.dtype.value}
 
 
@@ -299,7 +302,8 @@ STAGE_DEFS: tuple[StageDef, ...] = (
         "accuracy gate: quantized vs unquantized perplexity on held-out text",
         applies=lambda spec: spec.gate.accuracy is not None,
         hashes=("gate.accuracy", "model.dtype"),
-        via_upstream=("quantize.algo", "quantize.kv_cache"),
+        # build.target and the group size: the quantization it reports (a published checkpoint's own format)
+        via_upstream=("quantize.algo", "quantize.kv_cache", "quantize.group_size", "build.target"),
     ),
     StageDef(
         "package",

@@ -48,11 +48,16 @@ def gather_facts(loaded: LoadedConfig) -> EnvFacts:
         model_fingerprint=directory_fingerprint(loaded.model.path),
         calibration_fingerprint=calibration,
         heldout_fingerprint=heldout,
+        baseline_fingerprint=directory_fingerprint(baseline) if (baseline := _gate_baseline(spec)) is not None else "",
         model_repo_fingerprint=_model_repo_fingerprint(),
         project_fingerprint=_project_fingerprint(),
         lora_fingerprint=_lora_fingerprint(spec),
         draft_fingerprint=_draft_fingerprint(spec),
     )
+
+
+def _gate_baseline(spec) -> Path | None:
+    return spec.gate.accuracy.baseline if spec.gate.accuracy is not None else None
 
 
 def _draft_fingerprint(spec) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from pipeline.backends.registry import backend_for
 from pipeline.capacity.planner import CapacityPlan, CapacityRequest, DraftModel, plan_capacity
 from pipeline.capacity.streams import python_instances, token_roofline
+from pipeline.config.effective_quantization import effective_quantize
 from pipeline.config.gpus import get_gpu
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.targets import traits_of
@@ -21,18 +22,19 @@ PYTHON_MODELS = ("preprocessing", "postprocessing", "bls")  # serve.instances fi
 def spec_capacity(spec: Spec, model: ModelInfo, *, gpu: str, tp: int | None = None, with_draft: bool = True) -> CapacityPlan:
     """plan_capacity for `spec` on `gpu` (TP `tp`, default build.tp_size), its draft model's weights and KV included."""
     reserve_gb, _ = backend_for(spec.build.target).capacity_reserve(spec)
+    quantize = effective_quantize(spec, model.path)  # a published checkpoint counts at its own format
     return plan_capacity(
         CapacityRequest(
             model,
-            quant_algo=spec.quantize.algo.value,
-            kv_cache_dtype=spec.quantize.kv_cache.value,
+            quant_algo=quantize.algo.value,
+            kv_cache_dtype=quantize.kv_cache.value,
             gpu=get_gpu(gpu),
             max_seq_len=spec.build.max_seq_len or model.default_max_seq_len(),
             max_batch_size=spec.build.max_batch_size,
             tp=tp or spec.build.tp_size,
             kv_cache_free_gpu_mem_fraction=spec.serve.kv_cache_free_gpu_mem_fraction,
             tokens_per_block=spec.build.tokens_per_block,
-            group_size=spec.quantize.group_size,
+            group_size=quantize.group_size,
             draft=draft_for_capacity(spec) if with_draft else None,
             reserve_gb=reserve_gb,
             windows=runtime_windows(spec, model),

@@ -20,7 +20,11 @@ def needs_calibration(quantize: QuantizeSpec) -> bool:
     return quant_formats.needs_calibration(weight_format(quantize.algo), kv_cache_format(quantize.kv_cache))
 
 
-def check_format_rules(quantize: QuantizeSpec, build: BuildSpec, serve: ServeSpec) -> None:
+def check_format_rules(quantize: QuantizeSpec, build: BuildSpec, serve: ServeSpec, *, model_known: bool = True, calibrates: bool = True) -> None:
+    """The rules, raising ValueError naming the fields. `model_known` False (the spec's own check, before model.source is
+    read): with quantize.algo none the weights may be a published checkpoint's format, so the rule that depends on the
+    weights alone waits for the model checks (pipeline.config.effective_quantization.format_rule_issues). `calibrates`
+    False: a checkpoint served as published, which is not calibrated."""
     weights, kv, target = weight_format(quantize.algo), kv_cache_format(quantize.kv_cache), build.target.value
     traits = traits_of(build.target)
     if traits.follows_trtllm_plugin_rules:
@@ -28,11 +32,12 @@ def check_format_rules(quantize: QuantizeSpec, build: BuildSpec, serve: ServeSpe
     for field, record in (("quantize.algo", weights), ("quantize.kv_cache", kv)):
         if not record.runs_on(target):
             raise ValueError(f"{field} {record.name} {record.refused_targets[target]}")
-    if needs_calibration(quantize) and not quantize.calibration.files:
+    if calibrates and needs_calibration(quantize) and not quantize.calibration.files:
         raise ValueError(f"quantize.calibration.files is empty, but quantize.algo {weights.name} with quantize.kv_cache {kv.name} needs calibration text")
     plugins = build.plugins
     explicit = "use_fp8_context_fmha" in plugins.model_fields_set and plugins.use_fp8_context_fmha
-    if traits.runs_fp8_context_fmha and explicit and quant_formats.fp8_context_fmha_loss(weights) is not None:
+    deferred = not model_known and weights.name == "none"
+    if traits.runs_fp8_context_fmha and explicit and not deferred and quant_formats.fp8_context_fmha_loss(weights) is not None:
         # Left at its default, the build turns it off with a recorded decision; asked for explicitly, it is an error.
         raise ValueError(
             f"build.plugins.use_fp8_context_fmha: true needs quantize.algo {listed(_FP8_CONTEXT_FMHA_ALGOS)}, got "

@@ -84,6 +84,8 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
             heads["heads"] = absolute(heads["heads"])
     calibration = _section(_section(data, "quantize"), "calibration")
     accuracy = _section(_section(data, "gate"), "accuracy")
+    if "baseline" in accuracy:
+        accuracy["baseline"] = absolute(accuracy["baseline"])
     lora = _section(_section(data, "build"), "lora")
     serve_lora = _section(_section(data, "serve"), "lora")
     if "prefetch_dir" in serve_lora:

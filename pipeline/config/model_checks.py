@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.config.effective_quantization import format_rule_issues
 from pipeline.config.engine_class_checks import engine_class_issues
 from pipeline.config.families import family_of, known_model_types
+from pipeline.config.gate_baseline import gate_baseline_issues
 from pipeline.config.lora_checks import check_lora_adapters
 from pipeline.config.model_info import ModelConfigError, ModelInfo, read_model_info
 from pipeline.config.prequantized_targets import prequantized_issues
@@ -98,6 +100,8 @@ def check_spec_against_model(spec: Spec, info: ModelInfo) -> list[Issue]:
     issues += _check_awq_group_size(spec, info)
     issues += [(("model", "source"), message) for message in _weight_issues(info)]
     issues += prequantized_issues(spec, info)
+    issues += format_rule_issues(spec, info)
+    issues += gate_baseline_issues(spec, info)
     issues += check_globs(spec)
     issues += check_lora_adapters(spec, info)
     if build.max_seq_len is None:
@@ -159,7 +163,7 @@ def family_issues(spec: Spec, info: ModelInfo) -> list[Issue]:
 
 def _weight_issues(info: ModelInfo) -> list[str]:
     try:
-        return weight_issues(info, weight_shapes(info))
+        return weight_issues(info, weight_shapes(info, logical_only=True))
     except WeightHeaderError as exc:
         return [str(exc)]
     except OSError as exc:

@@ -56,6 +56,9 @@ class TargetTraits:
     no_medusa_vocab_size_because: str | None = None
     # its LLM model streams at a GPU's pace: the package stage sizes the Python models' instances for the GPU's token rate
     streams_at_gpu_pace: bool = False
+    # it runs the TensorRT-LLM checkpoint the quantize stage converts, so a published ModelOpt unified checkpoint in a
+    # format the converter takes is served as published: converted from its own scales, no calibration
+    converts_published: bool = False
 
 
 TARGET_TRAITS: dict[Target, TargetTraits] = {
@@ -85,6 +88,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         "head's whole lm_head, the model's vocabulary wide)",
         streams_at_gpu_pace=True,
         eagle_generation="EAGLE-1/2",
+        converts_published=True,
     ),
     Target.cpu: TargetTraits(
         model_backend="refengine",
@@ -103,6 +107,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
             "eagle": "the reference engine (refengine) has no EAGLE draft layer; its tree speculation is medusa",
             "mtp": "the reference engine (refengine) runs no multi-token-prediction layers (the DeepSeek-V3 family is not a refengine model)",
         },
+        converts_published=True,
     ),
     Target.llmapi: TargetTraits(
         model_backend="pytorch",

@@ -26,19 +26,25 @@ _FUSED_EXPERTS = re.compile(r"experts\.(gate_up_proj|down_proj)$")
 
 
 _MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+# 4-bit codes packed into bytes or words: ModelOpt INT4 AWQ / W4A8 weights are U8 [out / 2, in], NVFP4 U8 [out, in / 2],
+# GPTQ / compressed-tensors I32 [in / 8, out] or [out, in / 8]; their scales are checked against them instead
+# (pipeline.config.prequantized_tensors)
+_PACKED_DTYPES = frozenset({"U8", "I32"})
 
 
 class WeightHeaderError(ValueError):
     """A safetensors file whose header cannot be read."""
 
 
-def weight_shapes(info: ModelInfo) -> dict[str, list[int]]:
-    """Every tensor's shape, by name, over the checkpoint's safetensors files (headers only)."""
+def weight_shapes(info: ModelInfo, *, logical_only: bool = False) -> dict[str, list[int]]:
+    """Every tensor's shape, by name, over the checkpoint's safetensors files (headers only). `logical_only`: leave out
+    the packed integer tensors (`_PACKED_DTYPES`), whose shape is not the layer's."""
     shapes: dict[str, list[int]] = {}
     for name in info.weight_files:
         for key, entry in safetensors_header(Path(info.path) / name).items():
             if key != "__metadata__" and isinstance(entry, dict) and isinstance(entry.get("shape"), list):
-                shapes[key] = entry["shape"]
+                if not (logical_only and entry.get("dtype") in _PACKED_DTYPES):
+                    shapes[key] = entry["shape"]
     return shapes
 
 

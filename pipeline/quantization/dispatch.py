@@ -27,6 +27,8 @@ from typing import Any
 from pipeline.artifacts import CHECKPOINT_DIR, UNIFIED_HF_DIR
 from pipeline.config.families import family_of
 from pipeline.config.format_rules import needs_calibration
+from pipeline.config.prequantized import PreQuantizedError
+from pipeline.config.prequantized_targets import published_checkpoint
 from pipeline.config.spec import BuildRunnerKind, QuantDevice, Spec
 from pipeline.config.targets import traits_of
 from pipeline.container_jobs import ContainerJob, JobRunner, Mount, RunnerUnavailable, Which
@@ -64,10 +66,17 @@ def quantize_route(spec: Spec) -> str:
 
 
 def request_from_spec(spec: Spec, hf_dir: Path, artifact_dir: Path, *, result_file: bool) -> QuantizeRequest:
-    """The job's request, with every path absolute under `artifact_dir` (the directory the job will see)."""
+    """The job's request, with every path absolute under `artifact_dir` (the directory the job will see).
+
+    A published ModelOpt checkpoint that build.target serves as published (validate accepted it with quantize.algo and
+    quantize.kv_cache none) becomes a pass-through: the request names the format it holds, `prequantized`, and no
+    calibration. One that declares another format is refused here too: its codes are never read as plain weights."""
     from pipeline.calibration import calibration_files
 
     quantize = spec.quantize
+    published = _published(spec, Path(hf_dir))
+    if published is not None:
+        return _published_request(spec, Path(hf_dir), Path(artifact_dir).resolve(), published, result_file=result_file)
     calibration = None
     if needs_calibration(quantize):
         c = quantize.calibration
@@ -93,20 +102,57 @@ def request_from_spec(spec: Spec, hf_dir: Path, artifact_dir: Path, *, result_fi
     )
 
 
-def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None, bool]:
+def _published(spec: Spec, hf_dir: Path):
+    try:
+        published = published_checkpoint(hf_dir, spec.build.target)
+    except PreQuantizedError as exc:
+        if spec.dry_run:  # no weights to mis-read in a dry run (a config-only example); validate refuses them once there
+            return None
+        raise StageError(f"quantize: {exc}", hint="run `trtllm-pipeline validate` on the config: it says what would work (docs/prequantized.md)") from None
+    if published is not None and (spec.quantize.algo.value != "none" or spec.quantize.kv_cache.value != "none"):
+        raise StageError(
+            f"quantize: {published[0].where}: the checkpoint is pre-quantized ({published[0].label}); quantize.algo "
+            f"{spec.quantize.algo.value} / quantize.kv_cache {spec.quantize.kv_cache.value} would re-quantize quantized codes",
+            hint="set both to none to serve it as published",
+        )
+    return published
+
+
+def _published_request(spec: Spec, hf_dir: Path, artifact_dir: Path, published, *, result_file: bool) -> QuantizeRequest:
+    found, algo, kv = published
+    checkpoint_config, _ = checkpoint_request(spec, hf_dir, recipe=(algo, kv))
+    return QuantizeRequest(
+        hf_dir=hf_dir.resolve(),
+        output_dir=artifact_dir / CHECKPOINT_DIR,
+        dtype=spec.model.dtype.value,
+        tp_size=spec.build.tp_size,
+        pp_size=spec.build.pp_size,
+        algo=algo,
+        kv_cache=kv,
+        group_size=found.group_size or spec.quantize.group_size,
+        device=spec.quantize.device.value,
+        calibration=None,
+        result_file=artifact_dir / RESULT_FILE if result_file else None,
+        checkpoint_config=checkpoint_config,
+        prequantized=True,
+    )
+
+
+def checkpoint_request(spec: Spec, hf_dir: Path, *, recipe: tuple[str, str] | None = None) -> tuple[dict[str, Any] | None, bool]:
     """(the TensorRT-LLM checkpoint config the job converts to, whether it writes only the unified checkpoint).
 
     The llmapi target takes families outside TensorRT-LLM's MODEL_MAP (DeepSeek-V3, GPT-OSS, Llama 4) as their
     unified checkpoint alone; every other case converts, with the family's config (the job cannot read the family
     table inside NVIDIA's image). A quantize.algo the family table refuses for the family on build.target is refused
     (StageError naming both). No readable config.json: (None, False), and the job reports it when it loads.
+    `recipe`: the (quantize.algo, quantize.kv_cache) a published checkpoint holds, instead of the spec's.
     """
     try:
         hf = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None, False
     family = family_of(str(hf.get("model_type")))
-    algo = spec.quantize.algo.value
+    algo, kv = recipe or (spec.quantize.algo.value, spec.quantize.kv_cache.value)
     why = family.format_refusal(spec.build.target, algo) if family is not None else None
     if why:  # validate refuses it first; the job in NVIDIA's image cannot read the table, so it is refused here too
         raise StageError(
@@ -125,7 +171,7 @@ def checkpoint_request(spec: Spec, hf_dir: Path) -> tuple[dict[str, Any] | None,
         hf,
         dtype=spec.model.dtype.value,
         mapping=checkpoint_mapping(spec.build.tp_size, spec.build.pp_size),
-        quantization=recipe_quantization(spec.quantize.algo, spec.quantize.kv_cache),
+        quantization=recipe_quantization(algo, kv),
     )
     return config, False
 

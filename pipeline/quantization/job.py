@@ -18,8 +18,8 @@ What the job assumes about the image (the tensorrt_llm wheel installed there pul
     unified checkpoint by this project (pipeline.quantization.trtllm_checkpoint.convert), not by ModelOpt;
   * safetensors.
 Nothing else outside the standard library is imported: not pydantic, PyYAML or rich. Of this project only
-pipeline.errors, pipeline.quant_formats, pipeline.calibration and pipeline.backends' modelopt_export,
-unified_export, trtllm_convert(_layout, _linear) and trtllm_checkpoint are imported (tests/pipeline/quantization/test_quantize_job.py
+pipeline.errors, pipeline.quant_formats, pipeline.calibration and pipeline.quantization's modelopt_export,
+unified_export, published and trtllm_checkpoint are imported (tests/pipeline/quantization/test_quantize_job.py
 checks the list): not pipeline.config, so the request carries the checkpoint config (`checkpoint_config`, from
 the family table) and whether only the unified checkpoint is written (`unified_only`).
 """
@@ -75,6 +75,9 @@ class QuantizeRequest:
     # (in this project's environment only: the family table is not importable in NVIDIA's image)
     checkpoint_config: dict[str, Any] | None = None
     unified_only: bool = False  # write only unified_hf_dir (a family outside TensorRT-LLM's MODEL_MAP), no output_dir
+    # hf_dir is a published ModelOpt unified checkpoint in the format algo / kv_cache name: it is converted as it is
+    # (no model load, no ModelOpt, no calibration)
+    prequantized: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -113,6 +116,9 @@ class QuantizeRequest:
         _expect(values.setdefault("unified_only", False), bool, f"{source}: unified_only")
         if values["unified_only"] and values.get("unified_hf_dir") is None:
             raise StageError(f"{source}: unified_only is true but unified_hf_dir is not set")
+        _expect(values.setdefault("prequantized", False), bool, f"{source}: prequantized")
+        if values["prequantized"] and (values["calibration"] is not None or values["unified_only"]):
+            raise StageError(f"{source}: prequantized is true, so calibration must be null and unified_only false (it is converted as published)")
         return cls(**values)
 
     def write(self, path: Path) -> None:
@@ -164,6 +170,8 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
     )
 
     log = log or (lambda message: None)
+    if request.prequantized:
+        return _convert_published(request, log)
     device = resolve_device(request.device)  # refuse cuda without a CUDA device before any work
     forward_loop, calibration_summary = None, None
     if request.calibration is not None:
@@ -195,6 +203,31 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
         checkpoint_config=request.checkpoint_config,
         unified_only=request.unified_only,
     )
+    return _result(request, config, calibration_summary, _device_description(device))
+
+
+def _convert_published(request: QuantizeRequest, log: Log) -> dict[str, Any]:
+    """A published ModelOpt unified checkpoint converted as it is: its own weights and scales, no calibration."""
+    from pipeline.quantization.modelopt_export import QuantRecipe, convert_published_checkpoint
+    from pipeline.quantization.published import published_scales
+
+    log(
+        f"{request.hf_dir}: pre-quantized ({request.algo} weights, {request.kv_cache} KV cache) → {request.dtype} TensorRT-LLM "
+        f"checkpoint (tp={request.tp_size}, pp={request.pp_size}), served as published: no model load, no calibration"
+    )
+    config = convert_published_checkpoint(
+        request.hf_dir,
+        request.output_dir,
+        dtype=request.dtype,
+        tp_size=request.tp_size,
+        pp_size=request.pp_size,
+        quant=QuantRecipe(request.algo, request.kv_cache, request.group_size),
+        checkpoint_config=request.checkpoint_config,
+    )
+    return _result(request, config, None, "not loaded (converted as published)", published=published_scales(request.hf_dir))
+
+
+def _result(request: QuantizeRequest, config: dict[str, Any], calibration: Any, device: str, **extra: Any) -> dict[str, Any]:
     quantization = config.get("quantization", {})
     result = {
         "quantization": {
@@ -202,9 +235,10 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
             "kv_cache_quant_algo": quantization.get("kv_cache_quant_algo"),
             "ranks": sorted(p.name for p in Path(request.output_dir).glob("rank*.safetensors")),
         },
-        "calibration": calibration_summary,
-        "device": _device_description(device),
+        "calibration": calibration,
+        "device": device,
         "versions": package_versions(),
+        **extra,
     }
     if request.result_file is not None:
         Path(request.result_file).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")

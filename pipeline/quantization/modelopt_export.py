@@ -48,7 +48,7 @@ from pipeline.quantization.trtllm_checkpoint.layout import LAYOUTS, layout_for
 from pipeline.quantization.trtllm_checkpoint.reverse import trtllm_to_hf_state_dict
 from pipeline.quantization.unified_export import export_unified_checkpoint
 
-__all__ = ["QuantRecipe", "export_trtllm_checkpoint", "resolve_device", "trtllm_to_hf_state_dict"]
+__all__ = ["QuantRecipe", "convert_published_checkpoint", "export_trtllm_checkpoint", "resolve_device", "trtllm_to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,21 @@ def export_trtllm_checkpoint(
     finally:
         if unified_hf_dir is None:
             shutil.rmtree(unified_dir, ignore_errors=True)
+    return _finish_config(out_dir, config, quant)
+
+
+def convert_published_checkpoint(
+    hf_dir: Path, out_dir: Path, *, dtype: str, tp_size: int, pp_size: int, quant: QuantRecipe, checkpoint_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A published ModelOpt unified checkpoint (`nvidia/...-FP8`: what `export_unified_checkpoint` writes after
+    calibration) converted into `out_dir` as it is: no model load, no ModelOpt, its own codes and scales. `quant` names
+    the format it holds; hf_quant_config.json must say the same (the converter refuses otherwise, naming the file)."""
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    hf_config = _read_hf_config(hf_dir)
+    _check_request(hf_config, out_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
+    if checkpoint_config is None:
+        checkpoint_config = _family_checkpoint_config(hf_config, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
+    config = convert_unified_checkpoint(hf_dir, out_dir, config=checkpoint_config, tp_size=tp_size, pp_size=pp_size)
     return _finish_config(out_dir, config, quant)
 
 

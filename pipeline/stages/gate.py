@@ -1,18 +1,24 @@
 """gate: the accuracy gate — perplexity and next-token agreement of the quantized checkpoint vs the
 unquantized baseline on held-out text, scored with refengine on CPU. A failed gate seals its
-report (verdict "failed"), marks the quantized artifact's manifest, and stops the pipeline."""
+report (verdict "failed"), marks the quantized artifact's manifest, and stops the pipeline.
+
+The baseline is model.source, or gate.accuracy.baseline for a pre-quantized checkpoint served as published
+(pipeline.config.gate_baseline: validate requires it there); the report names the format the quantized checkpoint
+holds (pipeline.config.effective_quantization), and for a published one, the baseline it was scored against."""
 
 from __future__ import annotations
 
 import json
 import tempfile
 from pathlib import Path
+from typing import cast
 
 from rich.table import Table
 
 from pipeline.artifacts import annotate_manifest
 from pipeline.calibration import heldout_files, load_encoder, read_documents
-from pipeline.config.spec import AccuracyGateSpec
+from pipeline.config.effective_quantization import effective_quantize
+from pipeline.config.spec import AccuracyGateSpec, Spec
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
@@ -30,11 +36,13 @@ def run(ctx: StageContext) -> None:
     prepared = ctx.upstream["prepare"].path
     quantized = ctx.upstream["quantize"].checkpoint_dir
     windows = heldout_windows(gate, prepared)
+    quantize = effective_quantize(cast(Spec, ctx.spec), checkpoint_dir(prepared))  # the view reads as the Spec does
+    source = Path(gate.baseline) if gate.baseline is not None else checkpoint_dir(prepared)
     with tempfile.TemporaryDirectory(prefix="trtllm-pipeline-baseline-") as tmp:
         baseline = Path(tmp) / "baseline"
-        ctx.log("exporting the unquantized baseline checkpoint")
-        export_trtllm_checkpoint(checkpoint_dir(prepared), baseline, dtype=ctx.spec.model.dtype.value, tp_size=1, pp_size=1)
-        ctx.log(f"scoring {len(windows)} × {gate.window_len} held-out tokens, baseline vs {ctx.spec.quantize.algo.value}")
+        ctx.log(f"exporting the unquantized baseline checkpoint from {source}")
+        export_trtllm_checkpoint(source, baseline, dtype=ctx.spec.model.dtype.value, tp_size=1, pp_size=1)
+        ctx.log(f"scoring {len(windows)} × {gate.window_len} held-out tokens, baseline vs {quantize.algo.value}")
         metrics = compare_checkpoints(baseline, quantized, windows)
     failures = []
     if metrics.perplexity_increase_pct > gate.max_perplexity_increase_pct:
@@ -48,8 +56,8 @@ def run(ctx: StageContext) -> None:
     report = {
         "verdict": verdict,
         "failures": failures,
-        "quant_algo": ctx.spec.quantize.algo.value,
-        "kv_cache": ctx.spec.quantize.kv_cache.value,
+        "quant_algo": quantize.algo.value,
+        "kv_cache": quantize.kv_cache.value,
         "baseline_perplexity": metrics.baseline_perplexity,
         "perplexity": metrics.perplexity,
         "perplexity_increase_pct": metrics.perplexity_increase_pct,
@@ -58,6 +66,8 @@ def run(ctx: StageContext) -> None:
         "tokens_scored": metrics.tokens_scored,
         "thresholds": {"max_perplexity_increase_pct": gate.max_perplexity_increase_pct, "min_token_agreement": gate.min_token_agreement},
     }
+    if gate.baseline is not None:  # a published checkpoint, scored against the unquantized one the spec names
+        report["baseline"] = str(gate.baseline)
     (ctx.out_dir / REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     ctx.notes.update(verdict=verdict, failures=failures)
     annotate_manifest(ctx.upstream["quantize"].path, "gates", {"accuracy": {"verdict": verdict, "failures": failures, "gate_digest": ctx.plan.digest}})

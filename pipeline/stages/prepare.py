@@ -22,7 +22,7 @@ from pipeline.errors import StageError
 from pipeline.hashing import file_hashes
 from pipeline.stages.base import StageContext
 
-_CONFIG_FILES = ("config.json", "generation_config.json")
+_CONFIG_FILES = ("config.json", "generation_config.json", "hf_quant_config.json")  # the last: ModelOpt's quantization record
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

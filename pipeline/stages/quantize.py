@@ -1,5 +1,9 @@
 """quantize: calibrate with ModelOpt (when a format is chosen) and export the TensorRT-LLM checkpoint.
 
+A published ModelOpt checkpoint that build.target serves as published (docs/prequantized.md) is a pass-through: the
+job converts model.source's own codes and scales (no model load, no ModelOpt, no calibration) and the stage records
+its hf_quant_config.json and scales (`published` in quantize.json).
+
 The work is one quantize job (`pipeline.quantization.job`). It runs in this process on
 quantize.device, except for the engine target with `quantize.device: cuda`, where it goes through the
 build runner (local GPU, the pinned Triton TRT-LLM image, or a dry run that only writes the command).
@@ -50,6 +54,9 @@ def quantize_checkpoint(ctx: StageContext, hf_dir: Path) -> None:
             return
     if result["calibration"] is not None:
         ctx.notes["calibration"] = result["calibration"]
+    if result.get("published") is not None:
+        ctx.notes["published"] = result["published"]
+        ctx.log(f"served as published, no calibration: {request.hf_dir} converted with its own scales")
     ctx.notes["quantization"] = summary = result["quantization"]
     (ctx.out_dir / "quantize.json").write_text(json.dumps(ctx.notes, indent=2, sort_keys=True) + "\n")
     ctx.log(f"wrote {', '.join(summary['ranks'])} (quant_algo {summary['quant_algo']}, kv {summary['kv_cache_quant_algo']})")
@@ -78,6 +85,7 @@ def _record_dry_run(ctx: StageContext, request: QuantizeRequest, job, docker_com
     record = {
         "dry_run": True,
         "recipe": {"algo": request.algo, "kv_cache": request.kv_cache, "group_size": request.group_size},
+        "prequantized": request.prequantized,
         "device": request.device,
         "dtype": request.dtype,
         "mapping": {"tp_size": request.tp_size, "pp_size": request.pp_size},

@@ -17,6 +17,7 @@ from pipeline.backends.base import BuildJob, BuiltEngine, ComposeFacts, RuntimeA
 from pipeline.backends.cpu.speculative import add_speculation
 from pipeline.backends.engine_facts import CPU_ENGINE_VERSION_PREFIX, SPECULATIVE_DECODING_MODE, EngineFacts
 from pipeline.backends.llm_parameters import cpu_parameters
+from pipeline.config.effective_quantization import Quantization, effective_quantize
 from pipeline.config.gpus import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB
 from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.model_checks import Issue
@@ -32,7 +33,7 @@ def resolve_max_seq_len(build: BuildSpec, deduced: int) -> int:
     return build.max_seq_len if build.max_seq_len is not None else deduced
 
 
-def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | None = None) -> dict[str, Any]:
+def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize: QuantizeSpec | Quantization | None = None) -> dict[str, Any]:
     """BuildConfig fields as TensorRT-LLM 1.2 records them in an engine's config.json (for the checkpoint's
     `quantize` formats; None: unquantized). A speculative engine records its max_draft_len and mode flag as
     trtllm-build does, max_seq_len included (trtllm-build adds max_draft_len to it)."""
@@ -84,8 +85,8 @@ def cpu_build_config(build: BuildSpec, *, max_seq_len: int, dtype: str, quantize
     }
 
 
-def _lora_on_folded_scales(spec: Spec) -> list[Issue]:
-    weights = weight_format(spec.quantize.algo)
+def _lora_on_folded_scales(spec: Spec, quantize: Quantization) -> list[Issue]:
+    weights = weight_format(quantize.algo)
     if spec.build.lora is None or not weights.folds_input_scale:
         return []
     fits = [name for name, f in WEIGHT_FORMATS.items() if not f.folds_input_scale and f.runs_on(Target.cpu)]
@@ -192,7 +193,8 @@ class CpuBackend:
     def build(self, job: BuildJob) -> dict[str, Any]:
         build = job.spec.build
         max_seq_len = resolve_max_seq_len(build, job.model.default_max_seq_len())
-        build_config = cpu_build_config(build, max_seq_len=max_seq_len, dtype=job.spec.model.dtype.value, quantize=job.spec.quantize)
+        quantize = effective_quantize(job.spec, job.model.path)
+        build_config = cpu_build_config(build, max_seq_len=max_seq_len, dtype=job.spec.model.dtype.value, quantize=quantize)
         write_cpu_engine(job.checkpoint_dir, job.engine_dir, build_config=build_config, version=tool_versions()["trtllm_pipeline"])
         notes = add_speculation(job.engine_dir, build.speculative, job.draft_engine_dir, max_seq_len=build_config["max_seq_len"])
         job.log(
@@ -213,7 +215,8 @@ class CpuBackend:
         return None
 
     def spec_issues(self, spec: Spec, model: ModelInfo) -> list[Issue]:
-        return _lora_on_folded_scales(spec)
+        quantize = Quantization(spec.quantize.algo, spec.quantize.kv_cache, spec.quantize.group_size)
+        return _lora_on_folded_scales(spec, effective_quantize(spec, model.path) if model is not None else quantize)
 
     def capacity_reserve(self, spec: Spec) -> tuple[float, str]:
         return RUNTIME_RESERVE_GB, ENGINE_MEMORY_MODEL

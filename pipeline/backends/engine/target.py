@@ -19,6 +19,7 @@ from pipeline.backends.engine.runtime import EngineRecord, EngineRuntimeMismatch
 from pipeline.backends.engine.trtllm_build import TrtllmBuild, plan_trtllm_build
 from pipeline.backends.engine_facts import EngineFacts
 from pipeline.backends.llm_parameters import engine_parameters
+from pipeline.config.effective_quantization import effective_quantize
 from pipeline.config.gpus import ENGINE_MEMORY_MODEL, RUNTIME_RESERVE_GB, get_gpu
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo, read_model_info
@@ -257,10 +258,11 @@ class EngineBackend:
         speculative = spec.build.speculative
         if speculative is None or speculative.mode is not SpeculativeMode.eagle:
             return []
+        quantize = effective_quantize(spec, model.path)
         problems = eagle_problems(
             architecture=model.architecture,
-            quant_algo=spec.quantize.algo.value,
-            kv_cache_quant=spec.quantize.kv_cache.value,
+            quant_algo=quantize.algo.value,
+            kv_cache_quant=quantize.kv_cache.value,
             pp_size=spec.build.pp_size,
             max_batch_size=spec.build.max_batch_size,
         )

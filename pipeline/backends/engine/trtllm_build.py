@@ -23,6 +23,7 @@ from typing import Any
 from pipeline.backends.engine.build_request import BuildRequest
 from pipeline.backends.engine.build_rules import Decision, resolve
 from pipeline.backends.engine_facts import SPECULATIVE_DECODING_MODE
+from pipeline.config.effective_quantization import effective_quantize
 from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.model_info import ModelInfo
@@ -48,15 +49,16 @@ ENGINE_LORA_DIR = "lora"  # trtllm-build copies adapter i into <engine>/lora/<i>
 
 def request_from_spec(spec: Spec, model: ModelInfo) -> BuildRequest:
     """The spec as trtllm-build settings. Reads the first LoRA adapter's adapter_config.json when build.lora lists no
-    target modules (trtllm-build would take them from there; the command names them explicitly)."""
-    build, plugins = spec.build, spec.build.plugins
+    target modules (trtllm-build would take them from there; the command names them explicitly). The quantization is
+    the one the build runs with (a published checkpoint's own format: pipeline.config.effective_quantization)."""
+    build, plugins, quantize = spec.build, spec.build.plugins, effective_quantize(spec, model.path)
     return BuildRequest(
         name=spec.name,
         architecture=model.architecture,
         dtype=spec.model.dtype.value,
-        quant_algo=spec.quantize.algo.value,
-        kv_cache_quant=spec.quantize.kv_cache.value,
-        group_size=spec.quantize.group_size,
+        quant_algo=quantize.algo.value,
+        kv_cache_quant=quantize.kv_cache.value,
+        group_size=quantize.group_size,
         tp_size=build.tp_size,
         pp_size=build.pp_size,
         max_batch_size=build.max_batch_size,

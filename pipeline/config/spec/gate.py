@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, model_validator
 
 from pipeline.config.spec.choices import GateEndpoint
@@ -23,6 +25,13 @@ class AccuracyGateSpec(StrictModel):
         ge=0.0,
         le=1.0,
         description="Smallest allowed fraction of positions where the quantized and baseline models predict the same next token (teacher-forced).",
+    )
+    baseline: Path | None = Field(
+        default=None,
+        description="The unquantized checkpoint the quantized model is scored against (a local directory, relative to the "
+        "YAML file like model.source). Needed when model.source is a pre-quantized checkpoint served as published "
+        "(docs/prequantized.md), whose quantized codes are no baseline: e.g. the BF16 original it was quantized from. "
+        "Unset: model.source itself.",
     )
 
 

@@ -25,7 +25,7 @@ def check_cross_section(spec: Spec) -> None:
     for field in ("enable_kv_cache_reuse", "enable_chunked_context"):
         if getattr(serve, field) and not paged_ctx:
             raise ValueError(f"serve.{field}: true needs build.plugins.use_paged_context_fmha: true (and build.plugins.context_fmha: true) in the engine")
-    check_format_rules(spec.quantize, build, serve)
+    check_format_rules(spec.quantize, build, serve, model_known=False)
     why_every_token = traits_of(build.target).no_stream_interval_because
     if serve.stream_interval > 1 and why_every_token is not None:
         raise ValueError(f"serve.stream_interval: {serve.stream_interval} cannot be served on build.target {build.target.value}: {why_every_token}")

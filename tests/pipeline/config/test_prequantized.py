@@ -1,7 +1,8 @@
-"""Pre-quantized checkpoints at `validate`: each format detected from its files, refused on every build.target with what
-would work, and the bad inputs (contradicting declarations, missing or misshapen scales, NaN / zero scales) refused
-naming the file and tensor. Fixtures: tests/support/prequantized_fixtures.py (ModelOpt's formats written by ModelOpt,
-the others from their published layouts)."""
+"""Pre-quantized checkpoints at `validate`: each format detected from its files, served as published where the table
+says (ModelOpt FP8 / INT4 AWQ / W4A8 AWQ on cpu and engine), refused on every other build.target with what would
+work, and the bad inputs (contradicting declarations, missing or misshapen scales, NaN / zero scales) refused naming
+the file and tensor. Fixtures: tests/support/prequantized_fixtures.py (ModelOpt's formats written by ModelOpt, the
+others from their published layouts)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from tests.conftest import REPO
 from tests.support import prequantized_fixtures as fx
 
 TARGETS = ("cpu", "engine", "llmapi")
+# the cells validate accepts with quantize.algo none: ModelOpt unified formats the project's converter writes a
+# TensorRT-LLM checkpoint from, on the targets that run that checkpoint; every other cell is refused
+SERVED = {(name, target) for name in ("modelopt_fp8", "modelopt_int4_awq", "modelopt_w4a8_awq") for target in ("cpu", "engine")}
 # fixture -> (format id, words of its label, group size, block, KV cache)
 EXPECTED = {
     "modelopt_fp8": ("modelopt_fp8", "ModelOpt FP8", None, None, "FP8"),
@@ -37,6 +41,7 @@ EXPECTED = {
     "deepseek_fp8": ("fp8_block", "FP8 block scales", None, (64, 64), None),
     "mxfp4": ("mxfp4", "MXFP4", 32, None, None),
 }
+CELLS = [(name, target) for name in EXPECTED for target in TARGETS]
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +98,20 @@ def refusal(tmp_path: Path, source: Path, target: str = "cpu", algo: str = "none
     return info.value.message
 
 
-def test_the_modelopt_fp8_export_with_algo_none_is_not_valid(checkpoints, tmp_path: Path) -> None:
-    """The issue's case: the project's own FP8 unified export given as model.source validated and built garbage."""
-    message = refusal(tmp_path, checkpoints["modelopt_fp8"])
-    assert f"{checkpoints['modelopt_fp8'] / 'hf_quant_config.json'}: quantization.quant_algo FP8" in message
-    assert "build.target cpu" in message and "cast to float16 and their scales dropped" in message
+def test_the_modelopt_fp8_export_with_algo_none_is_served_as_published_on_cpu_and_engine(checkpoints, tmp_path: Path, capsys) -> None:
+    """The issue's case: the project's own FP8 unified export given as model.source validated and built garbage (FP8
+    codes cast to float16). Now cpu and engine convert it as published; llmapi, which re-exports, refuses it."""
+    source = checkpoints["modelopt_fp8"]
+    for target in ("cpu", "engine"):
+        assert main(["--artifacts", str(tmp_path / "a"), "validate", str(write_config(tmp_path, source, target))]) == 0
+        out = capsys.readouterr().out
+        assert f"from {source / 'hf_quant_config.json'}: quantization.quant_algo FP8" in out and "KV cache FP8" in out
+        assert f"served as published, no calibration on build.target {target}" in out
+    message = refusal(tmp_path, source, "llmapi")
+    assert f"{source / 'hf_quant_config.json'}: quantization.quant_algo FP8" in message
+    assert "build.target llmapi does not serve pre-quantized checkpoints" in message and "re-exports them through ModelOpt" in message
     assert "TensorRT-LLM 1.2's PyTorch backend loads it as published" in message
+    assert "build.target engine and cpu serve it as published (quantize.algo none)" in message
     assert "quantize.algo fp8 and quantize.kv_cache fp8" in message
 
 
@@ -112,9 +125,8 @@ def test_each_format_is_detected_from_its_files(name: str, checkpoints) -> None:
     assert tensors  # headers read
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_every_format_is_refused_on_every_target_naming_what_would_work(name: str, target: str, checkpoints, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name, target", sorted(set(CELLS) - SERVED))
+def test_every_other_format_and_target_is_refused_naming_what_would_work(name: str, target: str, checkpoints, tmp_path: Path) -> None:
     started = time.monotonic()
     message = refusal(tmp_path, checkpoints[name], target)
     assert time.monotonic() - started < 10
@@ -126,6 +138,20 @@ def test_every_format_is_refused_on_every_target_naming_what_would_work(name: st
         assert f"set quantize.algo {same_algo}" in message
     if target == "llmapi":
         assert "re-exports them through ModelOpt" in message
+    if name in {served for served, _ in SERVED}:
+        assert "build.target engine and cpu serve it as published (quantize.algo none)" in message
+    else:
+        assert "serve it as published" not in message
+
+
+@pytest.mark.parametrize("name, target", sorted(SERVED))
+def test_the_modelopt_formats_the_converter_takes_are_served_as_published(name: str, target: str, checkpoints, tmp_path: Path, capsys) -> None:
+    started = time.monotonic()
+    assert main(["--artifacts", str(tmp_path / "a"), "validate", str(write_config(tmp_path, checkpoints[name], target))]) == 0
+    assert time.monotonic() - started < 10
+    out = capsys.readouterr().out
+    assert f"valid: {tmp_path / f'{target}-none.yaml'}" in out and EXPECTED[name][1] in out
+    assert f"served as published, no calibration on build.target {target}" in out
 
 
 def test_quantizing_a_prequantized_checkpoint_again_is_refused(checkpoints, tmp_path: Path) -> None:
