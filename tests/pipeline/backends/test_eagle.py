@@ -322,7 +322,7 @@ def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the
 
 
 def test_plan_names_the_generation_the_tree_and_what_the_engine_needs(heads):
-    from pipeline.speculative_summary import speculative_summary
+    from pipeline.speculative.summary import speculative_summary
 
     line = speculative_summary(_load(heads, f"build.speculative.eagle.choices={SMALL_TREE}").spec.build)
     assert "eagle, drafts from an EAGLE-1/2 draft layer (eagle): a tree of 6 nodes, 3 deep (num_eagle_layers 3); max_draft_len 6" in line

@@ -301,7 +301,7 @@ def test_the_engine_build_merges_the_heads_before_trtllm_build(heads, tmp_path):
 
 
 def test_plan_says_the_mode_the_tree_and_what_the_engine_needs(heads):
-    from pipeline.speculative_summary import speculative_summary
+    from pipeline.speculative.summary import speculative_summary
 
     line = speculative_summary(_load(heads).spec.build)
     assert "medusa, drafts from Medusa heads: a tree of 7 nodes, 3 deep (reads heads 0..2); max_draft_len 7" in line
