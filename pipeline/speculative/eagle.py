@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.spec import SpeculativeMode
 from pipeline.config.targets import traits_of
 from pipeline.speculative.base import HeadsCheckpoint, ModeDefaults
 from pipeline.speculative.trees import tree_fits, tree_parameters
+from refengine.speculative.medusa_tree import tree_depth
 
 if TYPE_CHECKING:
     from pipeline.backends.engine_facts import EngineFacts

@@ -3,10 +3,10 @@ needs for it (the draft tokens trtllm-build adds to max_seq_len and max_num_toke
 
 from __future__ import annotations
 
-from pipeline.config.medusa_tree import choices_text
 from pipeline.config.spec import BuildSpec
 from pipeline.config.targets import traits_of
 from pipeline.speculative.registry import rules_for
+from refengine.speculative.medusa_tree import format_medusa_choices
 
 _MAX_SHOWN_CHOICES = 60
 
@@ -24,7 +24,7 @@ def speculative_summary(build: BuildSpec) -> str | None:
         )
     tree = rules.served_tree(build)
     if tree is not None:
-        text = choices_text(tree)
+        text = format_medusa_choices(tree)
         shown = text if len(text) <= _MAX_SHOWN_CHOICES else text[:_MAX_SHOWN_CHOICES] + "…"
         line += f'; Triton decoding_mode {speculative.mode.value}, {speculative.mode.value}_choices "{shown}"'
     return line

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.config.medusa_tree import choices_text, tree_depth
+from refengine.speculative.medusa_tree import format_medusa_choices, tree_depth
 
 if TYPE_CHECKING:
     from pipeline.backends.engine_facts import EngineFacts
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def tree_parameters(mode: str, tree: list[list[int]]) -> dict[str, str]:
     """decoding_mode and the spec's tree, in NVIDIA's string form ("{0}, {0, 0}, {1}"): medusa_choices for a Medusa
     engine, eagle_choices for an EAGLE-1/2 engine (model_instance_state.cc passes it to executor::EagleConfig)."""
-    return {"decoding_mode": mode, f"{mode}_choices": choices_text(tree)}
+    return {"decoding_mode": mode, f"{mode}_choices": format_medusa_choices(tree)}
 
 
 def tree_fits(facts: EngineFacts, speculative: SpeculativeSpec, tree: list[list[int]]) -> list[str]:
