@@ -26,7 +26,7 @@ from pipeline.hashing import file_hashes
 from pipeline.plan import Plan
 from pipeline.preflight import target_issues
 from pipeline.runner import StageResult, artifact_state, check_runnable, make_plan, run_pipeline
-from pipeline.speculative_summary import speculative_summary
+from pipeline.speculative.summary import speculative_summary
 
 DEFAULT_ARTIFACTS = "artifacts"
 SCHEMA_PATH = Path("build_configs/schema.json")

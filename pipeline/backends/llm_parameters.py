@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from pipeline.backends.attention_windows import window_vector
 from pipeline.backends.engine_facts import EngineFacts
-from pipeline.config.medusa_tree import choices_text
 from pipeline.config.spec import GuidedDecodingBackend, ServeLoraSpec, ServeSpec, SpeculativeSpec
+from pipeline.speculative.registry import rules_for
 
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 CANCELLATION_CHECK_PERIOD_MS = 100
@@ -107,29 +107,18 @@ def engine_parameters(
         )
         if serve.lora is not None and serve.lora.prefetch_dir is not None:
             parameters["lora_prefetch_dir"] = serve.lora.prefetch_dir
-    if facts.speculative_decoding_mode == "lookahead_decoding" and speculative is not None:
-        lookahead = speculative.lookahead
-        parameters.update(
-            lookahead_window_size=str(lookahead.window_size),
-            lookahead_ngram_size=str(lookahead.ngram_size),
-            lookahead_verification_set_size=str(lookahead.verification_set_size),
-        )
-    parameters.update(tree_parameters(facts, speculative))
+    parameters.update(speculative_parameters(facts, speculative))
     if gpu_device_ids:
         parameters["gpu_device_ids"] = gpu_device_id_groups(gpu_device_ids, facts.tp_size * facts.pp_size)
     return parameters
 
 
-def tree_parameters(facts: EngineFacts, speculative: SpeculativeSpec | None) -> dict[str, str]:
-    """decoding_mode and the spec's tree for a Medusa engine (medusa_choices) or an EAGLE-1/2 engine (eagle_choices,
-    which model_instance_state.cc passes to executor::EagleConfig); nothing otherwise."""
+def speculative_parameters(facts: EngineFacts, speculative: SpeculativeSpec | None) -> dict[str, str]:
+    """The decoding parameters of build.speculative's mode for an engine built in it (lookahead's (W, N, G), a Medusa
+    or EAGLE-1/2 engine's decoding_mode and tree): pipeline.speculative's rules of the mode."""
     if speculative is None:
         return {}
-    if facts.speculative_decoding_mode == "medusa" and speculative.medusa is not None:
-        return {"decoding_mode": decoding_mode(facts), "medusa_choices": choices_text(speculative.medusa.tree)}
-    if facts.speculative_decoding_mode == "eagle" and speculative.eagle is not None:
-        return {"decoding_mode": decoding_mode(facts), "eagle_choices": choices_text(speculative.eagle.tree)}
-    return {}
+    return rules_for(speculative.mode).triton_parameters(facts, speculative)
 
 
 def gpu_device_id_groups(gpu_device_ids: Sequence[int], per_instance: int) -> str:
@@ -157,7 +146,7 @@ def cpu_parameters(serve: ServeSpec, facts: EngineFacts, *, engine_dir: str, spe
         "exclude_input_in_output": _bool(serve.exclude_input_in_output),
         "cancellation_check_period_ms": str(CANCELLATION_CHECK_PERIOD_MS),
         "stream_interval": str(serve.stream_interval),
-        **tree_parameters(facts, speculative),
+        **speculative_parameters(facts, speculative),
     }
 
 

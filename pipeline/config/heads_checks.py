@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config.eagle_checks import EAGLE_HEADS, eagle_draft_issues
-from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec, SpeculativeMode
 from pipeline.config.spec.speculative_heads import MEDUSA_CONFIG_FILE, MEDUSA_HEADS_FILE, MedusaSpec, MtpSpec
 from pipeline.config.targets import traits_of
 from pipeline.config.weight_checks import WeightHeaderError, read_json_object, safetensors_header
+from refengine.speculative.medusa_tree import tree_depth
 
 Issue = tuple[tuple[str | int, ...], str]
 HEADS = ("build", "speculative", "medusa", "heads")

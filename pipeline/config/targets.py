@@ -118,7 +118,7 @@ TARGET_TRAITS: dict[Target, TargetTraits] = {
         follows_trtllm_plugin_rules=False,
         runs_fp8_context_fmha=False,
         places_ranks_on_deploy_gpus=True,  # LLM() runs tp × pp ranks, one GPU each, on the GPUs the container gets
-        # speculative_config per mode, and the refusals' reasons: pipeline/backends/llmapi/options.py SPECULATIVE_CONFIGS
+        # speculative_config per mode, and the refusals' reasons: pipeline/speculative/<mode>.py llmapi_config
         builds_speculative=True,
         refused_speculative_modes={
             "lookahead_decoding": "TensorRT-LLM's PyTorch backend has no lookahead decoding (LookaheadDecodingConfig runs on "

@@ -16,14 +16,13 @@ from pipeline.backends.base import RuntimeAbilities, TargetBackend, TritonLlmMod
 from pipeline.backends.engine_facts import EngineFacts, engine_facts
 from pipeline.backends.llm_parameters import decoding_mode, lora_cache
 from pipeline.backends.registry import backend_for
-from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.spec import ServeSpec, SpeculativeSpec, Target
 from pipeline.config.targets import traits_of
 from pipeline.errors import StageError
 from pipeline.quant_formats import kv_cache_format_named, paged_context_fmha_loss, weight_format_named
 from pipeline.render.contract import TRITON_DTYPES
-from pipeline.render.draft_consistency import draft_len_problems as _draft_len
 from pipeline.render.draft_consistency import draft_problems
+from pipeline.speculative.registry import rules_for
 
 FIXED_MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 
@@ -213,47 +212,7 @@ def _speculative(facts: EngineFacts, speculative: SpeculativeSpec | None, target
         ]
     if speculative is None:  # and so engine_mode is None too: they are equal
         return []
-    if engine_mode == "draft_tokens_external":
-        return _draft_len(facts, speculative)
-    if engine_mode in ("medusa", "eagle"):
-        return _tree_fits(facts, speculative)
-    if engine_mode != "lookahead_decoding":
-        return [f"the engine has build_config.speculative_decoding_mode {engine_mode}: this repository renders no ReDrafter parameters for it"]
-    problems = []
-    la = speculative.lookahead
-    if speculative.draft_len != facts.max_draft_len:
-        problems.append(
-            f"build.speculative.lookahead (W {la.window_size}, N {la.ngram_size}, G {la.verification_set_size}) needs "
-            f"max_draft_len {speculative.draft_len}, but the engine has build_config.max_draft_len {facts.max_draft_len}: "
-            "the runtime's lookahead configuration must equal the engine's"
-        )
-    if facts.max_beam_width > 1:
-        problems.append(
-            f"the engine has build_config.speculative_decoding_mode lookahead_decoding and build_config.max_beam_width "
-            f"{facts.max_beam_width}: decoding_mode lookahead excludes beam_search"
-        )
-    return problems
-
-
-def _tree_fits(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
-    """The tree Triton's medusa_choices / eagle_choices names must fit the engine's draft tokens (max_draft_len: its
-    nodes)."""
-    section = speculative.medusa or speculative.eagle
-    tree = section.tree if section is not None else []
-    problems = []
-    if len(tree) > facts.max_draft_len:
-        problems.append(
-            f"build.speculative.{speculative.mode.value}.choices has {len(tree)} nodes but the engine has "
-            f"build_config.max_draft_len {facts.max_draft_len}: a {speculative.mode.value} engine verifies at "
-            "most max_draft_len nodes per step"
-        )
-    if facts.num_eagle_layers and tree and tree_depth(tree) != facts.num_eagle_layers:
-        problems.append(
-            f"build.speculative.eagle.choices is {tree_depth(tree)} deep but the engine has "
-            f"pretrained_config.num_eagle_layers {facts.num_eagle_layers}: TensorRT-LLM's EAGLE needs every "
-            "tree exactly as deep as num_eagle_layers (examples/eagle/README.md)"
-        )
-    return problems
+    return rules_for(speculative.mode).consistency_problems(facts, speculative)
 
 
 def _tokenizer(facts: EngineFacts, tokenizer_vocab_size: int, eos_id: int | None) -> list[str]:

@@ -8,22 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.backends.engine_facts import EngineFacts, engine_facts
-from pipeline.config.spec import ServeSpec, SpeculativeSpec
-
-
-def draft_len_problems(facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
-    problems = []
-    if speculative.draft_len != facts.max_draft_len:
-        problems.append(
-            f"build.speculative.max_draft_len is {speculative.draft_len} but the engine has build_config.max_draft_len "
-            f"{facts.max_draft_len}: requests are refused num_draft_tokens above the engine's"
-        )
-    if facts.max_beam_width > 1:
-        problems.append(
-            f"the engine has build_config.speculative_decoding_mode draft_tokens_external and build_config."
-            f"max_beam_width {facts.max_beam_width}: draft-target decoding runs one beam"
-        )
-    return problems
+from pipeline.config.spec import ServeSpec
 
 
 def draft_problems(facts: EngineFacts, serve: ServeSpec, draft_config: Mapping[str, Any] | None) -> list[str]:

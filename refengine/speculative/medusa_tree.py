@@ -7,7 +7,8 @@ Its string form is Triton's `medusa_choices` parameter: `"{0}, {0, 0}, {1}, {0, 
 
 A `MedusaTree` keeps the nodes in (depth, path) order, so a parent always comes before its children and a node's
 children come in rank order; cutting the list after its first M nodes drops the deepest, least likely nodes first and
-leaves the tree prefix-closed. Pure Python: imported by light code paths (no torch).
+leaves the tree prefix-closed. Pure Python: imported by light code paths (no torch), and the one home of the tree's
+syntax: the pipeline checks spec trees with `tree_problem` and writes them with `format_medusa_choices`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,33 @@ def check_medusa_choices(choices: object, num_heads: int, max_draft_len: int, wh
     if len(paths) > max_draft_len:
         raise ValueError(f"{where}: {len(paths)} nodes exceed max_draft_len {max_draft_len} (one draft token per node)")
     return tuple(sorted(paths, key=lambda path: (len(path), path)))
+
+
+def tree_problem(choices: object) -> str | None:
+    """Why `choices` is not a tree of choices (None: it is one): a non-empty list of non-empty lists of ints ≥ 0, no
+    path twice, every proper prefix of a path also a path (in any order)."""
+    if not isinstance(choices, (list, tuple)) or not choices:
+        return "must be a non-empty list of paths (lists of ints >= 0), e.g. [[0], [0, 0], [1]]"
+    seen: set[tuple[int, ...]] = set()
+    for index, path in enumerate(choices):
+        if not isinstance(path, (list, tuple)) or not path:
+            return f"path {index} ({path!r}) must be a non-empty list of ints >= 0"
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in path):
+            return f"path {index} ({list(path)}) must hold ints >= 0 (the rank of a head's token)"
+        key = tuple(path)
+        if key in seen:
+            return f"path {list(key)} is listed twice"
+        seen.add(key)
+    for path in seen:
+        for end in range(1, len(path)):
+            if path[:end] not in seen:
+                return f"path {list(path)} has no parent: its prefix {list(path[:end])} is not a path of the tree"
+    return None
+
+
+def tree_depth(choices: Sequence[Sequence[int]]) -> int:
+    """The heads the tree reads: its deepest path's length."""
+    return max(len(path) for path in choices)
 
 
 def format_medusa_choices(choices: Sequence[Sequence[int]]) -> str:

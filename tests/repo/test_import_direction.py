@@ -1,8 +1,9 @@
 """The packages' import rules (docs/architecture.md#layers): refengine and clients never import pipeline;
 pipeline reaches refengine only through the cpu backend (and the benchmarks that measure it) and
 clients only where it calls a served model (the CLI, the benchmarks, the load-test library, the performance
-gate). Two exceptions, stdlib-only modules any file may read: refengine's architecture table (the config checks read
-it) and clients.api_keys, the API-key syntax the deploy stage writes into a deployment and the OpenAI front end reads."""
+gate). Three exceptions, stdlib-only modules any file may read: refengine's architecture table (the config checks read
+it), the Medusa tree's syntax refengine.speculative.medusa_tree (the spec checks and renders trees with it) and
+clients.api_keys, the API-key syntax the deploy stage writes into a deployment and the OpenAI front end reads."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ ALLOWED = {
     ("pipeline", "clients"): ("pipeline/cli.py", "pipeline/cli_openai.py", "bench/", "pipeline/load/", "pipeline/stages/slo.py"),
 }
 # Modules that any file of the other package may import: torch-free tables.
-SHARED_TABLES = {"refengine.architectures", "clients.api_keys"}
+SHARED_TABLES = {"refengine.architectures", "refengine.speculative.medusa_tree", "clients.api_keys"}
 
 
 def imported_packages(path: Path) -> set[str]:

@@ -33,11 +33,11 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.backends.engine.medusa_checkpoint import copy_side_files, read_base_checkpoint
 from pipeline.config.eagle_tree import max_non_leaves
-from pipeline.config.medusa_tree import tree_depth
 from pipeline.errors import StageError
 from pipeline.quantization.trtllm_checkpoint.convert import layer_tensors, load_tensors, read_json, unshared
 from pipeline.quantization.trtllm_checkpoint.layout import layout_for
 from pipeline.quantization.trtllm_checkpoint.linear import column_shard, read_linear, trtllm_tensors
+from refengine.speculative.medusa_tree import tree_depth
 
 __all__ = ["EAGLE_ARCHITECTURE", "write_eagle_checkpoint"]
 

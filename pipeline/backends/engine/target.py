@@ -6,6 +6,7 @@ Its build resolves the spec into a trtllm-build invocation and hands it to a run
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import shutil
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from pipeline.config.spec.draft import draft_spec
 from pipeline.config.targets import traits_of
 from pipeline.container_jobs import DockerRunner, RunnerUnavailable, make_runner
 from pipeline.errors import PipelineError, SpecError, StageError
+from pipeline.speculative.registry import rules_for
 from pipeline.trtllm_versions import get_version, version_for_image
 
 
@@ -79,29 +81,18 @@ def engine_preflight(spec: Spec, model: ModelInfo) -> list[Issue]:
     return []
 
 
-# the checkpoint trtllm-build reads for a mode whose trained heads are merged into the model's checkpoint
-HEADS_CHECKPOINT_DIRS = {"medusa": "medusa_checkpoint", "eagle": "eagle_checkpoint"}
-
-
 def heads_checkpoint(job: BuildJob) -> Path:
-    """The checkpoint trtllm-build reads: for mode medusa or eagle, the quantize stage's with the heads (or EAGLE draft
-    layer) merged in, written beside the engine directory; else the quantize stage's as is. A dry-run quantize job
-    leaves no checkpoint yet: the dry-run build then logs the command that writes it on the GPU host, and names where
-    it will be."""
+    """The checkpoint trtllm-build reads: for a mode whose trained heads are merged into the model's (medusa, eagle:
+    its rules' heads_checkpoint), the quantize stage's with the heads (or EAGLE draft layer) merged in, written beside
+    the engine directory; else the quantize stage's as is. A dry-run quantize job leaves no checkpoint yet: the
+    dry-run build then logs the command that writes it on the GPU host, and names where it will be."""
     speculative = job.spec.build.speculative
-    name = HEADS_CHECKPOINT_DIRS.get(speculative.mode.value) if speculative is not None else None
-    if speculative is None or name is None:
+    merged = rules_for(speculative.mode).heads_checkpoint(speculative) if speculative is not None else None
+    if speculative is None or merged is None:
         return job.checkpoint_dir
-    from pipeline.backends.engine import eagle_checkpoint as trtllm_eagle
-    from pipeline.backends.engine import medusa_checkpoint as trtllm_medusa
-
-    if speculative.medusa is not None:
-        heads, what, options = speculative.medusa.heads, f"{len(speculative.medusa.tree)} tree nodes", {}
-        command, write = trtllm_medusa.command, trtllm_medusa.write_medusa_checkpoint
-    else:
-        heads, what, options = speculative.eagle.heads, f"a tree of {len(speculative.eagle.tree)} nodes", {"choices": speculative.eagle.tree}
-        command, write = trtllm_eagle.command, trtllm_eagle.write_eagle_checkpoint
-    options["max_draft_len"] = speculative.draft_len
+    writer = importlib.import_module(merged.module)
+    name, heads, what, options = merged.dir_name, merged.heads, merged.what, dict(merged.options)
+    command, write = writer.command, getattr(writer, merged.write)
     work, final = job.engine_dir.parent / name, job.final_engine_dir.parent / name
     if not (job.checkpoint_dir / "config.json").is_file():
         if job.spec.build.runner.value != "dry-run":

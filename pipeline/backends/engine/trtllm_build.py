@@ -25,11 +25,11 @@ from pipeline.backends.engine.build_rules import Decision, resolve
 from pipeline.backends.engine_facts import SPECULATIVE_DECODING_MODE
 from pipeline.config.effective_quantization import effective_quantize
 from pipeline.config.lora_adapters import spec_target_modules
-from pipeline.config.medusa_tree import tree_depth
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import Spec, SpeculativeMode
+from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
 from pipeline.quant_formats import kv_cache_format, weight_format
+from pipeline.speculative.registry import rules_for
 from pipeline.trtllm_versions import TrtllmVersion
 
 __all__ = [
@@ -105,7 +105,7 @@ def _speculative_settings(spec: Spec) -> dict[str, Any]:
     speculative = spec.build.speculative
     if speculative is None:
         return {}
-    eagle_layers = tree_depth(speculative.eagle.tree) if speculative.mode is SpeculativeMode.eagle and speculative.eagle else 0
+    eagle_layers = rules_for(speculative.mode).num_eagle_layers(speculative)
     return {"speculative_decoding_mode": speculative.engine_mode, "max_draft_len": speculative.draft_len,
             "num_eagle_layers": eagle_layers}
 

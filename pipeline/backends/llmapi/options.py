@@ -6,7 +6,7 @@ writes the rows of stage "build" (they are hashed with build.*), the package sta
 "serve". A field without an option on the PyTorch path is refused when it is set away from its default,
 naming the field, the target and why (ROWS' `why_not`).
 
-build.speculative.mode maps to one speculative_config (SPECULATIVE_CONFIGS) or is refused with the reason;
+build.speculative.mode maps to one speculative_config (its rules in pipeline/speculative/) or is refused with the reason;
 build.lora and serve.lora map to lora_config and peft_cache_config (pipeline.backends.llmapi.lora).
 """
 
@@ -23,9 +23,11 @@ from pipeline.backends.llmapi.lora import lora_option_fields, lora_options
 from pipeline.backends.llmapi.versions import LlmapiVersion, check_value, get_llmapi_version
 from pipeline.config.model_checks import Issue
 from pipeline.config.model_info import ModelInfo
-from pipeline.config.spec import Spec
-from pipeline.config.targets import Target, traits_of
+from pipeline.config.spec import Spec, SpeculativeSpec
 from pipeline.errors import SpecError
+from pipeline.speculative.draft_target import DRAFT_TARGET
+from pipeline.speculative.eagle import EAGLE3
+from pipeline.speculative.registry import registered_modes, rules_for
 
 TARGET = "build.target llmapi"
 # Recorded decisions (no spec field): NVIDIA's template names the backend; CUDA graphs stay on (TorchLlmArgs'
@@ -117,30 +119,9 @@ ROWS: tuple[Row, ...] = (
 )
 TRITON_ONLY = {"serve.decoupled": "triton_config.decoupled (model.yaml only: trtllm-serve streams over SSE)"}
 
-DRAFT_TARGET = "Draft_Target"
-EAGLE3 = "Eagle3"
-# decoding types whose speculative_model_dir is the checkpoint at <engine>/draft
+# decoding types whose speculative_model_dir is the checkpoint at <engine>/draft; build.speculative.mode's
+# speculative_config, or why the PyTorch path refuses it, is the mode's (pipeline/speculative/<mode>.py llmapi_config)
 _DRAFT_DIR_TYPES = (DRAFT_TARGET, EAGLE3)
-# build.speculative.mode -> its speculative_config, or why the PyTorch path refuses it.
-SPECULATIVE_CONFIGS: Mapping[str, Callable[[Any], dict[str, Any]] | str] = {
-    "lookahead_decoding": "lookahead decoding does not run on TensorRT-LLM's PyTorch backend (LookaheadDecodingConfig."
-    "supports_backend excludes 'pytorch'; NVIDIA lists Draft/Target, EAGLE 3, NGram, MTP and user-provided drafting "
-    "for it): its draft-free counterpart is prompt lookup (NGramDecodingConfig)",
-    "prompt_lookup": lambda s: {
-        "decoding_type": "NGram",  # NGramDecodingConfig
-        "max_draft_len": s.max_draft_len,
-        "max_matching_ngram_size": s.prompt_lookup.max_matching_ngram_size,
-    },
-    # DraftTargetDecodingConfig: decoding_type is its discriminator Literal "Draft_Target" in 1.2's SpeculativeConfig
-    # union; speculative_model_dir (the draft's Hugging Face checkpoint; an alias of speculative_model there) is added
-    # where the served model directory is known (with_draft_model_dir)
-    "draft_tokens_external": lambda s: {"decoding_type": DRAFT_TARGET, "max_draft_len": s.max_draft_len},
-    # Eagle3DecodingConfig (decoding_type "Eagle3"): the user's EAGLE-3 draft checkpoint, linked like a draft model's
-    "eagle": lambda s: {"decoding_type": EAGLE3, "max_draft_len": s.max_draft_len, "eagle3_one_model": s.eagle.one_model},
-    # MTPDecodingConfig: the model's own MTP layers (max_draft_len is set to num_nextn_predict_layers by NVIDIA)
-    "mtp": lambda s: {"decoding_type": "MTP", "num_nextn_predict_layers": s.draft_len},
-    "medusa": traits_of(Target.llmapi).refused_speculative_modes["medusa"],
-}
 DRAFT_MODEL_DIR = "draft"  # the draft's (or EAGLE-3 heads') checkpoint inside the build's engine directory
 # build.speculative.draft fields the PyTorch path has no option for: the draft runs inside the target's LLM()
 DRAFT_LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
@@ -197,10 +178,10 @@ def build_options(spec: Spec, model: ModelInfo) -> dict[str, Any]:
     options = _nest(flat)
     speculative = spec.build.speculative
     if speculative is not None:
-        config = SPECULATIVE_CONFIGS.get(speculative.mode.value)
-        if not callable(config):
-            raise SpecError(_speculative_refusal(speculative.mode.value))
-        options["speculative_config"] = config(speculative)
+        config = _speculative_config(speculative)
+        if not isinstance(config, dict):
+            raise SpecError(_speculative_refusal(speculative))
+        options["speculative_config"] = config
     return {**options, **lora_options(spec)}
 
 
@@ -229,9 +210,16 @@ def merged_options(build: Mapping[str, Any], serve: Mapping[str, Any]) -> dict[s
     return merged
 
 
-def _speculative_refusal(mode: str) -> str:
-    why = SPECULATIVE_CONFIGS.get(mode) or "the llmapi target does not render it in this version"
-    return f"build.speculative.mode {mode} is refused on {TARGET}: {why}"
+def _speculative_config(speculative: SpeculativeSpec) -> dict[str, Any] | str | None:
+    if speculative.mode not in registered_modes():
+        return None
+    return rules_for(speculative.mode).llmapi_config(speculative)
+
+
+def _speculative_refusal(speculative: SpeculativeSpec) -> str:
+    config = _speculative_config(speculative)
+    why = config if isinstance(config, str) else "the llmapi target does not render it in this version"
+    return f"build.speculative.mode {speculative.mode.value} is refused on {TARGET}: {why}"
 
 
 def option_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
@@ -245,8 +233,8 @@ def option_issues(spec: Spec, model: ModelInfo) -> list[Issue]:
         if row.option is None and _get(spec, row.spec_field) != _default_of(spec, row.spec_field):
             issues.append((tuple(row.spec_field.split(".")), f"{row.spec_field} has no LLM() option on {TARGET}: {row.why_not}; leave it at its default"))
     speculative = spec.build.speculative
-    if speculative is not None and not callable(SPECULATIVE_CONFIGS.get(speculative.mode.value)):
-        issues.append((("build", "speculative", "mode"), _speculative_refusal(speculative.mode.value)))
+    if speculative is not None and not isinstance(_speculative_config(speculative), dict):
+        issues.append((("build", "speculative", "mode"), _speculative_refusal(speculative)))
     draft = speculative.draft if speculative is not None else None
     for name in DRAFT_LIMITS if draft is not None else ():
         if getattr(draft, name) is not None:

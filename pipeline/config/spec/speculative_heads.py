@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from pipeline.config.eagle_tree import MC_SIM_7B_63
-from pipeline.config.medusa_tree import tree_problem
 from pipeline.config.spec.strict import StrictModel
+from refengine.speculative.medusa_tree import tree_problem
 
 MEDUSA_HEADS_FILE = "medusa_lm_head.safetensors"
 MEDUSA_CONFIG_FILE = "config.json"

@@ -18,9 +18,9 @@ from pipeline.backends.base import BuildJob
 from pipeline.backends.engine.trtllm_build import plan_trtllm_build
 from pipeline.config.eagle_tree import MC_SIM_7B_63, non_leaves_per_layer
 from pipeline.config.loader import load_config
-from pipeline.config.medusa_tree import choices_text
 from pipeline.errors import SpecError
 from pipeline.trtllm_versions import get_version, validate_argv
+from refengine.speculative.medusa_tree import format_medusa_choices
 from tests.conftest import REPO, write_model_config
 from tests.pipeline.backends.test_trtllm_build import SCHEMA
 from tests.support.eagle_draft import write_eagle_draft
@@ -309,7 +309,7 @@ def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the
     loaded, build = _load(heads, tree), _plan(heads, tree)
     llm = render_for_engine(build, loaded, tmp_path / "fits", architecture="EagleForCausalLM", max_draft_len=6)
     assert llm.parameters["decoding_mode"].string_value == "eagle"
-    assert llm.parameters["eagle_choices"].string_value == choices_text(SMALL_TREE) == "{0}, {1}, {0, 0}, {1, 0}, {0, 1}, {0, 0, 0}"
+    assert llm.parameters["eagle_choices"].string_value == format_medusa_choices(SMALL_TREE) == "{0}, {1}, {0, 0}, {1, 0}, {0, 1}, {0, 0, 0}"
     assert "medusa_choices" not in llm.parameters
     with pytest.raises(StageError, match="build.speculative.eagle.choices has 6 nodes but the engine has build_config.max_draft_len 3"):
         render_for_engine(build, loaded, tmp_path / "small", architecture="EagleForCausalLM", max_draft_len=3)
@@ -322,7 +322,7 @@ def test_the_repository_renders_eagle_choices_and_refuses_a_tree_larger_than_the
 
 
 def test_plan_names_the_generation_the_tree_and_what_the_engine_needs(heads):
-    from pipeline.speculative_summary import speculative_summary
+    from pipeline.speculative.summary import speculative_summary
 
     line = speculative_summary(_load(heads, f"build.speculative.eagle.choices={SMALL_TREE}").spec.build)
     assert "eagle, drafts from an EAGLE-1/2 draft layer (eagle): a tree of 6 nodes, 3 deep (num_eagle_layers 3); max_draft_len 6" in line

@@ -18,10 +18,10 @@ from pipeline.backends.base import BuildJob
 from pipeline.backends.cpu.target import BACKEND as CPU
 from pipeline.backends.engine.trtllm_build import plan_trtllm_build
 from pipeline.config.loader import load_config
-from pipeline.config.medusa_tree import choices_text, tree_problem
 from pipeline.errors import SpecError
 from pipeline.plan import plan
 from pipeline.trtllm_versions import get_version, validate_argv
+from refengine.speculative.medusa_tree import format_medusa_choices, tree_problem
 from tests.conftest import BUILD_CONFIGS, write_model_config
 from tests.pipeline.backends.test_draft_target import tiny_checkpoint  # noqa: F401 (a fixture)
 from tests.pipeline.backends.test_trtllm_build import SCHEMA
@@ -54,7 +54,7 @@ def _refused(heads: Path, *overrides: str, path: Path = CPU_MEDUSA) -> str:
 # -- the tree ------------------------------------------------------------------------------------------------
 def test_a_tree_is_checked_and_written_in_nvidias_string_form():
     assert tree_problem(DEFAULT_CHOICES) is None
-    assert choices_text([[0], [0, 0], [1], [0, 1]]) == "{0}, {0, 0}, {1}, {0, 1}"
+    assert format_medusa_choices([[0], [0, 0], [1], [0, 1]]) == "{0}, {0, 0}, {1}, {0, 1}"
     assert tree_problem([[0, 1], [0]]) is None  # a parent after its child is fine
     assert "has no parent" in tree_problem([[0], [1, 0]])
     assert "listed twice" in tree_problem([[0], [0]])
@@ -301,7 +301,7 @@ def test_the_engine_build_merges_the_heads_before_trtllm_build(heads, tmp_path):
 
 
 def test_plan_says_the_mode_the_tree_and_what_the_engine_needs(heads):
-    from pipeline.speculative_summary import speculative_summary
+    from pipeline.speculative.summary import speculative_summary
 
     line = speculative_summary(_load(heads).spec.build)
     assert "medusa, drafts from Medusa heads: a tree of 7 nodes, 3 deep (reads heads 0..2); max_draft_len 7" in line
@@ -340,6 +340,6 @@ def test_the_engine_repository_renders_the_tree_and_refuses_one_larger_than_the_
     loaded, build = _load(heads, *ENGINE), _engine_plan(heads)
     llm = render_for_engine(build, loaded, tmp_path / "fits", architecture="MedusaForCausalLM", max_draft_len=7)
     assert llm.parameters["decoding_mode"].string_value == "medusa"
-    assert llm.parameters["medusa_choices"].string_value == choices_text(DEFAULT_CHOICES)
+    assert llm.parameters["medusa_choices"].string_value == format_medusa_choices(DEFAULT_CHOICES)
     with pytest.raises(StageError, match="build.speculative.medusa.choices has 7 nodes but the engine has build_config.max_draft_len 3"):
         render_for_engine(build, loaded, tmp_path / "small", architecture="MedusaForCausalLM", max_draft_len=3)

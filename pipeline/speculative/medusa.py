@@ -1,0 +1,57 @@
+"""Medusa (build.speculative.mode medusa): trained heads propose a tree of candidates, verified in one step; on the
+engine target the heads are merged into the model's checkpoint (pipeline.backends.engine.medusa_checkpoint)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config.spec import SpeculativeMode, Target
+from pipeline.config.targets import traits_of
+from pipeline.speculative.base import HeadsCheckpoint, ModeDefaults
+from pipeline.speculative.trees import tree_fits, tree_parameters
+from refengine.speculative.medusa_tree import tree_depth
+
+if TYPE_CHECKING:
+    from pipeline.backends.engine_facts import EngineFacts
+    from pipeline.config.spec import BuildSpec, SpeculativeSpec
+
+
+class Medusa(ModeDefaults):
+    mode = SpeculativeMode.medusa
+
+    def drafts(self, build: BuildSpec) -> str:
+        medusa = build.speculative.medusa if build.speculative is not None else None
+        if medusa is None:
+            return ""
+        tree = medusa.tree
+        return f"Medusa heads: a tree of {len(tree)} nodes, {tree_depth(tree)} deep (reads heads 0..{tree_depth(tree) - 1})"
+
+    def served_tree(self, build: BuildSpec) -> list[list[int]] | None:
+        medusa = build.speculative.medusa if build.speculative is not None else None
+        return medusa.tree if medusa is not None else None
+
+    def triton_parameters(self, facts: EngineFacts, speculative: SpeculativeSpec) -> dict[str, str]:
+        if facts.speculative_decoding_mode != "medusa" or speculative.medusa is None:
+            return {}
+        return tree_parameters("medusa", speculative.medusa.tree)
+
+    def consistency_problems(self, facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
+        return tree_fits(facts, speculative, speculative.medusa.tree if speculative.medusa is not None else [])
+
+    def heads_checkpoint(self, speculative: SpeculativeSpec) -> HeadsCheckpoint | None:
+        if speculative.medusa is None:
+            return None
+        return HeadsCheckpoint(
+            dir_name="medusa_checkpoint",
+            heads=speculative.medusa.heads,
+            what=f"{len(speculative.medusa.tree)} tree nodes",
+            module="pipeline.backends.engine.medusa_checkpoint",
+            write="write_medusa_checkpoint",
+            options={"max_draft_len": speculative.draft_len},
+        )
+
+    def llmapi_config(self, speculative: SpeculativeSpec) -> dict[str, Any] | str | None:
+        return traits_of(Target.llmapi).refused_speculative_modes["medusa"]
+
+
+RULES = Medusa()
