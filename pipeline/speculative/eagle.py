@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config.spec import SpeculativeMode
 from pipeline.config.targets import traits_of
-from pipeline.speculative.base import HeadsCheckpoint, ModeDefaults
-from pipeline.speculative.trees import tree_fits, tree_parameters
+from pipeline.speculative.base import HeadsCheckpoint
+from pipeline.speculative.trees import TreeModeRules
 from refengine.speculative.medusa_tree import tree_depth
 
 if TYPE_CHECKING:
-    from pipeline.backends.engine_facts import EngineFacts
     from pipeline.config.spec import BuildSpec, SpeculativeSpec
 
 # Eagle3DecodingConfig's decoding_type in TensorRT-LLM 1.2's SpeculativeConfig union
@@ -25,8 +24,9 @@ def _tree_target(build: BuildSpec) -> bool:
     return traits_of(build.target).eagle_generation == "EAGLE-1/2"
 
 
-class Eagle(ModeDefaults):
+class Eagle(TreeModeRules):
     mode = SpeculativeMode.eagle
+    decoding_mode = "eagle"
 
     def drafts(self, build: BuildSpec) -> str:
         eagle = build.speculative.eagle if build.speculative is not None else None
@@ -50,13 +50,8 @@ class Eagle(ModeDefaults):
     def num_eagle_layers(self, speculative: SpeculativeSpec) -> int:
         return tree_depth(speculative.eagle.tree) if speculative.eagle is not None else 0
 
-    def triton_parameters(self, facts: EngineFacts, speculative: SpeculativeSpec) -> dict[str, str]:
-        if facts.speculative_decoding_mode != "eagle" or speculative.eagle is None:
-            return {}
-        return tree_parameters("eagle", speculative.eagle.tree)
-
-    def consistency_problems(self, facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
-        return tree_fits(facts, speculative, speculative.eagle.tree if speculative.eagle is not None else [])
+    def tree_spec(self, speculative: SpeculativeSpec) -> Any | None:
+        return speculative.eagle
 
     def heads_checkpoint(self, speculative: SpeculativeSpec) -> HeadsCheckpoint | None:
         if speculative.eagle is None:

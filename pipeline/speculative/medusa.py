@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config.spec import SpeculativeMode, Target
 from pipeline.config.targets import traits_of
-from pipeline.speculative.base import HeadsCheckpoint, ModeDefaults
-from pipeline.speculative.trees import tree_fits, tree_parameters
+from pipeline.speculative.base import HeadsCheckpoint
+from pipeline.speculative.trees import TreeModeRules
 from refengine.speculative.medusa_tree import tree_depth
 
 if TYPE_CHECKING:
-    from pipeline.backends.engine_facts import EngineFacts
     from pipeline.config.spec import BuildSpec, SpeculativeSpec
 
 
-class Medusa(ModeDefaults):
+class Medusa(TreeModeRules):
     mode = SpeculativeMode.medusa
+    decoding_mode = "medusa"
 
     def drafts(self, build: BuildSpec) -> str:
         medusa = build.speculative.medusa if build.speculative is not None else None
@@ -30,13 +30,8 @@ class Medusa(ModeDefaults):
         medusa = build.speculative.medusa if build.speculative is not None else None
         return medusa.tree if medusa is not None else None
 
-    def triton_parameters(self, facts: EngineFacts, speculative: SpeculativeSpec) -> dict[str, str]:
-        if facts.speculative_decoding_mode != "medusa" or speculative.medusa is None:
-            return {}
-        return tree_parameters("medusa", speculative.medusa.tree)
-
-    def consistency_problems(self, facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
-        return tree_fits(facts, speculative, speculative.medusa.tree if speculative.medusa is not None else [])
+    def tree_spec(self, speculative: SpeculativeSpec) -> Any | None:
+        return speculative.medusa
 
     def heads_checkpoint(self, speculative: SpeculativeSpec) -> HeadsCheckpoint | None:
         if speculative.medusa is None:

@@ -3,13 +3,34 @@ engine's draft tokens."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pipeline.speculative.base import ModeDefaults
 from refengine.speculative.medusa_tree import format_medusa_choices, tree_depth
 
 if TYPE_CHECKING:
     from pipeline.backends.engine_facts import EngineFacts
     from pipeline.config.spec import SpeculativeSpec
+
+
+class TreeModeRules(ModeDefaults):
+    """Triton parameters and consistency of a tree mode, read from its spec section (`tree_spec`), whose `tree` Triton
+    gets when the engine's speculative_decoding_mode is `decoding_mode`."""
+
+    decoding_mode: str
+
+    def tree_spec(self, speculative: SpeculativeSpec) -> Any | None:
+        raise NotImplementedError
+
+    def triton_parameters(self, facts: EngineFacts, speculative: SpeculativeSpec) -> dict[str, str]:
+        section = self.tree_spec(speculative)
+        if facts.speculative_decoding_mode != self.decoding_mode or section is None:
+            return {}
+        return tree_parameters(self.decoding_mode, section.tree)
+
+    def consistency_problems(self, facts: EngineFacts, speculative: SpeculativeSpec) -> list[str]:
+        section = self.tree_spec(speculative)
+        return tree_fits(facts, speculative, section.tree if section is not None else [])
 
 
 def tree_parameters(mode: str, tree: list[list[int]]) -> dict[str, str]:
