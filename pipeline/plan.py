@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pipeline.config.spec import Spec
 from pipeline.config.targets import traits_of
@@ -50,15 +50,17 @@ class StageDef:
     version: int  # bump when the stage's output changes for the same inputs
     upstream: tuple[str, ...]
     tools: tuple[str, ...]
-    inputs: Callable[[SpecSlice, EnvFacts], dict[str, Any]]
+    inputs: Callable[[Spec, EnvFacts], dict[str, Any]]
     summary: str
     applies: Callable[[Spec], bool] = lambda spec: True
     hashes: tuple[str, ...] = ()  # Spec paths this stage's digest hashes ("serve": the section, "build.tp_size": one field)
     via_upstream: tuple[str, ...] = ()  # read here, hashed by the digest of a stage upstream (so part of this digest too)
     unhashed: Mapping[str, str] = field(default_factory=dict)  # read here and need no hashing: path -> why
 
-    def spec_slice(self, spec: Spec) -> SpecSlice:
-        return SpecSlice(spec, (*self.hashes, *self.via_upstream, *self.unhashed, *STORE_KEYS), owner=self.name)
+    def spec_slice(self, spec: Spec) -> Spec:
+        # Typed as the Spec it stands in for (it reads as the Spec does, for the declared paths), so that mypy checks
+        # what a stage and its digest read against the Spec's fields; SpecSlice itself answers every read with Any.
+        return cast(Spec, SpecSlice(spec, (*self.hashes, *self.via_upstream, *self.unhashed, *STORE_KEYS), owner=self.name))
 
 
 # Every artifact lives under artifacts/<name>/, so a stage may read these without hashing them: an artifact
@@ -117,7 +119,7 @@ def digest_of(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:DIGEST_LENGTH]
 
 
-def _speculative(spec: SpecSlice) -> dict[str, Any]:
+def _speculative(spec: Spec) -> dict[str, Any]:
     """build.speculative, for the stages that render Triton's decoding parameters from it (absent: nothing)."""
     if spec.build.speculative is None:
         return {}
@@ -125,12 +127,12 @@ def _speculative(spec: SpecSlice) -> dict[str, Any]:
     return {"speculative": dump_speculative(dump(spec.build.speculative), draft_source="")}
 
 
-def _prepare_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _prepare_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     # The source's content, not its path: moving the checkout does not invalidate the cache.
     return {"model_fingerprint": facts.model_fingerprint, "copy_weights": spec.model.copy_weights, **_dry_run_flag(spec)}
 
 
-def _quantize_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _quantize_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     quantize = dump(spec.quantize)
     # File contents, not their (absolute) paths: moving the checkout keeps the cache.
     quantize["calibration"]["files"] = facts.calibration_fingerprint
@@ -144,7 +146,7 @@ def _quantize_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     }
 
 
-def _quantize_route(spec: SpecSlice) -> dict[str, Any]:
+def _quantize_route(spec: Spec) -> dict[str, Any]:
     """Where the quantize job runs, when that changes what the artifact holds (pipeline.quantization.dispatch).
 
     In this process on quantize.device (the default): nothing to add. A target that builds through build.runner
@@ -166,12 +168,15 @@ def _quantize_route(spec: SpecSlice) -> dict[str, Any]:
     return {"runner": runner, "trtllm_version": spec.build.trtllm_version} if runner == "docker" else {"runner": runner}
 
 
-def _dry_run_flag(spec: SpecSlice) -> dict[str, Any]:
+def _dry_run_flag(spec: Spec) -> dict[str, Any]:
     return {"dry_run": True} if spec.dry_run else {}
 
 
-def _build_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
-    inputs = {"build": dump_build(spec, lora_fingerprint=facts.lora_fingerprint, draft_fingerprint=facts.draft_fingerprint), "dtype": spec.model.dtype.value}
+def _build_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
+    inputs: dict[str, Any] = {
+        "build": dump_build(spec, lora_fingerprint=facts.lora_fingerprint, draft_fingerprint=facts.draft_fingerprint),
+        "dtype": spec.model.dtype.value,
+    }
     if traits_of(spec.build.target).build_reads_gpu:
         inputs["gpu"] = spec.deploy.gpu.value if spec.deploy.gpu is not None else None
         # trtllm-build's settings carry the serve switches that need paged context FMHA: the build refuses an
@@ -183,7 +188,7 @@ def _build_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
 _ENGINE_SERVE_NEEDS = ("enable_kv_cache_reuse", "enable_chunked_context")
 
 
-def _draft_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _draft_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     """What pipeline.config.spec.draft.draft_spec reads: the draft's spec is derived from the model's sections."""
     quantize = dump(spec.quantize)
     quantize["calibration"]["files"] = facts.calibration_fingerprint
@@ -203,7 +208,7 @@ def _has_draft(spec: Spec) -> bool:
     return spec.build.speculative is not None and spec.build.speculative.draft is not None
 
 
-def _gate_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _gate_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     accuracy = dump(spec.gate.accuracy)
     accuracy["heldout_files"] = facts.heldout_fingerprint
     if accuracy.pop("baseline") is not None:  # left out while unset: the digests of earlier gates stay what they were
@@ -211,7 +216,7 @@ def _gate_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     return {"accuracy": accuracy, "dtype": spec.model.dtype.value}
 
 
-def _package_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _package_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
         "serve": dump_present(spec.serve),
         "target": spec.build.target.value,
@@ -221,11 +226,11 @@ def _package_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
     }
 
 
-def _slo_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _slo_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {"performance": dump(spec.gate.performance), "name": spec.name, "deploy": dump_deploy(spec)}
 
 
-def _deploy_inputs(spec: SpecSlice, facts: EnvFacts) -> dict[str, Any]:
+def _deploy_inputs(spec: Spec, facts: EnvFacts) -> dict[str, Any]:
     return {
         "name": spec.name,
         "deploy": dump_deploy(spec),

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config.spec import DeployKind, DeploySpec
-from pipeline.spec_slice import SpecSlice
+from pipeline.config.spec import DeployKind, DeploySpec, Spec
 
 
 def dump(model: Any) -> dict[str, Any]:
@@ -26,7 +25,7 @@ def dump_present(model: Any) -> dict[str, Any]:
     return dumped
 
 
-def dump_build(spec: SpecSlice, *, lora_fingerprint: str, draft_fingerprint: str) -> dict[str, Any]:
+def dump_build(spec: Spec, *, lora_fingerprint: str, draft_fingerprint: str) -> dict[str, Any]:
     """build, with the contents of the directories it names instead of their (absolute) paths, and build.speculative
     without the sections of other modes (so that sections added later leave the digests of earlier configs alone)."""
     build = dump_present(spec.build)
@@ -61,7 +60,7 @@ def dump_speculative(speculative: dict[str, Any], draft_source: str) -> dict[str
 _LATER_DEPLOY_FIELDS = ("gpus_per_node", "alerts", "kubernetes")
 
 
-def dump_deploy(spec: SpecSlice) -> dict[str, Any]:
+def dump_deploy(spec: Spec) -> dict[str, Any]:
     """deploy.kind came after digests were first published, with compose the only kind: left out while it is compose."""
     dumped = dump(spec.deploy)
     if dumped["kind"] == DeployKind.compose.value:

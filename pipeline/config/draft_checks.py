@@ -28,7 +28,7 @@ def draft_issues(spec: Spec, info: ModelInfo, check_model: Callable[[Spec, Model
         draft_info = read_model_info(source)
     except (ModelConfigError, OSError, ValueError) as exc:
         return [(WHERE, f"{source}: {exc}")]
-    issues = [(WHERE, f"the draft: {message}") for _, message in check_model(draft, draft_info)]
+    issues: list[Issue] = [(WHERE, f"the draft: {message}") for _, message in check_model(draft, draft_info)]
     if draft_info.vocab_size != info.vocab_size:
         issues.append(
             (

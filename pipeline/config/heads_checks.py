@@ -53,7 +53,7 @@ def medusa_issues(medusa: MedusaSpec, info: ModelInfo) -> list[Issue]:
     except (OSError, WeightHeaderError) as exc:
         return [(HEADS, str(exc))]
     num_heads, num_layers = config["medusa_num_heads"], config["medusa_num_layers"]
-    issues = [(HEADS, message) for message in _config_issues(config, heads, info)]
+    issues: list[Issue] = [(HEADS, message) for message in _config_issues(config, heads, info)]
     issues += [(HEADS, message) for message in _tensor_issues(header, weights, num_heads, num_layers, info)]
     depth = tree_depth(medusa.tree)
     if depth > num_heads:

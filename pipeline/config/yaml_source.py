@@ -16,7 +16,7 @@ import yaml
 
 from pipeline.errors import SpecError
 
-Path_ = tuple[str | int, ...]
+Path_ = tuple[str | int | float, ...]  # the keys as YAML read them: a key may be any plain scalar
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEPTH = 32

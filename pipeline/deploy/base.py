@@ -41,7 +41,9 @@ class Deployment:
 
 
 class Deployer(Protocol):
-    kind: DeployKind
+    @property
+    def kind(self) -> DeployKind:  # read-only: the deployers are frozen dataclasses
+        ...
 
     def render(self, spec: Spec, inputs: DeploymentInputs, out_dir: Path) -> Deployment:
         """Write the deployment into `out_dir` (new or empty); raises StageError/SpecError when it cannot."""

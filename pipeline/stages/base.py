@@ -11,8 +11,8 @@ from rich.console import Console
 
 from pipeline.artifacts import ArtifactRef
 from pipeline.config.model_info import ModelInfo
+from pipeline.config.spec import Spec
 from pipeline.plan import StagePlan
-from pipeline.spec_slice import SpecSlice
 
 
 def _no_history() -> tuple[ArtifactRef, ...]:
@@ -21,7 +21,7 @@ def _no_history() -> tuple[ArtifactRef, ...]:
 
 @dataclass(frozen=True)
 class StageContext:
-    spec: SpecSlice  # the Spec paths plan.STAGE_DEFS declares for this stage, and no others
+    spec: Spec  # a SpecSlice (StageDef.spec_slice): the Spec paths plan.STAGE_DEFS declares for this stage, and no others
     model: ModelInfo
     plan: StagePlan
     upstream: dict[str, ArtifactRef]

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import cast
 
 from rich.table import Table
 
 from pipeline.artifacts import annotate_manifest
 from pipeline.calibration import heldout_files, load_encoder, read_documents
 from pipeline.config.effective_quantization import effective_quantize
-from pipeline.config.spec import AccuracyGateSpec, Spec
+from pipeline.config.spec import AccuracyGateSpec
 from pipeline.errors import StageError
 from pipeline.stages.base import StageContext
 from pipeline.stages.prepare import checkpoint_dir
@@ -36,7 +35,7 @@ def run(ctx: StageContext) -> None:
     prepared = ctx.upstream["prepare"].path
     quantized = ctx.upstream["quantize"].checkpoint_dir
     windows = heldout_windows(gate, prepared)
-    quantize = effective_quantize(cast(Spec, ctx.spec), checkpoint_dir(prepared))  # the view reads as the Spec does
+    quantize = effective_quantize(ctx.spec, checkpoint_dir(prepared))
     source = Path(gate.baseline) if gate.baseline is not None else checkpoint_dir(prepared)
     with tempfile.TemporaryDirectory(prefix="trtllm-pipeline-baseline-") as tmp:
         baseline = Path(tmp) / "baseline"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pipeline.container_jobs import make_runner
 from pipeline.quantization.dispatch import (
@@ -44,6 +45,7 @@ def quantize_checkpoint(ctx: StageContext, hf_dir: Path) -> None:
     # A dry run's files name the final artifact directory (run later on a GPU host); a real job names the one it ran in.
     artifact_dir = (ctx.final_dir or ctx.out_dir) if route == "dry-run" else ctx.out_dir
     request = request_from_spec(spec, hf_dir, artifact_dir, result_file=route != IN_PROCESS)
+    result: dict[str, Any] | None
     if route == IN_PROCESS:
         from pipeline.quantization.job import run_job
 
@@ -62,7 +64,7 @@ def quantize_checkpoint(ctx: StageContext, hf_dir: Path) -> None:
     ctx.log(f"wrote {', '.join(summary['ranks'])} (quant_algo {summary['quant_algo']}, kv {summary['kv_cache_quant_algo']})")
 
 
-def _run_through_runner(ctx: StageContext, request: QuantizeRequest, kind: str, artifact_dir) -> dict | None:
+def _run_through_runner(ctx: StageContext, request: QuantizeRequest, kind: str, artifact_dir) -> dict[str, Any] | None:
     spec = ctx.spec
     job = job_for(spec, request, artifact_dir, ctx.out_dir)
     runner = make_runner(kind, image=None, gpus=spec.deploy.gpus, shm_size=spec.deploy.shm_size)
@@ -72,7 +74,7 @@ def _run_through_runner(ctx: StageContext, request: QuantizeRequest, kind: str, 
     ctx.notes.update(runner=kind, device=request.device, command=list(outcome.command), script=SCRIPT_FILE, request=REQUEST_FILE)
     if kind == "docker":
         ctx.notes["image"] = job.version.image
-    if outcome.dry_run:
+    if outcome.result is None:  # a dry run: run_quantize ran nothing
         _record_dry_run(ctx, request, job, outcome.docker_command)
         return None
     ctx.notes["job"] = {"device": outcome.result.get("device"), "versions": outcome.result.get("versions")}

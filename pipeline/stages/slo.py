@@ -27,7 +27,7 @@ def run(ctx: StageContext) -> None:
         raise StageError("the slo stage runs only for a build config with gate.performance")
     workload = workload_recipe(gate)
     if ctx.spec.dry_run and gate.url is None:
-        report = {
+        report: dict[str, Any] = {
             "verdict": "not measured",
             "reason": "dry-run: no engine was built here; set gate.performance.url to a running deployment of this build",
             "workload": workload,

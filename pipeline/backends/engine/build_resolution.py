@@ -97,6 +97,13 @@ class Resolution:
         self.errors.append(message)
 
     @property
+    def max_seq_len(self) -> int:
+        """build.max_seq_len, for the rules after build_rules' sequence-length rule (the first), which settles it."""
+        if self.cur.max_seq_len is None:
+            raise RuntimeError("a build rule read max_seq_len before the sequence-length rule settled it")
+        return self.cur.max_seq_len
+
+    @property
     def sm_text(self) -> str:
         return f"SM {sm_version(self.sm)}" if self.sm is not None else "no GPU declared"
 

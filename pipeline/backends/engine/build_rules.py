@@ -39,7 +39,7 @@ def _seq_len(r: Resolution) -> None:
     elif s.max_seq_len > s.model_max_seq_len:
         r.warn("max_seq_len", f"larger than the model's deduced maximum {s.model_max_seq_len}; trtllm-build warns")
     s = r.cur
-    if s.max_input_len >= s.max_seq_len:
+    if s.max_input_len >= r.max_seq_len:
         r.error(
             f"build.max_input_len ({s.max_input_len}) must be less than build.max_seq_len ({s.max_seq_len}); "
             "every request needs room for one output token, and trtllm-build would clip it silently"
@@ -170,8 +170,8 @@ def _reduce_fusion(r: Resolution) -> None:
 
 
 def _num_tokens(r: Resolution) -> None:
-    s = r.cur
-    cap = s.max_batch_size * s.max_seq_len
+    s, max_seq_len = r.cur, r.max_seq_len
+    cap = s.max_batch_size * max_seq_len
     if not s.remove_input_padding:
         why = "without remove_input_padding trtllm-build ignores it and uses max_batch_size × max_seq_len"
         r.change("max_num_tokens", cap, why)
@@ -193,7 +193,7 @@ def _num_tokens(r: Resolution) -> None:
         r.warn(
             "max_num_tokens",
             f"without chunked context the runtime caps prompts at min(max_seq_len - 1, max_num_tokens) = "
-            f"{min(s.max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len})",
+            f"{min(max_seq_len - 1, s.max_num_tokens)} tokens, below build.max_input_len ({s.max_input_len})",
         )
 
 

@@ -14,6 +14,7 @@ from pipeline.config.targets import Target, traits_of
 if TYPE_CHECKING:
     from pipeline.config.spec.build import BuildSpec
     from pipeline.config.spec.serve import ServeSpec
+    from pipeline.config.spec.speculative import SpeculativeSpec
 
 
 def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
@@ -33,7 +34,7 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
         builders = " or ".join(t.value for t in Target if traits_of(t).no_draft_vocab_size_because is None)
         raise ValueError(f"build.speculative.draft_vocab_size is refused on build.target {build.target.value}: {why_not}; target {builders} builds it")
     if speculative.mode is SpeculativeMode.eagle:
-        _check_eagle(build)
+        _check_eagle(build, speculative)
     why_not = traits_of(build.target).no_medusa_vocab_size_because
     if speculative.medusa is not None and speculative.medusa.vocab_size is not None and why_not is not None:
         builders = " or ".join(t.value for t in Target if traits_of(t).no_medusa_vocab_size_because is None)
@@ -62,9 +63,9 @@ def check_speculative(build: BuildSpec, serve: ServeSpec) -> None:
             )
 
 
-def _check_eagle(build: BuildSpec) -> None:
+def _check_eagle(build: BuildSpec, speculative: SpeculativeSpec) -> None:
     """One eagle section, two generations: EAGLE-3 (a chain of max_draft_len tokens) or EAGLE-1/2 (a tree)."""
-    speculative, target = build.speculative, build.target.value
+    target = build.target.value
     eagle, generation = speculative.eagle, traits_of(build.target).eagle_generation
     if eagle is None:
         return

@@ -77,7 +77,7 @@ def volumes(spec: Spec, *, shm: bool = True) -> list[dict[str, Any]]:
 
 
 def model_mounts(*, shm: bool = True) -> list[dict[str, Any]]:
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": MODELS_VOLUME, "mountPath": layout.MODELS_MOUNT, "subPath": names.STORE_REPOSITORY, "readOnly": True},
         {"name": MODELS_VOLUME, "mountPath": layout.ENGINE_MOUNT, "subPath": names.STORE_ENGINE, "readOnly": True},
         {"name": MODELS_VOLUME, "mountPath": layout.TOKENIZER_MOUNT, "subPath": names.STORE_TOKENIZER, "readOnly": True},
