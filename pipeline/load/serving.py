@@ -72,8 +72,9 @@ def serving(
     with TritonServer(options) as server:
         say(f"starting tritonserver on {LOOPBACK} (HTTP {http_port}, gRPC {grpc_port})")
         server.wait_until_ready(timeout=startup_timeout)
+        grpc = f"{LOOPBACK}:{grpc_port}"
         endpoints = Endpoints(
-            grpc=f"{LOOPBACK}:{grpc_port}",
+            grpc=grpc,
             http=options.http_url,
             model_name=model_name,
             server_version=server_version(options.http_url),
@@ -88,9 +89,7 @@ def serving(
 
             triton_model = openai_triton_model or front_end_triton_model("ensemble")
             access = AccessPolicy(KeyRing(api_keys)) if api_keys else AccessPolicy()
-            with running_openai_server(
-                endpoints.grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=triton_model, access=access
-            ) as base_url:
+            with running_openai_server(grpc, model_name=model_name, host=LOOPBACK, port=free_ports(1)[0], triton_model=triton_model, access=access) as base_url:
                 say(f"OpenAI front end at {base_url} (Triton model {triton_model!r}; {access.describe()})")
                 yield dataclasses.replace(endpoints, openai=base_url, api_key=api_keys[0].secret if api_keys else None)
         if check_alive and not server.is_running():  # the measured failures would otherwise read as the model's

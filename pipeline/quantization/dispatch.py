@@ -154,7 +154,7 @@ def checkpoint_request(spec: Spec, hf_dir: Path, *, recipe: tuple[str, str] | No
     family = family_of(str(hf.get("model_type")))
     algo, kv = recipe or (spec.quantize.algo.value, spec.quantize.kv_cache.value)
     why = family.format_refusal(spec.build.target, algo) if family is not None else None
-    if why:  # validate refuses it first; the job in NVIDIA's image cannot read the table, so it is refused here too
+    if family is not None and why:  # validate refuses it first; the job in NVIDIA's image cannot read the table, so it is refused here too
         raise StageError(
             f"{family.name} in quantize.algo {algo} is refused on build.target {spec.build.target.value}: {why}",
             hint="pick a format the family table takes (docs/targets.md: Model families)",
@@ -309,7 +309,9 @@ def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
     """After a real job: config.json with the requested quantization and mapping, and one rank file per rank (or, for a
     unified-only job, the unified checkpoint's config.json and its hf_quant_config.json's algorithms)."""
     if request.unified_only:
-        return _check_unified_output(request)
+        if request.unified_hf_dir is None:  # QuantizeRequest.from_json refuses this
+            raise StageError("the quantize request is unified_only but names no unified_hf_dir")
+        return _check_unified_output(request, request.unified_hf_dir)
     path = request.output_dir / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -334,8 +336,7 @@ def check_checkpoint_output(request: QuantizeRequest) -> dict[str, Any]:
     return config
 
 
-def _check_unified_output(request: QuantizeRequest) -> dict[str, Any]:
-    directory = Path(request.unified_hf_dir)
+def _check_unified_output(request: QuantizeRequest, directory: Path) -> dict[str, Any]:
     if not (directory / "config.json").is_file():
         raise StageError(f"the quantize job finished but {directory} holds no config.json (the unified checkpoint)")
     path = directory / HF_QUANT_CONFIG
@@ -351,8 +352,10 @@ def _check_unified_output(request: QuantizeRequest) -> dict[str, Any]:
 
 
 def read_result(request: QuantizeRequest) -> dict[str, Any]:
+    if request.result_file is None:
+        raise StageError("the quantize job finished but its result None is missing or unreadable (the request names no result_file)")
     try:
-        result = json.loads(Path(request.result_file).read_text(encoding="utf-8"))
+        result = json.loads(request.result_file.read_text(encoding="utf-8"))
     except (OSError, TypeError, ValueError) as exc:
         raise StageError(f"the quantize job finished but its result {request.result_file} is missing or unreadable ({exc})") from None
     if not isinstance(result, dict) or not isinstance(result.get("quantization"), dict):

@@ -33,9 +33,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError, StageError
+
+if TYPE_CHECKING:
+    from pipeline.calibration import CalibrationSet
 
 JOB_MODULE = "pipeline.quantization.job"
 REQUEST_FILE = "quantize_request.json"
@@ -141,6 +144,10 @@ def _expect(value: Any, kind: type, what: str) -> None:
 def _path(value: Any, what: str, *, optional: bool) -> Path | None:
     if value is None and optional:
         return None
+    return _absolute_path(value, what)
+
+
+def _absolute_path(value: Any, what: str) -> Path:
     _expect(value, str, what)
     if not Path(value).is_absolute():
         raise StageError(f"{what}: expected an absolute path, got {value!r}")
@@ -154,7 +161,7 @@ def _calibration(value: Any, what: str) -> CalibrationRequest | None:
         raise StageError(f"{what}: expected an object with {', '.join(f.name for f in fields(CalibrationRequest))}")
     if not isinstance(value["files"], list) or not value["files"]:
         raise StageError(f"{what}: files must be a non-empty list")
-    files = tuple(_path(f, f"{what}: files", optional=False) for f in value["files"])
+    files = tuple(_absolute_path(f, f"{what}: files") for f in value["files"])
     for key in ("num_samples", "max_seq_len", "batch_size", "seed"):
         _expect(value[key], int, f"{what}: {key}")
     return CalibrationRequest(files, value["num_samples"], value["max_seq_len"], value["batch_size"], value["seed"])
@@ -175,7 +182,7 @@ def run_job(request: QuantizeRequest, *, log: Log | None = None) -> dict[str, An
     device = resolve_device(request.device)  # refuse cuda without a CUDA device before any work
     forward_loop, calibration_summary = None, None
     if request.calibration is not None:
-        calibration = _calibration_set(request)
+        calibration = _calibration_set(request.calibration, request.hf_dir)
         forward_loop = make_forward_loop(calibration.batches(request.calibration.batch_size))
         calibration_summary = calibration.summary()
         log(
@@ -245,14 +252,13 @@ def _result(request: QuantizeRequest, config: dict[str, Any], calibration: Any, 
     return result
 
 
-def _calibration_set(request: QuantizeRequest):
+def _calibration_set(spec: CalibrationRequest, hf_dir: Path) -> CalibrationSet:
     from pipeline.calibration import calibration_windows, load_encoder
 
-    spec = request.calibration
     missing = [str(f) for f in spec.files if not f.is_file()]
     if missing:
         raise StageError(f"calibration files not found: {', '.join(missing)}", hint="mount or copy them at the same paths")
-    encode, eos_id = load_encoder(request.hf_dir)
+    encode, eos_id = load_encoder(hf_dir)
     return calibration_windows(spec.files, encode, eos_id, max_seq_len=spec.max_seq_len, num_samples=spec.num_samples, seed=spec.seed)
 
 

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,6 +47,9 @@ from pipeline.quantization.trtllm_checkpoint.convert import HF_QUANT_CONFIG, con
 from pipeline.quantization.trtllm_checkpoint.layout import LAYOUTS, layout_for
 from pipeline.quantization.trtllm_checkpoint.reverse import trtllm_to_hf_state_dict
 from pipeline.quantization.unified_export import export_unified_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["QuantRecipe", "convert_published_checkpoint", "export_trtllm_checkpoint", "resolve_device", "trtllm_to_hf_state_dict"]
 
@@ -107,8 +110,11 @@ def export_trtllm_checkpoint(
     if unified_only and unified_hf_dir is None:
         raise StageError("export: unified_only needs unified_hf_dir (the unified checkpoint is all it writes)")
     _check_request(hf_config, out_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant, convert=not unified_only)
-    if not unified_only and checkpoint_config is None:
-        checkpoint_config = _family_checkpoint_config(hf_config, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
+    convert_config: dict[str, Any] | None = None  # None: unified_only, nothing is converted
+    if not unified_only:
+        convert_config = checkpoint_config
+        if convert_config is None:
+            convert_config = _family_checkpoint_config(hf_config, dtype=dtype, tp_size=tp_size, pp_size=pp_size, quant=quant)
     mtq_config = _mtq_config(quant) if _needs_ptq(quant) else None
     if mtq_config is not None and forward_loop is None:
         raise StageError(
@@ -120,7 +126,8 @@ def export_trtllm_checkpoint(
     model = _load_model(hf_dir, TORCH_DTYPES[dtype])
     if torch_device.type != "cpu":
         with _step("load", f"moving the model to {torch_device}"):
-            model = model.to(torch_device)
+            # transformers types PreTrainedModel.to by functools.wraps(Module.to), which keeps Module.to's self argument
+            model = model.to(torch_device)  # type: ignore[arg-type]
     if mtq_config is not None:
         import modelopt.torch.quantization as mtq
 
@@ -138,9 +145,9 @@ def export_trtllm_checkpoint(
             for name in _TOKENIZER_FILES:  # the unified export does not copy the tokenizer
                 if (hf_dir / name).is_file():
                     shutil.copy2(hf_dir / name, unified_dir / name)
-        if unified_only:
+        if convert_config is None:
             return {"quantization": _unified_quantization(unified_dir, quant)}
-        config = convert_unified_checkpoint(unified_dir, out_dir, config=checkpoint_config, tp_size=tp_size, pp_size=pp_size)
+        config = convert_unified_checkpoint(unified_dir, out_dir, config=convert_config, tp_size=tp_size, pp_size=pp_size)
     finally:
         if unified_hf_dir is None:
             shutil.rmtree(unified_dir, ignore_errors=True)
@@ -284,7 +291,7 @@ def _mtq_config(quant: QuantRecipe) -> dict[str, Any]:
     import modelopt.torch.quantization as mtq
 
     weights = weight_format(quant.algo)
-    config = copy.deepcopy(getattr(mtq, weights.modelopt_config)) if weights.modelopt_config else {"quant_cfg": None}
+    config: dict[str, Any] = copy.deepcopy(getattr(mtq, weights.modelopt_config)) if weights.modelopt_config else {"quant_cfg": None}
     legacy = isinstance(config["quant_cfg"], dict)  # ModelOpt before the list-shaped quant_cfg (e.g. 0.37)
     if weights.group_wise:
         if legacy:
@@ -303,13 +310,13 @@ def _mtq_config(quant: QuantRecipe) -> dict[str, Any]:
             config["quant_cfg"] = {**(config["quant_cfg"] or {"default": {"enable": False}}), "*[kv]_bmm_quantizer": {**kv_cfg, "enable": True}}
             config["algorithm"] = config.get("algorithm") or "max"
         else:
-            kv = [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv_cfg}]
+            kv_entries = [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv_cfg}]
             with contextlib.redirect_stdout(io.StringIO()):  # it prints the whole config
-                config = mtq.update_quant_cfg_with_kv_cache_quant(config, kv)
+                config = mtq.update_quant_cfg_with_kv_cache_quant(config, kv_entries)
     return config
 
 
-def _load_model(hf_dir: Path, torch_dtype: torch.dtype) -> torch.nn.Module:
+def _load_model(hf_dir: Path, torch_dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

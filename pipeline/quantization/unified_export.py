@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["export_unified_checkpoint", "INT8_KV_SCALES_FILE"]
 
@@ -31,14 +34,15 @@ INT8_KV_SCALES_FILE = "kv_cache_scales.safetensors"
 _KV_QUANTIZERS = {"k_bmm_quantizer": "k_proj.k_scale", "v_bmm_quantizer": "v_proj.v_scale"}
 
 
-def export_unified_checkpoint(model: torch.nn.Module, export_dir: Path, *, dtype: torch.dtype) -> None:
+def export_unified_checkpoint(model: PreTrainedModel, export_dir: Path, *, dtype: torch.dtype) -> None:
     """`export_hf_checkpoint(model)` into `export_dir`, plus the INT8 KV-cache scales (see the module doc)."""
     from modelopt.torch.export import export_hf_checkpoint
 
     export_dir = Path(export_dir)
     if not _has_quantizers(model):
         if any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
-            model = model.to(dtype)
+            # transformers types PreTrainedModel.to by functools.wraps(Module.to), which keeps Module.to's self argument
+            model = model.to(dtype)  # type: ignore[arg-type]
         model.save_pretrained(export_dir, safe_serialization=True)
         return
     held = _int8_kv_quantizers(model)
@@ -76,6 +80,6 @@ def _int8_kv_quantizers(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def _mark_int8_kv_cache(path: Path) -> None:
-    data = json.loads(path.read_text()) if path.is_file() else {"quantization": {"quant_algo": None}}
+    data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"quantization": {"quant_algo": None}}
     data["quantization"]["kv_cache_quant_algo"] = "INT8"
     path.write_text(json.dumps(data, indent=4) + "\n")

@@ -16,6 +16,7 @@ weight scale on dim 1 and the pre-quant scale on dim 0 (bias and per-channel sca
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import overload
 
 import torch
 
@@ -65,9 +66,15 @@ def read_linear(tensors: dict[str, torch.Tensor], name: str) -> Linear:
     """The Linear `name` (without suffix); StageError naming the tensor when its weight is absent."""
     if f"{name}.weight" not in tensors:
         raise StageError(f"unified checkpoint: tensor {name}.weight is missing")
-    return Linear(name, **{s: tensors.get(f"{name}.{s}") for s in SUFFIXES})
+    return Linear(name, tensors[f"{name}.weight"], **{s: tensors.get(f"{name}.{s}") for s in SUFFIXES if s != "weight"})
 
 
+@overload
+def _rows(tensor: torch.Tensor, start: int, stop: int, out_features: int) -> torch.Tensor: ...
+@overload
+def _rows(tensor: None, start: int, stop: int, out_features: int) -> None: ...
+@overload
+def _rows(tensor: torch.Tensor | None, start: int, stop: int, out_features: int) -> torch.Tensor | None: ...
 def _rows(tensor: torch.Tensor | None, start: int, stop: int, out_features: int) -> torch.Tensor | None:
     """Rows [start, stop) of a per-output-row tensor; scalars and per-input tensors pass unchanged."""
     if tensor is None or tensor.dim() == 0 or tensor.numel() == 1:
@@ -105,21 +112,26 @@ def concat_rows(linears: list[Linear], name: str) -> Linear:
     first = linears[0]
     for key in ("input_scale", "weight_scale_2", "pre_quant_scale"):
         values = [getattr(lin, key) for lin in linears]
-        if any((v is None) != (values[0] is None) or (v is not None and not torch.equal(v, values[0])) for v in values):
+        head = values[0]
+        if any((v is None) != (head is None) or (v is not None and head is not None and not torch.equal(v, head)) for v in values):
             raise StageError(f"unified checkpoint: {', '.join(lin.name for lin in linears)} disagree on {key}")
     scales = [lin.weight_scale for lin in linears]
-    scalar = scales[0] is None or scales[0].numel() == 1
-    if scalar and any(s is not None and not torch.equal(s, scales[0]) for s in scales):
+    head_scale = scales[0]
+    scalar = head_scale is None or head_scale.numel() == 1
+    if scalar and any(s is not None and (head_scale is None or not torch.equal(s, head_scale)) for s in scales):
         raise StageError(f"unified checkpoint: {', '.join(lin.name for lin in linears)} disagree on weight_scale")
-    biases = [lin.bias for lin in linears]
-    if any((b is None) != (biases[0] is None) for b in biases):
+    row_scales = [s for s in scales if s is not None]
+    if not scalar and len(row_scales) != len(scales):
+        raise StageError(f"unified checkpoint: {', '.join(lin.name for lin in linears)}: some have a per-row weight_scale, some none")
+    biases = [lin.bias for lin in linears if lin.bias is not None]
+    if len(biases) not in (0, len(linears)):
         raise StageError(f"unified checkpoint: {', '.join(lin.name for lin in linears)}: some have a bias, some not")
     return replace(
         first,
         name=name,
         weight=torch.cat([lin.weight for lin in linears]),
-        bias=None if biases[0] is None else torch.cat(biases),
-        weight_scale=scales[0] if scalar else torch.cat(scales),
+        bias=torch.cat(biases) if biases else None,
+        weight_scale=head_scale if scalar else torch.cat(row_scales),
     )
 
 
@@ -128,26 +140,36 @@ def share_scalar_scales(linears: list[Linear]) -> list[Linear]:
     export does (`preprocess_linear_fusion` + `QKVConfig`: the max). An FP8 weight whose scale grows is re-quantized
     from its dequantized values; W4A8's FP8 second scale must already agree (the unified export fuses those)."""
     out = list(linears)
-    for key in ("input_scale", "weight_scale_2"):
-        values = [getattr(lin, key) for lin in out]
-        if all(v is not None and v.numel() == 1 for v in values):
-            top = torch.stack([v.reshape(()) for v in values]).max()
-            if key == "weight_scale_2" and any(not torch.equal(v.reshape(()), top) for v in values):
-                raise StageError(f"unified checkpoint: {', '.join(lin.name for lin in out)} disagree on weight_scale_2")
-            out = [replace(lin, **{key: top.reshape(getattr(lin, key).shape)}) for lin in out]
-    scales = [lin.weight_scale for lin in out]
-    if all(s is not None and s.numel() == 1 for s in scales) and all(lin.weight.dtype == FP8 for lin in out):
+    inputs = _per_tensor([lin.input_scale for lin in out])
+    if inputs is not None:
+        top = torch.stack([v.reshape(()) for v in inputs]).max()
+        out = [replace(lin, input_scale=top.reshape(v.shape)) for lin, v in zip(out, inputs)]
+    seconds = _per_tensor([lin.weight_scale_2 for lin in out])
+    if seconds is not None:
+        top = torch.stack([v.reshape(()) for v in seconds]).max()
+        if any(not torch.equal(v.reshape(()), top) for v in seconds):
+            raise StageError(f"unified checkpoint: {', '.join(lin.name for lin in out)} disagree on weight_scale_2")
+        out = [replace(lin, weight_scale_2=top.reshape(v.shape)) for lin, v in zip(out, seconds)]
+    scales = _per_tensor([lin.weight_scale for lin in out])
+    if scales is not None and all(lin.weight.dtype == FP8 for lin in out):
         top = torch.stack([s.reshape(()).float() for s in scales]).max()
-        out = [_requantize_fp8(lin, top) for lin in out]
+        out = [_requantize_fp8(lin, old, top) for lin, old in zip(out, scales)]
     return out
 
 
-def _requantize_fp8(linear: Linear, scale: torch.Tensor) -> Linear:
-    old = linear.weight_scale.reshape(()).float()
+def _per_tensor(scales: list[torch.Tensor | None]) -> list[torch.Tensor] | None:
+    """`scales` when every one is a per-tensor scale (one element), else None."""
+    present = [s for s in scales if s is not None and s.numel() == 1]
+    return present if len(present) == len(scales) else None
+
+
+def _requantize_fp8(linear: Linear, weight_scale: torch.Tensor, scale: torch.Tensor) -> Linear:
+    """`linear`'s FP8 weight, quantized with its `weight_scale`, re-quantized with `scale`."""
+    old = weight_scale.reshape(()).float()
     if torch.equal(old, scale):
         return linear
     weight = (linear.weight.float() * old / scale).to(FP8)
-    return replace(linear, weight=weight, weight_scale=scale.reshape(linear.weight_scale.shape))
+    return replace(linear, weight=weight, weight_scale=scale.reshape(weight_scale.shape))
 
 
 def repeat_heads(linear: Linear, head_size: int, reps: int) -> Linear:
@@ -159,13 +181,14 @@ def repeat_heads(linear: Linear, head_size: int, reps: int) -> Linear:
         )
     out = linear.out_features
 
-    def dup(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        if tensor is None or tensor.dim() == 0 or tensor.numel() == 1:
+    def dup(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() == 0 or tensor.numel() == 1:
             return tensor
         rows = head_size if tensor.shape[0] == out else head_size // 2
         return tensor.unflatten(0, (-1, rows)).repeat_interleave(reps, dim=0).flatten(0, 1)
 
-    return replace(linear, weight=dup(linear.weight), bias=dup(linear.bias), weight_scale=dup(linear.weight_scale))
+    bias, scale = linear.bias, linear.weight_scale
+    return replace(linear, weight=dup(linear.weight), bias=None if bias is None else dup(bias), weight_scale=None if scale is None else dup(scale))
 
 
 def column_shard(linear: Linear, tp: int, rank: int) -> Linear:
