@@ -47,7 +47,7 @@ def run_accuracy_bench(config: Path, artifacts: Path, *, progress: Callable[[str
 def format_run(algo: str, kv_cache: str) -> tuple[str, tuple[str, ...]]:
     """(label, overrides) of one row; the serve features a quantized KV cache rules out are switched off."""
     weights, kv = weight_format(algo), kv_cache_format(kv_cache)
-    overrides = (f"quantize.algo={algo}", f"quantize.kv_cache={kv_cache}")
+    overrides: tuple[str, ...] = (f"quantize.algo={algo}", f"quantize.kv_cache={kv_cache}")
     if paged_context_fmha_loss(weights, kv) is not None:
         overrides += ("serve.enable_kv_cache_reuse=false", "serve.enable_chunked_context=false")
     return (f"{algo} + {kv_cache} KV" if kv.quantized else algo), overrides

@@ -38,7 +38,21 @@ from bench.engine.systems import (
 )
 from bench.engine.workload import PrefixWorkload, Workload, make_prefix_workload, make_workload
 
-QUICK = {"num_requests": 16, "prompt_len": (16, 64), "output_mean": 12, "output_cap": 48, "max_batch_size": 4, "prefix_requests": 8, "prefix_wave_size": 4}
+
+@dataclasses.dataclass(frozen=True)
+class QuickSizes:
+    """The workload and engine sizes `quick` shrinks to."""
+
+    num_requests: int = 16
+    prompt_len: tuple[int, int] = (16, 64)
+    output_mean: float = 12
+    output_cap: int = 48
+    max_batch_size: int = 4
+    prefix_requests: int = 8
+    prefix_wave_size: int = 4
+
+
+QUICK = QuickSizes()
 PREFIX_REQUESTS, PREFIX_WAVE_SIZE, PREFIX_OUTPUT_LEN = 32, 8, 16
 SYSTEMS = ("refengine_inflight", "refengine_static", "hf_static_generate", "hf_continuous_batching")
 Say = Callable[[str], None]
@@ -71,25 +85,30 @@ class EngineBenchOptions:
         if self.quick:
             options = dataclasses.replace(
                 self,
-                num_requests=min(self.num_requests, QUICK["num_requests"]),
-                prompt_len=QUICK["prompt_len"],
-                output_mean=QUICK["output_mean"],
-                output_cap=QUICK["output_cap"],
+                num_requests=min(self.num_requests, QUICK.num_requests),
+                prompt_len=QUICK.prompt_len,
+                output_mean=QUICK.output_mean,
+                output_cap=QUICK.output_cap,
             )
-        rounds = self.rounds if self.rounds is not None else (1 if self.quick else 2)
-        return dataclasses.replace(options, prompt_len=tuple(options.prompt_len), rounds=rounds)
+        low, high = options.prompt_len  # callers may pass a list
+        return dataclasses.replace(options, prompt_len=(low, high), rounds=self.round_count)
+
+    @property
+    def round_count(self) -> int:
+        """`rounds`, or its default: 2, one when quick."""
+        return self.rounds if self.rounds is not None else (1 if self.quick else 2)
 
     @property
     def engine_overrides(self) -> dict[str, Any]:
-        return {"max_batch_size": QUICK["max_batch_size"]} if self.quick else {}
+        return {"max_batch_size": QUICK.max_batch_size} if self.quick else {}
 
     @property
     def prefix_requests(self) -> int:
-        return QUICK["prefix_requests"] if self.quick else PREFIX_REQUESTS
+        return QUICK.prefix_requests if self.quick else PREFIX_REQUESTS
 
     @property
     def prefix_wave_size(self) -> int:
-        return QUICK["prefix_wave_size"] if self.quick else PREFIX_WAVE_SIZE
+        return QUICK.prefix_wave_size if self.quick else PREFIX_WAVE_SIZE
 
     def call(self) -> str:
         """The recipe's call: every setting, by name."""
@@ -131,7 +150,7 @@ def run_engine_bench(
             f"{setup.workload.num_output_tokens} output tokens; B={setup.batch_size}, torch threads={options.num_threads}, "
             f"rounds={options.rounds}"
         )
-        runs = _interleaved_rounds(engine, static_engine, model, setup, options.rounds, say)
+        runs = _interleaved_rounds(engine, static_engine, model, setup, options.round_count, say)
         del engine, static_engine
         runs["hf_static_generate"].append(_hf_static(model, setup, say))
         del model

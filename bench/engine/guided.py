@@ -47,7 +47,7 @@ def run_guided_bench(engine_dir: Path, tokenizer_dir: Path, *, quick: bool = Fal
     from pipeline.render.xgrammar_tokenizer_info import write_tokenizer_info
     from refengine import LLMEngine, SamplingParams
     from refengine.guided.compiler import GuidedDecoder
-    from refengine.guided.params import GuidedDecodingParams
+    from refengine.guided.params import GuidedDecodingParams, GuideType
 
     torch.set_num_threads(1)
     engine = LLMEngine.from_engine_dir(engine_dir)
@@ -59,7 +59,7 @@ def run_guided_bench(engine_dir: Path, tokenizer_dir: Path, *, quick: bool = Fal
     batch = min(32, engine.config.max_batch_size)
     generator = random.Random(0)
     prompts = [[generator.randrange(3, engine.vocab_size) for _ in range(16)] for _ in range(batch)]
-    guide = GuidedDecodingParams("json_schema", json.dumps(SCHEMAS[TIMED_SCHEMA]))
+    guide = GuidedDecodingParams(GuideType.JSON_SCHEMA, json.dumps(SCHEMAS[TIMED_SCHEMA]))
     plain = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     guided = SamplingParams(max_tokens=max_tokens, temperature=0.0, guided_decoding=guide)
     warm_up = engine.generate(prompts[:2], [plain, guided])  # (and the schema's compile)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,7 @@ def run_refengine(engine: LLMEngine, workload: Workload, *, probe_kv: bool = Fal
     return run
 
 
-def _ran_their_length(outputs: dict[int, Sequence[int]], lengths: Sequence[int]) -> bool:
+def _ran_their_length(outputs: Mapping[int, Sequence[int]], lengths: Sequence[int]) -> bool:
     return len(outputs) == len(lengths) and all(len(outputs[i]) == n for i, n in enumerate(lengths))
 
 

@@ -31,10 +31,11 @@ import dataclasses
 import datetime as _dt
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from bench.overhead import environment
 from bench.overhead.figures import single_token_rows, streaming_rows
@@ -182,7 +183,7 @@ def measure_served(
     try:
         startup_s, version = _start(server, options, say)
         workers = functools.partial(_workers, local=local, loop=loop, server_options=server_options, prompt=options.prompt)
-        common = {"server_pgid": server.pid, "say": say, "all_workers": open_workers, "stats_url": server_options.http_url}
+        common: _PartKeywords = {"server_pgid": server.pid, "say": say, "all_workers": open_workers, "stats_url": server_options.http_url}
         say(f"(1) 1-token requests: {options.requests} per path after {options.warmup} warm-up, {options.concurrency} caller(s), {options.rounds} rounds")
         single = run_part(
             paths[0],
@@ -220,7 +221,7 @@ def measure_served(
         # The server's log goes with its temporary workspace; keep what it says with the error.
         if server.workspace is not None:
             running = "running" if server.is_running() else "NOT running"
-            error.add_note(f"tritonserver was {running}; its errors: {server.error_lines()}\nlog tail:\n{server.log_tail(15)}")
+            add_error_note(error, f"tritonserver was {running}; its errors: {server.error_lines()}\nlog tail:\n{server.log_tail(15)}", say)
         raise
     finally:
         _close_quietly(open_workers)
@@ -244,12 +245,31 @@ def _start(server: TritonServer, options: OverheadOptions, say: Say) -> tuple[fl
     return startup_s, version
 
 
+class _PartKeywords(TypedDict):
+    """The keywords run_part and run_sweep share within one sitting."""
+
+    server_pgid: int
+    say: Say
+    all_workers: list[Any]
+    stats_url: str | None
+
+
+def add_error_note(error: BaseException, note: str, say: Say) -> None:
+    """`note` on `error` (BaseException.add_note, Python 3.11+); said instead on Python 3.10, which has no notes."""
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        say(note)
+
+
 def _workers(path: MeasuredPath, *, local: InProcessSetup, loop: Any, server_options: ServerOptions, prompt: str, max_tokens: int, callers: int) -> list:
     """The callers of one path, each with its own connection (`engine.generate` has one caller by nature)."""
     if path.kind == "inprocess":
         return [InProcess(local.engine, local.tok, prompt, max_tokens)]
     if path.kind == "loop":
         return [InProcessLoop(loop, local.tok, prompt, max_tokens, path.stream) for _ in range(callers)]
+    if path.model is None:
+        raise ValueError(f"measured path {path.name}: a {path.kind} path names the Triton model it calls")
     if path.kind == "http":
         return [HttpGenerate(LOOPBACK, server_options.http_port, path.model, prompt, max_tokens) for _ in range(callers)]
     return [GrpcStream(server_options.grpc_url, path.model, prompt, max_tokens, path.stream) for _ in range(callers)]
@@ -271,6 +291,6 @@ def _stop(server: TritonServer) -> tuple[int | None, bool]:
         pid = None
     returncode = server.stop()
     group_left = bool(pid and _process.group_alive(pid))
-    if group_left:
+    if group_left and pid is not None:
         _process.kill_group(pid)
     return returncode, group_left

@@ -32,10 +32,12 @@ class _Tally:
 
 def _run_round(workers: list, count: int, tally: _Tally, server_pgid: int | None, stats_url: str | None = None) -> None:
     """`_timed_round` between two snapshots of Triton's per-model statistics (taken outside its clocks)."""
-    before = model_stats.snapshot(stats_url) if stats_url else None
+    if not stats_url:
+        _timed_round(workers, count, tally, server_pgid)
+        return
+    before = model_stats.snapshot(stats_url)
     _timed_round(workers, count, tally, server_pgid)
-    if stats_url:
-        model_stats.add_difference(tally.model_stats, before, model_stats.settled_snapshot(stats_url))
+    model_stats.add_difference(tally.model_stats, before, model_stats.settled_snapshot(stats_url))
 
 
 def _timed_round(workers: list, count: int, tally: _Tally, server_pgid: int | None) -> None:
@@ -46,7 +48,8 @@ def _timed_round(workers: list, count: int, tally: _Tally, server_pgid: int | No
     if len(workers) == 1:
         samples = [workers[0].request() for _ in range(count)]
     else:
-        samples, errors, lock = [], [], threading.Lock()
+        errors: list[BaseException] = []
+        samples, lock = [], threading.Lock()
         remaining = [count]
 
         def drive(worker) -> None:

@@ -6,6 +6,7 @@ streamed responses, and CPU per output token: the server's (by process) and this
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ def run_sweep(
         common["say"](f"(4) {callers} concurrent stream(s): {requests} requests per path")
         tallies[callers] = run_part(
             paths,
-            lambda path, callers=callers: make_workers(path, callers=callers),
+            functools.partial(make_workers, callers=callers),
             requests=requests,
             warmup=callers,
             rounds=rounds,

@@ -86,7 +86,7 @@ def run_soak_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget)
         openai_triton_model=args.openai_triton_model,
     ) as endpoints:
         server = endpoints.server
-        targets = ChaosTargets(endpoints.grpc, endpoints.http, endpoints.openai, endpoints.model_name)
+        targets = ChaosTargets(endpoints.url("grpc"), endpoints.url("http"), endpoints.openai, endpoints.model_name)
         verdict = soak(
             plan,
             targets,

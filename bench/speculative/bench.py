@@ -163,7 +163,7 @@ def run_speculative_bench(
 def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, progress) -> dict[str, Any]:
     workload = [prompts[i % len(prompts)] for i in range(options.requests_at(batch_size))]
     row: dict[str, Any] = {"batch_size": batch_size, "requests": len(workload)}
-    systems = {}
+    systems: dict[str, _LoadedSystem] = {}
     for name, variant in variants.items():
         system = variant if isinstance(variant, System) else System(variant)
         if system.fp16_weight_gemm is None:
@@ -171,9 +171,9 @@ def _row(variants, prompts, options: SpeculativeBenchOptions, batch_size: int, p
         systems[name] = _LoadedSystem(system, batch_size, options.max_tokens, workload[0])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for round_index in range(options.repeats):  # interleaved: every system sees the same spells of machine load
-        for name, system in systems.items():
+        for name, loaded in systems.items():
             progress(f"batch {batch_size}: {name} ({len(workload)} requests, round {round_index + 1}/{options.repeats})")
-            runs[name].append(system.run(workload))
+            runs[name].append(loaded.run(workload))
     del systems  # the engines' KV caches, before the next batch size allocates its own
     for name in variants:
         row[name] = _best_of(runs[name])

@@ -74,7 +74,7 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpuTarget) -> int:
-    from bench.speculative.bench import SpeculativeBenchOptions, System, run_speculative_bench
+    from bench.speculative.bench import SpeculativeBenchOptions, System, Variant, run_speculative_bench
     from bench.speculative.engines import draft_variant, ngram_variant, plain_variant, speculative_kind
     from bench.speculative.prompts import heldout_code_prompts
     from pipeline.calibration import load_tokenizer
@@ -98,26 +98,27 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     _, store, results = build_for_bench(args, build_cpu_target, "bench speculative", "build")
     engine_dir = results["build"].ref.engine_dir
     work = store.build_dir / "bench-speculative"
-    variants = {"plain": plain_variant(engine_dir, work)}
+    engines: dict[str, Path] = {"plain": plain_variant(engine_dir, work)}
     built = speculative_kind(engine_dir)
     if built is not None:
-        variants[built] = engine_dir
+        engines[built] = engine_dir
     if args.draft is not None:
-        variants["draft_model"] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len)
+        engines["draft_model"] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len)
     if args.draft_vocab is not None:
         name = f"draft_vocab{args.draft_vocab}"
-        variants[name] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len, args.draft_vocab, name=name)
+        engines[name] = draft_variant(engine_dir, work, args.draft.resolve(), args.max_draft_len, args.draft_vocab, name=name)
     if args.ngram:
-        variants["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
+        engines["ngram"] = ngram_variant(engine_dir, work, args.max_draft_len, args.ngram_size)
     if args.medusa is not None:
-        variants["medusa"] = _medusa_variant(engine_dir, work, args)
+        engines["medusa"] = _medusa_variant(engine_dir, work, args)
     if args.medusa_vocab is not None:
-        variants[f"medusa_vocab{args.medusa_vocab}"] = _medusa_variant(engine_dir, work, args, args.medusa_vocab)
+        engines[f"medusa_vocab{args.medusa_vocab}"] = _medusa_variant(engine_dir, work, args, args.medusa_vocab)
+    variants: dict[str, Variant] = dict(engines)
     if args.fixed_draft_len:
-        for name in [name for name in variants if name != "plain"]:
-            variants[f"{name}_k{args.max_draft_len}"] = System(variants[name], args.max_draft_len)
+        for name in [name for name in engines if name != "plain"]:
+            variants[f"{name}_k{args.max_draft_len}"] = System(engines[name], args.max_draft_len)
     if args.with_fp32_gemm_plain:
-        variants["plain_fp32_gemm"] = System(variants["plain"], fp16_weight_gemm=False)
+        variants["plain_fp32_gemm"] = System(engines["plain"], fp16_weight_gemm=False)
     if len(variants) == 1:
         raise SpecError("bench speculative: nothing to compare; pass --draft DIR, --ngram and/or --medusa DIR (or build with a speculative section)")
     tokenizer = load_tokenizer(checkpoint_dir(results["prepare"].ref.path))
@@ -135,7 +136,7 @@ def run_speculative_command(args: argparse.Namespace, build_cpu_target: BuildCpu
     if args.medusa is not None:
         from bench.speculative.medusa import verification_cost
 
-        result["medusa_verification_cost"] = verification_cost(variants["medusa"], options.fp16_weight_gemm, args.quick)
+        result["medusa_verification_cost"] = verification_cost(engines["medusa"], options.fp16_weight_gemm, args.quick)
     write_and_print(result, args.out or store.build_dir / RESULT_NAME, args.json, _render, status)
     return 0
 

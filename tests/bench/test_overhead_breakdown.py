@@ -3,9 +3,12 @@ client request, the server's processes named by model, and `--sweep`'s argument.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from bench.overhead import model_stats
+from bench.overhead.bench import add_error_note
 from bench.overhead.command import sweep_points
 from bench.overhead.rounds import _process_label
 from pipeline.errors import SpecError
@@ -51,3 +54,16 @@ def test_sweep_points_are_positive_integers():
     for bad in ("0", "1,x", "2,,4"):
         with pytest.raises(SpecError, match="--sweep"):
             sweep_points(bad)
+
+
+def test_error_notes_keep_the_servers_context_on_every_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by mypy (python_version 3.10): BaseException.add_note is 3.11's, so on 3.10 the handler that keeps
+    # tritonserver's log with a failed sitting raised AttributeError in place of the error it was handling
+    said: list[str] = []
+    error = RuntimeError("the sitting failed")
+    add_error_note(error, "tritonserver was NOT running", said.append)
+    assert error.__notes__ == ["tritonserver was NOT running"] and said == []
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14))
+    older = RuntimeError("the sitting failed")
+    add_error_note(older, "tritonserver was NOT running", said.append)
+    assert not hasattr(older, "__notes__") and said == ["tritonserver was NOT running"]

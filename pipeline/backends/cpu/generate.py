@@ -52,5 +52,6 @@ def generate_offline(
         raise GenerationError(f"request refused: {exc}") from None
     completion = result.outputs[0]
     text = tokenizer.decode(list(completion.token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    assert isinstance(text, str)  # one id list decodes to one str; transformers types decode for batches too
+    if not isinstance(text, str):  # one id list decodes to one str; transformers types decode for batches too
+        raise TypeError(f"the tokenizer decoded one completion to a {type(text).__name__}, not a str")
     return Generation(prompt, list(prompt_ids), list(completion.token_ids), text, completion.finish_reason or "length")
