@@ -36,6 +36,7 @@ import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from bls_tensors import UpstreamError, call_model, client_flag, stop_words
 from client_contract import BlsWiring, figures_not_given
 from deferred_release import DeferredRelease
 from hf_tokenizer import HFTokenizer
@@ -51,32 +52,6 @@ _LLM_OUTPUTS = ["output_ids", "sequence_length"]  # per streamed token: few tens
 _LOG_PROB_OUTPUTS = ["cum_log_probs", "output_log_probs"]
 # set anew for every call of the draft loop
 _PER_STEP_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming", "exclude_input_in_output")
-
-
-def _flag(client, name):
-    return name in client and bool(client[name].reshape(-1)[0])
-
-
-def _stop_words(stop_words_list):
-    """TensorRT-LLM's [1, 2, N] stop_words_list (token ids, then the cumulative end offsets padded with -1) as words."""
-    if stop_words_list is None or stop_words_list.size == 0:
-        return []
-    ids, ends = stop_words_list.reshape(2, -1).tolist()
-    words, start = [], 0
-    for end in ends:
-        if end < 0:
-            break
-        words.append(ids[start:end])
-        start = end
-    return words
-
-
-class _UpstreamError(Exception):
-    """A composing model answered with an error; forwarded to the client with its code."""
-
-    def __init__(self, error) -> None:
-        super().__init__(error.message())
-        self.triton_error = error
 
 
 class TritonPythonModel:
@@ -120,7 +95,7 @@ class TritonPythonModel:
             self._generate(request, channel)
         except BadRequest as error:
             channel.send(error_response(str(error)), final=True)
-        except _UpstreamError as error:
+        except UpstreamError as error:
             channel.send(pb_utils.InferenceResponse(output_tensors=[], error=error.triton_error), final=True)
         except Exception as error:  # never let one request take the model down
             log_error(f"tensorrt_llm_bls: request failed: {type(error).__name__}: {error}")
@@ -133,7 +108,7 @@ class TritonPythonModel:
         client, streaming = self._client_inputs(request)
         exclude_input = bool(client["exclude_input_in_output"].reshape(-1)[0])
         return_log_probs = bool(client["return_log_probs"].reshape(-1)[0]) if "return_log_probs" in client else False
-        preprocessed = self._call(
+        preprocessed = call_model(
             self._preprocessing,
             {wiring.client_to_preprocessing[name]: array for name, array in client.items() if name in wiring.client_to_preprocessing},
             list(wiring.preprocessing_to_llm),
@@ -179,16 +154,18 @@ class TritonPythonModel:
         if wanted == 0:
             return 0
         if self._max_draft_len <= 0:
-            raise BadRequest("num_draft_tokens: the engine was built without draft-target speculative decoding "
-                             "(build.speculative.mode draft_tokens_external, max_draft_len 0); send no num_draft_tokens")
+            raise BadRequest(
+                "num_draft_tokens: the engine was built without draft-target speculative decoding "
+                "(build.speculative.mode draft_tokens_external, max_draft_len 0); send no num_draft_tokens"
+            )
         if wanted > self._max_draft_len:
             raise BadRequest(f"num_draft_tokens: {wanted} exceeds the engine's max_draft_len ({self._max_draft_len})")
         if self._drafts_inside:
             return wanted  # the engine drafts inside (the cpu engine carries its draft model or drafts n-grams)
         refusals = (
             (streaming, "stream: streaming is not supported with speculative decoding (num_draft_tokens)"),
-            (_flag(client, "return_context_logits"), "return_context_logits: context logits are not supported with speculative decoding"),
-            (_flag(client, "return_generation_logits"), "return_generation_logits: generation logits are not returned with speculative decoding"),
+            (client_flag(client, "return_context_logits"), "return_context_logits: context logits are not supported with speculative decoding"),
+            (client_flag(client, "return_generation_logits"), "return_generation_logits: generation logits are not returned with speculative decoding"),
             ("beam_width" in client and int(client["beam_width"].reshape(-1)[0]) > 1, "beam_width: speculative decoding runs one beam"),
         )
         for refused, message in refusals:
@@ -209,9 +186,12 @@ class TritonPythonModel:
         def step(model, sequence, output_len, draft_ids=None, with_logits=False):
             if cancelled.is_set():
                 return ([], None) if with_logits else []
-            inputs = dict(shared, input_ids=np.array([sequence], dtype=np.int32),
-                          input_lengths=np.array([[len(sequence)]], dtype=np.int32),
-                          request_output_len=np.array([[output_len]], dtype=np.int32))
+            inputs = dict(
+                shared,
+                input_ids=np.array([sequence], dtype=np.int32),
+                input_lengths=np.array([[len(sequence)]], dtype=np.int32),
+                request_output_len=np.array([[output_len]], dtype=np.int32),
+            )
             if draft_ids:
                 inputs["draft_input_ids"] = np.array([draft_ids], dtype=np.int32)
                 if use_logits:  # [1, k, vocab], as NVIDIA's BLS sends them
@@ -230,10 +210,13 @@ class TritonPythonModel:
         max_tokens = int(llm_inputs["request_output_len"].reshape(-1)[0])
         end_id = int(llm_inputs["end_id"].reshape(-1)[0]) if "end_id" in llm_inputs else None
         result = draft_target_generate(
-            prompt, max_tokens, num_draft_tokens,
+            prompt,
+            max_tokens,
+            num_draft_tokens,
             draft=draft,
             target=lambda sequence, draft_ids: step(self._llm, sequence, len(draft_ids) + 1, draft_ids),
-            end_id=end_id, stop_words=_stop_words(llm_inputs.get("stop_words_list")),
+            end_id=end_id,
+            stop_words=stop_words(llm_inputs.get("stop_words_list")),
         )
         self._watcher.forget(channel)
         if cancelled.is_set():
@@ -254,7 +237,8 @@ class TritonPythonModel:
         generation_logits rows ([tokens, vocab], None if the model returned none)."""
         rows = []
         request = pb_utils.InferenceRequest(
-            model_name=model_name, requested_output_names=["output_ids", "sequence_length"] + (["generation_logits"] if with_logits else []),
+            model_name=model_name,
+            requested_output_names=["output_ids", "sequence_length"] + (["generation_logits"] if with_logits else []),
             inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
         )
         tokens = []
@@ -262,7 +246,7 @@ class TritonPythonModel:
         try:
             for response in responses:
                 if response.has_error():
-                    raise _UpstreamError(response.error())
+                    raise UpstreamError(response.error())
                 tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
                 if "output_ids" in tensors:
                     length = int(tensors["sequence_length"].reshape(-1)[0])
@@ -312,7 +296,7 @@ class TritonPythonModel:
         try:
             for llm_response in llm_responses:
                 if llm_response.has_error():
-                    raise _UpstreamError(llm_response.error())
+                    raise UpstreamError(llm_response.error())
                 tensors = {t.name(): t.as_numpy() for t in llm_response.output_tensors()}
                 if "output_ids" not in tensors or cancelled.is_set():
                     continue
@@ -356,7 +340,7 @@ class TritonPythonModel:
     def _detokenize(self, preceding, new_ids):
         if self._tokenizer is not None:
             return text_delta(self._decode, preceding, new_ids)
-        result = self._call(
+        result = call_model(
             self._postprocessing,
             {
                 "TOKENS_BATCH": np.array(new_ids, dtype=np.int32).reshape(1, 1, -1),
@@ -373,7 +357,7 @@ class TritonPythonModel:
         if self._tokenizer is not None:
             return [self._detokenize(context, ids[0, beam, : int(lengths[0, beam])].tolist()) for beam in range(ids.shape[1])]
         preceding = np.array([context] * ids.shape[1], dtype=np.int32).reshape(1, ids.shape[1], len(context))
-        result = self._call(self._postprocessing, {"TOKENS_BATCH": ids, "SEQUENCE_LENGTH": lengths, "PRECEDING_IDS": preceding}, ["OUTPUT"])
+        result = call_model(self._postprocessing, {"TOKENS_BATCH": ids, "SEQUENCE_LENGTH": lengths, "PRECEDING_IDS": preceding}, ["OUTPUT"])
         return [value.decode("utf-8") if isinstance(value, bytes) else str(value) for value in result["OUTPUT"].reshape(-1)]
 
     def _client_response(self, text, llm_tensors, requested):
@@ -384,16 +368,6 @@ class TritonPythonModel:
             if llm_name in llm_tensors and client_name in requested:
                 tensors.append(pb_utils.Tensor(client_name, llm_tensors[llm_name]))
         return pb_utils.InferenceResponse(output_tensors=tensors)
-
-    def _call(self, model_name, arrays, outputs):
-        response = pb_utils.InferenceRequest(
-            model_name=model_name,
-            requested_output_names=outputs,
-            inputs=[pb_utils.Tensor(name, array) for name, array in arrays.items()],
-        ).exec()
-        if response.has_error():
-            raise _UpstreamError(response.error())
-        return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
     def _stop(self, llm_request_id):
         for message in send_stop(self._llm, llm_request_id, keep=self._finished_calls.hold):

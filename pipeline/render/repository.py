@@ -55,6 +55,7 @@ _MODEL_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     "tensorrt_llm_bls": (
         "tensorrt_llm_bls.py",
         (
+            "bls_tensors.py",
             "client_contract.py",
             "deferred_release.py",
             "hf_tokenizer.py",

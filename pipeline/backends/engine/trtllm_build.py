@@ -22,21 +22,28 @@ from typing import Any
 
 from pipeline.backends.engine.build_request import BuildRequest
 from pipeline.backends.engine.build_rules import Decision, resolve
+from pipeline.backends.engine.spec_request import request_from_spec
 from pipeline.backends.engine_facts import SPECULATIVE_DECODING_MODE
-from pipeline.config.effective_quantization import effective_quantize
-from pipeline.config.lora_adapters import spec_target_modules
 from pipeline.config.model_info import ModelInfo
 from pipeline.config.spec import Spec
 from pipeline.errors import PipelineError, SpecError
 from pipeline.quant_formats import kv_cache_format, weight_format
-from pipeline.speculative.registry import rules_for
 from pipeline.trtllm_versions import TrtllmVersion
 
 __all__ = [
-    "BUILD_CONFIG_FILE", "TIMING_CACHE_FILE", "SCRIPT_FILE", "LOG_LEVELS",
+    "BUILD_CONFIG_FILE",
+    "TIMING_CACHE_FILE",
+    "SCRIPT_FILE",
+    "LOG_LEVELS",
     "SPECULATIVE_DECODING_MODE",
-    "BuildRequest", "Decision", "TrtllmBuild", "request_from_spec", "plan_trtllm_build", "plan_from_request", "render_build_config",
-    "render_argv", "render_script",
+    "BuildRequest",
+    "Decision",
+    "TrtllmBuild",
+    "plan_trtllm_build",
+    "plan_from_request",
+    "render_build_config",
+    "render_argv",
+    "render_script",
 ]
 
 BUILD_CONFIG_FILE = "build_config.json"
@@ -45,69 +52,6 @@ SCRIPT_FILE = "trtllm-build.sh"
 LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")
 
 ENGINE_LORA_DIR = "lora"  # trtllm-build copies adapter i into <engine>/lora/<i>/ and records that relative path
-
-
-def request_from_spec(spec: Spec, model: ModelInfo) -> BuildRequest:
-    """The spec as trtllm-build settings. Reads the first LoRA adapter's adapter_config.json when build.lora lists no
-    target modules (trtllm-build would take them from there; the command names them explicitly). The quantization is
-    the one the build runs with (a published checkpoint's own format: pipeline.config.effective_quantization)."""
-    build, plugins, quantize = spec.build, spec.build.plugins, effective_quantize(spec, model.path)
-    return BuildRequest(
-        name=spec.name,
-        architecture=model.architecture,
-        dtype=spec.model.dtype.value,
-        quant_algo=quantize.algo.value,
-        kv_cache_quant=quantize.kv_cache.value,
-        group_size=quantize.group_size,
-        tp_size=build.tp_size,
-        pp_size=build.pp_size,
-        max_batch_size=build.max_batch_size,
-        max_input_len=build.max_input_len,
-        max_seq_len=build.max_seq_len,
-        model_max_seq_len=model.default_max_seq_len(),
-        max_num_tokens=build.max_num_tokens,
-        opt_num_tokens=build.opt_num_tokens,
-        max_beam_width=build.max_beam_width,
-        tokens_per_block=build.tokens_per_block,
-        kv_cache_type=build.kv_cache_type.value,
-        gpt_attention_plugin=plugins.gpt_attention_plugin.value,
-        gemm_plugin=plugins.gemm_plugin.value,
-        context_fmha=plugins.context_fmha,
-        use_paged_context_fmha=plugins.use_paged_context_fmha,
-        use_fp8_context_fmha=plugins.use_fp8_context_fmha,
-        use_fused_mlp=plugins.use_fused_mlp,
-        remove_input_padding=plugins.remove_input_padding,
-        reduce_fusion=plugins.reduce_fusion,
-        multiple_profiles=plugins.multiple_profiles,
-        enable_kv_cache_reuse=spec.serve.enable_kv_cache_reuse,
-        enable_chunked_context=spec.serve.enable_chunked_context,
-        gather_context_logits=build.gather_context_logits,
-        **_lora_settings(spec),
-        **_speculative_settings(spec),
-    )
-
-
-def _lora_settings(spec: Spec) -> dict[str, Any]:
-    lora = spec.build.lora
-    if lora is None:
-        return {}
-    modules = spec_target_modules(lora)
-    return {
-        "lora_plugin": spec.model.dtype.value,  # the LoRA plugin runs in the model's dtype (what `auto` resolves to)
-        "lora_dirs": tuple(str(d) for d in lora.adapter_dirs),
-        "lora_ckpt_source": lora.adapter_source.value,
-        "lora_target_modules": modules,
-        "max_lora_rank": lora.max_rank,
-    }
-
-
-def _speculative_settings(spec: Spec) -> dict[str, Any]:
-    speculative = spec.build.speculative
-    if speculative is None:
-        return {}
-    eagle_layers = rules_for(speculative.mode).num_eagle_layers(speculative)
-    return {"speculative_decoding_mode": speculative.engine_mode, "max_draft_len": speculative.draft_len,
-            "num_eagle_layers": eagle_layers}
 
 
 @dataclass(frozen=True)
@@ -207,7 +151,9 @@ def plan_from_request(
     if workers > settings.world_size:
         decisions = decisions + (
             Decision(
-                "build.workers", workers, settings.world_size,
+                "build.workers",
+                workers,
+                settings.world_size,
                 f"trtllm-build builds one engine per rank (world size {settings.world_size}); more workers than ranks only idle",
             ),
         )
@@ -216,12 +162,26 @@ def plan_from_request(
     timing_cache = output_dir / TIMING_CACHE_FILE
     build_config = render_build_config(settings, timing_cache=timing_cache)
     argv = render_argv(
-        settings, version, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
-        build_config_path=output_dir / BUILD_CONFIG_FILE, timing_cache=timing_cache, workers=workers, log_level=log_level,
+        settings,
+        version,
+        checkpoint_dir=checkpoint_dir,
+        output_dir=output_dir,
+        build_config_path=output_dir / BUILD_CONFIG_FILE,
+        timing_cache=timing_cache,
+        workers=workers,
+        log_level=log_level,
     )
     return TrtllmBuild(
-        name=request.name, version=version, settings=settings, decisions=decisions, checkpoint_dir=checkpoint_dir,
-        output_dir=output_dir, hf_dir=Path(hf_dir), build_config=build_config, argv=tuple(argv), workers=workers,
+        name=request.name,
+        version=version,
+        settings=settings,
+        decisions=decisions,
+        checkpoint_dir=checkpoint_dir,
+        output_dir=output_dir,
+        hf_dir=Path(hf_dir),
+        build_config=build_config,
+        argv=tuple(argv),
+        workers=workers,
     )
 
 
@@ -381,4 +341,3 @@ def render_script(build: TrtllmBuild) -> str:
         i = j
     lines.append(" \\\n  ".join(body))
     return "\n".join(lines) + "\n"
-

@@ -13,7 +13,7 @@ import pytest
 from pipeline import quant_formats
 from pipeline.backends.cpu.target import cpu_build_config
 from pipeline.backends.engine.build_rules import resolve
-from pipeline.backends.engine.trtllm_build import request_from_spec
+from pipeline.backends.engine.spec_request import request_from_spec
 from pipeline.config.loader import load_config
 from pipeline.config.spec import KVCacheQuant, QuantAlgo, Target
 from pipeline.errors import SpecError, StageError
