@@ -30,7 +30,7 @@ from clients.aio import AsyncTritonLLMClient
 from clients.errors import ClientError
 from clients.lora import LoraAdapter
 from clients.openai_server import access, errors, openapi, routes
-from clients.openai_server.access import KEY_NAME_STATE, NO_KEY, AccessPolicy
+from clients.openai_server.access import KEY_NAME_STATE, NO_KEY, AccessPolicy, key_name
 from clients.openai_server.bodies import parse, read_body
 from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
 from clients.openai_server.errors import OpenAIError
@@ -71,6 +71,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.model.name in self.adapters:
             raise ValueError(f"LoRA adapter name {self.model.name!r} is the served model's name; give the adapter another")
+        if self.model.traffic is not None:
+            self.model.traffic.check_key_names(self.access.keys.names if self.access.keys is not None else ())
 
 
 class _ClientGone(Exception):
@@ -143,7 +145,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     )
     async def completions(request: Request) -> Response:
         parsed = parse(CompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
-        return await _answer(request, plan_completion(parsed, context), context, chat=False)
+        return await _answer(request, plan_completion(parsed, context, key_name(request)), context, chat=False)
 
     @app.post(
         routes.CHAT_COMPLETIONS,
@@ -152,7 +154,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     )
     async def chat_completions(request: Request) -> Response:
         parsed = parse(ChatCompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
-        return await _answer(request, plan_chat(parsed, context), context, chat=True)
+        return await _answer(request, plan_chat(parsed, context, key_name(request)), context, chat=True)
 
     return app
 

@@ -145,7 +145,7 @@ def _wire_datatype(data_type: str) -> str:
 
 
 def test_the_clients_input_datatypes_are_the_ensembles():
-    declared = {spec.name: _wire_datatype(spec.data_type) for spec in contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS}
+    declared = {spec.name: _wire_datatype(spec.data_type) for spec in contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + contract.CLIENT_PRIORITY_INPUTS}
     assert {name: declared.get(name) for name in INPUT_DATATYPES} == INPUT_DATATYPES
     assert set(ARRAY_INPUTS) <= set(declared)  # sent typed by their arrays (lora_weights: the engine's LoRA dtype)
 
@@ -162,7 +162,7 @@ def test_the_cpu_model_reads_num_draft_tokens_and_use_draft_logits(model_code):
     import numpy as np
     from llm_request import parse_request
 
-    assert [spec.name for spec in contract.CPU_LLM_EXTRA_INPUTS] == ["num_draft_tokens", "use_draft_logits"]
+    assert [spec.name for spec in contract.CPU_LLM_EXTRA_INPUTS][:2] == ["num_draft_tokens", "use_draft_logits"]
     base = dict(input_ids=np.array([[5, 6]], dtype=np.int32), input_lengths=np.array([[2]]), request_output_len=np.array([[3]]))
     assert parse_request(base, exclude_input_default=True, decoupled=True).params.num_draft_tokens is None
     request = parse_request(base | {"num_draft_tokens": np.array([[2]], dtype=np.int32)}, exclude_input_default=True, decoupled=True)

@@ -223,8 +223,9 @@ def test_both_llm_variants_share_the_tensorrt_llm_contract(tmp_path):
     # the cpu engine drafts inside and takes a per-request draft length and acceptance (the BLS's inputs) instead
     draft_inputs = {"draft_input_ids", "draft_logits", "draft_acceptance_threshold"}
     cpu_inputs = tensors(cpu.input)
-    assert cpu_inputs.pop("num_draft_tokens")[0] == model_config_pb2.TYPE_INT32  # the cpu model's two extra inputs
+    assert cpu_inputs.pop("num_draft_tokens")[0] == model_config_pb2.TYPE_INT32  # the cpu model's extra inputs
     assert cpu_inputs.pop("use_draft_logits")[0] == model_config_pb2.TYPE_BOOL
+    assert cpu_inputs.pop("priority")[0] == model_config_pb2.TYPE_FP32  # refengine's priority scheduling (serve.traffic)
     assert cpu_inputs == {name: spec for name, spec in tensors(engine.input).items() if name not in draft_inputs}
     assert draft_inputs <= set(tensors(engine.input))
     cpu_outputs, engine_outputs = tensors(cpu.output), tensors(engine.output)
