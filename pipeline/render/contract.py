@@ -138,6 +138,8 @@ LLM_LORA_INPUTS: tuple[TensorSpec, ...] = (
 # The cpu model's input addition: speculative decoding's draft length per request and how a draft model's tokens are
 # accepted (TensorRT-LLM has both on the BLS model, `num_draft_tokens` / `use_draft_logits`; 0 turns speculation off,
 # at most the engine's max_draft_len). The cpu engine drafts inside, so the BLS passes them on (refengine SamplingParams).
+# `priority`: the request's scheduling priority in [0, 1], higher first, 0.5 when absent (TensorRT-LLM's executor
+# Request priority; refengine/priority.py).
 CPU_LLM_EXTRA_INPUTS: tuple[TensorSpec, ...] = (
     _scalar("num_draft_tokens", "TYPE_INT32"),
     _scalar("use_draft_logits", "TYPE_BOOL"),
