@@ -203,8 +203,27 @@ def test_the_starvation_guard_admits_a_low_request_after_n_steps_and_keeps_it_in
     assert finished_at is not None and 5 < finished_at <= 5 + 2 + 4
 
 
-def test_the_default_guard_changes_nothing_for_equal_priorities():
+def _equal_priority_schedule(starvation_steps):
+    """Every step's (scheduled, preempted) seq ids of a preempting workload of one priority, requests arriving over time."""
+    config = _config(max_batch_size=3, num_kv_blocks=9, scheduler_policy="max_utilization", context_starvation_steps=starvation_steps)
+    scheduler = Scheduler(config)
+    runner = FakeRunner(scheduler, 4, seed=5)
+    steps = []
+    for step in range(400):
+        if step < 8:
+            scheduler.add_request(f"r{step}", [step + 1] * (3 + step), SamplingParams(max_tokens=10), 0, priority=LOW)
+        if not scheduler.has_unfinished():
+            break
+        steps.append(_step(scheduler, runner)[:2])
+    return steps, scheduler.num_preemptions
+
+
+def test_the_starvation_guard_changes_nothing_among_equal_priorities():
+    """With one priority the starved sequences are the oldest ones, preempted or not: the order stays arrival order."""
     assert EngineConfig().context_starvation_steps > 0 and EngineConfig().context_scheduling_policy.value == "fcfs"
+    unguarded, preemptions = _equal_priority_schedule(0)
+    assert preemptions > 0
+    assert _equal_priority_schedule(2) == (unguarded, preemptions)
 
 
 # -- the engine: exact recompute, refusals, settings -------------------------------------------------------------------
