@@ -112,7 +112,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
                 app.state.triton = None  # a later startup makes a new one
 
     app = FastAPI(title="trtllm-pipeline OpenAI-compatible API", lifespan=lifespan)
-    app.state.metrics = FrontEndMetrics(keyed=settings.access.keys is not None)
+    app.state.metrics = FrontEndMetrics(keyed=settings.access.keys is not None, classed=settings.model.traffic is not None)
     _add_error_handlers(app)
     access.install(app, settings.access)
     _count_answers(app)  # after access: outside it, so its 401s and 429s are counted too
@@ -163,7 +163,9 @@ async def _answer(request: Request, plan: Plan, context: Context, *, chat: bool)
     answer = Answer(plan, plan.model_name or context.model.name, chat=chat)
     streams = OpenStreams()
     route = Route(request.app.state.triton, context.tokenizer, context.model.llm_model)
-    events = timed(merged(route, plan.choices, streams), request.app.state.metrics, request.state.received)
+    traffic = context.model.traffic
+    traffic_class = traffic.by_name(plan.traffic_class) if traffic is not None and plan.traffic_class is not None else None
+    events = timed(merged(route, plan.choices, streams), request.app.state.metrics, request.state.received, traffic_class)
     try:
         if not plan.stream:
             results = await _until_disconnected(request, collect(events, len(plan.choices)))

@@ -172,3 +172,31 @@ def test_the_table_travels_in_the_preprocessing_parameters():
     model = ServedModel.from_parameters(parameters, name="tiny", triton_model="ensemble", source="test", takes_priority=True)
     assert model.traffic is not None and model.traffic.names == ("batch", "interactive", "standard")
     assert [c.name for c in model.traffic.ranked] == ["interactive", "standard", "batch"]
+
+
+def test_metrics_carry_the_class_and_count_its_objectives(server):
+    client, _ = server
+    ask(server, CHAT_KEY, max_tokens=3)  # interactive: a 500 ms TTFT objective, met by the scripted Triton
+    ask(server, NIGHTLY_KEY, max_tokens=3)  # batch: no objectives, so met
+    text = client.get("/metrics", headers={"Authorization": f"Bearer {CHAT_KEY}"}).text
+    assert 'trtllm_pipeline_openai_time_to_first_token_seconds_count{class="interactive"}' in text
+    assert 'trtllm_pipeline_openai_inter_token_latency_seconds_count{class="batch"}' in text
+    counts = {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith("trtllm_pipeline_openai_slo_choices_total{")
+    }
+    assert counts.get('trtllm_pipeline_openai_slo_choices_total{class="interactive",slo="met"}', 0) >= 1
+    assert counts.get('trtllm_pipeline_openai_slo_choices_total{class="batch",slo="met"}', 0) >= 1
+
+
+def test_a_missed_objective_is_counted_missed():
+    from clients.openai_server.metrics import FrontEndMetrics
+    from clients.openai_server.traffic import TrafficClass
+
+    metrics = FrontEndMetrics(classed=True)
+    tight = TrafficClass("interactive", 1.0, ttft_slo_ms=100, tpot_slo_ms=10)
+    metrics.observe_choice(tight, ttft_s=0.05, tpot_s=0.005)
+    metrics.observe_choice(tight, ttft_s=0.2, tpot_s=0.005)  # late first token
+    metrics.observe_choice(tight, ttft_s=0.05, tpot_s=0.02)  # slow tokens
+    text = metrics.exposition()
+    assert 'trtllm_pipeline_openai_slo_choices_total{class="interactive",slo="met"} 1.0' in text
+    assert 'trtllm_pipeline_openai_slo_choices_total{class="interactive",slo="missed"} 2.0' in text
