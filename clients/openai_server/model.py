@@ -54,6 +54,7 @@ class ServedModel:
     ensemble: bool = False  # triton_model is an ensemble: its streams are ended early by a `stop` to llm_model
     traffic: TrafficTable | None = None  # serve.traffic (the `traffic_classes` parameter); None: one class
     takes_priority: bool = False  # triton_model declares the `priority` input (the cpu target's repositories)
+    max_batch_size: int = 0  # triton_model's: the requests the engine runs at once (0: not known)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -72,6 +73,7 @@ class ServedModel:
         llm_model: str = DEFAULT_LLM,
         ensemble: bool = False,
         takes_priority: bool = False,
+        max_batch_size: int = 0,
     ) -> ServedModel:
         """From the preprocessing model's string parameters; `source` names where they came from."""
         missing = [key for key in ("tokenizer_dir", "max_input_len", "max_seq_len") if not parameters.get(key)]
@@ -100,6 +102,7 @@ class ServedModel:
             ensemble=ensemble,
             traffic=traffic,
             takes_priority=takes_priority,
+            max_batch_size=max_batch_size,
         )
 
     @classmethod
@@ -117,6 +120,7 @@ class ServedModel:
             llm_model=_llm_name(model_config),
             ensemble=_is_ensemble(model_config),
             takes_priority=PRIORITY_INPUT in {tensor.name for tensor in model_config.input},
+            max_batch_size=model_config.max_batch_size,
         )
 
     @classmethod
@@ -146,6 +150,7 @@ class ServedModel:
             llm_model=_llm_name(model_config),
             ensemble=_is_ensemble(model_config),
             takes_priority=PRIORITY_INPUT in {tensor.name for tensor in model_config.input},
+            max_batch_size=model_config.max_batch_size,
         )
 
 

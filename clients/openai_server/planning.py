@@ -33,7 +33,7 @@ from clients.openai_server.model import ServedModel
 from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from clients.openai_server.templating import chat_prompt
 from clients.openai_server.tokenizer import PromptTokenizer
-from clients.openai_server.traffic import resolve_without_table
+from clients.openai_server.traffic import TrafficClass, resolve_without_table
 
 SEED_MODULUS = 2**64
 
@@ -48,7 +48,7 @@ class Plan:
     echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
     guide_param: str | None = None  # the request field of its guide, named in the server's refusal of it
     model_name: str = ""  # the `model` asked for: the served model's name or a LoRA adapter's
-    traffic_class: str | None = None  # its traffic class (traffic.py); None: the server has none
+    traffic_class: TrafficClass | None = None  # its traffic class (traffic.py); None: the server has none
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _with_traffic_class(plan: Plan, request: _Sampling, context: Context, key_na
     choices = plan.choices
     if context.model.takes_priority:
         choices = tuple(dataclasses.replace(choice, sampling={**choice.sampling, "priority": traffic_class.priority}) for choice in choices)
-    return dataclasses.replace(plan, choices=choices, traffic_class=traffic_class.name)
+    return dataclasses.replace(plan, choices=choices, traffic_class=traffic_class)
 
 
 def _with_adapter(plan: Plan, request: _Sampling, context: Context) -> Plan:
