@@ -23,7 +23,7 @@ MIN_KEY_LENGTH = 16
 MAX_KEY_LENGTH = 512
 MAX_KEY_FILE_BYTES = 1 << 20
 _KEY = re.compile(r"[A-Za-z0-9._~+/-]+=*")
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+KEY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 SYNTAX = "KEY or NAME:KEY per line (or comma-separated)"
 
 
@@ -66,7 +66,7 @@ def _entry(entry: str, where: str, position: int) -> ApiKey:
     name, separator, secret = entry.rpartition(":")
     if not separator:
         name = f"key{position}"
-    elif not _NAME.fullmatch(name.strip()):
+    elif not KEY_NAME.fullmatch(name.strip()):
         raise ApiKeyError(f"{where}: the part before ':' is not a name (a letter, then letters, digits, _ . -; at most 64)")
     secret = secret.strip()
     if len(secret) < MIN_KEY_LENGTH:

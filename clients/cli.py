@@ -45,6 +45,14 @@ def add_infer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--beam-width", type=int, default=None, metavar="B", help="beam search with B beams: prints every beam, best first (not with --stream)")
     parser.add_argument("--stop", action="append", default=None, metavar="WORD", help="stop at this word or phrase (repeatable)")
+    parser.add_argument(
+        "--priority",
+        type=float,
+        default=None,
+        metavar="P",
+        help="the request's priority in [0, 1], higher first (grpc/http to a cpu-target repository; docs/traffic-classes.md)",
+    )
+    parser.add_argument("--service-tier", default=None, metavar="CLASS", help="--protocol openai: OpenAI's service_tier, a traffic class or a tier it lists")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds for the whole request (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--retries", type=int, default=2, help="retries while the server cannot be reached (default 2)")
     parser.add_argument(
@@ -102,6 +110,10 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         err.write(f"error: cannot read the guide: {error}\n")
         return 1
     if args.protocol == "openai":
+        if args.priority is not None:
+            err.write("error: --priority is a Triton input; over --protocol openai a class is asked for with --service-tier\n")
+            return 1
+        sampling["service_tier"] = args.service_tier
         if args.lora_dir is not None or args.lora_task_id is not None:
             err.write(
                 "error: --lora-dir / --lora-task-id are Triton inputs; over --protocol openai an adapter is chosen by "
@@ -109,6 +121,11 @@ def run_infer(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             )
             return 1
         return _infer_openai(args, sampling, out, err)
+    if args.service_tier is not None:
+        err.write("error: --service-tier is an OpenAI field (--protocol openai); to Triton send --priority P in [0, 1]\n")
+        return 1
+    if args.priority is not None:
+        sampling["priority"] = args.priority
     try:
         lora = _lora_adapter(args)
         if lora is not None:

@@ -89,7 +89,7 @@ async def _text(
 
 
 def _fields(sampling: dict[str, Any]) -> dict[str, Any]:
-    fields = {name: sampling[name] for name in ("temperature", "top_k", "top_p", "seed", "stop") if sampling.get(name) is not None}
+    fields = {name: sampling[name] for name in ("temperature", "top_k", "top_p", "seed", "stop", "service_tier") if sampling.get(name) is not None}
     guide_type = sampling.get("guided_decoding_guide_type")
     if guide_type is not None:
         fields[GUIDE_FIELDS[guide_type]] = sampling["guided_decoding_guide"]

@@ -40,6 +40,7 @@ INPUT_DATATYPES: dict[str, str] = {
     "guided_decoding_guide_type": "BYTES",
     "guided_decoding_guide": "BYTES",
     "lora_task_id": "UINT64",
+    "priority": "FP32",
 }
 # Array inputs, sent as the numpy arrays they are (their datatype is the array's: lora_weights the engine's LoRA dtype).
 ARRAY_INPUTS = ("lora_weights", "lora_config")
@@ -147,6 +148,9 @@ class GenerationRequest:
     beam_width: int | None = None
     length_penalty: float | None = None
     lora: Any = None  # a clients.lora.LoraAdapter: its task id, with its weights unless `inputs(lora_weights=False)`
+    # in [0, 1], higher first (TensorRT-LLM's polarity; docs/traffic-classes.md): only repositories whose LLM model takes
+    # a priority (the cpu target) declare the input; None sends none (the engine's default, 0.5)
+    priority: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -156,6 +160,8 @@ class GenerationRequest:
         if not isinstance(self.return_log_probs, bool):
             raise InvalidRequestError("return_log_probs", f"return_log_probs must be true or false, got {_shown(self.return_log_probs)}")
         self.inputs(stream=False)  # every other field
+        if self.priority is not None and not 0.0 <= self.priority <= 1.0:
+            raise InvalidRequestError("priority", f"priority must lie in [0, 1] (higher runs first), got {self.priority}")
 
     def inputs(self, *, stream: bool, whole_beams: bool = False, lora_weights: bool = True) -> dict[str, Any]:
         """The ensemble's inputs by name (None values left out): a JSON body for HTTP generate (but lora_weights /
@@ -190,6 +196,7 @@ class GenerationRequest:
             "stream": stream,
             "guided_decoding_guide_type": self.guided_decoding_guide_type,
             "guided_decoding_guide": self.guided_decoding_guide,
+            "priority": self.priority,
             **(self.lora.inputs(with_weights=lora_weights) if self.lora is not None else {}),
         }
         return check_inputs({name: value for name, value in values.items() if value is not None})

@@ -130,6 +130,7 @@ def lora_adapters(modules: list[str]) -> dict[str, Any]:
 def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_package: Callable[[Any, Any], Path], state_dir: Callable[[Any], Path]) -> int:
     """`build_package(loaded, store)` → the packaged repository (cpu target); `state_dir(store)` → where `serve --detach` records its server."""
     from clients.openai_server import ModelSetupError, ServedModel
+    from clients.openai_server.traffic import TrafficTableError
 
     options = {
         "host": args.host,
@@ -148,6 +149,8 @@ def run_openai(args: argparse.Namespace, *, say: Callable[[str], None], build_pa
             model = ServedModel.from_repository(args.config, name=args.model_name or triton_model, triton_model=triton_model)
             return _serve(args.triton_url, model, options, say)
         return _serve_config(args, options, say, build_package, state_dir)
+    except TrafficTableError as error:
+        raise SpecError(str(error), hint="serve.traffic.keys names API keys by the NAME of NAME:KEY (docs/traffic-classes.md)") from None
     except ModelSetupError as error:
         hint = (
             "check --triton-url (Triton's gRPC port) and --triton-model"

@@ -39,6 +39,29 @@ class SchedulerPolicy(str, enum.Enum):
             raise EngineConfigError("scheduler_policy", f"{value!r} is not one of {choices}") from None
 
 
+class ContextSchedulingPolicy(str, enum.Enum):
+    """The order among waiting sequences of one priority (TensorRT-LLM 1.4's `SchedulerConfig.context_scheduling_policy`)."""
+
+    FCFS = "fcfs"  # arrival order
+    SHORTEST_UNCACHED_FIRST = "shortest_uncached_first"  # fewest tokens to compute (not in the prefix cache) first
+
+    @classmethod
+    def parse(cls, value: str | ContextSchedulingPolicy) -> ContextSchedulingPolicy:
+        if isinstance(value, ContextSchedulingPolicy):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            raise EngineConfigError("context_scheduling_policy", f"{value!r} is not one of {choices}") from None
+
+
+# Steps, not seconds, so that scheduling stays deterministic. About one long generation (one token per step): a low-priority
+# request waits at most that long under a flood of higher ones, while priority still reorders every shorter burst. With
+# equal priorities the guard changes nothing (the oldest sequences are first anyway), so the default costs nothing.
+DEFAULT_CONTEXT_STARVATION_STEPS = 1000
+
+
 class BatchingMode(str, enum.Enum):
     """How requests share the batch over time."""
 
@@ -86,10 +109,16 @@ class EngineConfig:
     fp16_weight_gemm: bool = True
     # The LoRA cache's sizes and the modules LoRA may adapt (refengine/lora/settings.py).
     lora: LoraSettings = LoraSettings()
+    # Priority scheduling (refengine/scheduler/admission_order.py). A sequence older than this many scheduler steps is
+    # admitted ahead of higher-priority ones and no longer preempted for them (TensorRT-LLM 1.4's
+    # context_starvation_iterations); 0: off.
+    context_starvation_steps: int = DEFAULT_CONTEXT_STARVATION_STEPS
+    context_scheduling_policy: ContextSchedulingPolicy = ContextSchedulingPolicy.FCFS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheduler_policy", SchedulerPolicy.parse(self.scheduler_policy))
         object.__setattr__(self, "batching", BatchingMode.parse(self.batching))
+        object.__setattr__(self, "context_scheduling_policy", ContextSchedulingPolicy.parse(self.context_scheduling_policy))
         if self.batching is BatchingMode.STATIC and self.scheduler_policy is not SchedulerPolicy.GUARANTEED_NO_EVICT:
             raise EngineConfigError(
                 "batching",
@@ -113,6 +142,8 @@ class EngineConfig:
             raise EngineConfigError("max_draft_len", f"must be a non-negative integer, got {self.max_draft_len!r}")
         if self.max_draft_len and self.batching is BatchingMode.STATIC:
             raise EngineConfigError("batching", "speculative decoding (max_draft_len > 0) runs with inflight batching only")
+        if isinstance(self.context_starvation_steps, bool) or not isinstance(self.context_starvation_steps, int) or self.context_starvation_steps < 0:
+            raise EngineConfigError("context_starvation_steps", f"must be a non-negative integer (0: off), got {self.context_starvation_steps!r}")
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise EngineConfigError("max_logprobs", f"must be a non-negative integer, got {self.max_logprobs!r}")
         if self.max_input_len > self.max_seq_len:

@@ -23,6 +23,7 @@ from refengine.lora.cache import LoraCache
 from refengine.lora.request import LoraRequest
 from refengine.model_runner import DecoderModel, ModelRunner, load_model, torch_dtype
 from refengine.outputs import RequestOutput
+from refengine.priority import DEFAULT_PRIORITY, check_priority
 from refengine.request_state import CompletionState, RequestState
 from refengine.request_validation import validate_request
 from refengine.sampling import SamplingParams
@@ -187,10 +188,13 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         lora: LoraRequest | None = None,
+        priority: float = DEFAULT_PRIORITY,
     ) -> str:
         """Queue a request; returns its id. Raises `InvalidRequestError` for a bad input. `lora`: its adapter, by
-        TensorRT-LLM's task id (with the adapter's weights and config the first time, refengine/lora/cache.py)."""
+        TensorRT-LLM's task id (with the adapter's weights and config the first time, refengine/lora/cache.py).
+        `priority`: in [0, 1], higher is scheduled first and may preempt lower (refengine/priority.py)."""
         params = params if params is not None else SamplingParams()
+        priority = check_priority(priority)
         # A model may limit a request's length (`max_request_tokens`, e.g. Gemma 2's window); most have no such attribute.
         model_limit = getattr(self._model, "max_request_tokens", None)
         prompt = validate_request(prompt_token_ids, params, self._config, self.vocab_size, model_limit)
@@ -211,7 +215,7 @@ class LLMEngine:
                 raise InvalidRequestError("lora", f"must be a LoraRequest, got {type(lora).__name__}")
             adapter = self._lora.acquire(lora) if lora is not None else None  # the last check: it pins the adapter
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-            self._scheduler.add_request(request_id, prompt, params, seed, grammar, adapter)
+            self._scheduler.add_request(request_id, prompt, params, seed, grammar, adapter, priority)
             self._requests[request_id] = RequestState(
                 request_id,
                 prompt,
@@ -274,13 +278,15 @@ class LLMEngine:
                         self._held_outputs.append(output)
             return [final[request_id] for request_id in request_ids]
 
-    def stream(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, lora: LoraRequest | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, lora: LoraRequest | None = None, priority: float = DEFAULT_PRIORITY
+    ) -> Iterator[RequestOutput]:
         """Yield this request's outputs step by step, driving the engine from the caller's thread.
 
         Outputs of other requests produced meanwhile are kept for the next `step()`. Closing the
         iterator early aborts the request.
         """
-        request_id = self.add_request(prompt_token_ids, params, lora=lora)
+        request_id = self.add_request(prompt_token_ids, params, lora=lora, priority=priority)
         finished = False
         try:
             while not finished:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from refengine.engine import LLMEngine
 from refengine.lora.request import LoraRequest
 from refengine.outputs import RequestOutput
+from refengine.priority import DEFAULT_PRIORITY
 from refengine.sampling import SamplingParams
 
 _IDLE_WAIT_SECONDS = 0.05
@@ -102,8 +103,10 @@ class EngineLoop:
         *,
         on_output: Callable[[RequestOutput | BaseException], None] | None = None,
         lora: LoraRequest | None = None,
+        priority: float = DEFAULT_PRIORITY,
     ) -> RequestStream:
-        """Queue a request (thread-safe), with its LoRA adapter if any. Raises `InvalidRequestError` for a bad input.
+        """Queue a request (thread-safe), with its LoRA adapter if any and its priority (in [0, 1], higher first).
+        Raises `InvalidRequestError` for a bad input.
 
         `on_output`, if given, is called on the loop's thread with every output of the request
         (the last one finished) or the exception that ended it; it must be quick (hand the item
@@ -113,7 +116,7 @@ class EngineLoop:
         with self._streams_lock:  # registered before the engine can produce its first output
             self._streams[request_id] = stream
         try:
-            self._engine.add_request(prompt_token_ids, params, request_id=request_id, lora=lora)
+            self._engine.add_request(prompt_token_ids, params, request_id=request_id, lora=lora, priority=priority)
         except BaseException:
             with self._streams_lock:
                 self._streams.pop(request_id, None)

@@ -81,6 +81,12 @@ class AccessPolicy:
         return f"API keys: {', '.join(self.keys.names)}; {limit}; /health and {metrics}"
 
 
+def key_name(request: Any) -> str | None:
+    """The name of the API key a request came with (a Starlette request); None on a server without keys."""
+    name = request.scope.get("state", {}).get(KEY_NAME_STATE)
+    return name if isinstance(name, str) else None
+
+
 def guarded(path: str, policy: AccessPolicy) -> bool:
     return path.startswith(routes.API_PREFIX) or (path == routes.METRICS and policy.metrics_need_key)
 

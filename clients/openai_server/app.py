@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,7 +30,8 @@ from clients.aio import AsyncTritonLLMClient
 from clients.errors import ClientError
 from clients.lora import LoraAdapter
 from clients.openai_server import access, errors, openapi, routes
-from clients.openai_server.access import KEY_NAME_STATE, NO_KEY, AccessPolicy
+from clients.openai_server.access import KEY_NAME_STATE, NO_KEY, AccessPolicy, key_name
+from clients.openai_server.admission import DEFAULT_ADMISSION_CAPACITY, ClassAdmission
 from clients.openai_server.bodies import parse, read_body
 from clients.openai_server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_N, DEFAULT_REQUEST_TIMEOUT_S
 from clients.openai_server.errors import OpenAIError
@@ -71,6 +72,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.model.name in self.adapters:
             raise ValueError(f"LoRA adapter name {self.model.name!r} is the served model's name; give the adapter another")
+        if self.model.traffic is not None:
+            self.model.traffic.check_key_names(self.access.keys.names if self.access.keys is not None else ())
 
 
 class _ClientGone(Exception):
@@ -110,7 +113,9 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
                 app.state.triton = None  # a later startup makes a new one
 
     app = FastAPI(title="trtllm-pipeline OpenAI-compatible API", lifespan=lifespan)
-    app.state.metrics = FrontEndMetrics(keyed=settings.access.keys is not None)
+    app.state.metrics = FrontEndMetrics(keyed=settings.access.keys is not None, classed=settings.model.traffic is not None)
+    traffic = settings.model.traffic
+    app.state.admission = ClassAdmission(traffic, settings.model.max_batch_size or DEFAULT_ADMISSION_CAPACITY) if traffic is not None else None
     _add_error_handlers(app)
     access.install(app, settings.access)
     _count_answers(app)  # after access: outside it, so its 401s and 429s are counted too
@@ -143,7 +148,7 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     )
     async def completions(request: Request) -> Response:
         parsed = parse(CompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
-        return await _answer(request, plan_completion(parsed, context), context, chat=False)
+        return await _answer(request, plan_completion(parsed, context, key_name(request)), context, chat=False)
 
     @app.post(
         routes.CHAT_COMPLETIONS,
@@ -152,32 +157,51 @@ def create_app(settings: ServerSettings, *, tokenizer: PromptTokenizer | None = 
     )
     async def chat_completions(request: Request) -> Response:
         parsed = parse(ChatCompletionRequest, await read_body(request, settings.max_body_bytes), max_depth=settings.max_json_depth)
-        return await _answer(request, plan_chat(parsed, context), context, chat=True)
+        return await _answer(request, plan_chat(parsed, context, key_name(request)), context, chat=True)
 
     return app
 
 
 async def _answer(request: Request, plan: Plan, context: Context, *, chat: bool) -> Response:
+    traffic_class, admission = plan.traffic_class, request.app.state.admission
+    try:
+        slot = await _until_disconnected(request, admission.acquire(traffic_class)) if traffic_class is not None else None
+    except _ClientGone:
+        return Response(status_code=499)  # gone while queued: nothing was sent to Triton
+    release = slot.release if slot is not None else lambda: None
     answer = Answer(plan, plan.model_name or context.model.name, chat=chat)
     streams = OpenStreams()
     route = Route(request.app.state.triton, context.tokenizer, context.model.llm_model)
-    events = timed(merged(route, plan.choices, streams), request.app.state.metrics, request.state.received)
+    events = timed(merged(route, plan.choices, streams), request.app.state.metrics, request.state.received, traffic_class)
     try:
         if not plan.stream:
-            results = await _until_disconnected(request, collect(events, len(plan.choices)))
+            try:
+                results = await _until_disconnected(request, collect(events, len(plan.choices)))
+            finally:
+                release()
             return JSONResponse(answer.body(results))
         first = await _until_disconnected(request, anext(events))
     except ClientError as error:
         streams.cancel()
+        release()
         raise in_request_terms(errors.from_client_error(error), plan.guide_param) from None
     except _ClientGone:
         streams.cancel()
+        release()
         return Response(status_code=499)  # nobody reads it
-    return StreamingResponse(_stream(answer, first, events, streams, plan.guide_param), media_type="text/event-stream", headers=SSE_HEADERS)
+    except BaseException:
+        release()
+        raise
+    return StreamingResponse(_stream(answer, first, events, streams, plan.guide_param, release), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _stream(
-    answer: Answer, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent], streams: OpenStreams, guide_param: str | None
+    answer: Answer,
+    first: ChoiceEvent,
+    events: AsyncIterator[ChoiceEvent],
+    streams: OpenStreams,
+    guide_param: str | None,
+    release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     try:
         for chunk in answer.chunks(first):
@@ -192,6 +216,7 @@ async def _stream(
         yield DONE
     finally:
         streams.cancel()  # synchronous: the client may be gone and this task cancelled
+        release()  # its admission slot (admission.py), if it holds one
 
 
 async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:

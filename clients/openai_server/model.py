@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from clients.openai_server.traffic import TrafficTable, TrafficTableError
+
 if TYPE_CHECKING:  # for annotations; the functions below import them where they run
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -27,6 +29,8 @@ if TYPE_CHECKING:  # for annotations; the functions below import them where they
 DEFAULT_PREPROCESSING = "preprocessing"
 DEFAULT_LLM = "tensorrt_llm"
 LLM_INPUT = "input_ids"  # of the ensemble's steps, only the LLM model takes the token ids
+PRIORITY_INPUT = "priority"
+TRAFFIC_PARAMETER = "traffic_classes"  # pipeline/render/traffic.py writes it
 
 
 class ModelSetupError(RuntimeError):
@@ -48,6 +52,9 @@ class ServedModel:
     generation_logits: bool = False  # tensorrt_llm returns generation logits (top-N log-probs)
     llm_model: str = DEFAULT_LLM  # the LLM model, called directly for token-id prompts and log-probs
     ensemble: bool = False  # triton_model is an ensemble: its streams are ended early by a `stop` to llm_model
+    traffic: TrafficTable | None = None  # serve.traffic (the `traffic_classes` parameter); None: one class
+    takes_priority: bool = False  # triton_model declares the `priority` input (the cpu target's repositories)
+    max_batch_size: int = 0  # triton_model's: the requests the engine runs at once (0: not known)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -65,6 +72,8 @@ class ServedModel:
         source: str,
         llm_model: str = DEFAULT_LLM,
         ensemble: bool = False,
+        takes_priority: bool = False,
+        max_batch_size: int = 0,
     ) -> ServedModel:
         """From the preprocessing model's string parameters; `source` names where they came from."""
         missing = [key for key in ("tokenizer_dir", "max_input_len", "max_seq_len") if not parameters.get(key)]
@@ -75,6 +84,10 @@ class ServedModel:
             max_prompt_bytes = int(parameters.get("max_prompt_bytes") or 0)
         except ValueError as error:
             raise ModelSetupError(f"{source}: {error}") from None
+        try:
+            traffic = TrafficTable.from_json(parameters[TRAFFIC_PARAMETER], source) if parameters.get(TRAFFIC_PARAMETER) else None
+        except TrafficTableError as error:
+            raise ModelSetupError(str(error)) from None
         return cls(
             name=name,
             tokenizer_dir=Path(parameters["tokenizer_dir"]),
@@ -87,6 +100,9 @@ class ServedModel:
             generation_logits=_flag(parameters.get("gather_generation_logits", "false")),
             llm_model=llm_model,
             ensemble=ensemble,
+            traffic=traffic,
+            takes_priority=takes_priority,
+            max_batch_size=max_batch_size,
         )
 
     @classmethod
@@ -103,6 +119,8 @@ class ServedModel:
             source=str(repository / preprocessing),
             llm_model=_llm_name(model_config),
             ensemble=_is_ensemble(model_config),
+            takes_priority=PRIORITY_INPUT in {tensor.name for tensor in model_config.input},
+            max_batch_size=model_config.max_batch_size,
         )
 
     @classmethod
@@ -131,6 +149,8 @@ class ServedModel:
             source=f"{triton_url}/{preprocessing}",
             llm_model=_llm_name(model_config),
             ensemble=_is_ensemble(model_config),
+            takes_priority=PRIORITY_INPUT in {tensor.name for tensor in model_config.input},
+            max_batch_size=model_config.max_batch_size,
         )
 
 

@@ -33,6 +33,7 @@ from clients.openai_server.model import ServedModel
 from clients.openai_server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from clients.openai_server.templating import chat_prompt
 from clients.openai_server.tokenizer import PromptTokenizer
+from clients.openai_server.traffic import TrafficClass, resolve_without_table
 
 SEED_MODULUS = 2**64
 
@@ -47,6 +48,7 @@ class Plan:
     echo: tuple[str, ...] = ()  # completions with echo: the prompt of each choice, by index
     guide_param: str | None = None  # the request field of its guide, named in the server's refusal of it
     model_name: str = ""  # the `model` asked for: the served model's name or a LoRA adapter's
+    traffic_class: TrafficClass | None = None  # its traffic class (traffic.py); None: the server has none
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,26 @@ class Context:
     adapters: Mapping[str, LoraAdapter] = field(default_factory=dict)  # LoRA adapters by the name clients pass as `model`
 
 
-def plan_completion(request: CompletionRequest, context: Context) -> Plan:
-    return _with_adapter(_plan_completion(request, context), request, context)
+def plan_completion(request: CompletionRequest, context: Context, key_name: str | None = None) -> Plan:
+    return _with_traffic_class(_with_adapter(_plan_completion(request, context), request, context), request, context, key_name)
 
 
-def plan_chat(request: ChatCompletionRequest, context: Context) -> Plan:
-    return _with_adapter(_plan_chat(request, context), request, context)
+def plan_chat(request: ChatCompletionRequest, context: Context, key_name: str | None = None) -> Plan:
+    return _with_traffic_class(_with_adapter(_plan_chat(request, context), request, context), request, context, key_name)
+
+
+def _with_traffic_class(plan: Plan, request: _Sampling, context: Context, key_name: str | None) -> Plan:
+    """The request's traffic class (from its API key's name, `service_tier` and `priority`), its priority on every
+    choice where the Triton model takes one."""
+    table = context.model.traffic
+    if table is None:
+        resolve_without_table(request.service_tier, request.priority)
+        return plan
+    traffic_class = table.resolve(key_name, request.service_tier, request.priority)
+    choices = plan.choices
+    if context.model.takes_priority:
+        choices = tuple(dataclasses.replace(choice, sampling={**choice.sampling, "priority": traffic_class.priority}) for choice in choices)
+    return dataclasses.replace(plan, choices=choices, traffic_class=traffic_class)
 
 
 def _with_adapter(plan: Plan, request: _Sampling, context: Context) -> Plan:

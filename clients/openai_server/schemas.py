@@ -84,6 +84,9 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # the traffic class (traffic.py): OpenAI's service_tier, and vLLM's priority (an integer, lower first)
+    service_tier: str | None = None
+    priority: Integer | None = None
     # extensions (vLLM / trtllm-serve)
     top_k: AtLeastZero | None = None
     min_tokens: AtLeastZero | None = None

@@ -12,6 +12,7 @@ Semantics kept from TensorRT-LLM:
 - `exclude_input_in_output` (request input, else the model parameter) drops the prompt from
   non-streamed `output_ids`; streamed responses never contain the prompt.
 - Streamed beam search: each response carries every returned beam whole, not the step's new tokens.
+- `priority` (the cpu model's input): in [0, 1], higher is scheduled first; absent, 0.5 (TensorRT-LLM's default).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from word_lists import WordListError, from_word_list
 
 from refengine import InvalidRequestError, LoraRequest, SamplingParams
 from refengine.guided.params import GuidedDecodingParams, guided_params
+from refengine.priority import DEFAULT_PRIORITY, check_priority
 from refengine.sampling import check_temperature
 
 # refengine's field names → the contract's input names, for error messages clients can act on.
@@ -71,6 +73,7 @@ class GenerateRequest:
     return_num_output_tokens: bool = False
     batch_index: int = 0  # the row of a batched Triton request this generation answers
     lora: LoraRequest | None = None  # lora_task_id (+ lora_weights / lora_config): checked by the engine's LoRA cache
+    priority: float = DEFAULT_PRIORITY  # in [0, 1], higher first
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ def parse_request(
     greedy = top_k == 0 and top_p == 0.0
     temperature = scalars.get("temperature", float, 1.0)
     try:
+        priority = check_priority(scalars.get("priority", float, DEFAULT_PRIORITY))
         check_temperature(temperature)  # also when greedy decoding ignores it, as TensorRT-LLM checks it
         params = SamplingParams(
             max_tokens=scalars.get("request_output_len", int),
@@ -167,6 +171,7 @@ def parse_request(
         return_num_input_tokens=scalars.get("return_num_input_tokens", bool, False),
         return_num_output_tokens=return_num_output_tokens,
         lora=_lora(arrays, scalars),
+        priority=priority,
     )
 
 

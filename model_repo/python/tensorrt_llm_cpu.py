@@ -20,6 +20,9 @@ by the project's reference engine (refengine) with inflight batching.
 - A request of batch B (NVIDIA's `--batch-inputs`) becomes B generations; each response carries
   its row's `batch_index` and the FINAL flag comes with the last row to finish (BatchChannel).
 - Bad requests get an INVALID_ARG error response; the model and the server stay up.
+- Priority: the optional `priority` input (in [0, 1], higher first, 0.5 absent) orders and preempts requests in the
+  engine's scheduler; the optional `context_starvation_steps` and `context_scheduling_policy` parameters (refengine's
+  EngineConfig names; defaults when absent) set its starvation guard and its order within a priority.
 - Guided decoding: with the `guided_decoding_backend` parameter `xgrammar`, the engine compiles each
   request's guide against the vocabulary of the `xgrammar_tokenizer_info_path` file (refengine.guided).
 - Medusa (an engine built with build.speculative.mode medusa): the `medusa_choices` parameter replaces the engine's
@@ -48,6 +51,7 @@ from response_channel import BatchChannel, CancellationWatcher, ResponseChannel
 from triton_io import answer_each, arrays_response, error_response, input_arrays, log_error, log_warning, requested_outputs
 
 from refengine import EngineLoop, InvalidRequestError, LLMEngine
+from refengine.config import DEFAULT_CONTEXT_STARVATION_STEPS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Responses are sent by this many threads: a send waits for the server (an IPC round trip), so a
@@ -103,6 +107,8 @@ class TritonPythonModel:
             enable_chunked_context=parameters.boolean("enable_chunked_context", False),
             enable_prefix_caching=parameters.boolean("enable_kv_cache_reuse", False),
             stream_interval=parameters.integer("stream_interval", 1),
+            context_starvation_steps=parameters.integer("context_starvation_steps", DEFAULT_CONTEXT_STARVATION_STEPS),
+            context_scheduling_policy=parameters.string("context_scheduling_policy", "fcfs"),
         )
         if warning := decoding_mode_warning(parameters.string("decoding_mode", ""), engine.num_medusa_heads > 0):
             log_warning(f"tensorrt_llm: {warning}")
@@ -169,7 +175,7 @@ class TritonPythonModel:
         streams = []
         try:
             for row, entry in zip(parsed, entries):
-                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver, lora=row.lora))
+                streams.append(self._loop.submit(row.prompt_ids, row.params, on_output=entry.deliver, lora=row.lora, priority=row.priority))
         except InvalidRequestError as error:
             for entry in entries:
                 entry.done = True  # the aborted rows' outputs are dropped

@@ -64,6 +64,7 @@ class TritonLlmModel:
     # with); False: the engine speculates inside (the cpu engine carries its draft, <engine>/draft)
     serves_draft_model: bool = False
     reads_num_draft_tokens: bool = False  # a per-request draft length (contract.CPU_LLM_EXTRA_INPUTS)
+    takes_priority: bool = False  # a per-request priority input (contract.CLIENT_PRIORITY_INPUTS reach it)
     # a relative file path in its parameters (xgrammar_tokenizer_info_path) is read against the repository; False:
     # the path is opened as given, against tritonserver's working directory (NVIDIA's model_instance_state.cc), so
     # the configs name the file absolutely

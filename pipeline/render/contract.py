@@ -138,7 +138,13 @@ LLM_LORA_INPUTS: tuple[TensorSpec, ...] = (
 # The cpu model's input addition: speculative decoding's draft length per request and how a draft model's tokens are
 # accepted (TensorRT-LLM has both on the BLS model, `num_draft_tokens` / `use_draft_logits`; 0 turns speculation off,
 # at most the engine's max_draft_len). The cpu engine drafts inside, so the BLS passes them on (refengine SamplingParams).
-CPU_LLM_EXTRA_INPUTS: tuple[TensorSpec, ...] = (_scalar("num_draft_tokens", "TYPE_INT32"), _scalar("use_draft_logits", "TYPE_BOOL"))
+# `priority`: the request's scheduling priority in [0, 1], higher first, 0.5 when absent (TensorRT-LLM's executor
+# Request priority; refengine/priority.py).
+CPU_LLM_EXTRA_INPUTS: tuple[TensorSpec, ...] = (
+    _scalar("num_draft_tokens", "TYPE_INT32"),
+    _scalar("use_draft_logits", "TYPE_BOOL"),
+    _scalar("priority", "TYPE_FP32"),
+)
 
 # The cpu model's addition: context tokens for incremental, UTF-8-safe detokenization.
 CPU_LLM_EXTRA_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("preceding_ids", "TYPE_INT32", (-1, -1)),)
@@ -212,6 +218,14 @@ CLIENT_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
     TensorSpec("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
 )
+
+# A request's priority (serve.traffic; pipeline/config/spec/traffic.py: in [0, 1], higher first), on the ensemble and
+# BLS of a target whose LLM model takes one (the cpu model; NVIDIA's 1.2 tensorrt_llm config.pbtxt declares no priority
+# input: triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt at NVIDIA/TensorRT-LLM 0c8de69),
+# passed straight to it (PRIORITY_CLIENT_TO_LLM). Triton's own request priority is not carried into an ensemble's steps
+# (triton-inference-server/server #7116), so it travels as a tensor.
+CLIENT_PRIORITY_INPUTS: tuple[TensorSpec, ...] = (TensorSpec("priority", "TYPE_FP32", (1,), optional=True),)
+PRIORITY_CLIENT_TO_LLM = {"priority": "priority"}
 
 # The same LoRA inputs on the ensemble and BLS, passed straight to tensorrt_llm (LORA_CLIENT_TO_LLM).
 CLIENT_LORA_INPUTS: tuple[TensorSpec, ...] = (

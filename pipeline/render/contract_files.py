@@ -25,17 +25,18 @@ def llm_contract(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
     return _text({"inputs": _entries(inputs), "outputs": _entries(outputs)})
 
 
-def bls_contract(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str:
+def bls_contract(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], priority: bool = False) -> str:
     """contract.json of `tensorrt_llm_bls`: the ensemble's client tensors and the ensemble's wiring."""
-    return _text({"inputs": _entries(inputs), "outputs": _entries(outputs), "wiring": bls_wiring()})
+    return _text({"inputs": _entries(inputs), "outputs": _entries(outputs), "wiring": bls_wiring(priority)})
 
 
-def bls_wiring() -> dict[str, dict[str, str]]:
-    """The ensemble's steps as the BLS runs them; the LoRA inputs are declared on every repository."""
+def bls_wiring(priority: bool = False) -> dict[str, dict[str, str]]:
+    """The ensemble's steps as the BLS runs them; the LoRA inputs are declared on every repository, the priority where the
+    LLM model takes one."""
     return {
         "client_to_preprocessing": dict(contract.CLIENT_TO_PREPROCESSING),
         "preprocessing_to_llm": dict(contract.PREPROCESSING_TO_LLM),
-        "client_to_llm": {**contract.CLIENT_TO_LLM, **contract.LORA_CLIENT_TO_LLM},
+        "client_to_llm": {**contract.CLIENT_TO_LLM, **contract.LORA_CLIENT_TO_LLM, **(contract.PRIORITY_CLIENT_TO_LLM if priority else {})},
         "llm_to_client": dict(contract.LLM_TO_CLIENT),
     }
 

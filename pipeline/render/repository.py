@@ -38,6 +38,7 @@ from pipeline.render.llmapi_repository import render_llmapi_repository
 from pipeline.render.pbtxt import lint_config, parse_config, render_config, template_environment
 from pipeline.render.repository_request import RepositoryRequest
 from pipeline.render.tokenizer_facts import TokenizerFacts, tokenizer_facts
+from pipeline.render.traffic import traffic_parameters
 from pipeline.render.xgrammar_tokenizer_info import FILE_NAME as TOKENIZER_INFO_FILE
 from pipeline.render.xgrammar_tokenizer_info import write_tokenizer_info
 from pipeline.sources import model_repo_sources
@@ -210,6 +211,7 @@ class _Tensors:
     client_inputs: tuple[TensorSpec, ...]
     bls_inputs: tuple[TensorSpec, ...]  # the client inputs and the BLS's own (num_draft_tokens, use_draft_logits)
     client_outputs: tuple[TensorSpec, ...]
+    priority: bool  # the ensemble and BLS take a priority and pass it to tensorrt_llm
 
 
 def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors:
@@ -224,14 +226,16 @@ def _resolved_tensors(facts: EngineFacts, llm_model: TritonLlmModel) -> _Tensors
         return tuple(spec.resolved(logits, lora) for spec in specs)
 
     draft_inputs = contract.LLM_DRAFT_INPUTS if llm_model.takes_draft_tokens else ()
+    priority = contract.CLIENT_PRIORITY_INPUTS if llm_model.takes_priority else ()
     return _Tensors(
         llm_inputs=resolved(
             contract.LLM_INPUTS + draft_inputs + contract.LLM_LORA_INPUTS + (contract.CPU_LLM_EXTRA_INPUTS if llm_model.reads_num_draft_tokens else ())
         ),
         llm_outputs=resolved(contract.LLM_OUTPUTS + (contract.CPU_LLM_EXTRA_OUTPUTS if llm_model.returns_preceding_ids else ())),
-        client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS),
-        bls_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + contract.BLS_SPECULATIVE_INPUTS),
+        client_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + priority),
+        bls_inputs=resolved(contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + priority + contract.BLS_SPECULATIVE_INPUTS),
         client_outputs=resolved(contract.CLIENT_OUTPUTS),
+        priority=llm_model.takes_priority,
     )
 
 
@@ -239,7 +243,7 @@ def _contracts(tensors: _Tensors) -> dict[str, str]:
     """contract.json of each model whose code reads one (written only where that code is copied)."""
     return {
         "tensorrt_llm": llm_contract(tensors.llm_inputs, tensors.llm_outputs),
-        "tensorrt_llm_bls": bls_contract(tensors.bls_inputs, tensors.client_outputs),
+        "tensorrt_llm_bls": bls_contract(tensors.bls_inputs, tensors.client_outputs, tensors.priority),
     }
 
 
@@ -278,6 +282,7 @@ def _configs(
                     "max_seq_len": str(facts.usable_seq_len),
                     **_text_limits(facts, tokenizer),
                     **_logits_available(facts, llm_model),
+                    **traffic_parameters(serve),
                 },
             ),
         ),
@@ -296,7 +301,7 @@ def _configs(
                 name=serve.model_name,
                 inputs=tensors.client_inputs,
                 outputs=tensors.client_outputs,
-                steps=_ensemble_steps(llm_model.returns_preceding_ids),
+                steps=_ensemble_steps(llm_model.returns_preceding_ids, tensors.priority),
             ),
         ),
         "tensorrt_llm_bls": (
@@ -353,12 +358,13 @@ def _internal(name: str) -> str:
     return f"_{name}"
 
 
-def _ensemble_steps(preceding_ids: bool) -> dict[str, dict[str, dict[str, str]]]:
+def _ensemble_steps(preceding_ids: bool, priority: bool) -> dict[str, dict[str, dict[str, str]]]:
     """input_map / output_map of each step: model tensor name → ensemble tensor name."""
     llm_to_post = {**contract.LLM_TO_POSTPROCESSING, **(contract.CPU_LLM_TO_POSTPROCESSING if preceding_ids else {})}
     llm_inputs = {llm: _internal(pre) for pre, llm in contract.PREPROCESSING_TO_LLM.items()}
     llm_inputs.update({llm: client for client, llm in contract.CLIENT_TO_LLM.items()})
     llm_inputs.update({llm: client for client, llm in contract.LORA_CLIENT_TO_LLM.items()})
+    llm_inputs.update({llm: client for client, llm in contract.PRIORITY_CLIENT_TO_LLM.items() if priority})
     llm_outputs = {llm: _internal(post) for llm, post in llm_to_post.items()}
     llm_outputs.update(contract.LLM_TO_CLIENT)
     return {

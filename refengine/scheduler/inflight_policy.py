@@ -1,10 +1,13 @@
 """Inflight batching (`EngineConfig.batching="inflight"`): one token-budget loop per step.
 
-Running sequences first (beam groups, then the rest, oldest first; a decode costs 1 token, a
-prefill chunk its length), then waiting ones in arrival order, while the budget, the batch
-size and the admission rule allow. When blocks run out for a running sequence, the newest
-running sequence without beams is preempted by recompute: its blocks are freed and it goes back
-to the waiting queue, to recompute its prompt and output later.
+First, preemption by priority (`priority_preemption.py`): if the first waiting sequence of the
+admission order does not fit, running sequences of lower priority make room for it. Then running
+sequences (beam groups, then the rest in queue order: higher priority first, then oldest; a decode
+costs 1 token, a prefill chunk its length), then waiting ones in admission order
+(`admission_order.py`: starved ones, then by priority), while the budget, the batch size and the
+admission rule allow. When blocks run out for a running sequence, the last running sequence
+without beams (the newest of the lowest priority) is preempted by recompute: its blocks are freed
+and it goes back to the waiting queue, to recompute its prompt and output later.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 from refengine.config import EngineConfig, SchedulerPolicy
 from refengine.kv_cache import KVCacheManager
 from refengine.scheduler.admission import batch_slots, no_evict_allows
+from refengine.scheduler.admission_order import admission_order
 from refengine.scheduler.beams import BeamGroups
 from refengine.scheduler.choice import Choice
 from refengine.scheduler.policy import StepPlan, tokens_to_schedule
+from refengine.scheduler.priority_preemption import PriorityPreemption
 from refengine.scheduler.queue import SequenceQueue
 from refengine.scheduler.sequence import Sequence, SequenceStatus
 
@@ -28,6 +33,7 @@ class InflightBatching:
         self._waiting = waiting
         self._running = running
         self._beams = beams
+        self._priority_preemption = PriorityPreemption(config, kv, running, beams)
 
     @property
     def num_padding_rows(self) -> int:
@@ -36,9 +42,15 @@ class InflightBatching:
     def retire(self, sequence: Sequence, was_running: bool, aborted: bool) -> None:
         self._kv.free(sequence.seq_id)
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, step: int) -> StepPlan:
         budget = self._config.max_num_tokens
         plan = StepPlan()
+        order = admission_order(self._config, self._kv, self._waiting, step)
+        if order:  # before any running sequence is scheduled, so no choice of this step is undone
+            for victim in self._priority_preemption.victims_for(order[0], step):
+                self._preempt(victim)
+                plan.preempted.append(victim)
+        preempted_for_priority = len(plan.preempted)
         skipped_group = None  # a beam group decodes all its beams in one step, or waits
         for sequence in self._beams.scheduling_order(self._running):
             if budget <= 0:
@@ -56,8 +68,8 @@ class InflightBatching:
                 break  # the sequence itself was preempted: it was the newest one left
             plan.choices.append(Choice(sequence, num_new, table))
             budget -= num_new
-        if not plan.preempted:
-            self._admit_waiting(budget, plan.choices)
+        if len(plan.preempted) == preempted_for_priority:  # none admitted once blocks ran out for a running sequence
+            self._admit_waiting(budget, plan.choices, admission_order(self._config, self._kv, self._waiting, step), plan.preempted)
         return plan
 
     def _allocate_or_preempt(self, sequence: Sequence, num_new: int, preempted: list[Sequence]) -> tuple[int, ...] | None:
@@ -73,9 +85,14 @@ class InflightBatching:
             if victim is sequence:
                 return None
 
-    def _admit_waiting(self, budget: int, choices: list[Choice]) -> None:
+    def _admit_waiting(self, budget: int, choices: list[Choice], order: list[Sequence], preempted: list[Sequence]) -> None:
+        """Admit from `order` until one does not fit; the sequences preempted this step wait for the next."""
         policy = self._config.scheduler_policy
-        while budget > 0 and (sequence := self._waiting.peek_oldest()) is not None:
+        for sequence in order:
+            if budget <= 0:
+                break
+            if any(sequence is victim for victim in preempted):
+                continue
             if batch_slots(self._running) + sequence.num_pending_samples > self._config.max_batch_size:
                 break
             prefix = self._kv.find_cached_prefix(sequence.cacheable_token_ids, sequence.prefix_salt)

@@ -31,8 +31,9 @@ class StepPlan:
 
 
 class BatchingPolicy(Protocol):
-    def schedule(self) -> StepPlan:
-        """The next step's plan; admits, preempts or forms a batch on the way."""
+    def schedule(self, step: int) -> StepPlan:
+        """The plan of scheduler step `step` (0, 1, ...: a waiting sequence's age is counted in these); admits, preempts
+        or forms a batch on the way."""
         ...
 
     def retire(self, sequence: Sequence, was_running: bool, aborted: bool) -> None:

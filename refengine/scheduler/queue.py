@@ -1,7 +1,9 @@
-"""Sequences kept in first-come-first-served order (arrival, then sample index).
+"""Sequences kept in `Sequence.sort_key` order: higher priority first, then first come first
+served (arrival, then sample index).
 
 Used for both the waiting and the running set, so a preempted sequence goes back to its place
-in line, and "newest" (the first to be preempted) is always the last element.
+in line, and the last element (the first to be preempted) is the newest of the lowest priority.
+With one priority for all this is plain arrival order.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ class SequenceQueue:
                 return True
         return False
 
-    def peek_oldest(self) -> Sequence | None:
+    def peek_first(self) -> Sequence | None:
+        """The first in line: the oldest of the highest priority."""
         return self._items[0] if self._items else None
 
-    def peek_newest(self) -> Sequence | None:
+    def peek_last(self) -> Sequence | None:
+        """The last in line: the newest of the lowest priority."""
         return self._items[-1] if self._items else None

@@ -7,10 +7,16 @@ waiting and running queues and the KV-cache manager; the model runner only sees 
 tables in the `SchedulerOutput`. It applies each step's sampled tokens: extends, forks (n > 1)
 and finishes sequences, and runs the beam groups' search.
 
+Priority (refengine/priority.py, higher first): both queues are ordered by (priority, arrival,
+sample index), waiting sequences are offered a place in `admission_order.py`'s order (the
+starvation guard, then priority), and under inflight batching a waiting sequence that does not fit
+preempts running ones of lower priority (`priority_preemption.py`). With one priority for all,
+scheduling is first come first served.
+
 `batching="inflight"` (`inflight_policy.py`): running sequences first, then waiting ones;
-when blocks run out the newest running sequence is preempted by recompute.
-`guaranteed_no_evict` admits only what can finish, so it never preempts; `max_utilization`
-admits whatever fits now.
+when blocks run out the last running sequence (the newest of the lowest priority) is preempted by
+recompute. `guaranteed_no_evict` admits only what can finish, so it never preempts among equal
+priorities; `max_utilization` admits whatever fits now.
 
 `batching="static"` (TensorRT-LLM's V1 batching, Hugging Face `generate`; `static_batch.py`,
 `static_policy.py`): a batch is formed only when none is running and is held until its longest
@@ -27,6 +33,7 @@ import torch
 
 from refengine.config import BatchingMode, EngineConfig
 from refengine.kv_cache import KVCacheManager
+from refengine.priority import DEFAULT_PRIORITY
 from refengine.sampling import SamplingParams
 from refengine.scheduler.beams import BeamGroups, finish_beams, reassign_beams, running_beam_updates
 from refengine.scheduler.inflight_policy import InflightBatching
@@ -68,6 +75,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self._step_ids = itertools.count()
+        self._num_schedules = 0  # steps scheduled so far: the clock of the starvation guard
         self._finished_since_last_step: list[int] = []
         self._num_preemptions = 0
         self._num_padding_tokens = 0
@@ -140,10 +148,11 @@ class Scheduler:
         sampling_seed: int,
         grammar: GrammarState | None = None,
         lora: LoraAdapter | None = None,
+        priority: float = DEFAULT_PRIORITY,
     ) -> Sequence:
         """Queue a request. It must already be validated (see `request_validation`); `grammar` is its
         guided-decoding state (the sequence owns it; forks of the sequence fork it); `lora` its adapter, whose
-        sequences reuse only prefix blocks computed under it."""
+        sequences reuse only prefix blocks computed under it; `priority` in [0, 1], higher first."""
         if request_id in self._seq_ids_by_request:
             raise KeyError(f"request {request_id!r} is already scheduled")
         sequence = Sequence(
@@ -158,6 +167,8 @@ class Scheduler:
             grammar=grammar,
             prefix_salt=(b"long-prompt" if self._is_long_prompt(len(prompt_token_ids)) else b"") + (lora.prefix_salt if lora else b""),
             lora=lora,
+            priority=priority,
+            arrival_step=self._num_schedules,
         )
         if params.beam_width > 1:
             self._beams.add(sequence)
@@ -176,7 +187,8 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        plan = self._policy.schedule()
+        plan = self._policy.schedule(self._num_schedules)
+        self._num_schedules += 1
         self._num_preemptions += len(plan.preempted)
         return self._make_output(plan)
 

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from refengine.priority import DEFAULT_PRIORITY
 from refengine.sampling import SamplingParams, ends_with_stop_sequence
 from refengine.step_messages import SampledToken
 
@@ -52,6 +53,8 @@ class Sequence:
     # prompts, another LoRA adapter) never share cached blocks with the others.
     prefix_salt: bytes = b""
     lora: LoraAdapter | None = None  # the request's LoRA adapter; None: the base model
+    priority: float = DEFAULT_PRIORITY  # in [0, 1], higher first (refengine/priority.py)
+    arrival_step: int = 0  # the scheduler steps run before the request arrived (its age, for the starvation guard)
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,8 +93,9 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def sort_key(self) -> tuple[int, int]:
-        return (self.arrival_order, self.sample_index)
+    def sort_key(self) -> tuple[float, int, int]:
+        """Queue order: higher priority first, then first come first served (arrival, then sample index)."""
+        return (-self.priority, self.arrival_order, self.sample_index)
 
     @property
     def is_finished(self) -> bool:
@@ -113,6 +117,8 @@ class Sequence:
             grammar=self.grammar.fork() if self.grammar is not None else None,
             prefix_salt=self.prefix_salt,
             lora=self.lora,
+            priority=self.priority,
+            arrival_step=self.arrival_step,
         )
 
     def replace_output(self, output_token_ids: tuple[int, ...]) -> None:

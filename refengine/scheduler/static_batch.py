@@ -1,9 +1,11 @@
 """Static batching (`EngineConfig.batching="static"`): TensorRT-LLM's V1 batching, as Hugging
 Face `generate` batches.
 
-A batch is formed only when none is running: the oldest waiting requests, up to
+A batch is formed only when none is running: the first waiting requests of the admission order
+(`admission_order.py`: starved ones, then higher priority first, then oldest), up to
 `max_batch_size` samples, as many as have KV blocks for prompt + max_tokens each (the
-`guaranteed_no_evict` reservation; a static batch never preempts). All of them run until the
+`guaranteed_no_evict` reservation). A static batch never preempts, for priority neither: priority
+only orders the waiting requests when the next batch is formed. All of them run until the
 batch's LONGEST request ends: a request that finishes earlier has its output and finish reason
 frozen at once (users see exactly the tokens inflight batching gives), but its sequence stays in
 the batch as a padding row. Every step a padding row computes one padding token (its `end_id`,
@@ -28,11 +30,11 @@ from refengine.step_messages import ScheduledSequence
 PADDING_TOKEN_ID = 0  # fed to padding rows of requests without an end_id (a pad id, as in `generate`)
 
 
-def form_batch(kv: KVCacheManager, waiting: SequenceQueue, running: SequenceQueue, max_batch_size: int) -> None:
-    """Move the next batch from `waiting` to `running` (which must be empty), first come first
-    served, stopping at the first request that does not fit. Members get their blocks when their
-    prompt is scheduled; the reservation guarantees the blocks are there."""
-    while (sequence := waiting.peek_oldest()) is not None:
+def form_batch(kv: KVCacheManager, order: list[Sequence], waiting: SequenceQueue, running: SequenceQueue, max_batch_size: int) -> None:
+    """Move the next batch from `waiting` to `running` (which must be empty), in `order` (the waiting
+    sequences' admission order), stopping at the first request that does not fit. Members get their
+    blocks when their prompt is scheduled; the reservation guarantees the blocks are there."""
+    for sequence in order:
         if batch_slots(running) + sequence.num_pending_samples > max_batch_size:
             break
         if not no_evict_allows(kv, running, sequence, kv.find_cached_prefix(sequence.token_ids, sequence.prefix_salt)):

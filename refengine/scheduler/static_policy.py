@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from refengine.config import EngineConfig
 from refengine.kv_cache import CachedPrefix, KVCacheManager
+from refengine.scheduler.admission_order import admission_order
 from refengine.scheduler.choice import Choice
 from refengine.scheduler.policy import StepPlan, tokens_to_schedule
 from refengine.scheduler.queue import SequenceQueue
@@ -47,13 +48,14 @@ class StaticBatching:
         if not self._running:
             release_padding_rows(self._kv, self._padding_rows)  # the batch's longest request has ended
 
-    def schedule(self) -> StepPlan:
-        """One step of a held batch. Prompts first (whole, or chunked only as the budget
+    def schedule(self, step: int) -> StepPlan:
+        """One step of a held batch (a new one formed first when none is held; see `form_batch`). Prompts first (whole, or chunked only as the budget
         requires), so that rows held in the batch cannot starve a prompt still to run; then one
         token for every decoding member and every padding row."""
         if not self._running:
             release_padding_rows(self._kv, self._padding_rows)  # normally none left: the last finish released them
-            form_batch(self._kv, self._waiting, self._running, self._config.max_batch_size)
+            order = admission_order(self._config, self._kv, self._waiting, step)
+            form_batch(self._kv, order, self._waiting, self._running, self._config.max_batch_size)
         budget = self._config.max_num_tokens
         choices: list[Choice] = []
         decoding = []

@@ -398,3 +398,35 @@ def test_infer_command_prints_the_answer(server, reference, protocol):
         "error: in ensemble 'ensemble', max_tokens must be at least 1, got 0\n",  # gRPC: Triton's message only
         "error: [400] in ensemble 'ensemble', max_tokens must be at least 1, got 0\n",
     )
+
+
+# -- priority (serve.traffic; docs/traffic-classes.md) -----------------------------------------
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_a_priority_reaches_the_engine_through_the_ensemble_and_the_bls(server, reference, model):
+    """Both entry models take the priority and pass it on: a valid one leaves the greedy answer as it is, and one the
+    engine refuses comes back naming `priority` (so it was not dropped on the way, as Triton drops its own request
+    priority inside an ensemble)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    with TritonLLMClient(server.options.grpc_url, "grpc", model, timeout=60) as client:
+        for priority in (0.0, 1.0):
+            assert client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, priority=priority).text == reference(PROMPTS[0])
+    values = {"text_input": np.array([[PROMPTS[0].encode()]], dtype=object), "max_tokens": np.array([[4]], dtype=np.int32)}
+    values["priority"] = np.array([[1.5]], dtype=np.float32)  # past the client's own check, as a hand-made request is
+    inputs = []
+    for name, array in values.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    errors: list[str] = []
+    triton = grpcclient.InferenceServerClient(server.options.grpc_url)
+    try:
+        triton.start_stream(callback=lambda result, error: errors.append(str(error)) if error is not None else None)
+        triton.async_stream_infer(model, inputs)
+        assert wait_for(lambda: bool(errors), 30), "no answer to a priority of 1.5"
+    finally:
+        triton.stop_stream()
+        triton.close()
+    assert "priority" in errors[0] and "1.5" in errors[0], errors[0]

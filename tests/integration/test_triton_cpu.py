@@ -685,13 +685,15 @@ def _llm_output_ids(server, prompt_ids: list[int], output_len: int) -> list[int]
     return [token for response in _llm_streamed_responses(server, prompt_ids, output_len) for token in response]
 
 
-def _llm_streamed_responses(server, prompt_ids: list[int], output_len: int, model: str = "tensorrt_llm") -> list[list[int]]:
-    """The output_ids of each response of one streamed request to an LLM model itself (the final empty one left out)."""
+def _llm_streamed_responses(server, prompt_ids: list[int], output_len: int, model: str = "tensorrt_llm", **extra: np.ndarray) -> list[list[int]]:
+    """The output_ids of each response of one streamed request to an LLM model itself (the final empty one left out);
+    `extra`: more input arrays."""
     arrays = {
         "input_ids": np.array([prompt_ids], dtype=np.int32),
         "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
         "request_output_len": np.array([[output_len]], dtype=np.int32),
         "streaming": np.array([[True]], dtype=np.bool_),
+        **extra,
     }
     client = grpcclient.InferenceServerClient(server.options.grpc_url)
     responses: queue.Queue = queue.Queue()
@@ -721,6 +723,14 @@ def test_stream_interval_sends_every_third_steps_tokens_together(server, referen
     # the first decoding step, steps 3, 6, 9, then the last (TensorRT-LLM's stream_interval)
     assert [len(ids) for ids in every_third] == [1, 2, 3, 3, 1]
     assert sum(every_third, []) == sum(every_token, [])
+
+
+def test_the_cpu_model_takes_a_priority_and_refuses_one_outside_0_to_1(server, reference):
+    prompt_ids = reference.tokenizer.encode(PROMPTS[0])
+    default = _llm_streamed_responses(server, prompt_ids, 4)
+    assert _llm_streamed_responses(server, prompt_ids, 4, priority=np.array([[0.9]], dtype=np.float32)) == default
+    with pytest.raises(InferenceServerException, match="priority"):
+        _llm_streamed_responses(server, prompt_ids, 4, priority=np.array([[1.5]], dtype=np.float32))
 
 
 ENGINE_SERIES = {

@@ -146,6 +146,7 @@ class CpuBackend:
         ),
         returns_preceding_ids=True,
         reads_num_draft_tokens=True,  # refengine's speculative decoding, per request
+        takes_priority=True,  # refengine's priority scheduling (serve.traffic)
         reads_paths_in_repository=True,  # model_parameters.path resolves a relative path against the repository
         always_context_logits=True,  # refengine computes them for every request that asks
         runtime=RuntimeAbilities(

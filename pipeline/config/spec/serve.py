@@ -6,6 +6,7 @@ from pydantic import Field, model_validator
 
 from pipeline.config.spec.choices import GuidedDecodingBackend, SchedulerPolicy
 from pipeline.config.spec.strict import StrictModel
+from pipeline.config.spec.traffic import TrafficSpec
 from pipeline.config.targets import Target, traits_of
 
 # The targets whose instance counts the package stage plans, read from the target traits.
@@ -146,6 +147,11 @@ class ServeSpec(StrictModel):
         description="LoRA cache sizes (needs build.lora): the tensorrt_llm model's lora_cache_* parameters, or on the llmapi "
         "target peft_cache_config (optimal_adapter_size, max_adapter_size, device_cache_percent, host_cache_size). "
         "Absent with build.lora: the defaults.",
+    )
+    traffic: TrafficSpec | None = Field(
+        default=None,
+        description="Traffic classes: priorities, TTFT/TPOT objectives, queue bounds and shares per class, and the classes of "
+        "each API key (docs/traffic-classes.md). Unset: one class, first come first served.",
     )
 
     @model_validator(mode="after")

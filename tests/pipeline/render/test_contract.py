@@ -145,7 +145,7 @@ def _wire_datatype(data_type: str) -> str:
 
 
 def test_the_clients_input_datatypes_are_the_ensembles():
-    declared = {spec.name: _wire_datatype(spec.data_type) for spec in contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS}
+    declared = {spec.name: _wire_datatype(spec.data_type) for spec in contract.CLIENT_INPUTS + contract.CLIENT_LORA_INPUTS + contract.CLIENT_PRIORITY_INPUTS}
     assert {name: declared.get(name) for name in INPUT_DATATYPES} == INPUT_DATATYPES
     assert set(ARRAY_INPUTS) <= set(declared)  # sent typed by their arrays (lora_weights: the engine's LoRA dtype)
 
@@ -162,10 +162,32 @@ def test_the_cpu_model_reads_num_draft_tokens_and_use_draft_logits(model_code):
     import numpy as np
     from llm_request import parse_request
 
-    assert [spec.name for spec in contract.CPU_LLM_EXTRA_INPUTS] == ["num_draft_tokens", "use_draft_logits"]
+    assert [spec.name for spec in contract.CPU_LLM_EXTRA_INPUTS] == ["num_draft_tokens", "use_draft_logits", "priority"]
     base = dict(input_ids=np.array([[5, 6]], dtype=np.int32), input_lengths=np.array([[2]]), request_output_len=np.array([[3]]))
     assert parse_request(base, exclude_input_default=True, decoupled=True).params.num_draft_tokens is None
     request = parse_request(base | {"num_draft_tokens": np.array([[2]], dtype=np.int32)}, exclude_input_default=True, decoupled=True)
     assert request.params.num_draft_tokens == 2 and request.params.use_draft_logits is None
     request = parse_request(base | {"use_draft_logits": np.array([[False]])}, exclude_input_default=True, decoupled=True)
     assert request.params.use_draft_logits is False
+
+
+@pytest.mark.parametrize(("sent", "read"), [(None, 0.5), (0.0, 0.0), (1.0, 1.0), (0.75, 0.75)])
+def test_the_cpu_model_reads_priority(model_code, sent, read):
+    """`priority` (the cpu model's extra input): higher first, absent is TensorRT-LLM's 0.5."""
+    import numpy as np
+    from llm_request import parse_request
+
+    arrays = dict(input_ids=np.array([[5, 6]], dtype=np.int32), input_lengths=np.array([[2]]), request_output_len=np.array([[3]]))
+    if sent is not None:
+        arrays["priority"] = np.array([[sent]], dtype=np.float32)
+    assert parse_request(arrays, exclude_input_default=True, decoupled=True).priority == read
+
+
+@pytest.mark.parametrize("sent", [-0.5, 1.01, float("nan"), float("inf")])
+def test_the_cpu_model_refuses_a_priority_outside_0_to_1_by_name(model_code, sent):
+    import numpy as np
+    from llm_request import ContractError, parse_request
+
+    arrays = dict(input_ids=np.array([[5, 6]], dtype=np.int32), input_lengths=np.array([[2]]), request_output_len=np.array([[3]]))
+    with pytest.raises(ContractError, match=r"^priority: "):
+        parse_request(arrays | {"priority": np.array([[sent]], dtype=np.float32)}, exclude_input_default=True, decoupled=True)

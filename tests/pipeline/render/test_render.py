@@ -220,11 +220,13 @@ def test_both_llm_variants_share_the_tensorrt_llm_contract(tmp_path):
     assert cpu.backend == "python" and engine.backend == "tensorrtllm"
     assert cpu.model_transaction_policy.decoupled and engine.model_transaction_policy.decoupled
     # the engine's tensorrt_llm also takes the draft tokens of draft-target decoding (NVIDIA's config declares them);
-    # the cpu engine drafts inside and takes a per-request draft length and acceptance (the BLS's inputs) instead
+    # the cpu engine drafts inside and takes a per-request draft length and acceptance (the BLS's inputs) instead,
+    # and a scheduling priority
     draft_inputs = {"draft_input_ids", "draft_logits", "draft_acceptance_threshold"}
     cpu_inputs = tensors(cpu.input)
-    assert cpu_inputs.pop("num_draft_tokens")[0] == model_config_pb2.TYPE_INT32  # the cpu model's two extra inputs
+    assert cpu_inputs.pop("num_draft_tokens")[0] == model_config_pb2.TYPE_INT32  # the cpu model's three extra inputs
     assert cpu_inputs.pop("use_draft_logits")[0] == model_config_pb2.TYPE_BOOL
+    assert cpu_inputs.pop("priority")[0] == model_config_pb2.TYPE_FP32
     assert cpu_inputs == {name: spec for name, spec in tensors(engine.input).items() if name not in draft_inputs}
     assert draft_inputs <= set(tensors(engine.input))
     cpu_outputs, engine_outputs = tensors(cpu.output), tensors(engine.output)
