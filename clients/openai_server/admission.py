@@ -22,10 +22,9 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from clients.openai_server.errors import RATE_LIMITED, OpenAIError
+from clients.openai_server.errors import class_queue_full
 from clients.openai_server.traffic import TrafficClass, TrafficTable
 
-RETRY_AFTER_S = 1  # a slot frees when a running request ends, which the front end cannot foresee
 DEFAULT_ADMISSION_CAPACITY = 8  # a Triton model whose config gives no max_batch_size (0)
 
 
@@ -75,31 +74,26 @@ class ClassAdmission:
             return self._start(queue)
         bound = traffic_class.max_queue
         if bound is not None and self.depth(traffic_class.name) >= bound:
-            raise OpenAIError(
-                429,
-                f"Traffic class {traffic_class.name!r} has {bound} requests waiting, its serve.traffic max_queue. Retry later.",
-                type=RATE_LIMITED,
-                code="queue_full",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
+            raise class_queue_full(traffic_class.name, bound)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.waiting.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # released to us just as we were cancelled: pass it on
-                self._running -= 1
-                queue.running -= 1
-                self._release_next()
+                self._release(queue)
             elif waiter in queue.waiting:  # else already dropped by _next_queue
                 queue.waiting.remove(waiter)
             raise
         return Slot(self, queue)
 
     def _start(self, queue: _ClassQueue) -> Slot:
+        self._take(queue)
+        return Slot(self, queue)
+
+    def _take(self, queue: _ClassQueue) -> None:
         self._running += 1
         queue.running += 1
-        return Slot(self, queue)
 
     def _release(self, queue: _ClassQueue) -> None:
         self._running -= 1
@@ -114,8 +108,7 @@ class ClassAdmission:
             waiter = queue.waiting.popleft()
             if waiter.done():  # cancelled, not yet removed
                 continue
-            self._running += 1
-            queue.running += 1
+            self._take(queue)
             waiter.set_result(None)
 
     def _next_queue(self) -> _ClassQueue | None:

@@ -105,6 +105,16 @@ def too_many_concurrent(key_name: str, limit: int) -> OpenAIError:
     )
 
 
+def class_queue_full(class_name: str, bound: int) -> OpenAIError:
+    return OpenAIError(
+        429,
+        f"Traffic class {class_name!r} has {bound} requests waiting, its serve.traffic max_queue. Retry later.",
+        type=RATE_LIMITED,
+        code="queue_full",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 def from_validation_error(error: ValidationError) -> OpenAIError:
     """The first problem pydantic found, naming the field (`messages.0.role`) as `param`."""
     first = error.errors(include_url=False)[0]
